@@ -1,0 +1,105 @@
+// Communicator and Work bindings. Buffers arrive as integer addresses (the Python layer owns
+// validation and keeps the arrays alive until the work completes); every call that may wait
+// releases the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "algo/ring_schedule.h"
+#include "comm/communicator.h"
+
+namespace py = pybind11;
+using rc::Communicator;
+using rc::DType;
+using rc::ReduceOp;
+
+namespace {
+
+inline void* P(uintptr_t a) { return reinterpret_cast<void*>(a); }
+inline DType D(int d) { return static_cast<DType>(d); }
+inline ReduceOp O(int o) { return static_cast<ReduceOp>(o); }
+using GIL = py::call_guard<py::gil_scoped_release>;
+
+}  // namespace
+
+void bind_comm(py::module_& m) {
+  py::class_<rc::Work, std::shared_ptr<rc::Work>>(m, "Work")
+      .def("wait", &rc::Work::wait, py::arg("timeout") = -1.0, GIL())
+      .def("is_completed", &rc::Work::is_completed)
+      .def("error_kind", &rc::Work::error_kind)
+      .def("error_message", &rc::Work::error_message)
+      .def_property_readonly("op", &rc::Work::op)
+      .def_property_readonly("seq", &rc::Work::seq);
+
+  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
+      .def(py::init<int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("timeout") = 0.0)
+      .def("create", &Communicator::create, GIL())
+      .def("connect", &Communicator::connect, GIL())
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("world_size", &Communicator::world)
+      .def_property_readonly("timeout", &Communicator::timeout)
+      .def_property_readonly("closed", &Communicator::closed)
+      .def("next_seq", &Communicator::next_seq)
+      .def("all_reduce", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, bool a) {
+             return c.all_reduce(P(in), P(out), n, D(d), O(o), a);
+           }, GIL())
+      .def("reduce_scatter", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, bool a) {
+             return c.reduce_scatter(P(in), P(out), n, D(d), O(o), a);
+           }, GIL())
+      .def("all_gather", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t nin, int64_t nout, int d, bool a) {
+             return c.all_gather(P(in), P(out), nin, nout, D(d), a);
+           }, GIL())
+      .def("broadcast", [](Communicator& c, uintptr_t buf, int64_t n, int d, int root, bool a) {
+             return c.broadcast(P(buf), n, D(d), root, a);
+           }, GIL())
+      .def("reduce", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, int root, bool a) {
+             return c.reduce(P(in), P(out), n, D(d), O(o), root, a);
+           }, GIL())
+      .def("barrier", [](Communicator& c, bool a) { return c.barrier(a); }, GIL())
+      .def("all_to_all", [](Communicator& c, uintptr_t in, uintptr_t out, std::vector<int64_t> sc,
+                            std::vector<int64_t> rcn, int d, bool a) {
+             return c.all_to_all(P(in), P(out), std::move(sc), std::move(rcn), D(d), a);
+           }, GIL())
+      .def("gather", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, bool a) {
+             return c.gather(P(in), P(out), n, D(d), root, a);
+           }, GIL())
+      .def("scatter", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, bool a) {
+             return c.scatter(P(in), P(out), n, D(d), root, a);
+           }, GIL())
+      .def("reject", [](Communicator& c, int coll) { c.reject(static_cast<rc::Coll>(coll)); }, GIL())
+      .def("send", [](Communicator& c, uintptr_t buf, int64_t bytes, int dst, uint64_t tag, bool a) {
+             return c.send(P(buf), bytes, dst, tag, a);
+           }, GIL())
+      .def("recv", [](Communicator& c, uintptr_t buf, int64_t bytes, int src, uint64_t tag, bool a) {
+             return c.recv(P(buf), bytes, src, tag, a);
+           }, GIL())
+      .def("close", &Communicator::close, GIL());
+
+  // The pure ring schedule, for tests and for other transports' cross-checks.
+  m.def("ring_schedule", [](int n, int r, int shift) {
+    py::dict d;
+    py::list rs_s, rs_r, ag_s, ag_r;
+    for (int s = 0; s < n - 1; ++s) {
+      rs_s.append(rc::ring::rs_send(r, s, n, shift));
+      rs_r.append(rc::ring::rs_recv(r, s, n, shift));
+      ag_s.append(rc::ring::ag_send(r, s, n, shift));
+      ag_r.append(rc::ring::ag_recv(r, s, n, shift));
+    }
+    d["rs_send"] = rs_s;
+    d["rs_recv"] = rs_r;
+    d["ag_send"] = ag_s;
+    d["ag_recv"] = ag_r;
+    d["owner"] = rc::ring::owner(r, n, shift);
+    d["right"] = rc::ring::right(r, n);
+    d["left"] = rc::ring::left(r, n);
+    return d;
+  }, py::arg("world_size"), py::arg("rank"), py::arg("shift") = 0);
+  m.def("chunk_bounds", [](int64_t count, int n) {
+    std::vector<std::pair<int64_t, int64_t>> v;
+    for (int k = 0; k < n; ++k) v.emplace_back(rc::ring::chunk_offset(count, n, k), rc::ring::chunk_count(count, n, k));
+    return v;
+  });
+  m.attr("COLL_CODES") = py::dict(
+      py::arg("all_reduce") = 1, py::arg("reduce_scatter") = 2, py::arg("all_gather") = 3, py::arg("broadcast") = 4,
+      py::arg("reduce") = 5, py::arg("barrier") = 6, py::arg("all_to_all") = 7, py::arg("gather") = 8,
+      py::arg("scatter") = 9);
+}

@@ -1,0 +1,78 @@
+// Test/utility bindings for the CPU reduce kernels (csrc/kernels/reduce_cpu.h).
+// module.cpp calls bind_kernels(m); C++ exceptions are mapped to Python ones there, globally
+// (rc::Unsupported -> a TypeError subclass, rc::InvalidArgument -> a ValueError subclass).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/dtype.h"
+#include "common/errors.h"
+#include "kernels/reduce_cpu.h"
+#include "kernels/reduce_cpu_isa.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// The kernels see raw bytes: the arrays must be C-contiguous, of the same length, and their
+// itemsize must match the dtype code (bfloat16 travels as uint16 or ml_dtypes.bfloat16).
+// Arguments are taken as py::object and must already be numpy arrays: letting pybind11 convert
+// (say) a list would make dst a temporary and silently drop the result.
+py::array as_array(const py::object& obj, const char* name) {
+  RC_CHECK(py::isinstance<py::array>(obj), InvalidArgument,
+           "_reduce: " << name << " must be a numpy array, got " << std::string(py::str(py::type::of(obj))));
+  return py::reinterpret_borrow<py::array>(obj);
+}
+
+void check_array(const py::array& arr, const char* name, size_t n, size_t esz) {
+  RC_CHECK(arr.flags() & py::array::c_style, InvalidArgument, "_reduce: " << name << " must be C-contiguous");
+  RC_CHECK(static_cast<size_t>(arr.size()) == n, InvalidArgument,
+           "_reduce: " << name << " has " << arr.size() << " elements, dst has " << n);
+  RC_CHECK(static_cast<size_t>(arr.itemsize()) == esz, InvalidArgument,
+           "_reduce: " << name << " has itemsize " << arr.itemsize() << ", dtype needs " << esz);
+}
+
+void reduce_py(const py::object& dst_obj, const py::object& a_obj, const py::object& b_obj, int64_t dtype_code, int64_t op_code, double scale,
+               const std::string& isa_name) {
+  RC_CHECK(dtype_code >= 0 && dtype_code < static_cast<int64_t>(rc::DType::kCount), InvalidArgument,
+           "_reduce: unknown dtype code " << dtype_code);
+  RC_CHECK(op_code >= 0 && op_code < static_cast<int64_t>(rc::ReduceOp::kCount), InvalidArgument,
+           "_reduce: unknown reduce op code " << op_code);
+  const auto dt = static_cast<rc::DType>(dtype_code);
+  const auto op = static_cast<rc::ReduceOp>(op_code);
+  rc::check_reduce_supported(dt, op);  // Unsupported before any shape complaint
+  const rc::CpuIsa isa = rc::parse_cpu_isa(isa_name.c_str());
+  py::array dst = as_array(dst_obj, "dst");
+  const py::array a = as_array(a_obj, "a"), b = as_array(b_obj, "b");
+  const size_t n = static_cast<size_t>(dst.size());
+  const size_t esz = rc::dtype_size(dt);
+  check_array(dst, "dst", n, esz);
+  check_array(a, "a", n, esz);
+  check_array(b, "b", n, esz);
+  RC_CHECK(dst.writeable(), InvalidArgument, "_reduce: dst is read-only");
+  void* d = dst.mutable_data();
+  const void* pa = a.data();
+  const void* pb = b.data();
+  py::gil_scoped_release nogil;
+  rc::reduce_cpu_with_isa(d, pa, pb, n, dt, op, scale, isa);
+}
+
+bool reduce_supported_py(int64_t dtype_code, int64_t op_code) {
+  if (dtype_code < 0 || dtype_code >= static_cast<int64_t>(rc::DType::kCount)) return false;
+  if (op_code < 0 || op_code >= static_cast<int64_t>(rc::ReduceOp::kCount)) return false;
+  return rc::reduce_supported(static_cast<rc::DType>(dtype_code), static_cast<rc::ReduceOp>(op_code));
+}
+
+}  // namespace
+
+void bind_kernels(py::module_& m) {
+  m.def("_reduce", &reduce_py, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("dtype"), py::arg("op"),
+        py::arg("scale") = 1.0, py::arg("isa") = "auto",
+        "dst[:] = a (op) b elementwise with the CPU reduce kernels (tests/benchmarks).\n"
+        "dtype/op are rc::DType / rc::ReduceOp codes; scale applies to AVG only; isa is 'auto' (the\n"
+        "RINGCOMM_CPU_ISA choice), 'generic' or 'avx2'. Runs with the GIL released.");
+  m.def("_reduce_supported", &reduce_supported_py, py::arg("dtype"), py::arg("op"),
+        "True when the (dtype code, op code) pair is a supported reduction.");
+}

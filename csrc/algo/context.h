@@ -1,0 +1,48 @@
+// What an algorithm needs to run one collective: the transport, who we are, the collective's
+// sequence number (tags every slot), the dtype and the piece size. Algorithms move data only
+// through the transport's slots and transform it only through the reduce kernels.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/dtype.h"
+#include "transport/shm.h"
+
+namespace rc {
+
+struct AlgoCtx {
+  ShmTransport* t = nullptr;
+  int rank = 0;
+  int world = 1;
+  uint64_t seq = 0;
+  const char* op = "";
+  DType dtype = DType::kFloat32;
+  size_t esize = 4;
+  // Elements per piece: one slot's worth (slot_bytes / esize, at least 1).
+  int64_t piece_elems() const {
+    int64_t p = static_cast<int64_t>(t->config().slot_bytes / esize);
+    return p > 0 ? p : 1;
+  }
+};
+
+/// Ring collectives (algo/ring.cpp). `counts[k]` is chunk k's element count and `offs[k]` its
+/// element offset in the full buffer. in/out may be the same buffer (in place).
+void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
+/// Reduce-scatter over the balanced chunks of `count`: rank r receives chunk r into `out`.
+void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
+/// All-gather: rank k contributes counts[k] elements (its `in`); out holds all, in rank order.
+void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts);
+
+/// Pipelined chains (algo/chain.cpp).
+void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
+void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root);
+
+/// Direct exchanges (algo/direct.cpp). Counts and offsets in elements, one per peer.
+void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& send_counts,
+                       const std::vector<int64_t>& send_offs, const std::vector<int64_t>& recv_counts,
+                       const std::vector<int64_t>& recv_offs);
+void direct_gather(const AlgoCtx& c, const char* in, char* out, int64_t count, int root);
+void direct_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, int root);
+
+}  // namespace rc

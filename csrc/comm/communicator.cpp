@@ -1,0 +1,627 @@
+#include "comm/communicator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+
+#include "algo/context.h"
+#include "common/errors.h"
+#include "kernels/reduce_cpu.h"
+#include "transport/futex.h"
+
+namespace rc {
+
+namespace {
+
+// A mismatch found in the header exchange: every rank sees the same headers and raises the
+// same way before any data moves, so the communicator stays in step and usable.
+class HeaderMismatch : public Mismatch {
+  using Mismatch::Mismatch;
+};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint32_t board_seq(uint64_t seq) { return static_cast<uint32_t>((seq - 1) % 0xFFFFFFFFull) + 1; }
+
+uint32_t abort_kind_of(const std::string& kind) {
+  if (kind == "PeerFailure") return 1;
+  if (kind == "Mismatch") return 2;
+  if (kind == "TimeoutError") return 3;
+  return 4;
+}
+
+std::string describe_header(const CollHeader& h) {
+  std::ostringstream o;
+  Coll c = static_cast<Coll>(h.coll);
+  o << coll_name(c);
+  if (c == Coll::kBarrier || c == Coll::kRejected) return o.str();
+  o << "(count=" << h.count;
+  if (c == Coll::kAllGather || c == Coll::kAllToAll) o << ", count2=" << h.count2;
+  o << ", dtype=" << dtype_name(static_cast<DType>(h.dtype));
+  if (c == Coll::kAllReduce || c == Coll::kReduceScatter || c == Coll::kReduce)
+    o << ", op=" << op_name(static_cast<ReduceOp>(h.op));
+  if (h.root >= 0) o << ", root=" << h.root;
+  o << ")";
+  return o.str();
+}
+
+}  // namespace
+
+const char* coll_name(Coll c) {
+  switch (c) {
+    case Coll::kAllReduce: return "all_reduce";
+    case Coll::kReduceScatter: return "reduce_scatter";
+    case Coll::kAllGather: return "all_gather";
+    case Coll::kBroadcast: return "broadcast";
+    case Coll::kReduce: return "reduce";
+    case Coll::kBarrier: return "barrier";
+    case Coll::kAllToAll: return "all_to_all";
+    case Coll::kGather: return "gather";
+    case Coll::kScatter: return "scatter";
+    case Coll::kRejected: return "rejected call";
+  }
+  return "unknown collective";
+}
+
+Communicator::Communicator(int rank, int world, double timeout_s)
+    : rank_(rank), world_(world), transport_(rank, world, ShmConfig::from_env(world, timeout_s)) {}
+
+Communicator::~Communicator() {
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+std::string Communicator::create() { return transport_.create(); }
+
+void Communicator::connect(const std::vector<std::string>& names) {
+  RC_CHECK(!connected_, Error, "ringcomm: communicator already connected");
+  transport_.attach(names);
+  connected_ = true;
+  progress_ = std::thread([this] { progress_loop(); });
+  p2p_thread_ = std::thread([this] { p2p_loop(); });
+}
+
+uint64_t Communicator::next_seq() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return seq_ + 1;
+}
+
+void Communicator::check_usable() const {
+  if (closed_.load()) RC_THROW(Closed, "ringcomm: the communicator (rank " << rank_ << ") is closed");
+  RC_CHECK(connected_, Error, "ringcomm: the communicator is not connected (call connect())");
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!broken_.empty())
+    RC_THROW(Error, "ringcomm: the communicator on rank " << rank_
+                                                        << " is unusable after an earlier failure: " << broken_);
+}
+
+// ---------------- collectives: submission and execution ----------------
+
+WorkPtr Communicator::submit(Coll coll, CollHeader hdr, std::function<void(uint64_t)> body, bool async) {
+  check_usable();
+  hdr.coll = static_cast<uint32_t>(coll);
+  Task task;
+  bool inline_run = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const uint64_t seq = ++seq_;
+    task.work = std::make_shared<Work>(coll_name(coll), seq);
+    task.fn = [this, seq, coll, hdr, body = std::move(body)] {
+      exchange_headers(seq, coll, hdr);
+      body(seq);
+    };
+    if (!async && queue_.empty() && !busy_) {
+      busy_ = true;  // we execute it on this thread; the progress thread waits for busy_ to clear
+      inline_run = true;
+    } else {
+      queue_.push_back(task);
+    }
+  }
+  if (inline_run) {
+    run_task(task);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  } else {
+    cv_.notify_all();
+  }
+  if (!async) task.work->wait(-1.0);
+  return task.work;
+}
+
+void Communicator::run_task(Task& t) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!broken_.empty()) {
+      std::string msg = "ringcomm: " + t.work->op() + " (seq " + std::to_string(t.work->seq()) +
+                        ") on rank " + std::to_string(rank_) + " not run: the communicator failed earlier: " + broken_;
+      t.work->fail(std::make_exception_ptr(Error(msg)));
+      return;
+    }
+  }
+  try {
+    t.fn();
+    t.work->complete();
+  } catch (const HeaderMismatch&) {
+    t.work->fail(std::current_exception());
+  } catch (...) {
+    std::exception_ptr e = std::current_exception();
+    std::string msg;
+    std::string kind = error_kind_of(e, &msg);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (broken_.empty()) broken_ = msg;
+    }
+    // Tell the peers: their waits raise with our reason instead of timing out.
+    transport_.abort(abort_kind_of(kind), msg);
+    t.work->fail(e);
+  }
+}
+
+void Communicator::progress_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return (stopping_ && queue_.empty()) || (!queue_.empty() && !busy_); });
+    if (queue_.empty()) return;  // stopping and drained
+    Task t = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lk.unlock();
+    run_task(t);
+    lk.lock();
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
+
+void Communicator::exchange_headers(uint64_t seq, Coll coll, const CollHeader& mine) {
+  if (world_ == 1) {
+    if (coll == Coll::kRejected) throw HeaderMismatch("ringcomm: rejected call");
+    return;
+  }
+  const uint32_t bs = board_seq(seq);
+  transport_.post_header(bs, mine);
+  std::vector<CollHeader> all(world_);
+  all[rank_] = mine;
+  WaitCtx w;
+  w.op = coll_name(coll);
+  w.seq = seq;
+  for (int p = 0; p < world_; ++p) {
+    if (p != rank_) all[p] = transport_.wait_header(p, bs, w);
+  }
+  auto fail = [&](const std::string& why) {
+    std::ostringstream o;
+    o << "ringcomm: " << coll_name(coll) << " (seq " << seq << ") on rank " << rank_ << ": " << why;
+    throw HeaderMismatch(o.str());
+  };
+  for (int p = 0; p < world_; ++p) {
+    if (static_cast<Coll>(all[p].coll) == Coll::kRejected) {
+      fail("rank " + std::to_string(p) + " rejected its arguments (its own error says why); every rank raises");
+    }
+  }
+  const CollHeader& h0 = all[0];
+  const Coll c0 = static_cast<Coll>(h0.coll);
+  for (int p = 1; p < world_; ++p) {
+    const CollHeader& h = all[p];
+    bool same = h.coll == h0.coll && h.dtype == h0.dtype && h.op == h0.op && h.root == h0.root;
+    if (same && c0 != Coll::kAllToAll) same = h.count == h0.count;
+    if (!same) {
+      fail("ranks called different collectives or arguments: rank 0 called " + describe_header(h0) + ", rank " +
+           std::to_string(p) + " called " + describe_header(h));
+    }
+  }
+  if (c0 == Coll::kAllGather) {
+    int64_t sum = 0;
+    for (auto& h : all) sum += h.count2;
+    if (sum != h0.count) {
+      fail("all_gather inputs total " + std::to_string(sum) + " elements across ranks but the output holds " +
+           std::to_string(h0.count));
+    }
+  } else if (c0 == Coll::kAllToAll) {
+    int64_t in = 0, out = 0;
+    for (auto& h : all) {
+      in += h.count;
+      out += h.count2;
+    }
+    if (in != out) {
+      fail("all_to_all inputs total " + std::to_string(in) + " elements across ranks but outputs total " +
+           std::to_string(out));
+    }
+  }
+}
+
+void Communicator::reject(Coll coll) {
+  (void)coll;
+  try {
+    submit(Coll::kRejected, CollHeader{}, [](uint64_t) {}, false);
+  } catch (const Mismatch&) {
+    // Expected: every rank (this one included) raises for the rejected call.
+  }
+}
+
+namespace {
+
+AlgoCtx make_ctx(ShmTransport* t, int rank, int world, uint64_t seq, const char* op, DType dt) {
+  AlgoCtx c;
+  c.t = t;
+  c.rank = rank;
+  c.world = world;
+  c.seq = seq;
+  c.op = op;
+  c.dtype = dt;
+  c.esize = dtype_size(dt);
+  return c;
+}
+
+}  // namespace
+
+// Local checks run before the header exchange. A rank whose arguments fail them still joins the
+// exchange (as a rejection) so that its peers raise too instead of waiting for it.
+#define RC_LOCAL_CHECKS(coll, body)  \
+  do {                               \
+    try {                            \
+      body;                          \
+    } catch (const Error&) {         \
+      if (!closed_.load()) reject(coll); \
+      throw;                         \
+    }                                \
+  } while (0)
+
+void Communicator::check_root(int root, Coll coll) {
+  RC_CHECK(root >= 0 && root < world_, InvalidArgument,
+           "ringcomm: " << coll_name(coll) << ": root " << root << " is out of range [0, " << world_ << ")");
+}
+
+void Communicator::check_ptr(const void* p, int64_t count, const char* what, Coll coll) {
+  RC_CHECK(count >= 0, InvalidArgument, "ringcomm: " << coll_name(coll) << ": negative element count " << count);
+  RC_CHECK(count == 0 || p != nullptr, InvalidArgument,
+           "ringcomm: " << coll_name(coll) << ": " << what << " buffer is null");
+}
+
+WorkPtr Communicator::all_reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, bool async) {
+  check_usable();
+  RC_LOCAL_CHECKS(Coll::kAllReduce, {
+    check_ptr(in, count, "input", Coll::kAllReduce);
+    check_ptr(out, count, "output", Coll::kAllReduce);
+    check_reduce_supported(dt, op);
+  });
+  CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count, 0};
+  return submit(Coll::kAllReduce, h, [=](uint64_t seq) {
+    ring_all_reduce(make_ctx(&transport_, rank_, world_, seq, "all_reduce", dt), static_cast<const char*>(in),
+                    static_cast<char*>(out), count, op);
+  }, async);
+}
+
+WorkPtr Communicator::reduce_scatter(const void* in, void* out, int64_t in_count, DType dt, ReduceOp op, bool async) {
+  check_usable();
+  RC_LOCAL_CHECKS(Coll::kReduceScatter, {
+    check_ptr(in, in_count, "input", Coll::kReduceScatter);
+    check_ptr(out, in_count / world_ + (rank_ < in_count % world_ ? 1 : 0), "output", Coll::kReduceScatter);
+    check_reduce_supported(dt, op);
+  });
+  CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, in_count, 0};
+  return submit(Coll::kReduceScatter, h, [=](uint64_t seq) {
+    ring_reduce_scatter(make_ctx(&transport_, rank_, world_, seq, "reduce_scatter", dt),
+                        static_cast<const char*>(in), static_cast<char*>(out), in_count, op);
+  }, async);
+}
+
+WorkPtr Communicator::all_gather(const void* in, void* out, int64_t in_count, int64_t out_count, DType dt,
+                                 bool async) {
+  check_usable();
+  RC_LOCAL_CHECKS(Coll::kAllGather, {
+    check_ptr(in, in_count, "input", Coll::kAllGather);
+    check_ptr(out, out_count, "output", Coll::kAllGather);
+    RC_CHECK(in_count <= out_count, InvalidArgument,
+             "ringcomm: all_gather: input has " << in_count << " elements but the output only " << out_count);
+    dtype_size(dt);
+  });
+  CollHeader h{0, static_cast<uint32_t>(dt), 0, -1, out_count, in_count};
+  // Every rank's contribution size is known only from the headers: gather them in the body.
+  return submit(Coll::kAllGather, h, [=](uint64_t seq) {
+    std::vector<int64_t> counts(world_, 0);
+    if (world_ == 1) {
+      counts[0] = in_count;
+    } else {
+      const uint32_t bs = board_seq(seq);
+      WaitCtx w;
+      w.op = "all_gather";
+      w.seq = seq;
+      for (int p = 0; p < world_; ++p) counts[p] = (p == rank_) ? in_count : transport_.wait_header(p, bs, w).count2;
+    }
+    ring_all_gather(make_ctx(&transport_, rank_, world_, seq, "all_gather", dt), static_cast<const char*>(in),
+                    static_cast<char*>(out), counts);
+  }, async);
+}
+
+WorkPtr Communicator::broadcast(void* buf, int64_t count, DType dt, int root, bool async) {
+  check_usable();
+  RC_LOCAL_CHECKS(Coll::kBroadcast, {
+    check_ptr(buf, count, "", Coll::kBroadcast);
+    check_root(root, Coll::kBroadcast);
+    dtype_size(dt);
+  });
+  CollHeader h{0, static_cast<uint32_t>(dt), 0, root, count, 0};
+  return submit(Coll::kBroadcast, h, [=](uint64_t seq) {
+    chain_broadcast(make_ctx(&transport_, rank_, world_, seq, "broadcast", dt), static_cast<char*>(buf), count, root);
+  }, async);
+}
+
+WorkPtr Communicator::reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root, bool async) {
+  check_usable();
+  RC_LOCAL_CHECKS(Coll::kReduce, {
+    check_ptr(in, count, "input", Coll::kReduce);
+    check_root(root, Coll::kReduce);
+    if (rank_ == root) check_ptr(out, count, "output", Coll::kReduce);
+    check_reduce_supported(dt, op);
+  });
+  CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count, 0};
+  return submit(Coll::kReduce, h, [=](uint64_t seq) {
+    chain_reduce(make_ctx(&transport_, rank_, world_, seq, "reduce", dt), static_cast<const char*>(in),
+                 static_cast<char*>(out), count, op, root);
+  }, async);
+}
+
+WorkPtr Communicator::barrier(bool async) {
+  // The header exchange is itself a barrier: nobody leaves it before every rank has arrived.
+  return submit(Coll::kBarrier, CollHeader{}, [](uint64_t) {}, async);
+}
+
+WorkPtr Communicator::all_to_all(const void* in, void* out, std::vector<int64_t> send_counts,
+                                 std::vector<int64_t> recv_counts, DType dt, bool async) {
+  check_usable();
+  int64_t in_total = 0, out_total = 0;
+  RC_LOCAL_CHECKS(Coll::kAllToAll, {
+    RC_CHECK(static_cast<int>(send_counts.size()) == world_ && static_cast<int>(recv_counts.size()) == world_,
+             InvalidArgument, "ringcomm: all_to_all: split lists need " << world_ << " entries, got "
+                                                                         << send_counts.size() << " and " << recv_counts.size());
+    for (int p = 0; p < world_; ++p) {
+      RC_CHECK(send_counts[p] >= 0 && recv_counts[p] >= 0, InvalidArgument, "ringcomm: all_to_all: negative split size");
+      in_total += send_counts[p];
+      out_total += recv_counts[p];
+    }
+    check_ptr(in, in_total, "input", Coll::kAllToAll);
+    check_ptr(out, out_total, "output", Coll::kAllToAll);
+    dtype_size(dt);
+  });
+  CollHeader h{0, static_cast<uint32_t>(dt), 0, -1, in_total, out_total};
+  return submit(Coll::kAllToAll, h, [=](uint64_t seq) {
+    std::vector<int64_t> soff(world_, 0), roff(world_, 0);
+    for (int p = 1; p < world_; ++p) {
+      soff[p] = soff[p - 1] + send_counts[p - 1];
+      roff[p] = roff[p - 1] + recv_counts[p - 1];
+    }
+    direct_all_to_all(make_ctx(&transport_, rank_, world_, seq, "all_to_all", dt), static_cast<const char*>(in),
+                      static_cast<char*>(out), send_counts, soff, recv_counts, roff);
+  }, async);
+}
+
+WorkPtr Communicator::gather(const void* in, void* out, int64_t count, DType dt, int root, bool async) {
+  check_usable();
+  RC_LOCAL_CHECKS(Coll::kGather, {
+    check_ptr(in, count, "input", Coll::kGather);
+    check_root(root, Coll::kGather);
+    if (rank_ == root) check_ptr(out, count * world_, "output", Coll::kGather);
+    dtype_size(dt);
+  });
+  CollHeader h{0, static_cast<uint32_t>(dt), 0, root, count, 0};
+  return submit(Coll::kGather, h, [=](uint64_t seq) {
+    direct_gather(make_ctx(&transport_, rank_, world_, seq, "gather", dt), static_cast<const char*>(in),
+                  static_cast<char*>(out), count, root);
+  }, async);
+}
+
+WorkPtr Communicator::scatter(const void* in, void* out, int64_t count, DType dt, int root, bool async) {
+  check_usable();
+  RC_LOCAL_CHECKS(Coll::kScatter, {
+    check_ptr(out, count, "output", Coll::kScatter);
+    check_root(root, Coll::kScatter);
+    if (rank_ == root) check_ptr(in, count * world_, "input", Coll::kScatter);
+    dtype_size(dt);
+  });
+  CollHeader h{0, static_cast<uint32_t>(dt), 0, root, count, 0};
+  return submit(Coll::kScatter, h, [=](uint64_t seq) {
+    direct_scatter(make_ctx(&transport_, rank_, world_, seq, "scatter", dt), static_cast<const char*>(in),
+                   static_cast<char*>(out), count, root);
+  }, async);
+}
+
+// ---------------- point-to-point ----------------
+
+WorkPtr Communicator::send(const void* buf, int64_t bytes, int dst, uint64_t tag, bool async) {
+  return submit_p2p(true, const_cast<char*>(static_cast<const char*>(buf)), bytes, dst, tag, async);
+}
+
+WorkPtr Communicator::recv(void* buf, int64_t bytes, int src, uint64_t tag, bool async) {
+  return submit_p2p(false, static_cast<char*>(buf), bytes, src, tag, async);
+}
+
+WorkPtr Communicator::submit_p2p(bool is_send, char* buf, int64_t bytes, int peer, uint64_t tag, bool async) {
+  check_usable();
+  const char* name = is_send ? "send" : "recv";
+  RC_CHECK(peer >= 0 && peer < world_ && peer != rank_, InvalidArgument,
+           "ringcomm: " << name << ": peer " << peer << " is not another rank of this communicator (rank " << rank_
+                        << ", world size " << world_ << ")");
+  RC_CHECK(bytes >= 0 && (bytes == 0 || buf != nullptr), InvalidArgument, "ringcomm: " << name << ": bad buffer");
+  P2POp op;
+  op.is_send = is_send;
+  op.peer = peer;
+  op.buf = buf;
+  op.bytes = static_cast<uint64_t>(bytes);
+  op.tag = tag;
+  op.deadline_ns = now_ns() + static_cast<int64_t>(transport_.config().timeout_s * 1e9);
+  op.work = std::make_shared<Work>(name, 0);
+  WorkPtr w = op.work;
+  {
+    std::lock_guard<std::mutex> lk(p2p_mu_);
+    p2p_new_.push_back(std::move(op));
+  }
+  p2p_cv_.notify_all();
+  transport_.ring_doorbell(rank_);  // wake our p2p thread if it sleeps on the doorbell
+  if (!async) w->wait(-1.0);
+  return w;
+}
+
+// Moves as many pieces as the channel allows right now; true if anything moved.
+bool Communicator::p2p_advance(P2POp& op) {
+  const size_t slot = transport_.config().slot_bytes;
+  bool moved = false;
+  while (!op.started || op.done < op.bytes) {
+    if (op.is_send) {
+      char* dst = transport_.try_send_slot(op.peer, Lane::kP2P);
+      if (dst == nullptr) return moved;
+      uint64_t n = std::min<uint64_t>(slot, op.bytes - op.done);
+      if (n > 0) std::memcpy(dst, op.buf + op.done, n);
+      transport_.send_post(op.peer, Lane::kP2P, n, op.bytes, op.tag);
+      op.done += n;
+    } else {
+      const SlotMeta* m = nullptr;
+      const char* src = transport_.try_recv_slot(op.peer, Lane::kP2P, &m);
+      if (src == nullptr) return moved;
+      if (!op.started && m->total != op.bytes) {
+        RC_THROW(Mismatch, "ringcomm: recv on rank " << rank_ << " from rank " << op.peer << ": the matching send has "
+                                                     << m->total << " bytes but the receive buffer has " << op.bytes);
+      }
+      RC_CHECK(op.done + m->bytes <= op.bytes, Error, "ringcomm: recv: message overruns the buffer");
+      if (m->bytes > 0) std::memcpy(op.buf + op.done, src, m->bytes);
+      op.done += m->bytes;
+      transport_.recv_done(op.peer, Lane::kP2P);
+    }
+    op.started = true;
+    moved = true;
+  }
+  return moved;
+}
+
+void Communicator::p2p_loop() {
+  std::vector<std::deque<P2POp>> sendq(world_), recvq(world_);
+  size_t pending = 0;
+  int64_t idle_since = 0, next_liveness = 0;
+  auto fail_all = [&](std::exception_ptr e) {
+    for (auto* qs : {&sendq, &recvq})
+      for (auto& q : *qs) {
+        for (auto& op : q) op.work->fail(e);
+        q.clear();
+      }
+    pending = 0;
+  };
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(p2p_mu_);
+      if (pending == 0) p2p_cv_.wait(lk, [&] { return p2p_stopping_ || !p2p_new_.empty(); });
+      while (!p2p_new_.empty()) {
+        P2POp op = std::move(p2p_new_.front());
+        p2p_new_.pop_front();
+        (op.is_send ? sendq : recvq)[op.peer].push_back(std::move(op));
+        ++pending;
+      }
+      if (p2p_stopping_) {
+        lk.unlock();
+        fail_all(std::make_exception_ptr(
+            Closed("ringcomm: the communicator was closed while this send/recv was pending")));
+        return;
+      }
+    }
+    const uint32_t bell = transport_.doorbell_value();
+    bool progressed = false;
+    for (auto* qs : {&sendq, &recvq}) {
+      for (auto& q : *qs) {
+        while (!q.empty()) {
+          P2POp& op = q.front();
+          try {
+            progressed |= p2p_advance(op);
+          } catch (...) {
+            std::exception_ptr e = std::current_exception();
+            std::string msg;
+            std::string kind = error_kind_of(e, &msg);
+            {
+              std::lock_guard<std::mutex> lk(mu_);
+              if (broken_.empty()) broken_ = msg;
+            }
+            transport_.abort(abort_kind_of(kind), msg);
+            fail_all(e);
+            break;
+          }
+          if (op.started && op.done == op.bytes) {
+            op.work->complete();
+            q.pop_front();
+            --pending;
+            progressed = true;
+          } else {
+            break;
+          }
+        }
+      }
+    }
+    if (progressed || pending == 0) {
+      idle_since = 0;
+      continue;
+    }
+    const int64_t now = now_ns();
+    if (idle_since == 0) idle_since = now;
+    if (now - idle_since < transport_.config().spin_ns) {
+      for (int i = 0; i < 64; ++i) cpu_relax();
+      continue;
+    }
+    // Idle: check deadlines and peers, then sleep until the doorbell rings (or a slice passes).
+    try {
+      for (auto* qs : {&sendq, &recvq})
+        for (auto& q : *qs)
+          if (!q.empty() && now > q.front().deadline_ns) {
+            const P2POp& op = q.front();
+            RC_THROW(TimeoutError, "ringcomm: " << (op.is_send ? "send to" : "recv from") << " rank " << op.peer
+                                                << " on rank " << rank_ << " timed out after "
+                                                << transport_.config().timeout_s << " s (" << op.done << " of "
+                                                << op.bytes << " bytes moved)");
+          }
+      WaitCtx w;
+      w.op = "send/recv";
+      const bool live = now >= next_liveness;
+      if (live) next_liveness = now + transport_.config().liveness_ns;
+      transport_.check_peers(w, live);
+    } catch (...) {
+      std::exception_ptr e = std::current_exception();
+      std::string msg;
+      error_kind_of(e, &msg);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (broken_.empty()) broken_ = msg;
+      }
+      fail_all(e);
+      continue;
+    }
+    transport_.doorbell_wait(bell, std::min<int64_t>(transport_.config().liveness_ns, 20'000'000));
+  }
+}
+
+// ---------------- shutdown ----------------
+
+void Communicator::close() {
+  if (closed_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (progress_.joinable()) progress_.join();
+  {
+    std::lock_guard<std::mutex> lk(p2p_mu_);
+    p2p_stopping_ = true;
+  }
+  p2p_cv_.notify_all();
+  if (connected_) transport_.ring_doorbell(rank_);
+  if (p2p_thread_.joinable()) p2p_thread_.join();
+  transport_.close();
+}
+
+}  // namespace rc

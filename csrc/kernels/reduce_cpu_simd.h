@@ -1,0 +1,329 @@
+// Typed elementwise reduce loops, written once with GCC/Clang vector extensions and compiled
+// once per instruction set. NOT a normal header: reduce_cpu.cpp includes it twice, each time
+// inside its own namespace and (for AVX2) inside a `#pragma GCC target` region, so that every
+// function below -- templates included -- is compiled for that instruction set. The dtype x op
+// switch is not here; it lives in reduce_cpu.cpp and picks `Isa::run<Kind, Op>` from one of the
+// copies.
+//
+// The includer defines:
+//   RC_KERN_NS      namespace name of this copy (generic, avx2)
+//   RC_KERN_VBYTES  vector width in bytes (16: SSE2/NEON baseline; 32: AVX2)
+//   RC_KERN_AVX2    1 when AVX2 + F16C intrinsics may be used in this copy, else 0
+//
+// Invariants every kind/op keeps (the tests check them bit for bit):
+//  - One code path per element: full vectors go through Kind::step directly; the last partial
+//    vector is copied into a zero-padded stack buffer and goes through the SAME Kind::step, so
+//    the "scalar tail" cannot disagree with the vector body.
+//  - Each step loads all of its inputs before it stores, so dst == a or dst == b is safe.
+//  - No FMA contraction is possible (no a*b+c pattern anywhere; AVX2 copy is built without
+//    "fma"), so SUM is exactly round(a+b) and AVG is round(round(a+b)*scale).
+//  - Float MIN/MAX: r = (a < b || isnan(a)) ? a : b  (MAX with >), i.e. numpy's scalar rule:
+//    a NaN in either input gives a NaN, and the result is always one of the inputs' bit patterns.
+
+namespace rc {
+namespace kern {
+namespace RC_KERN_NS {
+
+#define RC_KINLINE inline __attribute__((always_inline))
+
+constexpr size_t kVB = RC_KERN_VBYTES;
+
+typedef float f32v __attribute__((vector_size(RC_KERN_VBYTES)));
+typedef double f64v __attribute__((vector_size(RC_KERN_VBYTES)));
+typedef int8_t i8v __attribute__((vector_size(RC_KERN_VBYTES)));
+typedef uint8_t u8v __attribute__((vector_size(RC_KERN_VBYTES)));
+typedef int16_t i16v __attribute__((vector_size(RC_KERN_VBYTES)));
+typedef int32_t i32v __attribute__((vector_size(RC_KERN_VBYTES)));
+typedef uint32_t u32v __attribute__((vector_size(RC_KERN_VBYTES)));
+typedef int64_t i64v __attribute__((vector_size(RC_KERN_VBYTES)));
+typedef uint64_t u64v __attribute__((vector_size(RC_KERN_VBYTES)));
+// One f32v worth of 16-bit lanes (half the bytes): the storage of a widened fp16/bf16 vector.
+typedef uint16_t u16h __attribute__((vector_size(RC_KERN_VBYTES / 2)));
+
+// Unaligned loads/stores; memcpy of a constant size compiles to one (v)movdqu.
+template <class V>
+RC_KINLINE V load(const char* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <class V>
+RC_KINLINE void store(char* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops: functors on whole vectors. Constructed once per call from `scale` (ignored by most).
+
+template <class V> struct UnsignedOf;
+template <> struct UnsignedOf<i8v> { typedef u8v type; };
+template <> struct UnsignedOf<u8v> { typedef u8v type; };
+template <> struct UnsignedOf<i32v> { typedef u32v type; };
+template <> struct UnsignedOf<u32v> { typedef u32v type; };
+template <> struct UnsignedOf<i64v> { typedef u64v type; };
+
+struct Sum {  // floating (also used for AVG when scale == 1)
+  explicit Sum(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const { return a + b; }
+};
+struct Prod {
+  explicit Prod(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const { return a * b; }
+};
+// Integer SUM/PRODUCT in unsigned arithmetic: wraps modulo 2^bits like numpy/torch, no UB.
+struct SumWrap {
+  explicit SumWrap(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const {
+    typedef typename UnsignedOf<V>::type U;
+    return (V)((U)a + (U)b);
+  }
+};
+struct ProdWrap {
+  explicit ProdWrap(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const {
+    typedef typename UnsignedOf<V>::type U;
+    return (V)((U)a * (U)b);
+  }
+};
+struct MinF {  // (a < b || isnan(a)) ? a : b
+  explicit MinF(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const { return ((a < b) | (a != a)) ? a : b; }
+};
+struct MaxF {  // (a > b || isnan(a)) ? a : b
+  explicit MaxF(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const { return ((a > b) | (a != a)) ? a : b; }
+};
+struct MinI {  // signedness comes from the vector type
+  explicit MinI(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const { return (a < b) ? a : b; }
+};
+struct MaxI {
+  explicit MaxI(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const { return (a > b) ? a : b; }
+};
+struct BAnd {
+  explicit BAnd(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const { return a & b; }
+};
+struct BOr {
+  explicit BOr(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const { return a | b; }
+};
+struct BXor {
+  explicit BXor(double) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const { return a ^ b; }
+};
+// bool MIN / MAX: any nonzero byte is true; the result is always 0 or 1.
+struct LAnd {
+  explicit LAnd(double) {}
+  RC_KINLINE u8v operator()(u8v a, u8v b) const { return (u8v)((a != 0) & (b != 0)) & (uint8_t)1; }
+};
+struct LOr {
+  explicit LOr(double) {}
+  RC_KINLINE u8v operator()(u8v a, u8v b) const { return (u8v)((a != 0) | (b != 0)) & (uint8_t)1; }
+};
+// AVG: (a + b) * scale, in S (float for fp32 and the half types, double for fp64).
+template <class S> struct Avg {
+  S s;
+  explicit Avg(double scale) : s(static_cast<S>(scale)) {}
+  template <class V> RC_KINLINE V operator()(V a, V b) const { return (a + b) * s; }
+};
+// scale_cpu: a * scale (b is the same buffer as a and is ignored).
+template <class S> struct Scale {
+  S s;
+  explicit Scale(double scale) : s(static_cast<S>(scale)) {}
+  template <class V> RC_KINLINE V operator()(V a, V) const { return a * s; }
+};
+// fp16/bf16 MIN/MAX straight on the 16-bit patterns (no conversion, so the result is exactly one
+// of the inputs, NaN payloads included). Same rule as MinF/MaxF: a sign-magnitude pattern maps to
+// the ordered key +/-magnitude (so -0 == +0, like the float compare); NaN is magnitude > inf.
+template <int kInfBits, bool kMax> struct HalfMinMax {
+  explicit HalfMinMax(double) {}
+  RC_KINLINE i16v operator()(i16v a, i16v b) const {
+    const i16v ma = a & (int16_t)0x7FFF, mb = b & (int16_t)0x7FFF;
+    const i16v sa = a >> 15, sb = b >> 15;  // arithmetic shift: 0 or -1
+    const i16v ka = (ma ^ sa) - sa, kb = (mb ^ sb) - sb;
+    const i16v nan_a = ma > (int16_t)kInfBits, nan_b = mb > (int16_t)kInfBits;
+    const i16v better = kMax ? (ka > kb) : (ka < kb);
+    return (nan_a | (~nan_b & better)) ? a : b;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Kinds: how one step loads, combines and stores kStep elements of kElem bytes.
+
+template <class T, class V> struct Plain {
+  static constexpr size_t kElem = sizeof(T);
+  static constexpr size_t kStep = sizeof(V) / sizeof(T);
+  template <class Op>
+  static RC_KINLINE void step(char* d, const char* a, const char* b, const Op& op) {
+    const V x = load<V>(a), y = load<V>(b);
+    store<V>(d, op(x, y));
+  }
+};
+
+// fp16/bf16 arithmetic: widen each input to two f32v, combine in fp32, round back once (RNE).
+template <class Cvt> struct Widened {
+  static constexpr size_t kElem = 2;
+  static constexpr size_t kStep = 2 * (kVB / 4);
+  template <class Op>
+  static RC_KINLINE void step(char* d, const char* a, const char* b, const Op& op) {
+    const f32v a0 = Cvt::widen(a), a1 = Cvt::widen(a + kVB / 2);
+    const f32v b0 = Cvt::widen(b), b1 = Cvt::widen(b + kVB / 2);
+    Cvt::narrow(d, op(a0, b0), op(a1, b1));
+  }
+};
+
+// bf16 <-> fp32 with integer ops. Widening is exact (bf16 is the top half of an fp32).
+// Narrowing rounds to nearest even; overflow carries into the exponent and gives inf; a NaN
+// keeps its sign and top payload bits and gets the quiet bit (never turns into inf).
+struct CvtBF16 {
+  static RC_KINLINE f32v widen(const char* p) {
+#if RC_KERN_AVX2
+    return (f32v)_mm256_slli_epi32(_mm256_cvtepu16_epi32(load<__m128i>(p)), 16);
+#else
+    return (f32v)(__builtin_convertvector(load<u16h>(p), u32v) << 16);
+#endif
+  }
+  static RC_KINLINE u32v round_bits(f32v f) {
+    const u32v u = (u32v)f;
+    const u32v rne = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const u32v qnan = (u >> 16) | 0x40u;
+    // |f| bits fit in 31 bits, so a signed compare is exact (and native on SSE2/AVX2).
+    return ((i32v)(u & 0x7FFFFFFFu) > 0x7F800000) ? qnan : rne;
+  }
+  static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
+#if RC_KERN_AVX2
+    // Both halves hold values <= 0xFFFF, so the saturating pack is exact; packus works per
+    // 128-bit lane, the permute puts the four 64-bit groups back in order.
+    const __m256i packed = _mm256_packus_epi32((__m256i)round_bits(lo), (__m256i)round_bits(hi));
+    store<__m256i>(p, _mm256_permute4x64_epi64(packed, 0xD8));
+#else
+    store<u16h>(p, __builtin_convertvector(round_bits(lo), u16h));
+    store<u16h>(p + kVB / 2, __builtin_convertvector(round_bits(hi), u16h));
+#endif
+  }
+};
+
+#if RC_KERN_AVX2
+// fp16 <-> fp32 with F16C (exact widening; narrowing with imm 0 = round to nearest even,
+// independent of MXCSR).
+struct CvtF16 {
+  static RC_KINLINE f32v widen(const char* p) { return (f32v)_mm256_cvtph_ps(load<__m128i>(p)); }
+  static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
+    store<__m128i>(p, _mm256_cvtps_ph((__m256)lo, _MM_FROUND_TO_NEAREST_INT));
+    store<__m128i>(p + 16, _mm256_cvtps_ph((__m256)hi, _MM_FROUND_TO_NEAREST_INT));
+  }
+};
+#else
+// fp16 <-> fp32 in portable integer/float vector code, bit-identical to F16C (F. Giesen's exact
+// conversions, "half_to_float" and "float_to_half_fast3_rtne", vectorised). NaN: F16C keeps the
+// sign and top payload bits and sets the quiet bit; so does this.
+struct CvtF16 {
+  static RC_KINLINE f32v widen(const char* p) {
+    const u32v h = __builtin_convertvector(load<u16h>(p), u32v);
+    const u32v shifted_exp = u32v{} + (0x7C00u << 13);
+    u32v o = (h & 0x7FFFu) << 13;           // exponent + mantissa
+    const u32v e = o & shifted_exp;         // exponent only
+    o += (127u - 15u) << 23;                // rebias
+    const u32v magic = u32v{} + (113u << 23);
+    // Inf/NaN: push the exponent to 255. Zero/subnormal: renormalise through one exact fp32
+    // subtraction.
+    const u32v infnan = o + ((128u - 16u) << 23);
+    const u32v sub = (u32v)((f32v)(o + (1u << 23)) - (f32v)magic);
+    o = (e == shifted_exp) ? infnan : o;
+    o = (e == 0u) ? sub : o;
+    return (f32v)(o | ((h & 0x8000u) << 16));
+  }
+  static RC_KINLINE u32v round_bits(f32v f) {
+    const u32v u = (u32v)f;
+    const u32v sign = u & 0x80000000u;
+    const u32v a = u ^ sign;  // |f| bits
+    // Normal results: rebias, add half-ulp-minus-one plus the odd bit (ties to even), shift.
+    const u32v nrm = (a + (((15u - 127u) << 23) + 0xFFFu) + ((a >> 13) & 1u)) >> 13;
+    // Subnormal or zero results: one fp32 add aligns the 10 mantissa bits at the bottom and
+    // rounds to nearest even.
+    const u32v dm = u32v{} + (((127u - 15u) + (23u - 10u) + 1u) << 23);
+    const u32v sub = (u32v)((f32v)a + (f32v)dm) - dm;
+    // >= 65536: inf, or a quiet NaN carrying the top payload bits.
+    // (|f| bits fit in 31 bits: signed compares are exact and native on SSE2.)
+    const i32v ai = (i32v)a;
+    const u32v big = (ai > 0x7F800000) ? (0x7E00u | ((a >> 13) & 0x3FFu)) : (u32v{} + 0x7C00u);
+    u32v r = (ai < (113 << 23)) ? sub : nrm;
+    r = (ai >= ((127 + 16) << 23)) ? big : r;
+    return r | (sign >> 16);
+  }
+  static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
+    store<u16h>(p, __builtin_convertvector(round_bits(lo), u16h));
+    store<u16h>(p + kVB / 2, __builtin_convertvector(round_bits(hi), u16h));
+  }
+};
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// The loop. Exactly one Kind::step per kStep elements; the partial last step runs on padded
+// copies (zeros are harmless for every op) so it shares the vector code.
+template <class K, class Op>
+RC_KINLINE void drive(void* dst, const void* a, const void* b, size_t n, const Op& op) {
+  constexpr size_t kBytes = K::kStep * K::kElem;
+  char* d = static_cast<char*>(dst);
+  const char* x = static_cast<const char*>(a);
+  const char* y = static_cast<const char*>(b);
+  const size_t full = n / K::kStep;
+#pragma GCC unroll 4
+  for (size_t i = 0; i < full; ++i) K::step(d + i * kBytes, x + i * kBytes, y + i * kBytes, op);
+  const size_t rem = n - full * K::kStep;
+  if (rem != 0) {
+    alignas(32) char tx[kBytes] = {};
+    alignas(32) char ty[kBytes] = {};
+    alignas(32) char td[kBytes];
+    const size_t off = full * kBytes, bytes = rem * K::kElem;
+    std::memcpy(tx, x + off, bytes);
+    std::memcpy(ty, y + off, bytes);
+    K::step(td, tx, ty, op);
+    std::memcpy(d + off, td, bytes);
+  }
+}
+
+// What reduce_cpu.cpp's switch picks from: kinds per dtype, op functors, and the entry point.
+struct Isa {
+  typedef Plain<float, f32v> F32;
+  typedef Plain<double, f64v> F64;
+  typedef Widened<CvtF16> F16;
+  typedef Widened<CvtBF16> BF16;
+  typedef Plain<int16_t, i16v> HalfBits;  // fp16/bf16 MIN/MAX on raw patterns
+  typedef Plain<int8_t, i8v> I8;
+  typedef Plain<uint8_t, u8v> U8;
+  typedef Plain<int32_t, i32v> I32;
+  typedef Plain<int64_t, i64v> I64;
+  typedef Plain<uint8_t, u8v> Bool;
+
+  typedef rc::kern::RC_KERN_NS::Sum Sum;
+  typedef rc::kern::RC_KERN_NS::Prod Prod;
+  typedef rc::kern::RC_KERN_NS::SumWrap SumWrap;
+  typedef rc::kern::RC_KERN_NS::ProdWrap ProdWrap;
+  typedef rc::kern::RC_KERN_NS::MinF MinF;
+  typedef rc::kern::RC_KERN_NS::MaxF MaxF;
+  typedef rc::kern::RC_KERN_NS::MinI MinI;
+  typedef rc::kern::RC_KERN_NS::MaxI MaxI;
+  typedef rc::kern::RC_KERN_NS::BAnd BAnd;
+  typedef rc::kern::RC_KERN_NS::BOr BOr;
+  typedef rc::kern::RC_KERN_NS::BXor BXor;
+  typedef rc::kern::RC_KERN_NS::LAnd LAnd;
+  typedef rc::kern::RC_KERN_NS::LOr LOr;
+  template <class S> using Avg = rc::kern::RC_KERN_NS::Avg<S>;
+  template <class S> using Scale = rc::kern::RC_KERN_NS::Scale<S>;
+  template <int kInf> using HalfMin = HalfMinMax<kInf, false>;
+  template <int kInf> using HalfMax = HalfMinMax<kInf, true>;
+
+  template <class K, class Op>
+  static void run(void* dst, const void* a, const void* b, size_t n, double scale) {
+    drive<K>(dst, a, b, n, Op(scale));
+  }
+};
+
+#undef RC_KINLINE
+
+}  // namespace RC_KERN_NS
+}  // namespace kern
+}  // namespace rc

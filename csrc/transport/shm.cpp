@@ -1,0 +1,488 @@
+#include "transport/shm.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "common/env.h"
+#include "common/errors.h"
+#include "transport/futex.h"
+
+namespace rc {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x52494e47434f4d4dULL;  // "RINGCOMM"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kPage = 4096;
+constexpr size_t kAbortMsgBytes = 1024;
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A futex word and its sleeper count on a cache line of their own.
+struct alignas(64) Word {
+  std::atomic<uint32_t> v;
+  std::atomic<uint32_t> waiters;
+};
+
+// Publish a new value of a word and wake sleepers. The seq_cst RMW pairs with the waiter's
+// seq_cst increment of `waiters` (see the header comment): no lost wake-ups.
+inline void publish_add(std::atomic<uint32_t>* v, std::atomic<uint32_t>* waiters, uint32_t add) {
+  v->fetch_add(add, std::memory_order_seq_cst);
+  if (waiters->load(std::memory_order_seq_cst) != 0) futex_wake_all(v);
+}
+
+std::string random_name() {
+  unsigned char buf[16];
+  size_t got = 0;
+  while (got < sizeof(buf)) {
+    ssize_t n = getrandom(buf + got, sizeof(buf) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      RC_THROW(Error, "ringcomm: getrandom failed: " << std::strerror(errno));
+    }
+    got += static_cast<size_t>(n);
+  }
+  char hex[33];
+  for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", buf[i]);
+  return std::string("/ringcomm-") + hex;
+}
+
+}  // namespace
+
+struct BoardEntry {
+  Word seq;        // the collective sequence number this entry holds (0 = none yet)
+  CollHeader h;    // written before seq is published (release), read after it is acquired
+};
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t version;
+  int32_t world;
+  int32_t rank;
+  int32_t pid;
+  uint64_t slot_bytes;
+  uint32_t nslots;
+  alignas(64) Word attached;   // peers that have mapped this segment
+  alignas(64) Word state;      // PeerState; kind/msg written before state (release)
+  uint32_t abort_kind;
+  char abort_msg[kAbortMsgBytes];
+  alignas(64) Word doorbell;   // p2p activity counter (see ring_doorbell)
+  alignas(64) BoardEntry board[2];
+};
+
+struct ChannelCtl {
+  Word head;  // written by the sender only
+  Word tail;  // written by the receiver only
+  // followed by SlotMeta[nslots]
+};
+static_assert(sizeof(ChannelCtl) == 128, "ChannelCtl is two cache lines");
+
+ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
+  ShmConfig c;
+  // Slot size and count: bytes in flight per channel = slot_bytes * nslots. Slots small enough to
+  // stay in L2/L3 between the sender's write and the receiver's read; enough of them to pipeline.
+  int64_t slot = env_int("RINGCOMM_SLOT_BYTES", 256 * 1024);
+  int64_t nslots = env_int("RINGCOMM_NSLOTS", 8);
+  RC_CHECK(slot >= 64, InvalidArgument, "RINGCOMM_SLOT_BYTES must be >= 64, got " << slot);
+  RC_CHECK(nslots >= 2 && nslots <= 1024, InvalidArgument,
+           "RINGCOMM_NSLOTS must be in [2, 1024] (the ring's fused forward needs two), got " << nslots);
+  c.slot_bytes = round_up(static_cast<size_t>(slot), 64);
+  c.nslots = static_cast<uint32_t>(nslots);
+  c.timeout_s = timeout_s > 0 ? timeout_s : env_double("RINGCOMM_TIMEOUT", 300.0);
+  RC_CHECK(c.timeout_s > 0, InvalidArgument, "timeout must be > 0 s, got " << c.timeout_s);
+  // Spin before sleeping. With more ranks than cores a spinning waiter steals the core from the
+  // rank it waits for, so the default spin is short then.
+  unsigned ncpu = std::max(1u, std::thread::hardware_concurrency());
+  int64_t spin_default_us = (static_cast<unsigned>(world_size) <= ncpu) ? 50 : 2;
+  c.spin_ns = env_int("RINGCOMM_SPIN_US", spin_default_us) * 1000;
+  c.liveness_ns = env_int("RINGCOMM_LIVENESS_MS", 100) * 1000000;
+  RC_CHECK(c.liveness_ns > 0, InvalidArgument, "RINGCOMM_LIVENESS_MS must be > 0");
+  return c;
+}
+
+ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
+    : rank_(rank), world_(world), cfg_(cfg), base_(world, nullptr), pids_(world, 0),
+      send_head_(kNumLanes * world, 0), recv_tail_(kNumLanes * world, 0) {
+  RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
+  RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
+  ctl_offset_ = round_up(sizeof(SegmentHeader), kPage);
+  ctl_stride_ = sizeof(ChannelCtl) + sizeof(SlotMeta) * cfg_.nslots;
+  data_offset_ = round_up(ctl_offset_ + ctl_stride_ * kNumLanes * world_, kPage);
+  seg_bytes_ = data_offset_ + cfg_.slot_bytes * cfg_.nslots * kNumLanes * world_;
+}
+
+ShmTransport::~ShmTransport() { close(); }
+
+std::string ShmTransport::create() {
+  RC_CHECK(base_[rank_] == nullptr, Error, "shared-memory segment already created");
+  std::string name;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    name = random_name();
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  RC_CHECK(fd >= 0, Error, "ringcomm: shm_open(" << name << ") failed: " << std::strerror(errno));
+  own_name_ = name;
+  own_unlinked_ = false;
+  if (ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
+    int e = errno;
+    ::close(fd);
+    shm_unlink(name.c_str());
+    own_unlinked_ = true;
+    RC_THROW(Error, "ringcomm: ftruncate of shared memory to " << seg_bytes_ << " bytes failed: "
+                                                               << std::strerror(e));
+  }
+  void* p = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    shm_unlink(name.c_str());
+    own_unlinked_ = true;
+    RC_THROW(Error, "ringcomm: mmap of " << seg_bytes_ << " bytes failed: " << std::strerror(e));
+  }
+  base_[rank_] = static_cast<char*>(p);
+  // The file is zero-filled: counters, states and boards start at 0.
+  auto* h = reinterpret_cast<SegmentHeader*>(p);
+  h->version = kVersion;
+  h->world = world_;
+  h->rank = rank_;
+  h->pid = static_cast<int32_t>(getpid());
+  h->slot_bytes = cfg_.slot_bytes;
+  h->nslots = cfg_.nslots;
+  std::atomic_thread_fence(std::memory_order_release);
+  reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
+  pids_[rank_] = getpid();
+  return name;
+}
+
+void ShmTransport::attach(const std::vector<std::string>& names) {
+  RC_CHECK(static_cast<int>(names.size()) == world_, InvalidArgument,
+           "attach needs " << world_ << " segment names, got " << names.size());
+  RC_CHECK(base_[rank_] != nullptr, Error, "create() must be called before attach()");
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    int fd = shm_open(names[p].c_str(), O_RDWR, 0);
+    RC_CHECK(fd >= 0, PeerFailure, "ringcomm: rank " << rank_ << " cannot open rank " << p
+                                    << "'s shared memory " << names[p] << ": " << std::strerror(errno)
+                                    << " (is every rank on this host, and did rank " << p << " exit?)");
+    struct stat st;
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != seg_bytes_) {
+      ::close(fd);
+      RC_THROW(Mismatch, "ringcomm: rank " << p << "'s segment has " << st.st_size << " bytes, rank "
+                         << rank_ << " expects " << seg_bytes_
+                         << " (RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS must be equal on every rank)");
+    }
+    void* m = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    RC_CHECK(m != MAP_FAILED, Error, "ringcomm: mmap of rank " << p << "'s segment failed: " << std::strerror(errno));
+    base_[p] = static_cast<char*>(m);
+    auto* h = reinterpret_cast<SegmentHeader*>(m);
+    uint64_t magic = reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
+    RC_CHECK(magic == kMagic && h->version == kVersion && h->world == world_ && h->rank == p, Mismatch,
+             "ringcomm: rank " << p << "'s segment header does not match (world " << h->world << ", rank "
+                               << h->rank << ", version " << h->version << ")");
+    RC_CHECK(h->slot_bytes == cfg_.slot_bytes && h->nslots == cfg_.nslots, Mismatch,
+             "ringcomm: rank " << p << " uses " << h->nslots << " slots of " << h->slot_bytes
+                               << " bytes, rank " << rank_ << " uses " << cfg_.nslots << " of " << cfg_.slot_bytes
+                               << " (set RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS equally on every rank)");
+    pids_[p] = h->pid;
+    publish_add(&h->attached.v, &h->attached.waiters, 1);
+  }
+  // Every peer maps our segment before we unlink it; after that the name is gone and the memory
+  // lives exactly as long as the mappings.
+  auto* own = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+  WaitCtx w;
+  w.op = "init";
+  w.what = "peers to map this rank's shared memory";
+  const uint32_t want = static_cast<uint32_t>(world_ - 1);
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    w.peer = p;
+    wait_until(&own->attached.v, &own->attached.waiters,
+               [&] { return own->attached.v.load(std::memory_order_acquire) >= want; }, w);
+    break;  // one wait covers all: the counter counts every peer
+  }
+  shm_unlink(own_name_.c_str());
+  own_unlinked_ = true;
+}
+
+void ShmTransport::close() {
+  if (!own_unlinked_) {
+    shm_unlink(own_name_.c_str());
+    own_unlinked_ = true;
+  }
+  if (base_.empty()) return;
+  if (base_[rank_] != nullptr) {
+    auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+    uint32_t expected = static_cast<uint32_t>(PeerState::kAlive);
+    h->state.v.compare_exchange_strong(expected, static_cast<uint32_t>(PeerState::kClosed),
+                                       std::memory_order_seq_cst);
+    if (h->state.waiters.load()) futex_wake_all(&h->state.v);
+  }
+  for (auto& b : base_) {
+    if (b != nullptr) munmap(b, seg_bytes_);
+    b = nullptr;
+  }
+}
+
+void ShmTransport::abort(uint32_t kind, const std::string& msg) {
+  if (base_.empty() || base_[rank_] == nullptr) return;
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+  if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAlive)) return;
+  // kind and message first, then the state with release: a peer that acquires kAborted sees them.
+  h->abort_kind = kind;
+  size_t n = std::min(msg.size(), kAbortMsgBytes - 1);
+  std::memcpy(h->abort_msg, msg.data(), n);
+  h->abort_msg[n] = '\0';
+  h->state.v.store(static_cast<uint32_t>(PeerState::kAborted), std::memory_order_release);
+  // Wake every sleeper in our inbox and board promptly; others notice within a liveness slice.
+  futex_wake_all(&h->doorbell.v);
+  for (auto& e : h->board) futex_wake_all(&e.seq.v);
+}
+
+std::string ShmTransport::own_abort_message() const {
+  if (base_.empty() || base_[rank_] == nullptr) return {};
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+  if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAborted)) return {};
+  return std::string(h->abort_msg);
+}
+
+ChannelCtl* ShmTransport::ctl(int owner, Lane lane, int src) const {
+  return reinterpret_cast<ChannelCtl*>(base_[owner] + ctl_offset_ +
+                                       ctl_stride_ * (static_cast<size_t>(lane) * world_ + src));
+}
+
+SlotMeta* ShmTransport::slot_meta(int owner, Lane lane, int src, uint32_t slot) const {
+  return reinterpret_cast<SlotMeta*>(reinterpret_cast<char*>(ctl(owner, lane, src)) + sizeof(ChannelCtl)) + slot;
+}
+
+char* ShmTransport::slot_data(int owner, Lane lane, int src, uint32_t slot) const {
+  size_t idx = (static_cast<size_t>(lane) * world_ + src) * cfg_.nslots + slot;
+  return base_[owner] + data_offset_ + idx * cfg_.slot_bytes;
+}
+
+std::string ShmTransport::describe(const WaitCtx& w) const {
+  std::ostringstream o;
+  o << w.op << " (seq " << w.seq << ") on rank " << rank_;
+  if (w.peer >= 0) o << ", waiting for " << (w.what && *w.what ? w.what : "peer") << " from rank " << w.peer;
+  if (w.step >= 0) o << " at step " << w.step << (w.nsteps > 0 ? "/" + std::to_string(w.nsteps) : "");
+  return o.str();
+}
+
+bool ShmTransport::peer_dead(int peer) const {
+  pid_t pid = pids_[peer];
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  // A killed child of someone else stays a zombie until reaped: dead for our purposes.
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;  // no /proc: rely on kill()
+  char buf[512];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* rp = std::strrchr(buf, ')');
+  if (rp == nullptr || rp[1] == '\0' || rp[2] == '\0') return false;
+  char st = rp[2];
+  return st == 'Z' || st == 'X';
+}
+
+void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[peer]);
+  uint32_t st = h->state.v.load(std::memory_order_acquire);
+  if (st == static_cast<uint32_t>(PeerState::kAborted)) {
+    std::string msg(h->abort_msg, strnlen(h->abort_msg, kAbortMsgBytes));
+    std::string text = "ringcomm: " + describe(w) + ": rank " + std::to_string(peer) + " failed: " + msg;
+    switch (h->abort_kind) {
+      case 2: throw Mismatch(text);
+      case 3: throw TimeoutError(text);
+      default: throw PeerFailure(text);
+    }
+  }
+  RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer
+                                     << " closed its communicator before completing this operation");
+}
+
+void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    auto* h = reinterpret_cast<SegmentHeader*>(base_[p]);
+    uint32_t st = h->state.v.load(std::memory_order_acquire);
+    if (st == static_cast<uint32_t>(PeerState::kAborted)) fail_peer_state(p, w);
+    if (check_liveness && peer_dead(p)) {
+      RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << p << " (pid " << pids_[p]
+                                         << ") died");
+    }
+  }
+}
+
+template <class Ready>
+void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* waiters, Ready ready,
+                              const WaitCtx& w) {
+  if (ready()) return;
+  const int64_t t0 = now_ns();
+  // Spin phase: cheap hand-offs (well under a microsecond) while the peer is running.
+  const int64_t spin_end = t0 + cfg_.spin_ns;
+  do {
+    for (int i = 0; i < 64; ++i) {
+      cpu_relax();
+      if (ready()) return;
+    }
+  } while (now_ns() < spin_end);
+  // Sleep phase: futex in slices, checking peers and the deadline between slices.
+  const int64_t deadline = t0 + static_cast<int64_t>(cfg_.timeout_s * 1e9);
+  int64_t next_liveness = t0;
+  for (;;) {
+    uint32_t seen = word->load(std::memory_order_acquire);
+    if (ready()) return;
+    waiters->fetch_add(1, std::memory_order_seq_cst);
+    if (!ready()) {
+      int64_t slice = std::min<int64_t>(cfg_.liveness_ns, deadline - now_ns());
+      futex_wait(word, seen, std::max<int64_t>(slice, 1000));
+    }
+    waiters->fetch_sub(1, std::memory_order_seq_cst);
+    if (ready()) return;
+    const int64_t now = now_ns();
+    const bool live_check = now >= next_liveness;
+    if (live_check) next_liveness = now + cfg_.liveness_ns;
+    if (w.peer >= 0 && w.peer != rank_) {
+      auto* h = reinterpret_cast<SegmentHeader*>(base_[w.peer]);
+      if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAlive)) {
+        if (ready()) return;  // it finished its part before closing
+        fail_peer_state(w.peer, w);
+      }
+    }
+    check_peers(w, live_check);
+    if (now >= deadline) {
+      if (ready()) return;
+      RC_THROW(TimeoutError, "ringcomm: " << describe(w) << ": timed out after " << cfg_.timeout_s
+                                          << " s (RINGCOMM_TIMEOUT / timeout=)");
+    }
+  }
+}
+
+// ---------------- channels ----------------
+
+char* ShmTransport::try_send_slot(int peer, Lane lane) {
+  ChannelCtl* c = ctl(peer, lane, rank_);
+  uint32_t head = send_head_[static_cast<size_t>(lane) * world_ + peer];
+  // acquire: the receiver's reads of the slot happen-before our writes into it.
+  uint32_t tail = c->tail.v.load(std::memory_order_acquire);
+  if (head - tail >= cfg_.nslots) return nullptr;
+  return slot_data(peer, lane, rank_, head % cfg_.nslots);
+}
+
+char* ShmTransport::send_slot(int peer, Lane lane, const WaitCtx& w) {
+  ChannelCtl* c = ctl(peer, lane, rank_);
+  const uint32_t head = send_head_[static_cast<size_t>(lane) * world_ + peer];
+  WaitCtx ww = w;
+  ww.peer = peer;
+  ww.what = "a free slot";
+  wait_until(&c->tail.v, &c->tail.waiters,
+             [&] { return head - c->tail.v.load(std::memory_order_acquire) < cfg_.nslots; }, ww);
+  return slot_data(peer, lane, rank_, head % cfg_.nslots);
+}
+
+void ShmTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag) {
+  ChannelCtl* c = ctl(peer, lane, rank_);
+  uint32_t& head = send_head_[static_cast<size_t>(lane) * world_ + peer];
+  SlotMeta* m = slot_meta(peer, lane, rank_, head % cfg_.nslots);
+  m->bytes = bytes;
+  m->total = total;
+  m->tag = tag;
+  ++head;
+  // seq_cst RMW: releases the slot's data and meta to the receiver, and orders against its
+  // waiter registration (no lost wake-up).
+  publish_add(&c->head.v, &c->head.waiters, 1);
+  if (lane == Lane::kP2P) ring_doorbell(peer);
+}
+
+const char* ShmTransport::try_recv_slot(int peer, Lane lane, const SlotMeta** meta) {
+  ChannelCtl* c = ctl(rank_, lane, peer);
+  uint32_t tail = recv_tail_[static_cast<size_t>(lane) * world_ + peer];
+  if (c->head.v.load(std::memory_order_acquire) == tail) return nullptr;
+  uint32_t slot = tail % cfg_.nslots;
+  *meta = slot_meta(rank_, lane, peer, slot);
+  return slot_data(rank_, lane, peer, slot);
+}
+
+const char* ShmTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, const SlotMeta** meta) {
+  ChannelCtl* c = ctl(rank_, lane, peer);
+  const uint32_t tail = recv_tail_[static_cast<size_t>(lane) * world_ + peer];
+  WaitCtx ww = w;
+  ww.peer = peer;
+  ww.what = "data";
+  wait_until(&c->head.v, &c->head.waiters,
+             [&] { return c->head.v.load(std::memory_order_acquire) != tail; }, ww);
+  uint32_t slot = tail % cfg_.nslots;
+  *meta = slot_meta(rank_, lane, peer, slot);
+  return slot_data(rank_, lane, peer, slot);
+}
+
+void ShmTransport::recv_done(int peer, Lane lane) {
+  ChannelCtl* c = ctl(rank_, lane, peer);
+  ++recv_tail_[static_cast<size_t>(lane) * world_ + peer];
+  // seq_cst RMW: our reads of the slot happen-before the sender's next write into it.
+  publish_add(&c->tail.v, &c->tail.waiters, 1);
+  if (lane == Lane::kP2P) ring_doorbell(peer);
+}
+
+// ---------------- header board ----------------
+
+void ShmTransport::post_header(uint32_t seq, const CollHeader& h) {
+  auto* sh = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+  BoardEntry& e = sh->board[seq & 1u];
+  e.h = h;
+  e.seq.v.store(seq, std::memory_order_seq_cst);
+  if (e.seq.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&e.seq.v);
+}
+
+CollHeader ShmTransport::wait_header(int peer, uint32_t seq, const WaitCtx& w) {
+  auto* sh = reinterpret_cast<SegmentHeader*>(base_[peer]);
+  BoardEntry& e = sh->board[seq & 1u];
+  WaitCtx ww = w;
+  ww.peer = peer;
+  ww.what = "the collective's header (did every rank call the same collective?)";
+  wait_until(&e.seq.v, &e.seq.waiters, [&] { return e.seq.v.load(std::memory_order_acquire) == seq; }, ww);
+  return e.h;
+}
+
+// ---------------- doorbell ----------------
+
+void ShmTransport::ring_doorbell(int owner) {
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[owner]);
+  publish_add(&h->doorbell.v, &h->doorbell.waiters, 1);
+}
+
+uint32_t ShmTransport::doorbell_value() const {
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+  return h->doorbell.v.load(std::memory_order_acquire);
+}
+
+void ShmTransport::doorbell_wait(uint32_t seen, int64_t ns) {
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+  h->doorbell.waiters.fetch_add(1, std::memory_order_seq_cst);
+  if (h->doorbell.v.load(std::memory_order_seq_cst) == seen) futex_wait(&h->doorbell.v, seen, ns);
+  h->doorbell.waiters.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+}  // namespace rc

@@ -1,0 +1,169 @@
+// Host shared-memory transport: processes on one machine exchange bytes through POSIX shared
+// memory in fixed-size slots, with flow control by atomic sequence counters.
+//
+// Layout. Every rank owns ONE segment: its inbox. For each lane (collectives, point-to-point)
+// and each source rank it holds a channel of `nslots` slots of `slot_bytes` bytes, plus the
+// channel's control words. A sender writes into the RECEIVER's segment ("push"). The segment's
+// size depends on world size, slot size and slot count, never on message size: a message of any
+// size streams through the slots.
+//
+// Channel protocol (one writer per word):
+//   head  - written only by the sender: number of slots it has filled (wrapping uint32).
+//   tail  - written only by the receiver: number of slots it has consumed.
+//   Slot i = head % nslots is free for the sender while head - tail < nslots. The sender writes
+//   the slot's data and meta, then publishes with a release increment of head; the receiver reads
+//   head with acquire, so the data and meta are visible before it touches them. The receiver
+//   releases a slot with a release increment of tail after it has finished reading it; the
+//   sender's acquire of tail orders its next write to that slot after the receiver's reads.
+//   *_waiters words implement sleeping (futex): a waiter increments waiters (seq_cst), re-checks
+//   the counter, then sleeps; a publisher increments the counter with a seq_cst RMW and wakes
+//   only if waiters != 0. Both sides use seq_cst RMWs, so either the waiter sees the new value
+//   or the publisher sees the waiter (no lost wake-up).
+//
+// Header board: before each collective every rank writes a small header (sequence, collective,
+// dtype, op, counts, root) to board[seq % 2] of its own segment and publishes seq with release;
+// every rank reads every peer's header. Two entries suffice: a rank can only write the entry
+// for seq+2 after it has read every peer's header for seq+1, which every peer posts only after
+// finishing its reads of seq.
+//
+// Liveness: each segment records its owner's pid and a state word (alive / closed / aborted +
+// message). Every wait has a deadline; while waiting (after a short spin) a rank sleeps in slices
+// and checks that every peer process is alive (kill(pid, 0) and /proc/<pid>/stat zombie state)
+// and that no peer aborted. A failure throws PeerFailure / TimeoutError naming op, rank, peer,
+// step and sequence number.
+//
+// Lifetime: a segment is created with a random name (O_EXCL, mode 0600), mapped by every peer,
+// and unlinked by its owner as soon as every peer has reported attaching (attach counter), so
+// even kill -9 afterwards leaves nothing in /dev/shm.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rc {
+
+enum class Lane : int { kColl = 0, kP2P = 1 };
+constexpr int kNumLanes = 2;
+
+/// What a wait is for: every error raised by a wait names these.
+struct WaitCtx {
+  const char* op = "";     // collective / operation name
+  uint64_t seq = 0;        // collective sequence number
+  int peer = -1;           // the rank waited on
+  int step = -1;           // algorithm step (or -1)
+  int nsteps = 0;          // number of steps (for messages)
+  const char* what = "";   // what is awaited: "data", "free slot", "header", ...
+};
+
+struct ShmConfig {
+  size_t slot_bytes = 0;     // RINGCOMM_SLOT_BYTES
+  uint32_t nslots = 0;       // RINGCOMM_NSLOTS
+  double timeout_s = 300;    // RINGCOMM_TIMEOUT (per communicator override)
+  int64_t spin_ns = 0;       // RINGCOMM_SPIN_US
+  int64_t liveness_ns = 0;   // RINGCOMM_LIVENESS_MS: how often a sleeping waiter checks peers
+  static ShmConfig from_env(int world_size, double timeout_s);
+};
+
+/// Header posted before each collective (compared across ranks).
+struct CollHeader {
+  uint32_t coll = 0;
+  uint32_t dtype = 0;
+  uint32_t op = 0;
+  int32_t root = -1;
+  int64_t count = 0;   // primary count (meaning depends on the collective)
+  int64_t count2 = 0;  // secondary count (e.g. this rank's contribution)
+};
+
+struct SlotMeta {
+  uint64_t bytes;   // bytes of payload in this slot
+  uint64_t total;   // total bytes of the message this slot starts (p2p), or 0
+  uint64_t tag;     // message tag / sequence
+  uint64_t pad[5];
+};
+static_assert(sizeof(SlotMeta) == 64, "SlotMeta is one cache line");
+
+enum class PeerState : uint32_t { kAlive = 0, kClosed = 1, kAborted = 2 };
+
+struct SegmentHeader;  // in shm.cpp
+struct ChannelCtl;
+
+class ShmTransport {
+ public:
+  ShmTransport(int rank, int world, ShmConfig cfg);
+  ~ShmTransport();
+  ShmTransport(const ShmTransport&) = delete;
+  ShmTransport& operator=(const ShmTransport&) = delete;
+
+  /// Step 1 of setup: create this rank's segment; returns its name for the rendezvous.
+  std::string create();
+  /// Step 2: map every rank's segment (names in rank order), report attachment to each owner,
+  /// wait until every peer attached ours, then unlink ours. Bounded by the timeout.
+  void attach(const std::vector<std::string>& names);
+  /// Mark this rank closed (peers waiting on it get PeerFailure) and unmap everything.
+  void close();
+  /// Mark this rank aborted with a reason; peers' waits raise PeerFailure carrying it.
+  void abort(uint32_t kind, const std::string& msg);
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  const ShmConfig& config() const { return cfg_; }
+
+  // ---- channel, sender side ----
+  /// Wait for a free slot in `peer`'s inbox; returns the slot's data area (slot_bytes bytes).
+  char* send_slot(int peer, Lane lane, const WaitCtx& w);
+  /// Non-blocking: nullptr when no slot is free.
+  char* try_send_slot(int peer, Lane lane);
+  /// Publish the slot obtained by send_slot/try_send_slot.
+  void send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag);
+
+  // ---- channel, receiver side ----
+  /// Wait for the next filled slot from `peer`; returns its data and meta.
+  const char* recv_slot(int peer, Lane lane, const WaitCtx& w, const SlotMeta** meta);
+  const char* try_recv_slot(int peer, Lane lane, const SlotMeta** meta);
+  /// Release the slot returned by recv_slot/try_recv_slot.
+  void recv_done(int peer, Lane lane);
+
+  // ---- header board ----
+  void post_header(uint32_t seq, const CollHeader& h);
+  CollHeader wait_header(int peer, uint32_t seq, const WaitCtx& w);
+
+  // ---- p2p doorbell: rings when a p2p slot to us is filled or a p2p slot we sent is freed ----
+  uint32_t doorbell_value() const;
+  /// Ring `owner`'s doorbell (also used to wake this rank's own p2p thread).
+  void ring_doorbell(int owner);
+  /// Sleep until the doorbell differs from `seen` or ns elapse; checks aborts and liveness.
+  void doorbell_wait(uint32_t seen, int64_t ns);
+
+  /// Throw if a peer aborted or died (used by pollers such as the p2p engine).
+  void check_peers(const WaitCtx& w, bool check_liveness);
+  /// The abort message this rank posted (empty if none).
+  std::string own_abort_message() const;
+
+ private:
+  template <class Ready>
+  void wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* waiters, Ready ready,
+                  const WaitCtx& w);
+  [[noreturn]] void fail_peer_state(int peer, const WaitCtx& w);
+  bool peer_dead(int peer) const;
+  ChannelCtl* ctl(int owner, Lane lane, int src) const;
+  char* slot_data(int owner, Lane lane, int src, uint32_t slot) const;
+  SlotMeta* slot_meta(int owner, Lane lane, int src, uint32_t slot) const;
+  std::string describe(const WaitCtx& w) const;
+
+  int rank_;
+  int world_;
+  ShmConfig cfg_;
+  size_t seg_bytes_ = 0;
+  size_t ctl_offset_ = 0, ctl_stride_ = 0, data_offset_ = 0;
+  std::string own_name_;
+  bool own_unlinked_ = true;
+  std::vector<char*> base_;          // mapped segments, by owner rank
+  std::vector<pid_t> pids_;
+  // Sender-local head and receiver-local tail copies (each word has exactly one writer).
+  std::vector<uint32_t> send_head_;  // [lane * world + peer]
+  std::vector<uint32_t> recv_tail_;  // [lane * world + peer]
+};
+
+}  // namespace rc

@@ -1,0 +1,46 @@
+"""ringcomm: ring collectives over host shared memory, with a torch.distributed backend.
+
+    import ringcomm
+    comm = ringcomm.init()                 # torchrun's env, or rank=/world_size=/store=/init_method=
+    comm.all_reduce(x)                     # numpy arrays and torch CPU tensors, in place
+    ringcomm.launch(fn, 4)                 # fn(comm) on 4 local processes
+
+Importing ringcomm creates nothing and changes no environment; ``import ringcomm.torch``
+registers the "ringcomm" torch.distributed backend.
+"""
+from .errors import (ClosedError, InvalidArgumentError, MismatchError, PeerFailureError,
+                     RingcommError, TimeoutError, UnsupportedError)
+from .api import Communicator, ReduceOp, Work, get_default, init, set_default
+from .launch import LaunchError, launch
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "launch", "Communicator", "Work", "ReduceOp", "get_default", "set_default",
+    "RingcommError", "TimeoutError", "PeerFailureError", "MismatchError", "InvalidArgumentError",
+    "UnsupportedError", "ClosedError", "LaunchError",
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier", "all_to_all",
+    "gather", "scatter", "send", "recv",
+]
+
+
+def _delegate(name):
+    def f(*args, **kwargs):
+        return getattr(get_default(), name)(*args, **kwargs)
+    f.__name__ = name
+    f.__qualname__ = name
+    f.__doc__ = f"{name}(...) on the default communicator (see Communicator.{name})."
+    return f
+
+
+all_reduce = _delegate("all_reduce")
+reduce_scatter = _delegate("reduce_scatter")
+all_gather = _delegate("all_gather")
+broadcast = _delegate("broadcast")
+reduce = _delegate("reduce")
+barrier = _delegate("barrier")
+all_to_all = _delegate("all_to_all")
+gather = _delegate("gather")
+scatter = _delegate("scatter")
+send = _delegate("send")
+recv = _delegate("recv")

@@ -1,0 +1,88 @@
+"""Rendezvous stores: how the ranks of a communicator find each other's shared memory.
+
+A store needs ``set(key, value)`` and a blocking ``get(key) -> bytes``. torch's TCPStore,
+FileStore and PrefixStore qualify; ``FileStore`` below needs no torch (a directory of files on a
+filesystem every rank sees)."""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import urllib.parse
+
+from .errors import InvalidArgumentError, TimeoutError
+
+__all__ = ["FileStore", "store_from_init_method", "store_from_env"]
+
+
+class FileStore:
+    """Keys are files in a directory; ``set`` writes atomically (temp file + rename); ``get``
+    polls until the key exists or ``timeout`` seconds pass (then ringcomm.TimeoutError)."""
+
+    def __init__(self, path: str, timeout: float = 300.0):
+        self.path = path
+        self.timeout = timeout
+        os.makedirs(path, mode=0o700, exist_ok=True)
+
+    def _file(self, key: str) -> str:
+        return os.path.join(self.path, urllib.parse.quote(key, safe=""))
+
+    def set(self, key: str, value) -> None:
+        data = value.encode() if isinstance(value, str) else bytes(value)
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, self._file(key))
+
+    def get(self, key: str) -> bytes:
+        deadline = time.monotonic() + self.timeout
+        delay = 0.0005
+        path = self._file(key)
+        while True:
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ringcomm: rendezvous timed out after {self.timeout:.0f} s waiting for "
+                                   f"key {key!r} in {self.path} (did every rank start?)")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+def store_from_init_method(init_method: str, rank: int, world_size: int, timeout: float):
+    """``file:///path`` (no torch needed) or ``tcp://host:port`` (uses torch's TCPStore)."""
+    url = urllib.parse.urlparse(init_method)
+    if url.scheme == "file":
+        return FileStore(url.path, timeout=timeout)
+    if url.scheme == "tcp":
+        return _tcp_store(url.hostname, url.port, rank, world_size, timeout, is_master=(rank == 0))
+    if url.scheme == "env":
+        return store_from_env(rank, world_size, timeout)
+    raise InvalidArgumentError(f"ringcomm: unsupported init_method {init_method!r} (use file://, tcp:// or env://)")
+
+
+def store_from_env(rank: int, world_size: int, timeout: float):
+    """torchrun's environment: MASTER_ADDR / MASTER_PORT (torch's TCPStore)."""
+    addr = os.environ.get("MASTER_ADDR")
+    port = os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise InvalidArgumentError(
+            "ringcomm.init(): MASTER_ADDR and MASTER_PORT are not set; pass store= or init_method=")
+    # Under torchrun the agent already serves the store on MASTER_PORT.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return _tcp_store(addr, int(port), rank, world_size, timeout, is_master=(rank == 0 and not agent))
+
+
+def _tcp_store(host, port, rank, world_size, timeout, is_master):
+    try:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise InvalidArgumentError(
+            "ringcomm: tcp:// and env:// rendezvous use torch's TCPStore; install torch or use "
+            "init_method='file:///shared/path'") from e
+    return dist.TCPStore(host, port, world_size, is_master, timedelta(seconds=timeout),
+                         wait_for_workers=False)

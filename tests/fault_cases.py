@@ -1,0 +1,123 @@
+"""Fault-injection cases run inside spawned ranks (module-level for spawn)."""
+import os
+import signal
+import time
+
+import numpy as np
+
+
+def _init(rank, world, timeout=60):
+    import ringcomm
+    return ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
+                         timeout=timeout)
+
+
+def killed_rank(rank, world):
+    """Rank 1 dies (SIGKILL) in the middle of a large all_reduce; the others must raise
+    PeerFailureError within seconds."""
+    import ringcomm
+    comm = _init(rank, world)
+    x = np.ones(16 << 20, np.float32)
+    comm.all_reduce(x[:10])
+    if rank == 1:
+        comm.all_reduce(x, async_op=True)
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(50):
+            comm.all_reduce(x)
+        return ("no error", 0.0, "")
+    except ringcomm.PeerFailureError as e:
+        return ("PeerFailureError", time.monotonic() - t0, str(e))
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, time.monotonic() - t0, str(e))
+    finally:
+        comm.close()
+
+
+def mismatch(rank, world):
+    """Different counts -> MismatchError on every rank; the communicator stays usable."""
+    import ringcomm
+    comm = _init(rank, world)
+    out = []
+    try:
+        comm.all_reduce(np.ones(10 + rank, np.float32))
+        out.append("no error")
+    except ringcomm.MismatchError as e:
+        out.append(("MismatchError", str(e)))
+    try:  # different collectives
+        if rank == 0:
+            comm.broadcast(np.ones(4, np.float32))
+        else:
+            comm.all_reduce(np.ones(4, np.float32))
+        out.append("no error")
+    except ringcomm.MismatchError as e:
+        out.append(("MismatchError", str(e)))
+    try:  # different dtypes
+        comm.all_reduce(np.ones(4, np.float32 if rank == 0 else np.float64))
+        out.append("no error")
+    except ringcomm.MismatchError as e:
+        out.append(("MismatchError", str(e)))
+    x = np.ones(5, np.float32)
+    comm.all_reduce(x)
+    out.append(x.tolist())
+    comm.close()
+    return out
+
+
+def timeout(rank, world):
+    """Rank 1 is late: rank 0's all_reduce raises TimeoutError naming the op, rank, peer, seq."""
+    import ringcomm
+    comm = _init(rank, world, timeout=1.0)
+    try:
+        if rank == 1:
+            time.sleep(3.0)
+        t0 = time.monotonic()
+        comm.all_reduce(np.ones(4, np.float32))
+        return ("no error", 0, "")
+    except (ringcomm.TimeoutError, ringcomm.PeerFailureError) as e:
+        return (type(e).__name__, time.monotonic() - t0, str(e))
+    finally:
+        comm.close()
+
+
+def bad_inputs(rank, world):
+    """Each bad argument raises a clear error on the bad rank and MismatchError on the others;
+    nobody hangs, and the communicator keeps working."""
+    import ringcomm
+    import torch
+    comm = _init(rank, world)
+    results = []
+
+    def expect(name, fn, bad_rank_exc):
+        try:
+            fn()
+            results.append((name, "no error"))
+        except Exception as e:  # noqa: BLE001
+            results.append((name, type(e).__name__))
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    expect("non-contiguous", lambda: comm.all_reduce(a.T if rank == 0 else np.ones((4, 3), np.float32)), None)
+    ro = np.ones(4, np.float32)
+    ro.flags.writeable = False
+    expect("read-only", lambda: comm.all_reduce(ro if rank == 0 else np.ones(4, np.float32)), None)
+    expect("wrong output size", lambda: comm.all_reduce(np.ones(4, np.float32),
+                                                        output=np.ones(3 if rank == 0 else 4, np.float32)), None)
+    expect("dtype mismatch", lambda: comm.all_gather(np.ones(8, np.float64 if rank == 0 else np.float32),
+                                                     np.ones(4, np.float32)), None)
+    expect("bad root", lambda: comm.broadcast(np.ones(4, np.float32), root=5 if rank == 0 else 0), None)
+    expect("unsupported op", lambda: comm.all_reduce(np.ones(4, np.float32), op=ringcomm.ReduceOp.BAND), None)
+    expect("unsupported dtype", lambda: comm.all_reduce(np.ones(4, np.complex64) if rank == 0
+                                                        else np.ones(4, np.float32)), None)
+    expect("non-contiguous torch", lambda: comm.all_reduce(torch.ones(4, 4).t() if rank == 0 else torch.ones(4, 4)), None)
+    x = np.ones(3, np.float32)
+    comm.all_reduce(x)
+    results.append(("still works", x.tolist()))
+    comm.close()
+    try:
+        comm.all_reduce(x)
+        results.append(("after close", "no error"))
+    except ringcomm.ClosedError:
+        results.append(("after close", "ClosedError"))
+    return results

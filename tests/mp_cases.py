@@ -1,0 +1,236 @@
+"""Cases that run INSIDE spawned ranks (module-level so that spawn can pickle them). Each
+function runs many cases against a numpy reference computed independently on every rank and
+returns a list of failure strings plus digests of the results (compared across ranks by the
+test: floating results must be bit-identical on every rank)."""
+import hashlib
+import os
+import traceback
+
+import numpy as np
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool"]
+FLOAT = {"float32", "float64", "float16", "bfloat16"}
+INTS = {"int8", "uint8", "int32", "int64"}
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"]
+
+
+def supported(dt, op):
+    if dt == "bool":
+        return op in ("MIN", "MAX")
+    if op == "AVG":
+        return dt in FLOAT
+    if op in ("BAND", "BOR", "BXOR"):
+        return dt in INTS
+    return True
+
+
+def pairs():
+    return [(d, o) for d in DTYPES for o in OPS if supported(d, o)]
+
+
+def make(dt, count, rank, salt=0, op="SUM"):
+    """Deterministic per-rank data whose reductions are exact in every dtype (small integers;
+    PRODUCT uses +-1/+-2 so products stay small)."""
+    rng = np.random.default_rng(1000 * rank + 7 * salt + count)
+    if dt == "bool":
+        return rng.integers(0, 2, count).astype(bool)
+    if op == "PRODUCT":
+        v = rng.choice(np.array([-2, -1, 1, 2]), count) if dt not in ("uint8",) else rng.choice(np.array([1, 2]), count)
+    elif dt == "uint8":
+        v = rng.integers(0, 40, count)
+    else:
+        v = rng.integers(-20, 21, count)
+    if dt == "bfloat16":
+        return v.astype(np.float32)  # carried as float32 on the numpy side, converted for torch
+    return v.astype(dt)
+
+
+def reference(arrays, dt, op, world):
+    a = np.stack(arrays)
+    if dt == "bool":
+        return a.all(0) if op == "MIN" else a.any(0)
+    if op == "SUM":
+        r = a.sum(0, dtype=np.float64 if dt in FLOAT else a.dtype)
+    elif op == "PRODUCT":
+        r = a.prod(0, dtype=np.float64 if dt in FLOAT else a.dtype)
+    elif op == "MIN":
+        r = a.min(0)
+    elif op == "MAX":
+        r = a.max(0)
+    elif op == "AVG":
+        r = a.astype(np.float64).sum(0) / world
+    elif op == "BAND":
+        r = np.bitwise_and.reduce(a, 0)
+    elif op == "BOR":
+        r = np.bitwise_or.reduce(a, 0)
+    else:
+        r = np.bitwise_xor.reduce(a, 0)
+    return r
+
+
+def to_lib(arr, dt, lib):
+    if lib == "numpy":
+        if dt == "bfloat16":
+            return None
+        return arr.copy()
+    import torch
+    t = torch.from_numpy(np.ascontiguousarray(arr).copy())
+    if dt == "bfloat16":
+        t = t.to(torch.bfloat16)
+    return t
+
+
+def to_np(x):
+    if isinstance(x, np.ndarray):
+        return x
+    import torch
+    if x.dtype == torch.bfloat16:
+        return x.float().numpy()
+    return x.numpy()
+
+
+def close_enough(got, ref, dt, op):
+    got = to_np(got)
+    if dt in FLOAT and op == "AVG":
+        tol = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-6, "float64": 1e-12}[dt]
+        return np.allclose(got.astype(np.float64), ref.astype(np.float64), rtol=tol, atol=tol * 4)
+    if dt in FLOAT:
+        return np.array_equal(got.astype(np.float64), ref.astype(np.float64))
+    return np.array_equal(got, ref.astype(got.dtype))
+
+
+def digest(x):
+    return hashlib.sha1(np.ascontiguousarray(to_np(x)).tobytes()).hexdigest()[:16]
+
+
+def counts_for(world):
+    # 0, 1, 7, not divisible by the world size, and (with small slots) many slots.
+    return [0, 1, 7, 5 * world + 1, 3001]
+
+
+def run_collective_cases(rank, world, slot_bytes, nslots, libs):
+    """All collectives x dtypes x ops x counts on one communicator."""
+    import ringcomm
+    os.environ["RINGCOMM_SLOT_BYTES"] = str(slot_bytes)
+    os.environ["RINGCOMM_NSLOTS"] = str(nslots)
+    failures, digests = [], []
+    comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
+                         timeout=60)
+
+    def check(name, cond):
+        if not cond:
+            failures.append(f"rank {rank}: {name}")
+
+    try:
+        for lib in libs:
+            for dt, op in pairs():
+                if lib == "numpy" and dt == "bfloat16":
+                    continue
+                for count in counts_for(world):
+                    tag = f"{lib} {dt} {op} n={count}"
+                    ins = [make(dt, count, r, 1, op) for r in range(world)]
+                    ref = reference(ins, dt, op, world)
+                    # all_reduce in place
+                    x = to_lib(ins[rank], dt, lib)
+                    comm.all_reduce(x, op=getattr(ringcomm.ReduceOp, op))
+                    check(f"all_reduce inplace {tag}", close_enough(x, ref, dt, op))
+                    digests.append(("all_reduce", tag, digest(x)))
+                    # all_reduce out of place (input untouched)
+                    x = to_lib(ins[rank], dt, lib)
+                    y = to_lib(np.zeros_like(ins[rank]), dt, lib)
+                    comm.all_reduce(x, op=op, output=y)
+                    check(f"all_reduce out-of-place {tag}", close_enough(y, ref, dt, op))
+                    check(f"all_reduce input untouched {tag}", np.array_equal(to_np(x), to_np(to_lib(ins[rank], dt, lib))))
+                    # reduce_scatter (balanced chunks)
+                    lo = count // world * rank + min(rank, count % world)
+                    n = count // world + (1 if rank < count % world else 0)
+                    x = to_lib(ins[rank], dt, lib)
+                    y = to_lib(np.zeros(n, dtype=ins[rank].dtype), dt, lib)
+                    comm.reduce_scatter(y, x, op=op)
+                    check(f"reduce_scatter {tag}", close_enough(y, ref[lo:lo + n], dt, op))
+                    # reduce to every root (in place on the root)
+                    if count in (7, 3001) or world <= 2:
+                        for root in range(world):
+                            x = to_lib(ins[rank], dt, lib)
+                            comm.reduce(x, root=root, op=op)
+                            if rank == root:
+                                check(f"reduce root={root} {tag}", close_enough(x, ref, dt, op))
+                # data-movement collectives, once per dtype
+                if op != "SUM" and not (dt == "bool" and op == "MIN"):
+                    continue
+                for count in counts_for(world):
+                    tag = f"{lib} {dt} n={count}"
+                    ins = [make(dt, count, r, 2) for r in range(world)]
+                    # all_gather: equal contributions, out of place and in place
+                    x = to_lib(ins[rank], dt, lib)
+                    y = to_lib(np.zeros(count * world, dtype=ins[0].dtype), dt, lib)
+                    comm.all_gather(y, x)
+                    check(f"all_gather {tag}", close_enough(y, np.concatenate(ins), dt, "SUM"))
+                    z = to_lib(np.zeros(count * world, dtype=ins[0].dtype), dt, lib)
+                    z[rank * count:(rank + 1) * count] = x
+                    comm.all_gather(z, z[rank * count:(rank + 1) * count])
+                    check(f"all_gather inplace {tag}", close_enough(z, np.concatenate(ins), dt, "SUM"))
+                    # all_gather, uneven contributions: rank r gives count + r elements
+                    un = [make(dt, count + r, r, 3) for r in range(world)]
+                    x = to_lib(un[rank], dt, lib)
+                    y = to_lib(np.zeros(sum(len(u) for u in un), dtype=ins[0].dtype), dt, lib)
+                    comm.all_gather(y, x)
+                    check(f"all_gather uneven {tag}", close_enough(y, np.concatenate(un), dt, "SUM"))
+                    # broadcast from every root
+                    for root in range(world):
+                        x = to_lib(ins[rank], dt, lib)
+                        comm.broadcast(x, root=root)
+                        check(f"broadcast root={root} {tag}", close_enough(x, ins[root], dt, "SUM"))
+                    # all_to_all even
+                    full = [make(dt, count * world, r, 4) for r in range(world)]
+                    x = to_lib(full[rank], dt, lib)
+                    y = to_lib(np.zeros(count * world, dtype=ins[0].dtype), dt, lib)
+                    comm.all_to_all(y, x)
+                    exp = np.concatenate([full[s][rank * count:(rank + 1) * count] for s in range(world)])
+                    check(f"all_to_all {tag}", close_enough(y, exp, dt, "SUM"))
+                    # all_to_all uneven: rank s sends (s + d + count) % 5 + (count > 100) * 600 to d
+                    def sz(s, d):
+                        return (s + 2 * d + count) % 5 + (600 if count > 100 else 0)
+                    send = [make(dt, sum(sz(s, d) for d in range(world)), s, 5) for s in range(world)]
+                    x = to_lib(send[rank], dt, lib)
+                    outn = sum(sz(s, rank) for s in range(world))
+                    y = to_lib(np.zeros(outn, dtype=ins[0].dtype), dt, lib)
+                    comm.all_to_all(y, x, output_splits=[sz(s, rank) for s in range(world)],
+                                    input_splits=[sz(rank, d) for d in range(world)])
+                    exp = np.concatenate([send[s][sum(sz(s, d) for d in range(rank)):][:sz(s, rank)]
+                                          for s in range(world)])
+                    check(f"all_to_all uneven {tag}", close_enough(y, exp, dt, "SUM"))
+                    # gather / scatter for every root
+                    for root in range(world):
+                        x = to_lib(ins[rank], dt, lib)
+                        y = to_lib(np.zeros(count * world, dtype=ins[0].dtype), dt, lib) if rank == root else None
+                        comm.gather(y, x, root=root)
+                        if rank == root:
+                            check(f"gather root={root} {tag}", close_enough(y, np.concatenate(ins), dt, "SUM"))
+                        src = to_lib(full[root], dt, lib) if rank == root else None
+                        y = to_lib(np.zeros(count, dtype=ins[0].dtype), dt, lib)
+                        comm.scatter(y, src, root=root)
+                        check(f"scatter root={root} {tag}",
+                              close_enough(y, full[root][rank * count:(rank + 1) * count], dt, "SUM"))
+                    # send/recv ring exchange, posted async in both orders (must not deadlock)
+                    if world > 1:
+                        x = to_lib(ins[rank], dt, lib)
+                        y = to_lib(np.zeros(count, dtype=ins[0].dtype), dt, lib)
+                        right, left = (rank + 1) % world, (rank - 1) % world
+                        hs = comm.send(x, right, async_op=True)
+                        hr = comm.recv(y, left, async_op=True)
+                        hs.wait(); hr.wait()
+                        check(f"send/recv ring {tag}", close_enough(y, ins[left], dt, "SUM"))
+                    comm.barrier()
+        # async collectives queue in order and complete
+        xs = [np.full(1000, float(rank + i), np.float32) for i in range(5)]
+        hs = [comm.all_reduce(x, async_op=True) for x in xs]
+        for i, h in enumerate(hs):
+            h.wait(timeout=30)
+            check(f"async all_reduce {i}", h.is_completed() and h.exception() is None
+                  and np.all(xs[i] == sum(r + i for r in range(world))))
+    except Exception:
+        failures.append(f"rank {rank}: exception\n{traceback.format_exc()}")
+    finally:
+        comm.close()
+    return failures, digests

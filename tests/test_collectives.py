@@ -1,0 +1,36 @@
+"""Every collective x dtype x op x count, numpy and torch inputs, world sizes 1-4, against numpy.
+One group of ranks per world size runs all cases (spawning is the expensive part)."""
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from ringcomm.launch import spawn
+from mp_cases import run_collective_cases
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def store_env():
+    d = tempfile.mkdtemp(prefix="rc-test-store-")
+    yield {"RC_TEST_STORE": d}
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("slots", ["tiny", "default"])
+def test_all_collectives(world, slots, store_env):
+    # tiny: 256-byte slots, 2 per channel - every case of 3001 elements streams through many slots
+    # and the ring runs at the minimum slot count its deadlock argument needs.
+    slot_bytes, nslots = (256, 2) if slots == "tiny" else (256 * 1024, 8)
+    libs = ["numpy", "torch"] if slots == "tiny" else ["torch"]
+    results = spawn(run_collective_cases, world, (slot_bytes, nslots, libs), timeout=280, env=store_env)
+    failures = [f for fs, _ in results for f in fs]
+    assert not failures, "\n".join(failures[:30])
+    # Floating results bit-identical on every rank.
+    base = results[0][1]
+    for r, (_, d) in enumerate(results[1:], 1):
+        assert d == base, f"rank {r}'s all_reduce results differ bitwise from rank 0's"
