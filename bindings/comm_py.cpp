@@ -74,6 +74,21 @@ void bind_comm(py::module_& m) {
            }, GIL())
       .def("close", &Communicator::close, GIL());
 
+  // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
+  // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than
+  // ndarray.ctypes.data; the caller keeps the object alive.
+  m.def("buffer_address", [](py::handle obj, bool writable) -> py::object {
+    Py_buffer view;
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
+      PyErr_Clear();
+      return py::none();
+    }
+    py::tuple t = py::make_tuple(reinterpret_cast<uintptr_t>(view.buf), static_cast<int64_t>(view.len));
+    PyBuffer_Release(&view);
+    return std::move(t);
+  });
+
   // The pure ring schedule, for tests and for other transports' cross-checks.
   m.def("ring_schedule", [](int n, int r, int shift) {
     py::dict d;

@@ -35,7 +35,14 @@ class ReduceOp(enum.IntEnum):
     BXOR = 7
 
 
+_OP_CACHE = {o: int(o) for o in ReduceOp}
+_OP_CACHE.update({int(o): int(o) for o in ReduceOp})
+
+
 def _op_code(op) -> int:
+    code = _OP_CACHE.get(op) if not isinstance(op, bool) else None
+    if code is not None:
+        return code
     if isinstance(op, str):
         try:
             return int(ReduceOp[op.upper()])
