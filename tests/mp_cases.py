@@ -108,11 +108,12 @@ def counts_for(world):
     return [0, 1, 7, 5 * world + 1, 3001]
 
 
-def run_collective_cases(rank, world, slot_bytes, nslots, libs):
+def run_collective_cases(rank, world, slot_bytes, nslots, libs, algo="auto", all_reduce_only=False):
     """All collectives x dtypes x ops x counts on one communicator."""
     import ringcomm
     os.environ["RINGCOMM_SLOT_BYTES"] = str(slot_bytes)
     os.environ["RINGCOMM_NSLOTS"] = str(nslots)
+    os.environ["RINGCOMM_ALGO"] = algo
     failures, digests = [], []
     comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
                          timeout=60)
@@ -135,6 +136,8 @@ def run_collective_cases(rank, world, slot_bytes, nslots, libs):
                     comm.all_reduce(x, op=getattr(ringcomm.ReduceOp, op))
                     check(f"all_reduce inplace {tag}", close_enough(x, ref, dt, op))
                     digests.append(("all_reduce", tag, digest(x)))
+                    if all_reduce_only:
+                        continue
                     # all_reduce out of place (input untouched)
                     x = to_lib(ins[rank], dt, lib)
                     y = to_lib(np.zeros_like(ins[rank]), dt, lib)
@@ -156,7 +159,7 @@ def run_collective_cases(rank, world, slot_bytes, nslots, libs):
                             if rank == root:
                                 check(f"reduce root={root} {tag}", close_enough(x, ref, dt, op))
                 # data-movement collectives, once per dtype
-                if op != "SUM" and not (dt == "bool" and op == "MIN"):
+                if all_reduce_only or op != "SUM" and not (dt == "bool" and op == "MIN"):
                     continue
                 for count in counts_for(world):
                     tag = f"{lib} {dt} n={count}"

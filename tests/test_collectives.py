@@ -21,13 +21,16 @@ def store_env():
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-@pytest.mark.parametrize("slots", ["tiny", "default"])
-def test_all_collectives(world, slots, store_env):
+@pytest.mark.parametrize("config", ["tiny-ring", "tiny-direct", "default"])
+def test_all_collectives(world, config, store_env):
     # tiny: 256-byte slots, 2 per channel - every case of 3001 elements streams through many slots
-    # and the ring runs at the minimum slot count its deadlock argument needs.
-    slot_bytes, nslots = (256, 2) if slots == "tiny" else (256 * 1024, 8)
-    libs = ["numpy", "torch"] if slots == "tiny" else ["torch"]
-    results = spawn(run_collective_cases, world, (slot_bytes, nslots, libs), timeout=280, env=store_env)
+    # and the ring runs at the minimum slot count its deadlock argument needs. The all-reduce runs
+    # once per algorithm (ring / direct); "default" is what users get (auto choice, 256 KiB slots).
+    slot_bytes, nslots = (256, 2) if config.startswith("tiny") else (256 * 1024, 8)
+    libs = ["numpy", "torch"] if config.startswith("tiny") else ["torch"]
+    algo = {"tiny-ring": "ring", "tiny-direct": "direct", "default": "auto"}[config]
+    results = spawn(run_collective_cases, world, (slot_bytes, nslots, libs, algo, config == "tiny-direct"),
+                    timeout=280, env=store_env)
     failures = [f for fs, _ in results for f in fs]
     assert not failures, "\n".join(failures[:30])
     # Floating results bit-identical on every rank.

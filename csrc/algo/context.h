@@ -19,6 +19,7 @@ struct AlgoCtx {
   const char* op = "";
   DType dtype = DType::kFloat32;
   size_t esize = 4;
+  char* scratch = nullptr;  // slot_bytes of private memory (direct all-reduce's accumulator)
   // Elements per piece: one slot's worth (slot_bytes / esize, at least 1).
   int64_t piece_elems() const {
     int64_t p = static_cast<int64_t>(t->config().slot_bytes / esize);
@@ -33,6 +34,11 @@ void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count,
 void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
 /// All-gather: rank k contributes counts[k] elements (its `in`); out holds all, in rank order.
 void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts);
+
+/// Direct all-reduce (algo/direct.cpp): every rank sends its input to every peer and combines
+/// all contributions itself, in rank order (so every rank computes bit-identical results). One
+/// hand-off instead of the ring's 2(N-1): the small-message algorithm.
+void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
 
 /// Pipelined chains (algo/chain.cpp).
 void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);

@@ -8,6 +8,7 @@
 
 #include "algo/pieces.h"
 #include "algo/ring_schedule.h"
+#include "kernels/reduce_cpu.h"
 
 namespace rc {
 
@@ -58,6 +59,45 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
         if (m > 0) std::memcpy(out + o * es, p, m * es);
         c.t->recv_done(src, Lane::kColl);
       }
+    }
+  }
+}
+
+void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
+  check_reduce_supported(c.dtype, op);
+  const int n = c.world, r = c.rank;
+  const size_t es = c.esize;
+  if (count == 0) return;
+  if (n == 1) {
+    if (out != in) std::memcpy(out, in, count * es);
+    return;
+  }
+  const int64_t pe = c.piece_elems();
+  const int64_t np = (count + pe - 1) / pe;
+  const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
+  // Piece j: send it to every peer, then fold the N contributions in rank order into the
+  // scratch accumulator and write the result out. A rank sends piece j only after it consumed
+  // piece j-1 from every peer, and consuming never waits on sending: no cycle, any slot count.
+  for (int64_t j = 0; j < np; ++j) {
+    int64_t o, m;
+    piece_bounds(0, count, j, pe, &o, &m);
+    const size_t bytes = m * es;
+    for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * es, bytes, wait_ctx(c, 0, 1));
+    const char* src[2] = {nullptr, nullptr};
+    auto contribution = [&](int p) -> const char* {
+      return p == r ? in + o * es : recv_expect(c, p, bytes, wait_ctx(c, 0, 1));
+    };
+    src[0] = contribution(0);
+    src[1] = contribution(1);
+    char* acc = (n == 2) ? out + o * es : c.scratch;
+    reduce_cpu(acc, src[0], src[1], m, c.dtype, op, n == 2 ? scale : 1.0);
+    if (0 != r) c.t->recv_done(0, Lane::kColl);
+    if (1 != r) c.t->recv_done(1, Lane::kColl);
+    for (int p = 2; p < n; ++p) {
+      const char* x = contribution(p);
+      char* dst = (p == n - 1) ? out + o * es : acc;
+      reduce_cpu(dst, acc, x, m, c.dtype, op, p == n - 1 ? scale : 1.0);
+      if (p != r) c.t->recv_done(p, Lane::kColl);
     }
   }
 }

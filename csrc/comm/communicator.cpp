@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "algo/context.h"
+#include "common/env.h"
 #include "common/errors.h"
 #include "kernels/reduce_cpu.h"
 #include "transport/futex.h"
@@ -43,6 +44,7 @@ std::string describe_header(const CollHeader& h) {
   if (c == Coll::kBarrier || c == Coll::kRejected) return o.str();
   o << "(count=" << h.count;
   if (c == Coll::kAllGather || c == Coll::kAllToAll) o << ", count2=" << h.count2;
+  if (c == Coll::kAllReduce) o << ", algo=" << (h.count2 ? "direct" : "ring");
   o << ", dtype=" << dtype_name(static_cast<DType>(h.dtype));
   if (c == Coll::kAllReduce || c == Coll::kReduceScatter || c == Coll::kReduce)
     o << ", op=" << op_name(static_cast<ReduceOp>(h.op));
@@ -70,7 +72,15 @@ const char* coll_name(Coll c) {
 }
 
 Communicator::Communicator(int rank, int world, double timeout_s)
-    : rank_(rank), world_(world), transport_(rank, world, ShmConfig::from_env(world, timeout_s)) {}
+    : rank_(rank), world_(world), transport_(rank, world, ShmConfig::from_env(world, timeout_s)) {
+  const std::string algo = env_str("RINGCOMM_ALGO", "auto");
+  if (algo == "ring") algo_ = Algo::kRing;
+  else if (algo == "direct") algo_ = Algo::kDirect;
+  else if (algo == "auto") algo_ = Algo::kAuto;
+  else RC_THROW(InvalidArgument, "RINGCOMM_ALGO='" << algo << "': use ring, direct or auto");
+  direct_max_bytes_ = env_int("RINGCOMM_DIRECT_MAX_BYTES", 64 * 1024);
+  scratch_.resize(transport_.config().slot_bytes);
+}
 
 Communicator::~Communicator() {
   try {
@@ -215,6 +225,7 @@ void Communicator::exchange_headers(uint64_t seq, Coll coll, const CollHeader& m
     const CollHeader& h = all[p];
     bool same = h.coll == h0.coll && h.dtype == h0.dtype && h.op == h0.op && h.root == h0.root;
     if (same && c0 != Coll::kAllToAll) same = h.count == h0.count;
+    if (same && c0 == Coll::kAllReduce) same = h.count2 == h0.count2;
     if (!same) {
       fail("ranks called different collectives or arguments: rank 0 called " + describe_header(h0) + ", rank " +
            std::to_string(p) + " called " + describe_header(h));
@@ -295,10 +306,19 @@ WorkPtr Communicator::all_reduce(const void* in, void* out, int64_t count, DType
     check_ptr(out, count, "output", Coll::kAllReduce);
     check_reduce_supported(dt, op);
   });
-  CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count, 0};
+  const int64_t bytes = count * static_cast<int64_t>(dtype_size(dt));
+  const bool direct = algo_ == Algo::kDirect ||
+                      (algo_ == Algo::kAuto && bytes * (world_ - 1) <= direct_max_bytes_);
+  // count2 carries the algorithm so that ranks configured differently raise MismatchError.
+  CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count, direct ? 1 : 0};
   return submit(Coll::kAllReduce, h, [=](uint64_t seq) {
-    ring_all_reduce(make_ctx(&transport_, rank_, world_, seq, "all_reduce", dt), static_cast<const char*>(in),
-                    static_cast<char*>(out), count, op);
+    AlgoCtx c = make_ctx(&transport_, rank_, world_, seq, "all_reduce", dt);
+    c.scratch = scratch_.data();
+    if (direct) {
+      direct_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
+    } else {
+      ring_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
+    }
   }, async);
 }
 

@@ -119,6 +119,12 @@ class Communicator {
   const int rank_;
   const int world_;
   ShmTransport transport_;
+  // All-reduce algorithm choice: RINGCOMM_ALGO = ring | direct | auto (default). auto takes the
+  // direct exchange (one hand-off) while its extra copies are cheap - message bytes times
+  // (world-1) at most RINGCOMM_DIRECT_MAX_BYTES - and the bandwidth-optimal ring above that.
+  enum class Algo { kRing, kDirect, kAuto } algo_ = Algo::kAuto;
+  int64_t direct_max_bytes_ = 0;
+  std::vector<char> scratch_;  // direct all-reduce accumulator (one slot), used by the executing thread only
   bool connected_ = false;
   std::atomic<bool> closed_{false};
 

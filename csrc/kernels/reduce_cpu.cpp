@@ -23,8 +23,8 @@
 #include "common/errors.h"
 #include "kernels/reduce_cpu_isa.h"
 
-#if defined(__FAST_MATH__)
-#error "reduce_cpu.cpp must not be built with -ffast-math: NaN/inf semantics and exact rounding are part of its contract"
+#if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__)
+#error "reduce_cpu.cpp must not be built with -ffast-math/-ffinite-math-only: NaN/inf semantics and exact rounding are part of its contract"
 #endif
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -261,7 +261,10 @@ bool cpu_isa_available(CpuIsa isa) {
 CpuIsa reduce_cpu_isa() {
   // Knob RINGCOMM_CPU_ISA (auto|avx2|generic), read once; the static is immutable afterwards.
   static const CpuIsa isa = [] {
-    const CpuIsa want = parse_cpu_isa(env_str("RINGCOMM_CPU_ISA", "auto").c_str());
+    const std::string v = env_str("RINGCOMM_CPU_ISA", "auto");
+    RC_CHECK(v == "auto" || v == "generic" || v == "avx2", InvalidArgument,
+             "ringcomm: RINGCOMM_CPU_ISA='" << v << "' is not one of auto, generic, avx2");
+    const CpuIsa want = parse_cpu_isa(v.c_str());
     if (want == CpuIsa::kAuto) return cpu_has_avx2_f16c() ? CpuIsa::kAvx2 : CpuIsa::kGeneric;
     RC_CHECK(cpu_isa_available(want), InvalidArgument,
              "ringcomm: RINGCOMM_CPU_ISA=" << cpu_isa_name(want) << " is not available on this CPU/build");

@@ -15,8 +15,9 @@
 //    vector is copied into a zero-padded stack buffer and goes through the SAME Kind::step, so
 //    the "scalar tail" cannot disagree with the vector body.
 //  - Each step loads all of its inputs before it stores, so dst == a or dst == b is safe.
-//  - No FMA contraction is possible (no a*b+c pattern anywhere; AVX2 copy is built without
-//    "fma"), so SUM is exactly round(a+b) and AVG is round(round(a+b)*scale).
+//  - No FMA contraction is possible: there is no a*b+c pattern anywhere (and the AVX2 copy does
+//    not enable "fma"), so even -mfma -ffp-contract=fast keeps SUM exactly round(a+b) and AVG
+//    round(round(a+b)*scale).
 //  - Float MIN/MAX: r = (a < b || isnan(a)) ? a : b  (MAX with >), i.e. numpy's scalar rule:
 //    a NaN in either input gives a NaN, and the result is always one of the inputs' bit patterns.
 
@@ -37,8 +38,6 @@ typedef int32_t i32v __attribute__((vector_size(RC_KERN_VBYTES)));
 typedef uint32_t u32v __attribute__((vector_size(RC_KERN_VBYTES)));
 typedef int64_t i64v __attribute__((vector_size(RC_KERN_VBYTES)));
 typedef uint64_t u64v __attribute__((vector_size(RC_KERN_VBYTES)));
-// One f32v worth of 16-bit lanes (half the bytes): the storage of a widened fp16/bf16 vector.
-typedef uint16_t u16h __attribute__((vector_size(RC_KERN_VBYTES / 2)));
 
 // Unaligned loads/stores; memcpy of a constant size compiles to one (v)movdqu.
 template <class V>
@@ -163,53 +162,79 @@ template <class T, class V> struct Plain {
 };
 
 // fp16/bf16 arithmetic: widen each input to two f32v, combine in fp32, round back once (RNE).
+// Cvt::widen splits one vector of 16-bit values into two f32v in whatever lane order is cheapest
+// (AVX2 bf16: in-lane unpack; generic: even/odd elements); Cvt::narrow puts them back in exactly
+// the inverse order. Elementwise ops do not care about the order in between.
 template <class Cvt> struct Widened {
   static constexpr size_t kElem = 2;
-  static constexpr size_t kStep = 2 * (kVB / 4);
+  static constexpr size_t kStep = kVB / 2;
   template <class Op>
   static RC_KINLINE void step(char* d, const char* a, const char* b, const Op& op) {
-    const f32v a0 = Cvt::widen(a), a1 = Cvt::widen(a + kVB / 2);
-    const f32v b0 = Cvt::widen(b), b1 = Cvt::widen(b + kVB / 2);
+    f32v a0, a1, b0, b1;
+    Cvt::widen(a, a0, a1);
+    Cvt::widen(b, b0, b1);
     Cvt::narrow(d, op(a0, b0), op(a1, b1));
   }
 };
 
+// Portable 16 <-> 32-bit lane moves for the generic copy, without shuffles: viewing a vector
+// of 16-bit values as 32-bit lanes, the low halves hold one element of each pair and the high
+// halves the other. unpack16 splits them ("lo" = the low halves, "hi" = the high halves), each
+// zero-extended and shifted left by kShift (0 or 16); pack16 is the exact inverse for values
+// <= 0xFFFF. Endianness only decides which halves are the even elements; the round trip holds
+// either way.
+template <int kShift>
+RC_KINLINE void unpack16(const char* p, u32v& lo, u32v& hi) {
+  const u32v x = load<u32v>(p);
+  if (kShift == 16) {
+    lo = x << 16;
+    hi = x & 0xFFFF0000u;
+  } else {
+    lo = x & 0xFFFFu;
+    hi = x >> 16;
+  }
+}
+RC_KINLINE void pack16(char* p, u32v lo, u32v hi) { store<u32v>(p, lo | (hi << 16)); }
+
 // bf16 <-> fp32 with integer ops. Widening is exact (bf16 is the top half of an fp32).
 // Narrowing rounds to nearest even; overflow carries into the exponent and gives inf; a NaN
-// keeps its sign and top payload bits and gets the quiet bit (never turns into inf).
+// keeps its sign and top payload bits and gets the quiet bit (never turns into inf or -0).
 struct CvtBF16 {
-  static RC_KINLINE f32v widen(const char* p) {
-#if RC_KERN_AVX2
-    return (f32v)_mm256_slli_epi32(_mm256_cvtepu16_epi32(load<__m128i>(p)), 16);
-#else
-    return (f32v)(__builtin_convertvector(load<u16h>(p), u32v) << 16);
-#endif
-  }
   static RC_KINLINE u32v round_bits(f32v f) {
     const u32v u = (u32v)f;
     const u32v rne = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    const u32v qnan = (u >> 16) | 0x40u;
-    // |f| bits fit in 31 bits, so a signed compare is exact (and native on SSE2/AVX2).
-    return ((i32v)(u & 0x7FFFFFFFu) > 0x7F800000) ? qnan : rne;
+    return (f != f) ? ((u >> 16) | 0x40u) : rne;
+  }
+#if RC_KERN_AVX2
+  // In-lane unpack with zero puts each bf16 in the top half of an fp32: lo = elements 0-3, 8-11,
+  // hi = 4-7, 12-15. packus (in-lane, exact for values <= 0xFFFF) restores the original order.
+  static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
+    const __m256i x = load<__m256i>(p), z = _mm256_setzero_si256();
+    lo = (f32v)_mm256_unpacklo_epi16(z, x);
+    hi = (f32v)_mm256_unpackhi_epi16(z, x);
   }
   static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
-#if RC_KERN_AVX2
-    // Both halves hold values <= 0xFFFF, so the saturating pack is exact; packus works per
-    // 128-bit lane, the permute puts the four 64-bit groups back in order.
-    const __m256i packed = _mm256_packus_epi32((__m256i)round_bits(lo), (__m256i)round_bits(hi));
-    store<__m256i>(p, _mm256_permute4x64_epi64(packed, 0xD8));
-#else
-    store<u16h>(p, __builtin_convertvector(round_bits(lo), u16h));
-    store<u16h>(p + kVB / 2, __builtin_convertvector(round_bits(hi), u16h));
-#endif
+    store<__m256i>(p, _mm256_packus_epi32((__m256i)round_bits(lo), (__m256i)round_bits(hi)));
   }
+#else
+  static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
+    u32v l, h;
+    unpack16<16>(p, l, h);
+    lo = (f32v)l;
+    hi = (f32v)h;
+  }
+  static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) { pack16(p, round_bits(lo), round_bits(hi)); }
+#endif
 };
 
 #if RC_KERN_AVX2
 // fp16 <-> fp32 with F16C (exact widening; narrowing with imm 0 = round to nearest even,
 // independent of MXCSR).
 struct CvtF16 {
-  static RC_KINLINE f32v widen(const char* p) { return (f32v)_mm256_cvtph_ps(load<__m128i>(p)); }
+  static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
+    lo = (f32v)_mm256_cvtph_ps(load<__m128i>(p));
+    hi = (f32v)_mm256_cvtph_ps(load<__m128i>(p + 16));
+  }
   static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
     store<__m128i>(p, _mm256_cvtps_ph((__m256)lo, _MM_FROUND_TO_NEAREST_INT));
     store<__m128i>(p + 16, _mm256_cvtps_ph((__m256)hi, _MM_FROUND_TO_NEAREST_INT));
@@ -220,8 +245,7 @@ struct CvtF16 {
 // conversions, "half_to_float" and "float_to_half_fast3_rtne", vectorised). NaN: F16C keeps the
 // sign and top payload bits and sets the quiet bit; so does this.
 struct CvtF16 {
-  static RC_KINLINE f32v widen(const char* p) {
-    const u32v h = __builtin_convertvector(load<u16h>(p), u32v);
+  static RC_KINLINE f32v widen1(u32v h) {
     const u32v shifted_exp = u32v{} + (0x7C00u << 13);
     u32v o = (h & 0x7FFFu) << 13;           // exponent + mantissa
     const u32v e = o & shifted_exp;         // exponent only
@@ -234,6 +258,12 @@ struct CvtF16 {
     o = (e == shifted_exp) ? infnan : o;
     o = (e == 0u) ? sub : o;
     return (f32v)(o | ((h & 0x8000u) << 16));
+  }
+  static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
+    u32v l, h;
+    unpack16<0>(p, l, h);
+    lo = widen1(l);
+    hi = widen1(h);
   }
   static RC_KINLINE u32v round_bits(f32v f) {
     const u32v u = (u32v)f;
@@ -253,10 +283,7 @@ struct CvtF16 {
     r = (ai >= ((127 + 16) << 23)) ? big : r;
     return r | (sign >> 16);
   }
-  static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
-    store<u16h>(p, __builtin_convertvector(round_bits(lo), u16h));
-    store<u16h>(p + kVB / 2, __builtin_convertvector(round_bits(hi), u16h));
-  }
+  static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) { pack16(p, round_bits(lo), round_bits(hi)); }
 };
 #endif
 

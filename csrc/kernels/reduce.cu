@@ -1,0 +1,298 @@
+// CUDA reduce kernels and THE dtype x op switch on the GPU (see reduce_cuda.h for semantics).
+//
+// One kernel template, instantiated once per supported (dtype, op) pair by select() below — the
+// only dtype x op switch on the GPU; reduce_cuda_supported() is defined by that same switch, so
+// the set of pairs cannot drift from what is launched (tests compare it with the CPU table).
+//
+// Vectorisation: each thread moves 16-byte vectors (uint4) when dst, a and b have the same
+// address residue modulo 16 — after a scalar head of at most 15 bytes that brings them to a
+// 16-byte boundary. The ring places each piece in its slot at the residue of its offset in the
+// user's buffer (algo/ring_cuda.cpp), so the fused reduce-and-forward hits this path whenever the
+// user's buffers are 16-byte aligned (torch and CuPy allocations are). Otherwise a scalar
+// grid-stride loop runs: correct, slower for 1- and 2-byte types.
+//
+// Built with --fmad=false (CMakeLists.txt): SUM/AVG must not be contracted, like the CPU kernels.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/cuda_check.h"
+#include "common/errors.h"
+#include "kernels/reduce_cuda.h"
+
+namespace rc {
+namespace {
+
+// ---------------- element operations (device) ------------------------------------------------
+// Each op is a functor constructed on the host from the scale, applied per element on the device.
+
+template <class T> struct Unsigned { using type = std::make_unsigned_t<T>; };
+
+struct SumWrap {  // integers: two's-complement wrap (unsigned arithmetic has no UB)
+  explicit SumWrap(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const {
+    using U = typename Unsigned<T>::type;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  }
+};
+struct ProdWrap {
+  explicit ProdWrap(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const {
+    using U = typename Unsigned<T>::type;
+    // uint8 * uint8 promotes to int; the product of two values < 256 fits, and the cast wraps.
+    using W = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, U>;
+    return static_cast<T>(static_cast<U>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
+  }
+};
+struct MinI {
+  explicit MinI(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a < b) ? a : b; }
+};
+struct MaxI {
+  explicit MaxI(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a > b) ? a : b; }
+};
+struct BAnd {
+  explicit BAnd(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return static_cast<T>(a & b); }
+};
+struct BOr {
+  explicit BOr(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return static_cast<T>(a | b); }
+};
+struct BXor {
+  explicit BXor(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return static_cast<T>(a ^ b); }
+};
+struct LAnd {  // bool MIN
+  explicit LAnd(double) {}
+  __device__ __forceinline__ uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) & (b != 0); }
+};
+struct LOr {  // bool MAX
+  explicit LOr(double) {}
+  __device__ __forceinline__ uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) | (b != 0); }
+};
+
+// float32 / float64 (S = the arithmetic type; equal to T).
+struct SumF {
+  explicit SumF(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct ProdF {
+  explicit ProdF(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a * b; }
+};
+struct MinF {  // (a < b || isnan(a)) ? a : b
+  explicit MinF(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a < b || a != a) ? a : b; }
+};
+struct MaxF {  // (a > b || isnan(a)) ? a : b
+  explicit MaxF(double) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a > b || a != a) ? a : b; }
+};
+template <class S> struct AvgF {  // (a + b) * s in S
+  S s;
+  explicit AvgF(double scale) : s(static_cast<S>(scale)) {}
+  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a + b) * s; }
+};
+
+// float16 / bfloat16 arithmetic: widen to fp32, combine, round back once (nearest even).
+template <class H> __device__ __forceinline__ float widen(H x);
+template <> __device__ __forceinline__ float widen<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float widen<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class H> __device__ __forceinline__ H narrow(float x);
+template <> __device__ __forceinline__ __half narrow<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+template <class F> struct HalfArith {  // F: a float op (SumF / ProdF / AvgF<float>)
+  F f;
+  explicit HalfArith(double scale) : f(scale) {}
+  template <class H> __device__ __forceinline__ H operator()(H a, H b) const {
+    return narrow<H>(f(widen<H>(a), widen<H>(b)));
+  }
+};
+
+// float16 / bfloat16 MIN/MAX on the bit patterns, exactly like the CPU's HalfMinMax: the
+// sign-magnitude pattern maps to the ordered key +/-magnitude (-0 == +0); NaN (magnitude > inf)
+// wins; on a tie the first operand is kept.
+template <int kInfBits, bool kMax> struct HalfMinMax {
+  explicit HalfMinMax(double) {}
+  __device__ __forceinline__ uint16_t operator()(uint16_t a, uint16_t b) const {
+    const int ma = a & 0x7FFF, mb = b & 0x7FFF;
+    const int ka = (a & 0x8000) ? -ma : ma, kb = (b & 0x8000) ? -mb : mb;
+    const bool nan_a = ma > kInfBits, nan_b = mb > kInfBits;
+    const bool better = kMax ? (ka > kb) : (ka < kb);
+    return (nan_a || (!nan_b && better)) ? a : b;
+  }
+};
+
+// ---------------- the kernel --------------------------------------------------------------------
+
+constexpr int kThreads = 512;
+
+template <class T, class Op>
+__device__ __forceinline__ uint4 apply_vec(const uint4& x, const uint4& y, const Op& op) {
+  constexpr int kV = 16 / sizeof(T);
+  union U {
+    uint4 v;
+    T e[kV];
+    __device__ U() {}
+  } ux, uy, ud;
+  ux.v = x;
+  uy.v = y;
+#pragma unroll
+  for (int i = 0; i < kV; ++i) ud.e[i] = op(ux.e[i], uy.e[i]);
+  return ud.v;
+}
+
+// dst may alias a or b exactly: each element is read and written by the same thread, reads first.
+template <class T, class Op>
+__global__ void __launch_bounds__(kThreads) reduce_kernel(T* dst, const T* a, const T* b, size_t n, Op op) {
+  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const uintptr_t rd = reinterpret_cast<uintptr_t>(dst) & 15u;
+  if (rd == (reinterpret_cast<uintptr_t>(a) & 15u) && rd == (reinterpret_cast<uintptr_t>(b) & 15u)) {
+    constexpr size_t kV = 16 / sizeof(T);
+    const size_t head = rd ? min(n, (16 - rd) / sizeof(T)) : 0;
+    if (tid < head) dst[tid] = op(a[tid], b[tid]);
+    const size_t nv = (n - head) / kV;
+    const uint4* av = reinterpret_cast<const uint4*>(a + head);
+    const uint4* bv = reinterpret_cast<const uint4*>(b + head);
+    uint4* dv = reinterpret_cast<uint4*>(dst + head);
+    size_t i = tid;
+    // Two vectors in flight per thread per iteration: more bytes outstanding per SM.
+    for (; i + nth < nv; i += 2 * nth) {
+      const uint4 x0 = av[i], y0 = bv[i], x1 = av[i + nth], y1 = bv[i + nth];
+      dv[i] = apply_vec<T>(x0, y0, op);
+      dv[i + nth] = apply_vec<T>(x1, y1, op);
+    }
+    if (i < nv) dv[i] = apply_vec<T>(av[i], bv[i], op);
+    const size_t t0 = head + nv * kV;
+    if (tid < n - t0) dst[t0 + tid] = op(a[t0 + tid], b[t0 + tid]);
+  } else {
+    for (size_t i = tid; i < n; i += nth) dst[i] = op(a[i], b[i]);
+  }
+}
+
+using LaunchFn = void (*)(void* dst, const void* a, const void* b, size_t n, double scale, cudaStream_t s,
+                          int blocks);
+
+template <class T, class Op>
+void launch(void* dst, const void* a, const void* b, size_t n, double scale, cudaStream_t s, int blocks) {
+  reduce_kernel<T, Op><<<blocks, kThreads, 0, s>>>(static_cast<T*>(dst), static_cast<const T*>(a),
+                                                  static_cast<const T*>(b), n, Op(scale));
+}
+
+// ---------------- THE dtype x op switch (GPU) --------------------------------------------------
+
+template <class T, class S>
+LaunchFn select_float(ReduceOp op) {  // float32 / float64
+  switch (op) {
+    case ReduceOp::kSum: return &launch<T, SumF>;
+    case ReduceOp::kProduct: return &launch<T, ProdF>;
+    case ReduceOp::kMin: return &launch<T, MinF>;
+    case ReduceOp::kMax: return &launch<T, MaxF>;
+    case ReduceOp::kAvg: return &launch<T, AvgF<S>>;
+    default: return nullptr;  // bitwise ops
+  }
+}
+
+template <class H, int kInf>
+LaunchFn select_half(ReduceOp op) {  // float16 / bfloat16
+  switch (op) {
+    case ReduceOp::kSum: return &launch<H, HalfArith<SumF>>;
+    case ReduceOp::kProduct: return &launch<H, HalfArith<ProdF>>;
+    case ReduceOp::kMin: return &launch<uint16_t, HalfMinMax<kInf, false>>;
+    case ReduceOp::kMax: return &launch<uint16_t, HalfMinMax<kInf, true>>;
+    case ReduceOp::kAvg: return &launch<H, HalfArith<AvgF<float>>>;
+    default: return nullptr;  // bitwise ops
+  }
+}
+
+template <class T>
+LaunchFn select_int(ReduceOp op) {  // int8 / uint8 / int32 / int64
+  switch (op) {
+    case ReduceOp::kSum: return &launch<T, SumWrap>;
+    case ReduceOp::kProduct: return &launch<T, ProdWrap>;
+    case ReduceOp::kMin: return &launch<T, MinI>;
+    case ReduceOp::kMax: return &launch<T, MaxI>;
+    case ReduceOp::kBand: return &launch<T, BAnd>;
+    case ReduceOp::kBor: return &launch<T, BOr>;
+    case ReduceOp::kBxor: return &launch<T, BXor>;
+    default: return nullptr;  // AVG
+  }
+}
+
+LaunchFn select_bool(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return &launch<uint8_t, LAnd>;
+    case ReduceOp::kMax: return &launch<uint8_t, LOr>;
+    default: return nullptr;
+  }
+}
+
+LaunchFn select(DType dt, ReduceOp op) {
+  switch (dt) {
+    case DType::kFloat32: return select_float<float, float>(op);
+    case DType::kFloat64: return select_float<double, double>(op);
+    case DType::kFloat16: return select_half<__half, 0x7C00>(op);
+    case DType::kBFloat16: return select_half<__nv_bfloat16, 0x7F80>(op);
+    case DType::kInt8: return select_int<int8_t>(op);
+    case DType::kUInt8: return select_int<uint8_t>(op);
+    case DType::kInt32: return select_int<int32_t>(op);
+    case DType::kInt64: return select_int<int64_t>(op);
+    case DType::kBool: return select_bool(op);
+    default: return nullptr;
+  }
+}
+
+bool valid_codes(DType dt, ReduceOp op) {
+  return static_cast<uint32_t>(dt) < static_cast<uint32_t>(DType::kCount) &&
+         static_cast<uint32_t>(op) < static_cast<uint32_t>(ReduceOp::kCount);
+}
+
+}  // namespace
+
+bool reduce_cuda_supported(DType dt, ReduceOp op) { return valid_codes(dt, op) && select(dt, op) != nullptr; }
+
+void reduce_cuda(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale,
+                 cudaStream_t stream, int max_blocks) {
+  RC_CHECK(valid_codes(dt, op), InvalidArgument,
+           "ringcomm: unknown dtype/op code " << static_cast<uint32_t>(dt) << "/" << static_cast<uint32_t>(op));
+  const LaunchFn fn = select(dt, op);
+  if (fn == nullptr) {
+    RC_THROW(Unsupported, "ringcomm: reduce op " << op_name(op) << " is not supported for dtype " << dtype_name(dt));
+  }
+  RC_CHECK(op == ReduceOp::kAvg || scale == 1.0, InvalidArgument,
+           "ringcomm: scale " << scale << " given for reduce op " << op_name(op) << " (only AVG takes a scale)");
+  if (n == 0) return;
+  RC_CHECK(dst != nullptr && a != nullptr && b != nullptr, InvalidArgument,
+           "ringcomm: reduce_cuda got a null buffer for " << n << " elements");
+  const size_t es = dtype_size(dt);
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
+  for (const void* src : {a, b}) {
+    const uintptr_t s = reinterpret_cast<uintptr_t>(src);
+    RC_CHECK(d == s || d + n * es <= s || s + n * es <= d, InvalidArgument,
+             "ringcomm: reduce dst partially overlaps an input (it must alias it exactly or not at all)");
+  }
+  // AVG with scale 1 is SUM bit for bit (x * 1 == x); skip the multiply, like the CPU.
+  const LaunchFn use = (op == ReduceOp::kAvg && scale == 1.0) ? select(dt, ReduceOp::kSum) : fn;
+  if (max_blocks <= 0) {
+    int dev = 0, sms = 0;
+    RC_CUDA(cudaGetDevice(&dev), "");
+    RC_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "");
+    max_blocks = 4 * (sms > 0 ? sms : 1);
+  }
+  // Enough threads for every 16-byte vector once (two per thread per pass in the kernel), capped.
+  const size_t vecs = (n * es + 15) / 16;
+  const size_t want = (vecs + kThreads - 1) / kThreads;
+  const int blocks = static_cast<int>(want < static_cast<size_t>(max_blocks) ? (want > 0 ? want : 1) : max_blocks);
+  use(dst, a, b, n, scale, stream, blocks);
+  RC_CUDA(cudaGetLastError(), " launching the " << dtype_name(dt) << " " << op_name(op) << " reduce kernel on "
+                                                 << n << " elements");
+}
+
+}  // namespace rc

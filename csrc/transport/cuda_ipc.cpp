@@ -1,0 +1,729 @@
+// CUDA IPC transport (see cuda_ipc.h for the protocol and its invariants).
+#include "transport/cuda_ipc.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "common/cuda_check.h"
+#include "common/env.h"
+#include "common/errors.h"
+#include "transport/futex.h"
+
+namespace rc {
+
+namespace {
+
+constexpr uint32_t kInfoMagic = 0x52434449;  // "RCDI"
+constexpr uint32_t kBlobMagic = 0x52434842;  // "RCHB"
+constexpr uint32_t kWireVersion = 1;
+constexpr uint64_t kByeTag = ~0ull;          // the control-plane message a closing rank sends
+constexpr size_t kPageBytes = 4096;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// ---- a tiny binary writer / reader for the exchanged bytes (little-endian host order: every
+// rank runs on the same host) ----
+class Writer {
+ public:
+  template <class T> void put(const T& v) { s_.append(reinterpret_cast<const char*>(&v), sizeof(T)); }
+  void bytes(const void* p, size_t n) { s_.append(static_cast<const char*>(p), n); }
+  void str(const std::string& v) {
+    put<uint32_t>(static_cast<uint32_t>(v.size()));
+    s_.append(v);
+  }
+  std::string take() { return std::move(s_); }
+
+ private:
+  std::string s_;
+};
+
+class Reader {
+ public:
+  Reader(const std::string& s, const char* what) : s_(s), what_(what) {}
+  template <class T> T get() {
+    T v;
+    need(sizeof(T));
+    std::memcpy(&v, s_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  void bytes(void* p, size_t n) {
+    need(n);
+    std::memcpy(p, s_.data() + pos_, n);
+    pos_ += n;
+  }
+  std::string str() {
+    uint32_t n = get<uint32_t>();
+    need(n);
+    std::string v = s_.substr(pos_, n);
+    pos_ += n;
+    return v;
+  }
+
+ private:
+  void need(size_t n) {
+    RC_CHECK(pos_ + n <= s_.size(), Mismatch,
+             "ringcomm: malformed CUDA " << what_ << " (" << s_.size() << " bytes; a rank runs another ringcomm version?)");
+  }
+  const std::string& s_;
+  const char* what_;
+  size_t pos_ = 0;
+};
+
+std::string hostname() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "?";
+  return buf;
+}
+
+std::string hex(const std::string& b) {
+  static const char* d = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : b) {
+    s += d[c >> 4];
+    s += d[c & 15];
+  }
+  return s;
+}
+
+int parse_mode(const std::string& m) {
+  if (m == "auto") return 0;
+  if (m == "ipc") return 1;
+  if (m == "host") return 2;
+  if (m == "hostsync") return 3;
+  RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P='" << m << "' (expected auto, ipc, host or hostsync)");
+}
+
+const char* mode_name(int m) {
+  switch (m) {
+    case 0: return "auto";
+    case 1: return "ipc";
+    case 2: return "host";
+    case 3: return "hostsync";
+  }
+  return "?";
+}
+
+bool can_reach(const CudaPeerInfo& a, const CudaPeerInfo& b) {
+  if (a.uuid == b.uuid) return true;  // one GPU, two processes: IPC within a device
+  for (size_t i = 0; i < a.visible.size(); ++i) {
+    if (a.visible[i] == b.uuid) return i < a.can_access.size() && a.can_access[i] != 0;
+  }
+  return false;  // b's GPU is not visible to a: nothing proves peer access
+}
+
+}  // namespace
+
+const char* channel_kind_name(ChannelKind k) {
+  switch (k) {
+    case ChannelKind::kIpc: return "ipc";
+    case ChannelKind::kHost: return "host";
+    case ChannelKind::kHostSync: return "hostsync";
+  }
+  return "?";
+}
+
+CudaIpcConfig CudaIpcConfig::from_env(int world, double timeout_s) {
+  CudaIpcConfig c;
+  c.shm = ShmConfig::from_env(world, timeout_s);
+  int64_t slot = env_int("RINGCOMM_CUDA_SLOT_BYTES", 2 << 20);
+  int64_t nslots = env_int("RINGCOMM_CUDA_NSLOTS", 4);
+  RC_CHECK(slot >= static_cast<int64_t>(kPageBytes), InvalidArgument,
+           "RINGCOMM_CUDA_SLOT_BYTES must be >= " << kPageBytes << ", got " << slot);
+  RC_CHECK(nslots >= 2 && nslots <= 64, InvalidArgument,
+           "RINGCOMM_CUDA_NSLOTS must be in [2, 64] (the ring's fused forward needs two), got " << nslots);
+  // Whole pages: host-staged slots are pinned one by one with cudaHostRegister, which must not
+  // see two slots share a page.
+  c.slot_bytes = (static_cast<size_t>(slot) + kPageBytes - 1) / kPageBytes * kPageBytes;
+  c.nslots = static_cast<uint32_t>(nslots);
+  c.mode = parse_mode(env_str("RINGCOMM_CUDA_P2P", "auto"));
+  c.max_blocks = static_cast<int>(env_int("RINGCOMM_CUDA_MAX_BLOCKS", 0));
+  RC_CHECK(c.max_blocks >= 0, InvalidArgument, "RINGCOMM_CUDA_MAX_BLOCKS must be >= 0");
+  return c;
+}
+
+std::string encode_peer_info(const CudaPeerInfo& p) {
+  Writer w;
+  w.put(kInfoMagic);
+  w.put(kWireVersion);
+  w.put(p.pid);
+  w.put(p.device);
+  w.str(p.host);
+  w.str(p.uuid);
+  w.put<uint8_t>(p.ipc_events ? 1 : 0);
+  w.put(p.mode);
+  w.put(p.slot_bytes);
+  w.put(p.nslots);
+  w.put<uint32_t>(static_cast<uint32_t>(p.visible.size()));
+  for (size_t i = 0; i < p.visible.size(); ++i) {
+    w.str(p.visible[i]);
+    w.put<uint8_t>(i < p.can_access.size() ? p.can_access[i] : 0);
+  }
+  return w.take();
+}
+
+CudaPeerInfo decode_peer_info(const std::string& bytes) {
+  Reader r(bytes, "device info");
+  RC_CHECK(r.get<uint32_t>() == kInfoMagic, Mismatch, "ringcomm: CUDA device info has a bad magic number");
+  RC_CHECK(r.get<uint32_t>() == kWireVersion, Mismatch, "ringcomm: CUDA device info from another ringcomm version");
+  CudaPeerInfo p;
+  p.pid = r.get<int32_t>();
+  p.device = r.get<int32_t>();
+  p.host = r.str();
+  p.uuid = r.str();
+  p.ipc_events = r.get<uint8_t>() != 0;
+  p.mode = r.get<int32_t>();
+  p.slot_bytes = r.get<uint64_t>();
+  p.nslots = r.get<uint32_t>();
+  uint32_t n = r.get<uint32_t>();
+  RC_CHECK(n <= 4096, Mismatch, "ringcomm: CUDA device info lists " << n << " devices");
+  for (uint32_t i = 0; i < n; ++i) {
+    p.visible.push_back(r.str());
+    p.can_access.push_back(r.get<uint8_t>());
+  }
+  return p;
+}
+
+std::vector<ChannelKind> plan_channels(const std::vector<CudaPeerInfo>& infos, int mode) {
+  const int n = static_cast<int>(infos.size());
+  std::vector<ChannelKind> k(static_cast<size_t>(n) * n, ChannelKind::kIpc);
+  for (int a = 0; a < n; ++a) {
+    for (int b = 0; b < n; ++b) {
+      ChannelKind& c = k[static_cast<size_t>(a) * n + b];
+      if (a == b) continue;
+      const CudaPeerInfo &pa = infos[a], &pb = infos[b];
+      if (mode == 3 || !pa.ipc_events || !pb.ipc_events) {
+        c = ChannelKind::kHostSync;
+      } else if (mode == 2) {
+        c = ChannelKind::kHost;
+      } else if (can_reach(pa, pb) && can_reach(pb, pa)) {
+        c = ChannelKind::kIpc;
+      } else if (mode == 1) {
+        RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P=ipc but rank " << a << " (GPU " << hex(pa.uuid).substr(0, 8)
+                                  << ") and rank " << b << " (GPU " << hex(pb.uuid).substr(0, 8)
+                                  << ") cannot access each other's memory; use auto or host");
+      } else {
+        c = ChannelKind::kHost;
+      }
+    }
+  }
+  return k;
+}
+
+// ---------------- per-channel state ----------------
+
+struct CudaIpcTransport::Chan {
+  ChannelKind out = ChannelKind::kIpc;  // this rank -> peer
+  ChannelKind in = ChannelKind::kIpc;   // peer -> this rank
+  uint64_t sent = 0;                    // slots published to peer (mirrors the shm head)
+  uint64_t received = 0;                // slots released from peer (mirrors the shm tail)
+  std::vector<cudaEvent_t> ready;          // out: created here, recorded after our writes (exported)
+  std::vector<cudaEvent_t> peer_consumed;  // out: the peer's "consumed" events (imported)
+  std::vector<cudaEvent_t> consumed;       // in: created here, recorded after our reads (exported)
+  std::vector<cudaEvent_t> peer_ready;     // in: the peer's "ready" events (imported)
+  std::vector<char*> out_dev;              // out, kHost*: device pointers of the peer's shm slots
+  std::vector<char*> in_dev;               // in, kHost*: device pointers of our shm slots
+  cudaEvent_t scratch = nullptr;           // kHostSync: host waits on it
+  std::vector<cudaIpcEventHandle_t> ready_h, consumed_h;
+};
+
+CudaIpcTransport::CudaIpcTransport(int rank, int world, int device, double timeout_s)
+    : rank_(rank), world_(world), device_(device), cfg_(CudaIpcConfig::from_env(world, timeout_s)),
+      peer_inbox_(world, nullptr) {
+  RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
+  RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
+  RC_CHECK(device >= 0, InvalidArgument, "ringcomm: CUDA device " << device << " is invalid");
+  chans_.resize(static_cast<size_t>(kNumLanes) * world);
+  for (auto& c : chans_) c = std::make_unique<Chan>();
+}
+
+CudaIpcTransport::~CudaIpcTransport() {
+  try {
+    close(false);
+  } catch (...) {
+  }
+}
+
+CudaIpcTransport::Chan& CudaIpcTransport::chan(Lane lane, int peer) {
+  return *chans_[static_cast<size_t>(lane) * world_ + peer];
+}
+
+size_t CudaIpcTransport::inbox_offset(Lane lane, int src, uint32_t slot) const {
+  return ((static_cast<size_t>(lane) * world_ + src) * cfg_.nslots + slot) * cfg_.slot_bytes;
+}
+
+std::string CudaIpcTransport::local_info() const {
+  CudaDeviceGuard g(device_);
+  CudaPeerInfo p;
+  p.pid = static_cast<int32_t>(getpid());
+  p.device = device_;
+  p.host = hostname();
+  cudaDeviceProp prop;
+  RC_CUDA(cudaGetDeviceProperties(&prop, device_), " (device " << device_ << ")");
+  p.uuid.assign(prop.uuid.bytes, sizeof(prop.uuid.bytes));
+  int v = 0;
+  p.ipc_events = cudaDeviceGetAttribute(&v, cudaDevAttrIpcEventSupport, device_) == cudaSuccess && v != 0;
+  (void)cudaGetLastError();
+  p.mode = cfg_.mode;
+  p.slot_bytes = cfg_.slot_bytes;
+  p.nslots = cfg_.nslots;
+  int n = 0;
+  RC_CUDA(cudaGetDeviceCount(&n), "");
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp pi;
+    RC_CUDA(cudaGetDeviceProperties(&pi, i), " (device " << i << ")");
+    p.visible.emplace_back(pi.uuid.bytes, sizeof(pi.uuid.bytes));
+    int can = 0;
+    if (i != device_ && cudaDeviceCanAccessPeer(&can, device_, i) != cudaSuccess) can = 0;
+    (void)cudaGetLastError();
+    p.can_access.push_back(i == device_ ? 1 : static_cast<uint8_t>(can != 0));
+  }
+  return encode_peer_info(p);
+}
+
+std::string CudaIpcTransport::create(const std::vector<std::string>& infos) {
+  RC_CHECK(!ctl_, Error, "ringcomm: CUDA transport already created");
+  RC_CHECK(static_cast<int>(infos.size()) == world_, InvalidArgument,
+           "ringcomm: create needs " << world_ << " device infos, got " << infos.size());
+  std::vector<CudaPeerInfo> all;
+  for (const auto& b : infos) all.push_back(decode_peer_info(b));
+  const CudaPeerInfo& me = all[rank_];
+  for (int p = 0; p < world_; ++p) {
+    const CudaPeerInfo& o = all[p];
+    RC_CHECK(o.host == me.host, Unsupported,
+             "ringcomm: the CUDA communicator needs every rank on one host; rank " << p << " runs on " << o.host
+                                                                                  << ", rank " << rank_ << " on " << me.host);
+    RC_CHECK(o.slot_bytes == me.slot_bytes && o.nslots == me.nslots, Mismatch,
+             "ringcomm: rank " << p << " uses " << o.nslots << " CUDA slots of " << o.slot_bytes << " bytes, rank "
+                               << rank_ << " uses " << me.nslots << " of " << me.slot_bytes
+                               << " (set RINGCOMM_CUDA_SLOT_BYTES / RINGCOMM_CUDA_NSLOTS equally on every rank)");
+    RC_CHECK(o.mode == me.mode, Mismatch,
+             "ringcomm: rank " << p << " has RINGCOMM_CUDA_P2P=" << mode_name(o.mode) << ", rank " << rank_ << " has "
+                               << mode_name(me.mode) << " (set it equally on every rank)");
+    pids_.push_back(o.pid);
+  }
+  kinds_ = plan_channels(all, cfg_.mode);
+  bool any_staged = false, ipc_in = false;
+  for (int a = 0; a < world_; ++a)
+    for (int b = 0; b < world_; ++b)
+      if (a != b) {
+        any_staged |= kind(a, b) != ChannelKind::kIpc;
+        ipc_in |= b == rank_ && kind(a, b) == ChannelKind::kIpc;
+      }
+
+  // Control plane. Its slots carry the data only for staged channels; otherwise they are one
+  // cache line (the meta is all that travels). Every rank computes the same any_staged.
+  ShmConfig sc = cfg_.shm;
+  sc.slot_bytes = any_staged ? cfg_.slot_bytes : 64;
+  sc.nslots = cfg_.nslots;
+  ctl_ = std::make_unique<ShmTransport>(rank_, world_, sc);
+  ctl_name_ = ctl_->create();
+
+  CudaDeviceGuard g(device_);
+  Writer w;
+  w.put(kBlobMagic);
+  w.put(kWireVersion);
+  w.put<int32_t>(rank_);
+  w.put<int32_t>(world_);
+  w.str(ctl_name_);
+  cudaIpcMemHandle_t mh;
+  std::memset(&mh, 0, sizeof(mh));
+  if (ipc_in && world_ > 1) {
+    inbox_bytes_ = static_cast<size_t>(kNumLanes) * world_ * cfg_.nslots * cfg_.slot_bytes;
+    void* p = nullptr;
+    RC_CUDA(cudaMalloc(&p, inbox_bytes_), " allocating the " << inbox_bytes_ << "-byte CUDA IPC inbox on device " << device_
+                                                              << " (RINGCOMM_CUDA_SLOT_BYTES x RINGCOMM_CUDA_NSLOTS x 2 x world)");
+    inbox_ = static_cast<char*>(p);
+    RC_CUDA(cudaIpcGetMemHandle(&mh, inbox_), " exporting the CUDA IPC inbox (RINGCOMM_CUDA_P2P=host avoids CUDA IPC memory)");
+  }
+  w.put<uint8_t>(inbox_ ? 1 : 0);
+  w.bytes(&mh, sizeof(mh));
+  cudaIpcEventHandle_t zero;
+  std::memset(&zero, 0, sizeof(zero));
+  for (int l = 0; l < kNumLanes; ++l) {
+    for (int peer = 0; peer < world_; ++peer) {
+      Chan& c = chan(static_cast<Lane>(l), peer);
+      if (peer != rank_) {
+        c.out = kind(rank_, peer);
+        c.in = kind(peer, rank_);
+        c.out_dev.assign(cfg_.nslots, nullptr);
+        c.in_dev.assign(cfg_.nslots, nullptr);
+        auto make = [&](std::vector<cudaEvent_t>& evs, std::vector<cudaIpcEventHandle_t>& hs) {
+          evs.assign(cfg_.nslots, nullptr);
+          hs.assign(cfg_.nslots, zero);
+          for (uint32_t k = 0; k < cfg_.nslots; ++k) {
+            RC_CUDA(cudaEventCreateWithFlags(&evs[k], cudaEventInterprocess | cudaEventDisableTiming), "");
+            RC_CUDA(cudaIpcGetEventHandle(&hs[k], evs[k]), " (RINGCOMM_CUDA_P2P=hostsync avoids CUDA IPC events)");
+          }
+        };
+        if (c.out != ChannelKind::kHostSync) make(c.ready, c.ready_h);
+        if (c.in != ChannelKind::kHostSync) make(c.consumed, c.consumed_h);
+        if (c.out == ChannelKind::kHostSync || c.in == ChannelKind::kHostSync)
+          RC_CUDA(cudaEventCreateWithFlags(&c.scratch, cudaEventDisableTiming), "");
+      }
+      for (uint32_t k = 0; k < cfg_.nslots; ++k) {
+        const cudaIpcEventHandle_t& r = (k < c.ready_h.size()) ? c.ready_h[k] : zero;
+        const cudaIpcEventHandle_t& s = (k < c.consumed_h.size()) ? c.consumed_h[k] : zero;
+        w.bytes(&r, sizeof(r));
+        w.bytes(&s, sizeof(s));
+      }
+    }
+  }
+  return w.take();
+}
+
+void CudaIpcTransport::attach(const std::vector<std::string>& blobs) {
+  RC_CHECK(ctl_ != nullptr, Error, "ringcomm: create() must be called before attach()");
+  RC_CHECK(static_cast<int>(blobs.size()) == world_, InvalidArgument,
+           "ringcomm: attach needs " << world_ << " handle blobs, got " << blobs.size());
+  struct Peer {
+    std::string name;
+    bool has_inbox = false;
+    cudaIpcMemHandle_t mh;
+    // [lane][src-of-that-rank's-view peer][slot]: ready, consumed
+    std::vector<cudaIpcEventHandle_t> ready, consumed;
+  };
+  std::vector<Peer> peers(world_);
+  for (int p = 0; p < world_; ++p) {
+    Reader r(blobs[p], "handle blob");
+    RC_CHECK(r.get<uint32_t>() == kBlobMagic && r.get<uint32_t>() == kWireVersion, Mismatch,
+             "ringcomm: rank " << p << "'s CUDA handles come from another ringcomm version");
+    const int32_t pr = r.get<int32_t>(), pw = r.get<int32_t>();
+    RC_CHECK(pr == p && pw == world_, Mismatch,
+             "ringcomm: handle blob " << p << " is rank " << pr << " of " << pw << " (world " << world_ << ")");
+    Peer& x = peers[p];
+    x.name = r.str();
+    x.has_inbox = r.get<uint8_t>() != 0;
+    r.bytes(&x.mh, sizeof(x.mh));
+    const size_t n = static_cast<size_t>(kNumLanes) * world_ * cfg_.nslots;
+    x.ready.resize(n);
+    x.consumed.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      r.bytes(&x.ready[i], sizeof(cudaIpcEventHandle_t));
+      r.bytes(&x.consumed[i], sizeof(cudaIpcEventHandle_t));
+    }
+  }
+  std::vector<std::string> names;
+  for (auto& x : peers) names.push_back(x.name);
+  ctl_->attach(names);
+
+  CudaDeviceGuard g(device_);
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    if (kind(rank_, p) == ChannelKind::kIpc) {
+      RC_CHECK(peers[p].has_inbox, Mismatch, "ringcomm: rank " << p << " exported no CUDA inbox but the channel plan needs one");
+      void* ptr = nullptr;
+      RC_CUDA(cudaIpcOpenMemHandle(&ptr, peers[p].mh, cudaIpcMemLazyEnablePeerAccess),
+              " opening rank " << p << "'s CUDA IPC inbox on rank " << rank_
+                               << " (RINGCOMM_CUDA_P2P=host stages through host memory instead)");
+      peer_inbox_[p] = static_cast<char*>(ptr);
+    }
+    for (int l = 0; l < kNumLanes; ++l) {
+      Chan& c = chan(static_cast<Lane>(l), p);
+      // The peer's view: its channel from us (consumed events) and to us (ready events) sit at
+      // [lane][rank_] of its blob.
+      const size_t base = (static_cast<size_t>(l) * world_ + rank_) * cfg_.nslots;
+      if (c.out != ChannelKind::kHostSync) {
+        c.peer_consumed.assign(cfg_.nslots, nullptr);
+        for (uint32_t k = 0; k < cfg_.nslots; ++k)
+          RC_CUDA(cudaIpcOpenEventHandle(&c.peer_consumed[k], peers[p].consumed[base + k]),
+                  " opening rank " << p << "'s IPC event (RINGCOMM_CUDA_P2P=hostsync avoids IPC events)");
+      }
+      if (c.in != ChannelKind::kHostSync) {
+        c.peer_ready.assign(cfg_.nslots, nullptr);
+        for (uint32_t k = 0; k < cfg_.nslots; ++k)
+          RC_CUDA(cudaIpcOpenEventHandle(&c.peer_ready[k], peers[p].ready[base + k]),
+                  " opening rank " << p << "'s IPC event (RINGCOMM_CUDA_P2P=hostsync avoids IPC events)");
+      }
+    }
+  }
+  attached_ = true;
+}
+
+std::string CudaIpcTransport::describe_channels() const {
+  std::ostringstream o;
+  for (int a = 0; a < world_; ++a) {
+    for (int b = 0; b < world_; ++b) {
+      if (a == b || kinds_.empty()) continue;
+      o << a << "->" << b << ":" << channel_kind_name(kind(a, b)) << " ";
+    }
+  }
+  return o.str();
+}
+
+// ---------------- data-plane pointers ----------------
+
+// Pin and map one host shared-memory slot (lazily, once per slot per process): the GPU writes
+// (sender) or reads (receiver) it through the returned device pointer.
+char* CudaIpcTransport::map_host_slot(char* host) {
+  cudaError_t e = cudaHostRegister(host, cfg_.slot_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (e == cudaErrorHostMemoryAlreadyRegistered) {
+    (void)cudaGetLastError();
+  } else {
+    RC_CUDA(e, " pinning a " << cfg_.slot_bytes << "-byte host staging slot");
+    registered_.push_back(host);
+  }
+  void* d = nullptr;
+  RC_CUDA(cudaHostGetDevicePointer(&d, host, 0), " mapping a host staging slot");
+  return static_cast<char*>(d);
+}
+
+char* CudaIpcTransport::finish_send(int peer, Lane lane, cudaStream_t s, char* host) {
+  Chan& c = chan(lane, peer);
+  const uint32_t k = static_cast<uint32_t>(c.sent % cfg_.nslots);
+  if (c.out != ChannelKind::kHostSync && c.sent >= cfg_.nslots) {
+    // The GPU must not overwrite the slot before the receiver's GPU has read it: its consumed
+    // record for this slot was made before it released the slot, which send_slot observed.
+    RC_CUDA(cudaStreamWaitEvent(s, c.peer_consumed[k], 0), " (rank " << rank_ << " -> " << peer << ")");
+  }
+  if (c.out == ChannelKind::kIpc) return peer_inbox_[peer] + inbox_offset(lane, rank_, k);
+  if (c.out_dev[k] == nullptr) c.out_dev[k] = map_host_slot(host);
+  return c.out_dev[k];
+}
+
+char* CudaIpcTransport::send_slot(int peer, Lane lane, const WaitCtx& w, cudaStream_t s) {
+  char* host = ctl_->send_slot(peer, lane, w);
+  CudaDeviceGuard g(device_);
+  return finish_send(peer, lane, s, host);
+}
+
+char* CudaIpcTransport::try_send_slot(int peer, Lane lane, cudaStream_t s) {
+  char* host = ctl_->try_send_slot(peer, lane);
+  if (host == nullptr) return nullptr;
+  CudaDeviceGuard g(device_);
+  return finish_send(peer, lane, s, host);
+}
+
+void CudaIpcTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag, cudaStream_t s) {
+  Chan& c = chan(lane, peer);
+  const uint32_t k = static_cast<uint32_t>(c.sent % cfg_.nslots);
+  CudaDeviceGuard g(device_);
+  if (c.out != ChannelKind::kHostSync) {
+    RC_CUDA(cudaEventRecord(c.ready[k], s), " (rank " << rank_ << " -> " << peer << ")");
+  } else {
+    // No IPC events: the bytes must be in host memory before the slot is published.
+    RC_CUDA(cudaEventRecord(c.scratch, s), "");
+    WaitCtx w;
+    w.op = "send (host-synchronous staging)";
+    w.seq = tag;
+    w.peer = peer;
+    wait_event(c.scratch, w);
+  }
+  ctl_->send_post(peer, lane, bytes, total, tag);
+  ++c.sent;
+}
+
+const char* CudaIpcTransport::finish_recv(int peer, Lane lane, cudaStream_t s, const char* host) {
+  Chan& c = chan(lane, peer);
+  const uint32_t k = static_cast<uint32_t>(c.received % cfg_.nslots);
+  if (c.in != ChannelKind::kHostSync) {
+    // The sender recorded ready[k] after its writes and before publishing: bind to that record.
+    RC_CUDA(cudaStreamWaitEvent(s, c.peer_ready[k], 0), " (rank " << peer << " -> " << rank_ << ")");
+  }
+  if (c.in == ChannelKind::kIpc) return inbox_ + inbox_offset(lane, peer, k);
+  if (c.in_dev[k] == nullptr) c.in_dev[k] = map_host_slot(const_cast<char*>(host));
+  return c.in_dev[k];
+}
+
+const char* CudaIpcTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, cudaStream_t s, const SlotMeta** meta) {
+  const char* host = ctl_->recv_slot(peer, lane, w, meta);
+  CudaDeviceGuard g(device_);
+  return finish_recv(peer, lane, s, host);
+}
+
+const char* CudaIpcTransport::try_recv_slot(int peer, Lane lane, cudaStream_t s, const SlotMeta** meta) {
+  const char* host = ctl_->try_recv_slot(peer, lane, meta);
+  if (host == nullptr) return nullptr;
+  CudaDeviceGuard g(device_);
+  return finish_recv(peer, lane, s, host);
+}
+
+void CudaIpcTransport::recv_done(int peer, Lane lane, cudaStream_t s) {
+  Chan& c = chan(lane, peer);
+  const uint32_t k = static_cast<uint32_t>(c.received % cfg_.nslots);
+  CudaDeviceGuard g(device_);
+  if (c.in != ChannelKind::kHostSync) {
+    RC_CUDA(cudaEventRecord(c.consumed[k], s), " (rank " << peer << " -> " << rank_ << ")");
+  } else {
+    RC_CUDA(cudaEventRecord(c.scratch, s), "");
+    WaitCtx w;
+    w.op = "recv (host-synchronous staging)";
+    w.peer = peer;
+    wait_event(c.scratch, w);
+  }
+  ctl_->recv_done(peer, lane);
+  ++c.received;
+}
+
+// ---------------- bounded host waits on the GPU ----------------
+
+void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w) {
+  const int64_t t0 = now_ns();
+  const int64_t deadline = t0 + static_cast<int64_t>(cfg_.shm.timeout_s * 1e9);
+  int64_t next_liveness = t0 + cfg_.shm.liveness_ns;
+  int64_t sleep_ns = 2000;
+  for (;;) {
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) {
+      RC_CUDA(e, " while " << w.op << " (seq " << w.seq << ") on rank " << rank_ << " waited for the GPU");
+    }
+    const int64_t now = now_ns();
+    if (now - t0 < cfg_.shm.spin_ns) {
+      cpu_relax();
+      continue;
+    }
+    if (ctl_ && now >= next_liveness) {
+      next_liveness = now + cfg_.shm.liveness_ns;
+      ctl_->check_peers(w, true);
+    }
+    if (now >= deadline) {
+      if (cudaEventQuery(ev) == cudaSuccess) return;
+      (void)cudaGetLastError();
+      RC_THROW(TimeoutError, "ringcomm: " << w.op << " (seq " << w.seq << ") on rank " << rank_
+                                          << ": the GPU work did not complete within " << cfg_.shm.timeout_s
+                                          << " s (RINGCOMM_TIMEOUT / timeout=)");
+    }
+    std::this_thread::sleep_for(std::chrono::nanoseconds(sleep_ns));
+    sleep_ns = std::min<int64_t>(sleep_ns * 2, 1000000);
+  }
+}
+
+// ---------------- teardown ----------------
+
+bool CudaIpcTransport::peer_process_dead(int peer) const {
+  if (peer >= static_cast<int>(pids_.size()) || pids_[peer] <= 0) return false;
+  const pid_t pid = pids_[peer];
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  char buf[512];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* rp = std::strrchr(buf, ')');
+  return rp != nullptr && rp[1] != '\0' && rp[2] != '\0' && (rp[2] == 'Z' || rp[2] == 'X');
+}
+
+// Every rank, once it has closed what it imported, sends "bye" on each collective channel and
+// then waits (bounded: RINGCOMM_CUDA_CLOSE_WAIT seconds) for every peer's bye. Channels are FIFO,
+// so a bye arrives after every message of the collectives the peer completed. CUDA requires an
+// importer to close a handle before the exporter frees it: a rank frees its inbox and events only
+// when every peer said bye (or exited: its imports died with its context).
+void CudaIpcTransport::exchange_byes(bool* all_done) {
+  *all_done = false;
+  const double wait_s = env_double("RINGCOMM_CUDA_CLOSE_WAIT", 30.0);
+  const int64_t deadline = now_ns() + static_cast<int64_t>(wait_s * 1e9);
+  std::vector<int> to_send, to_recv;
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_) {
+      to_send.push_back(p);
+      to_recv.push_back(p);
+    }
+  bool ok = true;
+  int64_t sleep_ns = 1000;
+  while ((!to_send.empty() || !to_recv.empty()) && now_ns() < deadline) {
+    bool moved = false;
+    for (size_t i = 0; i < to_send.size();) {
+      const int p = to_send[i];
+      if (peer_process_dead(p) || ctl_->try_send_slot(p, Lane::kColl) != nullptr) {
+        if (!peer_process_dead(p)) ctl_->send_post(p, Lane::kColl, 0, 0, kByeTag);
+        to_send.erase(to_send.begin() + static_cast<long>(i));
+        moved = true;
+      } else {
+        ++i;
+      }
+    }
+    for (size_t i = 0; i < to_recv.size();) {
+      const int p = to_recv[i];
+      const SlotMeta* m = nullptr;
+      if (ctl_->try_recv_slot(p, Lane::kColl, &m) != nullptr) {
+        if (m->tag != kByeTag) ok = false;  // an unconsumed message: that rank was mid-collective
+        ctl_->recv_done(p, Lane::kColl);
+        to_recv.erase(to_recv.begin() + static_cast<long>(i));
+        moved = true;
+      } else if (peer_process_dead(p)) {
+        to_recv.erase(to_recv.begin() + static_cast<long>(i));
+        moved = true;
+      } else {
+        ++i;
+      }
+    }
+    if (moved) continue;
+    std::this_thread::sleep_for(std::chrono::nanoseconds(sleep_ns));
+    sleep_ns = std::min<int64_t>(sleep_ns * 2, 2000000);
+  }
+  *all_done = ok && to_recv.empty();
+}
+
+void CudaIpcTransport::close(bool drained) {
+  if (closed_) return;
+  closed_ = true;
+  // Device resources are released only when no GPU work of ours can still touch them (drained)
+  // and, for exported ones, when every importer has let go (byes). Otherwise they are left
+  // allocated on purpose: freeing memory a stuck stream or a peer may still access is undefined
+  // behaviour, a leak until process exit is not. cudaFree also synchronises the device, which
+  // would hang behind a stream blocked on a dead peer.
+  bool safe = drained && attached_;
+  if (safe) {
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    (void)cudaSetDevice(device_);
+    for (int p = 0; p < world_; ++p) {
+      if (peer_inbox_[p] != nullptr) (void)cudaIpcCloseMemHandle(peer_inbox_[p]);
+      peer_inbox_[p] = nullptr;
+    }
+    for (auto& c : chans_) {
+      for (auto* v : {&c->peer_consumed, &c->peer_ready})
+        for (auto& e : *v)
+          if (e) (void)cudaEventDestroy(e);
+      c->peer_consumed.clear();
+      c->peer_ready.clear();
+    }
+    bool byes = false;
+    try {
+      if (world_ > 1) exchange_byes(&byes);
+      else byes = true;
+    } catch (...) {
+      byes = false;
+    }
+    if (byes) {
+      for (char* h : registered_) (void)cudaHostUnregister(h);
+      registered_.clear();
+      for (auto& c : chans_) {
+        for (auto* v : {&c->ready, &c->consumed})
+          for (auto& e : *v)
+            if (e) (void)cudaEventDestroy(e);
+        c->ready.clear();
+        c->consumed.clear();
+        if (c->scratch) (void)cudaEventDestroy(c->scratch);
+        c->scratch = nullptr;
+      }
+      if (inbox_ != nullptr) (void)cudaFree(inbox_);
+      inbox_ = nullptr;
+    }
+    (void)cudaGetLastError();
+    if (prev >= 0 && prev != device_) (void)cudaSetDevice(prev);
+  }
+  if (ctl_) ctl_->close();
+}
+
+void CudaIpcTransport::abort(uint32_t kind, const std::string& msg) {
+  if (ctl_) ctl_->abort(kind, msg);
+}
+
+}  // namespace rc

@@ -1,0 +1,165 @@
+// CUDA IPC transport: processes on one host, each driving one GPU (several processes may share a
+// GPU), exchange bytes through fixed-size receive slots, with flow control.
+//
+// Two planes.
+//  - Control plane: a host shared-memory ShmTransport (transport/shm.h) carries, per channel and
+//    per slot, the slot's meta (bytes, total, tag) and the head/tail counters, and gives this
+//    transport its bounded waits (spin, futex, deadline, peer liveness, abort flags) and the
+//    header board. Host-side, a channel behaves exactly like a shm channel: send_slot() waits for
+//    a free slot, send_post() publishes it, recv_slot() waits for a filled one, recv_done()
+//    releases it. The host never waits for the GPU on the normal paths.
+//  - Data plane: the slot's bytes live in one of three places, per channel (src -> dst), chosen
+//    at setup identically by every rank from the device information all ranks exchanged:
+//      kIpc      the receiver's device memory (one cudaMalloc "inbox" exported with
+//                cudaIpcGetMemHandle, opened by the sender with cudaIpcOpenMemHandle). Used when
+//                both processes drive the same GPU, or GPUs that can access each other (P2P).
+//      kHost     the receiver's host shared-memory slot (the ShmTransport slot itself), pinned and
+//                mapped with cudaHostRegister in both processes: staged through host memory where
+//                peer access is impossible.
+//      kHostSync like kHost, for devices without IPC event support: the host waits for the GPU
+//                (bounded polling) before publishing and before releasing a slot.
+//    GPU-side ordering (kIpc, kHost) uses CUDA IPC events, one "ready" event per slot created by
+//    the sender and one "consumed" event per slot created by the receiver:
+//      sender   send_slot:  host waits for the slot to be free (tail), then enqueues
+//                           cudaStreamWaitEvent(consumed[slot]) so the GPU writes the slot only
+//                           after the receiver's GPU finished reading its previous content;
+//               send_post:  enqueues cudaEventRecord(ready[slot]) after the writes, then
+//                           publishes the slot (head, release).
+//      receiver recv_slot:  host waits for the slot (head, acquire), then enqueues
+//                           cudaStreamWaitEvent(ready[slot]);
+//               recv_done:  enqueues cudaEventRecord(consumed[slot]) after the reads, then
+//                           releases the slot (tail, release).
+//    Why each wait sees the right record: a stream wait binds to the event's most recent record
+//    at the time of the call. A ready record is made before head is published and the receiver
+//    waits only after acquiring head; it is re-recorded for the slot's next use only after the
+//    receiver released the slot (tail), i.e. after its wait call. Symmetrically for consumed.
+//    GPU deadlock freedom: every stream wait is enqueued after the record it binds to, so every
+//    GPU dependency points to work enqueued earlier in (host) time; the host protocol itself is
+//    the shm ring's, whose deadlock freedom is argued in algo/ring.cpp.
+//
+// Slot size and count: RINGCOMM_CUDA_SLOT_BYTES (default 2 MiB, a multiple of 4096) and
+// RINGCOMM_CUDA_NSLOTS (default 4, >= 2). Device memory per rank: 2 lanes x world x nslots x
+// slot_bytes when any channel into it is kIpc. RINGCOMM_CUDA_P2P = auto | ipc | host | hostsync
+// forces a channel kind (host / hostsync exercise the staged paths on a single GPU).
+//
+// Setup (three steps, the Python side moves the bytes through the rendezvous store):
+//   info = local_info()            this rank's device, visible devices, P2P and IPC capabilities
+//   blob = create(all infos)       decides every channel's kind; allocates the inbox and events,
+//                                  creates the control segment; returns the handles
+//   attach(all blobs)              maps the control segments, opens peers' memory and events
+// Teardown (close): see cuda_ipc.cpp — importers close peers' memory and events before the
+// exporter frees them (CUDA requires it), with a bounded "bye" exchange on the control plane.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/shm.h"
+
+namespace rc {
+
+enum class ChannelKind : uint8_t { kIpc = 0, kHost = 1, kHostSync = 2 };
+const char* channel_kind_name(ChannelKind k);
+
+struct CudaIpcConfig {
+  size_t slot_bytes = 0;     // RINGCOMM_CUDA_SLOT_BYTES
+  uint32_t nslots = 0;       // RINGCOMM_CUDA_NSLOTS
+  int mode = 0;              // RINGCOMM_CUDA_P2P: 0 auto, 1 ipc, 2 host, 3 hostsync
+  int max_blocks = 0;        // RINGCOMM_CUDA_MAX_BLOCKS: reduce grid cap (0: 4 x SMs)
+  ShmConfig shm;             // timeout, spin, liveness (from the shm knobs)
+  static CudaIpcConfig from_env(int world, double timeout_s);
+};
+
+/// Device placement for one process: a pure description, decoded from the exchanged bytes.
+struct CudaPeerInfo {
+  int32_t pid = 0;
+  int32_t device = 0;                 // ordinal in that process
+  std::string host;                   // hostname
+  std::string uuid;                   // 16 bytes
+  bool ipc_events = false;            // cudaDevAttrIpcEventSupport
+  int32_t mode = 0;                   // its RINGCOMM_CUDA_P2P
+  uint64_t slot_bytes = 0;
+  uint32_t nslots = 0;
+  std::vector<std::string> visible;   // uuids of the devices it sees
+  std::vector<uint8_t> can_access;    // can_access[i]: its device can access visible[i] (P2P)
+};
+
+/// Channel kinds for every ordered pair, computed identically on every rank (pure; unit-tested
+/// through the bindings without a GPU). kinds[src * world + dst].
+std::vector<ChannelKind> plan_channels(const std::vector<CudaPeerInfo>& infos, int mode);
+
+std::string encode_peer_info(const CudaPeerInfo& p);
+CudaPeerInfo decode_peer_info(const std::string& bytes);
+
+class CudaIpcTransport {
+ public:
+  CudaIpcTransport(int rank, int world, int device, double timeout_s);
+  ~CudaIpcTransport();
+  CudaIpcTransport(const CudaIpcTransport&) = delete;
+  CudaIpcTransport& operator=(const CudaIpcTransport&) = delete;
+
+  std::string local_info() const;
+  std::string create(const std::vector<std::string>& infos);
+  void attach(const std::vector<std::string>& blobs);
+  /// Release everything that is safe to release (see cuda_ipc.cpp); `drained`: no GPU work of
+  /// this transport may still be running (else device resources are deliberately leaked).
+  void close(bool drained);
+  void abort(uint32_t kind, const std::string& msg);
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  int device() const { return device_; }
+  const CudaIpcConfig& config() const { return cfg_; }
+  ShmTransport& ctl() { return *ctl_; }
+  ChannelKind kind(int src, int dst) const { return kinds_[static_cast<size_t>(src) * world_ + dst]; }
+  /// Human-readable channel table (for logs and tests).
+  std::string describe_channels() const;
+
+  // ---- channels. Host waits are bounded (ShmTransport); GPU ordering is enqueued on `s`. ----
+  /// Wait for a free slot to `peer`; returns a device-usable pointer to its slot_bytes bytes.
+  char* send_slot(int peer, Lane lane, const WaitCtx& w, cudaStream_t s);
+  /// Non-blocking variant: nullptr when no slot is free.
+  char* try_send_slot(int peer, Lane lane, cudaStream_t s);
+  /// Publish the slot obtained by (try_)send_slot after the writes enqueued on `s`.
+  void send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag, cudaStream_t s);
+  /// Wait for the next filled slot from `peer`; returns its device-usable data pointer and meta.
+  const char* recv_slot(int peer, Lane lane, const WaitCtx& w, cudaStream_t s, const SlotMeta** meta);
+  const char* try_recv_slot(int peer, Lane lane, cudaStream_t s, const SlotMeta** meta);
+  /// Release the slot after the reads enqueued on `s`.
+  void recv_done(int peer, Lane lane, cudaStream_t s);
+
+  /// Poll a local event until it completes, bounded by the timeout, checking peers; throws
+  /// TimeoutError / PeerFailure / Error (a CUDA failure) with `w`'s context.
+  void wait_event(cudaEvent_t ev, const WaitCtx& w);
+
+ private:
+  struct Chan;  // per (lane, peer) state, in cuda_ipc.cpp
+  Chan& chan(Lane lane, int peer);
+  char* finish_send(int peer, Lane lane, cudaStream_t s, char* host_ptr);
+  const char* finish_recv(int peer, Lane lane, cudaStream_t s, const char* host_ptr);
+  char* map_host_slot(char* host_ptr);
+  size_t inbox_offset(Lane lane, int src, uint32_t slot) const;
+  bool peer_process_dead(int peer) const;
+  void exchange_byes(bool* all_done);
+
+  int rank_;
+  int world_;
+  int device_;
+  CudaIpcConfig cfg_;
+  std::vector<ChannelKind> kinds_;
+  std::unique_ptr<ShmTransport> ctl_;
+  std::string ctl_name_;
+  char* inbox_ = nullptr;                 // this rank's device inbox (nullptr: no kIpc channel in)
+  size_t inbox_bytes_ = 0;
+  std::vector<char*> peer_inbox_;         // opened peers' inboxes (kIpc channels out)
+  std::vector<std::unique_ptr<Chan>> chans_;  // [lane * world + peer]
+  std::vector<char*> registered_;         // host slots pinned with cudaHostRegister (kHost*)
+  std::vector<int32_t> pids_;             // every rank's pid (from the infos)
+  bool attached_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace rc
