@@ -29,7 +29,7 @@ inline void piece_bounds(int64_t off, int64_t cnt, int64_t j, int64_t pe, int64_
 /// Copy `bytes` from src into the next slot to `peer` and publish it.
 inline void send_copy(const AlgoCtx& c, int peer, const char* src, size_t bytes, const WaitCtx& w,
                       uint64_t total = 0) {
-  char* dst = c.t->send_slot(peer, Lane::kColl, w);
+  char* dst = c.t->send_slot(peer, Lane::kColl, w, src);
   std::memcpy(dst, src, bytes);
   c.t->send_post(peer, Lane::kColl, bytes, total, c.seq);
 }

@@ -59,7 +59,7 @@ void rs_piece(const AlgoCtx& c, const Chunks& ch, const char* in, int64_t j, int
     WaitCtx w = wait_ctx(c, s, total_steps);
     const char* src = recv_expect(c, L, m * es, w);
     if (s < n - 2) {
-      char* dst = c.t->send_slot(R, Lane::kColl, w);
+      char* dst = c.t->send_slot(R, Lane::kColl, w, in + o * es);
       reduce_cpu(dst, in + o * es, src, m, c.dtype, op, 1.0);
       c.t->send_post(R, Lane::kColl, m * es, 0, c.seq);
     } else {

@@ -498,7 +498,7 @@ bool Communicator::p2p_advance(P2POp& op) {
   bool moved = false;
   while (!op.started || op.done < op.bytes) {
     if (op.is_send) {
-      char* dst = transport_.try_send_slot(op.peer, Lane::kP2P);
+      char* dst = transport_.try_send_slot(op.peer, Lane::kP2P, op.buf + op.done);
       if (dst == nullptr) return moved;
       uint64_t n = std::min<uint64_t>(slot, op.bytes - op.done);
       if (n > 0) std::memcpy(dst, op.buf + op.done, n);

@@ -119,13 +119,14 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
 
 ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
     : rank_(rank), world_(world), cfg_(cfg), base_(world, nullptr), pids_(world, 0),
-      send_head_(kNumLanes * world, 0), recv_tail_(kNumLanes * world, 0) {
+      send_head_(kNumLanes * world, 0), recv_tail_(kNumLanes * world, 0), send_off_(kNumLanes * world, 0) {
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
   RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
   ctl_offset_ = round_up(sizeof(SegmentHeader), kPage);
   ctl_stride_ = sizeof(ChannelCtl) + sizeof(SlotMeta) * cfg_.nslots;
   data_offset_ = round_up(ctl_offset_ + ctl_stride_ * kNumLanes * world_, kPage);
-  seg_bytes_ = data_offset_ + cfg_.slot_bytes * cfg_.nslots * kNumLanes * world_;
+  slot_stride_ = cfg_.slot_bytes + kPage;
+  seg_bytes_ = data_offset_ + slot_stride_ * cfg_.nslots * kNumLanes * world_;
 }
 
 ShmTransport::~ShmTransport() { close(); }
@@ -276,7 +277,7 @@ SlotMeta* ShmTransport::slot_meta(int owner, Lane lane, int src, uint32_t slot) 
 
 char* ShmTransport::slot_data(int owner, Lane lane, int src, uint32_t slot) const {
   size_t idx = (static_cast<size_t>(lane) * world_ + src) * cfg_.nslots + slot;
-  return base_[owner] + data_offset_ + idx * cfg_.slot_bytes;
+  return base_[owner] + data_offset_ + idx * slot_stride_;
 }
 
 std::string ShmTransport::describe(const WaitCtx& w) const {
@@ -382,24 +383,34 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
 
 // ---------------- channels ----------------
 
-char* ShmTransport::try_send_slot(int peer, Lane lane) {
+namespace {
+inline uint32_t page_offset(const void* like) {
+  return like ? static_cast<uint32_t>(reinterpret_cast<uintptr_t>(like) & (kPage - 1)) : 0u;
+}
+}  // namespace
+
+char* ShmTransport::try_send_slot(int peer, Lane lane, const void* like) {
+  const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
-  uint32_t head = send_head_[static_cast<size_t>(lane) * world_ + peer];
+  uint32_t head = send_head_[ch];
   // acquire: the receiver's reads of the slot happen-before our writes into it.
   uint32_t tail = c->tail.v.load(std::memory_order_acquire);
   if (head - tail >= cfg_.nslots) return nullptr;
-  return slot_data(peer, lane, rank_, head % cfg_.nslots);
+  send_off_[ch] = page_offset(like);
+  return slot_data(peer, lane, rank_, head % cfg_.nslots) + send_off_[ch];
 }
 
-char* ShmTransport::send_slot(int peer, Lane lane, const WaitCtx& w) {
+char* ShmTransport::send_slot(int peer, Lane lane, const WaitCtx& w, const void* like) {
+  const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
-  const uint32_t head = send_head_[static_cast<size_t>(lane) * world_ + peer];
+  const uint32_t head = send_head_[ch];
   WaitCtx ww = w;
   ww.peer = peer;
   ww.what = "a free slot";
   wait_until(&c->tail.v, &c->tail.waiters,
              [&] { return head - c->tail.v.load(std::memory_order_acquire) < cfg_.nslots; }, ww);
-  return slot_data(peer, lane, rank_, head % cfg_.nslots);
+  send_off_[ch] = page_offset(like);
+  return slot_data(peer, lane, rank_, head % cfg_.nslots) + send_off_[ch];
 }
 
 void ShmTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag) {
@@ -409,6 +420,7 @@ void ShmTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total
   m->bytes = bytes;
   m->total = total;
   m->tag = tag;
+  m->offset = send_off_[static_cast<size_t>(lane) * world_ + peer];
   ++head;
   // seq_cst RMW: releases the slot's data and meta to the receiver, and orders against its
   // waiter registration (no lost wake-up).
@@ -422,7 +434,7 @@ const char* ShmTransport::try_recv_slot(int peer, Lane lane, const SlotMeta** me
   if (c->head.v.load(std::memory_order_acquire) == tail) return nullptr;
   uint32_t slot = tail % cfg_.nslots;
   *meta = slot_meta(rank_, lane, peer, slot);
-  return slot_data(rank_, lane, peer, slot);
+  return slot_data(rank_, lane, peer, slot) + (*meta)->offset;
 }
 
 const char* ShmTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, const SlotMeta** meta) {
@@ -435,7 +447,7 @@ const char* ShmTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, const
              [&] { return c->head.v.load(std::memory_order_acquire) != tail; }, ww);
   uint32_t slot = tail % cfg_.nslots;
   *meta = slot_meta(rank_, lane, peer, slot);
-  return slot_data(rank_, lane, peer, slot);
+  return slot_data(rank_, lane, peer, slot) + (*meta)->offset;
 }
 
 void ShmTransport::recv_done(int peer, Lane lane) {

@@ -80,7 +80,8 @@ struct SlotMeta {
   uint64_t bytes;   // bytes of payload in this slot
   uint64_t total;   // total bytes of the message this slot starts (p2p), or 0
   uint64_t tag;     // message tag / sequence
-  uint64_t pad[5];
+  uint64_t offset;  // payload starts this many bytes into the slot (< 4096, see send_slot)
+  uint64_t pad[4];
 };
 static_assert(sizeof(SlotMeta) == 64, "SlotMeta is one cache line");
 
@@ -111,15 +112,18 @@ class ShmTransport {
   const ShmConfig& config() const { return cfg_; }
 
   // ---- channel, sender side ----
-  /// Wait for a free slot in `peer`'s inbox; returns the slot's data area (slot_bytes bytes).
-  char* send_slot(int peer, Lane lane, const WaitCtx& w);
+  /// Wait for a free slot in `peer`'s inbox; returns where to write the payload (slot_bytes
+  /// bytes). With `like` the payload gets like's offset within a 4 KiB page: copies between the
+  /// slot and user buffers (which numpy/torch place at small in-page offsets) then never have a
+  /// small destination-minus-source skew, which costs 4K-aliasing stalls (~3x slower copies).
+  char* send_slot(int peer, Lane lane, const WaitCtx& w, const void* like = nullptr);
   /// Non-blocking: nullptr when no slot is free.
-  char* try_send_slot(int peer, Lane lane);
+  char* try_send_slot(int peer, Lane lane, const void* like = nullptr);
   /// Publish the slot obtained by send_slot/try_send_slot.
   void send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag);
 
   // ---- channel, receiver side ----
-  /// Wait for the next filled slot from `peer`; returns its data and meta.
+  /// Wait for the next filled slot from `peer`; returns its payload and meta.
   const char* recv_slot(int peer, Lane lane, const WaitCtx& w, const SlotMeta** meta);
   const char* try_recv_slot(int peer, Lane lane, const SlotMeta** meta);
   /// Release the slot returned by recv_slot/try_recv_slot.
@@ -157,6 +161,7 @@ class ShmTransport {
   ShmConfig cfg_;
   size_t seg_bytes_ = 0;
   size_t ctl_offset_ = 0, ctl_stride_ = 0, data_offset_ = 0;
+  size_t slot_stride_ = 0;           // slot_bytes + one page of slack for the payload offset
   std::string own_name_;
   bool own_unlinked_ = true;
   std::vector<char*> base_;          // mapped segments, by owner rank
@@ -164,6 +169,7 @@ class ShmTransport {
   // Sender-local head and receiver-local tail copies (each word has exactly one writer).
   std::vector<uint32_t> send_head_;  // [lane * world + peer]
   std::vector<uint32_t> recv_tail_;  // [lane * world + peer]
+  std::vector<uint32_t> send_off_;   // payload offset chosen by send_slot, published by send_post
 };
 
 }  // namespace rc
