@@ -16,8 +16,6 @@ namespace py = pybind11;
 
 namespace {
 
-// The kernels see raw bytes: the arrays must be C-contiguous, of the same length, and their
-// itemsize must match the dtype code (bfloat16 travels as uint16 or ml_dtypes.bfloat16).
 // Arguments are taken as py::object and must already be numpy arrays: letting pybind11 convert
 // (say) a list would make dst a temporary and silently drop the result.
 py::array as_array(const py::object& obj, const char* name) {
@@ -26,6 +24,8 @@ py::array as_array(const py::object& obj, const char* name) {
   return py::reinterpret_borrow<py::array>(obj);
 }
 
+// The kernels see raw bytes: the arrays must be C-contiguous, of the same length, and their
+// itemsize must match the dtype code (bfloat16 travels as uint16 or ml_dtypes.bfloat16).
 void check_array(const py::array& arr, const char* name, size_t n, size_t esz) {
   RC_CHECK(arr.flags() & py::array::c_style, InvalidArgument, "_reduce: " << name << " must be C-contiguous");
   RC_CHECK(static_cast<size_t>(arr.size()) == n, InvalidArgument,
@@ -34,8 +34,8 @@ void check_array(const py::array& arr, const char* name, size_t n, size_t esz) {
            "_reduce: " << name << " has itemsize " << arr.itemsize() << ", dtype needs " << esz);
 }
 
-void reduce_py(const py::object& dst_obj, const py::object& a_obj, const py::object& b_obj, int64_t dtype_code, int64_t op_code, double scale,
-               const std::string& isa_name) {
+void reduce_py(const py::object& dst_obj, const py::object& a_obj, const py::object& b_obj,
+               int64_t dtype_code, int64_t op_code, double scale, const std::string& isa_name) {
   RC_CHECK(dtype_code >= 0 && dtype_code < static_cast<int64_t>(rc::DType::kCount), InvalidArgument,
            "_reduce: unknown dtype code " << dtype_code);
   RC_CHECK(op_code >= 0 && op_code < static_cast<int64_t>(rc::ReduceOp::kCount), InvalidArgument,

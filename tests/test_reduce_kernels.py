@@ -249,6 +249,22 @@ def test_avg_scales(dt, scale, isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dt", FLOATS)
+def test_avg_nan_scale(dt, isa):
+    # A NaN scale whose float payload has all low bits set: bf16 rounding must not carry it
+    # into -0 or inf (the NaN path of the RNE rounding).
+    import struct
+    nan = struct.unpack("<d", (0x7FFFFFFFFFFFFFFF).to_bytes(8, "little"))[0]
+    # finite inputs only: with two NaN operands the payload would be the compiler's choice
+    x = np.linspace(-3, 3, 37, dtype=np.float32)
+    a = bf16_round(x) if dt == BF16 else x.astype(STORAGE[dt])
+    b = a[::-1].copy()
+    out = run(dt, AVG, a, b, nan, isa)
+    assert np.isnan(widen(dt, out)).all()
+    assert_bits_equal(out, reference(dt, AVG, a, b, nan), a, b, f"{DT_NAME[dt]} AVG nan scale")
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dt,op", SUPPORTED, ids=[_id(v) for v in SUPPORTED])
 def test_aliasing(dt, op, isa):
     n = 1003
@@ -414,3 +430,25 @@ def test_bad_arguments():
         _reduce(d, a, b, F32, SUM, 1.0, isa="sse9")
     # nothing above may have written dst through a partial overlap or otherwise
     assert np.array_equal(buf, np.ones(17, np.float32))
+
+
+def test_isa_knob():
+    """RINGCOMM_CPU_ISA picks the copy once per process; a bad value raises, naming the knob."""
+    import os
+    import subprocess
+    import sys
+    import ringcomm._C
+
+    code = ("import numpy as np; from ringcomm._C import _reduce\n"
+            "a = np.arange(37, dtype=np.float32); d = np.empty_like(a)\n"
+            "try:\n    _reduce(d, a, a, 0, 0)\nexcept ValueError as e:\n    print('ValueError', e)\n"
+            "else:\n    print('ok', bool((d == 2 * a).all()))\n")
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(ringcomm._C.__file__)))
+    path = os.pathsep.join([pkg_root] + [p for p in sys.path if p])
+    for value, want in [("generic", "ok True"), ("auto", "ok True"), ("bogus", "RINGCOMM_CPU_ISA")] + (
+            [("avx2", "ok True")] if "avx2" in ISAS else [("avx2", "ValueError")]):
+        env = dict(os.environ, RINGCOMM_CPU_ISA=value, PYTHONPATH=path)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert want in out.stdout, (value, out.stdout)

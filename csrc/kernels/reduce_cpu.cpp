@@ -24,7 +24,8 @@
 #include "kernels/reduce_cpu_isa.h"
 
 #if defined(__FAST_MATH__) || (defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__)
-#error "reduce_cpu.cpp must not be built with -ffast-math/-ffinite-math-only: NaN/inf semantics and exact rounding are part of its contract"
+// NaN/inf semantics and exact rounding are part of this file's contract.
+#error "reduce_cpu.cpp must not be built with -ffast-math or -ffinite-math-only"
 #endif
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -192,8 +193,12 @@ ReduceFn lookup_scale(CpuIsa isa, DType dt) {
 
 // ----- validation ----------------------------------------------------------------------------
 
-bool valid_dtype(DType dt) { return static_cast<uint32_t>(dt) < static_cast<uint32_t>(DType::kCount); }
-bool valid_op(ReduceOp op) { return static_cast<uint32_t>(op) < static_cast<uint32_t>(ReduceOp::kCount); }
+bool valid_dtype(DType dt) {
+  return static_cast<uint32_t>(dt) < static_cast<uint32_t>(DType::kCount);
+}
+bool valid_op(ReduceOp op) {
+  return static_cast<uint32_t>(op) < static_cast<uint32_t>(ReduceOp::kCount);
+}
 
 void check_codes(DType dt, ReduceOp op) {
   RC_CHECK(valid_dtype(dt), InvalidArgument, "ringcomm: unknown dtype code " << static_cast<uint32_t>(dt));
@@ -212,7 +217,8 @@ void check_alias(const void* dst, const void* src, size_t bytes, const char* src
 
 size_t checked_bytes(size_t n, DType dt) {
   const size_t esz = dtype_size(dt);
-  RC_CHECK(n <= SIZE_MAX / esz, InvalidArgument, "ringcomm: element count " << n << " overflows size_t bytes");
+  RC_CHECK(n <= SIZE_MAX / esz, InvalidArgument,
+           "ringcomm: element count " << n << " overflows size_t bytes");
   return n * esz;
 }
 
@@ -228,7 +234,8 @@ bool reduce_supported(DType dt, ReduceOp op) {
 void check_reduce_supported(DType dt, ReduceOp op) {
   check_codes(dt, op);
   if (!reduce_supported(dt, op)) {
-    RC_THROW(Unsupported, "ringcomm: reduce op " << op_name(op) << " is not supported for dtype " << dtype_name(dt));
+    RC_THROW(Unsupported,
+             "ringcomm: reduce op " << op_name(op) << " is not supported for dtype " << dtype_name(dt));
   }
 }
 
@@ -277,7 +284,8 @@ void reduce_cpu_with_isa(void* dst, const void* a, const void* b, size_t n, DTyp
                          double scale, CpuIsa isa) {
   check_reduce_supported(dt, op);
   RC_CHECK(op == ReduceOp::kAvg || scale == 1.0, InvalidArgument,
-           "ringcomm: scale " << scale << " given for reduce op " << op_name(op) << " (only AVG takes a scale)");
+           "ringcomm: scale " << scale << " given for reduce op " << op_name(op)
+                               << " (only AVG takes a scale)");
   const CpuIsa use = resolve(isa);
   if (n == 0) return;
   RC_CHECK(dst != nullptr && a != nullptr && b != nullptr, InvalidArgument,
@@ -293,7 +301,8 @@ void reduce_cpu_with_isa(void* dst, const void* a, const void* b, size_t n, DTyp
 void scale_cpu_with_isa(void* dst, const void* src, size_t n, DType dt, double scale, CpuIsa isa) {
   RC_CHECK(valid_dtype(dt), InvalidArgument, "ringcomm: unknown dtype code " << static_cast<uint32_t>(dt));
   if (!is_floating(dt)) {
-    RC_THROW(Unsupported, "ringcomm: scale is not supported for dtype " << dtype_name(dt) << " (floating dtypes only)");
+    RC_THROW(Unsupported,
+             "ringcomm: scale is not supported for dtype " << dtype_name(dt) << " (floating dtypes only)");
   }
   const CpuIsa use = resolve(isa);
   if (n == 0) return;

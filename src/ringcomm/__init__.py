@@ -10,8 +10,18 @@ registers the "ringcomm" torch.distributed backend.
 """
 from .errors import (ClosedError, InvalidArgumentError, MismatchError, PeerFailureError,
                      RingcommError, TimeoutError, UnsupportedError)
-from .api import Communicator, ReduceOp, Work, get_default, init, set_default
 from .launch import LaunchError, launch
+
+# The C extension loads on first use of the API (so that, e.g., torch's backend autoload can
+# import ringcomm.torch cheaply and never fails because of the extension).
+_API_NAMES = ("Communicator", "ReduceOp", "Work", "get_default", "init", "set_default")
+
+
+def __getattr__(name):
+    if name in _API_NAMES:
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'ringcomm' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 
@@ -26,6 +36,7 @@ __all__ = [
 
 def _delegate(name):
     def f(*args, **kwargs):
+        from .api import get_default
         return getattr(get_default(), name)(*args, **kwargs)
     f.__name__ = name
     f.__qualname__ = name

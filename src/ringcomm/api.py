@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 from . import _C
 from .arrays import Buf, as_buf
+from .arrays import any_cuda_array, is_cuda_array  # CUDA dispatch (issue 6)
 from .errors import ClosedError, InvalidArgumentError, RingcommError, from_kind
 from .rendezvous import store_from_env, store_from_init_method
 
@@ -151,6 +152,11 @@ class Communicator:
     # -- collectives -----------------------------------------------------------------------
     def all_reduce(self, x, op=ReduceOp.SUM, async_op: bool = False, output=None):
         """Reduce x across ranks; the result lands in x (or in `output` when given)."""
+        # ---- CUDA dispatch (issue 6) ----
+        if any_cuda_array(x, output):
+            cc = self._cuda_route("all_reduce", x, output)
+            return cc.all_reduce(x, op=op, async_op=async_op, output=output)
+        # ---- end CUDA dispatch ----
         self._check_open()
         opc = self._op("all_reduce", op)
         bi = self._buf("all_reduce", x, "input", writeable=output is None)
@@ -167,6 +173,11 @@ class Communicator:
         """Reduce `input` across ranks and leave chunk `rank` of the result in `output`. Chunks
         split the input evenly; when the count is not divisible by world size, the first
         count % world_size chunks hold one extra element."""
+        # ---- CUDA dispatch (issue 6) ----
+        if any_cuda_array(output, input):
+            cc = self._cuda_route("reduce_scatter", output, input)
+            return cc.reduce_scatter(output, input, op=op, async_op=async_op)
+        # ---- end CUDA dispatch ----
         self._check_open()
         opc = self._op("reduce_scatter", op)
         bi = self._buf("reduce_scatter", input, "input")
@@ -182,6 +193,10 @@ class Communicator:
 
     def all_gather(self, output, input, async_op: bool = False):
         """Concatenate every rank's `input` (rank order) into `output` on every rank."""
+        # ---- CUDA dispatch (issue 6) ----
+        if any_cuda_array(output, input):
+            return self._cuda_route("all_gather", output, input).all_gather(output, input, async_op=async_op)
+        # ---- end CUDA dispatch ----
         self._check_open()
         bi = self._buf("all_gather", input, "input")
         bo = self._buf("all_gather", output, "output", writeable=True)
@@ -194,6 +209,10 @@ class Communicator:
 
     def broadcast(self, x, root: int = 0, async_op: bool = False):
         """Copy root's x into x on every rank."""
+        # ---- CUDA dispatch (issue 6) ----
+        if any_cuda_array(x):
+            return self._cuda_route("broadcast", x).broadcast(x, root=root, async_op=async_op)
+        # ---- end CUDA dispatch ----
         self._check_open()
         b = self._buf("broadcast", x, "buffer", writeable=True)
         root = self._root("broadcast", root)
@@ -202,6 +221,11 @@ class Communicator:
 
     def reduce(self, x, root: int = 0, op=ReduceOp.SUM, async_op: bool = False, output=None):
         """Reduce x across ranks onto root (into x, or into `output` on root when given)."""
+        # ---- CUDA dispatch (issue 6) ----
+        if any_cuda_array(x, output):
+            cc = self._cuda_route("reduce", x, output)
+            return cc.reduce(x, root=root, op=op, async_op=async_op, output=output)
+        # ---- end CUDA dispatch ----
         self._check_open()
         opc = self._op("reduce", op)
         root = self._root("reduce", root)
@@ -227,6 +251,12 @@ class Communicator:
                    input_splits: Optional[Sequence[int]] = None, async_op: bool = False):
         """Block j of `input` goes to rank j; block i of `output` comes from rank i. Splits are in
         elements; without them the arrays split evenly by world size."""
+        # ---- CUDA dispatch (issue 6) ----
+        if any_cuda_array(output, input):
+            cc = self._cuda_route("all_to_all", output, input)
+            return cc.all_to_all(output, input, output_splits=output_splits, input_splits=input_splits,
+                                 async_op=async_op)
+        # ---- end CUDA dispatch ----
         self._check_open()
         n = self.world_size
         bi = self._buf("all_to_all", input, "input")
@@ -259,6 +289,10 @@ class Communicator:
 
     def gather(self, output, input, root: int = 0, async_op: bool = False):
         """Concatenate every rank's `input` into root's `output` (other ranks pass output=None)."""
+        # ---- CUDA dispatch (issue 6) ----
+        if any_cuda_array(output, input):
+            return self._cuda_route("gather", output, input).gather(output, input, root=root, async_op=async_op)
+        # ---- end CUDA dispatch ----
         self._check_open()
         root = self._root("gather", root)
         bi = self._buf("gather", input, "input")
@@ -277,6 +311,10 @@ class Communicator:
 
     def scatter(self, output, input=None, root: int = 0, async_op: bool = False):
         """Root's `input` is cut into world_size blocks; block i lands in rank i's `output`."""
+        # ---- CUDA dispatch (issue 6) ----
+        if any_cuda_array(output, input):
+            return self._cuda_route("scatter", output, input).scatter(output, input, root=root, async_op=async_op)
+        # ---- end CUDA dispatch ----
         self._check_open()
         root = self._root("scatter", root)
         bo = self._buf("scatter", output, "output", writeable=True)
@@ -296,6 +334,10 @@ class Communicator:
     # -- point to point --------------------------------------------------------------------
     def send(self, x, dst: int, async_op: bool = False, tag: int = 0):
         """Send x to rank dst. Messages between two ranks are matched in order; sizes must agree."""
+        # ---- CUDA dispatch (issue 6) ----
+        if any_cuda_array(x):
+            return self._cuda_route(None, x).send(x, dst, async_op=async_op, tag=tag)
+        # ---- end CUDA dispatch ----
         self._check_open()
         b = as_buf(x, "send buffer")
         w = self._c.send(b.addr, b.nbytes, self._peer("send", dst), int(tag), async_op)
@@ -303,6 +345,10 @@ class Communicator:
 
     def recv(self, x, src: int, async_op: bool = False, tag: int = 0):
         """Receive into x from rank src."""
+        # ---- CUDA dispatch (issue 6) ----
+        if any_cuda_array(x):
+            return self._cuda_route(None, x).recv(x, src, async_op=async_op, tag=tag)
+        # ---- end CUDA dispatch ----
         self._check_open()
         b = as_buf(x, "recv buffer")
         if not b.writeable:
@@ -322,9 +368,42 @@ class Communicator:
         except RingcommError as e:
             self._reject(coll, e)
 
+    # ---- CUDA dispatch (issue 6) ------------------------------------------------------------
+    def _cuda_route(self, coll, *arrays):
+        """The CUDA communicator (ringcomm.cuda) for a call whose arrays live on a CUDA device
+        (any_cuda_array). Created on first use through this communicator's own collectives, so
+        every rank must route the same call (pass CUDA arrays on every rank). Point-to-point calls
+        (coll None) raise instead of rejecting: they have no header exchange."""
+        cc = getattr(self, "_cuda_comm", None)
+        if cc is not None and not cc.closed:
+            return cc
+        try:
+            if not all(is_cuda_array(a) for a in arrays if a is not None):
+                raise InvalidArgumentError(f"ringcomm: {coll or 'send/recv'}: some arrays are on a CUDA device "
+                                           f"and some in host memory; pass all of them on one device")
+            from . import cuda
+            cuda._core()  # UnsupportedError ("CUDA unavailable: ...") before anything else
+            dev = cuda.as_cuda_buf(next(a for a in arrays if a is not None)).device
+            if coll is None:
+                raise _cuda_p2p_needs_comm()
+            self._check_open()
+            cc = cuda.from_communicator(self, device=None if dev < 0 else dev)
+        except RingcommError as e:
+            if coll is None:
+                raise
+            self._reject(coll, e)
+        self._cuda_comm = cc
+        return cc
+    # ---- end CUDA dispatch ------------------------------------------------------------------
+
     # -- lifetime --------------------------------------------------------------------------
     def close(self):
         """Finish queued work, release the shared memory. Idempotent."""
+        # ---- CUDA dispatch (issue 6) ----
+        cc = getattr(self, "_cuda_comm", None)
+        if cc is not None:
+            cc.close()
+        # ---- end CUDA dispatch ----
         self._c.close()
         self._inflight = []
 
@@ -338,6 +417,15 @@ class Communicator:
     def __repr__(self):
         state = "closed" if self._c.closed else "open"
         return f"<ringcomm.Communicator rank={self.rank} world_size={self.world_size} {state}>"
+
+
+# ---- CUDA dispatch (issue 6) ----
+def _cuda_p2p_needs_comm():
+    return InvalidArgumentError(
+        "ringcomm: send/recv of CUDA arrays needs the CUDA communicator, which is created (collectively) by the "
+        "first collective on CUDA arrays; run one first (e.g. barrier-like all_reduce of a 1-element CUDA "
+        "tensor) or use ringcomm.cuda.init()")
+# ---- end CUDA dispatch ----
 
 
 def _overlaps(a: Buf, b: Buf) -> bool:
@@ -379,6 +467,15 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
         raise InvalidArgumentError(f"ringcomm.init: timeout must be > 0 s, got {t}")
     if prefix is None:
         prefix = f"ringcomm/{next(_counter)}"
+    # ---- issue 7 hook (ringcomm.hier): ranks spanning several nodes get a two-level communicator.
+    if world_size > 1:
+        from . import hier
+        store, hcomm = hier.from_init(rank, world_size, store, init_method, prefix, t)
+        if hcomm is not None:
+            if _default is None or _default.closed:
+                _default = hcomm
+            return hcomm
+    # ---- end of the issue 7 hook: one node, the shared-memory communicator below.
     core = _C.Communicator(rank, world_size, t)
     name = core.create()
     try:

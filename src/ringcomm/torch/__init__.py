@@ -1,0 +1,31 @@
+"""ringcomm as a torch.distributed backend.
+
+``import ringcomm.torch`` registers the backend ``"ringcomm"``; then::
+
+    dist.init_process_group("ringcomm")          # torchrun, tcp://, file://, or store=
+    dist.new_group([0, 1], backend="ringcomm")
+
+and DDP, FSDP2 and every ``dist.*`` collective run over ringcomm's shared-memory rings.
+Registering loads nothing heavy: ringcomm's C extension is loaded when the first group is created.
+
+``add_issue_hook(fn)`` / ``remove_issue_hook(fn)``: ``fn(op, group_name, seq, t)`` is called each
+time the backend issues a collective (``t`` = ``time.perf_counter()``), for tests and tracing.
+"""
+from __future__ import annotations
+
+from ._register import BACKEND_NAME, autoload, register
+
+register()
+
+
+def __getattr__(name):
+    # The backend module (and with it torch.distributed's ProcessGroup subclass) loads on demand.
+    if name in ("RingcommProcessGroup", "RingcommWork", "add_issue_hook", "remove_issue_hook",
+                "create_process_group"):
+        from . import backend
+        return getattr(backend, name)
+    raise AttributeError(f"module 'ringcomm.torch' has no attribute {name!r}")
+
+
+__all__ = ["BACKEND_NAME", "register", "autoload", "RingcommProcessGroup", "RingcommWork",
+           "add_issue_hook", "remove_issue_hook", "create_process_group"]

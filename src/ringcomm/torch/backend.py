@@ -1,0 +1,725 @@
+"""The "ringcomm" torch.distributed backend: a ``ProcessGroup`` subclass over ringcomm's Communicator.
+
+Every torch call is mapped onto ringcomm's Python API (see the table in the README, "Use with
+PyTorch"). Tensors are handed to ringcomm in place; a copy is made only where torch's call shape
+differs from ringcomm's (a list of tensors where ringcomm takes one flat tensor, a non-contiguous
+tensor, a PREMUL_SUM factor applied to an input that must stay unchanged). Those compositions are
+whole-tensor operations in Python; nothing loops over elements or chunks.
+
+Threads per group: one *waiter* that observes completions in issue order, and a small completion
+pool that completes ``torch.futures.Future`` objects (see ``work.py`` for why two). Both are joined
+in ``shutdown()`` (called by ``destroy_process_group``) and at interpreter exit.
+"""
+from __future__ import annotations
+
+import atexit
+import datetime
+import itertools
+import math
+import time
+import weakref
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+
+import ringcomm
+
+from .work import RingcommWork, _DoneWork, _MultiWork, _Waiter, _timeout_seconds
+
+__all__ = ["RingcommProcessGroup", "RingcommWork", "create_process_group", "add_issue_hook",
+           "remove_issue_hook", "SUPPORTED_DTYPES"]
+
+BACKEND_NAME = "ringcomm"
+
+# dtypes ringcomm's core reduces and moves (the API contract). Checked here so that the message
+# names the torch dtype and the collective.
+SUPPORTED_DTYPES = frozenset({
+    torch.float32, torch.float64, torch.float16, torch.bfloat16,
+    torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool,
+})
+
+_RT = dist.ReduceOp.RedOpType
+# torch RedOpType value -> ringcomm.ReduceOp (keyed by int: hashing the pybind enum is slower)
+_OPS = {int(getattr(_RT, name).value): getattr(ringcomm.ReduceOp, name)
+        for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")}
+_PREMUL_SUM = int(_RT.PREMUL_SUM.value)
+
+# ---- issue hooks (tests, tracing) -----------------------------------------------------------------
+_issue_hooks: list[Callable[[str, str, int, float], None]] = []
+
+
+def add_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
+    """Call ``fn(op, group_name, seq, time.perf_counter())`` whenever a collective is issued."""
+    _issue_hooks.append(fn)
+
+
+def remove_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
+    _issue_hooks.remove(fn)
+
+
+# ---- live groups, shut down at exit -----------------------------------------------------------------
+_live_groups: "weakref.WeakSet[RingcommProcessGroup]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all_at_exit() -> None:
+    for pg in list(_live_groups):
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+
+
+# ---- helpers ------------------------------------------------------------------------------------------
+def _unsupported(what: str) -> Exception:
+    return ringcomm.UnsupportedError(f"ringcomm does not support {what}")
+
+
+def _invalid(msg: str) -> Exception:
+    return ringcomm.InvalidArgumentError(f"ringcomm: {msg}")
+
+
+def _reduce_op(op, dtype=None) -> tuple[object, object | None]:
+    """torch ReduceOp -> (ringcomm.ReduceOp, PREMUL_SUM factor or None)."""
+    kind = getattr(op, "op", op)
+    code = kind.value
+    rop = _OPS.get(code)
+    if rop is not None:
+        return rop, None
+    if code == _PREMUL_SUM:
+        if dtype is not None and not dtype.is_floating_point:
+            raise _unsupported(f"PREMUL_SUM on {dtype} tensors (floating point only)")
+        return ringcomm.ReduceOp.SUM, op.factor
+    raise _unsupported(f"reduce op {kind}")
+
+
+_BITWISE = frozenset({ringcomm.ReduceOp.BAND, ringcomm.ReduceOp.BOR, ringcomm.ReduceOp.BXOR})
+
+
+def _reducible(buf: torch.Tensor, rop) -> torch.Tensor:
+    """ringcomm reduces bool with MIN/MAX only; a bool's bytes are 0/1, so bitwise ops run on
+    them as uint8 and leave valid bools."""
+    if buf.dtype == torch.bool and rop in _BITWISE:
+        return buf.view(torch.uint8)
+    return buf
+
+
+def _check_tensors(coll: str, tensors: Sequence[torch.Tensor]) -> None:
+    """Same device for all, CPU, strided, a supported dtype: else a clear exception."""
+    if len(tensors) > 1:
+        dev = tensors[0].device
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"ringcomm {coll}: expected a torch.Tensor, got "
+                                f"{type(t).__name__}")
+            if t.device != dev:
+                raise _invalid(f"{coll}: all tensors must be on one device; got {dev} and "
+                               f"{t.device}")
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"ringcomm {coll}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.is_cpu and t.layout == torch.strided and t.dtype in SUPPORTED_DTYPES:
+            continue  # the common case, checked cheaply
+        if t.device.type != "cpu":
+            raise _unsupported(f"tensors on device '{t.device}' ({coll}); this build of ringcomm's "
+                               f"torch backend handles CPU tensors only")
+        if t.layout != torch.strided:
+            raise _unsupported(f"{t.layout} tensors ({coll})")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise _unsupported(f"dtype {t.dtype} ({coll}); supported: "
+                               + ", ".join(sorted(str(d).replace("torch.", "")
+                                                  for d in SUPPORTED_DTYPES)))
+
+
+def _same_dtype(coll: str, tensors: Sequence[torch.Tensor]) -> None:
+    d = tensors[0].dtype
+    for t in tensors:
+        if t.dtype != d:
+            raise _invalid(f"{coll}: all tensors must have one dtype; got {d} and {t.dtype}")
+
+
+def _one(coll: str, tensors: Sequence, what: str = "tensor"):
+    if len(tensors) != 1:
+        raise _unsupported(f"{coll} with {len(tensors)} {what}s per call (one per process)")
+    return tensors[0]
+
+
+def _contig(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(t, False) when t is contiguous, else (a contiguous copy, True). ringcomm counts
+    elements, not shapes, so any contiguous shape is handed over as it is."""
+    if t.is_contiguous():
+        return t, False
+    return t.contiguous(), True
+
+
+def _writeback(t: torch.Tensor, buf: torch.Tensor) -> Callable[[], None]:
+    return lambda: t.copy_(buf.view(t.shape))
+
+
+def _flat_view(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One 1-D tensor over ``tensors`` when they lie back to back in one storage, else None."""
+    t0 = tensors[0]
+    n = t0.numel()
+    if n == 0:
+        return None
+    base = t0.data_ptr()
+    step = n * t0.element_size()
+    storage = t0.untyped_storage().data_ptr()
+    for i, t in enumerate(tensors):
+        if (not t.is_contiguous() or t.dtype != t0.dtype or t.numel() != n
+                or t.data_ptr() != base + i * step
+                or t.untyped_storage().data_ptr() != storage):
+            return None
+    return t0.as_strided((n * len(tensors),), (1,), t0.storage_offset())
+
+
+def _copy_out(flat: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
+    offset = 0
+    for o in outs:
+        n = o.numel()
+        o.copy_(flat[offset:offset + n].view(o.shape))
+        offset += n
+
+
+def _cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    if len(tensors) == 1:
+        return tensors[0].reshape(-1).clone()
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _collective(coll: str):
+    """Decorate a torch entry point that maps onto ringcomm collective ``coll``.
+
+    An argument this rank refuses (raised before anything was issued) is reported to the other
+    ranks through ringcomm's header exchange (``reject``), so they raise MismatchError instead of
+    waiting for this rank until the timeout. Errors raised by ringcomm itself have done that
+    already and pass through."""
+    def deco(method):
+        def wrapper(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - re-raised below
+                if getattr(e, "_ringcomm_issued", False) or self._closed:
+                    raise
+                self._reject(coll, e)
+                raise
+        wrapper.__name__ = method.__name__
+        wrapper.__qualname__ = method.__qualname__
+        wrapper.__doc__ = method.__doc__
+        return wrapper
+    return deco
+
+
+class _Step:
+    """One ringcomm call of a (possibly composed) torch collective."""
+    __slots__ = ("launch", "finish")
+
+    def __init__(self, launch: Callable[[bool], object], finish: Callable[[], None] | None = None):
+        self.launch = launch   # launch(async_op) -> handle (async) / None (sync)
+        self.finish = finish   # run after success (copy a staged result out)
+
+
+# ---- the process group -----------------------------------------------------------------------------------
+class RingcommProcessGroup(dist.ProcessGroup):
+    """torch.distributed process group whose collectives run on a ringcomm Communicator."""
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta | float,
+                 group_name: str = "", group_desc: str = "undefined"):
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        self._timeout_s = _timeout_seconds(timeout, 1800.0)
+        self._group_name = str(group_name)
+        self._group_desc = str(group_desc)
+        # A group name restarts after destroy_process_group + re-init on the same store: number
+        # this group's incarnations so that every one gets fresh keys (and shm names).
+        n = int(store.add("ringcomm/incarnations", 1))
+        self._incarnation = (n - 1) // size
+        self._prefix = f"ringcomm/{self._group_name or 'pg'}/{self._incarnation}"
+        self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
+                                   timeout=self._timeout_s, prefix=self._prefix)
+        self._waiter = _Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
+        self._seq = itertools.count(1)  # next() is atomic under the GIL
+        self._coalescing: list[RingcommWork] | None = None
+        self._closed = False
+        _live_groups.add(self)
+
+    # ---- identity ------------------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = str(name)
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = str(desc)
+
+    def __repr__(self) -> str:
+        return (f"RingcommProcessGroup(name={self._group_name!r}, rank={self._rank}, "
+                f"size={self._size}, incarnation={self._incarnation})")
+
+    @property
+    def communicator(self):
+        """The ringcomm Communicator this group runs on."""
+        return self._comm
+
+    def _reject(self, coll: str, exc: Exception) -> None:
+        """Join collective ``coll``'s header exchange as a refusal; every rank then raises."""
+        reject = getattr(self._comm, "_reject", None)
+        if reject is not None and not self._comm.closed:
+            try:
+                reject(coll, exc)  # raises exc after the exchange
+            except Exception as e:  # noqa: BLE001
+                if e is not exc:
+                    raise exc from e
+        raise exc
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self._timeout_s = _timeout_seconds(timeout, self._timeout_s)
+
+    # ---- issuing ------------------------------------------------------------------------------------
+    def _run(self, op: str, opts, steps: list[_Step], outputs: list[torch.Tensor],
+             source_rank: int = -1) -> RingcommWork:
+        if self._closed:
+            raise ringcomm.ClosedError(f"ringcomm: {op} on a process group that was shut down")
+        seq = next(self._seq)
+        if _issue_hooks:
+            t = time.perf_counter()
+            for hook in list(_issue_hooks):
+                hook(op, self._group_name, seq, t)
+        async_op = getattr(opts, "asyncOp", True) if opts is not None else True
+        try:
+            if not async_op and self._coalescing is None:
+                # The caller waits at once (dist.* without async_op=True): run inline, no
+                # thread hop on the latency-critical path.
+                for s in steps:
+                    s.launch(False)
+                for s in steps:
+                    if s.finish is not None:
+                        s.finish()
+                return _DoneWork(op, seq, outputs, source_rank)
+            handles = [s.launch(True) for s in steps]
+        except Exception as e:
+            e._ringcomm_issued = True  # ringcomm has told the other ranks (see _collective)
+            raise
+        finishers = [s.finish for s in steps if s.finish is not None]
+        if not finishers:
+            finisher = None
+        elif len(finishers) == 1:
+            finisher = finishers[0]
+        else:
+            def finisher():
+                for f in finishers:
+                    f()
+        work = RingcommWork(op, seq, handles, outputs, finisher, self._timeout_s, self._waiter,
+                            source_rank)
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    # ---- step builders (one ringcomm call each) -----------------------------------------------------
+    def _allreduce_step(self, t: torch.Tensor, op, coll: str) -> _Step:
+        rop, factor = _reduce_op(op, t.dtype)
+        buf, staged = _contig(t)
+        buf = _reducible(buf, rop)
+        if factor is not None:
+            buf.mul_(factor)  # in place: the all-reduce overwrites the tensor anyway
+        comm = self._comm
+        return _Step(lambda a: comm.all_reduce(buf, op=rop, async_op=a),
+                     _writeback(t, buf) if staged else None)
+
+    def _all_gather_single_step(self, out: torch.Tensor, inp: torch.Tensor, coll: str) -> _Step:
+        _check_tensors(coll, (out, inp))
+        _same_dtype(coll, (out, inp))
+        if out.numel() != inp.numel() * self._size:
+            raise _invalid(f"{coll}: output has {out.numel()} elements, expected world_size "
+                           f"({self._size}) x input ({inp.numel()})")
+        obuf, staged = _contig(out)
+        ibuf, _ = _contig(inp)
+        comm = self._comm
+        return _Step(lambda a: comm.all_gather(obuf, ibuf, async_op=a),
+                     _writeback(out, obuf) if staged else None)
+
+    def _reduce_scatter_single_step(self, out: torch.Tensor, inp: torch.Tensor, op,
+                                    coll: str) -> _Step:
+        _check_tensors(coll, (out, inp))
+        _same_dtype(coll, (out, inp))
+        if inp.numel() != out.numel() * self._size:
+            raise _invalid(f"{coll}: input has {inp.numel()} elements, expected world_size "
+                           f"({self._size}) x output ({out.numel()})")
+        rop, factor = _reduce_op(op, inp.dtype)
+        ibuf, _ = _contig(inp)
+        if factor is not None:
+            ibuf = ibuf * factor  # a scaled copy: the input must stay unchanged
+        obuf, staged = _contig(out)
+        comm = self._comm
+        ri, ro = _reducible(ibuf, rop), _reducible(obuf, rop)
+        return _Step(lambda a: comm.reduce_scatter(ro, ri, op=rop, async_op=a),
+                     _writeback(out, obuf) if staged else None)
+
+    # ---- all-reduce ------------------------------------------------------------------------------------
+    @_collective("all_reduce")
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else _c10d.AllreduceOptions()
+        t = _one("allreduce", tensors)
+        _check_tensors("allreduce", (t,))
+        return self._run("allreduce", opts, [self._allreduce_step(t, opts.reduceOp, "allreduce")],
+                         [t])
+
+    @_collective("all_reduce")
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts if opts is not None else _c10d.AllreduceCoalescedOptions()
+        tensors = list(tensors)
+        if not tensors:
+            return self._run("allreduce_coalesced", opts, [], [])
+        _check_tensors("allreduce_coalesced", tensors)
+        if len(tensors) == 1 or any(t.dtype != tensors[0].dtype for t in tensors):
+            steps = [self._allreduce_step(t, opts.reduceOp, "allreduce_coalesced")
+                     for t in tensors]
+            return self._run("allreduce_coalesced", opts, steps, tensors)
+        # One all-reduce over the concatenation, then copy back.
+        flat = _cat(tensors)
+        step = self._allreduce_step(flat, opts.reduceOp, "allreduce_coalesced")
+        step.finish = lambda: _copy_out(flat, tensors)
+        return self._run("allreduce_coalesced", opts, [step], tensors)
+
+    # ---- broadcast / reduce -------------------------------------------------------------------------
+    @_collective("broadcast")
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else _c10d.BroadcastOptions()
+        t = _one("broadcast", tensors)
+        _check_tensors("broadcast", (t,))
+        if opts.rootTensor != 0:
+            raise _unsupported("broadcast with rootTensor != 0")
+        root = opts.rootRank
+        buf, staged = _contig(t)
+        comm = self._comm
+        step = _Step(lambda a: comm.broadcast(buf, root=root, async_op=a),
+                     _writeback(t, buf) if staged and self._rank != root else None)
+        return self._run("broadcast", opts, [step], [t])
+
+    @_collective("reduce")
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else _c10d.ReduceOptions()
+        t = _one("reduce", tensors)
+        _check_tensors("reduce", (t,))
+        if opts.rootTensor != 0:
+            raise _unsupported("reduce with rootTensor != 0")
+        root = opts.rootRank
+        rop, factor = _reduce_op(opts.reduceOp, t.dtype)
+        buf, staged = _contig(t)
+        if factor is not None:
+            if self._rank == root:
+                buf.mul_(factor)
+            else:
+                buf = buf * factor
+                staged = False
+        comm = self._comm
+        rbuf = _reducible(buf, rop)
+        step = _Step(lambda a: comm.reduce(rbuf, root=root, op=rop, async_op=a),
+                     _writeback(t, buf) if staged and self._rank == root else None)
+        return self._run("reduce", opts, [step], [t])
+
+    # ---- all-gather ------------------------------------------------------------------------------------
+    def _allgather_list_step(self, outs: list[torch.Tensor], inp: torch.Tensor, coll: str) -> _Step:
+        _check_tensors(coll, [inp, *outs])
+        _same_dtype(coll, [inp, *outs])
+        if len(outs) != self._size:
+            raise _invalid(f"{coll}: output list has {len(outs)} tensors, world size is "
+                           f"{self._size}")
+        for o in outs:
+            if o.numel() != inp.numel():
+                raise _invalid(f"{coll}: every output tensor must have the input's size "
+                               f"({inp.numel()} elements); got {o.numel()}")
+        ibuf, _ = _contig(inp)
+        flat = _flat_view(outs)
+        finish = None
+        if flat is None:
+            flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype)
+            finish = lambda: _copy_out(flat, outs)  # noqa: E731
+        comm = self._comm
+        return _Step(lambda a: comm.all_gather(flat, ibuf, async_op=a), finish)
+
+    @_collective("all_gather")
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
+        outs = list(_one("allgather", output_tensors, "output list"))
+        inp = _one("allgather", input_tensors)
+        return self._run("allgather", opts, [self._allgather_list_step(outs, inp, "allgather")],
+                         outs)
+
+    @_collective("all_gather")
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
+        if len(output_lists) != len(input_tensors):
+            raise _invalid("allgather_coalesced: one output list per input tensor is required")
+        steps = [self._allgather_list_step(list(o), i, "allgather_coalesced")
+                 for o, i in zip(output_lists, input_tensors)]
+        outs = [t for o in output_lists for t in o]
+        return self._run("allgather_coalesced", opts, steps, outs)
+
+    @_collective("all_gather")
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
+        return self._run("all_gather_into_tensor", opts,
+                         [self._all_gather_single_step(output, input, "all_gather_into_tensor")],
+                         [output])
+
+    def _allgather_base(self, output, input, opts=None):
+        return self.all_gather_single(output, input, opts)
+
+    @_collective("all_gather")
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
+        if len(outputs) != len(inputs):
+            raise _invalid("all_gather_into_tensor_coalesced: as many outputs as inputs needed")
+        steps = [self._all_gather_single_step(o, i, "all_gather_into_tensor_coalesced")
+                 for o, i in zip(outputs, inputs)]
+        return self._run("all_gather_into_tensor_coalesced", opts, steps, list(outputs))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    # ---- reduce-scatter --------------------------------------------------------------------------------
+    @_collective("reduce_scatter")
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        opts = opts if opts is not None else _c10d.ReduceScatterOptions()
+        out = _one("reduce_scatter", output_tensors)
+        ins = list(_one("reduce_scatter", input_lists, "input list"))
+        _check_tensors("reduce_scatter", [out, *ins])
+        _same_dtype("reduce_scatter", [out, *ins])
+        if len(ins) != self._size:
+            raise _invalid(f"reduce_scatter: input list has {len(ins)} tensors, world size is "
+                           f"{self._size}")
+        for t in ins:
+            if t.numel() != out.numel():
+                raise _invalid(f"reduce_scatter: every input tensor must have the output's size "
+                               f"({out.numel()} elements); got {t.numel()}")
+        flat = _flat_view(ins)
+        flat = _cat(ins) if flat is None else flat
+        step = self._reduce_scatter_single_step(out, flat, opts.reduceOp, "reduce_scatter")
+        return self._run("reduce_scatter", opts, [step], [out])
+
+    @_collective("reduce_scatter")
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts if opts is not None else _c10d.ReduceScatterOptions()
+        step = self._reduce_scatter_single_step(output, input, opts.reduceOp,
+                                                "reduce_scatter_tensor")
+        return self._run("reduce_scatter_tensor", opts, [step], [output])
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self.reduce_scatter_single(output, input, opts)
+
+    @_collective("reduce_scatter")
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else _c10d.ReduceScatterOptions()
+        if len(outputs) != len(inputs):
+            raise _invalid("reduce_scatter_tensor_coalesced: as many outputs as inputs needed")
+        steps = [self._reduce_scatter_single_step(o, i, opts.reduceOp,
+                                                  "reduce_scatter_tensor_coalesced")
+                 for o, i in zip(outputs, inputs)]
+        return self._run("reduce_scatter_tensor_coalesced", opts, steps, list(outputs))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # ---- all-to-all ------------------------------------------------------------------------------------
+    @_collective("all_to_all")
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts if opts is not None else _c10d.AllToAllOptions()
+        coll = "all_to_all_single"
+        _check_tensors(coll, (output, input))
+        _same_dtype(coll, (output, input))
+        obuf, staged = _contig(output)
+        ibuf, _ = _contig(input)
+        comm = self._comm
+        out_splits = list(output_split_sizes or [])
+        in_splits = list(input_split_sizes or [])
+        if not out_splits and not in_splits:
+            if output.numel() != input.numel() or input.numel() % self._size:
+                raise _invalid(f"{coll}: without split sizes, input and output need the same "
+                               f"number of elements, divisible by the world size ({self._size}); "
+                               f"got {input.numel()} and {output.numel()}")
+            launch = lambda a: comm.all_to_all(obuf, ibuf, async_op=a)  # noqa: E731
+        else:
+            ie = self._split_elements(coll, "input", input, in_splits)
+            oe = self._split_elements(coll, "output", output, out_splits)
+            launch = lambda a: comm.all_to_all(obuf, ibuf, output_splits=oe,  # noqa: E731
+                                               input_splits=ie, async_op=a)
+        step = _Step(launch, _writeback(output, obuf) if staged else None)
+        return self._run(coll, opts, [step], [output])
+
+    alltoall_base = all_to_all_single
+
+    def _split_elements(self, coll: str, which: str, t: torch.Tensor,
+                        splits: list[int]) -> list[int]:
+        """torch's split sizes count rows of dim 0; ringcomm's count elements."""
+        if t.dim() == 0:
+            raise _invalid(f"{coll}: {which} must have at least one dimension")
+        row = math.prod(t.shape[1:])
+        if not splits:
+            if t.size(0) % self._size:
+                raise _invalid(f"{coll}: {which} dim 0 ({t.size(0)}) is not divisible by the "
+                               f"world size ({self._size}) and no split sizes were given")
+            return [t.size(0) // self._size * row] * self._size
+        if len(splits) != self._size or any(s < 0 for s in splits) or sum(splits) != t.size(0):
+            raise _invalid(f"{coll}: {which} split sizes {splits} must be {self._size} "
+                           f"non-negative numbers adding up to dim 0 ({t.size(0)})")
+        return [int(s) * row for s in splits]
+
+    @_collective("all_to_all")
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else _c10d.AllToAllOptions()
+        coll = "all_to_all"
+        outs, ins = list(output_tensors), list(input_tensors)
+        if len(outs) != self._size or len(ins) != self._size:
+            raise _invalid(f"{coll}: input and output lists need world size ({self._size}) "
+                           f"tensors; got {len(ins)} and {len(outs)}")
+        _check_tensors(coll, [*outs, *ins])
+        _same_dtype(coll, [*outs, *ins])
+        iflat = _flat_view(ins) if len({t.numel() for t in ins}) == 1 else None
+        iflat = _cat(ins) if iflat is None else iflat
+        oflat = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype)
+        ie = [t.numel() for t in ins]
+        oe = [t.numel() for t in outs]
+        comm = self._comm
+        step = _Step(lambda a: comm.all_to_all(oflat, iflat, output_splits=oe, input_splits=ie,
+                                               async_op=a),
+                     lambda: _copy_out(oflat, outs))
+        return self._run(coll, opts, [step], outs)
+
+    # ---- gather / scatter -----------------------------------------------------------------------------
+    @_collective("gather")
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else _c10d.GatherOptions()
+        coll = "gather"
+        inp = _one(coll, input_tensors)
+        root = opts.rootRank
+        comm = self._comm
+        ibuf, _ = _contig(inp)
+        if self._rank == root:
+            outs = list(_one(coll, output_tensors, "output list"))
+            _check_tensors(coll, [inp, *outs])
+            _same_dtype(coll, [inp, *outs])
+            if len(outs) != self._size or any(o.numel() != inp.numel() for o in outs):
+                raise _invalid(f"{coll}: the root needs {self._size} output tensors of the "
+                               f"input's size ({inp.numel()} elements)")
+            flat = _flat_view(outs)
+            finish = None
+            if flat is None:
+                flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype)
+                finish = lambda: _copy_out(flat, outs)  # noqa: E731
+            step = _Step(lambda a: comm.gather(flat, ibuf, root=root, async_op=a), finish)
+            return self._run(coll, opts, [step], outs)
+        if output_tensors and len(output_tensors[0]) > 0:
+            raise _invalid(f"{coll}: only the root (rank {root}) may pass a gather list")
+        _check_tensors(coll, (inp,))
+        step = _Step(lambda a: comm.gather(None, ibuf, root=root, async_op=a))
+        return self._run(coll, opts, [step], [])
+
+    @_collective("scatter")
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else _c10d.ScatterOptions()
+        coll = "scatter"
+        out = _one(coll, output_tensors)
+        root = opts.rootRank
+        comm = self._comm
+        obuf, staged = _contig(out)
+        finish = _writeback(out, obuf) if staged else None
+        if self._rank == root:
+            ins = list(_one(coll, input_tensors, "input list"))
+            _check_tensors(coll, [out, *ins])
+            _same_dtype(coll, [out, *ins])
+            if len(ins) != self._size or any(t.numel() != out.numel() for t in ins):
+                raise _invalid(f"{coll}: the root needs {self._size} input tensors of the "
+                               f"output's size ({out.numel()} elements)")
+            flat = _flat_view(ins)
+            flat = _cat(ins) if flat is None else flat
+            step = _Step(lambda a: comm.scatter(obuf, flat, root=root, async_op=a), finish)
+        else:
+            if input_tensors and len(input_tensors[0]) > 0:
+                raise _invalid(f"{coll}: only the root (rank {root}) may pass a scatter list")
+            _check_tensors(coll, (out,))
+            step = _Step(lambda a: comm.scatter(obuf, None, root=root, async_op=a), finish)
+        return self._run(coll, opts, [step], [out])
+
+    # ---- barrier ---------------------------------------------------------------------------------------
+    @_collective("barrier")
+    def barrier(self, opts=None):
+        opts = opts if opts is not None else _c10d.BarrierOptions()
+        comm = self._comm
+        return self._run("barrier", opts, [_Step(lambda a: comm.barrier(async_op=a))], [])
+
+    def monitored_barrier(self, *args, **kwargs):
+        raise _unsupported("monitored_barrier (torch implements it for gloo only); use barrier()")
+
+    # ---- point to point ---------------------------------------------------------------------------------
+    def _check_p2p(self, coll: str, tensors, peer: int, tag: int) -> torch.Tensor:
+        t = _one(coll, tensors)
+        _check_tensors(coll, (t,))
+        if tag != 0:
+            raise _unsupported(f"message tags ({coll} with tag={tag}); messages between two "
+                               f"ranks match in the order they are issued")
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise _invalid(f"{coll}: invalid peer rank {peer} (group rank {self._rank} of "
+                           f"{self._size})")
+        return t
+
+    def send(self, tensors, dstRank: int, tag: int = 0):
+        t = self._check_p2p("send", tensors, dstRank, tag)
+        buf, _ = _contig(t)
+        comm = self._comm
+        return self._run("send", None, [_Step(lambda a: comm.send(buf, dstRank, async_op=a))],
+                         [t])
+
+    def recv(self, tensors, srcRank: int, tag: int = 0):
+        t = self._check_p2p("recv", tensors, srcRank, tag)
+        buf, staged = _contig(t)
+        comm = self._comm
+        step = _Step(lambda a: comm.recv(buf, srcRank, async_op=a),
+                     _writeback(t, buf) if staged else None)
+        return self._run("recv", None, [step], [t], source_rank=srcRank)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        raise _unsupported("recv from any source (pass src=)")
+
+    # ---- coalescing (dist._coalescing_manager with a device) ---------------------------------------------
+    def _start_coalescing(self, device=None) -> None:
+        if self._coalescing is not None:
+            raise RuntimeError("ringcomm: coalescing already started on this group")
+        self._coalescing = []
+
+    def _end_coalescing(self, device=None):
+        works, self._coalescing = self._coalescing or [], None
+        return _MultiWork(works)
+
+    start_coalescing = _start_coalescing
+    end_coalescing = _end_coalescing
+
+    # ---- teardown ---------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop this group's threads and close its communicator (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        _live_groups.discard(self)
+        # Close the communicator first: it fails whatever is still pending, so the waiter thread
+        # (possibly blocked on such a handle) can drain and be joined.
+        try:
+            self._comm.close()
+        finally:
+            self._waiter.close()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+def create_process_group(dist_opts, backend_options=None) -> RingcommProcessGroup:
+    """Backend creator registered with ``torch.distributed`` (extended API)."""
+    return RingcommProcessGroup(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
+                                dist_opts.timeout, group_name=dist_opts.group_id)

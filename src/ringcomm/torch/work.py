@@ -1,0 +1,387 @@
+"""``torch.distributed.Work`` objects for the ringcomm backend, and the threads that complete them.
+
+Life of an asynchronous collective:
+
+1. ``RingcommProcessGroup.<op>`` validates, stages inputs if it must (flattening a list, scaling for
+   PREMUL_SUM), calls ringcomm's API with ``async_op=True`` and gets back one or more *handles*,
+   and wraps them in a ``RingcommWork``. The call returns.
+2. When somebody asks for the work's future (DDP does at once), the work goes to the group's
+   ``_Waiter``: its thread waits on handles in that order (ringcomm releases the GIL while it
+   waits), runs the work's *finisher* (copying a flat result back into the caller's list, ...),
+   and marks the work done. A work nobody asks a future of costs no thread hop.
+3. If anybody asked for ``get_future()``, completing that future is handed to a small
+   ``_CompletionPool``. Future callbacks run on the thread that completes the future, and some
+   callbacks (PowerSGD) issue a collective and block on it; were they run on the waiter thread, that
+   thread could never observe the inner collective finish. The pool grows a thread whenever every
+   thread it has is busy, so a blocked callback never starves the completion of another.
+
+``Work.wait()`` waits on the handles itself (it does not queue behind the waiter thread), runs
+the finisher if the waiter has not yet, and raises ringcomm's error on failure. Whichever thread
+finishes a work first does it under the work's lock; the other finds it done.
+
+A collective that the caller will wait on at once (``opts.asyncOp`` false, as ``dist.all_reduce``
+sets without ``async_op=True``) is run synchronously instead and returns an already-finished work:
+no thread hop on the latency-critical path.
+"""
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+import time
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["RingcommWork"]
+
+# Cap on completion threads per process group. Each blocked PowerSGD-style callback holds one;
+# nesting deeper than this would be a program with that many collectives blocked in callbacks.
+_MAX_COMPLETION_THREADS = 16
+
+
+def _timeout_seconds(timeout, default: float) -> float:
+    """torch passes ``timedelta(0)`` or a negative timedelta for "unset": use the group's."""
+    if timeout is None:
+        return default
+    if isinstance(timeout, datetime.timedelta):
+        s = timeout.total_seconds()
+    else:
+        s = float(timeout)
+    return default if s <= 0 else s
+
+
+class _CompletionPool:
+    """Threads that complete torch futures (and so run their callbacks)."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._closed = False
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._closed:
+                # Shutting down: complete inline so that no future is left pending forever.
+                run_inline = True
+            else:
+                run_inline = False
+                if self._idle == 0 and len(self._threads) < _MAX_COMPLETION_THREADS:
+                    t = threading.Thread(target=self._run, daemon=True,
+                                         name=f"ringcomm-complete-{self._name}-{len(self._threads)}")
+                    self._threads.append(t)
+                    self._idle += 1
+                    t.start()
+                self._idle -= 1
+                self._q.put(fn)
+        if run_inline:
+            fn()
+
+    def _run(self) -> None:
+        while True:
+            fn = self._q.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except BaseException:  # noqa: BLE001 - a failing callback must not kill the pool
+                pass
+            with self._lock:
+                self._idle += 1
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            threads = list(self._threads)
+        for _ in threads:
+            self._q.put(None)
+        me = threading.current_thread()
+        for t in threads:
+            if t is not me:
+                t.join()
+
+
+class _Waiter:
+    """One thread per process group that waits on its works in issue order."""
+
+    def __init__(self, name: str):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self.pool = _CompletionPool(name)
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"ringcomm-wait-{name}")
+        self._started = False
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, work: "RingcommWork") -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("ringcomm: the process group has been shut down")
+            if not self._started:
+                self._started = True
+                self._thread.start()
+            self._q.put(work)
+
+    def _run(self) -> None:
+        while True:
+            work = self._q.get()
+            if work is None:
+                return
+            work._wait_and_finish(None)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            started = self._started
+            if started:
+                self._q.put(None)
+        if started and self._thread is not threading.current_thread():
+            self._thread.join()
+        self.pool.close()
+
+
+class RingcommWork(dist.Work):
+    """A collective issued on the ringcomm backend.
+
+    ``handles``: ringcomm API handles (``wait(timeout)``, ``is_completed()``, ``exception()``).
+    ``outputs``: the tensors the future's value carries (torch's convention for each op).
+    ``finisher``: run once after every handle succeeded, before the work counts as done.
+    """
+
+    def __init__(self, op: str, seq: int, handles: Sequence, outputs: list[torch.Tensor],
+                 finisher: Callable[[], None] | None, timeout_s: float,
+                 waiter: "_Waiter | None", source_rank: int = -1):
+        super().__init__()
+        self._op = op
+        self._seq = seq
+        self._handles = list(handles)
+        self._outputs = outputs
+        self._finisher = finisher
+        self._timeout_s = timeout_s
+        self._waiter = waiter
+        self._pool = waiter.pool if waiter is not None else None
+        self._source = source_rank
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._exc: BaseException | None = None
+        self._fut: torch.futures.Future | None = None
+        self._public_fut: torch.futures.Future | None = None
+        self._start = time.perf_counter()
+        self._duration_ms = -1.0
+
+    @classmethod
+    def finished(cls, op: str, seq: int, outputs: list[torch.Tensor],
+                 exc: BaseException | None = None, source_rank: int = -1) -> "RingcommWork":
+        """A work whose collective already ran (synchronous path) or failed before issue."""
+        w = cls(op, seq, (), outputs, None, 0.0, None, source_rank)
+        w._exc = exc
+        w._duration_ms = 0.0
+        w._done.set()
+        return w
+
+    def __repr__(self) -> str:
+        state = "done" if self._done.is_set() else "pending"
+        return f"RingcommWork(op={self._op}, seq={self._seq}, {state})"
+
+    # ---- completion -------------------------------------------------------------------------
+    def _wait_and_finish(self, timeout_s: float | None) -> None:
+        """Wait on every handle, then finish. Never raises except a caller-requested timeout."""
+        if self._done.is_set():
+            return
+        exc = None
+        for h in self._handles:
+            try:
+                h.wait(timeout_s) if timeout_s is not None else h.wait()
+            except BaseException as e:  # noqa: BLE001 - recorded, re-raised by wait()
+                if timeout_s is not None and not h.is_completed():
+                    # The caller's own (shorter) timeout expired; the collective is still running.
+                    raise
+                exc = exc or e
+        self._finish(exc)
+
+    def _finish(self, exc: BaseException | None) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            if exc is None and self._finisher is not None:
+                try:
+                    self._finisher()
+                except BaseException as e:  # noqa: BLE001
+                    exc = e
+            self._exc = exc
+            self._finisher = None
+            self._duration_ms = (time.perf_counter() - self._start) * 1e3
+            self._done.set()
+            fut = self._fut
+        if fut is not None:
+            self._complete_future(fut)
+
+    def _complete_future(self, fut: torch.futures.Future) -> None:
+        exc, outputs = self._exc, self._outputs
+
+        def complete() -> None:
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(outputs)
+
+        if self._pool is not None:
+            self._pool.submit(complete)
+        else:
+            complete()
+
+    # ---- torch.distributed.Work API -----------------------------------------------------------
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """Block until done (the group's timeout unless a shorter one is given); raise on failure."""
+        if not self._done.is_set():
+            t = _timeout_seconds(timeout, 0.0)
+            self._wait_and_finish(t if t > 0 else None)
+            if not self._done.is_set():  # another thread is finishing it right now
+                self._done.wait()
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        """A future whose value is the list of output tensors; completed off the progress thread."""
+        with self._lock:
+            if self._public_fut is None:
+                self._fut = torch.futures.Future()
+                # A C++ consumer (DDP's reducer) sees an error only if it arises inside a callback;
+                # ``set_exception`` on the root alone reads as success there.
+                self._public_fut = self._fut.then(_reraise)
+                done = self._done.is_set()
+            else:
+                return self._public_fut
+        if done:
+            self._complete_future(self._fut)
+        elif self._waiter is not None:
+            # Somebody must now complete the future even if nobody calls wait(): the group's
+            # waiter thread takes it (works nobody asks a future of never cost a thread hop).
+            self._waiter.submit(self)
+        return self._public_fut
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._outputs
+
+    def source_rank(self) -> int:
+        return self._source
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+    def _get_duration(self) -> float:
+        return self._duration_ms
+
+
+class _DoneWork(dist.Work):
+    """The work of a collective that already ran synchronously (and succeeded): cheap to make,
+    since the synchronous path is the latency-critical one."""
+
+    def __init__(self, op: str, seq: int, outputs: list[torch.Tensor], source_rank: int = -1):
+        super().__init__()
+        self._op, self._seq, self._outputs, self._source = op, seq, outputs, source_rank
+
+    def __repr__(self) -> str:
+        return f"RingcommWork(op={self._op}, seq={self._seq}, done)"
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        fut = torch.futures.Future()
+        fut.set_result(self._outputs)
+        return fut
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._outputs
+
+    def source_rank(self) -> int:
+        return self._source
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    def synchronize(self) -> None:
+        pass
+
+    def block_current_stream(self) -> None:
+        pass
+
+    def _get_duration(self) -> float:
+        return 0.0
+
+
+class _MultiWork(dist.Work):
+    """Several works as one (``_end_coalescing``)."""
+
+    def __init__(self, works: list[RingcommWork]):
+        super().__init__()
+        self._works = works
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        futs = [w.get_future() for w in self._works]
+        if not futs:
+            f = torch.futures.Future()
+            f.set_result([])
+            return f
+        return torch.futures.collect_all(futs).then(
+            lambda f: [t for sub in f.value() for t in sub.value()])
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def exception(self):
+        for w in self._works:
+            if w.exception() is not None:
+                return w.exception()
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return [t for w in self._works for t in w._outputs]
+
+
+def _reraise(fut: torch.futures.Future):
+    return fut.value()
