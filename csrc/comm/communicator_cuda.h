@@ -41,9 +41,20 @@ namespace rc {
 
 class CudaCommunicator;
 
+/// A CUDA event shared by a Work and the communicator's list of pending work (close() drains it).
+struct GpuEvent {
+  cudaEvent_t ev = nullptr;
+  GpuEvent();
+  ~GpuEvent();
+  GpuEvent(const GpuEvent&) = delete;
+  GpuEvent& operator=(const GpuEvent&) = delete;
+};
+
 class CudaWork {
  public:
-  CudaWork(std::shared_ptr<CudaCommunicator> comm, std::string op, uint64_t seq);
+  /// Holds the communicator weakly (the p2p thread must never own it); once it is gone, waits
+  /// poll the event without peer checks, bounded by the communicator's timeout.
+  CudaWork(const std::shared_ptr<CudaCommunicator>& comm, std::string op, uint64_t seq);
   ~CudaWork();
   CudaWork(const CudaWork&) = delete;
   CudaWork& operator=(const CudaWork&) = delete;
@@ -61,17 +72,21 @@ class CudaWork {
   uint64_t seq() const { return seq_; }
 
   // ---- for the communicator ----
-  cudaEvent_t event() const { return ev_; }
+  cudaEvent_t event() const { return ev_->ev; }
+  const std::shared_ptr<GpuEvent>& shared_event() const { return ev_; }
   /// The work's GPU part is enqueued (ev_ recorded after it).
   void mark_enqueued();
   void fail(std::exception_ptr e);
 
  private:
   bool wait_enqueued(double timeout_s);
-  std::shared_ptr<CudaCommunicator> comm_;
+  std::weak_ptr<CudaCommunicator> comm_;
+  int rank_ = 0;
+  int device_ = 0;
+  double timeout_s_ = 0;
   std::string op_;
   uint64_t seq_;
-  cudaEvent_t ev_ = nullptr;
+  std::shared_ptr<GpuEvent> ev_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool enqueued_ = false;
@@ -140,7 +155,7 @@ class CudaCommunicator : public std::enable_shared_from_this<CudaCommunicator> {
                   const std::function<void(const SlotAlgoCtx&, const std::vector<CollHeader>&)>& body);
   std::vector<CollHeader> exchange_headers(uint64_t seq, Coll coll, const CollHeader& mine);
   void check_usable() const;
-  void check_dev(const void* p, int64_t count, DType dt, const char* what, Coll coll);
+  void check_dev(const void* p, int64_t count, DType dt, const char* what, const char* coll);
   void check_root(int root, Coll coll);
   void track(const CudaWorkPtr& w);
   CudaWorkPtr submit_p2p(bool is_send, char* buf, int64_t bytes, int peer, uint64_t tag, cudaStream_t stream);
@@ -158,8 +173,7 @@ class CudaCommunicator : public std::enable_shared_from_this<CudaCommunicator> {
   uint64_t seq_ = 0;
   mutable std::mutex state_mu_;
   std::string broken_;                       // non-empty after a data-phase failure
-  std::deque<std::weak_ptr<CudaWork>> outstanding_;
-  std::vector<cudaEvent_t> drain_events_;    // completion of every enqueued piece of work
+  std::deque<std::shared_ptr<GpuEvent>> pending_;  // events of enqueued work not yet seen complete
 
   cudaStream_t p2p_stream_ = nullptr;
   std::mutex p2p_mu_;

@@ -23,24 +23,29 @@
 #include "common/errors.h"
 #include "kernels/reduce_cuda.h"
 
+// Element operations and the kernel body are __host__ __device__: the host can run the very same
+// code (reduce_cuda_emulate, one "thread" after another), which is how their indexing and
+// arithmetic are checked against the CPU kernels on machines without a GPU.
+#define RC_HD __host__ __device__ __forceinline__
+
 namespace rc {
 namespace {
 
-// ---------------- element operations (device) ------------------------------------------------
-// Each op is a functor constructed on the host from the scale, applied per element on the device.
+// ---------------- element operations ------------------------------------------------------------
+// Each op is a functor constructed on the host from the scale, applied per element.
 
 template <class T> struct Unsigned { using type = std::make_unsigned_t<T>; };
 
 struct SumWrap {  // integers: two's-complement wrap (unsigned arithmetic has no UB)
   explicit SumWrap(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const {
+  template <class T> RC_HD T operator()(T a, T b) const {
     using U = typename Unsigned<T>::type;
     return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
   }
 };
 struct ProdWrap {
   explicit ProdWrap(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const {
+  template <class T> RC_HD T operator()(T a, T b) const {
     using U = typename Unsigned<T>::type;
     // uint8 * uint8 promotes to int; the product of two values < 256 fits, and the cast wraps.
     using W = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, U>;
@@ -49,68 +54,68 @@ struct ProdWrap {
 };
 struct MinI {
   explicit MinI(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a < b) ? a : b; }
+  template <class T> RC_HD T operator()(T a, T b) const { return (a < b) ? a : b; }
 };
 struct MaxI {
   explicit MaxI(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a > b) ? a : b; }
+  template <class T> RC_HD T operator()(T a, T b) const { return (a > b) ? a : b; }
 };
 struct BAnd {
   explicit BAnd(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return static_cast<T>(a & b); }
+  template <class T> RC_HD T operator()(T a, T b) const { return static_cast<T>(a & b); }
 };
 struct BOr {
   explicit BOr(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return static_cast<T>(a | b); }
+  template <class T> RC_HD T operator()(T a, T b) const { return static_cast<T>(a | b); }
 };
 struct BXor {
   explicit BXor(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return static_cast<T>(a ^ b); }
+  template <class T> RC_HD T operator()(T a, T b) const { return static_cast<T>(a ^ b); }
 };
 struct LAnd {  // bool MIN
   explicit LAnd(double) {}
-  __device__ __forceinline__ uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) & (b != 0); }
+  RC_HD uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) & (b != 0); }
 };
 struct LOr {  // bool MAX
   explicit LOr(double) {}
-  __device__ __forceinline__ uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) | (b != 0); }
+  RC_HD uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) | (b != 0); }
 };
 
 // float32 / float64 (S = the arithmetic type; equal to T).
 struct SumF {
   explicit SumF(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+  template <class T> RC_HD T operator()(T a, T b) const { return a + b; }
 };
 struct ProdF {
   explicit ProdF(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return a * b; }
+  template <class T> RC_HD T operator()(T a, T b) const { return a * b; }
 };
 struct MinF {  // (a < b || isnan(a)) ? a : b
   explicit MinF(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a < b || a != a) ? a : b; }
+  template <class T> RC_HD T operator()(T a, T b) const { return (a < b || a != a) ? a : b; }
 };
 struct MaxF {  // (a > b || isnan(a)) ? a : b
   explicit MaxF(double) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a > b || a != a) ? a : b; }
+  template <class T> RC_HD T operator()(T a, T b) const { return (a > b || a != a) ? a : b; }
 };
 template <class S> struct AvgF {  // (a + b) * s in S
   S s;
   explicit AvgF(double scale) : s(static_cast<S>(scale)) {}
-  template <class T> __device__ __forceinline__ T operator()(T a, T b) const { return (a + b) * s; }
+  template <class T> RC_HD T operator()(T a, T b) const { return (a + b) * s; }
 };
 
 // float16 / bfloat16 arithmetic: widen to fp32, combine, round back once (nearest even).
-template <class H> __device__ __forceinline__ float widen(H x);
-template <> __device__ __forceinline__ float widen<__half>(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float widen<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <class H> __device__ __forceinline__ H narrow(float x);
-template <> __device__ __forceinline__ __half narrow<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <class H> RC_HD float widen(H x);
+template <> RC_HD float widen<__half>(__half x) { return __half2float(x); }
+template <> RC_HD float widen<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class H> RC_HD H narrow(float x);
+template <> RC_HD __half narrow<__half>(float x) { return __float2half_rn(x); }
+template <> RC_HD __nv_bfloat16 narrow<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 template <class F> struct HalfArith {  // F: a float op (SumF / ProdF / AvgF<float>)
   F f;
   explicit HalfArith(double scale) : f(scale) {}
-  template <class H> __device__ __forceinline__ H operator()(H a, H b) const {
+  template <class H> RC_HD H operator()(H a, H b) const {
     return narrow<H>(f(widen<H>(a), widen<H>(b)));
   }
 };
@@ -120,7 +125,7 @@ template <class F> struct HalfArith {  // F: a float op (SumF / ProdF / AvgF<flo
 // wins; on a tie the first operand is kept.
 template <int kInfBits, bool kMax> struct HalfMinMax {
   explicit HalfMinMax(double) {}
-  __device__ __forceinline__ uint16_t operator()(uint16_t a, uint16_t b) const {
+  RC_HD uint16_t operator()(uint16_t a, uint16_t b) const {
     const int ma = a & 0x7FFF, mb = b & 0x7FFF;
     const int ka = (a & 0x8000) ? -ma : ma, kb = (b & 0x8000) ? -mb : mb;
     const bool nan_a = ma > kInfBits, nan_b = mb > kInfBits;
@@ -134,30 +139,32 @@ template <int kInfBits, bool kMax> struct HalfMinMax {
 constexpr int kThreads = 512;
 
 template <class T, class Op>
-__device__ __forceinline__ uint4 apply_vec(const uint4& x, const uint4& y, const Op& op) {
+RC_HD uint4 apply_vec(const uint4& x, const uint4& y, const Op& op) {
   constexpr int kV = 16 / sizeof(T);
   union U {
     uint4 v;
     T e[kV];
-    __device__ U() {}
+    __host__ __device__ U() {}
   } ux, uy, ud;
   ux.v = x;
   uy.v = y;
+#ifdef __CUDA_ARCH__
 #pragma unroll
+#endif
   for (int i = 0; i < kV; ++i) ud.e[i] = op(ux.e[i], uy.e[i]);
   return ud.v;
 }
 
-// dst may alias a or b exactly: each element is read and written by the same thread, reads first.
+// Thread `tid` of `nth`: its share of dst = a (op) b. dst may alias a or b exactly: each element is
+// read and written by the same thread, reads first.
 template <class T, class Op>
-__global__ void __launch_bounds__(kThreads) reduce_kernel(T* dst, const T* a, const T* b, size_t n, Op op) {
-  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
+RC_HD void reduce_range(T* dst, const T* a, const T* b, size_t n, const Op& op, size_t tid, size_t nth) {
   const uintptr_t rd = reinterpret_cast<uintptr_t>(dst) & 15u;
   if (rd == (reinterpret_cast<uintptr_t>(a) & 15u) && rd == (reinterpret_cast<uintptr_t>(b) & 15u)) {
     constexpr size_t kV = 16 / sizeof(T);
-    const size_t head = rd ? min(n, (16 - rd) / sizeof(T)) : 0;
-    if (tid < head) dst[tid] = op(a[tid], b[tid]);
+    const size_t head0 = rd ? (16 - rd) / sizeof(T) : 0;
+    const size_t head = head0 < n ? head0 : n;
+    for (size_t t = tid; t < head; t += nth) dst[t] = op(a[t], b[t]);  // < 16 bytes
     const size_t nv = (n - head) / kV;
     const uint4* av = reinterpret_cast<const uint4*>(a + head);
     const uint4* bv = reinterpret_cast<const uint4*>(b + head);
@@ -170,15 +177,22 @@ __global__ void __launch_bounds__(kThreads) reduce_kernel(T* dst, const T* a, co
       dv[i + nth] = apply_vec<T>(x1, y1, op);
     }
     if (i < nv) dv[i] = apply_vec<T>(av[i], bv[i], op);
-    const size_t t0 = head + nv * kV;
-    if (tid < n - t0) dst[t0 + tid] = op(a[t0 + tid], b[t0 + tid]);
+    for (size_t t = head + nv * kV + tid; t < n; t += nth) dst[t] = op(a[t], b[t]);  // < 16 bytes
   } else {
     for (size_t i = tid; i < n; i += nth) dst[i] = op(a[i], b[i]);
   }
 }
 
+template <class T, class Op>
+__global__ void __launch_bounds__(kThreads) reduce_kernel(T* dst, const T* a, const T* b, size_t n, Op op) {
+  reduce_range(dst, a, b, n, op, static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+               static_cast<size_t>(gridDim.x) * blockDim.x);
+}
+
 using LaunchFn = void (*)(void* dst, const void* a, const void* b, size_t n, double scale, cudaStream_t s,
                           int blocks);
+
+using EmulateFn = void (*)(void* dst, const void* a, const void* b, size_t n, double scale, size_t nth);
 
 template <class T, class Op>
 void launch(void* dst, const void* a, const void* b, size_t n, double scale, cudaStream_t s, int blocks) {
@@ -186,55 +200,70 @@ void launch(void* dst, const void* a, const void* b, size_t n, double scale, cud
                                                   static_cast<const T*>(b), n, Op(scale));
 }
 
+template <class T, class Op>
+void emulate(void* dst, const void* a, const void* b, size_t n, double scale, size_t nth) {
+  const Op op(scale);
+  for (size_t t = 0; t < nth; ++t)
+    reduce_range(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n, op, t, nth);
+}
+
+// One supported (dtype, op) pair: its kernel launcher and its host emulation (same code).
+struct Kern {
+  LaunchFn launch = nullptr;
+  EmulateFn emulate = nullptr;
+  explicit operator bool() const { return launch != nullptr; }
+};
+template <class T, class Op> Kern K() { return Kern{&launch<T, Op>, &emulate<T, Op>}; }
+
 // ---------------- THE dtype x op switch (GPU) --------------------------------------------------
 
 template <class T, class S>
-LaunchFn select_float(ReduceOp op) {  // float32 / float64
+Kern select_float(ReduceOp op) {  // float32 / float64
   switch (op) {
-    case ReduceOp::kSum: return &launch<T, SumF>;
-    case ReduceOp::kProduct: return &launch<T, ProdF>;
-    case ReduceOp::kMin: return &launch<T, MinF>;
-    case ReduceOp::kMax: return &launch<T, MaxF>;
-    case ReduceOp::kAvg: return &launch<T, AvgF<S>>;
-    default: return nullptr;  // bitwise ops
+    case ReduceOp::kSum: return K<T, SumF>();
+    case ReduceOp::kProduct: return K<T, ProdF>();
+    case ReduceOp::kMin: return K<T, MinF>();
+    case ReduceOp::kMax: return K<T, MaxF>();
+    case ReduceOp::kAvg: return K<T, AvgF<S>>();
+    default: return Kern{};  // bitwise ops
   }
 }
 
 template <class H, int kInf>
-LaunchFn select_half(ReduceOp op) {  // float16 / bfloat16
+Kern select_half(ReduceOp op) {  // float16 / bfloat16
   switch (op) {
-    case ReduceOp::kSum: return &launch<H, HalfArith<SumF>>;
-    case ReduceOp::kProduct: return &launch<H, HalfArith<ProdF>>;
-    case ReduceOp::kMin: return &launch<uint16_t, HalfMinMax<kInf, false>>;
-    case ReduceOp::kMax: return &launch<uint16_t, HalfMinMax<kInf, true>>;
-    case ReduceOp::kAvg: return &launch<H, HalfArith<AvgF<float>>>;
-    default: return nullptr;  // bitwise ops
+    case ReduceOp::kSum: return K<H, HalfArith<SumF>>();
+    case ReduceOp::kProduct: return K<H, HalfArith<ProdF>>();
+    case ReduceOp::kMin: return K<uint16_t, HalfMinMax<kInf, false>>();
+    case ReduceOp::kMax: return K<uint16_t, HalfMinMax<kInf, true>>();
+    case ReduceOp::kAvg: return K<H, HalfArith<AvgF<float>>>();
+    default: return Kern{};  // bitwise ops
   }
 }
 
 template <class T>
-LaunchFn select_int(ReduceOp op) {  // int8 / uint8 / int32 / int64
+Kern select_int(ReduceOp op) {  // int8 / uint8 / int32 / int64
   switch (op) {
-    case ReduceOp::kSum: return &launch<T, SumWrap>;
-    case ReduceOp::kProduct: return &launch<T, ProdWrap>;
-    case ReduceOp::kMin: return &launch<T, MinI>;
-    case ReduceOp::kMax: return &launch<T, MaxI>;
-    case ReduceOp::kBand: return &launch<T, BAnd>;
-    case ReduceOp::kBor: return &launch<T, BOr>;
-    case ReduceOp::kBxor: return &launch<T, BXor>;
-    default: return nullptr;  // AVG
+    case ReduceOp::kSum: return K<T, SumWrap>();
+    case ReduceOp::kProduct: return K<T, ProdWrap>();
+    case ReduceOp::kMin: return K<T, MinI>();
+    case ReduceOp::kMax: return K<T, MaxI>();
+    case ReduceOp::kBand: return K<T, BAnd>();
+    case ReduceOp::kBor: return K<T, BOr>();
+    case ReduceOp::kBxor: return K<T, BXor>();
+    default: return Kern{};  // AVG
   }
 }
 
-LaunchFn select_bool(ReduceOp op) {
+Kern select_bool(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMin: return &launch<uint8_t, LAnd>;
-    case ReduceOp::kMax: return &launch<uint8_t, LOr>;
-    default: return nullptr;
+    case ReduceOp::kMin: return K<uint8_t, LAnd>();
+    case ReduceOp::kMax: return K<uint8_t, LOr>();
+    default: return Kern{};
   }
 }
 
-LaunchFn select(DType dt, ReduceOp op) {
+Kern select(DType dt, ReduceOp op) {
   switch (dt) {
     case DType::kFloat32: return select_float<float, float>(op);
     case DType::kFloat64: return select_float<double, double>(op);
@@ -245,7 +274,7 @@ LaunchFn select(DType dt, ReduceOp op) {
     case DType::kInt32: return select_int<int32_t>(op);
     case DType::kInt64: return select_int<int64_t>(op);
     case DType::kBool: return select_bool(op);
-    default: return nullptr;
+    default: return Kern{};
   }
 }
 
@@ -254,21 +283,17 @@ bool valid_codes(DType dt, ReduceOp op) {
          static_cast<uint32_t>(op) < static_cast<uint32_t>(ReduceOp::kCount);
 }
 
-}  // namespace
-
-bool reduce_cuda_supported(DType dt, ReduceOp op) { return valid_codes(dt, op) && select(dt, op) != nullptr; }
-
-void reduce_cuda(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale,
-                 cudaStream_t stream, int max_blocks) {
+// Validation shared by the launch and its emulation; returns the pair's kernels (AVG with scale 1
+// is SUM bit for bit, x * 1 == x: the multiply is skipped, like on the CPU).
+Kern checked(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale) {
   RC_CHECK(valid_codes(dt, op), InvalidArgument,
            "ringcomm: unknown dtype/op code " << static_cast<uint32_t>(dt) << "/" << static_cast<uint32_t>(op));
-  const LaunchFn fn = select(dt, op);
-  if (fn == nullptr) {
+  if (!select(dt, op)) {
     RC_THROW(Unsupported, "ringcomm: reduce op " << op_name(op) << " is not supported for dtype " << dtype_name(dt));
   }
   RC_CHECK(op == ReduceOp::kAvg || scale == 1.0, InvalidArgument,
            "ringcomm: scale " << scale << " given for reduce op " << op_name(op) << " (only AVG takes a scale)");
-  if (n == 0) return;
+  if (n == 0) return Kern{};
   RC_CHECK(dst != nullptr && a != nullptr && b != nullptr, InvalidArgument,
            "ringcomm: reduce_cuda got a null buffer for " << n << " elements");
   const size_t es = dtype_size(dt);
@@ -278,8 +303,17 @@ void reduce_cuda(void* dst, const void* a, const void* b, size_t n, DType dt, Re
     RC_CHECK(d == s || d + n * es <= s || s + n * es <= d, InvalidArgument,
              "ringcomm: reduce dst partially overlaps an input (it must alias it exactly or not at all)");
   }
-  // AVG with scale 1 is SUM bit for bit (x * 1 == x); skip the multiply, like the CPU.
-  const LaunchFn use = (op == ReduceOp::kAvg && scale == 1.0) ? select(dt, ReduceOp::kSum) : fn;
+  return select(dt, (op == ReduceOp::kAvg && scale == 1.0) ? ReduceOp::kSum : op);
+}
+
+}  // namespace
+
+bool reduce_cuda_supported(DType dt, ReduceOp op) { return valid_codes(dt, op) && static_cast<bool>(select(dt, op)); }
+
+void reduce_cuda(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale,
+                 cudaStream_t stream, int max_blocks) {
+  const Kern k = checked(dst, a, b, n, dt, op, scale);
+  if (n == 0) return;
   if (max_blocks <= 0) {
     int dev = 0, sms = 0;
     RC_CUDA(cudaGetDevice(&dev), "");
@@ -287,12 +321,20 @@ void reduce_cuda(void* dst, const void* a, const void* b, size_t n, DType dt, Re
     max_blocks = 4 * (sms > 0 ? sms : 1);
   }
   // Enough threads for every 16-byte vector once (two per thread per pass in the kernel), capped.
-  const size_t vecs = (n * es + 15) / 16;
+  const size_t vecs = (n * dtype_size(dt) + 15) / 16;
   const size_t want = (vecs + kThreads - 1) / kThreads;
   const int blocks = static_cast<int>(want < static_cast<size_t>(max_blocks) ? (want > 0 ? want : 1) : max_blocks);
-  use(dst, a, b, n, scale, stream, blocks);
+  k.launch(dst, a, b, n, scale, stream, blocks);
   RC_CUDA(cudaGetLastError(), " launching the " << dtype_name(dt) << " " << op_name(op) << " reduce kernel on "
                                                  << n << " elements");
+}
+
+void reduce_cuda_emulate(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale,
+                         size_t nthreads) {
+  const Kern k = checked(dst, a, b, n, dt, op, scale);
+  RC_CHECK(nthreads >= 1, InvalidArgument, "ringcomm: reduce_cuda_emulate needs >= 1 thread");
+  if (n == 0) return;
+  k.emulate(dst, a, b, n, scale, nthreads);
 }
 
 }  // namespace rc

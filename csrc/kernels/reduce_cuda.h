@@ -33,4 +33,9 @@ bool reduce_cuda_supported(DType dt, ReduceOp op);
 void reduce_cuda(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale,
                  cudaStream_t stream, int max_blocks);
 
+/// Run the same kernel body on the host, one "thread" after another (nthreads of them, as if
+/// the grid had that many): host buffers, no GPU. Tests compare it with the CPU kernels.
+void reduce_cuda_emulate(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale,
+                         size_t nthreads);
+
 }  // namespace rc

@@ -315,6 +315,11 @@ std::string CudaIpcTransport::create(const std::vector<std::string>& infos) {
     pids_.push_back(o.pid);
   }
   kinds_ = plan_channels(all, cfg_.mode);
+  if (cfg_.max_blocks == 0) {  // the reduce grid cap: 4 blocks per SM (RINGCOMM_CUDA_MAX_BLOCKS overrides)
+    int sms = 0;
+    RC_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_), " (device " << device_ << ")");
+    cfg_.max_blocks = 4 * std::max(1, sms);
+  }
   bool any_staged = false, ipc_in = false;
   for (int a = 0; a < world_; ++a)
     for (int b = 0; b < world_; ++b)
@@ -468,6 +473,7 @@ std::string CudaIpcTransport::describe_channels() const {
 // Pin and map one host shared-memory slot (lazily, once per slot per process): the GPU writes
 // (sender) or reads (receiver) it through the returned device pointer.
 char* CudaIpcTransport::map_host_slot(char* host) {
+  std::lock_guard<std::mutex> lk(reg_mu_);
   cudaError_t e = cudaHostRegister(host, cfg_.slot_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
   if (e == cudaErrorHostMemoryAlreadyRegistered) {
     (void)cudaGetLastError();
@@ -569,9 +575,11 @@ void CudaIpcTransport::recv_done(int peer, Lane lane, cudaStream_t s) {
 
 // ---------------- bounded host waits on the GPU ----------------
 
-void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w) {
+void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeout_s) {
+  const bool own_timeout = timeout_s < 0;
+  const double limit_s = own_timeout ? cfg_.shm.timeout_s : timeout_s;
   const int64_t t0 = now_ns();
-  const int64_t deadline = t0 + static_cast<int64_t>(cfg_.shm.timeout_s * 1e9);
+  const int64_t deadline = t0 + static_cast<int64_t>(limit_s * 1e9);
   int64_t next_liveness = t0 + cfg_.shm.liveness_ns;
   int64_t sleep_ns = 2000;
   for (;;) {
@@ -585,15 +593,19 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w) {
       cpu_relax();
       continue;
     }
-    if (ctl_ && now >= next_liveness) {
+    if (ctl_ && !closed_ && now >= next_liveness) {  // after close the segments are unmapped
       next_liveness = now + cfg_.shm.liveness_ns;
       ctl_->check_peers(w, true);
     }
     if (now >= deadline) {
       if (cudaEventQuery(ev) == cudaSuccess) return;
       (void)cudaGetLastError();
+      if (!own_timeout) {
+        RC_THROW(TimeoutError, "ringcomm: wait() on " << w.op << " (seq " << w.seq << ") timed out after " << limit_s
+                                                      << " s; the operation is still running");
+      }
       RC_THROW(TimeoutError, "ringcomm: " << w.op << " (seq " << w.seq << ") on rank " << rank_
-                                          << ": the GPU work did not complete within " << cfg_.shm.timeout_s
+                                          << ": the GPU work did not complete within " << limit_s
                                           << " s (RINGCOMM_TIMEOUT / timeout=)");
     }
     std::this_thread::sleep_for(std::chrono::nanoseconds(sleep_ns));
@@ -702,6 +714,7 @@ void CudaIpcTransport::close(bool drained) {
       byes = false;
     }
     if (byes) {
+      std::lock_guard<std::mutex> lk(reg_mu_);
       for (char* h : registered_) (void)cudaHostUnregister(h);
       registered_.clear();
       for (auto& c : chans_) {

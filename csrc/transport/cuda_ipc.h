@@ -54,6 +54,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -131,9 +132,10 @@ class CudaIpcTransport {
   /// Release the slot after the reads enqueued on `s`.
   void recv_done(int peer, Lane lane, cudaStream_t s);
 
-  /// Poll a local event until it completes, bounded by the timeout, checking peers; throws
-  /// TimeoutError / PeerFailure / Error (a CUDA failure) with `w`'s context.
-  void wait_event(cudaEvent_t ev, const WaitCtx& w);
+  /// Poll a local event until it completes, checking peers; bounded by timeout_s (< 0: the
+  /// transport's timeout). Throws TimeoutError / PeerFailure / Error (a CUDA failure) with `w`'s
+  /// context.
+  void wait_event(cudaEvent_t ev, const WaitCtx& w, double timeout_s = -1.0);
 
  private:
   struct Chan;  // per (lane, peer) state, in cuda_ipc.cpp
@@ -156,6 +158,7 @@ class CudaIpcTransport {
   size_t inbox_bytes_ = 0;
   std::vector<char*> peer_inbox_;         // opened peers' inboxes (kIpc channels out)
   std::vector<std::unique_ptr<Chan>> chans_;  // [lane * world + peer]
+  std::mutex reg_mu_;                     // registered_ (both lanes' threads pin slots)
   std::vector<char*> registered_;         // host slots pinned with cudaHostRegister (kHost*)
   std::vector<int32_t> pids_;             // every rank's pid (from the infos)
   bool attached_ = false;

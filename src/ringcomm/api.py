@@ -476,25 +476,32 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
                 _default = hcomm
             return hcomm
     # ---- end of the issue 7 hook: one node, the shared-memory communicator below.
-    core = _C.Communicator(rank, world_size, t)
+    if store is None and world_size > 1:
+        store = (store_from_init_method(init_method, rank, world_size, t) if init_method
+                 else store_from_env(rank, world_size, t))
+    comm = shm_communicator(rank, world_size, store, prefix, t)
+    if _default is None or _default.closed:
+        _default = comm
+    return comm
+
+
+def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: float) -> Communicator:
+    """The shared-memory Communicator of `world_size` ranks on this host: create this rank's
+    segment, publish its name under `{prefix}/shm/{rank}`, map every peer's (the segments are
+    unlinked as soon as all ranks have mapped them)."""
+    core = _C.Communicator(rank, world_size, timeout)
     name = core.create()
     try:
         if world_size == 1:
             names = [name]
         else:
-            if store is None:
-                store = (store_from_init_method(init_method, rank, world_size, t) if init_method
-                         else store_from_env(rank, world_size, t))
             store.set(f"{prefix}/shm/{rank}", name)
             names = [_to_str(store.get(f"{prefix}/shm/{r}")) for r in range(world_size)]
         core.connect(names)
     except BaseException:
         core.close()
         raise
-    comm = Communicator(core, prefix)
-    if _default is None or _default.closed:
-        _default = comm
-    return comm
+    return Communicator(core, prefix)
 
 
 def _to_str(v) -> str:

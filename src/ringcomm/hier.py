@@ -688,21 +688,8 @@ def _make_engine(topo: Topology, store, prefix: str, timeout: float):
 def _local_communicator(topo: Topology, store, prefix: str, timeout: float):
     """The node's shared-memory Communicator: the same steps as ``api.init``'s single-node path,
     for (local_rank, local_size) under the store prefix ``{prefix}/node{n}``."""
-    from . import _C, api
-    lp = f"{prefix}/node{topo.node}"
-    core = _C.Communicator(topo.local_rank, topo.local_size, timeout)
-    name = core.create()
-    try:
-        if topo.local_size == 1:
-            names = [name]
-        else:
-            store.set(f"{lp}/shm/{topo.local_rank}", name)
-            names = [api._to_str(store.get(f"{lp}/shm/{r}")) for r in range(topo.local_size)]
-        core.connect(names)
-    except BaseException:
-        core.close()
-        raise
-    return api.Communicator(core, lp)
+    from . import api
+    return api.shm_communicator(topo.local_rank, topo.local_size, store, f"{prefix}/node{topo.node}", timeout)
 
 
 # ---- asynchronous execution -------------------------------------------------------------------------

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One-shot GPU check for ringcomm's CUDA path (issue 6). Run from the repository root on a machine
+# with a GPU and nvcc:
+#
+#     OUT=/some/dir scripts/gpu_check.sh
+#
+# It builds ringcomm with the CUDA module (RINGCOMM_CUDA=1), records the environment, runs
+# tests/test_cuda.py and benchmarks/cuda_bench.py, and leaves every log in $OUT:
+#   env.txt  build.log  status.txt  test_cuda.log  test_cuda.xml  cuda_bench.log  cuda_bench.json
+#   summary.txt  (also printed at the end)
+# Knobs: TEST_TIMEOUT (s, default 300), BENCH_TIMEOUT (s, default 150), GPU_CHECK_K (a pytest -k
+# expression to narrow the tests), BENCH_ARGS (default "-b 1M -e 256M -f 4 --iters 20").
+# Exit status: 0 when the build succeeded, CUDA was usable and the tests passed.
+# Budget: about 1-2 min build (16 cores) + <= 5 min tests + <= 2.5 min benchmark: under 10 min.
+# The GPU tests run in priority order (tests/test_cuda.py), so a timeout cuts the least important.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu_check_out}"
+mkdir -p "$OUT"
+TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
+BENCH_TIMEOUT="${BENCH_TIMEOUT:-150}"
+BENCH_ARGS="${BENCH_ARGS:--b 1M -e 256M -f 4 --iters 20}"
+PY="${PYTHON:-python}"
+status=0
+t_start=$(date +%s)
+note() { echo "[gpu_check $(date +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
+: > "$OUT/summary.txt"
+
+# ---- environment ----
+{
+  echo "date: $(date -Is)"; echo "host: $(hostname)"; echo "cwd: $PWD"
+  echo "git: $(git rev-parse HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | wc -l) changed files"
+  echo "nproc: $(nproc)"
+  echo "--- nvidia-smi"; nvidia-smi 2>&1 || echo "nvidia-smi unavailable"
+  echo "--- compute mode / topology"
+  nvidia-smi --query-gpu=index,name,uuid,driver_version,compute_mode,memory.total --format=csv 2>&1 || true
+  nvidia-smi topo -m 2>&1 || true
+  echo "--- nvcc"; (command -v nvcc && nvcc --version) 2>&1 || /usr/local/cuda/bin/nvcc --version 2>&1 || echo "no nvcc"
+  echo "--- python"; $PY --version 2>&1
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), 'gpus', torch.cuda.device_count())" 2>&1 || true
+  $PY -c "import cupy; print('cupy', cupy.__version__)" 2>&1 || true
+  $PY -c "import pybind11, cmake; print('pybind11', pybind11.__version__)" 2>&1 || true
+  echo "--- /dev/shm"; df -h /dev/shm 2>&1 || true
+} > "$OUT/env.txt" 2>&1
+note "environment recorded in env.txt"
+
+# ---- build ----
+export PATH="$PATH:/usr/local/cuda/bin"
+t0=$(date +%s)
+if RINGCOMM_CUDA=1 RINGCOMM_BUILD_JOBS="$(nproc)" $PY -m pip install --no-build-isolation -v -e . > "$OUT/build.log" 2>&1; then
+  note "build OK in $(( $(date +%s) - t0 )) s"
+else
+  note "BUILD FAILED after $(( $(date +%s) - t0 )) s (see build.log)"
+  tail -40 "$OUT/build.log" | tee -a "$OUT/summary.txt"
+  exit 1
+fi
+
+# ---- CUDA status ----
+$PY - > "$OUT/status.txt" 2>&1 <<'EOF'
+import ringcomm.cuda as c
+print("is_available:", c.is_available())
+print("reason:", c.unavailable_reason() or "-")
+try:
+    from ringcomm import _C_cuda
+    print("runtime_status:", _C_cuda.runtime_status())
+    print("compiled archs:", _C_cuda.COMPILED_ARCHS)
+except ImportError as e:
+    print("no _C_cuda:", e)
+EOF
+cat "$OUT/status.txt" | tee -a "$OUT/summary.txt"
+if ! grep -q "is_available: True" "$OUT/status.txt"; then
+  note "CUDA NOT USABLE: the GPU tests would all skip (a driver older than the CUDA runtime the module was built with?)"
+  status=2
+fi
+
+# ---- tests ----
+t0=$(date +%s)
+K=()
+if [ -n "${GPU_CHECK_K:-}" ]; then K=(-k "$GPU_CHECK_K"); fi
+timeout -k 10 "$TEST_TIMEOUT" $PY -m pytest tests/test_cuda.py -v -rs --durations=20 \
+    --junitxml="$OUT/test_cuda.xml" "${K[@]}" > "$OUT/test_cuda.log" 2>&1
+rc=$?
+note "tests/test_cuda.py exit $rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/test_cuda.log")"
+grep -E "PASSED|FAILED|SKIPPED|ERROR" "$OUT/test_cuda.log" | sed 's/^/    /' | head -80 >> "$OUT/summary.txt"
+[ $rc -ne 0 ] && status=1
+
+# ---- benchmark ----
+t0=$(date +%s)
+# shellcheck disable=SC2086
+timeout -k 10 "$BENCH_TIMEOUT" $PY benchmarks/cuda_bench.py $BENCH_ARGS --json "$OUT/cuda_bench.json" \
+    > "$OUT/cuda_bench.log" 2>&1
+brc=$?
+note "benchmarks/cuda_bench.py exit $brc in $(( $(date +%s) - t0 )) s"
+cat "$OUT/cuda_bench.log" >> "$OUT/summary.txt"
+
+note "done in $(( $(date +%s) - t_start )) s, status $status"
+cat "$OUT/summary.txt"
+exit $status

@@ -1,0 +1,383 @@
+"""Cases for tests/test_cuda.py that run INSIDE spawned ranks (module-level for spawn).
+
+- sim_cases: the CUDA path's algorithms (csrc/algo/ring_cuda.cpp) driven over host shared memory
+  (ringcomm._C_cuda._HostSim): every collective x dtype x op x count against numpy, with tiny
+  slots and misaligned buffers. Needs no GPU.
+- unavailable_cases: a CUDA-like array handed to the host API raises a clear UnsupportedError on
+  every rank, and the communicator stays usable. Needs no GPU.
+- gpu_*: the real thing (skipped without a GPU by the test module)."""
+import os
+import time
+import traceback
+
+import numpy as np
+
+from mp_cases import close_enough, counts_for, digest, make, pairs, reference
+
+DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6,
+               "int64": 7, "bool": 8}
+OP_CODES = {"SUM": 0, "PRODUCT": 1, "MIN": 2, "MAX": 3, "AVG": 4, "BAND": 5, "BOR": 6, "BXOR": 7}
+
+
+def _store(rank, world, timeout=60):
+    from ringcomm.rendezvous import FileStore
+    return FileStore(os.environ["RC_TEST_STORE"], timeout)
+
+
+# ---------------- host simulation of the CUDA algorithms ----------------
+
+def _raw(values, dt):
+    """numpy buffer holding `values` in dtype dt (bfloat16 as its uint16 bit patterns)."""
+    if dt == "bfloat16":
+        return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return np.asarray(values).astype(dt)
+
+
+def _val(raw, dt):
+    if dt == "bfloat16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw
+
+
+def _misaligned(n, like, shift):
+    """An n-element array of like's dtype whose address is `shift` elements past an aligned one."""
+    base = np.zeros(n + shift, dtype=like.dtype)
+    return base[shift:]
+
+
+def sim_cases(rank, world, slot_bytes, nslots):
+    import ringcomm._C_cuda as m
+    store = _store(rank, world)
+    sim = m._HostSim(rank, world, slot_bytes, nslots, 60.0)
+    fails = []
+    try:
+        store.set(f"sim/{rank}", sim.create())
+        sim.attach([store.get(f"sim/{r}").decode() for r in range(world)])
+
+        def check(name, cond):
+            if not cond:
+                fails.append(f"rank {rank}: {name}")
+
+        for dt, op in pairs():
+            code, opc = DTYPE_CODES[dt], OP_CODES[op]
+            for count in counts_for(world)[:-1] + [301]:
+                for shift in (0, 1):
+                    tag = f"{dt} {op} n={count} shift={shift}"
+                    ins = [make(dt, count, r, 1, op) for r in range(world)]
+                    ref = reference(ins, dt, op, world)
+                    mine = _raw(ins[rank], dt)
+                    # all_reduce in place and out of place
+                    x = _misaligned(count, mine, shift)
+                    x[:] = mine
+                    sim.all_reduce(x.ctypes.data, x.ctypes.data, count, code, opc)
+                    check(f"all_reduce inplace {tag}", close_enough(_val(x, dt), ref, dt, op))
+                    y = _misaligned(count, mine, shift)
+                    sim.all_reduce(mine.ctypes.data, y.ctypes.data, count, code, opc)
+                    check(f"all_reduce out-of-place {tag}", close_enough(_val(y, dt), ref, dt, op))
+                    # reduce_scatter
+                    lo = count // world * rank + min(rank, count % world)
+                    n = count // world + (1 if rank < count % world else 0)
+                    y = _misaligned(n, mine, shift)
+                    sim.reduce_scatter(mine.ctypes.data, y.ctypes.data, count, code, opc)
+                    check(f"reduce_scatter {tag}", close_enough(_val(y, dt), ref[lo:lo + n], dt, op))
+                    # reduce to every root
+                    for root in range(world):
+                        y = _misaligned(count, mine, shift)
+                        sim.reduce(mine.ctypes.data, y.ctypes.data if rank == root else 0, count, code, opc, root)
+                        if rank == root:
+                            check(f"reduce root={root} {tag}", close_enough(_val(y, dt), ref, dt, op))
+            if op != "SUM" and not (dt == "bool" and op == "MIN"):
+                continue
+            for count in counts_for(world)[:-1] + [301]:
+                tag = f"{dt} n={count}"
+                ins = [_raw(make(dt, count, r, 2), dt) for r in range(world)]
+                # all_gather: even, in place, uneven
+                y = np.zeros(count * world, ins[0].dtype)
+                sim.all_gather(ins[rank].ctypes.data, y.ctypes.data, [count] * world, code)
+                check(f"all_gather {tag}", np.array_equal(y, np.concatenate(ins)))
+                z = np.zeros(count * world, ins[0].dtype)
+                z[rank * count:(rank + 1) * count] = ins[rank]
+                sim.all_gather(z[rank * count:].ctypes.data, z.ctypes.data, [count] * world, code)
+                check(f"all_gather inplace {tag}", np.array_equal(z, np.concatenate(ins)))
+                un = [_raw(make(dt, count + r, r, 3), dt) for r in range(world)]
+                y = np.zeros(sum(len(u) for u in un), ins[0].dtype)
+                sim.all_gather(un[rank].ctypes.data, y.ctypes.data, [len(u) for u in un], code)
+                check(f"all_gather uneven {tag}", np.array_equal(y, np.concatenate(un)))
+                for root in range(world):
+                    x = ins[rank].copy()
+                    sim.broadcast(x.ctypes.data, count, code, root)
+                    check(f"broadcast root={root} {tag}", np.array_equal(x, ins[root]))
+                    y = np.zeros(count * world, ins[0].dtype)
+                    sim.gather(ins[rank].ctypes.data, y.ctypes.data, count, code, root)
+                    if rank == root:
+                        check(f"gather root={root} {tag}", np.array_equal(y, np.concatenate(ins)))
+                    full = _raw(make(dt, count * world, root, 4), dt)
+                    y = np.zeros(count, ins[0].dtype)
+                    sim.scatter(full.ctypes.data, y.ctypes.data, count, code, root)
+                    check(f"scatter root={root} {tag}", np.array_equal(y, full[rank * count:(rank + 1) * count]))
+
+                def sz(s, d):
+                    return (s + 2 * d + count) % 5 + (60 if count > 100 else 0)
+                send = [_raw(make(dt, sum(sz(s, d) for d in range(world)), s, 5), dt) for s in range(world)]
+                outn = sum(sz(s, rank) for s in range(world))
+                y = np.zeros(outn, ins[0].dtype)
+                sim.all_to_all(send[rank].ctypes.data, y.ctypes.data, [sz(rank, d) for d in range(world)],
+                               [sz(s, rank) for s in range(world)], code)
+                exp = np.concatenate([send[s][sum(sz(s, d) for d in range(rank)):][:sz(s, rank)] for s in range(world)])
+                check(f"all_to_all uneven {tag}", np.array_equal(y, exp))
+    except Exception:  # noqa: BLE001
+        fails.append(f"rank {rank}: exception\n{traceback.format_exc()}")
+    finally:
+        sim.close()
+    return fails
+
+
+# ---------------- CUDA unavailable ----------------
+
+class FakeCudaArray:
+    """Looks like a CUDA array to ringcomm (never dereferenced: CUDA is unavailable)."""
+
+    def __init__(self, n=8, typestr="<f4", strides=None, readonly=False):
+        self.__cuda_array_interface__ = dict(shape=(n,), typestr=typestr, data=(0x7f0000000000, readonly),
+                                             version=3, strides=strides)
+
+
+def unavailable_cases(rank, world, mixed):
+    import ringcomm
+    comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
+                         timeout=30)
+    out = []
+    try:
+        x = FakeCudaArray() if (not mixed or rank == 0) else np.ones(8, np.float32)
+        try:
+            comm.all_reduce(x)
+            out.append(("no error", ""))
+        except ringcomm.RingcommError as e:
+            out.append((type(e).__name__, str(e)))
+        y = np.ones(4, np.float32)
+        comm.all_reduce(y)  # the communicator is still usable
+        out.append(y.tolist())
+    finally:
+        comm.close()
+    return out
+
+
+# ---------------- GPU cases ----------------
+
+def _gpu_device(rank):
+    import torch
+    n = torch.cuda.device_count()
+    dev = rank % n
+    torch.cuda.set_device(dev)
+    return dev
+
+
+def _cuda_tensor(arr, dt, dev):
+    import torch
+    t = torch.from_numpy(np.ascontiguousarray(arr).copy())
+    if dt == "bfloat16":
+        t = t.to(torch.bfloat16)
+    return t.to(f"cuda:{dev}")
+
+
+def _host(t):
+    import torch
+    t = t.cpu()
+    return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def gpu_collective_cases(rank, world, mode, slot_bytes, nslots, route):
+    """Every collective x dtype x op x count on torch CUDA tensors against numpy. route: "api"
+    (ringcomm.init + the host API's CUDA dispatch) or "cuda" (ringcomm.cuda.init)."""
+    os.environ["RINGCOMM_CUDA_P2P"] = mode
+    os.environ["RINGCOMM_CUDA_SLOT_BYTES"] = str(slot_bytes)
+    os.environ["RINGCOMM_CUDA_NSLOTS"] = str(nslots)
+    import torch
+
+    import ringcomm
+    import ringcomm.cuda
+    dev = _gpu_device(rank)
+    init = "file://" + os.environ["RC_TEST_STORE"]
+    if route == "api":
+        comm = ringcomm.init(rank=rank, world_size=world, init_method=init, timeout=120)
+    else:
+        comm = ringcomm.cuda.init(rank=rank, world_size=world, init_method=init, timeout=120, device=dev)
+    fails, digests = [], []
+
+    def check(name, cond):
+        if not cond:
+            fails.append(f"rank {rank}: {name}")
+
+    T = lambda a, dt: _cuda_tensor(a, dt, dev)  # noqa: E731
+    try:
+        for dt, op in pairs():
+            for count in counts_for(world):
+                tag = f"{mode} {dt} {op} n={count}"
+                ins = [make(dt, count, r, 1, op) for r in range(world)]
+                ref = reference(ins, dt, op, world)
+                x = T(ins[rank], dt)
+                comm.all_reduce(x, op=getattr(ringcomm.ReduceOp, op))
+                check(f"all_reduce inplace {tag}", close_enough(_host(x), ref, dt, op))
+                digests.append(("all_reduce", tag, digest(_host(x))))
+                x = T(ins[rank], dt)
+                y = T(np.zeros_like(ins[rank]), dt)
+                comm.all_reduce(x, op=op, output=y)
+                check(f"all_reduce out-of-place {tag}", close_enough(_host(y), ref, dt, op))
+                check(f"all_reduce input untouched {tag}", np.array_equal(_host(x), _host(T(ins[rank], dt))))
+                # misaligned views (element offset 1): the kernels' scalar path
+                big = T(np.concatenate([ins[rank][:1], ins[rank]]) if count else ins[rank], dt)
+                v = big[1:] if count else big
+                comm.all_reduce(v, op=op)
+                check(f"all_reduce misaligned {tag}", close_enough(_host(v), ref, dt, op))
+                lo = count // world * rank + min(rank, count % world)
+                n = count // world + (1 if rank < count % world else 0)
+                y = T(np.zeros(n, dtype=ins[rank].dtype), dt)
+                comm.reduce_scatter(y, T(ins[rank], dt), op=op)
+                check(f"reduce_scatter {tag}", close_enough(_host(y), ref[lo:lo + n], dt, op))
+                if count in (7, 3001) or world <= 2:
+                    for root in range(world):
+                        x = T(ins[rank], dt)
+                        comm.reduce(x, root=root, op=op)
+                        if rank == root:
+                            check(f"reduce root={root} {tag}", close_enough(_host(x), ref, dt, op))
+            if op != "SUM" and not (dt == "bool" and op == "MIN"):
+                continue
+            for count in counts_for(world):
+                tag = f"{mode} {dt} n={count}"
+                ins = [make(dt, count, r, 2) for r in range(world)]
+                y = T(np.zeros(count * world, dtype=ins[0].dtype), dt)
+                comm.all_gather(y, T(ins[rank], dt))
+                check(f"all_gather {tag}", close_enough(_host(y), np.concatenate(ins), dt, "SUM"))
+                z = T(np.zeros(count * world, dtype=ins[0].dtype), dt)
+                z[rank * count:(rank + 1) * count] = T(ins[rank], dt)
+                comm.all_gather(z, z[rank * count:(rank + 1) * count])
+                check(f"all_gather inplace {tag}", close_enough(_host(z), np.concatenate(ins), dt, "SUM"))
+                un = [make(dt, count + r, r, 3) for r in range(world)]
+                y = T(np.zeros(sum(len(u) for u in un), dtype=ins[0].dtype), dt)
+                comm.all_gather(y, T(un[rank], dt))
+                check(f"all_gather uneven {tag}", close_enough(_host(y), np.concatenate(un), dt, "SUM"))
+                for root in range(world):
+                    x = T(ins[rank], dt)
+                    comm.broadcast(x, root=root)
+                    check(f"broadcast root={root} {tag}", close_enough(_host(x), ins[root], dt, "SUM"))
+                full = [make(dt, count * world, r, 4) for r in range(world)]
+                y = T(np.zeros(count * world, dtype=ins[0].dtype), dt)
+                comm.all_to_all(y, T(full[rank], dt))
+                exp = np.concatenate([full[s][rank * count:(rank + 1) * count] for s in range(world)])
+                check(f"all_to_all {tag}", close_enough(_host(y), exp, dt, "SUM"))
+                for root in range(world):
+                    y = T(np.zeros(count * world, dtype=ins[0].dtype), dt) if rank == root else None
+                    comm.gather(y, T(ins[rank], dt), root=root)
+                    if rank == root:
+                        check(f"gather root={root} {tag}", close_enough(_host(y), np.concatenate(ins), dt, "SUM"))
+                    src = T(full[root], dt) if rank == root else None
+                    y = T(np.zeros(count, dtype=ins[0].dtype), dt)
+                    comm.scatter(y, src, root=root)
+                    check(f"scatter root={root} {tag}",
+                          close_enough(_host(y), full[root][rank * count:(rank + 1) * count], dt, "SUM"))
+                if world > 1:
+                    x = T(ins[rank], dt)
+                    y = T(np.zeros(count, dtype=ins[0].dtype), dt)
+                    right, left = (rank + 1) % world, (rank - 1) % world
+                    hs = comm.send(x, right, async_op=True)
+                    hr = comm.recv(y, left, async_op=True)
+                    hs.wait(30)
+                    hr.wait(30)
+                    check(f"send/recv ring {tag}", close_enough(_host(y), ins[left], dt, "SUM"))
+                comm.barrier()
+        # async collectives on a side stream: enqueue, return, complete in order
+        s = torch.cuda.Stream()
+        xs = [torch.full((100000,), float(rank + i), device=f"cuda:{dev}") for i in range(5)]
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            hs = [comm.all_reduce(x, async_op=True) for x in xs]
+        for i, h in enumerate(hs):
+            h.wait(timeout=60)
+            check(f"async all_reduce {i}", h.is_completed() and h.exception() is None
+                  and bool((xs[i] == sum(r + i for r in range(world))).all()))
+        # stream order: work enqueued after the call sees the result without a host sync
+        x = torch.full((1 << 20,), float(rank + 1), device=f"cuda:{dev}")
+        comm.all_reduce(x)
+        y = x * 2
+        check("stream order", float(y[0].item()) == 2.0 * sum(r + 1 for r in range(world)))
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001
+        fails.append(f"rank {rank}: exception\n{traceback.format_exc()}")
+    finally:
+        comm.close()
+    return fails, digests
+
+
+def gpu_cupy_cases(rank, world):
+    """CuPy arrays through ringcomm.cuda.init on CuPy's current stream."""
+    import cupy
+
+    import ringcomm.cuda
+    n = cupy.cuda.runtime.getDeviceCount()
+    cupy.cuda.Device(rank % n).use()
+    comm = ringcomm.cuda.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
+                              timeout=60, device=rank % n)
+    try:
+        x = cupy.arange(1000, dtype=cupy.float32) * (rank + 1)
+        comm.all_reduce(x)
+        exp = np.arange(1000, dtype=np.float32) * sum(r + 1 for r in range(world))
+        return bool(np.array_equal(cupy.asnumpy(x), exp))
+    finally:
+        comm.close()
+
+
+def gpu_killed_rank(rank, world):
+    """Rank 1 dies (SIGKILL) while the others run large all_reduces: they must raise, not hang."""
+    import signal
+
+    import torch
+
+    import ringcomm
+    import ringcomm.cuda
+    dev = _gpu_device(rank)
+    comm = ringcomm.cuda.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
+                              timeout=60, device=dev)
+    x = torch.ones(16 << 20, device=f"cuda:{dev}")
+    comm.all_reduce(x[:10])
+    torch.cuda.synchronize()
+    if rank == 1:
+        comm.all_reduce(x)
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(50):
+            comm.all_reduce(x, async_op=True).wait()
+        return ("no error", 0.0, "")
+    except ringcomm.RingcommError as e:
+        return (type(e).__name__, time.monotonic() - t0, str(e))
+    finally:
+        comm.close()
+
+
+def gpu_ddp(rank, world, backend, steps):
+    """A small model trained with DDP on CUDA tensors over `backend`; returns the final weights."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    if backend == "ringcomm":
+        import ringcomm.torch  # noqa: F401 - registers the backend
+    dev = _gpu_device(rank)
+    dist.init_process_group(backend, init_method="file://" + os.environ["RC_TEST_STORE"] + f"/{backend}-pg",
+                            rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(dev)
+        ddp = DDP(model, device_ids=[dev], bucket_cap_mb=0.01)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(100 + rank)
+        for _ in range(steps):
+            xb = torch.randn(16, 32, generator=g).to(dev)
+            yb = torch.randn(16, 4, generator=g).to(dev)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(xb), yb).backward()
+            opt.step()
+        torch.cuda.synchronize()
+        return [p.detach().cpu().numpy() for p in model.parameters()]
+    finally:
+        dist.destroy_process_group()
