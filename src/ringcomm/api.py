@@ -122,12 +122,11 @@ class Communicator:
 
     def _buf(self, coll, x, what, writeable=False) -> Buf:
         try:
-            b = as_buf(x, f"{coll} {what}")
-            if writeable and not b.writeable:
-                raise InvalidArgumentError(f"ringcomm: {coll} {what} is read-only but the result is written into it")
-            return b
+            return as_buf(x, what, writeable)
         except RingcommError as e:
-            self._reject(coll, e)
+            # Name the call in the message (formatted only on this error path).
+            msg = str(e).replace(f"ringcomm: {what}", f"ringcomm: {coll} {what}", 1)
+            self._reject(coll, type(e)(msg))
 
     def _same_dtype(self, coll, a: Buf, b: Buf):
         if a.dtype != b.dtype:

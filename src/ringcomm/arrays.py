@@ -37,20 +37,26 @@ class Buf:
     writeable: bool
 
 
-def _numpy_buf(x: np.ndarray, what: str) -> Buf:
+_NAMES = {c: n for n, c in DTYPE_CODES.items()}
+
+
+def _numpy_buf(x: np.ndarray, what: str, writeable: bool) -> Buf:
     code = _NP_CODES.get(x.dtype)
     if code is None:
         if x.dtype.name == "bfloat16":      # ml_dtypes.bfloat16
             code = 3
         else:
             raise UnsupportedError(f"ringcomm: {what} has dtype {x.dtype}, supported: {SUPPORTED}")
-    info = _C.buffer_address(x, False)
+    # One buffer-protocol request checks contiguity (and writability when the result lands here).
+    info = _C.buffer_address(x, writeable)
     if info is None:
-        raise InvalidArgumentError(
-            f"ringcomm: {what} is not contiguous (shape {x.shape}, strides {x.strides}); "
-            f"pass np.ascontiguousarray(...) and copy the result back")
+        if not x.flags.c_contiguous:
+            raise InvalidArgumentError(
+                f"ringcomm: {what} is not contiguous (shape {x.shape}, strides {x.strides}); "
+                f"pass np.ascontiguousarray(...) and copy the result back")
+        raise InvalidArgumentError(f"ringcomm: {what} is read-only but the result is written into it")
     addr, nbytes = info
-    return Buf(x, addr, nbytes // _ESIZE[code], x.dtype.name, code, nbytes, x.flags.writeable)
+    return Buf(x, addr, nbytes // _ESIZE[code], _NAMES[code], code, nbytes, True if writeable else x.flags.writeable)
 
 
 def _torch_codes():
@@ -78,13 +84,14 @@ def _torch_buf(x, what: str) -> Buf:
             f"ringcomm: {what} is not contiguous (shape {tuple(x.shape)}, stride {x.stride()}); "
             f"pass x.contiguous() and copy the result back")
     n = x.numel()
-    return Buf(x, x.data_ptr() if n else 0, n, str(x.dtype)[6:], code, n * _ESIZE[code], True)
+    return Buf(x, x.data_ptr() if n else 0, n, _NAMES[code], code, n * _ESIZE[code], True)
 
 
-def as_buf(x, what: str = "array") -> Buf:
-    """Describe x's memory. Raises InvalidArgumentError / UnsupportedError with a clear message."""
+def as_buf(x, what: str = "array", writeable: bool = False) -> Buf:
+    """Describe x's memory (writeable=True: the result is written into it). Raises
+    InvalidArgumentError / UnsupportedError with a clear message."""
     if type(x) is np.ndarray or isinstance(x, np.ndarray):
-        return _numpy_buf(x, what)
+        return _numpy_buf(x, what, writeable)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return _torch_buf(x, what)
