@@ -1,0 +1,4 @@
+"""``python -m ringcomm.bench``."""
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,328 @@
+"""``python -m ringcomm.bench`` / ``ringcomm-bench``: nccl-tests-style sweeps of ringcomm's
+collectives beside torch.distributed gloo, MPI (mpi4py) and NCCL in one run.
+
+Phases, one after the other so none disturbs another's timing:
+  1. memcpy ceiling, in this process (``memcpy.py``);
+  2. N spawned ranks (``ringcomm.launch.spawn``), each running ringcomm and the torch peers
+     (gloo, NCCL) side by side, size by size (``harness.rank_sweep``);
+  3. if MPI is available, ``mpiexec -n N`` ranks running the same sweep with mpi4py
+     (``_mpi_worker``).
+The ranks return their per-iteration times; this process takes the max over ranks per iteration,
+prints one table per collective, the summary and the verdicts, and writes the JSON and the plot.
+Exit status: 0, or 1 if any correctness check failed, 3 if the ranks could not run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from .harness import (OPS, REDOPS, REDOP_ALIASES, merge_ranks, parse_dtype, parse_size,
+                      size_sweep)
+
+QUICK = {"minbytes": "1K", "maxbytes": "64M", "warmup_iters": 2, "iters": 10, "budget": 0.04,
+         "min_iters": 2}
+FULL = {"minbytes": "8", "maxbytes": "256M", "warmup_iters": 5, "iters": 50, "budget": 0.25,
+        "min_iters": 3}
+DEFAULT_PEERS = "gloo,mpi,nccl"
+# --nodes K (issue 7): each rank gets RINGCOMM_NODE_ID = its fake node (ringcomm.hier.fake_nodes_env)
+# before any library is created, so ringcomm goes hierarchical while gloo/MPI stay flat over the
+# same processes.
+NODES_SUPPORTED = True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ringcomm.bench",
+        description="nccl-tests-style benchmark of ringcomm's collectives beside gloo, MPI and "
+                    "NCCL, in one run on local processes.",
+        epilog="Example: python -m ringcomm.bench --quick --json bench.json --plot bench.png")
+    p.add_argument("-np", "--world-size", type=int, default=2, metavar="N",
+                   help="local processes (default 2)")
+    p.add_argument("--ops", default=",".join(OPS),
+                   help=f"collectives, comma-separated, or 'all' (default: all = {','.join(OPS)})")
+    p.add_argument("-d", "--dtype", default="float32",
+                   help="dtypes, comma-separated, or 'all' (float32, float64, float16, bfloat16, "
+                        "int8, uint8, int32, int64; default float32)")
+    p.add_argument("-o", "--op", default="sum",
+                   help="reduce ops for the reducing collectives, comma-separated, or 'all' "
+                        "(sum, prod, min, max, avg; default sum)")
+    p.add_argument("-b", "--minbytes", default=None, help="smallest size (default 8, --quick 1K)")
+    p.add_argument("-e", "--maxbytes", default=None,
+                   help="largest size (default 256M, --quick 64M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=4, help="size factor (default 4)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=None,
+                   help="at most this many warm-up calls per measurement (default 5, --quick 2)")
+    p.add_argument("-n", "--iters", type=int, default=None,
+                   help="at most this many timed calls per measurement (default 50, --quick 10); "
+                        "fewer at large sizes, see --time-budget")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="timed seconds per measurement that size the iteration count "
+                        "(default 0.25, --quick 0.04); at least 3 (--quick 2) calls are timed")
+    p.add_argument("--quick", action="store_true",
+                   help="1 KiB to 64 MiB, fewer iterations: the whole run in under a minute")
+    p.add_argument("--peers", default=DEFAULT_PEERS,
+                   help="peers to measure beside ringcomm where available: any of gloo,mpi,nccl, "
+                        f"or 'none' (default {DEFAULT_PEERS})")
+    p.add_argument("--no-inplace", dest="inplace", action="store_false",
+                   help="skip ringcomm's in-place variants (broadcast keeps its only, in-place, form)")
+    p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    p.add_argument("--plot", metavar="PATH.png", help="draw busbw vs size (log-log) to PATH.png")
+    p.add_argument("--nodes", type=int, default=1, metavar="K",
+                   help="fake K nodes on this machine (RINGCOMM_NODE_ID per rank; ringcomm "
+                        "hierarchical, peers flat; issue 7, not yet available). Default 1")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds for each phase before its ranks are killed (default 1800)")
+    p.add_argument("--op-timeout", type=float, default=120.0,
+                   help="ringcomm/gloo per-operation timeout in seconds (default 120)")
+    # Test hook: corrupt one checked element of LIB's results, so tests can show the check fails.
+    p.add_argument("--inject-wrong", default="", help=argparse.SUPPRESS)
+    return p
+
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def resolve(args) -> dict:
+    """Validated run configuration (JSON-serialisable: it travels to every rank)."""
+    if args.world_size < 1:
+        raise ValueError(f"-np must be >= 1, got {args.world_size}")
+    if args.nodes < 1 or args.nodes > args.world_size:
+        raise ValueError(f"--nodes must be in 1..{args.world_size}, got {args.nodes}")
+    if args.nodes > 1 and not NODES_SUPPORTED:
+        raise ValueError("--nodes K > 1 needs ringcomm's hierarchical collectives (issue 7), which "
+                         "this build does not have yet")
+    base = QUICK if args.quick else FULL
+    ops = list(OPS) if args.ops == "all" else _split(args.ops)
+    for op in ops:
+        if op not in OPS:
+            raise ValueError(f"unknown collective {op!r}; choose from {', '.join(OPS)}")
+    dtypes = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"] \
+        if args.dtype == "all" else [parse_dtype(d).name for d in _split(args.dtype)]
+    redops = list(REDOPS) if args.op == "all" else \
+        [REDOP_ALIASES.get(o.lower(), o.lower()) for o in _split(args.op)]
+    for o in redops:
+        if o not in REDOPS:
+            raise ValueError(f"unknown reduce op {o!r}; choose from {', '.join(REDOPS)}")
+    peers = [] if args.peers.strip().lower() == "none" else _split(args.peers.lower())
+    for peer in peers:
+        if peer not in ("gloo", "mpi", "nccl"):
+            raise ValueError(f"unknown peer {peer!r}; choose from gloo, mpi, nccl, none")
+    sizes = size_sweep(parse_size(args.minbytes or base["minbytes"]),
+                       parse_size(args.maxbytes or base["maxbytes"]), args.stepfactor)
+    policy = {"warmup": base["warmup_iters"] if args.warmup_iters is None else args.warmup_iters,
+              "iters": base["iters"] if args.iters is None else args.iters,
+              "budget": base["budget"] if args.time_budget is None else args.time_budget,
+              "min_iters": base["min_iters"], "inject_wrong": args.inject_wrong}
+    if policy["iters"] < 1 or policy["warmup"] < 0:
+        raise ValueError("-n must be >= 1 and -w >= 0")
+    return {"world_size": args.world_size, "ops": ops, "dtypes": dtypes, "redops": redops,
+            "sizes": sizes, "policy": policy, "peers": peers, "inplace": args.inplace,
+            "nodes": args.nodes, "op_timeout": args.op_timeout, "timeout": args.timeout}
+
+
+def _rank_entry(rank: int, world: int, cfg: dict, libs: list[str]) -> dict:
+    from .harness import rank_sweep
+    return rank_sweep(rank, world, cfg, libs, desc="+".join(libs))
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _cpu_busy(interval: float = 0.5):
+    """Fraction of all cores busy (with other processes: we sleep meanwhile) over `interval` s."""
+    def snap():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)
+    try:
+        t0, i0 = snap()
+        time.sleep(interval)
+        t1, i1 = snap()
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if t1 == t0 else 1.0 - (i1 - i0) / (t1 - t0)
+
+
+def _loadavg():
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def _package_root() -> str:
+    import ringcomm
+    return os.path.dirname(os.path.dirname(os.path.abspath(ringcomm.__file__)))
+
+
+def run_mpi_phase(cfg: dict, tmp: str, notices: list[str]) -> list[dict] | None:
+    from .peers import find_mpiexec
+    mpiexec = find_mpiexec()
+    cfg_path, out_path = os.path.join(tmp, "mpi_cfg.json"), os.path.join(tmp, "mpi_out.pickle")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([_package_root()] + [p for p in env.get(
+        "PYTHONPATH", "").split(os.pathsep) if p])
+    cmd = [mpiexec, "-n", str(cfg["world_size"]), sys.executable, "-m",
+           "ringcomm.bench._mpi_worker", cfg_path, out_path]
+    try:
+        # The workers' stdout goes to our stderr: stdout carries only the report.
+        proc = subprocess.run(cmd, env=env, stdout=sys.stderr, stderr=sys.stderr,
+                              stdin=subprocess.DEVNULL, timeout=cfg["timeout"])
+    except subprocess.TimeoutExpired:
+        notices.append(f"mpi: skipped (mpiexec did not finish within {cfg['timeout']:.0f} s)")
+        return None
+    except OSError as e:
+        notices.append(f"mpi: skipped (cannot run {mpiexec}: {e})")
+        return None
+    if proc.returncode != 0 or not os.path.exists(out_path):
+        notices.append(f"mpi: skipped (`{' '.join(shlex.quote(c) for c in cmd[:3])} ...` "
+                       f"exited with {proc.returncode})")
+        return None
+    import pickle
+    with open(out_path, "rb") as f:
+        return pickle.load(f)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = resolve(args)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib (pip install matplotlib, or 'ringcomm[bench]')")
+    from ringcomm.launch import LaunchError, spawn
+
+    from . import report
+    from .memcpy import measure_memcpy
+    from .peers import probe
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_start, busy_start = _loadavg(), _cpu_busy()
+    t_start = time.monotonic()
+    notices: list[str] = []
+    torch_libs = []
+    rc_reason = probe("ringcomm")
+    if rc_reason:
+        notices.append(f"ringcomm: skipped ({rc_reason})")
+    else:
+        torch_libs.append("ringcomm")
+    use_mpi = False
+    for peer in cfg["peers"]:
+        reason = probe(peer)
+        if reason:
+            notices.append(f"{peer}: skipped ({reason})")
+        elif peer == "mpi":
+            use_mpi = True
+        else:
+            torch_libs.append(peer)
+
+    mem_sizes = sorted({s for s in cfg["sizes"]})
+    print(f"# ringcomm-bench: memcpy ceiling over {len(mem_sizes)} sizes ...", file=sys.stderr)
+    memcpy = measure_memcpy(mem_sizes, budget=0.1)
+
+    results: list[dict] = []
+    described: dict[str, str] = {}
+    tmp = tempfile.mkdtemp(prefix="ringcomm-bench-")
+    try:
+        cfg["rc_init"] = "file://" + os.path.join(tmp, "rc_rdzv")
+        cfg["torch_store"] = os.path.join(tmp, "torch_store")
+        if torch_libs:
+            print(f"# ringcomm-bench: {cfg['world_size']} ranks: {', '.join(torch_libs)} ...",
+                  file=sys.stderr)
+            try:
+                res = spawn(_rank_entry, cfg["world_size"], (cfg, torch_libs),
+                            timeout=cfg["timeout"])
+            except LaunchError as e:
+                print(f"ringcomm-bench: the ranks failed: {e}", file=sys.stderr)
+                return 3
+            results.extend(res)
+        if use_mpi:
+            print(f"# ringcomm-bench: {cfg['world_size']} MPI ranks (mpiexec) ...", file=sys.stderr)
+            res = run_mpi_phase(cfg, tmp, notices)
+            if res:
+                results.extend(res)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    for res in results:
+        for lib, text in res.get("libs", {}).items():
+            described.setdefault(lib, text)
+        for n in res.get("notices", []):
+            if n not in notices:
+                notices.append(n)
+    records = merge_ranks(results)
+    report.enrich(records, cfg["world_size"])
+    elapsed = time.monotonic() - t_start
+
+    import numpy
+    pol = cfg["policy"]
+    cmdline = "python -m ringcomm.bench" + "".join(" " + shlex.quote(a) for a in
+                                                  (sys.argv[1:] if argv is None else argv))
+    meta_lines = [
+        f"# ringcomm-bench  {started:%Y-%m-%d %H:%M:%S} UTC  host {platform.node()}  "
+        f"{_cpu_model()} ({os.cpu_count()} cores)  {platform.system()} {platform.release()}",
+        f"# command: {cmdline}",
+        f"# python {platform.python_version()}, numpy {numpy.__version__}; libraries: " +
+        ("; ".join(f"{k}: {v}" for k, v in described.items()) or "none ran"),
+        f"# {cfg['world_size']} local ranks"
+        + (f" faked as {cfg['nodes']} nodes (RINGCOMM_NODE_ID; ringcomm hierarchical, peers flat)"
+           if cfg["nodes"] > 1 else "")
+        + f"; sizes {cfg['sizes'][0]}..{cfg['sizes'][-1]} B x{args.stepfactor}; "
+        f"per measurement: 1 checked call, <= {pol['warmup']} warm-up, "
+        f"{min(pol['min_iters'], pol['iters'])}..{pol['iters']} timed calls (~{pol['budget']:g} s)",
+        "# time = median over timed calls of the max over ranks (min also shown for ringcomm); "
+        "algbw = size/time, busbw = algbw x factor; GB/s = 1e9 B/s",
+    ]
+    load_end = _loadavg()
+    if load_start is not None:
+        busy = busy_start is not None and busy_start > 0.15
+        meta_lines.append(
+            "# machine before the run: " + (f"{100 * busy_start:.0f}% CPU busy with other "
+                                             "processes; " if busy_start is not None else "") +
+            f"load average before/after {load_start[0]:.2f} / {load_end[0]:.2f} "
+            f"({os.cpu_count()} cores)" + ("  WARNING: other processes were competing for the "
+                                          "cores; figures are not representative" if busy else ""))
+    meta_lines += [f"# notice: {n}" for n in notices]
+    text, summary_data = report.render(meta_lines, records, memcpy, cfg["world_size"])
+    text += f"# run took {elapsed:.1f} s\n"
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+    meta = {"date_utc": started.isoformat(), "host": platform.node(), "cpu": _cpu_model(),
+            "cores": os.cpu_count(), "python": platform.python_version(),
+            "numpy": numpy.__version__, "libraries": described, "command": cmdline,
+            "notices": notices, "world_size": cfg["world_size"], "elapsed_s": elapsed,
+            "loadavg_start": load_start, "loadavg_end": load_end, "cpu_busy_start": busy_start,
+            "config": {k: v for k, v in cfg.items() if k not in ("rc_init", "torch_store")}}
+    if args.json:
+        report.write_json(args.json, meta, records, memcpy, summary_data)
+        print(f"# wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        report.plot(args.plot, summary_data["tables"], memcpy, cfg["world_size"],
+                    f"ringcomm-bench {started:%Y-%m-%d} - {_cpu_model()}, "
+                    f"{cfg['world_size']} ranks")
+        print(f"# wrote {args.plot}", file=sys.stderr)
+    return 1 if summary_data["wrong"] else 0

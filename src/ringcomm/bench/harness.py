@@ -1,0 +1,563 @@
+"""The measurement core shared by ``python -m ringcomm.bench``, its MPI worker and the
+pytest-benchmark suites in ``benchmarks/``.
+
+One *measurement* is (library, mode, collective, dtype, reduce op, size) on every rank:
+
+1. allocate the buffers in the library's native array type (``peers.Runner.array``);
+2. **correctness check**: fill the inputs with rank-dependent small integers stored as the dtype
+   (sums, products, minima and maxima of them are exact in every dtype, and the pattern's period
+   of 7 is prime to every power-of-two chunk size, so a chunk sent to the wrong place, a missed
+   peer or a doubled contribution changes values), outputs with a sentinel (0, never expected),
+   run the collective once and count the wrong elements;
+3. warm-up and timed iterations whose counts adapt to the size: the check call's time (max over
+   ranks, agreed through the library itself so every rank makes the same number of calls) sizes
+   the warm-up, the warm-up's mean sizes the timed loop to ``budget`` seconds, clamped to
+   ``[min_iters, iters]``;
+4. barrier, then each rank times every iteration on its own clock. The parent takes, per
+   iteration, the max over ranks, and reports the median and the min of those.
+
+Failures are agreed too: before and after the checked call every rank contributes its state to
+a max-all-reduce, so an error on one rank only (gloo's reduce raising on the root alone) skips
+the case on every rank instead of leaving the others waiting in a collective. An unsupported
+case shows as n/a; any other error retires that library for the rest of the run, everywhere.
+
+Nothing here imports torch, mpi4py or the ringcomm extension: the runners (``peers.py``) do.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
+REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
+# Collectives whose full tensor is split into world_size equal chunks.
+CHUNKED = frozenset({"reduce_scatter", "all_gather", "all_to_all"})
+REDOPS = ("sum", "prod", "min", "max", "avg")
+MODES = ("oop", "ip")
+MODE_LABEL = {"oop": "out-of-place", "ip": "in-place"}
+# The form each peer is measured in (torch.distributed's own: all_reduce/broadcast/reduce work in
+# place, reduce_scatter_tensor/all_gather_into_tensor/all_to_all_single out of place). Ratios
+# compare ringcomm in the same form, so they are like for like.
+NATIVE_MODE = {"all_reduce": "ip", "reduce_scatter": "oop", "all_gather": "oop",
+               "broadcast": "ip", "reduce": "ip", "all_to_all": "oop"}
+ROOT = 0
+
+
+def bus_factor(op: str, world: int) -> float:
+    """nccl-tests' bus-bandwidth factors (busbw = algbw * factor)."""
+    if op == "all_reduce":
+        return 2.0 * (world - 1) / world
+    if op in ("reduce_scatter", "all_gather", "all_to_all"):
+        return (world - 1) / world
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}")
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    itemsize: int
+    np_name: str | None      # None: numpy has no such dtype (bfloat16)
+    is_int: bool
+
+
+DTYPES = {d.name: d for d in (
+    DType("float32", 4, "float32", False), DType("float64", 8, "float64", False),
+    DType("float16", 2, "float16", False), DType("bfloat16", 2, None, False),
+    DType("int8", 1, "int8", True), DType("uint8", 1, "uint8", True),
+    DType("int32", 4, "int32", True), DType("int64", 8, "int64", True))}
+DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "f32": "float32", "double": "float64",
+                 "fp64": "float64", "f64": "float64", "half": "float16", "fp16": "float16",
+                 "f16": "float16", "bf16": "bfloat16", "int": "int32", "char": "int8",
+                 "long": "int64"}
+REDOP_ALIASES = {"product": "prod", "mean": "avg"}
+
+
+def parse_dtype(name: str) -> DType:
+    key = DTYPE_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """'8', '1K', '64M', '1G', '4KiB', '256MB' -> bytes (K/M/G are powers of 1024, as in nccl-tests)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"cannot parse size {text!r} (examples: 8, 1K, 64M, 1G)")
+    scale = 1024 ** " kmgt".index(m.group(2).lower() or " ")
+    return int(float(m.group(1)) * scale)
+
+
+def format_size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    if minbytes < 1 or maxbytes < minbytes:
+        raise ValueError(f"need 1 <= -b ({minbytes}) <= -e ({maxbytes})")
+    if factor < 2:
+        raise ValueError(f"-f must be >= 2, got {factor}")
+    sizes, s = [], minbytes
+    while s <= maxbytes:
+        sizes.append(s)
+        s *= factor
+    if sizes[-1] != maxbytes:        # always end at -e (8 B..256 MiB by 4 ends 128M, 256M)
+        sizes.append(maxbytes)
+    return sizes
+
+
+def element_count(op: str, nbytes: int, dtype: DType, world: int) -> int:
+    """Elements of the full tensor for a nominal size (nccl-tests: the chunked collectives'
+    count is rounded down to a multiple of world_size). 0 means "too small for this op"."""
+    count = nbytes // dtype.itemsize
+    if op in CHUNKED:
+        count -= count % world
+    return count
+
+
+# --------------------------------------------------------------------------------------------
+# Data pattern and the correctness check.
+
+PERIOD = 7                      # prime: never divides a power-of-two chunk offset
+BLOCK = PERIOD * (1 << 16)      # elements filled/compared per vectorised step (bounded temporaries)
+
+
+def rank_values(rank: int, redop: str) -> np.ndarray:
+    """One period of rank ``rank``'s input (float64; small integers, exact in every dtype)."""
+    k = (np.arange(PERIOD) + 3 * rank) % PERIOD
+    if redop == "prod":
+        return (1 + k % 2).astype(np.float64)      # {1, 2}: products stay exact powers of two
+    return (1 + k).astype(np.float64)              # 1..7: sums of up to 36 ranks exact in bf16
+
+
+def reduced_values(redop: str, world: int) -> np.ndarray:
+    tabs = np.stack([rank_values(r, redop) for r in range(world)])
+    if redop == "sum":
+        return tabs.sum(0)
+    if redop == "prod":
+        return tabs.prod(0)
+    if redop == "min":
+        return tabs.min(0)
+    if redop == "max":
+        return tabs.max(0)
+    if redop == "avg":
+        return tabs.sum(0) / world
+    raise ValueError(f"unknown reduce op {redop!r}")
+
+
+def host_dtype(dtype: DType) -> np.dtype:
+    """The numpy dtype of a buffer's host view (bfloat16 is viewed as its int16 bits)."""
+    return np.dtype(np.int16) if dtype.name == "bfloat16" else np.dtype(dtype.np_name)
+
+
+def to_host(values: np.ndarray, dtype: DType) -> np.ndarray:
+    """float64 values -> the host-view representation of ``dtype`` (bf16: round-to-nearest-even bits)."""
+    if dtype.name == "bfloat16":
+        f = values.astype(np.float32).view(np.uint32)
+        bits = (f + (((f >> 16) & 1) + 0x7FFF)) >> 16
+        return bits.astype(np.uint16).view(np.int16)
+    if dtype.is_int:
+        return values.astype(np.int64).astype(dtype.np_name)     # wraps like C integer arithmetic
+    return values.astype(dtype.np_name)
+
+
+def host_to_f64(block: np.ndarray, dtype: DType) -> np.ndarray:
+    if dtype.name == "bfloat16":
+        return (block.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return block.astype(np.float64)
+
+
+def _tolerance(dtype: DType) -> tuple[float, float]:
+    """(rtol, atol) for the inexact ops (avg); the others are compared exactly."""
+    if dtype.is_int:
+        return 0.0, 1.0                 # integer avg may floor or round
+    return {"float64": (1e-12, 0.0), "float32": (1e-6, 0.0), "float16": (2e-3, 0.0),
+            "bfloat16": (1.6e-2, 0.0)}[dtype.name]
+
+
+def fill_pattern(view: np.ndarray, values: np.ndarray, phase: int, dtype: DType) -> None:
+    """view[i] = values[(phase + i) % PERIOD], vectorised in blocks."""
+    n = view.shape[0]
+    if n == 0:
+        return
+    block = np.resize(to_host(np.roll(values, -(phase % PERIOD)), dtype), min(BLOCK, n))
+    for s in range(0, n, BLOCK):
+        e = min(n, s + BLOCK)
+        view[s:e] = block[:e - s]
+
+
+def count_wrong(view: np.ndarray, values: np.ndarray, phase: int, dtype: DType,
+                exact: bool = True) -> int:
+    """Number of elements of ``view`` that differ from values[(phase + i) % PERIOD]."""
+    n = view.shape[0]
+    if n == 0:
+        return 0
+    rolled = np.roll(values, -(phase % PERIOD))
+    wrong = 0
+    if exact:
+        block = np.resize(to_host(rolled, dtype), min(BLOCK, n))
+        for s in range(0, n, BLOCK):
+            e = min(n, s + BLOCK)
+            wrong += int(np.count_nonzero(view[s:e] != block[:e - s]))
+    else:
+        rtol, atol = _tolerance(dtype)
+        block = np.resize(rolled, min(BLOCK, n))
+        for s in range(0, n, BLOCK):
+            e = min(n, s + BLOCK)
+            got = host_to_f64(view[s:e], dtype)
+            ok = np.abs(got - block[:e - s]) <= atol + rtol * np.abs(block[:e - s])
+            wrong += int(e - s - np.count_nonzero(ok))
+    return wrong
+
+
+class Case:
+    """The buffers, the call and the check of one measurement on one rank."""
+
+    def __init__(self, runner, op: str, mode: str, dtype: DType, redop: str, count: int,
+                 rank: int, world: int, root: int = ROOT):
+        self.runner, self.op, self.mode, self.dtype, self.redop = runner, op, mode, dtype, redop
+        self.count, self.rank, self.world, self.root = count, rank, world, root
+        self.chunk = count // world if op in CHUNKED else count
+        self.pattern_op = redop if op in REDUCING else "sum"
+        arr, view, c, ip = runner.array, runner.view, self.chunk, mode == "ip"
+        if op in ("all_reduce", "reduce", "broadcast", "all_to_all"):
+            self.inp = arr(count, dtype)
+            self.out = self.inp if ip else arr(count, dtype)
+        elif op == "reduce_scatter":
+            self.inp = arr(count, dtype)
+            self.out = view(self.inp, rank * c, (rank + 1) * c) if ip else arr(c, dtype)
+        elif op == "all_gather":
+            self.out = arr(count, dtype)
+            self.inp = view(self.out, rank * c, (rank + 1) * c) if ip else arr(c, dtype)
+        else:
+            raise ValueError(f"unknown collective {op!r}")
+        self.fn = runner.op_fn(op, mode, self.inp, self.out, redop, root)
+
+    def prepare(self) -> None:
+        """Sentinel (0) in the outputs, then this rank's pattern in the inputs."""
+        with self.runner.host(self.out) as h:
+            h[...] = 0
+        with self.runner.host(self.inp) as h:
+            fill_pattern(h, rank_values(self.rank, self.pattern_op), 0, self.dtype)
+
+    def _expected(self):
+        """[(start, stop, values, phase)] segments of the output to compare on this rank."""
+        op, r, c, n = self.op, self.rank, self.chunk, self.world
+        if op == "all_reduce":
+            return [(0, self.count, reduced_values(self.redop, n), 0)]
+        if op == "reduce":
+            return [(0, self.count, reduced_values(self.redop, n), 0)] if r == self.root else []
+        if op == "reduce_scatter":
+            return [(0, c, reduced_values(self.redop, n), r * c)]
+        if op == "all_gather":
+            return [(s * c, (s + 1) * c, rank_values(s, "sum"), 0) for s in range(n)]
+        if op == "broadcast":
+            return [(0, self.count, rank_values(self.root, "sum"), 0)]
+        if op == "all_to_all":
+            return [(s * c, (s + 1) * c, rank_values(s, "sum"), r * c) for s in range(n)]
+        raise ValueError(op)
+
+    def check(self) -> int:
+        exact = self.redop != "avg" or self.op not in REDUCING
+        wrong = 0
+        with self.runner.host(self.out) as h:
+            for a, b, values, phase in self._expected():
+                wrong += count_wrong(h[a:b], values, phase, self.dtype, exact)
+        return wrong
+
+    def corrupt(self) -> None:
+        """Test hook: damage one checked output element (as a mis-reduction would)."""
+        segs = self._expected()
+        if segs:
+            with self.runner.host(self.out) as h:
+                h[segs[0][0]] = 0          # the sentinel: never an expected value
+
+
+# --------------------------------------------------------------------------------------------
+# One measurement.
+
+@dataclass
+class Policy:
+    warmup: int = 5          # -w: at most this many warm-up calls
+    iters: int = 50          # -n: at most this many timed calls
+    budget: float = 0.25     # seconds of timed calls per measurement
+    min_iters: int = 3       # at least this many timed calls (if iters allows)
+    inject_wrong: str = ""   # test hook: library whose check results get corrupted
+
+
+# Agreement codes: every rank contributes its state to a max-all-reduce (through the library
+# under test) at two points, so a failure on one rank (e.g. gloo's reduce raising on the root
+# only) is known to all and no rank is left waiting in a collective the others skipped.
+_OK_LIMIT = 1e19
+_FAILED_BENIGN = 1e20       # this case is unsupported somewhere: record, go on
+_FAILED_FATAL = 2e20        # the library is broken somewhere: retire it on every rank
+
+
+class MeasurementAborted(RuntimeError):
+    """Raised on the ranks where a measurement did not fail itself but a peer rank's did."""
+
+    def __init__(self, message: str, fatal: bool):
+        super().__init__(message)
+        self.fatal = fatal
+
+
+def _failure_code(exc: BaseException | None) -> float:
+    if exc is None:
+        return 0.0
+    if isinstance(exc, MeasurementAborted):
+        return _FAILED_FATAL if exc.fatal else _FAILED_BENIGN
+    return _FAILED_BENIGN if is_benign(exc) else _FAILED_FATAL
+
+
+def _agree(runner, value: float, failure: BaseException | None) -> float:
+    """All-reduce(max) of this rank's value (or failure code); raise if any rank failed."""
+    agreed = runner.agree_max(_failure_code(failure) if failure is not None else value)
+    if failure is not None:
+        raise failure
+    if agreed >= _OK_LIMIT:
+        raise MeasurementAborted("failed on another rank (see that rank's error)",
+                                 fatal=agreed >= _FAILED_FATAL)
+    return agreed
+
+
+def run_measurement(runner, build, policy: Policy) -> dict:
+    """Build the case, check once, warm up, time; returns this rank's figures (seconds).
+    ``build()`` returns the Case. Failures are agreed across ranks (``_agree``)."""
+    perf = time.perf_counter
+    failure, case = None, None
+    try:
+        case = build()
+        case.prepare()
+    except Exception as e:  # noqa: BLE001 - agreed below, then re-raised
+        failure = e
+    _agree(runner, 0.0, failure)                 # also the barrier before the checked call
+    fn = case.fn
+    t_check, wrong = 0.0, 0
+    try:
+        t0 = perf()
+        fn()
+        t_check = perf() - t0
+        if policy.inject_wrong == runner.name:
+            case.corrupt()
+        wrong = case.check()
+    except Exception as e:  # noqa: BLE001
+        failure = e
+    est = _agree(runner, t_check, failure)
+    n_warm = min(policy.warmup, max(1, int(0.25 * policy.budget / max(est, 1e-9))))
+    if n_warm > 0:
+        t0 = perf()
+        for _ in range(n_warm):
+            fn()
+        est = runner.agree_max((perf() - t0) / n_warm)
+    lo = min(policy.min_iters, policy.iters)
+    n = max(lo, min(policy.iters, int(policy.budget / max(est, 1e-9))))
+    times = np.empty(n, dtype=np.float64)
+    runner.barrier()
+    for i in range(n):
+        t0 = perf()
+        fn()
+        times[i] = perf() - t0
+    return {"times": times, "wrong": wrong, "warmup": n_warm, "iters": n,
+            "check_s": t_check}
+
+
+_BENIGN = re.compile(r"not support|unsupported|can't be cast|cannot be cast|cannot use|"
+                     r"not implemented|invalid argument", re.IGNORECASE)
+
+
+def is_benign(exc: BaseException) -> bool:
+    """An error every rank raises the same way (unsupported dtype/op/form): skip the case and go on.
+    Anything else (timeouts, peer failures) retires the library for the rest of the run."""
+    if isinstance(exc, (TypeError, ValueError, NotImplementedError)):
+        return True
+    name = type(exc).__name__
+    if "Unsupported" in name or "InvalidArgument" in name:
+        return True
+    return isinstance(exc, RuntimeError) and bool(_BENIGN.search(str(exc))) and \
+        "Timeout" not in name and "PeerFailure" not in name
+
+
+def is_unsupported(exc: BaseException) -> bool:
+    """The library declines this dtype/op/form (shown as n/a, not as an error)."""
+    return "Unsupported" in type(exc).__name__ or bool(
+        re.search(r"not supported|unsupported|does not support", str(exc), re.IGNORECASE))
+
+
+def short_error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text[:160]}"
+
+
+# --------------------------------------------------------------------------------------------
+# The per-rank sweep.
+
+def sweep_steps(cfg: dict) -> list[tuple]:
+    """(op, dtype name, redop, nbytes, count) in run order, identical on every rank."""
+    world = cfg["world_size"]
+    steps = []
+    for op in cfg["ops"]:
+        for dname in cfg["dtypes"]:
+            dtype = DTYPES[dname]
+            for redop in (cfg["redops"] if op in REDUCING else ["-"]):
+                for nbytes in cfg["sizes"]:
+                    count = element_count(op, nbytes, dtype, world)
+                    if count > 0:
+                        steps.append((op, dname, redop, nbytes, count))
+    return steps
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    # disable=None: shown on a terminal only, so piped output (README pastes) stays clean.
+    return tqdm(total=total, desc=desc, file=sys.stderr, unit="case", disable=None, leave=False)
+
+
+def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "bench") -> dict:
+    """Run every step of the sweep for every library on this rank. Returns
+    {"rank", "records": [..], "notices": [..], "libs": {name: description}}."""
+    import warnings
+    warnings.filterwarnings("ignore", category=FutureWarning)   # torch's deprecation chatter
+    from .peers import make_runner
+
+    # One intra-op thread per rank, as torchrun sets by default: torch's OpenMP workers spin after
+    # each parallel region and would steal the cores the collectives run on.
+    try:
+        import torch
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+    nodes = int(cfg.get("nodes", 1))
+    if nodes > 1:
+        # Fake nodes on one machine (issue 7): ranks are split into `nodes` contiguous groups.
+        from ..hier import fake_nodes_env
+        os.environ.update(fake_nodes_env(rank, world, nodes, tag="bench"))
+
+    policy = Policy(**cfg["policy"])
+    runners, notices, described = [], [], {}
+    for lib in libs:
+        try:
+            runner = make_runner(lib, rank, world, cfg)
+        except Exception as e:  # noqa: BLE001 - a missing library is a notice, not a failure
+            notices.append(f"{lib}: skipped ({short_error(e)})")
+            continue
+        runners.append(runner)
+        described[lib] = runner.describe()
+    for runner in runners:
+        # Untimed: lazy connection setup and first-call costs stay out of the first measurement.
+        try:
+            for _ in range(20):
+                runner.agree_max(0.0)
+            runner.barrier()
+        except Exception as e:  # noqa: BLE001
+            runner.disabled = f"retired: warm-up failed ({short_error(e)})"
+            notices.append(f"{runner.name}: {runner.disabled}")
+
+    records = []
+    steps = sweep_steps(cfg)
+    bar = _progress(len(steps), desc, rank == 0)
+    try:
+        for op, dname, redop, nbytes, count in steps:
+            dtype = DTYPES[dname]
+            for runner in runners:
+                for mode in runner.modes(op, cfg.get("inplace", True)):
+                    rec = {"lib": runner.name, "mode": mode, "op": op, "dtype": dname,
+                           "redop": redop, "size": count * dtype.itemsize, "nominal": nbytes,
+                           "count": count}
+                    reason = runner.disabled or runner.unsupported(op, dtype, redop, mode)
+                    if reason:
+                        rec["na"] = reason
+                        records.append(rec)
+                        continue
+                    t_case = time.perf_counter()
+                    try:
+                        rec.update(run_measurement(runner, functools.partial(
+                            Case, runner, op, mode, dtype, redop, count, rank, world), policy))
+                    except Exception as e:  # noqa: BLE001 - recorded, reported in the table
+                        if is_unsupported(e):
+                            rec["na"] = f"unsupported: {short_error(e)}"
+                        else:
+                            rec["error"] = short_error(e)
+                        fatal = e.fatal if isinstance(e, MeasurementAborted) else not is_benign(e)
+                        if fatal:
+                            runner.disabled = f"retired after {rec['error']}"
+                            notices.append(f"{runner.name}: {op} {dname} {nbytes} B failed: "
+                                           f"{rec.get('error') or rec.get('na')}; not measured "
+                                           f"further")
+                    rec["wall_s"] = time.perf_counter() - t_case
+                    records.append(rec)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        for runner in reversed(runners):     # torch subgroups before the default group
+            with contextlib.suppress(Exception):
+                runner.close()
+    return {"rank": rank, "records": records, "notices": notices, "libs": described}
+
+
+# --------------------------------------------------------------------------------------------
+# Merging the ranks' records (parent side).
+
+def merge_ranks(results: list[dict]) -> list[dict]:
+    """Per measurement: per-iteration time = max over ranks; median/min/mean of those (seconds);
+    wrong = sum over ranks."""
+    by_key: dict[tuple, list[dict]] = {}
+    order: list[tuple] = []
+    for res in results:
+        for rec in res["records"]:
+            key = (rec["lib"], rec["mode"], rec["op"], rec["dtype"], rec["redop"], rec["size"])
+            if key not in by_key:
+                by_key[key] = []
+                order.append(key)
+            by_key[key].append(rec)
+    merged = []
+    for key in order:
+        recs = by_key[key]
+        first = recs[0]
+        out = {k: first[k] for k in ("lib", "mode", "op", "dtype", "redop", "size", "nominal",
+                                     "count")}
+        na = next((r["na"] for r in recs if r.get("na")), None)
+        errs = [r["error"] for r in recs if r.get("error")]
+        # the failing rank's own error, not its peers' "failed on another rank"
+        err = next((e for e in errs if not e.startswith("MeasurementAborted")),
+                   errs[0] if errs else None)
+        out["wall_s"] = max(r.get("wall_s", 0.0) for r in recs)
+        if na:
+            out["na"] = na
+        elif err or any("times" not in r for r in recs):
+            out["error"] = err or "missing on some ranks"
+        else:
+            lens = {len(r["times"]) for r in recs}
+            if len(lens) != 1:
+                out["error"] = f"ranks timed different iteration counts {sorted(lens)}"
+            else:
+                per_iter = np.max(np.stack([np.asarray(r["times"]) for r in recs]), axis=0)
+                out.update(time_s=float(np.median(per_iter)), min_s=float(per_iter.min()),
+                           mean_s=float(per_iter.mean()), iters=int(first["iters"]),
+                           warmup=int(first["warmup"]), per_iter_s=per_iter.tolist(),
+                           wrong=int(sum(r["wrong"] for r in recs)))
+        merged.append(out)
+    return merged

