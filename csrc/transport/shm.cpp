@@ -116,6 +116,7 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   // Then yield: when ranks outnumber cores the rank we wait for is usually runnable on our core,
   // and sched_yield hands it the CPU for a fraction of a futex sleep/wake's cost (~40 us here).
   c.yield_ns = env_int("RINGCOMM_YIELD_US", 200) * 1000;
+  c.yield_every_ns = std::max<int64_t>(100, env_int("RINGCOMM_YIELD_EVERY_NS", 2000));
   c.liveness_ns = env_int("RINGCOMM_LIVENESS_MS", 100) * 1000000;
   RC_CHECK(c.liveness_ns > 0, InvalidArgument, "RINGCOMM_LIVENESS_MS must be > 0");
   return c;
@@ -345,21 +346,25 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
                               const WaitCtx& w) {
   if (ready()) return;
   const int64_t t0 = now_ns();
-  // Spin phase: cheap hand-offs (well under a microsecond) while the peer is running.
-  const int64_t spin_end = t0 + cfg_.spin_ns;
-  do {
+  // Active phase (spin_ns + yield_ns): spin on the word, and every yield_every_ns hand the CPU to
+  // whoever else is runnable here. When the peer runs on another core the flag flips within the
+  // spin; when the scheduler has put the peer on OUR core (it happens even with fewer ranks than
+  // cores), only yielding lets it run - without the periodic yield every hand-off would cost a
+  // whole spin budget.
+  const int64_t active_end = t0 + cfg_.spin_ns + cfg_.yield_ns;
+  int64_t next_yield = t0 + cfg_.yield_every_ns;
+  for (;;) {
     for (int i = 0; i < 64; ++i) {
       cpu_relax();
       if (ready()) return;
     }
-  } while (now_ns() < spin_end);
-  // Yield phase.
-  if (cfg_.yield_ns > 0) {
-    const int64_t yield_end = now_ns() + cfg_.yield_ns;
-    do {
+    const int64_t now = now_ns();
+    if (now >= next_yield) {
       sched_yield();
       if (ready()) return;
-    } while (now_ns() < yield_end);
+      next_yield = now + cfg_.yield_every_ns;
+    }
+    if (now >= active_end) break;
   }
   // Sleep phase: futex in slices, checking peers and the deadline between slices.
   const int64_t deadline = t0 + static_cast<int64_t>(cfg_.timeout_s * 1e9);

@@ -63,6 +63,7 @@ struct ShmConfig {
   double timeout_s = 300;    // RINGCOMM_TIMEOUT (per communicator override)
   int64_t spin_ns = 0;       // RINGCOMM_SPIN_US
   int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: after spinning, yield the CPU this long before sleeping
+  int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: while spinning, yield the CPU this often
   int64_t liveness_ns = 0;   // RINGCOMM_LIVENESS_MS: how often a sleeping waiter checks peers
   static ShmConfig from_env(int world_size, double timeout_s);
 };

@@ -360,7 +360,10 @@ def run_measurement(runner, build, policy: Policy) -> dict:
     except Exception as e:  # noqa: BLE001
         failure = e
     est = _agree(runner, t_check, failure)
-    n_warm = min(policy.warmup, max(1, int(0.25 * policy.budget / max(est, 1e-9))))
+    # Warm up for a quarter of the time budget (at least -w calls, at most 1000): after the previous
+    # library's measurement the cores may have idled in kernel waits, and a couple of calls are not
+    # enough to get back to steady state. Every library gets the same treatment.
+    n_warm = max(min(policy.warmup, 1), min(1000, max(policy.warmup, int(0.25 * policy.budget / max(est, 1e-9)))))
     if n_warm > 0:
         t0 = perf()
         for _ in range(n_warm):
@@ -464,10 +467,12 @@ def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "b
             continue
         runners.append(runner)
         described[lib] = runner.describe()
-    for runner in runners:
-        # Untimed: lazy connection setup and first-call costs stay out of the first measurement.
+    # Untimed: lazy connection setup and first-call costs stay out of the first measurement. The
+    # first library measured (ringcomm) warms up last, so the sweep does not start right after the
+    # peers' kernel-sleeping waits.
+    for runner in reversed(runners):
         try:
-            for _ in range(20):
+            for _ in range(200):
                 runner.agree_max(0.0)
             runner.barrier()
         except Exception as e:  # noqa: BLE001
