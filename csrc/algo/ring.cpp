@@ -13,6 +13,7 @@
 // an outgoing one therefore always finds its right neighbour able to drain.
 // Empty pieces (a chunk shorter than j pieces) are skipped by sender and receiver alike: both
 // compute them from the same chunk index.
+#include <cstdint>
 #include <vector>
 
 #include "algo/pieces.h"
@@ -136,16 +137,30 @@ void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vec
     max_cnt = std::max(max_cnt, counts[k]);
   }
   const size_t es = c.esize;
-  // Our own contribution lands in its place first (unless the caller passed it in place).
-  if (counts[r] > 0 && out + off[r] * es != in) std::memmove(out + off[r] * es, in, counts[r] * es);
-  if (n == 1 || total == 0) return;
+  char* own = out + off[r] * es;
+  const size_t own_bytes = static_cast<size_t>(counts[r]) * es;
+  const bool in_place = own == in;
+  // Out of place, each piece of our contribution is sent from the input and then copied into its
+  // place while it is still in cache (one read of the input instead of two). An input that
+  // overlaps the output anywhere else is first moved into place as a whole.
+  const uintptr_t in_a = reinterpret_cast<uintptr_t>(in), out_a = reinterpret_cast<uintptr_t>(out);
+  const bool overlaps = !in_place && own_bytes > 0 && in_a < out_a + total * es && out_a < in_a + own_bytes;
+  if (overlaps) std::memmove(own, in, own_bytes);
+  const char* src = (in_place || overlaps) ? own : in;
+  if (n == 1 || total == 0) {
+    if (src != own && own_bytes > 0) std::memcpy(own, src, own_bytes);
+    return;
+  }
   const int R = ring::right(r, n);
   const int64_t pe = c.piece_elems();
   const int64_t npieces = (max_cnt + pe - 1) / pe;
   for (int64_t j = 0; j < npieces; ++j) {
     int64_t o, m;
-    piece_bounds(off[r], counts[r], j, pe, &o, &m);
-    if (m > 0) send_copy(c, R, out + o * es, m * es, wait_ctx(c, 0, n - 1));
+    piece_bounds(0, counts[r], j, pe, &o, &m);
+    if (m > 0) {
+      send_copy(c, R, src + o * es, m * es, wait_ctx(c, 0, n - 1));
+      if (src != own) std::memcpy(own + o * es, src + o * es, m * es);
+    }
     ag_piece_recv(c, counts, off, out, j, pe, 0, n - 1);
   }
 }
