@@ -904,7 +904,7 @@ def test_import_registers_without_loading_core():
     code = ("import sys, ringcomm; assert 'torch' not in sys.modules, 'ringcomm imported torch'\n"
             "import ringcomm.torch, torch.distributed as dist\n"
             "assert 'ringcomm' in dist.Backend.backend_list\n"
-            "assert dist.Backend.backend_capability['ringcomm'] == ['cpu']\n"
+            "assert dist.Backend.backend_capability['ringcomm'] == ['cpu', 'cuda']\n"
             "assert 'ringcomm.torch.backend' not in sys.modules\n"
             "assert dist.is_backend_available('ringcomm')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)

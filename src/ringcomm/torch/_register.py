@@ -16,15 +16,17 @@ def _create_backend(dist_opts, backend_options=None):
 
 
 def register() -> bool:
-    """Register backend "ringcomm" (devices ``["cpu"]``). Idempotent; returns False when
+    """Register backend "ringcomm" (devices ``["cpu", "cuda"]``). Idempotent; returns False when
     torch was built without distributed support."""
     import torch.distributed as dist
     if not dist.is_available():
         return False
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return True
+    # "cuda": CUDA tensors are routed by ringcomm's Communicator to its CUDA build
+    # (ringcomm.cuda); without a usable CUDA runtime they raise "CUDA unavailable" on use.
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
-                                  devices=["cpu"])
+                                  devices=["cpu", "cuda"])
     return True
 
 

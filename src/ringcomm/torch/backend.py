@@ -107,7 +107,7 @@ def _reducible(buf: torch.Tensor, rop) -> torch.Tensor:
 
 
 def _check_tensors(coll: str, tensors: Sequence[torch.Tensor]) -> None:
-    """Same device for all, CPU, strided, a supported dtype: else a clear exception."""
+    """Same device for all, CPU or CUDA, strided, a supported dtype: else a clear exception."""
     if len(tensors) > 1:
         dev = tensors[0].device
         for t in tensors:
@@ -122,9 +122,11 @@ def _check_tensors(coll: str, tensors: Sequence[torch.Tensor]) -> None:
             raise TypeError(f"ringcomm {coll}: expected a torch.Tensor, got {type(t).__name__}")
         if t.is_cpu and t.layout == torch.strided and t.dtype in SUPPORTED_DTYPES:
             continue  # the common case, checked cheaply
-        if t.device.type != "cpu":
-            raise _unsupported(f"tensors on device '{t.device}' ({coll}); this build of ringcomm's "
-                               f"torch backend handles CPU tensors only")
+        if t.device.type == "cuda" and t.layout == torch.strided and t.dtype in SUPPORTED_DTYPES:
+            continue  # routed to ringcomm.cuda by the Communicator (CUDA unavailable -> it raises)
+        if t.device.type not in ("cpu", "cuda"):
+            raise _unsupported(f"tensors on device '{t.device}' ({coll}); ringcomm's torch backend "
+                               f"handles CPU tensors (and CUDA tensors through ringcomm.cuda)")
         if t.layout != torch.strided:
             raise _unsupported(f"{t.layout} tensors ({coll})")
         if t.dtype not in SUPPORTED_DTYPES:
