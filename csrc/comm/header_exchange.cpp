@@ -1,0 +1,99 @@
+#include "comm/header_exchange.h"
+
+#include <chrono>
+#include <sstream>
+
+#include "comm/communicator.h"
+
+namespace rc {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint32_t abort_kind_of(const std::string& kind) {
+  if (kind == "PeerFailure") return 1;
+  if (kind == "Mismatch") return 2;
+  if (kind == "TimeoutError") return 3;
+  return 4;
+}
+
+std::string describe_header(const CollHeader& h) {
+  std::ostringstream o;
+  Coll c = static_cast<Coll>(h.coll);
+  o << coll_name(c);
+  if (c == Coll::kBarrier || c == Coll::kRejected) return o.str();
+  o << "(count=" << h.count;
+  if (c == Coll::kAllGather || c == Coll::kAllToAll) o << ", count2=" << h.count2;
+  if (c == Coll::kAllReduce) o << ", algo=" << (h.count2 ? "direct" : "ring");
+  o << ", dtype=" << dtype_name(static_cast<DType>(h.dtype));
+  if (c == Coll::kAllReduce || c == Coll::kReduceScatter || c == Coll::kReduce)
+    o << ", op=" << op_name(static_cast<ReduceOp>(h.op));
+  if (h.root >= 0) o << ", root=" << h.root;
+  o << ")";
+  return o.str();
+}
+
+
+std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, uint64_t seq, Coll coll,
+                                         const CollHeader& mine) {
+  std::vector<CollHeader> all(world);
+  all[rank] = mine;
+  if (world == 1) {
+    if (coll == Coll::kRejected) throw HeaderMismatch("ringcomm: rejected call");
+    return all;
+  }
+  const uint32_t bs = board_seq_of(seq);
+  t.post_header(bs, mine);
+  WaitCtx w;
+  w.op = coll_name(coll);
+  w.seq = seq;
+  for (int p = 0; p < world; ++p) {
+    if (p != rank) all[p] = t.wait_header(p, bs, w);
+  }
+  auto fail = [&](const std::string& why) {
+    std::ostringstream o;
+    o << "ringcomm: " << coll_name(coll) << " (seq " << seq << ") on rank " << rank << ": " << why;
+    throw HeaderMismatch(o.str());
+  };
+  for (int p = 0; p < world; ++p) {
+    if (static_cast<Coll>(all[p].coll) == Coll::kRejected) {
+      fail("rank " + std::to_string(p) + " rejected its arguments (its own error says why); every rank raises");
+    }
+  }
+  const CollHeader& h0 = all[0];
+  const Coll c0 = static_cast<Coll>(h0.coll);
+  for (int p = 1; p < world; ++p) {
+    const CollHeader& h = all[p];
+    bool same = h.coll == h0.coll && h.dtype == h0.dtype && h.op == h0.op && h.root == h0.root;
+    if (same && c0 != Coll::kAllToAll) same = h.count == h0.count;
+    if (same && c0 == Coll::kAllReduce) same = h.count2 == h0.count2;
+    if (!same) {
+      fail("ranks called different collectives or arguments: rank 0 called " + describe_header(h0) + ", rank " +
+           std::to_string(p) + " called " + describe_header(h));
+    }
+  }
+  if (c0 == Coll::kAllGather) {
+    int64_t sum = 0;
+    for (auto& h : all) sum += h.count2;
+    if (sum != h0.count) {
+      fail("all_gather inputs total " + std::to_string(sum) + " elements across ranks but the output holds " +
+           std::to_string(h0.count));
+    }
+  } else if (c0 == Coll::kAllToAll) {
+    int64_t in = 0, out = 0;
+    for (auto& h : all) {
+      in += h.count;
+      out += h.count2;
+    }
+    if (in != out) {
+      fail("all_to_all inputs total " + std::to_string(in) + " elements across ranks but outputs total " +
+           std::to_string(out));
+    }
+  }
+  return all;
+}
+
+}  // namespace rc
