@@ -8,6 +8,8 @@
 // the GIL; C++ error classes map to ringcomm's Python exceptions.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+
+#include "errors_py.h"
 #include <pybind11/stl.h>
 
 #include <chrono>
@@ -38,36 +40,6 @@ inline DType D(int d) { return static_cast<DType>(d); }
 inline ReduceOp O(int o) { return static_cast<ReduceOp>(o); }
 using GIL = py::call_guard<py::gil_scoped_release>;
 
-void bind_errors_local(py::module_& m) {
-  py::module_ errors = py::module_::import("ringcomm.errors");
-  static py::object base = errors.attr("RingcommError");
-  static py::object timeout = errors.attr("TimeoutError");
-  static py::object peer = errors.attr("PeerFailureError");
-  static py::object mismatch = errors.attr("MismatchError");
-  static py::object invalid = errors.attr("InvalidArgumentError");
-  static py::object unsupported = errors.attr("UnsupportedError");
-  static py::object closed = errors.attr("ClosedError");
-  (void)m;
-  py::register_local_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const rc::TimeoutError& e) {
-      PyErr_SetString(timeout.ptr(), e.what());
-    } catch (const rc::PeerFailure& e) {
-      PyErr_SetString(peer.ptr(), e.what());
-    } catch (const rc::Mismatch& e) {
-      PyErr_SetString(mismatch.ptr(), e.what());
-    } catch (const rc::InvalidArgument& e) {
-      PyErr_SetString(invalid.ptr(), e.what());
-    } catch (const rc::Unsupported& e) {
-      PyErr_SetString(unsupported.ptr(), e.what());
-    } catch (const rc::Closed& e) {
-      PyErr_SetString(closed.ptr(), e.what());
-    } catch (const rc::Error& e) {
-      PyErr_SetString(base.ptr(), e.what());
-    }
-  });
-}
 
 // Never throws: whether a CUDA device can be used here, and why not.
 py::dict runtime_status() {
@@ -257,7 +229,7 @@ rc::CudaPeerInfo info_from_dict(const py::dict& d) {
 
 PYBIND11_MODULE(_C_cuda, m) {
   m.doc() = "ringcomm CUDA communicator: CUDA IPC transport, ring collectives on GPU buffers, CUDA reduce kernels";
-  bind_errors_local(m);
+  register_error_translator(true);
   m.attr("COMPILED_ARCHS") = RINGCOMM_CUDA_ARCHS;
   m.def("runtime_status", &runtime_status, "Whether CUDA is usable here: available, device_count, error, versions.");
   m.def("reduce_supported", [](int dt, int op) {

@@ -1,38 +1,63 @@
-// Each C++ error class maps to one Python class defined in ringcomm/errors.py.
-#include <pybind11/pybind11.h>
+// Each C++ error class maps to one Python class defined in ringcomm/errors.py. Compiled into
+// both extension modules (ringcomm._C registers the translator globally, ringcomm._C_cuda
+// module-locally), so the mapping exists once.
+#include "errors_py.h"
 
 #include "common/errors.h"
 
 namespace py = pybind11;
 
+namespace {
+
+struct ErrorClasses {
+  py::object base, timeout, peer, mismatch, invalid, unsupported, closed;
+};
+
+// Module-lifetime references (never destroyed: the interpreter owns the classes).
+ErrorClasses* classes() {
+  static ErrorClasses* c = [] {
+    py::module_ errors = py::module_::import("ringcomm.errors");
+    return new ErrorClasses{errors.attr("RingcommError"),    errors.attr("TimeoutError"),
+                            errors.attr("PeerFailureError"), errors.attr("MismatchError"),
+                            errors.attr("InvalidArgumentError"), errors.attr("UnsupportedError"),
+                            errors.attr("ClosedError")};
+  }();
+  return c;
+}
+
+void translate(std::exception_ptr p) {
+  ErrorClasses* c = classes();
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const rc::TimeoutError& e) {
+    PyErr_SetString(c->timeout.ptr(), e.what());
+  } catch (const rc::PeerFailure& e) {
+    PyErr_SetString(c->peer.ptr(), e.what());
+  } catch (const rc::Mismatch& e) {
+    PyErr_SetString(c->mismatch.ptr(), e.what());
+  } catch (const rc::InvalidArgument& e) {
+    PyErr_SetString(c->invalid.ptr(), e.what());
+  } catch (const rc::Unsupported& e) {
+    PyErr_SetString(c->unsupported.ptr(), e.what());
+  } catch (const rc::Closed& e) {
+    PyErr_SetString(c->closed.ptr(), e.what());
+  } catch (const rc::Error& e) {
+    PyErr_SetString(c->base.ptr(), e.what());
+  }
+}
+
+}  // namespace
+
+void register_error_translator(bool module_local) {
+  classes();  // import ringcomm.errors now, while the module initialises
+  if (module_local) {
+    py::register_local_exception_translator(translate);
+  } else {
+    py::register_exception_translator(translate);
+  }
+}
+
 void bind_errors(py::module_& m) {
   (void)m;
-  py::module_ errors = py::module_::import("ringcomm.errors");
-  // Keep the classes alive for the translator (module-lifetime references).
-  static py::object base = errors.attr("RingcommError");
-  static py::object timeout = errors.attr("TimeoutError");
-  static py::object peer = errors.attr("PeerFailureError");
-  static py::object mismatch = errors.attr("MismatchError");
-  static py::object invalid = errors.attr("InvalidArgumentError");
-  static py::object unsupported = errors.attr("UnsupportedError");
-  static py::object closed = errors.attr("ClosedError");
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const rc::TimeoutError& e) {
-      PyErr_SetString(timeout.ptr(), e.what());
-    } catch (const rc::PeerFailure& e) {
-      PyErr_SetString(peer.ptr(), e.what());
-    } catch (const rc::Mismatch& e) {
-      PyErr_SetString(mismatch.ptr(), e.what());
-    } catch (const rc::InvalidArgument& e) {
-      PyErr_SetString(invalid.ptr(), e.what());
-    } catch (const rc::Unsupported& e) {
-      PyErr_SetString(unsupported.ptr(), e.what());
-    } catch (const rc::Closed& e) {
-      PyErr_SetString(closed.ptr(), e.what());
-    } catch (const rc::Error& e) {
-      PyErr_SetString(base.ptr(), e.what());
-    }
-  });
+  register_error_translator(false);
 }
