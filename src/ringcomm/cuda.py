@@ -34,6 +34,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
+from .api import Work as _ApiWork
 from .arrays import is_cuda_array
 from .errors import (ClosedError, InvalidArgumentError, RingcommError, UnsupportedError, from_kind)
 
@@ -211,24 +212,15 @@ def _current_stream(buf: CudaBuf, device: int) -> int:
 
 
 # ---- work --------------------------------------------------------------------------------------
-class Work:
-    """Handle on an asynchronous CUDA operation: wait(timeout=None), wait_stream(stream=None),
-    is_completed(), exception()."""
+class Work(_ApiWork):
+    """Handle on an asynchronous CUDA operation: wait(timeout=None) blocks the host,
+    wait_stream(stream=None) makes a stream wait; is_completed(), exception() as ringcomm.Work."""
 
-    __slots__ = ("_w", "_refs", "_result", "_comm")
+    __slots__ = ("_comm",)
 
     def __init__(self, w, refs, result, comm):
-        self._w = w
-        self._refs = refs          # arrays the GPU reads/writes: alive until completion is observed
-        self._result = result
-        self._comm = comm          # the communicator must outlive its pending work
-
-    def wait(self, timeout: Optional[float] = None):
-        """Block the host until the GPU work is done (at most ``timeout`` seconds when given).
-        Raises the operation's error; returns its result (the output array or None)."""
-        self._w.wait(-1.0 if timeout is None else float(timeout))
-        self._refs = None
-        return self._result
+        super().__init__(w, refs, result)   # refs: arrays the GPU reads/writes, alive until completion
+        self._comm = comm                   # the communicator must outlive its pending work
 
     def wait_stream(self, stream=None):
         """Make ``stream`` (default: the current stream of the result's library) wait for the work,
@@ -238,17 +230,6 @@ class Work:
             s = self._comm._default_stream()
         self._w.stream_wait(s)
         return self._result
-
-    def is_completed(self) -> bool:
-        return self._w.is_completed()
-
-    def exception(self) -> Optional[RingcommError]:
-        kind = self._w.error_kind()
-        return from_kind(kind, self._w.error_message()) if kind else None
-
-    @property
-    def seq(self) -> int:
-        return self._w.seq
 
 
 # ---- the communicator -----------------------------------------------------------------------------
