@@ -257,7 +257,6 @@ class Communicator:
                                  async_op=async_op)
         # ---- end CUDA dispatch ----
         self._check_open()
-        n = self.world_size
         bi = self._buf("all_to_all", input, "input")
         bo = self._buf("all_to_all", output, "output", writeable=True)
         self._same_dtype("all_to_all", bi, bo)
@@ -269,22 +268,13 @@ class Communicator:
             src = _copy(input)
             bi = as_buf(src, "all_to_all input")
         w = self._c.all_to_all(bi.addr, bo.addr, sc, rc, bi.code, async_op)
-        del n
         return self._finish(w, (src, output), async_op, output)
 
     def _splits(self, coll, splits, count, what):
-        n = self.world_size
-        if splits is None:
-            if count % n:
-                self._reject(coll, InvalidArgumentError(
-                    f"ringcomm: {coll}: {what} has {count} elements, not divisible by world size {n}; pass "
-                    f"{what}_splits"))
-            return [count // n] * n
-        s = [int(v) for v in splits]
-        if len(s) != n or any(v < 0 for v in s) or sum(s) != count:
-            self._reject(coll, InvalidArgumentError(
-                f"ringcomm: {coll}: {what}_splits {s} must be {n} non-negative sizes summing to {count}"))
-        return s
+        try:
+            return check_splits(coll, splits, count, self.world_size, what)
+        except InvalidArgumentError as e:
+            self._reject(coll, e)
 
     def gather(self, output, input, root: int = 0, async_op: bool = False):
         """Concatenate every rank's `input` into root's `output` (other ranks pass output=None)."""
@@ -425,6 +415,23 @@ def _cuda_p2p_needs_comm():
         "first collective on CUDA arrays; run one first (e.g. barrier-like all_reduce of a 1-element CUDA "
         "tensor) or use ringcomm.cuda.init()")
 # ---- end CUDA dispatch ----
+
+
+def check_splits(coll: str, splits, count: int, world_size: int, what: str) -> list:
+    """all_to_all split sizes (elements per rank) for an array of `count` elements: the given
+    ones, validated, or an even split. Raises InvalidArgumentError."""
+    n = world_size
+    if splits is None:
+        if count % n:
+            raise InvalidArgumentError(
+                f"ringcomm: {coll}: {what} has {count} elements, not divisible by world size {n}; pass "
+                f"{what}_splits")
+        return [count // n] * n
+    s = [int(v) for v in splits]
+    if len(s) != n or any(v < 0 for v in s) or sum(s) != count:
+        raise InvalidArgumentError(
+            f"ringcomm: {coll}: {what}_splits {s} must be {n} non-negative sizes summing to {count}")
+    return s
 
 
 def _overlaps(a: Buf, b: Buf) -> bool:

@@ -35,6 +35,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 
 from .api import Work as _ApiWork
+from .api import check_splits
 from .arrays import is_cuda_array
 from .errors import (ClosedError, InvalidArgumentError, RingcommError, UnsupportedError, from_kind)
 
@@ -437,18 +438,10 @@ class CudaCommunicator:
         return self._finish(w, (src, output), async_op, output)
 
     def _splits(self, coll, splits, count, what):
-        n = self.world_size
-        if splits is None:
-            if count % n:
-                self._reject(coll, InvalidArgumentError(
-                    f"ringcomm: {coll}: {what} has {count} elements, not divisible by world size {n}; pass "
-                    f"{what}_splits"))
-            return [count // n] * n
-        s = [int(v) for v in splits]
-        if len(s) != n or any(v < 0 for v in s) or sum(s) != count:
-            self._reject(coll, InvalidArgumentError(
-                f"ringcomm: {coll}: {what}_splits {s} must be {n} non-negative sizes summing to {count}"))
-        return s
+        try:
+            return check_splits(coll, splits, count, self.world_size, what)
+        except InvalidArgumentError as e:
+            self._reject(coll, e)
 
     def gather(self, output, input, root: int = 0, async_op: bool = False, stream=None):
         """Concatenate every rank's ``input`` into root's ``output`` (other ranks pass output=None)."""

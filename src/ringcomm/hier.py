@@ -80,6 +80,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .api import check_splits
 from .arrays import as_buf
 from .errors import (ClosedError, InvalidArgumentError, PeerFailureError,
                      RingcommError, TimeoutError, UnsupportedError)
@@ -1219,18 +1220,10 @@ class HierarchicalCommunicator:
         return self._submit("all_to_all", fn, async_op, output)
 
     def _splits(self, coll, splits, count, what):
-        n = self.world_size
-        if splits is None:
-            if count % n:
-                self._reject(coll, InvalidArgumentError(
-                    f"ringcomm: {coll}: {what} has {count} elements, not divisible by world size {n}; pass "
-                    f"{what}_splits"))
-            return [count // n] * n
-        s = [int(v) for v in splits]
-        if len(s) != n or any(v < 0 for v in s) or sum(s) != count:
-            self._reject(coll, InvalidArgumentError(
-                f"ringcomm: {coll}: {what}_splits {s} must be {n} non-negative sizes summing to {count}"))
-        return s
+        try:
+            return check_splits(coll, splits, count, self.world_size, what)
+        except InvalidArgumentError as e:
+            self._reject(coll, e)
 
     def gather(self, output, input, root: int = 0, async_op: bool = False):
         """Concatenate every rank's `input` into root's `output` (other ranks pass output=None)."""
