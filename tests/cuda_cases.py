@@ -16,6 +16,9 @@ from mp_cases import close_enough, counts_for, digest, make, pairs, reference
 
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6,
                "int64": 7, "bool": 8}
+# Per-collective timeout of the GPU cases (s); scripts/gpu_check.sh lowers it so that a hang in a short
+# device session costs seconds, not minutes.
+COMM_TIMEOUT = float(os.environ.get("RC_TEST_GPU_COMM_TIMEOUT", "120"))
 OP_CODES = {"SUM": 0, "PRODUCT": 1, "MIN": 2, "MAX": 3, "AVG": 4, "BAND": 5, "BOR": 6, "BXOR": 7}
 
 
@@ -199,9 +202,9 @@ def gpu_collective_cases(rank, world, mode, slot_bytes, nslots, route):
     dev = _gpu_device(rank)
     init = "file://" + os.environ["RC_TEST_STORE"]
     if route == "api":
-        comm = ringcomm.init(rank=rank, world_size=world, init_method=init, timeout=120)
+        comm = ringcomm.init(rank=rank, world_size=world, init_method=init, timeout=COMM_TIMEOUT)
     else:
-        comm = ringcomm.cuda.init(rank=rank, world_size=world, init_method=init, timeout=120, device=dev)
+        comm = ringcomm.cuda.init(rank=rank, world_size=world, init_method=init, timeout=COMM_TIMEOUT, device=dev)
     fails, digests = [], []
 
     def check(name, cond):

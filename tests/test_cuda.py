@@ -400,8 +400,12 @@ GPU_CONFIGS = [(2, "auto", "tiny"), (4, "auto", "tiny"), (2, "host", "tiny"), (2
                (3, "auto", "default"), (4, "host", "tiny"), (3, "hostsync", "tiny"), (2, "auto", "default")]
 
 
+# Whole-case limit (s) of one GPU configuration; scripts/gpu_check.sh lowers it to fit a device session.
+GPU_CASE_TIMEOUT = float(os.environ.get("RC_TEST_GPU_CASE_TIMEOUT", "880"))
+
+
 @needs_gpu
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(GPU_CASE_TIMEOUT + 20)
 @pytest.mark.parametrize("world,mode,slots", GPU_CONFIGS)
 def test_gpu_all_collectives(world, mode, slots, store_env):
     """2-4 processes sharing the visible GPUs (several per GPU when fewer GPUs than ranks); every
@@ -410,7 +414,7 @@ def test_gpu_all_collectives(world, mode, slots, store_env):
     pytest.importorskip("torch")
     slot_bytes, nslots = (4096, 2) if slots == "tiny" else (2 << 20, 4)
     route = "api" if world != 3 else "cuda"
-    results = spawn(cuda_cases.gpu_collective_cases, world, (mode, slot_bytes, nslots, route), timeout=880,
+    results = spawn(cuda_cases.gpu_collective_cases, world, (mode, slot_bytes, nslots, route), timeout=GPU_CASE_TIMEOUT,
                     env=store_env)
     failures = [f for fs, _ in results for f in fs]
     assert not failures, "\n".join(failures[:30])
