@@ -149,6 +149,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--world", type=int, default=0, help="ranks for the NCCL comparison (default: all GPUs)")
     p.add_argument("--procs-per-gpu", type=int, default=2, help="ranks per GPU for the shared-GPU run (0: skip)")
+    p.add_argument("--no-kernels", action="store_true", help="skip the reduce-kernel vs copy table")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", default="", help="write the rows here")
     args = p.parse_args(argv)
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     st = _C_cuda.runtime_status()
     print(f"ringcomm CUDA: {st['device_count']} device(s), runtime {st['runtime_version']}, driver "
           f"{st['driver_version']}, compiled for {_C_cuda.COMPILED_ARCHS}")
-    rows = bench_kernels(args)
+    rows = [] if args.no_kernels else bench_kernels(args)
     try:
         import torch
     except ImportError:

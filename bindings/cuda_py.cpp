@@ -83,8 +83,9 @@ void reduce_emulated_py(py::array dst, py::array a, py::array b, int dt, int op,
 }
 
 // Reduce-kernel bandwidth against a device-to-device copy, measured in the same call on the same
-// buffers (CUDA events). Returns seconds per iteration for each.
-py::dict bench_reduce(int device, int64_t nbytes, int dt, int op, int iters) {
+// buffers (CUDA events). Returns seconds per iteration for each. Runs without the GIL (touches no
+// Python object); bench_reduce_py builds the result dict with it.
+std::pair<double, double> bench_reduce(int device, int64_t nbytes, int dt, int op, int iters) {
   RC_CHECK(nbytes > 0 && iters > 0, InvalidArgument, "_bench_reduce: nbytes and iters must be > 0");
   rc::CudaDeviceGuard g(device);
   const size_t es = rc::dtype_size(D(dt));
@@ -92,7 +93,7 @@ py::dict bench_reduce(int device, int64_t nbytes, int dt, int op, int iters) {
   void *a = nullptr, *b = nullptr, *c = nullptr;
   cudaStream_t s = nullptr;
   cudaEvent_t e0 = nullptr, e1 = nullptr;
-  py::dict out;
+  double t_reduce = 0, t_copy = 0;
   auto cleanup = [&] {
     if (a) cudaFree(a);
     if (b) cudaFree(b);
@@ -122,17 +123,28 @@ py::dict bench_reduce(int device, int64_t nbytes, int dt, int op, int iters) {
       RC_CUDA(cudaEventElapsedTime(&ms, e0, e1), "");
       return static_cast<double>(ms) / 1e3 / iters;
     };
-    const double t_reduce = time([&] { rc::reduce_cuda(c, a, b, n, D(dt), O(op), 1.0, s, 0); });
-    const double t_copy = time([&] { RC_CUDA(cudaMemcpyAsync(c, a, n * es, cudaMemcpyDeviceToDevice, s), ""); });
-    out["elements"] = n;
-    out["bytes"] = n * es;
-    out["reduce_s"] = t_reduce;
-    out["copy_s"] = t_copy;
+    t_reduce = time([&] { rc::reduce_cuda(c, a, b, n, D(dt), O(op), 1.0, s, 0); });
+    t_copy = time([&] { RC_CUDA(cudaMemcpyAsync(c, a, n * es, cudaMemcpyDeviceToDevice, s), ""); });
   } catch (...) {
     cleanup();
     throw;
   }
   cleanup();
+  return {t_reduce, t_copy};
+}
+
+py::dict bench_reduce_py(int device, int64_t nbytes, int dt, int op, int iters) {
+  std::pair<double, double> t;
+  {
+    py::gil_scoped_release nogil;
+    t = bench_reduce(device, nbytes, dt, op, iters);
+  }
+  const int64_t es = static_cast<int64_t>(rc::dtype_size(D(dt)));
+  py::dict out;
+  out["elements"] = nbytes / es;
+  out["bytes"] = nbytes / es * es;
+  out["reduce_s"] = t.first;
+  out["copy_s"] = t.second;
   return out;
 }
 
@@ -242,8 +254,8 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("_reduce_emulated", &reduce_emulated_py, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("dtype"),
         py::arg("op"), py::arg("scale") = 1.0, py::arg("nthreads") = 64,
         "The CUDA reduce kernel's body run on the host over numpy arrays (tests; no GPU needed).");
-  m.def("_bench_reduce", &bench_reduce, py::arg("device"), py::arg("nbytes"), py::arg("dtype") = 0,
-        py::arg("op") = 0, py::arg("iters") = 20, GIL(),
+  m.def("_bench_reduce", &bench_reduce_py, py::arg("device"), py::arg("nbytes"), py::arg("dtype") = 0,
+        py::arg("op") = 0, py::arg("iters") = 20,
         "Seconds per call of the reduce kernel and of a D2D cudaMemcpy on the same nbytes buffers.");
   m.def("_plan_channels", [](const std::vector<py::dict>& infos, int mode) {
     std::vector<rc::CudaPeerInfo> v;

@@ -384,3 +384,101 @@ def gpu_ddp(rank, world, backend, steps):
         return [p.detach().cpu().numpy() for p in model.parameters()]
     finally:
         dist.destroy_process_group()
+
+
+def backend_ops(rank, world, device):
+    """Every torch.distributed op the "ringcomm" backend maps, on tensors on `device` ("cuda" on a
+    GPU machine; "cpu" checks the case itself here), against values computed from the inputs.
+    Includes the staging paths (list outputs that are not one flat buffer) and async + futures.
+    Returns a list of failures."""
+    import torch
+    import torch.distributed as dist
+
+    import ringcomm.torch  # noqa: F401 - registers the backend
+    if device == "cuda":
+        dev = torch.device("cuda", _gpu_device(rank))
+    else:
+        dev = torch.device("cpu")
+    dist.init_process_group("ringcomm", init_method="file://" + os.environ["RC_TEST_STORE"] + f"/ops-{device}",
+                            rank=rank, world_size=world)
+    fails = []
+
+    def check(name, got, want):
+        got = got.cpu() if isinstance(got, torch.Tensor) else got
+        if not torch.equal(got, want):
+            fails.append(f"rank {rank} {device}: {name}: got {got.tolist()[:8]}, want {want.tolist()[:8]}")
+
+    def inp(r, n=5, dtype=torch.float32):  # rank r's input, known to every rank
+        return (torch.arange(n, dtype=torch.float64) * (r + 1) + r).to(dtype)
+
+    try:
+        for op, fold in ((dist.ReduceOp.SUM, sum), (dist.ReduceOp.MAX, lambda v: torch.stack(v).amax(0)),
+                         (dist.ReduceOp.MIN, lambda v: torch.stack(v).amin(0))):
+            x = inp(rank).to(dev)
+            dist.all_reduce(x, op=op)
+            check(f"all_reduce {op}", x, fold([inp(r) for r in range(world)]))
+        x = inp(rank).to(dev)
+        dist.all_reduce(x, op=dist.ReduceOp.AVG)
+        check("all_reduce AVG", x, sum(inp(r) for r in range(world)) / world)
+        x = inp(rank, dtype=torch.int64).to(dev)
+        w = dist.all_reduce(x, async_op=True)
+        fut = w.get_future()
+        w.wait()
+        check("all_reduce async int64", x, sum(inp(r, dtype=torch.int64) for r in range(world)))
+        check("future value", fut.wait()[0], sum(inp(r, dtype=torch.int64) for r in range(world)))
+        root = world - 1
+        x = inp(rank).to(dev)
+        dist.broadcast(x, src=root)
+        check("broadcast", x, inp(root))
+        x = inp(rank).to(dev)
+        dist.reduce(x, dst=0)
+        if rank == 0:
+            check("reduce", x, sum(inp(r) for r in range(world)))
+        outs = [torch.full((5,), -1.0, device=dev) for _ in range(world)]  # not one flat buffer: staged
+        dist.all_gather(outs, inp(rank).to(dev))
+        for r in range(world):
+            check(f"all_gather[{r}]", outs[r], inp(r))
+        out = torch.empty(5 * world, device=dev)
+        dist.all_gather_into_tensor(out, inp(rank).to(dev))
+        check("all_gather_into_tensor", out, torch.cat([inp(r) for r in range(world)]))
+        full = [inp(r, 3 * world) for r in range(world)]
+        out = torch.empty(3, device=dev)
+        dist.reduce_scatter_tensor(out, full[rank].to(dev))
+        check("reduce_scatter_tensor", out, sum(full)[3 * rank:3 * rank + 3])
+        out = torch.empty(3, device=dev)
+        dist.reduce_scatter(out, [c.to(dev) for c in full[rank].split(3)])
+        check("reduce_scatter list", out, sum(full)[3 * rank:3 * rank + 3])
+        src = torch.arange(world * 2, dtype=torch.float32) + 100 * rank
+        out = torch.empty(world * 2, device=dev)
+        dist.all_to_all_single(out, src.to(dev))
+        check("all_to_all_single", out,
+              torch.cat([torch.arange(world * 2, dtype=torch.float32)[2 * rank:2 * rank + 2] + 100 * r
+                         for r in range(world)]))
+        outs = [torch.empty(2, device=dev) for _ in range(world)]
+        dist.all_to_all(outs, [c.to(dev) for c in src.split(2)])
+        for r in range(world):
+            check(f"all_to_all[{r}]", outs[r], torch.arange(world * 2, dtype=torch.float32)[2 * rank:2 * rank + 2]
+                  + 100 * r)
+        outs = [torch.empty(5, device=dev) for _ in range(world)] if rank == 0 else None
+        dist.gather(inp(rank).to(dev), outs, dst=0)
+        if rank == 0:
+            for r in range(world):
+                check(f"gather[{r}]", outs[r], inp(r))
+        out = torch.empty(5, device=dev)
+        dist.scatter(out, [inp(r).to(dev) for r in range(world)] if rank == 0 else None, src=0)
+        check("scatter", out, inp(rank))
+        dist.barrier()
+        if world > 1:
+            right, left = (rank + 1) % world, (rank - 1) % world
+            y = torch.empty(5, device=dev)
+            ws = [dist.isend(inp(rank).to(dev), right), dist.irecv(y, left)]
+            for w in ws:
+                w.wait()
+            check("isend/irecv", y, inp(left))
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001
+        fails.append(f"rank {rank} {device}: exception\n{traceback.format_exc()}")
+    finally:
+        dist.destroy_process_group()
+    return fails

@@ -444,7 +444,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         flat = _flat_view(outs)
         finish = None
         if flat is None:
-            flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype)
+            flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype, device=inp.device)
             finish = lambda: _copy_out(flat, outs)  # noqa: E731
         comm = self._comm
         return _Step(lambda a: comm.all_gather(flat, ibuf, async_op=a), finish)
@@ -586,7 +586,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         _same_dtype(coll, [*outs, *ins])
         iflat = _flat_view(ins) if len({t.numel() for t in ins}) == 1 else None
         iflat = _cat(ins) if iflat is None else iflat
-        oflat = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype)
+        oflat = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype, device=outs[0].device)
         ie = [t.numel() for t in ins]
         oe = [t.numel() for t in outs]
         comm = self._comm
@@ -614,7 +614,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
             flat = _flat_view(outs)
             finish = None
             if flat is None:
-                flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype)
+                flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype, device=inp.device)
                 finish = lambda: _copy_out(flat, outs)  # noqa: E731
             step = _Step(lambda a: comm.gather(flat, ibuf, root=root, async_op=a), finish)
             return self._run(coll, opts, [step], outs)
