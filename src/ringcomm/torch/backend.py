@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 import ringcomm
+from ringcomm.arrays import DTYPE_CODES
 
 from .work import RingcommWork, _DoneWork, _MultiWork, _Waiter, _timeout_seconds
 
@@ -45,6 +46,12 @@ _RT = dist.ReduceOp.RedOpType
 _OPS = {int(getattr(_RT, name).value): getattr(ringcomm.ReduceOp, name)
         for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")}
 _PREMUL_SUM = int(_RT.PREMUL_SUM.value)
+# The allreduce fast path's table: torch dtype -> core dtype code (bool excluded: its bitwise ops
+# need the uint8 view of the general path).
+_FAST_CODES = {getattr(torch, name): code for name, code in DTYPE_CODES.items()
+               if name != "bool"}
+_SUM = dist.ReduceOp.SUM
+_STRIDED = torch.strided
 
 # ---- issue hooks (tests, tracing) -----------------------------------------------------------------
 _issue_hooks: list[Callable[[str, str, int, float], None]] = []
@@ -367,8 +374,31 @@ class RingcommProcessGroup(dist.ProcessGroup):
                      _writeback(out, obuf) if staged else None)
 
     # ---- all-reduce ------------------------------------------------------------------------------------
-    @_collective("all_reduce")
     def allreduce(self, tensors, opts=None):
+        # Fast path, the latency-critical call (dist.all_reduce without async_op, what most
+        # training loops issue): one contiguous dense CPU tensor of a numeric dtype, a plain
+        # reduce op, no coalescing block, no issue hooks. Straight into the core, no step objects;
+        # anything else takes the general path below, which validates and composes.
+        if (opts is not None and not getattr(opts, "asyncOp", True) and len(tensors) == 1 and self._coalescing is None
+                and not _issue_hooks and not self._closed):
+            t = tensors[0]
+            code = _FAST_CODES.get(t.dtype)
+            # SUM only: comparing with the ReduceOp constant costs a third of reading .op.value
+            if (code is not None and opts.reduceOp == _SUM and t.is_cpu and t.layout is _STRIDED
+                    and t.is_contiguous()):
+                seq = next(self._seq)
+                n = t.numel()
+                try:
+                    addr = t.data_ptr() if n else 0
+                    self._comm._c.all_reduce(addr, addr, n, code, 0, False)  # 0: SUM
+                except Exception as e:
+                    e._ringcomm_issued = True  # raised by the core: every rank has been told
+                    raise
+                return _DoneWork("allreduce", seq, [t])
+        return self._allreduce_general(tensors, opts)
+
+    @_collective("all_reduce")
+    def _allreduce_general(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.AllreduceOptions()
         t = _one("allreduce", tensors)
         _check_tensors("allreduce", (t,))

@@ -298,16 +298,27 @@ class RingcommWork(dist.Work):
         return self._duration_ms
 
 
+_WORK_INIT = dist.Work.__init__
+
+
 class _DoneWork(dist.Work):
     """The work of a collective that already ran synchronously (and succeeded): cheap to make,
     since the synchronous path is the latency-critical one."""
 
     def __init__(self, op: str, seq: int, outputs: list[torch.Tensor], source_rank: int = -1):
-        super().__init__()
-        self._op, self._seq, self._outputs, self._source = op, seq, outputs, source_rank
+        _WORK_INIT(self)  # not super().__init__(): a third cheaper, and this runs once per call
+        self._d = (op, seq, outputs, source_rank)
+
+    @property
+    def _outputs(self) -> list[torch.Tensor]:
+        return self._d[2]
+
+    @property
+    def _source(self) -> int:
+        return self._d[3]
 
     def __repr__(self) -> str:
-        return f"RingcommWork(op={self._op}, seq={self._seq}, done)"
+        return f"RingcommWork(op={self._d[0]}, seq={self._d[1]}, done)"
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         return True
