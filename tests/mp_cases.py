@@ -108,9 +108,10 @@ def counts_for(world):
     return [0, 1, 7, 5 * world + 1, 3001]
 
 
-def run_collective_cases(rank, world, slot_bytes, nslots, libs, algo="auto", all_reduce_only=False):
+def run_collective_cases(rank, world, slot_bytes, nslots, libs, algo="auto", all_reduce_only=False, env=None):
     """All collectives x dtypes x ops x counts on one communicator."""
     import ringcomm
+    os.environ.update(env or {})
     os.environ["RINGCOMM_SLOT_BYTES"] = str(slot_bytes)
     os.environ["RINGCOMM_NSLOTS"] = str(nslots)
     os.environ["RINGCOMM_ALGO"] = algo

@@ -57,7 +57,7 @@ void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, Re
     const char* src = recv_expect(c, L, m * es, w);
     if (pos < n - 1) {
       char* dst = c.t->send_slot(R, Lane::kColl, w, in + o * es);
-      reduce_cpu(dst, in + o * es, src, m, c.dtype, op, 1.0);
+      reduce_to_peer(c, dst, in + o * es, src, m, op);
       c.t->send_post(R, Lane::kColl, m * es, 0, c.seq);
     } else {
       reduce_cpu(out + o * es, in + o * es, src, m, c.dtype, op, scale);

@@ -20,6 +20,7 @@ struct AlgoCtx {
   DType dtype = DType::kFloat32;
   size_t esize = 4;
   char* scratch = nullptr;  // slot_bytes of private memory (direct all-reduce's accumulator)
+  bool stream = false;      // write peers' slots with streaming stores (comm/store_policy.h)
   // Elements per piece: one slot's worth (slot_bytes / esize, at least 1).
   int64_t piece_elems() const {
     int64_t p = static_cast<int64_t>(t->config().slot_bytes / esize);

@@ -61,7 +61,7 @@ void rs_piece(const AlgoCtx& c, const Chunks& ch, const char* in, int64_t j, int
     const char* src = recv_expect(c, L, m * es, w);
     if (s < n - 2) {
       char* dst = c.t->send_slot(R, Lane::kColl, w, in + o * es);
-      reduce_cpu(dst, in + o * es, src, m, c.dtype, op, 1.0);
+      reduce_to_peer(c, dst, in + o * es, src, m, op);
       c.t->send_post(R, Lane::kColl, m * es, 0, c.seq);
     } else {
       double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;

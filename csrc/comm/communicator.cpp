@@ -76,6 +76,25 @@ void Communicator::check_usable() const {
 
 // ---------------- collectives: submission and execution ----------------
 
+namespace {
+
+// The bytes a collective moves, for the store policy: the collectives whose element count the
+// header exchange checks equal on every rank (so every rank classifies them alike); 0 otherwise.
+uint64_t policy_bytes(Coll coll, const CollHeader& h) {
+  switch (coll) {
+    case Coll::kAllReduce:
+    case Coll::kReduceScatter:
+    case Coll::kAllGather:
+    case Coll::kBroadcast:
+    case Coll::kReduce:
+      return h.count > 0 ? static_cast<uint64_t>(h.count) * dtype_size(static_cast<DType>(h.dtype)) : 0;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
 WorkPtr Communicator::submit(Coll coll, CollHeader hdr, std::function<void(uint64_t)> body, bool async) {
   check_usable();
   hdr.coll = static_cast<uint32_t>(coll);
@@ -87,7 +106,15 @@ WorkPtr Communicator::submit(Coll coll, CollHeader hdr, std::function<void(uint6
     task.work = std::make_shared<Work>(coll_name(coll), seq);
     task.fn = [this, seq, coll, hdr, body = std::move(body)] {
       exchange_headers(seq, coll, hdr);
+      const uint64_t bytes = policy_bytes(coll, hdr);
+      const StorePolicy::Choice choice = store_policy_.choose(bytes);
+      stream_now_ = choice.stream;
+      const auto t0 = std::chrono::steady_clock::now();
       body(seq);
+      if (choice.cls >= 0) {
+        const auto dt = std::chrono::steady_clock::now() - t0;
+        store_policy_.record(choice, bytes, std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
+      }
     };
     if (!async && queue_.empty() && !busy_) {
       busy_ = true;  // we execute it on this thread; the progress thread waits for busy_ to clear
@@ -168,21 +195,22 @@ void Communicator::reject(Coll coll) {
   }
 }
 
-namespace {
 
-AlgoCtx make_ctx(ShmTransport* t, int rank, int world, uint64_t seq, const char* op, DType dt) {
+// The context of one collective's algorithm, on the executing thread (stream_now_ was set by
+// the task for this collective; scratch_ is that thread's).
+AlgoCtx Communicator::algo_ctx(uint64_t seq, const char* op, DType dt) {
   AlgoCtx c;
-  c.t = t;
-  c.rank = rank;
-  c.world = world;
+  c.t = &transport_;
+  c.rank = rank_;
+  c.world = world_;
   c.seq = seq;
   c.op = op;
   c.dtype = dt;
   c.esize = dtype_size(dt);
+  c.stream = stream_now_;
+  c.scratch = scratch_.data();
   return c;
 }
-
-}  // namespace
 
 // Local checks run before the header exchange. A rank whose arguments fail them still joins the
 // exchange (as a rejection) so that its peers raise too instead of waiting for it.
@@ -220,8 +248,7 @@ WorkPtr Communicator::all_reduce(const void* in, void* out, int64_t count, DType
   // count2 carries the algorithm so that ranks configured differently raise MismatchError.
   CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count, direct ? 1 : 0};
   return submit(Coll::kAllReduce, h, [=](uint64_t seq) {
-    AlgoCtx c = make_ctx(&transport_, rank_, world_, seq, "all_reduce", dt);
-    c.scratch = scratch_.data();
+    AlgoCtx c = algo_ctx(seq, "all_reduce", dt);
     if (direct) {
       direct_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
     } else {
@@ -239,7 +266,7 @@ WorkPtr Communicator::reduce_scatter(const void* in, void* out, int64_t in_count
   });
   CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, in_count, 0};
   return submit(Coll::kReduceScatter, h, [=](uint64_t seq) {
-    ring_reduce_scatter(make_ctx(&transport_, rank_, world_, seq, "reduce_scatter", dt),
+    ring_reduce_scatter(algo_ctx(seq, "reduce_scatter", dt),
                         static_cast<const char*>(in), static_cast<char*>(out), in_count, op);
   }, async);
 }
@@ -267,7 +294,7 @@ WorkPtr Communicator::all_gather(const void* in, void* out, int64_t in_count, in
       w.seq = seq;
       for (int p = 0; p < world_; ++p) counts[p] = (p == rank_) ? in_count : transport_.wait_header(p, bs, w).count2;
     }
-    ring_all_gather(make_ctx(&transport_, rank_, world_, seq, "all_gather", dt), static_cast<const char*>(in),
+    ring_all_gather(algo_ctx(seq, "all_gather", dt), static_cast<const char*>(in),
                     static_cast<char*>(out), counts);
   }, async);
 }
@@ -281,7 +308,7 @@ WorkPtr Communicator::broadcast(void* buf, int64_t count, DType dt, int root, bo
   });
   CollHeader h{0, static_cast<uint32_t>(dt), 0, root, count, 0};
   return submit(Coll::kBroadcast, h, [=](uint64_t seq) {
-    chain_broadcast(make_ctx(&transport_, rank_, world_, seq, "broadcast", dt), static_cast<char*>(buf), count, root);
+    chain_broadcast(algo_ctx(seq, "broadcast", dt), static_cast<char*>(buf), count, root);
   }, async);
 }
 
@@ -295,7 +322,7 @@ WorkPtr Communicator::reduce(const void* in, void* out, int64_t count, DType dt,
   });
   CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count, 0};
   return submit(Coll::kReduce, h, [=](uint64_t seq) {
-    chain_reduce(make_ctx(&transport_, rank_, world_, seq, "reduce", dt), static_cast<const char*>(in),
+    chain_reduce(algo_ctx(seq, "reduce", dt), static_cast<const char*>(in),
                  static_cast<char*>(out), count, op, root);
   }, async);
 }
@@ -329,7 +356,7 @@ WorkPtr Communicator::all_to_all(const void* in, void* out, std::vector<int64_t>
       soff[p] = soff[p - 1] + send_counts[p - 1];
       roff[p] = roff[p - 1] + recv_counts[p - 1];
     }
-    direct_all_to_all(make_ctx(&transport_, rank_, world_, seq, "all_to_all", dt), static_cast<const char*>(in),
+    direct_all_to_all(algo_ctx(seq, "all_to_all", dt), static_cast<const char*>(in),
                       static_cast<char*>(out), send_counts, soff, recv_counts, roff);
   }, async);
 }
@@ -344,7 +371,7 @@ WorkPtr Communicator::gather(const void* in, void* out, int64_t count, DType dt,
   });
   CollHeader h{0, static_cast<uint32_t>(dt), 0, root, count, 0};
   return submit(Coll::kGather, h, [=](uint64_t seq) {
-    direct_gather(make_ctx(&transport_, rank_, world_, seq, "gather", dt), static_cast<const char*>(in),
+    direct_gather(algo_ctx(seq, "gather", dt), static_cast<const char*>(in),
                   static_cast<char*>(out), count, root);
   }, async);
 }
@@ -359,7 +386,7 @@ WorkPtr Communicator::scatter(const void* in, void* out, int64_t count, DType dt
   });
   CollHeader h{0, static_cast<uint32_t>(dt), 0, root, count, 0};
   return submit(Coll::kScatter, h, [=](uint64_t seq) {
-    direct_scatter(make_ctx(&transport_, rank_, world_, seq, "scatter", dt), static_cast<const char*>(in),
+    direct_scatter(algo_ctx(seq, "scatter", dt), static_cast<const char*>(in),
                    static_cast<char*>(out), count, root);
   }, async);
 }

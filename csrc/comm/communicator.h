@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "algo/context.h"
+#include "comm/store_policy.h"
 #include "comm/work.h"
 #include "common/dtype.h"
 #include "transport/shm.h"
@@ -125,6 +127,11 @@ class Communicator {
   enum class Algo { kRing, kDirect, kAuto } algo_ = Algo::kAuto;
   int64_t direct_max_bytes_ = 0;
   std::vector<char> scratch_;  // direct all-reduce accumulator (one slot), used by the executing thread only
+  // How this rank writes into peers' slots (cached or streaming stores), measured per size class;
+  // both used by the executing thread only (collectives run one at a time).
+  StorePolicy store_policy_;
+  AlgoCtx algo_ctx(uint64_t seq, const char* op, DType dt);
+  bool stream_now_ = false;
   bool connected_ = false;
   std::atomic<bool> closed_{false};
 

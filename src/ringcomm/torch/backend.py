@@ -248,6 +248,9 @@ class RingcommProcessGroup(dist.ProcessGroup):
         self._prefix = f"ringcomm/{self._group_name or 'pg'}/{self._incarnation}"
         self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
                                    timeout=self._timeout_s, prefix=self._prefix)
+        # The core of a plain (single-node) Communicator, for allreduce's fast path; None for a
+        # hierarchical one (several nodes), which always takes the general path.
+        self._fast_c = self._comm._c if type(self._comm) is ringcomm.Communicator else None
         self._waiter = _Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
         self._seq = itertools.count(1)  # next() is atomic under the GIL
         self._coalescing: list[RingcommWork] | None = None
@@ -379,8 +382,10 @@ class RingcommProcessGroup(dist.ProcessGroup):
         # training loops issue): one contiguous dense CPU tensor of a numeric dtype, a plain
         # reduce op, no coalescing block, no issue hooks. Straight into the core, no step objects;
         # anything else takes the general path below, which validates and composes.
-        if (opts is not None and not getattr(opts, "asyncOp", True) and len(tensors) == 1 and self._coalescing is None
-                and not _issue_hooks and not self._closed):
+        fast_c = self._fast_c
+        if (fast_c is not None and opts is not None and not getattr(opts, "asyncOp", True)
+                and len(tensors) == 1 and self._coalescing is None and not _issue_hooks
+                and not self._closed):
             t = tensors[0]
             code = _FAST_CODES.get(t.dtype)
             # SUM only: comparing with the ReduceOp constant costs a third of reading .op.value
@@ -390,7 +395,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
                 n = t.numel()
                 try:
                     addr = t.data_ptr() if n else 0
-                    self._comm._c.all_reduce(addr, addr, n, code, 0, False)  # 0: SUM
+                    fast_c.all_reduce(addr, addr, n, code, 0, False)  # 0: SUM
                 except Exception as e:
                     e._ringcomm_issued = True  # raised by the core: every rank has been told
                     raise
