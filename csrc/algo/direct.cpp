@@ -4,7 +4,9 @@
 // (a chain of full channels around a cycle would need every rank to be ahead of its successor).
 // Every all-to-all message carries its total size in its first slot (an empty block is one
 // empty slot), so a receiver whose expected size differs detects it instead of misreading.
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "algo/pieces.h"
 #include "algo/ring_schedule.h"
@@ -75,30 +77,39 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
   const int64_t pe = c.piece_elems();
   const int64_t np = (count + pe - 1) / pe;
   const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
-  // Piece j: send it to every peer, then fold the N contributions in rank order into the
-  // scratch accumulator and write the result out. A rank sends piece j only after it consumed
-  // piece j-1 from every peer, and consuming never waits on sending: no cycle, any slot count.
+  // The ring's order of operations, so that both algorithms give bit-identical results (and
+  // gloo's, at world sizes 2 and 3): an element of all-reduce chunk k (ring::ar_chunk_*) is
+  // combined as x[k+1], then x[k+2] (op) that, ..., then x[k] (op) that, scaled for AVG at that
+  // last step. Every rank computes every element the same way: bit-identical on all ranks.
+  // Piece j: send it to every peer, take piece j from every peer, combine, release the slots. A
+  // rank sends piece j only after it consumed piece j-1 from every peer, and consuming never
+  // waits on sending: no cycle, any slot count.
+  const int64_t ce = ring::ar_chunk_elems(count, n, es);
+  std::vector<const char*> src(n, nullptr);
   for (int64_t j = 0; j < np; ++j) {
     int64_t o, m;
     piece_bounds(0, count, j, pe, &o, &m);
     const size_t bytes = m * es;
     for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * es, bytes, wait_ctx(c, 0, 1));
-    const char* src[2] = {nullptr, nullptr};
-    auto contribution = [&](int p) -> const char* {
-      return p == r ? in + o * es : recv_expect(c, p, bytes, wait_ctx(c, 0, 1));
-    };
-    src[0] = contribution(0);
-    src[1] = contribution(1);
-    char* acc = (n == 2) ? out + o * es : c.scratch;
-    reduce_cpu(acc, src[0], src[1], m, c.dtype, op, n == 2 ? scale : 1.0);
-    if (0 != r) c.t->recv_done(0, Lane::kColl);
-    if (1 != r) c.t->recv_done(1, Lane::kColl);
-    for (int p = 2; p < n; ++p) {
-      const char* x = contribution(p);
-      char* dst = (p == n - 1) ? out + o * es : acc;
-      reduce_cpu(dst, acc, x, m, c.dtype, op, p == n - 1 ? scale : 1.0);
-      if (p != r) c.t->recv_done(p, Lane::kColl);
+    for (int p = 0; p < n; ++p) src[p] = (p == r) ? in + o * es : recv_expect(c, p, bytes, wait_ctx(c, 0, 1));
+    for (int64_t a = o; a < o + m;) {
+      const int k = static_cast<int>(std::min<int64_t>(a / ce, n - 1));
+      const int64_t b = std::min<int64_t>(o + m, (k + 1) * ce);
+      const size_t rel = static_cast<size_t>(a - o) * es;
+      const size_t len = static_cast<size_t>(b - a);
+      auto x = [&](int p) { return src[ring::mod(p, n)] + rel; };
+      char* dst = out + a * es;
+      if (n == 2) {
+        reduce_cpu(dst, x(k), x(k + 1), len, c.dtype, op, scale);
+      } else {
+        reduce_cpu(c.scratch, x(k + 2), x(k + 1), len, c.dtype, op, 1.0);
+        for (int t = 3; t < n; ++t) reduce_cpu(c.scratch, x(k + t), c.scratch, len, c.dtype, op, 1.0);
+        reduce_cpu(dst, x(k), c.scratch, len, c.dtype, op, scale);
+      }
+      a = b;
     }
+    for (int p = 0; p < n; ++p)
+      if (p != r) c.t->recv_done(p, Lane::kColl);
   }
 }
 

@@ -98,13 +98,26 @@ void copy_or_scale(const AlgoCtx& c, const char* in, char* out, int64_t count, R
   if (out != in && count > 0) std::memcpy(out, in, static_cast<size_t>(count) * c.esize);
 }
 
+// All-reduce's chunks (ring::ar_chunk_*: gloo's segmentation, see ring_schedule.h).
+Chunks all_reduce_chunks(int64_t count, int n, size_t esize) {
+  Chunks ch;
+  ch.cnt.resize(n);
+  ch.off.resize(n);
+  for (int k = 0; k < n; ++k) {
+    ch.off[k] = ring::ar_chunk_offset(count, n, static_cast<int64_t>(esize), k);
+    ch.cnt[k] = ring::ar_chunk_count(count, n, static_cast<int64_t>(esize), k);
+    ch.max_cnt = std::max(ch.max_cnt, ch.cnt[k]);
+  }
+  return ch;
+}
+
 }  // namespace
 
 void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
   check_reduce_supported(c.dtype, op);
   if (c.world == 1 || count == 0) return copy_or_scale(c, in, out, count, op);
   const int n = c.world;
-  const Chunks ch = balanced(count, n);
+  const Chunks ch = all_reduce_chunks(count, n, c.esize);
   const int64_t pe = c.piece_elems();
   const int64_t npieces = (ch.max_cnt + pe - 1) / pe;
   const int total_steps = 2 * (n - 1);
