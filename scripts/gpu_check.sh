@@ -91,7 +91,7 @@ run_tests() {  # name, time limit, pytest -k expression
 }
 export RC_TEST_GPU_COMM_TIMEOUT="${RC_TEST_GPU_COMM_TIMEOUT:-30}"
 export RC_TEST_GPU_CASE_TIMEOUT="${RC_TEST_GPU_CASE_TIMEOUT:-100}"
-STAGE_A='reduce_kernels_match or imports_or_reports or compiled_archs or (gpu_all_collectives and 2-auto-tiny)'
+STAGE_A='reduce_kernels_match or imports_or_reports or compiled_archs or gpu_all_reduce_order or (gpu_all_collectives and 2-auto-tiny)'
 run_tests tests_a "${STAGE_A_TIMEOUT:-150}" "${GPU_CHECK_K:-$STAGE_A}"
 
 t0=$(date +%s)
@@ -103,7 +103,7 @@ note "benchmarks/cuda_bench.py exit $brc in $(( $(date +%s) - t0 )) s"
 cat "$OUT/cuda_bench.log" >> "$OUT/summary.txt"
 
 if [ -z "${GPU_CHECK_K:-}" ]; then
-  run_tests tests_b "$TEST_TIMEOUT" "test_gpu_ and not reduce_kernels_match and not 2-auto-tiny"
+  run_tests tests_b "$TEST_TIMEOUT" "test_gpu_ and not reduce_kernels_match and not gpu_all_reduce_order and not 2-auto-tiny"
 fi
 
 note "done in $(( $(date +%s) - t_start )) s, status $status"

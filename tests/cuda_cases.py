@@ -128,6 +128,15 @@ def sim_cases(rank, world, slot_bytes, nslots):
                                [sz(s, rank) for s in range(world)], code)
                 exp = np.concatenate([send[s][sum(sz(s, d) for d in range(rank)):][:sz(s, rank)] for s in range(world)])
                 check(f"all_to_all uneven {tag}", np.array_equal(y, exp))
+        # The CUDA ring adds in the host ring's order (gloo's): bit for bit against the model.
+        from order_ref import ordered_sum
+        for dt, code in ((np.float32, 0), (np.float16, 2)):
+            for count in (1, 13, 1001, 5003):
+                xs = [(np.random.default_rng(9 * count + p).standard_normal(count)
+                       * 10.0 ** np.random.default_rng(p).uniform(-3, 3, count)).astype(dt) for p in range(world)]
+                x = xs[rank].copy()
+                sim.all_reduce(x.ctypes.data, x.ctypes.data, count, code, 0)
+                check(f"all_reduce order {np.dtype(dt).name} n={count}", x.tobytes() == ordered_sum(xs).tobytes())
     except Exception:  # noqa: BLE001
         fails.append(f"rank {rank}: exception\n{traceback.format_exc()}")
     finally:
@@ -481,4 +490,32 @@ def backend_ops(rank, world, device):
         fails.append(f"rank {rank} {device}: exception\n{traceback.format_exc()}")
     finally:
         dist.destroy_process_group()
+    return fails
+
+
+def gpu_order_cases(rank, world):
+    """all_reduce of CUDA tensors adds in the host's (and gloo's) order: bit for bit against the
+    numpy model (order_ref.py), on order-sensitive float32 and float16 data."""
+    import torch
+
+    import ringcomm.cuda
+    from order_ref import ordered_sum
+    dev = _gpu_device(rank)
+    comm = ringcomm.cuda.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
+                              timeout=COMM_TIMEOUT, device=dev)
+    fails = []
+    try:
+        for dt in (np.float32, np.float16):
+            for count in (1, 13, 1001, 300007):
+                xs = [(np.random.default_rng(9 * count + p).standard_normal(count)
+                       * 10.0 ** np.random.default_rng(p).uniform(-3, 3, count)).astype(dt) for p in range(world)]
+                x = torch.from_numpy(xs[rank].copy()).to(f"cuda:{dev}")
+                comm.all_reduce(x)
+                got = x.cpu().numpy()
+                if got.tobytes() != ordered_sum(xs).tobytes():
+                    fails.append(f"rank {rank}: order {np.dtype(dt).name} n={count}")
+    except Exception:  # noqa: BLE001
+        fails.append(f"rank {rank}: exception\n{traceback.format_exc()}")
+    finally:
+        comm.close()
     return fails

@@ -364,6 +364,17 @@ def test_gpu_cupy_arrays(store_env):
 @needs_gpu
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [2, 3])
+def test_gpu_all_reduce_order(world, store_env):
+    """CUDA all_reduce adds in the host's order (gloo's): results bit-identical to the CPU path."""
+    pytest.importorskip("torch")
+    res = spawn(cuda_cases.gpu_order_cases, world, timeout=100, env=store_env)
+    fails = [f for r in res for f in r]
+    assert not fails, "\n".join(fails[:20])
+
+
+@needs_gpu
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
 def test_gpu_killed_rank_makes_others_raise(world, store_env):
     pytest.importorskip("torch")
     res = spawn(cuda_cases.gpu_killed_rank, world, timeout=100, env=store_env, may_die=[1])

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ringcomm.launch import spawn
+from order_ref import ordered_sum
 
 torch = pytest.importorskip("torch")
 
@@ -61,6 +62,11 @@ def order_cases(rank, world, store, with_gloo):
                         comm.all_reduce(y, op=op)
                         got[algo] = y
                     tag = f"{np.dtype(dt).name} n={count} {op}"
+                    if op == "SUM":
+                        want = ordered_sum([order_sensitive(count, p, dt) for p in range(world)])
+                        if got["ring"].tobytes() != want.tobytes():
+                            bad = int(np.flatnonzero(got["ring"] != want)[0])
+                            fails.append(f"rank {rank}: ring differs from the order model, {tag}, first at {bad}")
                     if got["ring"].tobytes() != got["direct"].tobytes():
                         bad = int(np.flatnonzero(got["ring"] != got["direct"])[0])
                         fails.append(f"rank {rank}: ring and direct differ, {tag}, first at {bad}")

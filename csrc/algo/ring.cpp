@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "algo/chunks.h"
 #include "algo/pieces.h"
 #include "algo/ring_schedule.h"
 #include "kernels/reduce_cpu.h"
@@ -23,23 +24,6 @@
 namespace rc {
 
 namespace {
-
-struct Chunks {
-  std::vector<int64_t> cnt, off;
-  int64_t max_cnt = 0;
-};
-
-Chunks balanced(int64_t count, int n) {
-  Chunks ch;
-  ch.cnt.resize(n);
-  ch.off.resize(n);
-  for (int k = 0; k < n; ++k) {
-    ch.cnt[k] = ring::chunk_count(count, n, k);
-    ch.off[k] = ring::chunk_offset(count, n, k);
-    ch.max_cnt = std::max(ch.max_cnt, ch.cnt[k]);
-  }
-  return ch;
-}
 
 // Reduce-scatter phase for piece j. Writes the finished piece of chunk `owner` to
 // out + (owner_out_base(owner piece offset)) and, if `then_send`, sends it as AG step 0.
@@ -98,19 +82,6 @@ void copy_or_scale(const AlgoCtx& c, const char* in, char* out, int64_t count, R
   if (out != in && count > 0) std::memcpy(out, in, static_cast<size_t>(count) * c.esize);
 }
 
-// All-reduce's chunks (ring::ar_chunk_*: gloo's segmentation, see ring_schedule.h).
-Chunks all_reduce_chunks(int64_t count, int n, size_t esize) {
-  Chunks ch;
-  ch.cnt.resize(n);
-  ch.off.resize(n);
-  for (int k = 0; k < n; ++k) {
-    ch.off[k] = ring::ar_chunk_offset(count, n, static_cast<int64_t>(esize), k);
-    ch.cnt[k] = ring::ar_chunk_count(count, n, static_cast<int64_t>(esize), k);
-    ch.max_cnt = std::max(ch.max_cnt, ch.cnt[k]);
-  }
-  return ch;
-}
-
 }  // namespace
 
 void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
@@ -131,7 +102,7 @@ void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t co
   check_reduce_supported(c.dtype, op);
   const int n = c.world, r = c.rank;
   if (n == 1 || count == 0) return copy_or_scale(c, in, out, count, op);
-  const Chunks ch = balanced(count, n);
+  const Chunks ch = balanced_chunks(count, n);
   const int64_t pe = c.piece_elems();
   const int64_t npieces = (ch.max_cnt + pe - 1) / pe;
   const int64_t own_off = ch.off[r];

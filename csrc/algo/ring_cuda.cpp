@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "algo/chunks.h"
 #include "algo/ring_schedule.h"
 #include "common/errors.h"
 #include "kernels/reduce_cpu.h"
@@ -65,23 +66,6 @@ const char* recv_expect(const SlotAlgoCtx& c, int peer, int64_t o, int64_t m, co
                                  << " (the ranks' schedules diverged)");
   }
   return p + (residue ? c.slot_offset(o) : 0);
-}
-
-struct Chunks {
-  std::vector<int64_t> cnt, off;
-  int64_t max_cnt = 0;
-};
-
-Chunks balanced(int64_t count, int n) {
-  Chunks ch;
-  ch.cnt.resize(n);
-  ch.off.resize(n);
-  for (int k = 0; k < n; ++k) {
-    ch.cnt[k] = ring::chunk_count(count, n, k);
-    ch.off[k] = ring::chunk_offset(count, n, k);
-    ch.max_cnt = std::max(ch.max_cnt, ch.cnt[k]);
-  }
-  return ch;
 }
 
 void copy_elems(const SlotAlgoCtx& c, char* dst, const char* src, int64_t n) {
@@ -148,7 +132,7 @@ void slot_ring_all_reduce(const SlotAlgoCtx& c, const char* in, char* out, int64
   check_reduce_supported(c.dtype, op);
   if (c.world == 1 || count == 0) return copy_elems(c, out, in, count);
   const int n = c.world;
-  const Chunks ch = balanced(count, n);
+  const Chunks ch = all_reduce_chunks(count, n, c.esize);
   const int64_t pe = c.piece_elems();
   const int64_t npieces = (ch.max_cnt + pe - 1) / pe;
   const int total_steps = 2 * (n - 1);
@@ -162,7 +146,7 @@ void slot_ring_reduce_scatter(const SlotAlgoCtx& c, const char* in, char* out, i
   check_reduce_supported(c.dtype, op);
   const int n = c.world, r = c.rank;
   if (n == 1 || count == 0) return copy_elems(c, out, in, count);
-  const Chunks ch = balanced(count, n);
+  const Chunks ch = balanced_chunks(count, n);
   const int64_t pe = c.piece_elems();
   const int64_t npieces = (ch.max_cnt + pe - 1) / pe;
   const int64_t own_off = ch.off[r];
