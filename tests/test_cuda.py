@@ -405,13 +405,17 @@ def test_gpu_ddp_over_ringcomm_matches_gloo(store_env):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def _run_backend_ops(world, device, store_env):
+    pytest.importorskip("torch")
+    fails = spawn(cuda_cases.backend_ops, world, (device,), timeout=100, env=store_env)
+    assert not [f for fs in fails for f in fs], fails
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [2, 3])
 def test_backend_ops_case_on_cpu(world, store_env):
     """The case test_gpu_torch_backend_ops runs on CUDA tensors, checked here on CPU tensors."""
-    pytest.importorskip("torch")
-    fails = spawn(cuda_cases.backend_ops, world, ("cpu",), timeout=100, env=store_env)
-    assert not [f for fs in fails for f in fs], fails
+    _run_backend_ops(world, "cpu", store_env)
 
 
 @needs_gpu
@@ -419,9 +423,7 @@ def test_backend_ops_case_on_cpu(world, store_env):
 @pytest.mark.parametrize("world", [2, 3])
 def test_gpu_torch_backend_ops(world, store_env):
     """The "ringcomm" torch backend on CUDA tensors: every op it maps, staging paths, futures."""
-    pytest.importorskip("torch")
-    fails = spawn(cuda_cases.backend_ops, world, ("cuda",), timeout=100, env=store_env)
-    assert not [f for fs in fails for f in fs], fails
+    _run_backend_ops(world, "cuda", store_env)
 
 
 # Ordered by priority (a short device session runs them in this order): every channel kind with
