@@ -107,17 +107,22 @@ def loss_fn(out, y):
     return nn.functional.mse_loss(out, y)
 
 
-def adamw(params):
-    # eps=1e-6 (not 1e-8): a gradient element that happens to be ~1e-9 would otherwise turn the
-    # last-bit noise of a different summation order into a visible step; 1e-6 keeps the
-    # comparison with one process meaningful at 2e-5 without hiding real errors.
-    return torch.optim.AdamW(params, lr=1e-2, eps=1e-6)
+SINGLE_EPS = 1e-6
+
+
+def adamw(params, eps=None):
+    # Against gloo: torch's default AdamW (eps 1e-8); ringcomm adds in gloo's order, so the
+    # parameters must come out the same. Against one process (another summation order by nature):
+    # eps=SINGLE_EPS, since with 1e-8 a gradient element that happens to be ~1e-9 turns the
+    # last-bit noise of that other order into a visible step; 1e-6 keeps the comparison
+    # meaningful at SINGLE_TOL without hiding real errors.
+    return torch.optim.AdamW(params, lr=1e-2) if eps is None else torch.optim.AdamW(params, lr=1e-2, eps=eps)
 
 
 def train_single(kind: str, ws: int, micro_steps: int = 1) -> list:
     """One process, full batch: the reference for exact data-parallel methods."""
     model = model_for(kind)
-    opt = adamw(model.parameters())
+    opt = adamw(model.parameters(), SINGLE_EPS)
     for step in range(STEPS):
         for m in range(micro_steps):
             x, y = global_batch(kind, step, m, ws)
@@ -128,13 +133,13 @@ def train_single(kind: str, ws: int, micro_steps: int = 1) -> list:
 
 
 def train_ddp(group, kind: str, rank: int, ws: int, *, no_sync: bool = False, hook=None,
-              hook_state=None, step_hook=None, **ddp_kwargs) -> list:
+              hook_state=None, step_hook=None, eps=None, **ddp_kwargs) -> list:
     from torch.nn.parallel import DistributedDataParallel as DDP
     model = model_for(kind)
     ddp = DDP(model, process_group=group, **ddp_kwargs)
     if hook is not None:
         ddp.register_comm_hook(hook_state(group) if callable(hook_state) else group, hook)
-    opt = adamw(ddp.parameters())
+    opt = adamw(ddp.parameters(), eps)
     for step in range(STEPS):
         if no_sync:
             x, y = global_batch(kind, step, 0, ws)
@@ -173,6 +178,7 @@ def compare(ctx, what: str, single: list | None = None, gloo_tol: float = GLOO_T
     assert d <= gloo_tol, f"{what}: ringcomm vs gloo max abs diff {d:.3g} > {gloo_tol}"
     line = f"{what}: vs gloo {d:.2g}"
     if single is not None:
+        p_rc = train_ddp(ctx.rc, rank=ctx.rank, ws=ctx.ws, eps=SINGLE_EPS, **kw)
         ds = max_diff(p_rc, single)
         assert ds <= SINGLE_TOL, f"{what}: ringcomm vs single process {ds:.3g} > {SINGLE_TOL}"
         line += f", vs single process {ds:.2g}"
@@ -301,7 +307,7 @@ def case_fsdp2_mlp(ctx):
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = adamw(model.parameters())
+    opt = adamw(model.parameters(), SINGLE_EPS)
     for step in range(STEPS):
         x, y = global_batch("mlp", step, 0, ctx.ws)
         loss_fn(model(shard(x, ctx.rank)), shard(y, ctx.rank)).backward()
