@@ -195,7 +195,6 @@ void Communicator::reject(Coll coll) {
   }
 }
 
-
 // The context of one collective's algorithm, on the executing thread (stream_now_ was set by
 // the task for this collective; scratch_ is that thread's).
 AlgoCtx Communicator::algo_ctx(uint64_t seq, const char* op, DType dt) {
