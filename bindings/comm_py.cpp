@@ -6,6 +6,7 @@
 
 #include "algo/ring_schedule.h"
 #include "comm/communicator.h"
+#include "comm/store_policy.h"
 
 namespace py = pybind11;
 using rc::Communicator;
@@ -113,8 +114,29 @@ void bind_comm(py::module_& m) {
     for (int k = 0; k < n; ++k) v.emplace_back(rc::ring::chunk_offset(count, n, k), rc::ring::chunk_count(count, n, k));
     return v;
   });
+  m.def("ar_chunk_bounds", [](int64_t count, int n, int64_t esize) {
+    std::vector<std::pair<int64_t, int64_t>> v;
+    for (int k = 0; k < n; ++k)
+      v.emplace_back(rc::ring::ar_chunk_offset(count, n, esize, k), rc::ring::ar_chunk_count(count, n, esize, k));
+    return v;
+  }, py::arg("count"), py::arg("world_size"), py::arg("esize"),
+     "all_reduce's chunks (offset, count) per rank: gloo's ring segmentation (ring_schedule.h).");
   m.attr("COLL_CODES") = py::dict(
       py::arg("all_reduce") = 1, py::arg("reduce_scatter") = 2, py::arg("all_gather") = 3, py::arg("broadcast") = 4,
       py::arg("reduce") = 5, py::arg("barrier") = 6, py::arg("all_to_all") = 7, py::arg("gather") = 8,
       py::arg("scatter") = 9);
+
+  // Tests only: the policy that picks cached or streaming stores per size class.
+  py::class_<rc::StorePolicy>(m, "_StorePolicy")
+      .def(py::init<>())
+      .def("choose", [](rc::StorePolicy& p, uint64_t bytes) {
+        const rc::StorePolicy::Choice c = p.choose(bytes);
+        return py::make_tuple(c.stream, c.cls);
+      }, py::arg("bytes"), "(stream, size class or -1 when not measured)")
+      .def("record", [](rc::StorePolicy& p, bool stream, int cls, uint64_t bytes, int64_t ns) {
+        rc::StorePolicy::Choice c;
+        c.stream = stream;
+        c.cls = cls;
+        p.record(c, bytes, ns);
+      }, py::arg("stream"), py::arg("cls"), py::arg("bytes"), py::arg("ns"));
 }

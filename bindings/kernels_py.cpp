@@ -12,7 +12,6 @@
 #include "kernels/reduce_cpu.h"
 #include "kernels/reduce_cpu_isa.h"
 #include "kernels/copy_cpu.h"
-#include "comm/store_policy.h"
 
 namespace py = pybind11;
 
@@ -78,22 +77,10 @@ void bind_kernels(py::module_& m) {
   m.def("_reduce_supported", &reduce_supported_py, py::arg("dtype"), py::arg("op"),
         "True when the (dtype code, op code) pair is a supported reduction.");
 
-  // Tests only: the slot-store primitives and the policy that picks between them.
+  // Tests only: the copy into a peer's slot (cached or streaming stores).
   m.def("_copy_to_peer", [](py::buffer dst, py::buffer src, bool stream) {
     py::buffer_info d = dst.request(true), s = src.request();
     RC_CHECK(d.size * d.itemsize == s.size * s.itemsize, InvalidArgument, "_copy_to_peer: sizes differ");
     rc::copy_to_peer(d.ptr, s.ptr, static_cast<size_t>(s.size * s.itemsize), stream);
   }, py::arg("dst"), py::arg("src"), py::arg("stream"));
-  py::class_<rc::StorePolicy>(m, "_StorePolicy")
-      .def(py::init<>())
-      .def("choose", [](rc::StorePolicy& p, uint64_t bytes) {
-        const rc::StorePolicy::Choice c = p.choose(bytes);
-        return py::make_tuple(c.stream, c.cls);
-      }, py::arg("bytes"), "(stream, size class or -1 when not measured)")
-      .def("record", [](rc::StorePolicy& p, bool stream, int cls, uint64_t bytes, int64_t ns) {
-        rc::StorePolicy::Choice c;
-        c.stream = stream;
-        c.cls = cls;
-        p.record(c, bytes, ns);
-      }, py::arg("stream"), py::arg("cls"), py::arg("bytes"), py::arg("ns"));
 }
