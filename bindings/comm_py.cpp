@@ -129,10 +129,10 @@ void bind_comm(py::module_& m) {
   // Tests only: the policy that picks cached or streaming stores per size class.
   py::class_<rc::StorePolicy>(m, "_StorePolicy")
       .def(py::init<>())
-      .def("choose", [](rc::StorePolicy& p, uint64_t bytes) {
-        const rc::StorePolicy::Choice c = p.choose(bytes);
+      .def("choose", [](rc::StorePolicy& p, uint64_t bytes, int kind) {
+        const rc::StorePolicy::Choice c = p.choose(bytes, kind);
         return py::make_tuple(c.stream, c.cls);
-      }, py::arg("bytes"), "(stream, size class or -1 when not measured)")
+      }, py::arg("bytes"), py::arg("kind") = 0, "(stream, class or -1 when not measured)")
       .def("record", [](rc::StorePolicy& p, bool stream, int cls, uint64_t bytes, int64_t ns) {
         rc::StorePolicy::Choice c;
         c.stream = stream;

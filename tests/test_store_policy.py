@@ -80,10 +80,21 @@ def _policy_in_subprocess(env, code):
 @pytest.mark.parametrize("mode,expect", [("on", True), ("off", False)])
 def test_policy_knob_forces_a_way(mode, expect):
     code = ("from ringcomm import _C; p = _C._StorePolicy(); "
-            "print(all(p.choose(8 << 20)[0] == %s for _ in range(40)), p.choose(1024)[0])" % expect)
+            "print(all(p.choose(b)[0] == %s for b in [8 << 20] * 40 + [1024, 0]))" % expect)
     r = _policy_in_subprocess({"RINGCOMM_STREAM": mode}, code)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True", "False"]
+    assert r.stdout.split() == ["True"]
+
+
+def test_policy_keeps_kinds_of_collective_apart():
+    p = _C._StorePolicy()
+    # kind 1 finds streaming faster, kind 4 (same size) cached: each keeps its own choice.
+    for i in range(20):
+        for kind, fast_stream in ((1, True), (4, False)):
+            stream, cls = p.choose(4 * MiB, kind)
+            if cls >= 0:
+                p.record(stream, cls, 4 * MiB, 1000 if stream == fast_stream else 3000)
+    assert p.choose(4 * MiB, 1)[0] is True and p.choose(4 * MiB, 4)[0] is False
 
 
 def test_policy_bad_knob_raises():

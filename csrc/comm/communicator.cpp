@@ -107,7 +107,7 @@ WorkPtr Communicator::submit(Coll coll, CollHeader hdr, std::function<void(uint6
     task.fn = [this, seq, coll, hdr, body = std::move(body)] {
       exchange_headers(seq, coll, hdr);
       const uint64_t bytes = policy_bytes(coll, hdr);
-      const StorePolicy::Choice choice = store_policy_.choose(bytes);
+      const StorePolicy::Choice choice = store_policy_.choose(bytes, static_cast<int>(coll));
       stream_now_ = choice.stream;
       const auto t0 = std::chrono::steady_clock::now();
       body(seq);

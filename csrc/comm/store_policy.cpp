@@ -20,13 +20,14 @@ StorePolicy::StorePolicy() {
   probe_every_ = static_cast<uint64_t>(pe);
 }
 
-StorePolicy::Choice StorePolicy::choose(uint64_t bytes) {
+StorePolicy::Choice StorePolicy::choose(uint64_t bytes, int kind) {
   Choice c;
-  if (mode_ != kAuto || bytes < min_bytes_ || bytes == 0) {
-    c.stream = mode_ == kOn && bytes >= min_bytes_;
+  if (mode_ != kAuto) {
+    c.stream = mode_ == kOn;
     return c;
   }
-  const int cls = 63 - __builtin_clzll(bytes);
+  if (bytes < min_bytes_ || bytes == 0 || kind < 0 || kind >= kKinds) return c;
+  const int cls = kind * 64 + (63 - __builtin_clzll(bytes));
   Class& k = classes_[cls];
   const uint64_t n = k.calls++;
   if (n == 0) return c;  // the first of its size warms caches and pages up: cached, not measured

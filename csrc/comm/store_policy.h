@@ -1,8 +1,8 @@
 // Per-communicator choice of how a rank writes into its peers' slots: cached stores (memcpy) or
 // streaming stores (kernels/copy_cpu.h). Neither wins everywhere and the right one can change
 // while a job runs (a VM's vCPUs moved between L3 domains by the host), so it is measured:
-//  - per size class (log2 of the collective's bytes), an EWMA of nanoseconds per byte for each
-//    way, fed by the time of every collective of at least RINGCOMM_STREAM_MIN_BYTES;
+//  - per class (the kind of collective and log2 of its bytes), an EWMA of nanoseconds per byte
+//    for each way, fed by the time of every collective of at least RINGCOMM_STREAM_MIN_BYTES;
 //  - the first collective of a class runs cached and is not measured (it warms caches and page
 //    tables up), the second runs cached, the third streaming; after that the faster way runs,
 //    and every RINGCOMM_STREAM_PROBE_EVERY-th collective of the class runs the other way to
@@ -11,7 +11,8 @@
 // Every rank sees the same sequence of (collective, size) (the header exchange checks it), so
 // ranks probe in the same collectives and measure the same combined effect; the choice itself is
 // local to the writer and never has to agree across ranks (either way moves the same bytes).
-// RINGCOMM_STREAM = auto (the above) | on | off. Used only by the thread that runs collectives.
+// RINGCOMM_STREAM = auto (the above) | on (always streaming; copies under 4 KiB stay cached, see
+// copy_to_peer) | off. Used only by the thread that runs collectives.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -24,10 +25,11 @@ class StorePolicy {
 
   struct Choice {
     bool stream = false;
-    int cls = -1;  // size class measured, -1: not measured
+    int cls = -1;  // class measured (kind x size), -1: not measured
   };
-  /// The way to use for a collective moving `bytes` (its full buffer size).
-  Choice choose(uint64_t bytes);
+  /// The way to use for a collective of kind `kind` (0..kKinds-1; the communicator passes its
+  /// Coll code) moving `bytes` (its full buffer size).
+  Choice choose(uint64_t bytes, int kind = 0);
   /// Report how long the collective chosen by `c` took.
   void record(const Choice& c, uint64_t bytes, int64_t ns);
 
@@ -40,7 +42,8 @@ class StorePolicy {
   Mode mode_ = kAuto;
   uint64_t min_bytes_ = 0;
   uint64_t probe_every_ = 16;
-  std::array<Class, 64> classes_{};
+  static constexpr int kKinds = 16;
+  std::array<Class, 64 * kKinds> classes_{};
 };
 
 }  // namespace rc

@@ -391,15 +391,19 @@ class RingcommProcessGroup(dist.ProcessGroup):
             # SUM only: comparing with the ReduceOp constant costs a third of reading .op.value
             if (code is not None and opts.reduceOp == _SUM and t.is_cpu and t.layout is _STRIDED
                     and t.is_contiguous()):
-                seq = next(self._seq)
                 n = t.numel()
                 try:
                     addr = t.data_ptr() if n else 0
-                    fast_c.all_reduce(addr, addr, n, code, 0, False)  # 0: SUM
-                except Exception as e:
-                    e._ringcomm_issued = True  # raised by the core: every rank has been told
-                    raise
-                return _DoneWork("allreduce", seq, [t])
+                except Exception:  # noqa: BLE001 - no storage: the general path rejects it for all ranks
+                    addr = None
+                if addr is not None:
+                    seq = next(self._seq)
+                    try:
+                        fast_c.all_reduce(addr, addr, n, code, 0, False)  # 0: SUM
+                    except Exception as e:
+                        e._ringcomm_issued = True  # raised by the core: every rank has been told
+                        raise
+                    return _DoneWork("allreduce", seq, [t])
         return self._allreduce_general(tensors, opts)
 
     @_collective("all_reduce")
