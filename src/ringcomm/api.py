@@ -86,7 +86,30 @@ class Work:
         return self._w.seq
 
 
-class Communicator:
+class ArgChecks:
+    """Argument checks shared by the communicators (host, CUDA, hierarchical). A failed check
+    joins the collective's header exchange as a refusal through ``self._reject(coll, exc)``, which
+    raises ``exc`` here and makes every peer raise too; needs ``self.world_size``."""
+
+    def _same_dtype(self, coll, a, b):
+        if a.dtype != b.dtype:
+            self._reject(coll, InvalidArgumentError(
+                f"ringcomm: {coll}: input dtype {a.dtype} and output dtype {b.dtype} differ"))
+
+    def _root(self, coll, root) -> int:
+        if not isinstance(root, int) or isinstance(root, bool) or not (0 <= root < self.world_size):
+            self._reject(coll, InvalidArgumentError(
+                f"ringcomm: {coll}: root {root!r} is out of range for world size {self.world_size}"))
+        return root
+
+    def _splits(self, coll, splits, count, what):
+        try:
+            return check_splits(coll, splits, count, self.world_size, what)
+        except InvalidArgumentError as e:
+            self._reject(coll, e)
+
+
+class Communicator(ArgChecks):
     """A group of `world_size` processes on this host. Create with ringcomm.init()."""
 
     def __init__(self, core, prefix: str):
@@ -127,17 +150,6 @@ class Communicator:
             # Name the call in the message (formatted only on this error path).
             msg = str(e).replace(f"ringcomm: {what}", f"ringcomm: {coll} {what}", 1)
             self._reject(coll, type(e)(msg))
-
-    def _same_dtype(self, coll, a: Buf, b: Buf):
-        if a.dtype != b.dtype:
-            self._reject(coll, InvalidArgumentError(
-                f"ringcomm: {coll}: input dtype {a.dtype} and output dtype {b.dtype} differ"))
-
-    def _root(self, coll, root) -> int:
-        if not isinstance(root, int) or isinstance(root, bool) or not (0 <= root < self.world_size):
-            self._reject(coll, InvalidArgumentError(
-                f"ringcomm: {coll}: root {root!r} is out of range for world size {self.world_size}"))
-        return root
 
     def _finish(self, w, refs, async_op, result=None):
         if not async_op:
@@ -269,12 +281,6 @@ class Communicator:
             bi = as_buf(src, "all_to_all input")
         w = self._c.all_to_all(bi.addr, bo.addr, sc, rc, bi.code, async_op)
         return self._finish(w, (src, output), async_op, output)
-
-    def _splits(self, coll, splits, count, what):
-        try:
-            return check_splits(coll, splits, count, self.world_size, what)
-        except InvalidArgumentError as e:
-            self._reject(coll, e)
 
     def gather(self, output, input, root: int = 0, async_op: bool = False):
         """Concatenate every rank's `input` into root's `output` (other ranks pass output=None)."""

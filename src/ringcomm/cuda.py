@@ -35,9 +35,9 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 
 from .api import Work as _ApiWork
-from .api import check_splits
+from .api import ArgChecks
 from .arrays import is_cuda_array
-from .errors import (ClosedError, InvalidArgumentError, RingcommError, UnsupportedError, from_kind)
+from .errors import (ClosedError, InvalidArgumentError, RingcommError, UnsupportedError)
 
 __all__ = ["is_available", "unavailable_reason", "is_cuda_array", "init", "from_communicator",
            "CudaCommunicator", "Work", "device_count"]
@@ -234,7 +234,7 @@ class Work(_ApiWork):
 
 
 # ---- the communicator -----------------------------------------------------------------------------
-class CudaCommunicator:
+class CudaCommunicator(ArgChecks):
     """A group of ``world_size`` processes on this host, each driving one CUDA device (several may
     share one). Same methods as ringcomm.Communicator, plus ``stream=`` on each collective."""
 
@@ -283,17 +283,6 @@ class CudaCommunicator:
             return b
         except RingcommError as e:
             self._reject(coll, e)
-
-    def _same_dtype(self, coll, a: CudaBuf, b: CudaBuf):
-        if a.dtype != b.dtype:
-            self._reject(coll, InvalidArgumentError(
-                f"ringcomm: {coll}: input dtype {a.dtype} and output dtype {b.dtype} differ"))
-
-    def _root(self, coll, root) -> int:
-        if not isinstance(root, int) or isinstance(root, bool) or not (0 <= root < self.world_size):
-            self._reject(coll, InvalidArgumentError(
-                f"ringcomm: {coll}: root {root!r} is out of range for world size {self.world_size}"))
-        return root
 
     def _op(self, coll, op) -> int:
         from .api import _op_code
@@ -436,12 +425,6 @@ class CudaCommunicator:
         s = self._stream("all_to_all", stream, bi, (src, output))
         w = self._c.all_to_all(bi.addr, bo.addr, sc, rc, bi.code, s)
         return self._finish(w, (src, output), async_op, output)
-
-    def _splits(self, coll, splits, count, what):
-        try:
-            return check_splits(coll, splits, count, self.world_size, what)
-        except InvalidArgumentError as e:
-            self._reject(coll, e)
 
     def gather(self, output, input, root: int = 0, async_op: bool = False, stream=None):
         """Concatenate every rank's ``input`` into root's ``output`` (other ranks pass output=None)."""

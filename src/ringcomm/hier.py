@@ -80,7 +80,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .api import check_splits
+from .api import ArgChecks
 from .arrays import as_buf
 from .errors import (ClosedError, InvalidArgumentError, PeerFailureError,
                      RingcommError, TimeoutError, UnsupportedError)
@@ -799,7 +799,7 @@ class _Executor:
 
 
 # ---- the communicator --------------------------------------------------------------------------------
-class HierarchicalCommunicator:
+class HierarchicalCommunicator(ArgChecks):
     """A communicator whose ranks span several nodes: ringcomm shared memory inside each node,
     an existing engine (gloo) between nodes. Same methods and attributes as
     ``ringcomm.Communicator``; created by ``ringcomm.init()`` when the ranks span nodes.
@@ -937,17 +937,6 @@ class HierarchicalCommunicator:
             self._reject(coll, InvalidArgumentError(
                 f"ringcomm: {coll} {what} is read-only but the result is written into it"))
         return b
-
-    def _same_dtype(self, coll, a, b):
-        if a.dtype != b.dtype:
-            self._reject(coll, InvalidArgumentError(
-                f"ringcomm: {coll}: input dtype {a.dtype} and output dtype {b.dtype} differ"))
-
-    def _root(self, coll, root) -> int:
-        if not isinstance(root, int) or isinstance(root, bool) or not (0 <= root < self.world_size):
-            self._reject(coll, InvalidArgumentError(
-                f"ringcomm: {coll}: root {root!r} is out of range for world size {self.world_size}"))
-        return root
 
     def _op(self, coll, op, dtype) -> str:
         try:
@@ -1218,12 +1207,6 @@ class HierarchicalCommunicator:
             s = src.clone() if _overlaps(src, dst) else src
             self._inter.all_to_all(dst, s, [v * size for v in rc], [v * size for v in sc])
         return self._submit("all_to_all", fn, async_op, output)
-
-    def _splits(self, coll, splits, count, what):
-        try:
-            return check_splits(coll, splits, count, self.world_size, what)
-        except InvalidArgumentError as e:
-            self._reject(coll, e)
 
     def gather(self, output, input, root: int = 0, async_op: bool = False):
         """Concatenate every rank's `input` into root's `output` (other ranks pass output=None)."""

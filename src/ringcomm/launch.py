@@ -15,7 +15,6 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import sys
 import tempfile
 import time
 import traceback
