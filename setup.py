@@ -22,13 +22,13 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
-        # ---- CUDA (issue 6) ----
+        # ---- CUDA ----
         # ringcomm._C_cuda comes out of the same CMake run as ringcomm._C (when a CUDA toolkit is
         # found); it is listed as an optional extension only so that setuptools copies it into
         # the source tree for editable installs (and skips it when it was not built).
         if ext.name == "ringcomm._C_cuda":
             return
-        # ---- end CUDA (issue 6) ----
+        # ---- end CUDA ----
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
         build_dir = Path(self.build_temp).resolve() / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -48,6 +48,6 @@ class CMakeBuild(build_ext):
 
 setup(
     ext_modules=[CMakeExtension("ringcomm._C"),
-                 CMakeExtension("ringcomm._C_cuda", optional=True)],  # CUDA (issue 6): see build_extension
+                 CMakeExtension("ringcomm._C_cuda", optional=True)],  # CUDA: see build_extension
     cmdclass={"build_ext": CMakeBuild},
 )

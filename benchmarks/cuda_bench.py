@@ -1,4 +1,4 @@
-"""CUDA benchmarks (issue 6). Skips cleanly (exit 0) without a usable GPU.
+"""CUDA benchmarks. Skips cleanly (exit 0) without a usable GPU.
 
 1. Reduce kernel vs device-to-device copy, in the same run, on the same buffers:
    the reduce kernel reads two buffers and writes one (3 x size bytes of memory traffic), the copy

@@ -1,4 +1,4 @@
-// ringcomm._C_cuda: the CUDA communicator (issue 6), a module of its own so that ringcomm._C
+// ringcomm._C_cuda: the CUDA communicator, a module of its own so that ringcomm._C
 // imports where no CUDA runtime exists. Linked with the static CUDA runtime: importing it needs
 // no libcudart and no driver; without a driver or GPU, runtime_status() says so and every CUDA
 // call raises ringcomm.UnsupportedError ("CUDA unavailable: ...").

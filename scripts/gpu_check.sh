@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot GPU check for ringcomm's CUDA path (issue 6). Run from the repository root on a machine
+# One-shot GPU check for ringcomm's CUDA path. Run from the repository root on a machine
 # with a GPU and nvcc:
 #
 #     OUT=/some/dir scripts/gpu_check.sh

@@ -1,4 +1,4 @@
-"""CUDA support (issue 6).
+"""CUDA support.
 
 Without a GPU (CI, most dev machines) this checks everything that does not need one: the CUDA
 module builds and imports (or reports unavailability cleanly), the GPU's dtype x op table equals the

@@ -1,4 +1,4 @@
-"""Hierarchical collectives (issue 7) on one machine: ranks faked as several nodes through
+"""Hierarchical collectives on one machine: ranks faked as several nodes through
 RINGCOMM_NODE_ID. One spawned group per fake topology runs every section (tests/hier_cases.py);
 the tests below only look the results up.
 

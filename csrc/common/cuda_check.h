@@ -1,4 +1,4 @@
-// CUDA runtime errors as typed ringcomm errors (issue 6). A failing CUDA call throws rc::Error
+// CUDA runtime errors as typed ringcomm errors. A failing CUDA call throws rc::Error
 // (rc::Unsupported when there is no usable device or driver) naming the call, the CUDA error and
 // file:line; nothing calls exit(). Included only by the CUDA module's sources.
 #pragma once

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from . import _C
 from .arrays import Buf, as_buf
-from .arrays import any_cuda_array, is_cuda_array  # CUDA dispatch (issue 6)
+from .arrays import any_cuda_array, is_cuda_array  # CUDA dispatch
 from .errors import ClosedError, InvalidArgumentError, RingcommError, from_kind
 from .rendezvous import store_from_env, store_from_init_method
 
@@ -163,7 +163,7 @@ class Communicator(ArgChecks):
     # -- collectives -----------------------------------------------------------------------
     def all_reduce(self, x, op=ReduceOp.SUM, async_op: bool = False, output=None):
         """Reduce x across ranks; the result lands in x (or in `output` when given)."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         if any_cuda_array(x, output):
             cc = self._cuda_route("all_reduce", x, output)
             return cc.all_reduce(x, op=op, async_op=async_op, output=output)
@@ -184,7 +184,7 @@ class Communicator(ArgChecks):
         """Reduce `input` across ranks and leave chunk `rank` of the result in `output`. Chunks
         split the input evenly; when the count is not divisible by world size, the first
         count % world_size chunks hold one extra element."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         if any_cuda_array(output, input):
             cc = self._cuda_route("reduce_scatter", output, input)
             return cc.reduce_scatter(output, input, op=op, async_op=async_op)
@@ -204,7 +204,7 @@ class Communicator(ArgChecks):
 
     def all_gather(self, output, input, async_op: bool = False):
         """Concatenate every rank's `input` (rank order) into `output` on every rank."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         if any_cuda_array(output, input):
             return self._cuda_route("all_gather", output, input).all_gather(output, input, async_op=async_op)
         # ---- end CUDA dispatch ----
@@ -220,7 +220,7 @@ class Communicator(ArgChecks):
 
     def broadcast(self, x, root: int = 0, async_op: bool = False):
         """Copy root's x into x on every rank."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         if any_cuda_array(x):
             return self._cuda_route("broadcast", x).broadcast(x, root=root, async_op=async_op)
         # ---- end CUDA dispatch ----
@@ -232,7 +232,7 @@ class Communicator(ArgChecks):
 
     def reduce(self, x, root: int = 0, op=ReduceOp.SUM, async_op: bool = False, output=None):
         """Reduce x across ranks onto root (into x, or into `output` on root when given)."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         if any_cuda_array(x, output):
             cc = self._cuda_route("reduce", x, output)
             return cc.reduce(x, root=root, op=op, async_op=async_op, output=output)
@@ -262,7 +262,7 @@ class Communicator(ArgChecks):
                    input_splits: Optional[Sequence[int]] = None, async_op: bool = False):
         """Block j of `input` goes to rank j; block i of `output` comes from rank i. Splits are in
         elements; without them the arrays split evenly by world size."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         if any_cuda_array(output, input):
             cc = self._cuda_route("all_to_all", output, input)
             return cc.all_to_all(output, input, output_splits=output_splits, input_splits=input_splits,
@@ -284,7 +284,7 @@ class Communicator(ArgChecks):
 
     def gather(self, output, input, root: int = 0, async_op: bool = False):
         """Concatenate every rank's `input` into root's `output` (other ranks pass output=None)."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         if any_cuda_array(output, input):
             return self._cuda_route("gather", output, input).gather(output, input, root=root, async_op=async_op)
         # ---- end CUDA dispatch ----
@@ -306,7 +306,7 @@ class Communicator(ArgChecks):
 
     def scatter(self, output, input=None, root: int = 0, async_op: bool = False):
         """Root's `input` is cut into world_size blocks; block i lands in rank i's `output`."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         if any_cuda_array(output, input):
             return self._cuda_route("scatter", output, input).scatter(output, input, root=root, async_op=async_op)
         # ---- end CUDA dispatch ----
@@ -329,7 +329,7 @@ class Communicator(ArgChecks):
     # -- point to point --------------------------------------------------------------------
     def send(self, x, dst: int, async_op: bool = False, tag: int = 0):
         """Send x to rank dst. Messages between two ranks are matched in order; sizes must agree."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         if any_cuda_array(x):
             return self._cuda_route(None, x).send(x, dst, async_op=async_op, tag=tag)
         # ---- end CUDA dispatch ----
@@ -340,7 +340,7 @@ class Communicator(ArgChecks):
 
     def recv(self, x, src: int, async_op: bool = False, tag: int = 0):
         """Receive into x from rank src."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         if any_cuda_array(x):
             return self._cuda_route(None, x).recv(x, src, async_op=async_op, tag=tag)
         # ---- end CUDA dispatch ----
@@ -363,7 +363,7 @@ class Communicator(ArgChecks):
         except RingcommError as e:
             self._reject(coll, e)
 
-    # ---- CUDA dispatch (issue 6) ------------------------------------------------------------
+    # ---- CUDA dispatch ------------------------------------------------------------
     def _cuda_route(self, coll, *arrays):
         """The CUDA communicator (ringcomm.cuda) for a call whose arrays live on a CUDA device
         (any_cuda_array). Created on first use through this communicator's own collectives, so
@@ -394,7 +394,7 @@ class Communicator(ArgChecks):
     # -- lifetime --------------------------------------------------------------------------
     def close(self):
         """Finish queued work, release the shared memory. Idempotent."""
-        # ---- CUDA dispatch (issue 6) ----
+        # ---- CUDA dispatch ----
         cc = getattr(self, "_cuda_comm", None)
         if cc is not None:
             cc.close()
@@ -414,7 +414,7 @@ class Communicator(ArgChecks):
         return f"<ringcomm.Communicator rank={self.rank} world_size={self.world_size} {state}>"
 
 
-# ---- CUDA dispatch (issue 6) ----
+# ---- CUDA dispatch ----
 def _cuda_p2p_needs_comm():
     return InvalidArgumentError(
         "ringcomm: send/recv of CUDA arrays needs the CUDA communicator, which is created (collectively) by the "
@@ -479,7 +479,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
         raise InvalidArgumentError(f"ringcomm.init: timeout must be > 0 s, got {t}")
     if prefix is None:
         prefix = f"ringcomm/{next(_counter)}"
-    # ---- issue 7 hook (ringcomm.hier): ranks spanning several nodes get a two-level communicator.
+    # ---- multi-node hook (ringcomm.hier): ranks spanning several nodes get a two-level communicator.
     if world_size > 1:
         from . import hier
         store, hcomm = hier.from_init(rank, world_size, store, init_method, prefix, t)
@@ -487,7 +487,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
             if _default is None or _default.closed:
                 _default = hcomm
             return hcomm
-    # ---- end of the issue 7 hook: one node, the shared-memory communicator below.
+    # ---- end of the multi-node hook: one node, the shared-memory communicator below.
     if store is None and world_size > 1:
         store = (store_from_init_method(init_method, rank, world_size, t) if init_method
                  else store_from_env(rank, world_size, t))

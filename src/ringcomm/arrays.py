@@ -102,7 +102,7 @@ def as_buf(x, what: str = "array", writeable: bool = False) -> Buf:
         f"ringcomm: {what} of type {type(x).__name__} is not supported (numpy arrays and torch CPU tensors are)")
 
 
-# ---- CUDA routing (issue 6) ---------------------------------------------------------------------
+# ---- CUDA routing ---------------------------------------------------------------------
 _KDL_CUDA, _KDL_CUDA_MANAGED = 2, 13
 _NDARRAY = np.ndarray
 
@@ -136,4 +136,4 @@ def any_cuda_array(a, b=None) -> bool:
     call: ~0.07 us for numpy arrays, ~0.15 us for torch tensors)."""
     return ((type(a) is not _NDARRAY and a is not None and _maybe_cuda(a))
             or (b is not None and type(b) is not _NDARRAY and _maybe_cuda(b)))
-# ---- end CUDA routing (issue 6) -----------------------------------------------------------------
+# ---- end CUDA routing -----------------------------------------------------------------

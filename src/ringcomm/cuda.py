@@ -1,4 +1,4 @@
-"""ringcomm on CUDA: ring collectives on torch CUDA tensors and CuPy arrays (issue 6).
+"""ringcomm on CUDA: ring collectives on torch CUDA tensors and CuPy arrays.
 
     import ringcomm.cuda
     if ringcomm.cuda.is_available():

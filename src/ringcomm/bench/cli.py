@@ -34,7 +34,7 @@ QUICK = {"minbytes": "1K", "maxbytes": "64M", "warmup_iters": 2, "iters": 10, "b
 FULL = {"minbytes": "8", "maxbytes": "256M", "warmup_iters": 5, "iters": 50, "budget": 0.25,
         "min_iters": 3}
 DEFAULT_PEERS = "gloo,mpi,nccl"
-# --nodes K (issue 7): each rank gets RINGCOMM_NODE_ID = its fake node (ringcomm.hier.fake_nodes_env)
+# --nodes K: each rank gets RINGCOMM_NODE_ID = its fake node (ringcomm.hier.fake_nodes_env)
 # before any library is created, so ringcomm goes hierarchical while gloo/MPI stay flat over the
 # same processes.
 NODES_SUPPORTED = True
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PATH.png", help="draw busbw vs size (log-log) to PATH.png")
     p.add_argument("--nodes", type=int, default=1, metavar="K",
                    help="fake K nodes on this machine (RINGCOMM_NODE_ID per rank; ringcomm "
-                        "hierarchical, peers flat; issue 7, not yet available). Default 1")
+                        "hierarchical, peers flat). Default 1")
     p.add_argument("--timeout", type=float, default=1800.0,
                    help="seconds for each phase before its ranks are killed (default 1800)")
     p.add_argument("--op-timeout", type=float, default=120.0,
@@ -100,7 +100,7 @@ def resolve(args) -> dict:
     if args.nodes < 1 or args.nodes > args.world_size:
         raise ValueError(f"--nodes must be in 1..{args.world_size}, got {args.nodes}")
     if args.nodes > 1 and not NODES_SUPPORTED:
-        raise ValueError("--nodes K > 1 needs ringcomm's hierarchical collectives (issue 7), which "
+        raise ValueError("--nodes K > 1 needs ringcomm's hierarchical collectives, which "
                          "this build does not have yet")
     base = QUICK if args.quick else FULL
     ops = list(OPS) if args.ops == "all" else _split(args.ops)

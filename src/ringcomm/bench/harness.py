@@ -453,7 +453,7 @@ def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "b
         pass
     nodes = int(cfg.get("nodes", 1))
     if nodes > 1:
-        # Fake nodes on one machine (issue 7): ranks are split into `nodes` contiguous groups.
+        # Fake nodes on one machine: ranks are split into `nodes` contiguous groups.
         from ..hier import fake_nodes_env
         os.environ.update(fake_nodes_env(rank, world, nodes, tag="bench"))
 

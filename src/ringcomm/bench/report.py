@@ -228,7 +228,7 @@ class Target:
                 and (self.hi is None or s <= self.hi)]
 
 
-# issue 4's targets: all_reduce, float32, sum; ratios measured in the same run.
+# The benchmark's targets: all_reduce, float32, sum; ratios measured in the same run.
 TARGETS = {
     2: {"gloo": [Target("faster", None, 64 * KiB, 20.0), Target("busbw", MiB, None, 4.0)],
         "mpi": [Target("latency", None, 4 * KiB, 1.5), Target("busbw", 64 * KiB, None, 1.0),
@@ -354,7 +354,7 @@ def summary(records: list[dict], tables: list[Table], memcpy: dict, world: int) 
         lines.extend(clines)
     vds = verdicts(tables, world)
     if vds:
-        lines.append("# verdicts (issue 4 targets: all_reduce float32 sum; ringcomm in the peer's "
+        lines.append("# verdicts (targets: all_reduce float32 sum; ringcomm in the peer's "
                      "form; worst size in each range):")
         lines.extend(f"#   {v['text']}" for v in vds)
     wrong = sum(r.get("wrong", 0) for r in records)
