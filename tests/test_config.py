@@ -286,3 +286,14 @@ def test_log_trace_one_line_per_collective(tmp_path):
 def test_log_off_by_default(tmp_path):
     assert _run_ranks(tmp_path, None) == []
     assert _run_ranks(tmp_path, "WARN") == []
+
+
+@pytest.mark.parametrize("level,shown", [(None, ["w"]), ("WARN", ["w"]), ("INFO", ["w", "i"]),
+                                         ("TRACE", ["w", "i", "t"])])
+def test_python_logger_follows_ringcomm_debug(level, shown):
+    code = ("from ringcomm import config\nlog = config.logger(1, 3)\n"
+            "log.warning('w')\nlog.info('i')\nlog.debug('t')\n")
+    env = _env() if level is None else _env(RINGCOMM_DEBUG=level)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [f"ringcomm[rank 1/3] {m}" for m in shown]
