@@ -16,31 +16,16 @@
 namespace rc {
 
 
-const char* coll_name(Coll c) {
-  switch (c) {
-    case Coll::kAllReduce: return "all_reduce";
-    case Coll::kReduceScatter: return "reduce_scatter";
-    case Coll::kAllGather: return "all_gather";
-    case Coll::kBroadcast: return "broadcast";
-    case Coll::kReduce: return "reduce";
-    case Coll::kBarrier: return "barrier";
-    case Coll::kAllToAll: return "all_to_all";
-    case Coll::kGather: return "gather";
-    case Coll::kScatter: return "scatter";
-    case Coll::kRejected: return "rejected call";
-  }
-  return "unknown collective";
-}
-
 Communicator::Communicator(int rank, int world, double timeout_s)
-    : rank_(rank), world_(world), transport_(rank, world, ShmConfig::from_env(world, timeout_s)) {
+    : rank_(rank), world_(world), transport_(rank, world, ShmConfig::from_env(world, timeout_s)),
+      checks_(rank, world, nullptr), scratch_(transport_.config().slot_bytes),
+      channel_(&transport_, Lane::kColl, scratch_.data()) {
   const std::string algo = env_str("RINGCOMM_ALGO", "auto");
   if (algo == "ring") algo_ = Algo::kRing;
   else if (algo == "direct") algo_ = Algo::kDirect;
   else if (algo == "auto") algo_ = Algo::kAuto;
   else RC_THROW(InvalidArgument, "RINGCOMM_ALGO='" << algo << "': use ring, direct or auto");
   direct_max_bytes_ = env_int("RINGCOMM_DIRECT_MAX_BYTES", 64 * 1024);
-  scratch_.resize(transport_.config().slot_bytes);
 }
 
 Communicator::~Communicator() {
@@ -198,15 +183,15 @@ void Communicator::reject(Coll coll) {
 // The context of one collective's algorithm, on the executing thread (stream_now_ was set by
 // the task for this collective; scratch_ is that thread's).
 AlgoCtx Communicator::algo_ctx(uint64_t seq, const char* op, DType dt) {
+  channel_.set_streaming(stream_now_);
   AlgoCtx c;
-  c.t = &transport_;
+  c.ch = &channel_;
   c.rank = rank_;
   c.world = world_;
   c.seq = seq;
   c.op = op;
   c.dtype = dt;
   c.esize = dtype_size(dt);
-  c.stream = stream_now_;
   c.scratch = scratch_.data();
   return c;
 }
@@ -223,29 +208,15 @@ AlgoCtx Communicator::algo_ctx(uint64_t seq, const char* op, DType dt) {
     }                                \
   } while (0)
 
-void Communicator::check_root(int root, Coll coll) {
-  RC_CHECK(root >= 0 && root < world_, InvalidArgument,
-           "ringcomm: " << coll_name(coll) << ": root " << root << " is out of range [0, " << world_ << ")");
-}
-
-void Communicator::check_ptr(const void* p, int64_t count, const char* what, Coll coll) {
-  RC_CHECK(count >= 0, InvalidArgument, "ringcomm: " << coll_name(coll) << ": negative element count " << count);
-  RC_CHECK(count == 0 || p != nullptr, InvalidArgument,
-           "ringcomm: " << coll_name(coll) << ": " << what << " buffer is null");
-}
-
 WorkPtr Communicator::all_reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, bool async) {
   check_usable();
+  CollHeader h;
+  bool direct = false;
   RC_LOCAL_CHECKS(Coll::kAllReduce, {
-    check_ptr(in, count, "input", Coll::kAllReduce);
-    check_ptr(out, count, "output", Coll::kAllReduce);
-    check_reduce_supported(dt, op);
+    const int64_t bytes = count * static_cast<int64_t>(dtype_size(dt));
+    direct = algo_ == Algo::kDirect || (algo_ == Algo::kAuto && bytes * (world_ - 1) <= direct_max_bytes_);
+    h = checks_.all_reduce(in, out, count, dt, op, direct);
   });
-  const int64_t bytes = count * static_cast<int64_t>(dtype_size(dt));
-  const bool direct = algo_ == Algo::kDirect ||
-                      (algo_ == Algo::kAuto && bytes * (world_ - 1) <= direct_max_bytes_);
-  // count2 carries the algorithm so that ranks configured differently raise MismatchError.
-  CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, count, direct ? 1 : 0};
   return submit(Coll::kAllReduce, h, [=](uint64_t seq) {
     AlgoCtx c = algo_ctx(seq, "all_reduce", dt);
     if (direct) {
@@ -258,12 +229,8 @@ WorkPtr Communicator::all_reduce(const void* in, void* out, int64_t count, DType
 
 WorkPtr Communicator::reduce_scatter(const void* in, void* out, int64_t in_count, DType dt, ReduceOp op, bool async) {
   check_usable();
-  RC_LOCAL_CHECKS(Coll::kReduceScatter, {
-    check_ptr(in, in_count, "input", Coll::kReduceScatter);
-    check_ptr(out, in_count / world_ + (rank_ < in_count % world_ ? 1 : 0), "output", Coll::kReduceScatter);
-    check_reduce_supported(dt, op);
-  });
-  CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), -1, in_count, 0};
+  CollHeader h;
+  RC_LOCAL_CHECKS(Coll::kReduceScatter, { h = checks_.reduce_scatter(in, out, in_count, dt, op); });
   return submit(Coll::kReduceScatter, h, [=](uint64_t seq) {
     ring_reduce_scatter(algo_ctx(seq, "reduce_scatter", dt),
                         static_cast<const char*>(in), static_cast<char*>(out), in_count, op);
@@ -273,14 +240,8 @@ WorkPtr Communicator::reduce_scatter(const void* in, void* out, int64_t in_count
 WorkPtr Communicator::all_gather(const void* in, void* out, int64_t in_count, int64_t out_count, DType dt,
                                  bool async) {
   check_usable();
-  RC_LOCAL_CHECKS(Coll::kAllGather, {
-    check_ptr(in, in_count, "input", Coll::kAllGather);
-    check_ptr(out, out_count, "output", Coll::kAllGather);
-    RC_CHECK(in_count <= out_count, InvalidArgument,
-             "ringcomm: all_gather: input has " << in_count << " elements but the output only " << out_count);
-    dtype_size(dt);
-  });
-  CollHeader h{0, static_cast<uint32_t>(dt), 0, -1, out_count, in_count};
+  CollHeader h;
+  RC_LOCAL_CHECKS(Coll::kAllGather, { h = checks_.all_gather(in, out, in_count, out_count, dt); });
   // Every rank's contribution size is known only from the headers: gather them in the body.
   return submit(Coll::kAllGather, h, [=](uint64_t seq) {
     std::vector<int64_t> counts(world_, 0);
@@ -293,6 +254,7 @@ WorkPtr Communicator::all_gather(const void* in, void* out, int64_t in_count, in
       w.seq = seq;
       for (int p = 0; p < world_; ++p) counts[p] = (p == rank_) ? in_count : transport_.wait_header(p, bs, w).count2;
     }
+    check_all_gather_block(rank_, in, out, counts, out_count, dtype_size(dt));
     ring_all_gather(algo_ctx(seq, "all_gather", dt), static_cast<const char*>(in),
                     static_cast<char*>(out), counts);
   }, async);
@@ -300,12 +262,8 @@ WorkPtr Communicator::all_gather(const void* in, void* out, int64_t in_count, in
 
 WorkPtr Communicator::broadcast(void* buf, int64_t count, DType dt, int root, bool async) {
   check_usable();
-  RC_LOCAL_CHECKS(Coll::kBroadcast, {
-    check_ptr(buf, count, "", Coll::kBroadcast);
-    check_root(root, Coll::kBroadcast);
-    dtype_size(dt);
-  });
-  CollHeader h{0, static_cast<uint32_t>(dt), 0, root, count, 0};
+  CollHeader h;
+  RC_LOCAL_CHECKS(Coll::kBroadcast, { h = checks_.broadcast(buf, count, dt, root); });
   return submit(Coll::kBroadcast, h, [=](uint64_t seq) {
     chain_broadcast(algo_ctx(seq, "broadcast", dt), static_cast<char*>(buf), count, root);
   }, async);
@@ -313,13 +271,8 @@ WorkPtr Communicator::broadcast(void* buf, int64_t count, DType dt, int root, bo
 
 WorkPtr Communicator::reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root, bool async) {
   check_usable();
-  RC_LOCAL_CHECKS(Coll::kReduce, {
-    check_ptr(in, count, "input", Coll::kReduce);
-    check_root(root, Coll::kReduce);
-    if (rank_ == root) check_ptr(out, count, "output", Coll::kReduce);
-    check_reduce_supported(dt, op);
-  });
-  CollHeader h{0, static_cast<uint32_t>(dt), static_cast<uint32_t>(op), root, count, 0};
+  CollHeader h;
+  RC_LOCAL_CHECKS(Coll::kReduce, { h = checks_.reduce(in, out, count, dt, op, root); });
   return submit(Coll::kReduce, h, [=](uint64_t seq) {
     chain_reduce(algo_ctx(seq, "reduce", dt), static_cast<const char*>(in),
                  static_cast<char*>(out), count, op, root);
@@ -334,41 +287,18 @@ WorkPtr Communicator::barrier(bool async) {
 WorkPtr Communicator::all_to_all(const void* in, void* out, std::vector<int64_t> send_counts,
                                  std::vector<int64_t> recv_counts, DType dt, bool async) {
   check_usable();
-  int64_t in_total = 0, out_total = 0;
-  RC_LOCAL_CHECKS(Coll::kAllToAll, {
-    RC_CHECK(static_cast<int>(send_counts.size()) == world_ && static_cast<int>(recv_counts.size()) == world_,
-             InvalidArgument, "ringcomm: all_to_all: split lists need " << world_ << " entries, got "
-                                                                         << send_counts.size() << " and " << recv_counts.size());
-    for (int p = 0; p < world_; ++p) {
-      RC_CHECK(send_counts[p] >= 0 && recv_counts[p] >= 0, InvalidArgument, "ringcomm: all_to_all: negative split size");
-      in_total += send_counts[p];
-      out_total += recv_counts[p];
-    }
-    check_ptr(in, in_total, "input", Coll::kAllToAll);
-    check_ptr(out, out_total, "output", Coll::kAllToAll);
-    dtype_size(dt);
-  });
-  CollHeader h{0, static_cast<uint32_t>(dt), 0, -1, in_total, out_total};
+  CollHeader h;
+  RC_LOCAL_CHECKS(Coll::kAllToAll, { h = checks_.all_to_all(in, out, send_counts, recv_counts, dt); });
   return submit(Coll::kAllToAll, h, [=](uint64_t seq) {
-    std::vector<int64_t> soff(world_, 0), roff(world_, 0);
-    for (int p = 1; p < world_; ++p) {
-      soff[p] = soff[p - 1] + send_counts[p - 1];
-      roff[p] = roff[p - 1] + recv_counts[p - 1];
-    }
-    direct_all_to_all(algo_ctx(seq, "all_to_all", dt), static_cast<const char*>(in),
-                      static_cast<char*>(out), send_counts, soff, recv_counts, roff);
+    direct_all_to_all(algo_ctx(seq, "all_to_all", dt), static_cast<const char*>(in), static_cast<char*>(out),
+                      send_counts, split_offsets(send_counts), recv_counts, split_offsets(recv_counts));
   }, async);
 }
 
 WorkPtr Communicator::gather(const void* in, void* out, int64_t count, DType dt, int root, bool async) {
   check_usable();
-  RC_LOCAL_CHECKS(Coll::kGather, {
-    check_ptr(in, count, "input", Coll::kGather);
-    check_root(root, Coll::kGather);
-    if (rank_ == root) check_ptr(out, count * world_, "output", Coll::kGather);
-    dtype_size(dt);
-  });
-  CollHeader h{0, static_cast<uint32_t>(dt), 0, root, count, 0};
+  CollHeader h;
+  RC_LOCAL_CHECKS(Coll::kGather, { h = checks_.gather(in, out, count, dt, root); });
   return submit(Coll::kGather, h, [=](uint64_t seq) {
     direct_gather(algo_ctx(seq, "gather", dt), static_cast<const char*>(in),
                   static_cast<char*>(out), count, root);
@@ -377,13 +307,8 @@ WorkPtr Communicator::gather(const void* in, void* out, int64_t count, DType dt,
 
 WorkPtr Communicator::scatter(const void* in, void* out, int64_t count, DType dt, int root, bool async) {
   check_usable();
-  RC_LOCAL_CHECKS(Coll::kScatter, {
-    check_ptr(out, count, "output", Coll::kScatter);
-    check_root(root, Coll::kScatter);
-    if (rank_ == root) check_ptr(in, count * world_, "input", Coll::kScatter);
-    dtype_size(dt);
-  });
-  CollHeader h{0, static_cast<uint32_t>(dt), 0, root, count, 0};
+  CollHeader h;
+  RC_LOCAL_CHECKS(Coll::kScatter, { h = checks_.scatter(in, out, count, dt, root); });
   return submit(Coll::kScatter, h, [=](uint64_t seq) {
     direct_scatter(algo_ctx(seq, "scatter", dt), static_cast<const char*>(in),
                    static_cast<char*>(out), count, root);
@@ -403,10 +328,7 @@ WorkPtr Communicator::recv(void* buf, int64_t bytes, int src, uint64_t tag, bool
 WorkPtr Communicator::submit_p2p(bool is_send, char* buf, int64_t bytes, int peer, uint64_t tag, bool async) {
   check_usable();
   const char* name = is_send ? "send" : "recv";
-  RC_CHECK(peer >= 0 && peer < world_ && peer != rank_, InvalidArgument,
-           "ringcomm: " << name << ": peer " << peer << " is not another rank of this communicator (rank " << rank_
-                        << ", world size " << world_ << ")");
-  RC_CHECK(bytes >= 0 && (bytes == 0 || buf != nullptr), InvalidArgument, "ringcomm: " << name << ": bad buffer");
+  checks_.p2p(buf, bytes, peer, is_send);
   P2POp op;
   op.is_send = is_send;
   op.peer = peer;

@@ -24,26 +24,17 @@
 #include <vector>
 
 #include "algo/context.h"
+#include "comm/coll.h"
 #include "comm/store_policy.h"
+#include "comm/validation.h"
 #include "comm/work.h"
 #include "common/dtype.h"
 #include "transport/shm.h"
+#include "transport/shm_channel.h"
 
 namespace rc {
 
-enum class Coll : uint32_t {
-  kAllReduce = 1,
-  kReduceScatter = 2,
-  kAllGather = 3,
-  kBroadcast = 4,
-  kReduce = 5,
-  kBarrier = 6,
-  kAllToAll = 7,
-  kGather = 8,
-  kScatter = 9,
-  kRejected = 100,  // a rank refused its arguments; every rank raises
-};
-const char* coll_name(Coll c);
+
 
 using WorkPtr = std::shared_ptr<Work>;
 
@@ -110,8 +101,6 @@ class Communicator {
   void progress_loop();
   void exchange_headers(uint64_t seq, Coll coll, const CollHeader& mine);
   void check_usable() const;
-  void check_root(int root, Coll coll);
-  void check_ptr(const void* p, int64_t count, const char* what, Coll coll);
 
   WorkPtr submit_p2p(bool is_send, char* buf, int64_t bytes, int peer, uint64_t tag, bool async);
   void p2p_loop();
@@ -126,7 +115,9 @@ class Communicator {
   // (world-1) at most RINGCOMM_DIRECT_MAX_BYTES - and the bandwidth-optimal ring above that.
   enum class Algo { kRing, kDirect, kAuto } algo_ = Algo::kAuto;
   int64_t direct_max_bytes_ = 0;
-  std::vector<char> scratch_;  // direct all-reduce accumulator (one slot), used by the executing thread only
+  ArgChecks checks_;
+  std::vector<char> scratch_;  // one slot of private memory (direct all-reduce, streamed fused reductions)
+  ShmChannel channel_;         // the collective lane; used by the executing thread only
   // How this rank writes into peers' slots (cached or streaming stores), measured per size class;
   // both used by the executing thread only (collectives run one at a time).
   StorePolicy store_policy_;

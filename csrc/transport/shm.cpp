@@ -418,6 +418,11 @@ char* ShmTransport::try_send_slot(int peer, Lane lane, const void* like) {
 }
 
 char* ShmTransport::send_slot(int peer, Lane lane, const WaitCtx& w, const void* like) {
+  return send_slot_at(peer, lane, w, page_offset(like));
+}
+
+char* ShmTransport::send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset) {
+  RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
   const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
   const uint32_t head = send_head_[ch];
@@ -426,7 +431,7 @@ char* ShmTransport::send_slot(int peer, Lane lane, const WaitCtx& w, const void*
   ww.what = "a free slot";
   wait_until(&c->tail.v, &c->tail.waiters,
              [&] { return head - c->tail.v.load(std::memory_order_acquire) < cfg_.nslots; }, ww);
-  send_off_[ch] = page_offset(like);
+  send_off_[ch] = offset;
   return slot_data(peer, lane, rank_, head % cfg_.nslots) + send_off_[ch];
 }
 
