@@ -43,8 +43,12 @@ class Channel {
   virtual bool forward_from_slot() const = 0;
 
   virtual char* send_slot(int peer, const WaitCtx& w, const PiecePlace& at) = 0;
+  /// Non-blocking send_slot: nullptr when no slot is free (the point-to-point engine polls).
+  virtual char* try_send_slot(int peer, const PiecePlace& at) = 0;
   virtual void send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) = 0;
   virtual const char* recv_slot(int peer, const WaitCtx& w, const PiecePlace& at, const SlotMeta** meta) = 0;
+  /// Non-blocking recv_slot: nullptr when nothing arrived.
+  virtual const char* try_recv_slot(int peer, const PiecePlace& at, const SlotMeta** meta) = 0;
   virtual void recv_done(int peer) = 0;
 
   /// dst = a (op) b over n elements in local memory (scale for AVG; see kernels/reduce_cpu.h).

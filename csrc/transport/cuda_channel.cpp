@@ -15,12 +15,22 @@ char* CudaChannel::send_slot(int peer, const WaitCtx& w, const PiecePlace& at) {
   return t_->send_slot(peer, lane_, w, s_) + residue(at);
 }
 
+char* CudaChannel::try_send_slot(int peer, const PiecePlace& at) {
+  char* p = t_->try_send_slot(peer, lane_, s_);
+  return p == nullptr ? nullptr : p + residue(at);
+}
+
 void CudaChannel::send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) {
   t_->send_post(peer, lane_, bytes, total, tag, s_);
 }
 
 const char* CudaChannel::recv_slot(int peer, const WaitCtx& w, const PiecePlace& at, const SlotMeta** meta) {
   return t_->recv_slot(peer, lane_, w, s_, meta) + residue(at);
+}
+
+const char* CudaChannel::try_recv_slot(int peer, const PiecePlace& at, const SlotMeta** meta) {
+  const char* p = t_->try_recv_slot(peer, lane_, s_, meta);
+  return p == nullptr ? nullptr : p + residue(at);
 }
 
 void CudaChannel::recv_done(int peer) { t_->recv_done(peer, lane_, s_); }

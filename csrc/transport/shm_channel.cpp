@@ -16,11 +16,16 @@ size_t ShmChannel::piece_bytes() const {
   return slot > kResidue ? slot - kResidue : 0;
 }
 
-char* ShmChannel::send_slot(int peer, const WaitCtx& w, const PiecePlace& at) {
-  if (opt_.placement == ShmChannelOptions::Placement::kPageOffset) return t_->send_slot(peer, lane_, w, at.like);
-  const uint32_t off = at.off_bytes >= 0 ? static_cast<uint32_t>(at.off_bytes % kResidue) : 0u;
-  return t_->send_slot_at(peer, lane_, w, off);
+uint32_t ShmChannel::offset_of(const PiecePlace& at) const {
+  if (opt_.placement == ShmChannelOptions::Placement::kPageOffset) return ShmTransport::page_offset(at.like);
+  return at.off_bytes >= 0 ? static_cast<uint32_t>(at.off_bytes % kResidue) : 0u;
 }
+
+char* ShmChannel::send_slot(int peer, const WaitCtx& w, const PiecePlace& at) {
+  return t_->send_slot_at(peer, lane_, w, offset_of(at));
+}
+
+char* ShmChannel::try_send_slot(int peer, const PiecePlace& at) { return t_->try_send_slot_at(peer, lane_, offset_of(at)); }
 
 void ShmChannel::send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) {
   t_->send_post(peer, lane_, bytes, total, tag);
@@ -28,6 +33,10 @@ void ShmChannel::send_post(int peer, uint64_t bytes, uint64_t total, uint64_t ta
 
 const char* ShmChannel::recv_slot(int peer, const WaitCtx& w, const PiecePlace&, const SlotMeta** meta) {
   return t_->recv_slot(peer, lane_, w, meta);  // at the offset the sender recorded in the meta
+}
+
+const char* ShmChannel::try_recv_slot(int peer, const PiecePlace&, const SlotMeta** meta) {
+  return t_->try_recv_slot(peer, lane_, meta);
 }
 
 void ShmChannel::recv_done(int peer) { t_->recv_done(peer, lane_); }

@@ -39,8 +39,10 @@ class ShmChannel final : public Channel {
   size_t piece_bytes() const override;
   bool forward_from_slot() const override { return opt_.forward_from_slot; }
   char* send_slot(int peer, const WaitCtx& w, const PiecePlace& at) override;
+  char* try_send_slot(int peer, const PiecePlace& at) override;
   void send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) override;
   const char* recv_slot(int peer, const WaitCtx& w, const PiecePlace& at, const SlotMeta** meta) override;
+  const char* try_recv_slot(int peer, const PiecePlace& at, const SlotMeta** meta) override;
   void recv_done(int peer) override;
   void reduce(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale) override;
   void reduce_into_slot(char* slot, const void* a, const void* b, size_t n, DType dt, ReduceOp op) override;
@@ -48,6 +50,7 @@ class ShmChannel final : public Channel {
   void copy_into_slot(char* slot, const void* src, size_t bytes) override;
 
  private:
+  uint32_t offset_of(const PiecePlace& at) const;
   ShmTransport* t_;
   Lane lane_;
   char* scratch_;
