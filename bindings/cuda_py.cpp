@@ -203,7 +203,7 @@ PYBIND11_MODULE(_C_cuda, m) {
       .def("wait", &rc::Work::wait, py::arg("timeout") = -1.0, GIL())
       .def("is_completed", &rc::Work::is_completed, GIL())
       .def("stream_wait", [](rc::Work& w, uintptr_t s) { w.stream_wait(P(s)); }, GIL())
-      .def("error_kind", &rc::Work::error_kind)
+      .def("error_code", &rc::Work::error_code)
       .def("error_message", &rc::Work::error_message)
       .def_property_readonly("op", &rc::Work::op)
       .def_property_readonly("seq", &rc::Work::seq);

@@ -2,8 +2,11 @@
 
 #include <chrono>
 
-#include "common/env.h"
+#include "comm/header_exchange.h"
 #include "common/errors.h"
+#include "common/knobs.h"
+#include "common/log.h"
+#include "kernels/reduce_cpu_isa.h"
 
 namespace rc {
 
@@ -27,15 +30,16 @@ uint64_t policy_bytes(Coll coll, const CollHeader& h) {
 }  // namespace
 
 HostDevice::HostDevice(int rank, int world, double timeout_s)
-    : world_(world), transport_(rank, world, ShmConfig::from_env(world, timeout_s)),
+    : rank_(rank), world_(world),
+      transport_(rank, world, ((void)refresh_log_level(), ShmConfig::from_env(world, timeout_s))),
       scratch_(transport_.config().slot_bytes), coll_(&transport_, Lane::kColl, scratch_.data()),
       p2p_(&transport_, Lane::kP2P, nullptr) {
-  const std::string algo = env_str("RINGCOMM_ALGO", "auto");
+  const std::string algo = knob_str("RINGCOMM_ALGO");
   if (algo == "ring") algo_ = Algo::kRing;
   else if (algo == "direct") algo_ = Algo::kDirect;
   else if (algo == "auto") algo_ = Algo::kAuto;
   else RC_THROW(InvalidArgument, "RINGCOMM_ALGO='" << algo << "': use ring, direct or auto");
-  direct_max_bytes_ = env_int("RINGCOMM_DIRECT_MAX_BYTES", 64 * 1024);
+  direct_max_bytes_ = knob_bytes("RINGCOMM_DIRECT_MAX_BYTES");
 }
 
 bool HostDevice::use_direct(int64_t bytes) const {
@@ -55,6 +59,9 @@ std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h,
     const auto dt = std::chrono::steady_clock::now() - t0;
     store_policy_.record(choice, bytes, std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
   }
+  RC_LOG(kTrace, rank_, world_,
+         describe_header(h) << " seq " << c.seq << (choice.stream ? " streaming" : " cached") << " "
+         << (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count()) << " us");
   return nullptr;  // the host part is the whole collective
 }
 
@@ -62,10 +69,21 @@ Communicator::Communicator(int rank, int world, double timeout_s)
     : CommCore(rank, world, std::make_unique<HostDevice>(rank, world, timeout_s)),
       host_(static_cast<HostDevice*>(&device_part())) {}
 
+void HostDevice::log_connected() {
+  const ShmConfig& sc = transport_.config();
+  RC_LOG(kInfo, rank_, world_,
+         "transport shm; slots " << sc.slot_bytes << " B x " << sc.nslots << " x " << kNumLanes << " lanes per peer; "
+         << "shared memory " << transport_.segment_bytes() << " B per rank; all_reduce "
+         << (algo_ == Algo::kRing ? "ring" : algo_ == Algo::kDirect ? "direct" : "auto") << " (direct while bytes x "
+         << "(world-1) <= " << direct_max_bytes_ << " B); store policy " << store_policy_.describe()
+         << "; reduce ISA " << cpu_isa_name(reduce_cpu_isa()) << "; timeout " << sc.timeout_s << " s");
+}
+
 void Communicator::connect(const std::vector<std::string>& names) {
   RC_CHECK(!connected(), Error, "ringcomm: communicator already connected");
   host_->transport().attach(names);
   start();
+  host_->log_connected();
 }
 
 }  // namespace rc

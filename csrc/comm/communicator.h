@@ -18,6 +18,8 @@ class HostDevice final : public CommDevice {
  public:
   HostDevice(int rank, int world, double timeout_s);
   ShmTransport& transport() { return transport_; }
+  /// The INFO line a connected communicator logs (transport, slots, algorithm, store policy, ISA).
+  void log_connected();
 
   const char* name() const override { return "communicator"; }
   ShmTransport& control() override { return transport_; }
@@ -30,7 +32,7 @@ class HostDevice final : public CommDevice {
   void close(bool broken) override { transport_.close(); }
 
  private:
-  int world_;
+  int rank_, world_;
   ShmTransport transport_;
   // All-reduce algorithm choice: RINGCOMM_ALGO = ring | direct | auto (default). auto takes the
   // direct exchange (one hand-off) while its extra copies are cheap - message bytes times

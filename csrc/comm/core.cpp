@@ -2,6 +2,7 @@
 
 #include "comm/header_exchange.h"
 #include "common/errors.h"
+#include "common/log.h"
 #include "kernels/reduce_cpu.h"
 
 namespace rc {
@@ -40,7 +41,7 @@ void CommCore::check_usable() const {
 
 void CommCore::mark_broken(const std::exception_ptr& e) {
   std::string msg;
-  const std::string kind = error_kind_of(e, &msg);
+  const ErrorCode kind = error_code_of(e, &msg);
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_.empty()) return;

@@ -6,7 +6,7 @@
 
 #include "comm/core.h"
 #include "common/cuda_check.h"
-#include "common/env.h"
+#include "common/log.h"
 #include "common/errors.h"
 
 namespace rc {
@@ -100,7 +100,8 @@ void DeviceMemoryCheck::check(const void* p, const char* what, const char* op) c
 // ---------------- the device part ----------------
 
 CudaDevice::CudaDevice(int rank, int world, int device, double timeout_s)
-    : device_(device), transport_(rank, world, device, timeout_s), memcheck_(device) {}
+    : rank_(rank), world_(world), device_(device),
+      transport_(rank, world, device, ((void)refresh_log_level(), timeout_s)), memcheck_(device) {}
 
 CudaDevice::~CudaDevice() = default;
 
@@ -109,6 +110,12 @@ void CudaDevice::connect(const std::vector<std::string>& blobs) {
   CudaDeviceGuard g(device_);
   RC_CUDA(cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking), "");
   p2p_ch_ = std::make_unique<CudaChannel>(&transport_, Lane::kP2P, p2p_stream_);
+  const CudaIpcConfig& cc = transport_.config();
+  RC_LOG(kInfo, rank_, world_,
+         "transport cuda_ipc (GPU " << device_ << ", channel to the next rank "
+         << (world_ > 1 ? channel_kind_name(transport_.kind(rank_, (rank_ + 1) % world_)) : "none") << "); slots "
+         << cc.slot_bytes << " B x " << cc.nslots << " x 2 lanes per peer; all_reduce ring; reduce grid cap "
+         << cc.max_blocks << " blocks; timeout " << cc.shm.timeout_s << " s");
 }
 
 void CudaDevice::wait_gpu(cudaEvent_t ev, const std::string& op, uint64_t seq, double timeout_s) {
@@ -180,7 +187,7 @@ void CudaDevice::close(bool broken) {
     // events and staging registrations go (transport close).
     try {
       CudaDeviceGuard g(device_);
-      const double wait_s = env_double("RINGCOMM_CUDA_CLOSE_WAIT", 30.0);
+      const double wait_s = transport_.config().close_wait_s;
       std::deque<std::shared_ptr<GpuEvent>> pending;
       {
         std::lock_guard<std::mutex> lk(pending_mu_);

@@ -80,7 +80,7 @@ class CudaDevice final : public CommDevice {
   /// A fence for `ev`, recorded after this device's work, and tracked in pending_.
   std::shared_ptr<DeviceFence> fence(std::shared_ptr<GpuEvent> ev);
 
-  const int device_;
+  const int rank_, world_, device_;
   CudaIpcTransport transport_;
   DeviceMemoryCheck memcheck_;
   CommCore* core_ = nullptr;

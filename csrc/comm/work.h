@@ -44,8 +44,8 @@ class Work {
   /// Make a device stream wait for the operation: after its host part, without blocking the
   /// host on the device part. Nothing to do for work without a device part.
   void stream_wait(void* stream);
-  /// Empty when not completed or succeeded; else the C++ error class name and message.
-  std::string error_kind();
+  /// -1 when not completed or succeeded; else the error's ErrorCode (error_message(): its text).
+  int error_code();
   std::string error_message();
   const std::string& op() const { return op_; }
   uint64_t seq() const { return seq_; }
@@ -64,8 +64,5 @@ class Work {
 };
 
 using WorkPtr = std::shared_ptr<Work>;
-
-/// Class name of an rc::Error subclass held by e ("Error" for anything else) and its message.
-std::string error_kind_of(std::exception_ptr e, std::string* message);
 
 }  // namespace rc

@@ -14,7 +14,6 @@
 #include <thread>
 
 #include "common/cuda_check.h"
-#include "common/env.h"
 #include "common/errors.h"
 #include "transport/cuda_ipc_wire.h"
 #include "transport/futex.h"
@@ -439,7 +438,7 @@ bool CudaIpcTransport::peer_process_dead(int peer) const {
 // when every peer said bye (or exited: its imports died with its context).
 void CudaIpcTransport::exchange_byes(bool* all_done) {
   *all_done = false;
-  const double wait_s = env_double("RINGCOMM_CUDA_CLOSE_WAIT", 30.0);
+  const double wait_s = cfg_.close_wait_s;
   const int64_t deadline = now_ns() + static_cast<int64_t>(wait_s * 1e9);
   std::vector<int> to_send, to_recv;
   for (int p = 0; p < world_; ++p)
