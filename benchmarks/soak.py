@@ -281,8 +281,9 @@ def chunk_bounds(count, world, r):
 
 # ---- one rank -------------------------------------------------------------------------------------
 class Prepared:
-    """One collective of a call on this rank: launch(async_op) issues it; check() returns the
-    first mismatch as a string (or None) once it completed."""
+    """One collective of a call on this rank: launch(async_op) issues it (returns its Work, a
+    list of them, or None); once it completed, every (name, array, expected) in bufs must match
+    byte for byte."""
 
     def __init__(self):
         self.bufs = []          # (name, numpy array, expected numpy array)
@@ -476,15 +477,16 @@ def run_call(comm, seed, idx, call, rank, world, lib_of, stats, corrupt=False):
                 if got.size and not stats["corrupted"]:
                     got.view(np.uint8)[0] ^= 1
                     stats["corrupted"] = True
+    first = None
     for op, p in zip(call["ops"], preps):
         stats["calls"][op["kind"]] = stats["calls"].get(op["kind"], 0) + 1
         stats["bytes"] += p.nbytes
         stats["ordered"] += bool(op.get("ordered"))
         for name, got, want in p.bufs:
-            d = first_diff(got, want)
+            d = first_diff(got, want) if first is None else None
             if d is not None:
-                return f"{op['kind']} {name}: {d}"
-    return None
+                first = f"{op['kind']} {name}: {d}"
+    return first
 
 
 def make_lib_of(use_torch):
@@ -777,6 +779,12 @@ def main(argv=None):
     print("\n".join(summary_lines(per_rank, a.world, elapsed, sampler)))
     print(f"# load average before/after {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores); "
           f"segments left {sorted(leaked) or 'none'}; child processes left {children or 'none'}")
+    n_epochs = per_rank.get(0, {}).get("epochs", 0)
+    first_epoch = replay[0] if replay else 0
+    knob_sets = [epoch_knobs(seed, e) for e in range(first_epoch, first_epoch + n_epochs)]
+    print("# epochs (RINGCOMM_SLOT_BYTES x NSLOTS, ALGO, STREAM): " + "; ".join(
+        f"{k['RINGCOMM_SLOT_BYTES']} x {k['RINGCOMM_NSLOTS']} {k['RINGCOMM_ALGO']} {k['RINGCOMM_STREAM']}"
+        for k in knob_sets))
     ok = not (errors or failures or excs or hang or leaked or children) and len(per_rank) == a.world
     replay_cmd = None
     if failures:
@@ -803,7 +811,7 @@ def main(argv=None):
         out = {"date_utc": datetime.datetime.fromtimestamp(start_wall, datetime.timezone.utc).isoformat(),
                "command": cmd, "host": platform.node(), "cores": os.cpu_count(), "seed": seed, "world": a.world,
                "torch": use_torch, "minutes": elapsed / 60, "load_before": load_before[0],
-               "load_after": os.getloadavg()[0], "epochs": s0.get("epochs", 0), "calls": s0.get("calls", {}),
+               "load_after": os.getloadavg()[0], "epochs": s0.get("epochs", 0), "epoch_knobs": knob_sets, "calls": s0.get("calls", {}),
                "collectives": sum(s0.get("calls", {}).values()), "ordered_sums": s0.get("ordered", 0), "bytes": s0.get("bytes", 0), "errors": errors,
                "maxrss_mib": {str(r): per_rank[r].get("maxrss_kib", 0) / 1024 for r in sorted(per_rank)},
                "rss_first_mib": {str(r): (per_rank[r].get("first_rss_kib") or 0) / 1024 for r in sorted(per_rank)},
