@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .errors import InvalidArgumentError, RingcommError, UnsupportedError
-from .tables import OPS_SUPPORTED, ReduceOp, _OP_CACHE, op_code, unsupported_op_message
+from .errors import ClosedError, InvalidArgumentError, RingcommError, UnsupportedError
+from .tables import COLL_CODES, OPS_FOR_DTYPE, OPS_SUPPORTED, ReduceOp, op_code, unsupported_op_message
 
-__all__ = ["CommunicatorBase", "check_splits", "chunk_count"]
+__all__ = ["CommunicatorBase", "CoreBackEnd", "check_splits", "chunk_count"]
 
 _SUM = ReduceOp.SUM
 
@@ -93,16 +93,13 @@ class CommunicatorBase:
 
     # -- shared checks (raise through _reject: every peer raises too) ------------------------
     def _buf(self, coll, x, what, writeable=False):
+        """The back end's Buf of ``x`` (``writeable``: the adapter refuses read-only memory)."""
         try:
-            b = self._adapt(x, what, writeable)
+            return self._adapt(x, what, writeable)
         except RingcommError as e:
             # Name the call in the message (formatted only on this error path).
             msg = str(e).replace(f"ringcomm: {what}", f"ringcomm: {coll} {what}", 1)
             self._reject(coll, type(e)(msg))
-        if writeable and not b.writeable:
-            self._reject(coll, InvalidArgumentError(
-                f"ringcomm: {coll} {what} is read-only but the result is written into it"))
-        return b
 
     def _op(self, coll, op) -> int:
         try:
@@ -112,11 +109,11 @@ class CommunicatorBase:
 
     def _op_for(self, coll, op, b) -> int:
         """The code of reduce op ``op``, checked against buffer ``b``'s dtype."""
-        opc = _OP_CACHE.get(op) if type(op) is not bool else None
+        opc = OPS_FOR_DTYPE[b.code].get(op)
         if opc is None:
             opc = self._op(coll, op)
-        if not OPS_SUPPORTED[b.code] >> opc & 1:
-            self._reject(coll, UnsupportedError(unsupported_op_message(opc, b.code)))
+            if not OPS_SUPPORTED[b.code] >> opc & 1:
+                self._reject(coll, UnsupportedError(unsupported_op_message(opc, b.code)))
         return opc
 
     def _same_dtype(self, coll, a, b):
@@ -154,6 +151,17 @@ class CommunicatorBase:
             self._reject(coll, InvalidArgumentError(
                 f"ringcomm: {coll}: output has {bo.count} elements, input has {bi.count}"))
 
+    def _in_out(self, coll, output, input, stream):
+        """(back end, input Buf, output Buf) of a collective that takes both, of one dtype."""
+        be = self._route(coll, output, input)
+        be._check_open()
+        if stream is not None:
+            be._stream_ok(coll, stream)
+        bi = be._buf(coll, input, "input")
+        bo = be._buf(coll, output, "output", True)
+        be._same_dtype(coll, bi, bo)
+        return be, bi, bo
+
     # -- collectives ----------------------------------------------------------------------------
     def all_reduce(self, x, op=_SUM, async_op: bool = False, output=None, stream=None):
         """Reduce x across ranks; the result lands in x (or in `output` when given)."""
@@ -167,7 +175,9 @@ class CommunicatorBase:
         else:
             bo = be._buf("all_reduce", output, "output", True)
             be._same_count("all_reduce", bi, bo)
-        opc = be._op_for("all_reduce", op, bi)
+        opc = OPS_FOR_DTYPE[bi.code].get(op)     # _op_for, inlined on the latency-critical path
+        if opc is None:
+            opc = be._op_for("all_reduce", op, bi)
         h = be._issue_all_reduce(bi, bo, opc, async_op, stream)
         return be._finish(h, (x, output), x if output is None else output) if async_op else None
 
@@ -175,12 +185,7 @@ class CommunicatorBase:
         """Reduce `input` across ranks and leave chunk `rank` of the result in `output`. Chunks
         split the input evenly; when the count is not divisible by world size, the first
         count % world_size chunks hold one extra element."""
-        be = self._route("reduce_scatter", output, input)
-        be._check_open()
-        be._stream_ok("reduce_scatter", stream)
-        bi = be._buf("reduce_scatter", input, "input")
-        bo = be._buf("reduce_scatter", output, "output", True)
-        be._same_dtype("reduce_scatter", bi, bo)
+        be, bi, bo = self._in_out("reduce_scatter", output, input, stream)
         opc = be._op_for("reduce_scatter", op, bi)
         want = chunk_count(bi.count, be.world_size, be.rank)
         if bo.count != want:
@@ -192,12 +197,7 @@ class CommunicatorBase:
 
     def all_gather(self, output, input, async_op: bool = False, stream=None):
         """Concatenate every rank's `input` (rank order) into `output` on every rank."""
-        be = self._route("all_gather", output, input)
-        be._check_open()
-        be._stream_ok("all_gather", stream)
-        bi = be._buf("all_gather", input, "input")
-        bo = be._buf("all_gather", output, "output", True)
-        be._same_dtype("all_gather", bi, bo)
+        be, bi, bo = self._in_out("all_gather", output, input, stream)
         if bo.count < bi.count:
             be._reject("all_gather", InvalidArgumentError(
                 f"ringcomm: all_gather: output has {bo.count} elements, fewer than the input's {bi.count}"))
@@ -208,7 +208,8 @@ class CommunicatorBase:
         """Copy root's x into x on every rank."""
         be = self._route("broadcast", x)
         be._check_open()
-        be._stream_ok("broadcast", stream)
+        if stream is not None:
+            be._stream_ok("broadcast", stream)
         b = be._buf("broadcast", x, "buffer", True)
         root = be._root("broadcast", root)
         h = be._issue_broadcast(b, root, async_op, stream)
@@ -216,10 +217,7 @@ class CommunicatorBase:
 
     def reduce(self, x, root: int = 0, op=_SUM, async_op: bool = False, output=None, stream=None):
         """Reduce x across ranks onto root (into x, or into `output` on root when given)."""
-        be = self._route("reduce", x, output)
-        be._check_open()
-        be._stream_ok("reduce", stream)
-        root = be._root("reduce", root)
+        be, root = self._rooted("reduce", x, output, root, stream)
         on_root = be.rank == root
         bi = be._buf("reduce", x, "input", on_root and output is None)
         bo = bi if on_root else None
@@ -235,7 +233,8 @@ class CommunicatorBase:
         """Return once every rank has entered the barrier."""
         be = self._route("barrier", None)
         be._check_open()
-        be._stream_ok("barrier", stream)
+        if stream is not None:
+            be._stream_ok("barrier", stream)
         h = be._issue_barrier(async_op, stream)
         return be._finish(h, (), None) if async_op else None
 
@@ -243,12 +242,7 @@ class CommunicatorBase:
                    input_splits: Optional[Sequence[int]] = None, async_op: bool = False, stream=None):
         """Block j of `input` goes to rank j; block i of `output` comes from rank i. Splits are in
         elements; without them the arrays split evenly by world size."""
-        be = self._route("all_to_all", output, input)
-        be._check_open()
-        be._stream_ok("all_to_all", stream)
-        bi = be._buf("all_to_all", input, "input")
-        bo = be._buf("all_to_all", output, "output", True)
-        be._same_dtype("all_to_all", bi, bo)
+        be, bi, bo = self._in_out("all_to_all", output, input, stream)
         sc = be._splits("all_to_all", input_splits, bi.count, "input")
         rc = be._splits("all_to_all", output_splits, bo.count, "output")
         src = input
@@ -259,63 +253,90 @@ class CommunicatorBase:
         h = be._issue_all_to_all(bi, bo, sc, rc, async_op, stream)
         return be._finish(h, (src, output), output) if async_op else None
 
+    def _full_on_root(self, coll, root, block, full, what):
+        """gather's output / scatter's input on the root (``what``): world_size blocks of
+        ``block``'s size and dtype. Its Buf on the root, None on the other ranks."""
+        if self.rank != root:
+            return None
+        if full is None:
+            self._reject(coll, InvalidArgumentError(f"ringcomm: {coll}: the root needs an {what} array"))
+        bf = self._buf(coll, full, what, what == "output")
+        if what == "output":
+            self._same_dtype(coll, block, bf)
+        else:
+            self._same_dtype(coll, bf, block)
+        if bf.count != block.count * self.world_size:
+            self._reject(coll, InvalidArgumentError(
+                f"ringcomm: {coll}: {what} has {bf.count} elements, needs world_size * {block.count}"))
+        return bf
+
+    def _rooted(self, coll, a, b, root, stream):
+        be = self._route(coll, a, b)
+        be._check_open()
+        if stream is not None:
+            be._stream_ok(coll, stream)
+        return be, be._root(coll, root)
+
     def gather(self, output, input, root: int = 0, async_op: bool = False, stream=None):
         """Concatenate every rank's `input` into root's `output` (other ranks pass output=None)."""
-        be = self._route("gather", output, input)
-        be._check_open()
-        be._stream_ok("gather", stream)
-        root = be._root("gather", root)
+        be, root = self._rooted("gather", output, input, root, stream)
         bi = be._buf("gather", input, "input")
-        bo = None
-        if be.rank == root:
-            if output is None:
-                be._reject("gather", InvalidArgumentError("ringcomm: gather: the root needs an output array"))
-            bo = be._buf("gather", output, "output", True)
-            be._same_dtype("gather", bi, bo)
-            if bo.count != bi.count * be.world_size:
-                be._reject("gather", InvalidArgumentError(
-                    f"ringcomm: gather: output has {bo.count} elements, needs world_size * {bi.count}"))
+        bo = be._full_on_root("gather", root, bi, output, "output")
         h = be._issue_gather(bi, bo, root, async_op, stream)
         return be._finish(h, (input, output), output) if async_op else None
 
     def scatter(self, output, input=None, root: int = 0, async_op: bool = False, stream=None):
         """Root's `input` is cut into world_size blocks; block i lands in rank i's `output`."""
-        be = self._route("scatter", output, input)
-        be._check_open()
-        be._stream_ok("scatter", stream)
-        root = be._root("scatter", root)
+        be, root = self._rooted("scatter", output, input, root, stream)
         bo = be._buf("scatter", output, "output", True)
-        bi = None
-        if be.rank == root:
-            if input is None:
-                be._reject("scatter", InvalidArgumentError("ringcomm: scatter: the root needs an input array"))
-            bi = be._buf("scatter", input, "input")
-            be._same_dtype("scatter", bi, bo)
-            if bi.count != bo.count * be.world_size:
-                be._reject("scatter", InvalidArgumentError(
-                    f"ringcomm: scatter: input has {bi.count} elements, needs world_size * {bo.count}"))
+        bi = be._full_on_root("scatter", root, bo, input, "input")
         h = be._issue_scatter(bi, bo, root, async_op, stream)
         return be._finish(h, (input, output), output) if async_op else None
 
     # -- point to point (no header exchange: errors are raised here only) ----------------------
-    def send(self, x, dst: int, async_op: bool = False, tag: int = 0, stream=None):
-        """Send x to rank dst. Messages between two ranks are matched in order; sizes must agree."""
+    def _p2p_args(self, what, x, stream):
+        """(back end, buffer) of a point-to-point call."""
         be = self._route(None, x)
         be._check_open()
         if stream is not None and not be._streams:
-            raise InvalidArgumentError("ringcomm: send: stream= applies to CUDA arrays")
-        b = be._adapt(x, "send buffer", False)
+            raise InvalidArgumentError(f"ringcomm: {what}: stream= applies to CUDA arrays")
+        return be, be._adapt(x, f"{what} buffer", False)
+
+    def send(self, x, dst: int, async_op: bool = False, tag: int = 0, stream=None):
+        """Send x to rank dst. Messages between two ranks are matched in order; sizes must agree."""
+        be, b = self._p2p_args("send", x, stream)
         h = be._issue_send(b, be._peer("send", dst), int(tag), async_op, stream)
         return be._finish(h, (x,), None) if async_op else None
 
     def recv(self, x, src: int, async_op: bool = False, tag: int = 0, stream=None):
         """Receive into x from rank src."""
-        be = self._route(None, x)
-        be._check_open()
-        if stream is not None and not be._streams:
-            raise InvalidArgumentError("ringcomm: recv: stream= applies to CUDA arrays")
-        b = be._adapt(x, "recv buffer", False)
+        be, b = self._p2p_args("recv", x, stream)
         if not b.writeable:
             raise InvalidArgumentError("ringcomm: recv buffer is read-only")
         h = be._issue_recv(b, be._peer("recv", src), int(tag), async_op, stream)
         return be._finish(h, (x,), x) if async_op else None
+
+
+class CoreBackEnd(CommunicatorBase):
+    """A back end over one C++ core communicator ``self._c`` (host shared memory or CUDA): the
+    core exchanges a header before every collective, so a refusal is a header of its own."""
+
+    _what = "communicator"
+
+    @property
+    def timeout(self) -> float:
+        return self._c.timeout
+
+    @property
+    def closed(self) -> bool:
+        return self._c.closed
+
+    def _check_open(self):
+        if self._c.closed:
+            raise ClosedError(f"ringcomm: the {self._what} (rank {self.rank}) is closed")
+
+    def _reject(self, coll: str, exc: Exception):
+        """Join the header exchange as a rejection (peers raise too), then raise exc here."""
+        if not self._c.closed:
+            self._c.reject(COLL_CODES[coll])
+        raise exc

@@ -12,9 +12,8 @@ import numpy as np
 
 from . import _C
 from .arrays import as_buf, is_cuda_array, maybe_cuda
-from .errors import ClosedError, InvalidArgumentError, RingcommError
-from .front import CommunicatorBase
-from .tables import COLL_CODES
+from .errors import InvalidArgumentError, RingcommError
+from .front import CoreBackEnd
 from .work import CoreWork
 
 __all__ = ["Communicator", "shm_communicator"]
@@ -22,7 +21,7 @@ __all__ = ["Communicator", "shm_communicator"]
 _NDARRAY = np.ndarray
 
 
-class Communicator(CommunicatorBase):
+class Communicator(CoreBackEnd):
     """A group of `world_size` processes on this host. Create with ringcomm.init()."""
 
     _adapt = staticmethod(as_buf)
@@ -35,24 +34,6 @@ class Communicator(CommunicatorBase):
         self._inflight: list = []
         self._lock = threading.Lock()
         self._cuda_comm = None
-
-    @property
-    def timeout(self) -> float:
-        return self._c.timeout
-
-    @property
-    def closed(self) -> bool:
-        return self._c.closed
-
-    def _check_open(self):
-        if self._c.closed:
-            raise ClosedError(f"ringcomm: the communicator (rank {self.rank}) is closed")
-
-    def _reject(self, coll: str, exc: Exception):
-        """Join the header exchange as a rejection (peers raise too), then raise exc here."""
-        if not self._c.closed:
-            self._c.reject(COLL_CODES[coll])
-        raise exc
 
     def _finish(self, w, refs, result):
         work = CoreWork(w, refs, result)

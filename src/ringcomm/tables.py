@@ -107,6 +107,11 @@ def _supported_mask(d: DType) -> int:
 OPS_SUPPORTED = tuple(_supported_mask(d) for d in DTYPES)
 
 
+# Indexed by dtype code: {op: code} for the ops (ReduceOp members and their int codes) the core
+# reduces that dtype with; the per-call lookup (anything else takes op_code's slow path).
+OPS_FOR_DTYPE = tuple({k: v for k, v in _OP_CACHE.items() if m >> v & 1} for m in OPS_SUPPORTED)
+
+
 def op_supported(op: int, dtype_code: int) -> bool:
     """Whether the core reduces dtype ``dtype_code`` with op code ``op``."""
     return bool(OPS_SUPPORTED[dtype_code] >> op & 1)

@@ -7,11 +7,11 @@ or ``cupy.cuda.Stream`` objects; without one, the array library's current stream
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
-from ..arrays import is_cuda_array
+from ..arrays import Buf, is_cuda_array
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..tables import DTYPE_CODES, SUPPORTED_DTYPES
 
@@ -19,15 +19,8 @@ __all__ = ["CudaBuf", "as_cuda_buf", "stream_handle", "current_stream"]
 
 
 @dataclass
-class CudaBuf:
-    """A contiguous CUDA array's memory."""
-    obj: Any
-    addr: int
-    count: int
-    dtype: str
-    code: int
-    nbytes: int
-    writeable: bool
+class CudaBuf(Buf):
+    """A contiguous CUDA array's memory: a Buf, plus where it lives and who produced it."""
     device: int
     lib: str           # "torch", "cupy" or "cai"
     stream: Optional[int] = None  # the producer's stream (CUDA array interface v3), if it says

@@ -10,10 +10,9 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from ..errors import ClosedError, InvalidArgumentError
-from ..front import CommunicatorBase
+from ..errors import InvalidArgumentError
+from ..front import CoreBackEnd
 from ..rendezvous import init_args, resolve_store
-from ..tables import COLL_CODES
 from ..work import CoreWork
 from .buffers import CudaBuf, as_cuda_buf, current_stream, stream_handle
 from .runtime import default_device, require
@@ -41,7 +40,7 @@ class Work(CoreWork):
         return self._result
 
 
-class CudaCommunicator(CommunicatorBase):
+class CudaCommunicator(CoreBackEnd):
     """A group of ``world_size`` processes on this host, each driving one CUDA device (several may
     share one). Same methods as ringcomm.Communicator, plus ``stream=`` on each call: collectives
     are enqueued on that stream (default: the array library's current stream) and return without
@@ -50,6 +49,7 @@ class CudaCommunicator(CommunicatorBase):
     transfer is done."""
 
     _streams = True
+    _what = "CUDA communicator"
 
     def __init__(self, core, prefix: str):
         self._c = core
@@ -59,26 +59,9 @@ class CudaCommunicator(CommunicatorBase):
         self.prefix = prefix
         self._last_lib = "torch"
 
-    @property
-    def timeout(self) -> float:
-        return self._c.timeout
-
-    @property
-    def closed(self) -> bool:
-        return self._c.closed
-
     def channels(self) -> str:
         """The transport's channel kinds ('0->1:ipc 1->0:ipc ...')."""
         return self._c.channels()
-
-    def _check_open(self):
-        if self._c.closed:
-            raise ClosedError(f"ringcomm: the CUDA communicator (rank {self.rank}) is closed")
-
-    def _reject(self, coll: str, exc: Exception):
-        if not self._c.closed:
-            self._c.reject(COLL_CODES[coll])
-        raise exc
 
     def _adapt(self, x, what, writeable=False) -> CudaBuf:
         b = as_cuda_buf(x, what)

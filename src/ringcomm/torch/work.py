@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from ringcomm.work import Work
 
-__all__ = ["RingcommWork", "DoneWork", "MultiWork", "Waiter", "timeout_seconds"]
+__all__ = ["TorchWork", "RingcommWork", "DoneWork", "MultiWork", "Waiter", "timeout_seconds"]
 
 # Cap on completion threads per process group. Each blocked PowerSGD-style callback holds one;
 # nesting deeper than this would be a program with that many collectives blocked in callbacks.
@@ -150,7 +150,33 @@ class Waiter:
         self.pool.close()
 
 
-class RingcommWork(dist.Work, Work):
+class TorchWork(dist.Work, Work):
+    """The torch.distributed.Work methods every ringcomm work answers the same way, from
+    ``_outputs``, ``_source`` and ``_duration_ms`` (and its own ``wait``)."""
+
+    _duration_ms = 0.0
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._outputs
+
+    def source_rank(self) -> int:
+        return self._source
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+    def _get_duration(self) -> float:
+        return self._duration_ms
+
+
+class RingcommWork(TorchWork):
     """A collective issued on the ringcomm backend.
 
     ``handles``: ringcomm API handles (``wait(timeout)``, ``is_completed()``, ``exception()``).
@@ -280,30 +306,11 @@ class RingcommWork(dist.Work, Work):
     def exception(self):
         return self._exc
 
-    def result(self) -> list[torch.Tensor]:
-        self.wait()
-        return self._outputs
-
-    def source_rank(self) -> int:
-        return self._source
-
-    def _source_rank(self) -> int:
-        return self._source
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def block_current_stream(self) -> None:
-        self.wait()
-
-    def _get_duration(self) -> float:
-        return self._duration_ms
-
 
 _WORK_INIT = dist.Work.__init__
 
 
-class DoneWork(dist.Work, Work):
+class DoneWork(TorchWork):
     """The work of a collective that already ran synchronously (and succeeded): cheap to make,
     since the synchronous path is the latency-critical one."""
 
@@ -339,27 +346,11 @@ class DoneWork(dist.Work, Work):
     def exception(self):
         return None
 
-    def result(self) -> list[torch.Tensor]:
-        return self._outputs
 
-    def source_rank(self) -> int:
-        return self._source
-
-    def _source_rank(self) -> int:
-        return self._source
-
-    def synchronize(self) -> None:
-        pass
-
-    def block_current_stream(self) -> None:
-        pass
-
-    def _get_duration(self) -> float:
-        return 0.0
-
-
-class MultiWork(dist.Work, Work):
+class MultiWork(TorchWork):
     """Several works as one (``_end_coalescing``)."""
+
+    _source = -1
 
     def __init__(self, works: list[RingcommWork]):
         super().__init__()
