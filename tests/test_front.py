@@ -67,3 +67,48 @@ def test_cuda_raises_like_host():
         for name, outcome in host[rank].items():
             assert outcome[0] == EXPECTED[name], (name, outcome)
             assert cuda[rank][name] == outcome, (name, outcome, cuda[rank][name])
+
+
+def test_module_level_imports_form_no_cycle():
+    """Inside the package, module-level imports (not the lazy ones inside functions) go one way."""
+    import ast
+    import os
+    root = os.path.dirname(os.path.abspath(ringcomm.__file__))
+    graph = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+            mod = "ringcomm" + ("" if rel == "__init__" else "." + rel.removesuffix(".__init__"))
+            pkg = mod if f == "__init__.py" else mod.rsplit(".", 1)[0]
+            deps = set()
+            for node in ast.parse(open(path).read()).body:
+                if isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = pkg.rsplit(".", node.level - 1)[0] if node.level > 1 else pkg
+                        target = f"{base}.{node.module}" if node.module else base
+                    else:
+                        target = node.module or ""
+                    names = [target] + [f"{target}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                deps.update(n for n in names if n.startswith("ringcomm") and n != mod)
+            graph[mod] = deps
+    graph = {m: {d for d in ds if d in graph} for m, ds in graph.items()}
+    state = {}
+
+    def visit(m, path):
+        if state.get(m) == "done":
+            return
+        assert state.get(m) != "active", "import cycle: " + " -> ".join(path + [m])
+        state[m] = "active"
+        for d in sorted(graph[m]):
+            visit(d, path + [m])
+        state[m] = "done"
+    for m in sorted(graph):
+        visit(m, [])
+    assert {"ringcomm.front", "ringcomm.host", "ringcomm.api", "ringcomm.tables"} <= set(graph)

@@ -15,7 +15,7 @@ from typing import Optional
 
 from .errors import TimeoutError, from_kind
 
-__all__ = ["Work", "CoreWork", "wait_until"]
+__all__ = ["Work", "CoreWork", "WrappedWork", "wait_until"]
 
 
 class Work:
@@ -68,6 +68,38 @@ class CoreWork(Work):
     @property
     def seq(self) -> int:
         return self._w.seq
+
+
+class WrappedWork(Work):
+    """A handle around another one (``inner``: any handle with ``wait``; None for an operation
+    that has already completed): ``wait()`` waits on it (passing ``timeout`` through when
+    given), then runs ``_after_wait()`` once; the other methods ask ``inner``. The base of the
+    wrappers that add a step after a collective (copy a result out, time the wait)."""
+
+    __slots__ = ("_inner", "_waited")
+
+    def __init__(self, inner=None):
+        self._inner = inner
+        self._waited = False
+
+    def _after_wait(self) -> None:
+        """Runs once, after the inner operation completed successfully."""
+
+    def wait(self, timeout=None):
+        if self._waited:
+            return None
+        r = None
+        if self._inner is not None:
+            r = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+        self._waited = True
+        self._after_wait()
+        return r
+
+    def is_completed(self) -> bool:
+        return self._waited or self._inner is None or bool(self._inner.is_completed())
+
+    def exception(self):
+        return None if self._inner is None else self._inner.exception()
 
 
 def wait_until(done, timeout: Optional[float], what: str, poll=time.sleep) -> None:
