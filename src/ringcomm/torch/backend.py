@@ -12,12 +12,10 @@ in ``shutdown()`` (called by ``destroy_process_group``) and at interpreter exit.
 """
 from __future__ import annotations
 
-import atexit
 import datetime
 import itertools
 import math
 import time
-import weakref
 from typing import Callable
 
 import torch
@@ -27,6 +25,7 @@ from torch._C import _distributed_c10d as _c10d
 import ringcomm
 from ringcomm.tables import DTYPE_CODES, torch_dtype_codes
 
+from .hooks import add_issue_hook, issue_hooks, live_groups, remove_issue_hook
 from .staging import (SUPPORTED_DTYPES, cat, check_tensors, contig, copy_out, flat_view, invalid, one,
                       reduce_op, reducible, same_dtype, unsupported, writeback)
 from .work import DoneWork, MultiWork, RingcommWork, Waiter, timeout_seconds
@@ -41,32 +40,6 @@ BACKEND_NAME = "ringcomm"
 _FAST_CODES = {t: c for t, c in torch_dtype_codes().items() if c != DTYPE_CODES["bool"]}
 _SUM = dist.ReduceOp.SUM
 _STRIDED = torch.strided
-
-# ---- issue hooks (tests, tracing) -----------------------------------------------------------------
-_issue_hooks: list[Callable[[str, str, int, float], None]] = []
-
-
-def add_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
-    """Call ``fn(op, group_name, seq, time.perf_counter())`` whenever a collective is issued."""
-    _issue_hooks.append(fn)
-
-
-def remove_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
-    _issue_hooks.remove(fn)
-
-
-# ---- live groups, shut down at exit -----------------------------------------------------------------
-_live_groups: "weakref.WeakSet[RingcommProcessGroup]" = weakref.WeakSet()
-
-
-@atexit.register
-def _shutdown_all_at_exit() -> None:
-    for pg in list(_live_groups):
-        try:
-            pg.shutdown()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
-
 
 def _collective(coll: str):
     """Decorate a torch entry point that maps onto ringcomm collective ``coll``.
@@ -127,7 +100,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         self._seq = itertools.count(1)  # next() is atomic under the GIL
         self._coalescing: list[RingcommWork] | None = None
         self._closed = False
-        _live_groups.add(self)
+        live_groups.add(self)
 
     # ---- identity ------------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -174,9 +147,9 @@ class RingcommProcessGroup(dist.ProcessGroup):
         if self._closed:
             raise ringcomm.ClosedError(f"ringcomm: {op} on a process group that was shut down")
         seq = next(self._seq)
-        if _issue_hooks:
+        if issue_hooks:
             t = time.perf_counter()
-            for hook in list(_issue_hooks):
+            for hook in list(issue_hooks):
                 hook(op, self._group_name, seq, t)
         async_op = getattr(opts, "asyncOp", True) if opts is not None else True
         try:
@@ -256,7 +229,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         # anything else takes the general path below, which validates and composes.
         fast_ar = self._fast_ar
         if (fast_ar is not None and opts is not None and not getattr(opts, "asyncOp", True)
-                and len(tensors) == 1 and self._coalescing is None and not _issue_hooks
+                and len(tensors) == 1 and self._coalescing is None and not issue_hooks
                 and not self._closed):
             t = tensors[0]
             code = _FAST_CODES.get(t.dtype)
@@ -620,7 +593,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
-        _live_groups.discard(self)
+        live_groups.discard(self)
         # Close the communicator first: it fails whatever is still pending, so the waiter thread
         # (possibly blocked on such a handle) can drain and be joined.
         try:
