@@ -11,7 +11,6 @@ registers the "ringcomm" torch.distributed backend.
 from .errors import (ClosedError, InvalidArgumentError, MismatchError, PeerFailureError,
                      RingcommError, TimeoutError, UnsupportedError)
 from .launch import LaunchError, launch
-
 from .tables import ReduceOp
 from .work import Work
 
@@ -24,6 +23,9 @@ def __getattr__(name):
     if name in _API_NAMES:
         from . import api
         return getattr(api, name)
+    if name == "config":  # the knob registry module; ringcomm.config() returns config.config()
+        import importlib
+        return importlib.import_module(".config", __name__)
     raise AttributeError(f"module 'ringcomm' has no attribute {name!r}")
 
 __version__ = "0.1.0"

@@ -10,6 +10,7 @@ import tempfile
 import time
 import urllib.parse
 
+from .config import default_timeout
 from .errors import InvalidArgumentError, TimeoutError
 
 __all__ = ["FileStore", "store_from_init_method", "store_from_env"]
@@ -100,7 +101,7 @@ def init_args(who: str, rank, world_size, timeout):
         raise InvalidArgumentError(f"{who}: world_size must be >= 1, got {world_size!r}")
     if not (isinstance(rank, int) and 0 <= rank < world_size):
         raise InvalidArgumentError(f"{who}: rank {rank!r} out of range for world size {world_size}")
-    t = float(timeout) if timeout is not None else float(os.environ.get("RINGCOMM_TIMEOUT", "300"))
+    t = float(timeout) if timeout is not None else default_timeout()
     if t <= 0:
         raise InvalidArgumentError(f"{who}: timeout must be > 0 s, got {t}")
     return rank, world_size, t

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from .errors import TimeoutError, from_kind
+from .errors import TimeoutError, from_code
 
 __all__ = ["Work", "CoreWork", "WrappedWork", "wait_until"]
 
@@ -62,8 +62,8 @@ class CoreWork(Work):
         return self._w.is_completed()
 
     def exception(self):
-        kind = self._w.error_kind()
-        return from_kind(kind, self._w.error_message()) if kind else None
+        code = self._w.error_code()
+        return from_code(code, self._w.error_message()) if code >= 0 else None
 
     @property
     def seq(self) -> int:

@@ -5,21 +5,17 @@ torch views; see the package docstring for the schedules.
 """
 from __future__ import annotations
 
-import os
-
 from ..errors import InvalidArgumentError
 from .tensors import balanced, overlaps
 
 __all__ = ["TwoLevelAlgorithms"]
 
-# Temporaries up to this many bytes per role are kept between calls (see _scratch).
-_SCRATCH_CACHE = int(os.environ.get("RINGCOMM_HIER_SCRATCH_CACHE", str(256 << 20)))
-
 
 class TwoLevelAlgorithms:
     """all_reduce (_ar), reduce_scatter (_rs), all_gather (_ag, _ag_equal), broadcast (_bcast)
     and barrier (_barrier) over ``self.intra`` (the node's Communicator) and ``self._inter``
-    (the engine). Needs the communicator's topology attributes and ``_scratch``."""
+    (the engine). Needs the communicator's topology attributes, ``_scratch_bufs`` and
+    ``_scratch_cache`` (RINGCOMM_HIER_SCRATCH_CACHE, read when the communicator is built)."""
 
     def _scratch(self, slot: str, count: int, dtype):
         """A per-slot temporary (operations run one at a time, so one buffer per role suffices).
@@ -30,7 +26,7 @@ class TwoLevelAlgorithms:
         buf = self._scratch_bufs.get(slot)
         if buf is None or buf.numel() < nbytes:
             buf = torch.empty(max(nbytes, 64), dtype=torch.uint8)
-            if nbytes <= _SCRATCH_CACHE:
+            if nbytes <= self._scratch_cache:
                 self._scratch_bufs[slot] = buf
         return buf[:nbytes].view(dtype)
 

@@ -11,6 +11,7 @@ import time
 from typing import Optional
 
 from ..arrays import as_buf
+from ..config import knob, logger
 from ..errors import ClosedError, PeerFailureError, RingcommError
 from ..front import CommunicatorBase
 from ..host import shm_communicator
@@ -55,6 +56,7 @@ class HierarchicalCommunicator(TwoLevelAlgorithms, CommunicatorBase):
         self.local_rank = topology.local_rank
         self.local_size = topology.local_size
         self._timeout = float(timeout)
+        self._scratch_cache = knob("RINGCOMM_HIER_SCRATCH_CACHE")
         self._closed = False
         self._broken: Optional[RingcommError] = None
         self._seq = 0
@@ -71,6 +73,9 @@ class HierarchicalCommunicator(TwoLevelAlgorithms, CommunicatorBase):
             self.intra.close()
             raise
         self.inter_backend = self._inter.name
+        logger(self.rank, self.world_size).info(
+            f"hierarchical: node {self.node}/{self.num_nodes}, local rank {self.local_rank}/{self.local_size}, "
+            f"inter-node engine {self.inter_backend}")
         self._exec = Executor(f"{prefix}/{self.rank}")
         if topology.uniform:
             import torch

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import builtins
-import os
 
+from ..config import knob
 from ..errors import InvalidArgumentError, PeerFailureError, RingcommError, TimeoutError, UnsupportedError
 from .topology import Topology
 
@@ -13,7 +13,7 @@ ENV_INTER = "RINGCOMM_INTER"
 
 
 def make_engine(topo: Topology, store, prefix: str, timeout: float):
-    choice = os.environ.get(ENV_INTER, "auto").strip().lower() or "auto"
+    choice = knob(ENV_INTER)
     if choice in ("auto", "gloo"):
         try:
             import torch.distributed as dist

@@ -1,9 +1,10 @@
 """Which rank sits on which node: node identities and the Topology built from them."""
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass, field
+
+from ..config import knob
 
 __all__ = ["ENV_NODE_ID", "node_id", "Topology", "discover"]
 
@@ -14,7 +15,7 @@ _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 def node_id() -> str:
     """This process's node identity: ``RINGCOMM_NODE_ID`` if set, else ``hostname:boot_id``
     (the boot id tells apart two machines or containers that share a hostname)."""
-    v = os.environ.get(ENV_NODE_ID, "").strip()
+    v = (knob(ENV_NODE_ID) or "").strip()
     if v:
         return v
     host = socket.gethostname()
