@@ -39,6 +39,7 @@ from torch import nn
 from torch_ranks import BACKENDS, require_backend, run_ranks
 
 import ringcomm.zero as zero
+import ringcomm.zero.collectives as zero_collectives
 from ringcomm.zero import DynamicLossScaler, ZeroOptimizer, ZeroStage3
 
 STEPS = 5
@@ -222,8 +223,8 @@ def _case_fp32(rank, ws, ctx, stage, bucket_cap_mb=None, collectives=None, patch
     if patch_native:  # a backend without native reduce-scatter / all-gather
         def refuse(*a, **k):
             raise RuntimeError("simulated: backend has no native reduce_scatter/all_gather")
-        saved = zero._reduce_scatter_fn, zero._all_gather_fn
-        zero._reduce_scatter_fn = zero._all_gather_fn = refuse
+        saved = zero_collectives._reduce_scatter_fn, zero_collectives._all_gather_fn
+        zero_collectives._reduce_scatter_fn = zero_collectives._all_gather_fn = refuse
     try:
         model = _mlp()
         names = _names(model)
@@ -237,7 +238,7 @@ def _case_fp32(rank, ws, ctx, stage, bucket_cap_mb=None, collectives=None, patch
             masters = _masters(stage, opt, names)
     finally:
         if patch_native:
-            zero._reduce_scatter_fn, zero._all_gather_fn = saved
+            zero_collectives._reduce_scatter_fn, zero_collectives._all_gather_fn = saved
     out = {"master_diff": _max_diff(masters, ref),
            "collectives": opt.collectives_used,
            "fallback_warnings": sum("fallback" in str(w.message) for w in caught)}
