@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
-import sys
 import time
+
+from .dist_patch import ALIAS_MODULES, NAMES, DistPatch
+
 
 class CommTimer:
     """Wraps the torch.distributed collectives to time the waits on them.
@@ -13,45 +15,21 @@ class CommTimer:
     wrapped so that ``wait()`` is timed too. Only counts while ``active``.
     """
 
-    NAMES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce_scatter",
-             "reduce_scatter_single", "all_gather_single", "all_gather", "broadcast", "reduce",
-             "all_to_all_single", "all_to_all", "scatter", "gather", "_reduce_scatter_base",
-             "_all_gather_base", "barrier")
-    #: Modules whose module-level aliases of these functions (``_fn = dist.all_gather_...``,
-    #: bound at import) are wrapped too.
-    ALIAS_MODULES = ("ringcomm.zero.collectives",)
+    NAMES = NAMES
+    ALIAS_MODULES = ALIAS_MODULES
 
     def __init__(self):
         self.seconds = 0.0
         self.calls = 0
         self.active = False
-        self._saved: list = []
+        self._patch = DistPatch(lambda _name, fn: self._wrap(fn), self.NAMES, self.ALIAS_MODULES)
 
     def install(self):
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-        wrapped = {}
-        for name in self.NAMES:
-            for mod in (dist, c10d):
-                fn = getattr(mod, name, None)
-                if fn is None or getattr(fn, "_ringcomm_timed", False):
-                    continue
-                if id(fn) not in wrapped:
-                    wrapped[id(fn)] = (fn, self._wrap(fn))
-                self._saved.append((mod, name, fn))
-                setattr(mod, name, wrapped[id(fn)][1])
-        for modname in self.ALIAS_MODULES:
-            mod = sys.modules.get(modname)
-            for name, val in list(vars(mod).items()) if mod is not None else ():
-                if callable(val) and id(val) in wrapped and wrapped[id(val)][0] is val:
-                    self._saved.append((mod, name, val))
-                    setattr(mod, name, wrapped[id(val)][1])
+        self._patch.install()
         return self
 
     def uninstall(self):
-        for mod, name, fn in reversed(self._saved):
-            setattr(mod, name, fn)
-        self._saved.clear()
+        self._patch.uninstall()
 
     def _wrap(self, fn):
         timer = self

@@ -98,6 +98,24 @@ for inf/NaN (one all-reduce of a flag), skips the update and multiplies the scal
 ``backoff_factor`` (0.5) on overflow, and multiplies it by ``growth_factor`` (2) after
 ``growth_interval`` consecutive good steps.
 
+Gradient accumulation and CPU offload
+-------------------------------------
+``with opt.no_sync():`` (both classes): backward passes inside the context issue no gradient
+collective; stage 1 sums into ``.grad`` as always, stage 2 leaves the gradients in ``.grad``
+(its post-accumulate hooks return at once, so no bucket is marked ready), stage 3 adds each unit's
+full gradient into ``acc_grad`` in its post-backward hook. The first backward outside the context
+reduces the accumulated sum with its own gradients (stage 2: the bucket's flat copy of ``.grad``
+contains both; stage 3: ``acc_grad`` is added before the reduce-scatter), and ``step()`` reduces
+whatever is still local, so k micro-batches of loss / k with the first k-1 under ``no_sync()`` give
+the update of one batch. Stage 3 still all-gathers parameters during those micro-batches.
+
+``offload="cpu"``: the master shard is created in host memory (pinned for CUDA parameters), so
+``torch.optim`` keeps its states there too and steps there; ``step()`` copies the reduced gradient
+shard device -> host (in ``_prepare_grads``) and the updated master host -> device before the
+all-gather (stages 1/2) or into the compute shard (stage 3, whose fp32 shard is then a separate
+device copy instead of the master itself). The arithmetic is unchanged: same values as without
+offload.
+
 Checkpoints
 -----------
 ``state_dict()`` is collective: every rank must call it; rank 0 receives the full checkpoint (and

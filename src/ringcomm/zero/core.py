@@ -2,8 +2,9 @@
 step with loss scaling, gradient clipping, and full (unsharded) checkpoints."""
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,16 @@ class _ZeroCore:
     ``self._group_keys`` (param-group index -> its keys) and implement ``_finish_reduction``,
     ``_publish_params``, ``_load_compute_params`` and ``_clear_grads``."""
 
-    def _core_init(self, process_group, mixed_precision, loss_scaler, collectives) -> None:
+    _OFFLOADS = (None, "none", "cpu")
+
+    def _core_init(self, process_group, mixed_precision, loss_scaler, collectives,
+                   offload: str | None = None) -> None:
+        if offload not in self._OFFLOADS:
+            raise ValueError(f"offload must be None or 'cpu', got {offload!r}")
+        #: "cpu": master shards and optimizer states live in host memory (see ``step``).
+        self.offload = "cpu" if offload == "cpu" else None
+        #: False inside ``no_sync()``: backward passes accumulate local gradients only.
+        self._sync_grads = True
         self.compute_dtype_override = _resolve_precision(mixed_precision)
         self.mixed_precision = (None if self.compute_dtype_override is None else
                                 {torch.bfloat16: "bf16", torch.float16: "fp16"}[
@@ -86,6 +96,22 @@ class _ZeroCore:
             return loss
         return loss.float() * self._scaler.scale
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Gradient accumulation: backward passes run inside this context issue no gradient
+        collective; their gradients are summed locally (full, unsharded: stage 1 in ``.grad``
+        as always, stage 2 in ``.grad``, stage 3 in one flat buffer per unit) and reduced
+        together with the first backward outside the context (or at ``step()``). k micro-batches
+        of loss / k, the first k-1 under ``no_sync()``, then ``step()``: the same update as one
+        batch of k micro-batches. Stage 3 still all-gathers parameters in forward and backward
+        (it holds shards only); stages 1 and 2 communicate nothing until the last micro-batch."""
+        old = self._sync_grads
+        self._sync_grads = False
+        try:
+            yield
+        finally:
+            self._sync_grads = old
+
     @property
     def collectives_used(self) -> dict:
         """Which implementation ran per collective ({"reduce_scatter": {"native"}, ...})."""
@@ -135,7 +161,8 @@ class _ZeroCore:
                 if g.grad_shard is None:
                     g.master.grad = None
                     continue
-                grad = g.grad_shard.to(g.master_dtype, copy=True)
+                # (offload: the device -> host copy of this rank's gradient shard)
+                grad = g.grad_shard.to(device=g.master.device, dtype=g.master_dtype, copy=True)
                 grad.div_(self.world_size)
                 if scale != 1.0:
                     grad.div_(scale)
@@ -223,7 +250,7 @@ class _ZeroCore:
         out = {}
         for g in self._groups:
             full = torch.empty(g.layout.padded_numel, dtype=g.master_dtype, device=g.device)
-            self._comm.all_gather(full, g.master.detach())
+            self._comm.all_gather(full, g.master.detach().to(g.device))
             for k, v in zip(g.keys, g.layout.unflatten(full)):
                 out[k] = v.clone()
         return out
@@ -238,7 +265,7 @@ class _ZeroCore:
         sharded_keys: set = set()
         for g in self._groups:
             full = torch.empty(g.layout.padded_numel, dtype=g.master_dtype, device=g.device)
-            self._comm.all_gather(full, g.master.detach())
+            self._comm.all_gather(full, g.master.detach().to(g.device))
             if root:
                 for key, view in zip(g.keys, g.layout.unflatten(full)):
                     params_out[key] = view.clone()
@@ -249,8 +276,8 @@ class _ZeroCore:
                         value.numel() == g.layout.shard_numel:
                     sharded_keys.add(name)
                     full_v = torch.empty(g.layout.padded_numel, dtype=value.dtype,
-                                         device=value.device)
-                    self._comm.all_gather(full_v, value.detach().contiguous())
+                                         device=g.device)
+                    self._comm.all_gather(full_v, value.detach().to(g.device).contiguous())
                     if root:
                         for key, view in zip(g.keys, g.layout.unflatten(full_v)):
                             state_out.setdefault(key, {})[name] = view.clone()
@@ -327,7 +354,7 @@ class _ZeroCore:
                         flat_v = g.layout.flatten(
                             [s[name] if s and name in s else None for s in per_param],
                             ref.dtype, g.device)
-                        st[name] = flat_v[g.lo:g.hi].clone()
+                        st[name] = flat_v[g.lo:g.hi].to(g.master.device, copy=True)
                     else:
                         value = next(s[name] for s in per_param if s and name in s)
                         st[name] = value.clone() if torch.is_tensor(value) else \

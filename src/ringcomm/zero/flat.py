@@ -64,8 +64,18 @@ class _FlatGroup:
         self.master: nn.Parameter | None = None
         self.grad_shard: torch.Tensor | None = None
 
-    def init_master(self, flat_full_master: torch.Tensor) -> None:
-        self.master = nn.Parameter(flat_full_master[self.lo:self.hi].clone())
+    def init_master(self, flat_full_master: torch.Tensor, offload: str | None = None) -> None:
+        """The master shard: a copy of this rank's slice; with ``offload="cpu"`` it lives in host
+        memory (page-locked when the parameters are on a CUDA device, so that the copies to and
+        from the device are DMA transfers)."""
+        shard = flat_full_master[self.lo:self.hi]
+        if offload == "cpu":
+            host = shard.to("cpu", copy=True)
+            if shard.is_cuda:
+                host = host.pin_memory()
+            self.master = nn.Parameter(host)
+        else:
+            self.master = nn.Parameter(shard.clone())
 
     def add_grad(self, reduced: torch.Tensor) -> None:
         if self.grad_shard is None:

@@ -65,18 +65,25 @@ class ZeroOptimizer(_ZeroCore):
         loss_scaler: a :class:`DynamicLossScaler` (default for fp16), or ``False`` for none.
         collectives: ``"auto"`` | ``"native"`` | ``"fallback"`` (default
             ``$RINGCOMM_ZERO_COLLECTIVES`` or ``"auto"``).
+        offload: ``"cpu"``: keep the fp32 master shards and the optimizer states in host memory
+            (page-locked for CUDA parameters) and run the optimizer there, as DeepSpeed's
+            ``offload_optimizer: cpu``; ``step()`` copies the gradient shard to the host and the
+            updated shard back. ``None`` (default): they live with the parameters.
         **optim_kwargs: passed to ``optimizer_class`` (lr, betas, weight_decay, ...).
 
     Usage (every rank)::
 
         opt = ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, lr=1e-3)
         loss = model(x).loss;  opt.scale_loss(loss).backward();  opt.step();  opt.zero_grad()
+
+    Gradient accumulation over k micro-batches: run the first k-1 backward passes inside
+    ``with opt.no_sync():`` (no communication), the k-th outside, then ``step()``.
     """
 
     def __init__(self, params, optimizer_class, stage: int = 1, process_group=None,
                  mixed_precision=None, *, bucket_cap_mb: float | None = None,
                  loss_scaler: DynamicLossScaler | bool | None = None,
-                 collectives: str | None = None, **optim_kwargs):
+                 collectives: str | None = None, offload: str | None = None, **optim_kwargs):
         if stage not in (1, 2):
             raise ValueError(f"ZeroOptimizer implements stages 1 and 2, got stage={stage!r} "
                              f"(stage 3 is ringcomm.zero.ZeroStage3)")
@@ -87,7 +94,7 @@ class ZeroOptimizer(_ZeroCore):
         if not cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
         self._stage = stage
-        self._core_init(process_group, mixed_precision, loss_scaler, collectives)
+        self._core_init(process_group, mixed_precision, loss_scaler, collectives, offload)
         self.bucket_cap_bytes = cap_mb * _MB
         self._buckets: list[_Bucket] = []
         self._frozen: list[torch.Tensor] = []
@@ -151,7 +158,7 @@ class ZeroOptimizer(_ZeroCore):
             return None
         flat = b.layout.flatten([p.detach() for p in params], master, b.device)
         self._comm.broadcast(flat)  # every replica starts from rank 0's parameters
-        b.init_master(flat)
+        b.init_master(flat, self.offload)
         b.flat_param = flat if compute == master else flat.to(compute)
         for p, view in zip(params, b.layout.unflatten(b.flat_param)):
             p.data = view
@@ -168,6 +175,8 @@ class ZeroOptimizer(_ZeroCore):
 
     # -- stage 2: reduce-scatter during backward -------------------------------------------------
     def _grad_ready(self, bucket_index: int, param_index: int) -> None:
+        if not self._sync_grads:
+            return  # no_sync(): the gradient stays accumulated in .grad
         self._buckets[bucket_index].ready.add(param_index)
         n = len(self._buckets)
         while self._next_bucket < n:
@@ -223,9 +232,8 @@ class ZeroOptimizer(_ZeroCore):
     def _publish_params(self) -> None:
         works, keep = [], []
         for b in self._buckets:
-            src = b.master.detach()
-            if b.compute_dtype != b.master_dtype:
-                src = src.to(b.compute_dtype)
+            # (offload: the host -> device copy of the updated shard)
+            src = b.master.detach().to(device=b.device, dtype=b.compute_dtype)
             keep.append(src)
             works.append(self._comm.all_gather(b.flat_param, src, async_op=True))
         for w in works:
@@ -269,7 +277,8 @@ class ZeroOptimizer(_ZeroCore):
     def memory_breakdown(self) -> dict:
         """Bytes held by this rank: ``params`` (compute-dtype parameters), ``grads`` (local
         ``.grad`` + gradient shards + reductions in flight), ``optimizer_states`` (e.g. Adam's
-        exp_avg/exp_avg_sq/step), ``master_weights`` (fp32 shards) and ``total``."""
+        exp_avg/exp_avg_sq/step), ``master_weights`` (fp32 shards), ``total``, and
+        ``offloaded`` (the part of the total in host memory under ``offload="cpu"``)."""
         params = sum(_nbytes(b.flat_param) for b in self._buckets)
         params += sum(_nbytes(p) for p in self._frozen)
         grads = sum(_nbytes(p.grad) for b in self._buckets for p in b.params)
@@ -280,6 +289,7 @@ class ZeroOptimizer(_ZeroCore):
         out = {"params": params, "grads": grads, "optimizer_states": states,
                "master_weights": master}
         out["total"] = sum(out.values())
+        out["offloaded"] = states + master if self.offload else 0   # of the total, on the host
         out["num_parameters"] = sum(b.layout.numel for b in self._buckets)
         out["padding_elements"] = sum(b.layout.pad for b in self._buckets)
         return out

@@ -26,6 +26,8 @@ class _Unit(_FlatGroup):
         self.shard: torch.Tensor | None = None       # compute dtype, S elements (is master in fp32)
         self.flat_full: nn.Parameter | None = None   # compute dtype, padded; storage 0 when freed
         self.in_backward = False
+        #: no_sync(): the sum of this unit's unreduced full gradients (padded), else None.
+        self.acc_grad: torch.Tensor | None = None
 
     @property
     def gathered(self) -> bool:
@@ -34,15 +36,16 @@ class _Unit(_FlatGroup):
 
 class ZeroStage3(_ZeroCore, nn.Module):
     """ZeRO stage 3 / fully sharded data parallel: parameters, gradients and optimizer states
-    are all partitioned; each leaf module's parameters are gathered just in time (see the module
+    are all partitioned; each leaf module's parameters are gathered just in time (see the package
     docstring for the hooks and their order invariants).
 
     Args:
         module: the model (identical structure on every rank); its parameters are broadcast
             from rank 0, sharded, and removed from their modules (``module.weight`` is ``None``
             outside that module's forward).
-        optimizer_class, process_group, mixed_precision, loss_scaler, collectives,
-            **optim_kwargs: as :class:`ZeroOptimizer`.
+        optimizer_class, process_group, mixed_precision, loss_scaler, collectives, offload,
+            **optim_kwargs: as :class:`ZeroOptimizer` (with ``offload="cpu"`` the compute shard
+            is a device copy of the host master, also in fp32).
         cast_forward_inputs: under mixed precision, cast floating-point tensor arguments of
             ``forward`` to the compute dtype (default True).
 
@@ -51,18 +54,21 @@ class ZeroStage3(_ZeroCore, nn.Module):
         model = ZeroStage3(net, torch.optim.AdamW, lr=1e-3)
         loss = loss_fn(model(x), y);  model.scale_loss(loss).backward();  model.step()
         model.zero_grad()
+
+    Gradient accumulation: backward passes inside ``with model.no_sync():`` sum each unit's full
+    gradient locally (no reduce-scatter); the parameters are still gathered per unit.
     """
 
     def __init__(self, module: nn.Module, optimizer_class, process_group=None,
                  mixed_precision=None, *, loss_scaler: DynamicLossScaler | bool | None = None,
                  collectives: str | None = None, cast_forward_inputs: bool = True,
-                 **optim_kwargs):
+                 offload: str | None = None, **optim_kwargs):
         nn.Module.__init__(self)
         if not isinstance(module, nn.Module):
             raise TypeError(f"ZeroStage3 wraps an nn.Module, got {type(module).__name__}")
         _resolve_precision(mixed_precision)
         self._stage = 3
-        self._core_init(process_group, mixed_precision, loss_scaler, collectives)
+        self._core_init(process_group, mixed_precision, loss_scaler, collectives, offload)
         self.cast_forward_inputs = cast_forward_inputs
         self.module = module
         self._units: list[_Unit] = []
@@ -111,8 +117,11 @@ class ZeroStage3(_ZeroCore, nn.Module):
                   params[0].device)
         flat = u.layout.flatten([p.detach() for p in params], master, u.device)
         self._comm.broadcast(flat)
-        u.init_master(flat)
-        u.shard = u.master.detach() if compute == master else u.master.detach().to(compute)
+        u.init_master(flat, self.offload)
+        if compute == master and self.offload is None:
+            u.shard = u.master.detach()   # fp32: the shard is the master
+        else:
+            u.shard = u.master.detach().to(device=u.device, dtype=compute, copy=True)
         u.flat_full = nn.Parameter(torch.empty(u.layout.padded_numel, dtype=compute,
                                                device=u.device))
         self._free(u)
@@ -171,8 +180,16 @@ class ZeroStage3(_ZeroCore, nn.Module):
         param.grad = None
         u.in_backward = False
         self._free(u)
-        if grad is not None:
-            self._issue_reduce(u, grad.contiguous().view(-1), replace=False)
+        if grad is None:
+            return
+        grad = grad.contiguous().view(-1)
+        if not self._sync_grads:  # no_sync(): keep the full gradient, reduce it later
+            u.acc_grad = grad if u.acc_grad is None else u.acc_grad.add_(grad)
+            return
+        if u.acc_grad is not None:
+            grad = u.acc_grad.add_(grad)
+            u.acc_grad = None
+        self._issue_reduce(u, grad, replace=False)
 
     def forward(self, *args, **kwargs):
         for u in self._units:  # a backward that never reached a unit's parameters
@@ -190,6 +207,13 @@ class ZeroStage3(_ZeroCore, nn.Module):
 
     # -- optimizer side ----------------------------------------------------------------------------
     def _finish_reduction(self) -> None:
+        # Gradients accumulated under no_sync() and not yet reduced (step() inside the context,
+        # or a unit the last backward did not reach): reduce them now, in unit order, which
+        # every rank running the same graph shares.
+        for u in self._units:
+            if u.acc_grad is not None:
+                grad, u.acc_grad = u.acc_grad, None
+                self._issue_reduce(u, grad, replace=False)
         self._wait_pending()
 
     def _publish_params(self) -> None:
@@ -204,6 +228,7 @@ class ZeroStage3(_ZeroCore, nn.Module):
     def _clear_grads(self, set_to_none: bool) -> None:
         for u in self._units:
             u.flat_full.grad = None
+            u.acc_grad = None
             if set_to_none:
                 u.grad_shard = None
             elif u.grad_shard is not None:
@@ -242,10 +267,11 @@ class ZeroStage3(_ZeroCore, nn.Module):
         """Bytes held by this rank: ``params`` (compute-dtype shards + any gathered full weights,
         the latter also in ``gathered_params``), ``grads`` (shards + unreduced),
         ``optimizer_states``, ``master_weights`` (fp32 shards kept besides the compute shard; 0
-        in fp32 where the shard is the master), ``total``."""
+        in fp32 where the shard is the master), ``total``, ``offloaded`` (host part)."""
         shard = sum(_nbytes(u.shard) for u in self._units)
         gathered = sum(_storage_nbytes(u.flat_full) for u in self._units)
-        grads = sum(_nbytes(u.grad_shard) + _nbytes(u.flat_full.grad) for u in self._units)
+        grads = sum(_nbytes(u.grad_shard) + _nbytes(u.flat_full.grad) + _nbytes(u.acc_grad)
+                    for u in self._units)
         grads += sum(_nbytes(out) + _nbytes(flat) for _, _, out, flat, _ in self._pending)
         states = self._optimizer_state_bytes()[0]
         master = sum(_nbytes(u.master) for u in self._units
@@ -253,6 +279,7 @@ class ZeroStage3(_ZeroCore, nn.Module):
         out = {"params": shard + gathered, "grads": grads, "optimizer_states": states,
                "master_weights": master}
         out["total"] = sum(out.values())
+        out["offloaded"] = states + master if self.offload else 0   # of the total, on the host
         out["gathered_params"] = gathered
         out["num_parameters"] = sum(u.layout.numel for u in self._units)
         out["padding_elements"] = sum(u.layout.pad for u in self._units)
