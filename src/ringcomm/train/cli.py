@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a small transformer LM on synthetic data with single-process, torch "
                     "DDP, BucketedDDP and ZeRO-1/2/3, +- recomputation, fp32/bf16; compare loss "
                     "curves, throughput, communication time and memory.")
-    p.add_argument("--world-size", type=int, default=2, help="local processes (default 2)")
+    p.add_argument("--world-size", "-np", type=int, default=2,
+                   help="local processes (default 2)")
     p.add_argument("--backend", default="ringcomm",
                    help="torch.distributed backend (default ringcomm; falls back to gloo with a "
                         "notice only if ringcomm.torch is not importable)")
@@ -52,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the ranks")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--report", metavar="DIR", default=None,
+                   help="write the one-page training report (memory budget, bucket sweep, "
+                        "recomputation, communication volume, weak scaling, profiler overlap) "
+                        "to DIR/report.md + DIR/report.json + figures, instead of the "
+                        "strategy comparison; -np ranks (2..4, default 2); with --quick: tiny")
+    p.add_argument("--scaling-ranks", default=None,
+                   help="--report: comma list of world sizes for the scaling section "
+                        "(default 1,2,4 and -np)")
     return p
 
 
@@ -95,8 +104,16 @@ def _resolve_backend(requested: str, notices: _Notices) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = argv
     if args.world_size < 1:
         raise SystemExit("--world-size must be >= 1")
+    if args.report is not None:
+        from .report import run_report
+        notices = _Notices()
+        backend = _resolve_backend(args.backend, notices)
+        for n in notices:
+            print(n, flush=True)
+        return run_report(args, backend, list(notices))
     strategies = _parse_list(args.configs, STRATEGIES, "configuration")
     precisions = _parse_list(args.precisions, PRECISIONS, "precision")
     recomputes = [x == "on" for x in _parse_list(args.recompute, ("off", "on"), "recompute")]

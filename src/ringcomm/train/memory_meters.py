@@ -32,7 +32,11 @@ class ActivationMeter:
     def __init__(self, exclude: nn.Module | None = None):
         self.exclude = set()
         if exclude is not None:
-            self.exclude = {_storage(p)[0] for p in exclude.parameters()}
+            tensors = list(exclude.parameters())
+            # ZeroStage3 keeps each unit's gathered weights in a flat parameter outside the
+            # module tree: the views forward saves of it are weights, not activations.
+            tensors += [u.flat_full for u in getattr(exclude, "_units", ())]
+            self.exclude = {_storage(t)[0] for t in tensors}
         self.live: dict = {}
         self.current = 0
         self.peak = 0
