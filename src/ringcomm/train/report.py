@@ -101,6 +101,7 @@ def run_report(args, backend: str, notices: list) -> int:
         raise SystemExit("--report: -np must be 2, 3 or 4")
     o = report_options(args)
     o["backend"] = backend
+    o["quiet"] = args.no_progress
     worlds = _scaling_worlds(args, np_)
     quiet = args.no_progress
     t_start = time.perf_counter()

@@ -242,6 +242,13 @@ def _bucket_part(doc: dict) -> list:
               f"ready only near the end of backward, so their transfer cannot hide behind it "
               f"(exposed {_ms(last['tail_s'])} ms). " + _why_best(b, first, last, best),
               "", _model_fit(b), ""]
+    same = [r for r in b["rows"] if r["nbuckets"] == first["nbuckets"]]
+    if len(same) > 1:
+        lines += [f"BucketedDDP never splits a parameter (one larger than the cap gets a "
+                        f"bucket of its own; the largest here is "
+                        f"{_kib(max(first['bucket_bytes']))}), so the caps up to "
+                        f"{_cap(same[-1]['cap_mb'])} all give {first['nbuckets']} buckets, about "
+                        f"one per parameter: their differences are noise.", ""]
     return lines
 
 

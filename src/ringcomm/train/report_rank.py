@@ -12,6 +12,7 @@ import contextlib
 import functools
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -486,6 +487,9 @@ def report_rank_main(rank: int, world: int, o: dict, store_path: str, sections: 
     try:
         for name in sections:
             t0 = time.perf_counter()
+            if rank == 0 and not o.get("quiet"):
+                print(f"ringcomm.train --report:   {world} ranks: {name} ...", file=sys.stderr,
+                      flush=True)
             if name == "memory":
                 out[name] = memory_budget(o, rank, world)
             elif name == "probe":
