@@ -1,5 +1,5 @@
-"""``python -m ringcomm.train --report DIR --quick``: every section, figure and JSON field exists and
-is consistent; plus the report's pure models against hand-computed values.
+"""``python -m ringcomm.train --report DIR --quick``: every section, figure and JSON field exists
+and is consistent; plus the report's pure models against hand-computed values.
 
 Tolerances of the end-to-end check (tiny model, Ψ = 30,080):
 * model-state memory, measured / formula: parameters and gradients within 0.5% (ZeRO's padding:

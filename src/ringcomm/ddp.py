@@ -14,9 +14,10 @@ process group, overlapping the averaging with the backward pass:
   and the all-reduce runs on it in place: there is no concatenation copy before the collective and
   no scatter copy after it. The buckets' buffers are themselves slices, in bucket order, of ONE
   allocation per dtype/device (``flat_buffers``; each slice starts 256-byte aligned, the gaps
-  stay zero), so all gradients of the model live in one contiguous buffer. If ``.grad`` was set to ``None`` (``optimizer.zero_grad()``), the view
-  is zeroed and re-attached at the next forward pass (or, failing that, the freshly produced
-  gradient is copied into the view when it is accumulated).
+  stay zero), so all gradients of the model live in one contiguous buffer. If ``.grad`` was set
+  to ``None`` (``optimizer.zero_grad()``), the view is zeroed and re-attached at the next forward
+  pass (or, failing that, the freshly produced gradient is copied into the view when it is
+  accumulated).
 * **Overlap.** A ``register_post_accumulate_grad_hook`` on every parameter marks it ready; when the
   last parameter of a bucket is ready, that bucket's ``dist.all_reduce(buffer, async_op=True)`` is
   issued at once, during backward. Buckets are always issued in bucket order (a bucket that becomes

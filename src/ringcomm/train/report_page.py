@@ -185,7 +185,9 @@ def _memory_part(doc: dict) -> list:
     lines += _table(["prec", "strategy", "params", "grads", "optim", "total", "formula",
                      "formula total", "params m/f", "grads m/f", "optim m/f", "total m/f",
                      "activations", "Korthikanti", "act m/f"], rows)
-    lines += ["", "Measured on the tensors each rank holds after `step()` (before `zero_grad`): "
+    lines += ["", f"Measured on the tensors each rank holds after the first `step()` (before "
+              f"`zero_grad`; activations on a micro-batch of {doc['options']['memory_batch']} "
+              f"sequences): "
               "parameters, gradients (`.grad`, DDP buckets, ZeRO gradient shards), optimizer "
               "states (AdamW's `exp_avg`/`exp_avg_sq`/`step` plus ZeRO's fp32 master shards), "
               "counted once per storage, max over ranks; activations = bytes saved for backward "
@@ -395,9 +397,9 @@ def write_page(out_dir: str, doc: dict) -> list:
     host = doc["host"]
     lines = ["# ringcomm training report", "",
              f"`{doc['command']}` — {doc['date']}, {host['cpu']} ({host['usable_cores']} usable "
-             f"cores), backend **{doc['backend']}**, {doc['np']} ranks; model: TinyLM d={o['d_model']} "
-             f"L={o['layers']} heads={o['heads']} seq={o['seq_len']} vocab={o['vocab']}, Ψ = "
-             f"{doc['psi']:,}; {o['steps']} timed steps (+{o['warmup']} warm-up) per row; load "
+             f"cores), backend **{doc['backend']}**, {doc['np']} ranks; model: TinyLM "
+             f"d={o['d_model']} L={o['layers']} heads={o['heads']} seq={o['seq_len']} "
+             f"vocab={o['vocab']}, Ψ = {doc['psi']:,}; {o['steps']} timed steps (+{o['warmup']} warm-up) per row; load "
              f"average before / after: {doc['host']['load_before']} / {doc['load_after']}; "
              f"{doc['wall_seconds']:.0f} s in all.", ""]
     for n in doc.get("notices", []):

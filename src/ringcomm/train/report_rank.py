@@ -161,7 +161,8 @@ def timed_steps(fwd, opt, nosync, o, rank, world, k=1, precision="fp32", steps=N
     amp = _amp(precision)
     rows = []
     for s in range(warmup + steps):
-        _barrier(world) if s == warmup else None
+        if s == warmup:
+            _barrier(world)   # the timed steps start together
         r = _train_step(fwd, opt, nosync, _micro_batches(o, s, rank, world, k), amp, timer, ready)
         if s >= warmup:
             rows.append(r)
@@ -182,21 +183,18 @@ def timed_steps(fwd, opt, nosync, o, rank, world, k=1, precision="fp32", steps=N
 
 # ============================================================================ sections
 def memory_budget(o: dict, rank: int, world: int) -> list:
-    """Per (precision, strategy): bytes held after step() (before zero_grad) and activations
-    saved for backward, measured on one step after one warm-up step."""
+    """Per (precision, strategy): bytes held after the first step() (the optimizer states exist
+    from then on; before zero_grad) and activations saved for backward in that step, on a
+    micro-batch of ``o["memory_batch"]`` sequences (the model states do not depend on it)."""
     rows = []
+    om = dict(o, batch_per_rank=o["memory_batch"])
     for precision in ("fp32", "bf16"):
         for strategy in ("ddp", "zero1", "zero2", "zero3"):
             model = _model(o)
             psi = sum(p.numel() for p in model.parameters())
             fwd, opt, _ = build(strategy, model, o, precision)
             amp = _amp(precision)
-            mbs = _micro_batches(o, 0, rank, world, 1)
-            x, y = mbs[0]
-            with amp():
-                fwd(x, y).backward()   # warm-up: creates the optimizer states
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            x, y = _micro_batches(om, 0, rank, world, 1)[0]
             meter = ActivationMeter(exclude=fwd)
             with meter:
                 with amp():
@@ -272,7 +270,8 @@ def bucket_sweep(o: dict, rank: int, world: int) -> dict:
     ready = _ReadyTimes(model.parameters())
     rows_c = []
     for s in range(o["warmup"] + o["steps"]):
-        _barrier(world) if s == o["warmup"] else None
+        if s == o["warmup"]:
+            _barrier(world)
         x, y = _micro_batches(o, s, rank, world, 1)[0]
         t0 = time.perf_counter()
         with ddp.no_sync():
