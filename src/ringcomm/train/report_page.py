@@ -17,6 +17,10 @@ def _kib(n) -> str:
     return f"{n:.1f} GiB"
 
 
+def _load(la) -> str:
+    return "-" if not la else " ".join(f"{x:.1f}" for x in la)
+
+
 def _ms(s) -> str:
     return "-" if s is None else f"{1e3 * s:.1f}"
 
@@ -399,8 +403,9 @@ def write_page(out_dir: str, doc: dict) -> list:
              f"`{doc['command']}` — {doc['date']}, {host['cpu']} ({host['usable_cores']} usable "
              f"cores), backend **{doc['backend']}**, {doc['np']} ranks; model: TinyLM "
              f"d={o['d_model']} L={o['layers']} heads={o['heads']} seq={o['seq_len']} "
-             f"vocab={o['vocab']}, Ψ = {doc['psi']:,}; {o['steps']} timed steps (+{o['warmup']} warm-up) per row; load "
-             f"average before / after: {doc['host']['load_before']} / {doc['load_after']}; "
+             f"vocab={o['vocab']}, Ψ = {doc['psi']:,}; {o['steps']} timed steps "
+             f"(+{o['warmup']} warm-up) per row; load average before / after: "
+             f"{_load(doc['host']['load_before'])} / {_load(doc['load_after'])}; "
              f"{doc['wall_seconds']:.0f} s in all.", ""]
     for n in doc.get("notices", []):
         lines += [f"> {n}", ""]
