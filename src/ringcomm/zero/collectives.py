@@ -2,13 +2,13 @@
 fallback for backends that lack a native reduce-scatter or all-gather."""
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from ..config import knob
 from .knobs import _COLLECTIVES_ENV
 
 # torch >= 2.10 renamed the "into tensor" collectives; the old names warn. Same semantics.
@@ -56,7 +56,7 @@ class _Collectives:
     _CATCH = (RuntimeError, NotImplementedError, TypeError)
 
     def __init__(self, group, policy: str | None):
-        policy = policy if policy is not None else os.environ.get(_COLLECTIVES_ENV, "auto")
+        policy = policy if policy is not None else knob(_COLLECTIVES_ENV)
         if policy not in ("auto", "native", "fallback"):
             raise ValueError(f"collectives policy must be 'auto', 'native' or 'fallback', got "
                              f"{policy!r} (argument collectives= or ${_COLLECTIVES_ENV})")

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from .collectives import _Collectives, _require_dist
 from .flat import _FlatGroup, _nbytes
-from .knobs import _MAX_INFLIGHT_DEFAULT, _MAX_INFLIGHT_ENV, _env_float
+from .knobs import _MAX_INFLIGHT_ENV, _env_float
 from .precision import DynamicLossScaler, _resolve_precision
 
 CHECKPOINT_FORMAT = "ringcomm.zero/1"
@@ -51,7 +51,7 @@ class _ZeroCore:
         self._scaler: DynamicLossScaler | None = loss_scaler
         self._pending: list = []
         self._prepared: bool | None = None
-        self._max_inflight = int(_env_float(_MAX_INFLIGHT_ENV, _MAX_INFLIGHT_DEFAULT))
+        self._max_inflight = int(_env_float(_MAX_INFLIGHT_ENV))
         self.last_step_skipped = False
         self.skipped_steps = 0
 

@@ -8,7 +8,7 @@ import torch
 
 from .core import _ZeroCore
 from .flat import _FlatGroup, _nbytes
-from .knobs import _BUCKET_MB_DEFAULT, _BUCKET_MB_ENV, _MB, _env_float
+from .knobs import _BUCKET_MB_ENV, _MB, _env_float
 from .precision import DynamicLossScaler, _resolve_precision
 
 class _Bucket(_FlatGroup):
@@ -89,7 +89,7 @@ class ZeroOptimizer(_ZeroCore):
                              f"(stage 3 is ringcomm.zero.ZeroStage3)")
         _resolve_precision(mixed_precision)
         groups = _normalize_param_groups(params)
-        cap_mb = _env_float(_BUCKET_MB_ENV, _BUCKET_MB_DEFAULT) if bucket_cap_mb is None \
+        cap_mb = _env_float(_BUCKET_MB_ENV) if bucket_cap_mb is None \
             else float(bucket_cap_mb)
         if not cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
