@@ -112,7 +112,8 @@ def test_report_quick_end_to_end(tmp_path):
     # 1. memory: 2 precisions x 4 strategies, measured / formula per component
     mem = doc["memory"]
     assert {(r["precision"], r["strategy"]) for r in mem} == {
-        (p, s) for p in ("fp32", "bf16") for s in ("ddp", "zero1", "zero2", "zero3")}
+        (p, s) for p in ("fp32", "bf16") for s in ("ddp", "zero1", "zero2", "zero3")} | {
+        ("bf16", "zero2+offload")}
     for r in mem:
         assert r["psi"] == psi
         f = rm.memory_formula(r["strategy"], r["precision"], psi, n)
@@ -124,6 +125,10 @@ def test_report_quick_end_to_end(tmp_path):
         assert r["activations"] > 0 and r["formula_activations"] > 0
         assert r["activations_peak"] >= r["activations"]
     by = {(r["precision"], r["strategy"]): r for r in mem}
+    off, plain = by[("bf16", "zero2+offload")], by[("bf16", "zero2")]
+    assert off["offloaded"] == off["optimizer_states"] > 0 and plain["offloaded"] == 0
+    assert 1.0 <= off["ratio"]["offloaded"] <= 1.01
+    assert off["total"] == plain["total"]         # offload moves bytes, it does not add any
     # ZeRO-3 saves the same activations as DDP (its gathered weights are not activations)
     assert by[("fp32", "zero3")]["activations"] == by[("fp32", "ddp")]["activations"]
 

@@ -182,6 +182,8 @@ def _memory_rows(rows: list, o: dict, n: int) -> list:
                    ratio={k: _ratio(r[k], f[k]) for k in ("params", "grads",
                                                           "optimizer_states")})
         row["ratio"]["total"] = _ratio(total, f["total"])
+        if "offloaded" in f:
+            row["ratio"]["offloaded"] = _ratio(r["offloaded"], f["offloaded"])
         row["ratio"]["activations"] = _ratio(r["activations"], act_f)
         out.append(row)
     return out

@@ -39,7 +39,14 @@ _STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 
 def memory_formula(strategy: str, precision: str, psi: int, n: int) -> dict:
     """Bytes per rank of each model-state component and their total, by the formulas above.
-    The bf16 totals are exactly ``ringcomm.memory.zero_memory_per_device(psi, n, stage)``."""
+    The bf16 totals are exactly ``ringcomm.memory.zero_memory_per_device(psi, n, stage)``.
+    ``"<zero stage>+offload"``: the same, with ``offloaded`` = the optimizer states (fp32 master
+    + Adam moments, 12Ψ/N in bf16) that ``offload="cpu"`` keeps in host memory."""
+    if strategy.endswith("+offload"):
+        out = memory_formula(strategy[:-len("+offload")], precision, psi, n)
+        out["offloaded"] = out["optimizer_states"]
+        out["text"] += " (optim on the host)"
+        return out
     comp = _COMPONENTS[(strategy, precision)]
     out = {k: rep * psi + part * psi / n for k, (rep, part) in comp.items()}
     out["total"] = sum(out.values())

@@ -211,6 +211,18 @@ def _memory_part(doc: dict) -> list:
               f"also saves autocast's bf16 copies of its fp32 weights for backward (about 2Ψ "
               f"bytes, counted here because they are not parameters); ZeRO's bf16 parameters "
               f"need no copy.", ""]
+    off = next((r for r in doc["memory"] if r["strategy"].endswith("+offload")), None)
+    if off is not None:
+        dev = off["total"] - off["offloaded"]
+        lines += [f"`{off['strategy']}` ({off['precision']}, `offload=\"cpu\"`, DeepSpeed's "
+                  f"`offload_optimizer: cpu`): {_kib(off['offloaded'])} of the "
+                  f"{_kib(off['total'])} a rank holds are the fp32 master shard and AdamW "
+                  f"moments, kept in host memory (formula 12Ψ/N = "
+                  f"{_kib(off['formula']['offloaded'])}, ratio {_x(off['ratio']['offloaded'])}); "
+                  f"with CUDA parameters the device would keep {_kib(dev)} (2Ψ + 2Ψ/N = "
+                  f"{_kib(off['formula']['params'] + off['formula']['grads'])}). Here "
+                  f"the parameters are on the CPU too, so this row shows the split, not a saving.",
+                  ""]
     return lines
 
 

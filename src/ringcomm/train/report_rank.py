@@ -77,8 +77,10 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
-def build(strategy: str, model, o: dict, precision: str = "fp32", bucket_mb: float | None = None):
-    """(forward module, optimizer-like, no_sync context factory) for a strategy."""
+def build(strategy: str, model, o: dict, precision: str = "fp32", bucket_mb: float | None = None,
+          offload: str | None = None):
+    """(forward module, optimizer-like, no_sync context factory) for a strategy; ``offload``
+    goes to ZeRO."""
     kw = dict(lr=o["lr"], weight_decay=o["weight_decay"])
     mp = "bf16" if precision == "bf16" else None
     cap = o["bucket_mb"] if bucket_mb is None else bucket_mb
@@ -91,10 +93,10 @@ def build(strategy: str, model, o: dict, precision: str = "fp32", bucket_mb: flo
     from .. import zero
     if strategy in ("zero1", "zero2"):
         opt = zero.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=int(strategy[-1]),
-                                 mixed_precision=mp, bucket_cap_mb=cap, **kw)
+                                 mixed_precision=mp, bucket_cap_mb=cap, offload=offload, **kw)
         return model, opt, opt.no_sync
     if strategy == "zero3":
-        z = zero.ZeroStage3(model, torch.optim.AdamW, mixed_precision=mp, **kw)
+        z = zero.ZeroStage3(model, torch.optim.AdamW, mixed_precision=mp, offload=offload, **kw)
         return z, z, z.no_sync
     raise ValueError(f"unknown strategy {strategy!r}")
 
@@ -188,35 +190,38 @@ def memory_budget(o: dict, rank: int, world: int) -> list:
     micro-batch of ``o["memory_batch"]`` sequences (the model states do not depend on it)."""
     rows = []
     om = dict(o, batch_per_rank=o["memory_batch"])
-    for precision in ("fp32", "bf16"):
-        for strategy in ("ddp", "zero1", "zero2", "zero3"):
-            model = _model(o)
-            psi = sum(p.numel() for p in model.parameters())
-            fwd, opt, _ = build(strategy, model, o, precision)
-            amp = _amp(precision)
-            x, y = _micro_batches(om, 0, rank, world, 1)[0]
-            meter = ActivationMeter(exclude=fwd)
-            with meter:
-                with amp():
-                    loss = fwd(x, y)
-                act_fwd = meter.current
-                loss.backward()
-            opt.step()
-            mem = model_state_bytes(model, opt, {"grads": [b.buffer for b in fwd.buckets]}
-                                    if strategy == "ddp" else None)
-            opt.zero_grad(set_to_none=True)
-            per = torch.tensor([mem["params"], mem["grads"], mem["optimizer_states"], act_fwd,
-                                meter.peak], dtype=torch.float64)
-            if world > 1:
-                import torch.distributed as dist
-                dist.all_reduce(per, op=dist.ReduceOp.MAX)
-            padded = (sum(g.layout.padded_numel for g in opt._groups)
-                      if hasattr(opt, "_groups") else psi)
-            rows.append({"precision": precision, "strategy": strategy, "psi": psi,
-                         "padded": padded, "params": int(per[0]), "grads": int(per[1]),
-                         "optimizer_states": int(per[2]), "activations": int(per[3]),
-                         "activations_peak": int(per[4])})
-            del fwd, opt, model
+    configs = [(p, s, None) for p in ("fp32", "bf16") for s in ("ddp", "zero1", "zero2", "zero3")]
+    configs.append(("bf16", "zero2", "cpu"))   # DeepSpeed's offload_optimizer: cpu
+    for precision, strategy, offload in configs:
+        model = _model(o)
+        psi = sum(p.numel() for p in model.parameters())
+        fwd, opt, _ = build(strategy, model, o, precision, offload=offload)
+        amp = _amp(precision)
+        x, y = _micro_batches(om, 0, rank, world, 1)[0]
+        meter = ActivationMeter(exclude=fwd)
+        with meter:
+            with amp():
+                loss = fwd(x, y)
+            act_fwd = meter.current
+            loss.backward()
+        opt.step()
+        mem = model_state_bytes(model, opt, {"grads": [b.buffer for b in fwd.buckets]}
+                                if strategy == "ddp" else None)
+        host = opt.memory_breakdown()["offloaded"] if offload else 0
+        opt.zero_grad(set_to_none=True)
+        per = torch.tensor([mem["params"], mem["grads"], mem["optimizer_states"], act_fwd,
+                            meter.peak, host], dtype=torch.float64)
+        if world > 1:
+            import torch.distributed as dist
+            dist.all_reduce(per, op=dist.ReduceOp.MAX)
+        padded = (sum(g.layout.padded_numel for g in opt._groups)
+                  if hasattr(opt, "_groups") else psi)
+        rows.append({"precision": precision,
+                     "strategy": strategy + ("+offload" if offload else ""), "psi": psi,
+                     "padded": padded, "params": int(per[0]), "grads": int(per[1]),
+                     "optimizer_states": int(per[2]), "activations": int(per[3]),
+                     "activations_peak": int(per[4]), "offloaded": int(per[5])})
+        del fwd, opt, model
     return rows
 
 

@@ -1,5 +1,6 @@
-"""The ``RINGCOMM_ZERO_*`` knobs of ringcomm.zero: their names (the registry, with defaults and
-parsing rules, is ``ringcomm.config``) and the positive-number check ZeRO adds."""
+"""The knobs of ringcomm.zero (RINGCOMM_ZERO_BUCKET_MB, RINGCOMM_ZERO_MAX_INFLIGHT,
+RINGCOMM_ZERO_COLLECTIVES): their names (the registry, with defaults and parsing rules, is
+``ringcomm.config``) and the positive-number check ZeRO adds."""
 from __future__ import annotations
 
 from ..config import knob
