@@ -316,13 +316,23 @@ def _recompute_part(doc: dict) -> list:
                      ["activation bytes saved", _kib(r["saved_bytes"]),
                       f"{_kib(r['formula_saved_bytes'])} (Korthikanti: none - full)",
                       _x(r["ratio_saved_to_formula"])]])
+    q = r["ratio_extra_to_forward"]
+    if q is None:
+        why = ""
+    elif q < 0.8:
+        why = (f" Measured {q:.2f}: less than the blocks' forward can cost, so at this size the "
+               f"difference of two step times is within the timing noise.")
+    elif q <= 1.2:
+        why = f" Measured {q:.2f}: as expected."
+    else:
+        why = (f" Measured {q:.2f}: the recomputed forward also pays its autograd bookkeeping "
+               f"and runs with colder caches (and timing noise adds to the difference).")
     lines += ["", "The estimate of the extra time is one more forward pass (the measured "
               "forward time without recomputation); the recomputation reruns the blocks' "
               "forward only (not the embeddings, final LayerNorm and head), which alone would "
-              "put the ratio a little under 1; above 1, the recomputed forward also costs its "
-              "autograd bookkeeping and runs with colder caches. Bytes saved = activations at "
-              "the end of forward without minus with recomputation (with it, each block keeps "
-              "only its input); the formula's difference is Korthikanti's none minus full.", ""]
+              "put the ratio a little under 1." + why + " Bytes saved = activations at the end "
+              "of forward without minus with recomputation (with it, each block keeps only its "
+              "input); the formula's difference is Korthikanti's none minus full.", ""]
     return lines
 
 
@@ -372,14 +382,21 @@ def _scaling_part(doc: dict) -> list:
               f"collectives per step (slowest rank, median step)."]
     if two is not None:
         eff = two["efficiency"]
-        gap = 1 - eff
         verdict = ("**meets the > 85% target**" if eff > 0.85 else
                    "**misses the 85% target**")
-        lines += ["", f"2 ranks, BucketedDDP, no accumulation: {100 * eff:.1f}% {verdict}. "
-                  f"The gap to 100% is {100 * gap:.1f}% of the step; the exposed communication "
-                  f"is {100 * two['exposed_fraction']:.1f}% of it, the rest is the slowdown of "
-                  f"the compute itself when both cores run at once (shared memory bandwidth and "
-                  f"caches, and the all-reduce copies on the same cores)."]
+        exposed = two["exposed_comm_s"] / two["baseline_step_s"]
+        text = (f"2 ranks, BucketedDDP, no accumulation: {100 * eff:.1f}% {verdict}. Relative "
+                f"to the one-core step ({_ms(two['baseline_step_s'])} ms), the 2-rank step "
+                f"({_ms(two['step_s'])} ms) is {100 * (1 / eff - 1):.1f}% longer: the exposed "
+                f"communication accounts for {100 * exposed:.1f} points of that")
+        comp = doc["buckets"]["compute_only"]["step"] if doc["np"] == 2 else None
+        if comp is not None:
+            text += (f", and the compute itself, measured without any communication (every "
+                     f"backward under `no_sync()`, section 2: {_ms(comp)} ms per step on 2 "
+                     f"ranks), runs {100 * (comp / two['baseline_step_s'] - 1):.1f}% slower on "
+                     f"2 busy cores than on 1 (shared memory bandwidth and caches, and whatever "
+                     f"else runs on the machine)")
+        lines += ["", text + "."]
     four = [r for r in doc["scaling"] if r["ranks"] > cores]
     if four:
         f0 = four[0]
@@ -421,6 +438,12 @@ def write_page(out_dir: str, doc: dict) -> list:
              f"{doc['wall_seconds']:.0f} s in all.", ""]
     for n in doc.get("notices", []):
         lines += [f"> {n}", ""]
+    busy = [la[0] for la in (doc["host"]["load_before"], doc["load_after"]) if la]
+    if busy and max(busy) > host["usable_cores"]:
+        lines += [f"> **The machine was busy**: load average {max(busy):.1f} on "
+                  f"{host['usable_cores']} cores around this run, so other processes shared the "
+                  f"cores the ranks were pinned to. Every timing below is inflated and noisy "
+                  f"(the byte counts are not); rerun on a quiet machine for the timings.", ""]
     lines += _memory_part(doc) + ["![memory](memory.png)", ""]
     lines += _bucket_part(doc) + _recompute_part(doc) + _volume_part(doc) + _scaling_part(doc)
     lines += _profile_part(doc)
