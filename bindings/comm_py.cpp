@@ -19,13 +19,14 @@ inline void* P(uintptr_t a) { return reinterpret_cast<void*>(a); }
 inline DType D(int d) { return static_cast<DType>(d); }
 inline ReduceOp O(int o) { return static_cast<ReduceOp>(o); }
 using GIL = py::call_guard<py::gil_scoped_release>;
+inline rc::Launch A(bool async) { return rc::Launch{async, nullptr}; }
 
 }  // namespace
 
 void bind_comm(py::module_& m) {
   py::class_<rc::Work, std::shared_ptr<rc::Work>>(m, "Work")
       .def("wait", &rc::Work::wait, py::arg("timeout") = -1.0, GIL())
-      .def("is_completed", &rc::Work::is_completed)
+      .def("is_completed", &rc::Work::is_completed, GIL())
       .def("error_code", &rc::Work::error_code)
       .def("error_message", &rc::Work::error_message)
       .def_property_readonly("op", &rc::Work::op)
@@ -41,37 +42,37 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("closed", &Communicator::closed)
       .def("next_seq", &Communicator::next_seq)
       .def("all_reduce", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, bool a) {
-             return c.all_reduce(P(in), P(out), n, D(d), O(o), a);
+             return c.all_reduce(P(in), P(out), n, D(d), O(o), A(a));
            }, GIL())
       .def("reduce_scatter", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, bool a) {
-             return c.reduce_scatter(P(in), P(out), n, D(d), O(o), a);
+             return c.reduce_scatter(P(in), P(out), n, D(d), O(o), A(a));
            }, GIL())
       .def("all_gather", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t nin, int64_t nout, int d, bool a) {
-             return c.all_gather(P(in), P(out), nin, nout, D(d), a);
+             return c.all_gather(P(in), P(out), nin, nout, D(d), A(a));
            }, GIL())
       .def("broadcast", [](Communicator& c, uintptr_t buf, int64_t n, int d, int root, bool a) {
-             return c.broadcast(P(buf), n, D(d), root, a);
+             return c.broadcast(P(buf), n, D(d), root, A(a));
            }, GIL())
       .def("reduce", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, int root, bool a) {
-             return c.reduce(P(in), P(out), n, D(d), O(o), root, a);
+             return c.reduce(P(in), P(out), n, D(d), O(o), root, A(a));
            }, GIL())
-      .def("barrier", [](Communicator& c, bool a) { return c.barrier(a); }, GIL())
+      .def("barrier", [](Communicator& c, bool a) { return c.barrier(A(a)); }, GIL())
       .def("all_to_all", [](Communicator& c, uintptr_t in, uintptr_t out, std::vector<int64_t> sc,
                             std::vector<int64_t> rcn, int d, bool a) {
-             return c.all_to_all(P(in), P(out), std::move(sc), std::move(rcn), D(d), a);
+             return c.all_to_all(P(in), P(out), std::move(sc), std::move(rcn), D(d), A(a));
            }, GIL())
       .def("gather", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, bool a) {
-             return c.gather(P(in), P(out), n, D(d), root, a);
+             return c.gather(P(in), P(out), n, D(d), root, A(a));
            }, GIL())
       .def("scatter", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, bool a) {
-             return c.scatter(P(in), P(out), n, D(d), root, a);
+             return c.scatter(P(in), P(out), n, D(d), root, A(a));
            }, GIL())
       .def("reject", [](Communicator& c, int coll) { c.reject(static_cast<rc::Coll>(coll)); }, GIL())
       .def("send", [](Communicator& c, uintptr_t buf, int64_t bytes, int dst, uint64_t tag, bool a) {
-             return c.send(P(buf), bytes, dst, tag, a);
+             return c.send(P(buf), bytes, dst, tag, A(a));
            }, GIL())
       .def("recv", [](Communicator& c, uintptr_t buf, int64_t bytes, int src, uint64_t tag, bool a) {
-             return c.recv(P(buf), bytes, src, tag, a);
+             return c.recv(P(buf), bytes, src, tag, A(a));
            }, GIL())
       .def("close", &Communicator::close, GIL());
 

@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstring>
 
-#include "algo/ring_cuda.h"
 #include "comm/communicator_cuda.h"
 #include "common/cuda_check.h"
 #include "common/errors.h"
@@ -39,6 +38,9 @@ inline cudaStream_t S(uintptr_t a) { return reinterpret_cast<cudaStream_t>(a); }
 inline DType D(int d) { return static_cast<DType>(d); }
 inline ReduceOp O(int o) { return static_cast<ReduceOp>(o); }
 using GIL = py::call_guard<py::gil_scoped_release>;
+// Collectives are enqueued before the call returns (host part synchronous); send/recv return at once.
+inline rc::Launch K(uintptr_t s) { return rc::Launch{false, P(s)}; }
+inline rc::Launch Q(uintptr_t s) { return rc::Launch{true, P(s)}; }
 
 
 // Never throws: whether a CUDA device can be used here, and why not.
@@ -148,80 +150,6 @@ py::dict bench_reduce_py(int device, int64_t nbytes, int dt, int op, int iters) 
   return out;
 }
 
-// Runs the CUDA path's algorithms (algo/ring_cuda.cpp) over a host shared-memory transport with
-// memcpy and the CPU kernels: their schedule, piece bounds, slot offsets and message pairing,
-// testable between processes on machines without a GPU. Not a user API.
-class HostSim {
- public:
-  HostSim(int rank, int world, int64_t slot_bytes, int nslots, double timeout_s)
-      : t_(rank, world, make_cfg(world, slot_bytes, nslots, timeout_s)), x_(&t_), rank_(rank), world_(world) {}
-  std::string create() { return t_.create(); }
-  void attach(const std::vector<std::string>& names) { t_.attach(names); }
-  void close() { t_.close(); }
-  int64_t piece_elems(int dt) { return ctx(D(dt), "piece_elems", false).piece_elems(); }
-
-  void all_reduce(uintptr_t in, uintptr_t out, int64_t count, int dt, int op) {
-    rc::slot_ring_all_reduce(ctx(D(dt), "all_reduce"), static_cast<const char*>(P(in)), static_cast<char*>(P(out)),
-                             count, O(op));
-  }
-  void reduce_scatter(uintptr_t in, uintptr_t out, int64_t count, int dt, int op) {
-    rc::slot_ring_reduce_scatter(ctx(D(dt), "reduce_scatter"), static_cast<const char*>(P(in)),
-                                 static_cast<char*>(P(out)), count, O(op));
-  }
-  void all_gather(uintptr_t in, uintptr_t out, std::vector<int64_t> counts, int dt) {
-    rc::slot_ring_all_gather(ctx(D(dt), "all_gather"), static_cast<const char*>(P(in)), static_cast<char*>(P(out)),
-                             counts);
-  }
-  void broadcast(uintptr_t buf, int64_t count, int dt, int root) {
-    rc::slot_chain_broadcast(ctx(D(dt), "broadcast"), static_cast<char*>(P(buf)), count, root);
-  }
-  void reduce(uintptr_t in, uintptr_t out, int64_t count, int dt, int op, int root) {
-    rc::slot_chain_reduce(ctx(D(dt), "reduce"), static_cast<const char*>(P(in)), static_cast<char*>(P(out)), count,
-                          O(op), root);
-  }
-  void all_to_all(uintptr_t in, uintptr_t out, std::vector<int64_t> sc, std::vector<int64_t> rcn, int dt) {
-    std::vector<int64_t> so(world_, 0), ro(world_, 0);
-    for (int p = 1; p < world_; ++p) {
-      so[p] = so[p - 1] + sc[p - 1];
-      ro[p] = ro[p - 1] + rcn[p - 1];
-    }
-    rc::slot_direct_all_to_all(ctx(D(dt), "all_to_all"), static_cast<const char*>(P(in)), static_cast<char*>(P(out)),
-                               sc, so, rcn, ro);
-  }
-  void gather(uintptr_t in, uintptr_t out, int64_t count, int dt, int root) {
-    rc::slot_direct_gather(ctx(D(dt), "gather"), static_cast<const char*>(P(in)), static_cast<char*>(P(out)), count,
-                           root);
-  }
-  void scatter(uintptr_t in, uintptr_t out, int64_t count, int dt, int root) {
-    rc::slot_direct_scatter(ctx(D(dt), "scatter"), static_cast<const char*>(P(in)), static_cast<char*>(P(out)), count,
-                            root);
-  }
-
- private:
-  static rc::ShmConfig make_cfg(int world, int64_t slot_bytes, int nslots, double timeout_s) {
-    rc::ShmConfig c = rc::ShmConfig::from_env(world, timeout_s);
-    RC_CHECK(slot_bytes >= 64 && nslots >= 2, InvalidArgument, "HostSim: slot_bytes >= 64 and nslots >= 2");
-    c.slot_bytes = static_cast<size_t>((slot_bytes + 63) / 64 * 64);
-    c.nslots = static_cast<uint32_t>(nslots);
-    return c;
-  }
-  rc::SlotAlgoCtx ctx(DType dt, const char* op, bool next = true) {
-    rc::SlotAlgoCtx c;
-    c.x = &x_;
-    c.rank = rank_;
-    c.world = world_;
-    c.seq = next ? ++seq_ : seq_;
-    c.op = op;
-    c.dtype = dt;
-    c.esize = rc::dtype_size(dt);
-    return c;
-  }
-  rc::ShmTransport t_;
-  rc::HostSlotExec x_;
-  int rank_, world_;
-  uint64_t seq_ = 0;
-};
-
 rc::CudaPeerInfo info_from_dict(const py::dict& d) {
   rc::CudaPeerInfo p;
   p.pid = d.contains("pid") ? d["pid"].cast<int32_t>() : 1;
@@ -269,30 +197,16 @@ PYBIND11_MODULE(_C_cuda, m) {
   }, py::arg("infos"), py::arg("mode") = 0,
      "Channel kinds ('ipc'/'host'/'hostsync') for every (src, dst), row-major, from device descriptions (no GPU needed).");
 
-  py::class_<HostSim>(m, "_HostSim")
-      .def(py::init<int, int, int64_t, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("slot_bytes"),
-           py::arg("nslots"), py::arg("timeout") = 60.0)
-      .def("create", &HostSim::create, GIL())
-      .def("attach", &HostSim::attach, GIL())
-      .def("close", &HostSim::close, GIL())
-      .def("piece_elems", &HostSim::piece_elems)
-      .def("all_reduce", &HostSim::all_reduce, GIL())
-      .def("reduce_scatter", &HostSim::reduce_scatter, GIL())
-      .def("all_gather", &HostSim::all_gather, GIL())
-      .def("broadcast", &HostSim::broadcast, GIL())
-      .def("reduce", &HostSim::reduce, GIL())
-      .def("all_to_all", &HostSim::all_to_all, GIL())
-      .def("gather", &HostSim::gather, GIL())
-      .def("scatter", &HostSim::scatter, GIL());
-
-  py::class_<rc::CudaWork, std::shared_ptr<rc::CudaWork>>(m, "Work")
-      .def("wait", &rc::CudaWork::wait, py::arg("timeout") = -1.0, GIL())
-      .def("is_completed", &rc::CudaWork::is_completed, GIL())
-      .def("stream_wait", [](rc::CudaWork& w, uintptr_t s) { w.stream_wait(S(s)); }, GIL())
-      .def("error_code", &rc::CudaWork::error_code)
-      .def("error_message", &rc::CudaWork::error_message)
-      .def_property_readonly("op", &rc::CudaWork::op)
-      .def_property_readonly("seq", &rc::CudaWork::seq);
+  // The one Work type (comm/work.h), bound again here, module-locally, with stream_wait: this
+  // module does not depend on ringcomm._C being imported first.
+  py::class_<rc::Work, std::shared_ptr<rc::Work>>(m, "Work", py::module_local())
+      .def("wait", &rc::Work::wait, py::arg("timeout") = -1.0, GIL())
+      .def("is_completed", &rc::Work::is_completed, GIL())
+      .def("stream_wait", [](rc::Work& w, uintptr_t s) { w.stream_wait(P(s)); }, GIL())
+      .def("error_code", &rc::Work::error_code)
+      .def("error_message", &rc::Work::error_message)
+      .def_property_readonly("op", &rc::Work::op)
+      .def_property_readonly("seq", &rc::Work::seq);
 
   py::class_<CudaCommunicator, std::shared_ptr<CudaCommunicator>>(m, "Communicator")
       .def(py::init<int, int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("device"),
@@ -329,35 +243,35 @@ PYBIND11_MODULE(_C_cuda, m) {
       .def("channels", &CudaCommunicator::channels)
       .def("next_seq", &CudaCommunicator::next_seq)
       .def("all_reduce", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, uintptr_t s) {
-             return c.all_reduce(P(in), P(out), n, D(d), O(o), S(s));
+             return c.all_reduce(P(in), P(out), n, D(d), O(o), K(s));
            }, GIL())
       .def("reduce_scatter", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, uintptr_t s) {
-             return c.reduce_scatter(P(in), P(out), n, D(d), O(o), S(s));
+             return c.reduce_scatter(P(in), P(out), n, D(d), O(o), K(s));
            }, GIL())
       .def("all_gather", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t nin, int64_t nout, int d,
-                            uintptr_t s) { return c.all_gather(P(in), P(out), nin, nout, D(d), S(s)); }, GIL())
+                            uintptr_t s) { return c.all_gather(P(in), P(out), nin, nout, D(d), K(s)); }, GIL())
       .def("broadcast", [](CudaCommunicator& c, uintptr_t buf, int64_t n, int d, int root, uintptr_t s) {
-             return c.broadcast(P(buf), n, D(d), root, S(s));
+             return c.broadcast(P(buf), n, D(d), root, K(s));
            }, GIL())
       .def("reduce", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, int root,
-                        uintptr_t s) { return c.reduce(P(in), P(out), n, D(d), O(o), root, S(s)); }, GIL())
-      .def("barrier", [](CudaCommunicator& c, uintptr_t s) { return c.barrier(S(s)); }, GIL())
+                        uintptr_t s) { return c.reduce(P(in), P(out), n, D(d), O(o), root, K(s)); }, GIL())
+      .def("barrier", [](CudaCommunicator& c, uintptr_t s) { return c.barrier(K(s)); }, GIL())
       .def("all_to_all", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, std::vector<int64_t> sc,
                             std::vector<int64_t> rcn, int d, uintptr_t s) {
-             return c.all_to_all(P(in), P(out), std::move(sc), std::move(rcn), D(d), S(s));
+             return c.all_to_all(P(in), P(out), std::move(sc), std::move(rcn), D(d), K(s));
            }, GIL())
       .def("gather", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, uintptr_t s) {
-             return c.gather(P(in), P(out), n, D(d), root, S(s));
+             return c.gather(P(in), P(out), n, D(d), root, K(s));
            }, GIL())
       .def("scatter", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, uintptr_t s) {
-             return c.scatter(P(in), P(out), n, D(d), root, S(s));
+             return c.scatter(P(in), P(out), n, D(d), root, K(s));
            }, GIL())
       .def("reject", [](CudaCommunicator& c, int coll) { c.reject(static_cast<rc::Coll>(coll)); }, GIL())
       .def("send", [](CudaCommunicator& c, uintptr_t buf, int64_t bytes, int dst, uint64_t tag, uintptr_t s) {
-             return c.send(P(buf), bytes, dst, tag, S(s));
+             return c.send(P(buf), bytes, dst, tag, Q(s));
            }, GIL())
       .def("recv", [](CudaCommunicator& c, uintptr_t buf, int64_t bytes, int src, uint64_t tag, uintptr_t s) {
-             return c.recv(P(buf), bytes, src, tag, S(s));
+             return c.recv(P(buf), bytes, src, tag, Q(s));
            }, GIL())
       .def("close", &CudaCommunicator::close, GIL());
 }

@@ -8,6 +8,7 @@ void bind_errors(py::module_& m);
 void bind_config(py::module_& m);
 void bind_comm(py::module_& m);
 void bind_kernels(py::module_& m);
+void bind_algo_sim(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringcomm C++ core: shared-memory ring collectives";
@@ -15,4 +16,5 @@ PYBIND11_MODULE(_C, m) {
   bind_config(m);
   bind_comm(m);
   bind_kernels(m);
+  bind_algo_sim(m);
 }

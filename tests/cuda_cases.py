@@ -1,8 +1,9 @@
 """Cases for tests/test_cuda.py that run INSIDE spawned ranks (module-level for spawn).
 
-- sim_cases: the CUDA path's algorithms (csrc/algo/ring_cuda.cpp) driven over host shared memory
-  (ringcomm._C_cuda._HostSim): every collective x dtype x op x count against numpy, with tiny
-  slots and misaligned buffers. Needs no GPU.
+- sim_cases: the one algorithm layer (csrc/algo/) driven over a host shared-memory channel
+  (ringcomm._C._AlgoSim) with the CUDA channel's options (pieces at their offset mod 16, copy out
+  before forwarding) or the host's: every collective x dtype x op x count against numpy, with tiny
+  slots and misaligned buffers. Needs no GPU and no CUDA build.
 - unavailable_cases: a CUDA-like array handed to the host API raises a clear UnsupportedError on
   every rank, and the communicator stays usable. Needs no GPU.
 - gpu_*: the real thing (skipped without a GPU by the test module)."""
@@ -48,10 +49,10 @@ def _misaligned(n, like, shift):
     return base[shift:]
 
 
-def sim_cases(rank, world, slot_bytes, nslots):
-    import ringcomm._C_cuda as m
+def sim_cases(rank, world, slot_bytes, nslots, style="cuda", streaming=False):
+    from ringcomm import _C
     store = _store(rank, world)
-    sim = m._HostSim(rank, world, slot_bytes, nslots, 60.0)
+    sim = _C._AlgoSim(rank, world, slot_bytes, nslots, 60.0, style, streaming)
     fails = []
     try:
         store.set(f"sim/{rank}", sim.create())
@@ -137,6 +138,10 @@ def sim_cases(rank, world, slot_bytes, nslots):
                 x = xs[rank].copy()
                 sim.all_reduce(x.ctypes.data, x.ctypes.data, count, code, 0)
                 check(f"all_reduce order {np.dtype(dt).name} n={count}", x.tobytes() == ordered_sum(xs).tobytes())
+                # The direct all-reduce combines in the same order: bit-identical to the ring.
+                y = np.empty_like(xs[rank])
+                sim.all_reduce(xs[rank].ctypes.data, y.ctypes.data, count, code, 0, True)
+                check(f"direct all_reduce order {np.dtype(dt).name} n={count}", y.tobytes() == ordered_sum(xs).tobytes())
     except Exception:  # noqa: BLE001
         fails.append(f"rank {rank}: exception\n{traceback.format_exc()}")
     finally:

@@ -4,8 +4,8 @@ Without a GPU (CI, most dev machines) this checks everything that does not need 
 module builds and imports (or reports unavailability cleanly), the GPU's dtype x op table equals the
 CPU's, the channel planner, the Python adapters' validation, the host API's routing of CUDA arrays
 (a clear UnsupportedError on every rank), a compile check of the kernels, and — through
-ringcomm._C_cuda._HostSim — the CUDA path's collective algorithms themselves, run between processes
-over host memory.
+ringcomm._C._AlgoSim, in every build — the one algorithm layer with the CUDA channel's options, run
+between processes over host memory.
 
 With a GPU: every collective x dtype x op against numpy with 2-4 processes sharing the visible GPUs
 (every channel kind), CuPy arrays, a killed rank, and DDP on CUDA tensors over ringcomm vs gloo.
@@ -222,15 +222,19 @@ def test_channel_plan(case):
             plan([dict(uuid=U[0], visible=[U[0]], can_access=[1]), dict(uuid=U[1], visible=[U[1]], can_access=[1])], 1)
 
 
-@needs_module
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("world,slot_bytes,nslots", [(1, 64, 2), (2, 64, 2), (3, 96, 2), (4, 256, 3), (3, 4096, 4)])
-def test_cuda_algorithms_over_host_memory(world, slot_bytes, nslots, store_env):
-    """The CUDA path's algorithms (ring_cuda.cpp: ring schedule shared with the shm ring, pieces,
-    slot residues, fused reduce-forward, chains, direct exchanges) between real processes, with
-    memcpy and the CPU kernels standing in for the GPU primitives. Tiny slots: every case streams
-    through many slots at the minimum slot count; misaligned buffers exercise the slot residues."""
-    results = spawn(cuda_cases.sim_cases, world, (slot_bytes, nslots), timeout=280, env=store_env)
+@pytest.mark.parametrize("world,slot_bytes,nslots,style,streaming", [
+    (1, 64, 2, "cuda", False), (2, 64, 2, "cuda", False), (3, 96, 2, "cuda", False), (4, 256, 3, "cuda", False),
+    (3, 4096, 4, "cuda", False), (2, 64, 2, "host", True), (3, 4096, 4, "host", True)])
+def test_cuda_algorithms_over_host_memory(world, slot_bytes, nslots, style, streaming, store_env):
+    """The one algorithm layer (csrc/algo/: the ring schedule, pieces, fused reduce-forward, chains,
+    direct exchanges), built into ringcomm._C on every build, between real processes over a shm
+    channel. style "cuda" gives that channel the CUDA channel's options (slot residue = offset mod
+    16, copy out before forwarding, own all_gather block placed first), so the code paths the CUDA
+    build takes are run without a GPU; "host" with streaming stores covers the host options beside
+    the communicator's tests. Tiny slots: every case streams through many slots at the minimum slot
+    count; misaligned buffers exercise the slot offsets."""
+    results = spawn(cuda_cases.sim_cases, world, (slot_bytes, nslots, style, streaming), timeout=280, env=store_env)
     failures = [f for fs in results for f in fs]
     assert not failures, "\n".join(failures[:30])
 

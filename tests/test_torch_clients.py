@@ -180,7 +180,16 @@ def compare(ctx, what: str, single: list | None = None, gloo_tol: float = GLOO_T
     if single is not None:
         p_rc = train_ddp(ctx.rc, rank=ctx.rank, ws=ctx.ws, eps=SINGLE_EPS, **kw)
         ds = max_diff(p_rc, single)
-        assert ds <= SINGLE_TOL, f"{what}: ringcomm vs single process {ds:.3g} > {SINGLE_TOL}"
+        if ds > SINGLE_TOL:
+            # How far DDP lands from one process depends on the machine's matmul kernels (the
+            # ISA torch dispatches to), not only on the collective: beyond SINGLE_TOL, gloo on the
+            # same machine is the reference, and ringcomm must equal it.
+            p_gloo = train_ddp(ctx.gloo, rank=ctx.rank, ws=ctx.ws, eps=SINGLE_EPS, **kw)
+            dg = max_diff(p_gloo, single)
+            d = max_diff(p_rc, p_gloo)
+            assert dg > SINGLE_TOL and d <= gloo_tol, (
+                f"{what}: ringcomm vs single process {ds:.3g} > {SINGLE_TOL} "
+                f"(gloo vs single process {dg:.3g}, ringcomm vs gloo {d:.3g})")
         line += f", vs single process {ds:.2g}"
     # every rank holds the same parameters
     flat = torch.cat([p.reshape(-1) for p in p_rc])

@@ -1,7 +1,7 @@
 // Pipelined chains: broadcast flows root -> root+1 -> ... -> root-1; reduce flows
 // root+1 -> root+2 -> ... -> root, each rank combining its input into the passing piece.
 // A chain has no cycle, so any number of slots >= 1 is deadlock free; pieces pipeline so that
-// all N-1 links move data at once for large messages.
+// all N-1 links move data at once for large messages. One implementation for every transport.
 #include "algo/pieces.h"
 #include "algo/ring_schedule.h"
 #include "kernels/reduce_cpu.h"
@@ -19,15 +19,13 @@ void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root) {
   for (int64_t j = 0; j < npieces; ++j) {
     int64_t o, m;
     piece_bounds(0, count, j, pe, &o, &m);
-    WaitCtx w = wait_ctx(c, pos, n - 1);
+    const WaitCtx w = wait_ctx(c, pos, n - 1);
     if (pos == 0) {
-      send_copy(c, R, buf + o * es, m * es, w);
+      send_copy(c, R, buf + o * es, o, m, w);
       continue;
     }
-    const char* src = recv_expect(c, L, m * es, w);
-    if (pos < n - 1) send_copy(c, R, src, m * es, w);  // forward first: the next link starts sooner
-    std::memcpy(buf + o * es, src, m * es);
-    c.t->recv_done(L, Lane::kColl);
+    const char* src = recv_expect(c, L, o, m, w);
+    deliver(c, L, src, buf + o * es, o, m, pos < n - 1, R, w);
   }
 }
 
@@ -37,7 +35,7 @@ void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, Re
   const size_t es = c.esize;
   if (count == 0) return;
   if (n == 1) {
-    if (out != nullptr && out != in) std::memcpy(out, in, count * es);
+    if (out != nullptr) copy_elems(c, out, in, count);
     return;
   }
   // Position along the chain: root+1 is first (0), root is last (n-1).
@@ -49,20 +47,18 @@ void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, Re
   for (int64_t j = 0; j < npieces; ++j) {
     int64_t o, m;
     piece_bounds(0, count, j, pe, &o, &m);
-    WaitCtx w = wait_ctx(c, pos, n - 1);
+    const WaitCtx w = wait_ctx(c, pos, n - 1);
     if (pos == 0) {
-      send_copy(c, R, in + o * es, m * es, w);
+      send_copy(c, R, in + o * es, o, m, w);
       continue;
     }
-    const char* src = recv_expect(c, L, m * es, w);
+    const char* src = recv_expect(c, L, o, m, w);
     if (pos < n - 1) {
-      char* dst = c.t->send_slot(R, Lane::kColl, w, in + o * es);
-      reduce_to_peer(c, dst, in + o * es, src, m, op);
-      c.t->send_post(R, Lane::kColl, m * es, 0, c.seq);
+      send_reduced(c, R, in + o * es, src, o, m, op, w);
     } else {
-      reduce_cpu(out + o * es, in + o * es, src, m, c.dtype, op, scale);
+      c.ch->reduce(out + o * es, in + o * es, src, static_cast<size_t>(m), c.dtype, op, scale);
     }
-    c.t->recv_done(L, Lane::kColl);
+    c.ch->recv_done(L);
   }
 }
 

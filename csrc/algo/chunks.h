@@ -1,5 +1,5 @@
-// The chunks a ring collective cuts its buffer into, shared by the host (algo/ring.cpp) and CUDA
-// (algo/ring_cuda.cpp) rings. Pure arithmetic over ring_schedule.h.
+// The chunks a ring collective (algo/ring.cpp) cuts its buffer into. Pure arithmetic over
+// ring_schedule.h.
 #pragma once
 #include <algorithm>
 #include <cstdint>

@@ -1,35 +1,37 @@
-// What an algorithm needs to run one collective: the transport, who we are, the collective's
-// sequence number (tags every slot), the dtype and the piece size. Algorithms move data only
-// through the transport's slots and transform it only through the reduce kernels.
+// What an algorithm needs to run one collective: the channel (transport/channel.h), who we are,
+// the collective's sequence number (tags every slot), the dtype and the piece size. Algorithms
+// move data only through the channel's slots and transform it only through its reduce/copy
+// primitives, so each collective exists once for every transport (host shm, CUDA IPC).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "common/dtype.h"
-#include "transport/shm.h"
+#include "transport/channel.h"
 
 namespace rc {
 
 struct AlgoCtx {
-  ShmTransport* t = nullptr;
+  Channel* ch = nullptr;
   int rank = 0;
   int world = 1;
   uint64_t seq = 0;
   const char* op = "";
   DType dtype = DType::kFloat32;
   size_t esize = 4;
-  char* scratch = nullptr;  // slot_bytes of private memory (direct all-reduce's accumulator)
-  bool stream = false;      // write peers' slots with streaming stores (comm/store_policy.h)
-  // Elements per piece: one slot's worth (slot_bytes / esize, at least 1).
+  /// piece_bytes of private memory the channel's reduce can write (direct all-reduce's
+  /// accumulator with 3 or more ranks); nullptr where the channel offers none.
+  char* scratch = nullptr;
+  /// Elements per piece: one slot's payload (at least 1).
   int64_t piece_elems() const {
-    int64_t p = static_cast<int64_t>(t->config().slot_bytes / esize);
+    const int64_t p = static_cast<int64_t>(ch->piece_bytes() / esize);
     return p > 0 ? p : 1;
   }
 };
 
-/// Ring collectives (algo/ring.cpp). `counts[k]` is chunk k's element count and `offs[k]` its
-/// element offset in the full buffer. in/out may be the same buffer (in place).
+/// Ring collectives (algo/ring.cpp). in/out may be the same buffer (in place); any other overlap
+/// is refused by the communicator's validation (comm/validation.h).
 void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
 /// Reduce-scatter over the balanced chunks of `count`: rank r receives chunk r into `out`.
 void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
@@ -37,8 +39,8 @@ void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t co
 void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts);
 
 /// Direct all-reduce (algo/direct.cpp): every rank sends its input to every peer and combines
-/// all contributions itself, in rank order (so every rank computes bit-identical results). One
-/// hand-off instead of the ring's 2(N-1): the small-message algorithm.
+/// all contributions itself, in the ring's order (so every rank computes bit-identical results,
+/// equal to the ring's). One hand-off instead of the ring's 2(N-1): the small-message algorithm.
 void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
 
 /// Pipelined chains (algo/chain.cpp).

@@ -1,4 +1,6 @@
-// Direct exchanges: all-to-all, gather, scatter. Each pair of ranks uses its own channel.
+// Direct exchanges: all-to-all, gather, scatter, and the direct all-reduce; one implementation
+// for every transport. Each pair of ranks uses its own channel; the two ends of a message place
+// it at different offsets of their buffers, so pieces carry no common offset (place -1).
 // all-to-all runs N-1 rounds; in round s rank r sends to r+s and receives from r-s, alternating
 // one piece out and one piece in. Receiving never waits on sending, so rounds cannot deadlock
 // (a chain of full channels around a cycle would need every rank to be ahead of its successor).
@@ -28,7 +30,7 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
   RC_CHECK(send_counts[r] == recv_counts[r], Mismatch,
            "ringcomm: all_to_all on rank " << r << ": sends " << send_counts[r] << " elements to itself but expects "
                                            << recv_counts[r]);
-  if (send_counts[r] > 0) std::memcpy(out + recv_offs[r] * es, in + send_offs[r] * es, send_counts[r] * es);
+  copy_elems(c, out + recv_offs[r] * es, in + send_offs[r] * es, send_counts[r]);
   const int64_t pe = c.piece_elems();
   for (int s = 1; s < n; ++s) {
     const int dst = static_cast<int>(ring::mod(r + s, n));
@@ -40,12 +42,12 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
       if (j < ns) {
         int64_t o, m;
         piece_bounds(send_offs[dst], send_counts[dst], j, pe, &o, &m);
-        send_copy(c, dst, in + o * es, m * es, w, send_total);
+        send_copy(c, dst, in + o * es, -1, m, w, send_total);
       }
       if (j < nr) {
         const SlotMeta* meta = nullptr;
         WaitCtx wr = w;
-        const char* p = c.t->recv_slot(src, Lane::kColl, wr, &meta);
+        const char* p = c.ch->recv_slot(src, wr, PiecePlace{}, &meta);
         const uint64_t want_total = static_cast<uint64_t>(recv_counts[src]) * es;
         if (meta->tag != c.seq || (j == 0 && meta->total != want_total)) {
           RC_THROW(Mismatch, "ringcomm: all_to_all (seq " << c.seq << ") on rank " << r << ": rank " << src
@@ -58,8 +60,8 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
           RC_THROW(Error, "ringcomm: all_to_all (seq " << c.seq << ") on rank " << r << ": piece " << j << " from rank "
                           << src << " has " << meta->bytes << " bytes, expected " << m * es);
         }
-        if (m > 0) std::memcpy(out + o * es, p, m * es);
-        c.t->recv_done(src, Lane::kColl);
+        copy_elems(c, out + o * es, p, m);
+        c.ch->recv_done(src);
       }
     }
   }
@@ -70,10 +72,9 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
   const int n = c.world, r = c.rank;
   const size_t es = c.esize;
   if (count == 0) return;
-  if (n == 1) {
-    if (out != in) std::memcpy(out, in, count * es);
-    return;
-  }
+  if (n == 1) return copy_elems(c, out, in, count);
+  RC_CHECK(n == 2 || c.scratch != nullptr, Unsupported,
+           "ringcomm: the direct all_reduce with more than 2 ranks needs the channel's scratch memory");
   const int64_t pe = c.piece_elems();
   const int64_t np = (count + pe - 1) / pe;
   const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
@@ -89,9 +90,8 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
   for (int64_t j = 0; j < np; ++j) {
     int64_t o, m;
     piece_bounds(0, count, j, pe, &o, &m);
-    const size_t bytes = m * es;
-    for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * es, bytes, wait_ctx(c, 0, 1));
-    for (int p = 0; p < n; ++p) src[p] = (p == r) ? in + o * es : recv_expect(c, p, bytes, wait_ctx(c, 0, 1));
+    for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * es, o, m, wait_ctx(c, 0, 1));
+    for (int p = 0; p < n; ++p) src[p] = (p == r) ? in + o * es : recv_expect(c, p, o, m, wait_ctx(c, 0, 1));
     for (int64_t a = o; a < o + m;) {
       const int k = static_cast<int>(std::min<int64_t>(a / ce, n - 1));
       const int64_t b = std::min<int64_t>(o + m, (k + 1) * ce);
@@ -100,16 +100,16 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
       auto x = [&](int p) { return src[ring::mod(p, n)] + rel; };
       char* dst = out + a * es;
       if (n == 2) {
-        reduce_cpu(dst, x(k), x(k + 1), len, c.dtype, op, scale);
+        c.ch->reduce(dst, x(k), x(k + 1), len, c.dtype, op, scale);
       } else {
-        reduce_cpu(c.scratch, x(k + 2), x(k + 1), len, c.dtype, op, 1.0);
-        for (int t = 3; t < n; ++t) reduce_cpu(c.scratch, x(k + t), c.scratch, len, c.dtype, op, 1.0);
-        reduce_cpu(dst, x(k), c.scratch, len, c.dtype, op, scale);
+        c.ch->reduce(c.scratch, x(k + 2), x(k + 1), len, c.dtype, op, 1.0);
+        for (int t = 3; t < n; ++t) c.ch->reduce(c.scratch, x(k + t), c.scratch, len, c.dtype, op, 1.0);
+        c.ch->reduce(dst, x(k), c.scratch, len, c.dtype, op, scale);
       }
       a = b;
     }
     for (int p = 0; p < n; ++p)
-      if (p != r) c.t->recv_done(p, Lane::kColl);
+      if (p != r) c.ch->recv_done(p);
   }
 }
 
@@ -123,20 +123,20 @@ void direct_gather(const AlgoCtx& c, const char* in, char* out, int64_t count, i
     for (int64_t j = 0; j < np; ++j) {
       int64_t o, m;
       piece_bounds(0, count, j, pe, &o, &m);
-      send_copy(c, root, in + o * es, m * es, wait_ctx(c, 0, 1));
+      send_copy(c, root, in + o * es, -1, m, wait_ctx(c, 0, 1));
     }
     return;
   }
-  if (out + r * count * es != in) std::memmove(out + r * count * es, in, count * es);
+  copy_elems(c, out + r * count * es, in, count);
   // Interleave the sources piece by piece so every sender streams at once.
   for (int64_t j = 0; j < np; ++j) {
     for (int s = 1; s < n; ++s) {
       const int src = static_cast<int>(ring::mod(root + s, n));
       int64_t o, m;
       piece_bounds(src * count, count, j, pe, &o, &m);
-      const char* p = recv_expect(c, src, m * es, wait_ctx(c, 0, 1));
-      std::memcpy(out + o * es, p, m * es);
-      c.t->recv_done(src, Lane::kColl);
+      const char* p = recv_expect(c, src, -1, m, wait_ctx(c, 0, 1));
+      copy_elems(c, out + o * es, p, m);
+      c.ch->recv_done(src);
     }
   }
 }
@@ -151,9 +151,9 @@ void direct_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, 
     for (int64_t j = 0; j < np; ++j) {
       int64_t o, m;
       piece_bounds(0, count, j, pe, &o, &m);
-      const char* p = recv_expect(c, root, m * es, wait_ctx(c, 0, 1));
-      std::memcpy(out + o * es, p, m * es);
-      c.t->recv_done(root, Lane::kColl);
+      const char* p = recv_expect(c, root, -1, m, wait_ctx(c, 0, 1));
+      copy_elems(c, out + o * es, p, m);
+      c.ch->recv_done(root);
     }
     return;
   }
@@ -162,10 +162,10 @@ void direct_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, 
       const int dst = static_cast<int>(ring::mod(root + s, n));
       int64_t o, m;
       piece_bounds(dst * count, count, j, pe, &o, &m);
-      send_copy(c, dst, in + o * es, m * es, wait_ctx(c, 0, 1));
+      send_copy(c, dst, in + o * es, -1, m, wait_ctx(c, 0, 1));
     }
   }
-  if (in + r * count * es != out) std::memmove(out, in + r * count * es, count * es);
+  copy_elems(c, out, in + r * count * es, count);
 }
 
 }  // namespace rc

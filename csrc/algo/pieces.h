@@ -1,14 +1,12 @@
-// Piece helpers shared by the algorithms: moving one piece through a slot, with the slot's tag
-// and size checked on receipt (a mismatch means the ranks' schedules diverged: a bug or a
-// mismatched call that the header exchange could not see).
+// Piece helpers shared by the algorithms: moving one piece through a slot of the channel, with
+// the slot's tag and size checked on receipt (a mismatch means the ranks' schedules diverged: a
+// bug or a mismatched call that the header exchange could not see).
 #pragma once
 #include <algorithm>
-#include <cstring>
+#include <cstdint>
 
 #include "algo/context.h"
 #include "common/errors.h"
-#include "kernels/copy_cpu.h"
-#include "kernels/reduce_cpu.h"
 
 namespace rc {
 
@@ -23,43 +21,67 @@ inline WaitCtx wait_ctx(const AlgoCtx& c, int step, int nsteps) {
 
 /// Bounds of piece j of a chunk [off, off+cnt): sets o/n (n may be 0).
 inline void piece_bounds(int64_t off, int64_t cnt, int64_t j, int64_t pe, int64_t* o, int64_t* n) {
-  int64_t start = j * pe;
+  const int64_t start = j * pe;
   *o = off + start;
   *n = std::max<int64_t>(0, std::min<int64_t>(pe, cnt - start));
 }
 
-/// Copy `bytes` from src into the next slot to `peer` and publish it (with streaming stores when
-/// c.stream: see kernels/copy_cpu.h).
-inline void send_copy(const AlgoCtx& c, int peer, const char* src, size_t bytes, const WaitCtx& w,
+/// The place of a piece read from `like` at element offset `o` of the full buffer (o < 0: the
+/// two ends' offsets differ, as in the direct exchanges).
+inline PiecePlace place(const AlgoCtx& c, const void* like, int64_t o) {
+  return PiecePlace{like, o >= 0 ? o * static_cast<int64_t>(c.esize) : -1};
+}
+
+/// Copy m elements from src (full-buffer element offset o, or -1) into the next slot to `peer`
+/// and publish it.
+inline void send_copy(const AlgoCtx& c, int peer, const char* src, int64_t o, int64_t m, const WaitCtx& w,
                       uint64_t total = 0) {
-  char* dst = c.t->send_slot(peer, Lane::kColl, w, src);
-  copy_to_peer(dst, src, bytes, c.stream);
-  c.t->send_post(peer, Lane::kColl, bytes, total, c.seq);
+  const size_t bytes = static_cast<size_t>(m) * c.esize;
+  char* dst = c.ch->send_slot(peer, w, place(c, src, o));
+  if (bytes > 0) c.ch->copy_into_slot(dst, src, bytes);
+  c.ch->send_post(peer, bytes, total, c.seq);
 }
 
-/// dst (a peer's slot) = a (op) b. With c.stream the result is formed in the private scratch
-/// (cache-resident, one slot) and streamed into the slot, since the reduce kernels write with
-/// cached stores only.
-inline void reduce_to_peer(const AlgoCtx& c, char* dst, const char* a, const char* b, int64_t m, ReduceOp op) {
-  if (c.stream && c.scratch != nullptr) {
-    reduce_cpu(c.scratch, a, b, static_cast<size_t>(m), c.dtype, op, 1.0);
-    copy_to_peer(dst, c.scratch, static_cast<size_t>(m) * c.esize, true);
-  } else {
-    reduce_cpu(dst, a, b, static_cast<size_t>(m), c.dtype, op, 1.0);
-  }
+/// The fused step: the next slot to `peer` = a (op) b over m elements (full-buffer offset o), published.
+inline void send_reduced(const AlgoCtx& c, int peer, const char* a, const char* b, int64_t o, int64_t m, ReduceOp op,
+                         const WaitCtx& w) {
+  char* dst = c.ch->send_slot(peer, w, place(c, a, o));
+  c.ch->reduce_into_slot(dst, a, b, static_cast<size_t>(m), c.dtype, op);
+  c.ch->send_post(peer, static_cast<uint64_t>(m) * c.esize, 0, c.seq);
 }
 
-/// Wait for the next slot from `peer` and check it carries `bytes` of this collective.
-inline const char* recv_expect(const AlgoCtx& c, int peer, size_t bytes, const WaitCtx& w) {
-  const SlotMeta* m = nullptr;
-  const char* p = c.t->recv_slot(peer, Lane::kColl, w, &m);
-  if (m->tag != c.seq || m->bytes != bytes) {
+/// Wait for the next slot from `peer` and check it carries m elements of this collective.
+inline const char* recv_expect(const AlgoCtx& c, int peer, int64_t o, int64_t m, const WaitCtx& w) {
+  const SlotMeta* meta = nullptr;
+  const char* p = c.ch->recv_slot(peer, w, place(c, nullptr, o), &meta);
+  const uint64_t bytes = static_cast<uint64_t>(m) * c.esize;
+  if (meta->tag != c.seq || meta->bytes != bytes) {
     RC_THROW(Error, "ringcomm: " << c.op << " (seq " << c.seq << ") on rank " << c.rank << ": received a piece of "
-                                 << m->bytes << " bytes tagged seq " << m->tag << " from rank " << peer
+                                 << meta->bytes << " bytes tagged seq " << meta->tag << " from rank " << peer
                                  << " at step " << w.step << ", expected " << bytes << " bytes of seq " << c.seq
                                  << " (the ranks' schedules diverged)");
   }
   return p;
+}
+
+/// Copy m elements between local buffers (equal or disjoint).
+inline void copy_elems(const AlgoCtx& c, char* dst, const char* src, int64_t m) {
+  if (m > 0 && dst != src) c.ch->copy(dst, src, static_cast<size_t>(m) * c.esize);
+}
+
+/// A received piece (src, from `peer`'s slot) goes to dst and, if `forward`, on to `next`, in
+/// the channel's order; the slot is released after both reads.
+inline void deliver(const AlgoCtx& c, int peer, const char* src, char* dst, int64_t o, int64_t m, bool forward,
+                    int next, const WaitCtx& w) {
+  if (c.ch->forward_from_slot()) {
+    if (forward) send_copy(c, next, src, o, m, w);  // forward first: the next link starts sooner
+    copy_elems(c, dst, src, m);
+    c.ch->recv_done(peer);
+  } else {
+    copy_elems(c, dst, src, m);
+    c.ch->recv_done(peer);
+    if (forward) send_copy(c, next, dst, o, m, w);  // ordered after the copy (stream order)
+  }
 }
 
 }  // namespace rc

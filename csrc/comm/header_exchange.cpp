@@ -3,7 +3,8 @@
 #include <chrono>
 #include <sstream>
 
-#include "comm/communicator.h"
+#include "comm/coll.h"
+#include "common/dtype.h"
 
 namespace rc {
 

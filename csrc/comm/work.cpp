@@ -4,7 +4,7 @@
 
 namespace rc {
 
-void Work::wait(double timeout_s) {
+void Work::wait_host(double timeout_s) {
   std::unique_lock<std::mutex> lk(mu_);
   if (timeout_s < 0) {
     cv_.wait(lk, [&] { return done_; });
@@ -15,9 +15,35 @@ void Work::wait(double timeout_s) {
   if (error_) std::rethrow_exception(error_);
 }
 
+void Work::wait(double timeout_s) {
+  wait_host(timeout_s);
+  std::shared_ptr<DeviceFence> f;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    f = fence_;
+  }
+  if (f) f->wait(op_, seq_, timeout_s);
+}
+
 bool Work::is_completed() {
-  std::lock_guard<std::mutex> lk(mu_);
-  return done_;
+  std::shared_ptr<DeviceFence> f;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!done_) return false;
+    if (error_ || !fence_) return true;
+    f = fence_;
+  }
+  return f->query();
+}
+
+void Work::stream_wait(void* stream) {
+  wait_host(-1.0);
+  std::shared_ptr<DeviceFence> f;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    f = fence_;
+  }
+  if (f) f->stream_wait(stream);
 }
 
 int Work::error_code() {
@@ -34,9 +60,10 @@ std::string Work::error_message() {
   return msg;
 }
 
-void Work::complete() {
+void Work::complete(std::shared_ptr<DeviceFence> fence) {
   {
     std::lock_guard<std::mutex> lk(mu_);
+    fence_ = std::move(fence);
     done_ = true;
   }
   cv_.notify_all();

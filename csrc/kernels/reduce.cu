@@ -6,10 +6,10 @@
 //
 // Vectorisation: each thread moves 16-byte vectors (uint4) when dst, a and b have the same
 // address residue modulo 16 — after a scalar head of at most 15 bytes that brings them to a
-// 16-byte boundary. The ring places each piece in its slot at the residue of its offset in the
-// user's buffer (algo/ring_cuda.cpp), so the fused reduce-and-forward hits this path whenever the
-// user's buffers are 16-byte aligned (torch and CuPy allocations are). Otherwise a scalar
-// grid-stride loop runs: correct, slower for 1- and 2-byte types.
+// 16-byte boundary. The CUDA channel places each piece in its slot at the residue of its offset in
+// the user's buffer (transport/cuda_channel.h), so the fused reduce-and-forward hits this path
+// whenever the user's buffers are 16-byte aligned (torch and CuPy allocations are). Otherwise a
+// scalar grid-stride loop runs: correct, slower for 1- and 2-byte types.
 //
 // Built with --fmad=false (CMakeLists.txt): SUM/AVG must not be contracted, like the CPU kernels.
 #include <cuda_bf16.h>

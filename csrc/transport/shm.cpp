@@ -397,24 +397,29 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
 
 // ---------------- channels ----------------
 
-namespace {
-inline uint32_t page_offset(const void* like) {
-  return like ? static_cast<uint32_t>(reinterpret_cast<uintptr_t>(like) & (kPage - 1)) : 0u;
-}
-}  // namespace
 
 char* ShmTransport::try_send_slot(int peer, Lane lane, const void* like) {
+  return try_send_slot_at(peer, lane, page_offset(like));
+}
+
+char* ShmTransport::try_send_slot_at(int peer, Lane lane, uint32_t offset) {
+  RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
   const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
   uint32_t head = send_head_[ch];
   // acquire: the receiver's reads of the slot happen-before our writes into it.
   uint32_t tail = c->tail.v.load(std::memory_order_acquire);
   if (head - tail >= cfg_.nslots) return nullptr;
-  send_off_[ch] = page_offset(like);
+  send_off_[ch] = offset;
   return slot_data(peer, lane, rank_, head % cfg_.nslots) + send_off_[ch];
 }
 
 char* ShmTransport::send_slot(int peer, Lane lane, const WaitCtx& w, const void* like) {
+  return send_slot_at(peer, lane, w, page_offset(like));
+}
+
+char* ShmTransport::send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset) {
+  RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
   const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
   const uint32_t head = send_head_[ch];
@@ -423,7 +428,7 @@ char* ShmTransport::send_slot(int peer, Lane lane, const WaitCtx& w, const void*
   ww.what = "a free slot";
   wait_until(&c->tail.v, &c->tail.waiters,
              [&] { return head - c->tail.v.load(std::memory_order_acquire) < cfg_.nslots; }, ww);
-  send_off_[ch] = page_offset(like);
+  send_off_[ch] = offset;
   return slot_data(peer, lane, rank_, head % cfg_.nslots) + send_off_[ch];
 }
 

@@ -122,8 +122,15 @@ class ShmTransport {
   /// slot and user buffers (which numpy/torch place at small in-page offsets) then never have a
   /// small destination-minus-source skew, which costs 4K-aliasing stalls (~3x slower copies).
   char* send_slot(int peer, Lane lane, const WaitCtx& w, const void* like = nullptr);
+  /// send_slot with the payload `offset` (< 4096) bytes into the slot, chosen by the caller.
+  char* send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset);
   /// Non-blocking: nullptr when no slot is free.
   char* try_send_slot(int peer, Lane lane, const void* like = nullptr);
+  char* try_send_slot_at(int peer, Lane lane, uint32_t offset);
+  /// The offset of `like` within its 4 KiB page (0 for nullptr).
+  static uint32_t page_offset(const void* like) {
+    return like ? static_cast<uint32_t>(reinterpret_cast<uintptr_t>(like) & 4095u) : 0u;
+  }
   /// Publish the slot obtained by send_slot/try_send_slot.
   void send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag);
 

@@ -1,0 +1,123 @@
+// The communicator core: one per process and group, shared by the host and the CUDA
+// communicator, which differ only in their device part (comm/device.h: the pointer check, the
+// channels, what runs after the host part). It numbers every collective, checks its arguments
+// (comm/validation.h), checks with a header exchange that all ranks called the same collective
+// with consistent arguments, and runs the work in issue order: inline on the caller's thread
+// when nothing is queued, else on the progress thread. Point-to-point messages progress on the
+// p2p engine's thread (comm/p2p_engine.h).
+//
+// Threading invariants:
+//  - Collectives execute one at a time, in submission order: `busy_` (guarded by mu_) marks the
+//    thread currently executing one; only that thread touches the collective lane and the board.
+//  - After a failure in the data phase the communicator is "broken" (the slot streams are no
+//    longer in step): every later call raises, and the peers are told (the control plane's abort
+//    flag) so that their waits raise with our reason instead of timing out. Failures in the
+//    header phase (mismatch, a rank rejecting its arguments) are seen identically by every rank
+//    before any data moves, so the communicator stays usable after them.
+//  - A rank whose arguments fail the local checks still joins the header exchange, as a
+//    rejection, so that its peers raise too instead of waiting for it.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/coll.h"
+#include "comm/device.h"
+#include "comm/p2p_engine.h"
+#include "comm/validation.h"
+#include "comm/work.h"
+#include "common/dtype.h"
+
+namespace rc {
+
+/// How a call is launched: `async` returns before the host part completes (the host
+/// communicator's async_op); `stream` is the device stream the work is ordered on (CUDA).
+struct Launch {
+  bool async = false;
+  void* stream = nullptr;
+};
+
+class CommCore : public std::enable_shared_from_this<CommCore> {
+ public:
+  virtual ~CommCore();
+  CommCore(const CommCore&) = delete;
+  CommCore& operator=(const CommCore&) = delete;
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  double timeout() const { return dev_->control().config().timeout_s; }
+  bool closed() const { return closed_.load(); }
+  uint64_t next_seq() const;
+
+  // Collectives. Pointers must stay valid until the returned Work completes. Without l.async the
+  // call returns after the host part completed (and throws on failure).
+  WorkPtr all_reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, Launch l);
+  WorkPtr reduce_scatter(const void* in, void* out, int64_t in_count, DType dt, ReduceOp op, Launch l);
+  WorkPtr all_gather(const void* in, void* out, int64_t in_count, int64_t out_count, DType dt, Launch l);
+  WorkPtr broadcast(void* buf, int64_t count, DType dt, int root, Launch l);
+  WorkPtr reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root, Launch l);
+  WorkPtr barrier(Launch l);
+  WorkPtr all_to_all(const void* in, void* out, std::vector<int64_t> send_counts, std::vector<int64_t> recv_counts,
+                     DType dt, Launch l);
+  WorkPtr gather(const void* in, void* out, int64_t count, DType dt, int root, Launch l);
+  WorkPtr scatter(const void* in, void* out, int64_t count, DType dt, int root, Launch l);
+  /// Refuse this rank's arguments for collective `coll`: joins the header exchange with a
+  /// rejection so every rank raises instead of waiting. Returns after the exchange.
+  void reject(Coll coll);
+
+  // Point-to-point (matched in order per pair of ranks; sizes must agree).
+  WorkPtr send(const void* buf, int64_t bytes, int dst, uint64_t tag, Launch l);
+  WorkPtr recv(void* buf, int64_t bytes, int src, uint64_t tag, Launch l);
+
+  /// Finish queued work (bounded by the timeout), stop the threads, release the device. Idempotent.
+  void close();
+  /// Record a data-phase failure (the first one wins) and tell the peers.
+  void mark_broken(const std::exception_ptr& e);
+
+ protected:
+  CommCore(int rank, int world, std::unique_ptr<CommDevice> dev);
+  /// After the transport is connected: start the threads.
+  void start();
+  bool connected() const { return connected_; }
+  CommDevice& device_part() { return *dev_; }
+
+ private:
+  using Body = std::function<void(const AlgoCtx&, const std::vector<CollHeader>&)>;
+  struct Task {
+    std::function<void()> fn;
+    WorkPtr work;
+  };
+  /// Local checks (`check` returns this rank's header or throws; a throw rejects the call on
+  /// every rank), then submit.
+  template <class Check>
+  WorkPtr collective(Coll coll, const Check& check, Body body, Launch l);
+  WorkPtr submit(Coll coll, CollHeader hdr, Body body, Launch l);
+  void run_task(Task& t);
+  void progress_loop();
+  void check_usable() const;
+
+  const int rank_;
+  const int world_;
+  std::unique_ptr<CommDevice> dev_;
+  ArgChecks checks_;
+  P2PEngine p2p_;
+  bool connected_ = false;
+  std::atomic<bool> closed_{false};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  uint64_t seq_ = 0;          // last collective sequence number handed out
+  std::string broken_;        // non-empty after a data-phase failure
+  std::thread progress_;
+};
+
+}  // namespace rc

@@ -1,0 +1,209 @@
+#include "comm/cuda_device.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "comm/core.h"
+#include "common/cuda_check.h"
+#include "common/log.h"
+#include "common/errors.h"
+
+namespace rc {
+
+// ---------------- events and fences ----------------
+
+GpuEvent::GpuEvent() { RC_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), ""); }
+
+GpuEvent::~GpuEvent() {
+  if (ev != nullptr) (void)cudaEventDestroy(ev);  // fine while pending; fails harmlessly at exit
+}
+
+namespace {
+
+// The device part of a Work: an event recorded after the enqueued GPU work. Holds the core
+// weakly (the p2p thread must never own it); once the core is gone or closed, waits poll the
+// event without peer checks, bounded by the communicator's timeout.
+class EventFence final : public DeviceFence {
+ public:
+  EventFence(std::weak_ptr<CommCore> core, CudaDevice* dev, std::shared_ptr<GpuEvent> ev, double timeout_s)
+      : core_(std::move(core)), dev_(dev), device_(dev->device()), timeout_s_(timeout_s), ev_(std::move(ev)) {}
+
+  bool query() override {
+    CudaDeviceGuard g(device_);
+    const cudaError_t e = cudaEventQuery(ev_->ev);
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return true;  // done, or failed (wait() raises the CUDA error)
+  }
+
+  void wait(const std::string& op, uint64_t seq, double timeout_s) override {
+    std::shared_ptr<CommCore> core = core_.lock();
+    if (!core || core->closed()) {
+      // The communicator is gone or closed (its close drained what it could): poll the event alone.
+      CudaDeviceGuard g(device_);
+      const double limit = timeout_s >= 0 ? timeout_s : timeout_s_;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (;;) {
+        const cudaError_t e = cudaEventQuery(ev_->ev);
+        if (e == cudaSuccess) return;
+        RC_CHECK(e == cudaErrorNotReady, Error, "ringcomm: " << op << " failed on the GPU: " << cudaGetErrorName(e));
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit)
+          RC_THROW(TimeoutError, "ringcomm: wait() on " << op << " timed out after " << limit << " s");
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+    // core is alive, so is its device part (dev_).
+    try {
+      dev_->wait_gpu(ev_->ev, op, seq, timeout_s);
+    } catch (const TimeoutError&) {
+      if (timeout_s < 0) core->mark_broken(std::current_exception());
+      throw;
+    } catch (...) {
+      core->mark_broken(std::current_exception());
+      throw;
+    }
+  }
+
+  void stream_wait(void* stream) override {
+    CudaDeviceGuard g(device_);
+    RC_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev_->ev, 0), " (stream_wait)");
+  }
+
+ private:
+  std::weak_ptr<CommCore> core_;
+  CudaDevice* dev_;
+  int device_;
+  double timeout_s_;
+  std::shared_ptr<GpuEvent> ev_;
+};
+
+}  // namespace
+
+void DeviceMemoryCheck::check(const void* p, const char* what, const char* op) const {
+  cudaPointerAttributes a;
+  std::memset(&a, 0, sizeof(a));
+  const cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    RC_THROW(InvalidArgument, "ringcomm: " << op << ": " << what << " buffer is not CUDA memory ("
+                                           << cudaGetErrorName(e) << ")");
+  }
+  const bool ok = (a.type == cudaMemoryTypeDevice && a.device == device_) || a.type == cudaMemoryTypeManaged;
+  RC_CHECK(ok, InvalidArgument,
+           "ringcomm: " << op << ": " << what << " buffer is "
+                        << (a.type == cudaMemoryTypeDevice ? "on CUDA device " + std::to_string(a.device)
+                                                           : std::string("host memory"))
+                        << " but this communicator's device is " << device_);
+}
+
+// ---------------- the device part ----------------
+
+CudaDevice::CudaDevice(int rank, int world, int device, double timeout_s)
+    : rank_(rank), world_(world), device_(device),
+      transport_(rank, world, device, ((void)refresh_log_level(), timeout_s)), memcheck_(device) {}
+
+CudaDevice::~CudaDevice() = default;
+
+void CudaDevice::connect(const std::vector<std::string>& blobs) {
+  transport_.attach(blobs);
+  CudaDeviceGuard g(device_);
+  RC_CUDA(cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking), "");
+  p2p_ch_ = std::make_unique<CudaChannel>(&transport_, Lane::kP2P, p2p_stream_);
+  const CudaIpcConfig& cc = transport_.config();
+  RC_LOG(kInfo, rank_, world_,
+         "transport cuda_ipc (GPU " << device_ << ", channel to the next rank "
+         << (world_ > 1 ? channel_kind_name(transport_.kind(rank_, (rank_ + 1) % world_)) : "none") << "); slots "
+         << cc.slot_bytes << " B x " << cc.nslots << " x 2 lanes per peer; all_reduce ring; reduce grid cap "
+         << cc.max_blocks << " blocks; timeout " << cc.shm.timeout_s << " s");
+}
+
+void CudaDevice::wait_gpu(cudaEvent_t ev, const std::string& op, uint64_t seq, double timeout_s) {
+  WaitCtx w;
+  w.op = op.c_str();
+  w.seq = seq;
+  CudaDeviceGuard g(device_);
+  transport_.wait_event(ev, w, timeout_s);
+}
+
+std::shared_ptr<DeviceFence> CudaDevice::fence(std::shared_ptr<GpuEvent> ev) {
+  {
+    std::lock_guard<std::mutex> lk(pending_mu_);
+    // Forget completed work from the front (work on several streams may complete out of order; a
+    // completed event behind a pending one is dropped later).
+    while (!pending_.empty() && cudaEventQuery(pending_.front()->ev) == cudaSuccess) pending_.pop_front();
+    (void)cudaGetLastError();
+    pending_.push_back(ev);
+  }
+  return std::make_shared<EventFence>(core_->weak_from_this(), this, std::move(ev), transport_.config().shm.timeout_s);
+}
+
+std::shared_ptr<DeviceFence> CudaDevice::execute(Coll coll, const CollHeader&, void* stream, AlgoCtx& c,
+                                                 const std::function<void(const AlgoCtx&)>& body) {
+  CudaDeviceGuard g(device_);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  auto ev = std::make_shared<GpuEvent>();
+  CudaChannel ch(&transport_, Lane::kColl, s);
+  c.ch = &ch;
+  c.scratch = nullptr;
+  body(c);
+  RC_CUDA(cudaEventRecord(ev->ev, s), " (completion of " << coll_name(coll) << ")");
+  return fence(std::move(ev));
+}
+
+void CudaDevice::p2p_thread_start() {
+  if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void* CudaDevice::p2p_prepare(void* stream) {
+  // The internal stream starts after everything the caller enqueued before this call.
+  CudaDeviceGuard g(device_);
+  cudaEvent_t ready = nullptr;
+  RC_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "");
+  const cudaError_t e = cudaEventRecord(ready, static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) {
+    (void)cudaEventDestroy(ready);
+    RC_CUDA(e, " (send/recv)");
+  }
+  return ready;
+}
+
+void CudaDevice::p2p_begin(void* token) {
+  RC_CUDA(cudaStreamWaitEvent(p2p_stream_, static_cast<cudaEvent_t>(token), 0), "");
+}
+
+std::shared_ptr<DeviceFence> CudaDevice::p2p_end(void* token, bool ok) {
+  if (token != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(token));
+  if (!ok) return nullptr;
+  auto ev = std::make_shared<GpuEvent>();
+  RC_CUDA(cudaEventRecord(ev->ev, p2p_stream_), "");
+  return fence(std::move(ev));
+}
+
+void CudaDevice::close(bool broken) {
+  bool drained = false;
+  if (!broken) {
+    // Let the GPU finish what this communicator enqueued (bounded): only then may the inbox,
+    // events and staging registrations go (transport close).
+    try {
+      CudaDeviceGuard g(device_);
+      const double wait_s = transport_.config().close_wait_s;
+      std::deque<std::shared_ptr<GpuEvent>> pending;
+      {
+        std::lock_guard<std::mutex> lk(pending_mu_);
+        pending.swap(pending_);
+      }
+      WaitCtx w;
+      w.op = "close";
+      for (auto& e : pending) transport_.wait_event(e->ev, w, wait_s);
+      drained = true;
+      if (p2p_stream_) (void)cudaStreamDestroy(p2p_stream_);
+      p2p_stream_ = nullptr;
+    } catch (...) {
+      drained = false;
+    }
+  }
+  transport_.close(drained);
+}
+
+}  // namespace rc

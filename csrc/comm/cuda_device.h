@@ -1,0 +1,93 @@
+// The CUDA communicator's device part (comm/device.h) over the CUDA IPC transport.
+//
+// A collective's data phase runs on the thread that executes it (the caller's, unless other
+// work is queued): it walks the schedule enqueueing copies, reduce kernels and IPC-event
+// waits/records on the caller's stream (CudaChannel) and returns once everything is enqueued;
+// the host never waits for the GPU there (except on kHostSync channels, see
+// transport/cuda_ipc.h), but it does wait, bounded, for the peers to enqueue their side (slot
+// flow control). Enqueueing before the call returns is what keeps stream order: work the caller
+// enqueues after the call runs after the collective. The Work's fence is an event recorded after
+// the collective: wait() polls it, bounded by the timeout and checking the peers' liveness;
+// stream_wait() makes another stream wait for it.
+// send/recv run on an internal stream that first waits for the caller's stream (an event
+// recorded at the call); their fence is recorded after the copies.
+// Every fence's event is also kept in pending_ until seen complete, so that close() can let the
+// GPU finish before the transport's memory, events and registrations go.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/device.h"
+#include "transport/cuda_channel.h"
+#include "transport/cuda_ipc.h"
+
+namespace rc {
+
+class CommCore;
+
+/// A CUDA event shared by a fence and the device's list of pending work.
+struct GpuEvent {
+  cudaEvent_t ev = nullptr;
+  GpuEvent();
+  ~GpuEvent();
+  GpuEvent(const GpuEvent&) = delete;
+  GpuEvent& operator=(const GpuEvent&) = delete;
+};
+
+/// Buffers must be device memory of the communicator's GPU (or managed memory).
+class DeviceMemoryCheck final : public MemoryCheck {
+ public:
+  explicit DeviceMemoryCheck(int device) : device_(device) {}
+  void check(const void* p, const char* what, const char* op) const override;
+
+ private:
+  int device_;
+};
+
+class CudaDevice final : public CommDevice {
+ public:
+  CudaDevice(int rank, int world, int device, double timeout_s);
+  ~CudaDevice() override;
+  /// The core whose device part this is (fences hold it weakly: they must never own it).
+  void set_core(CommCore* core) { core_ = core; }
+  CudaIpcTransport& transport() { return transport_; }
+  int device() const { return device_; }
+  /// Setup step 3 (transport/cuda_ipc.h): attach, then create the point-to-point stream.
+  void connect(const std::vector<std::string>& blobs);
+  /// Wait (bounded, checking peers) for an event of this device's work.
+  void wait_gpu(cudaEvent_t ev, const std::string& op, uint64_t seq, double timeout_s);
+
+  const char* name() const override { return "CUDA communicator"; }
+  ShmTransport& control() override { return transport_.ctl(); }
+  const MemoryCheck* memory() const override { return &memcheck_; }
+  bool use_direct(int64_t) const override { return false; }  // the ring only (direct needs host scratch)
+  void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }
+  std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
+                                       const std::function<void(const AlgoCtx&)>& body) override;
+  Channel& p2p_channel() override { return *p2p_ch_; }
+  void p2p_thread_start() override;
+  void* p2p_prepare(void* stream) override;
+  void p2p_begin(void* token) override;
+  std::shared_ptr<DeviceFence> p2p_end(void* token, bool ok) override;
+  void close(bool broken) override;
+
+ private:
+  /// A fence for `ev`, recorded after this device's work, and tracked in pending_.
+  std::shared_ptr<DeviceFence> fence(std::shared_ptr<GpuEvent> ev);
+
+  const int rank_, world_, device_;
+  CudaIpcTransport transport_;
+  DeviceMemoryCheck memcheck_;
+  CommCore* core_ = nullptr;
+  cudaStream_t p2p_stream_ = nullptr;
+  std::unique_ptr<CudaChannel> p2p_ch_;
+  std::mutex pending_mu_;
+  std::deque<std::shared_ptr<GpuEvent>> pending_;  // events of enqueued work not yet seen complete
+};
+
+}  // namespace rc

@@ -1,0 +1,58 @@
+// What a communicator core (comm/core.h) asks of its device part: the one place where the host
+// and the CUDA communicator differ. Everything else - sequence numbers, the broken/abort state,
+// the header exchange, argument checks, the queue, the point-to-point engine - is the core's.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "algo/context.h"
+#include "comm/coll.h"
+#include "comm/validation.h"
+#include "comm/work.h"
+#include "transport/channel.h"
+#include "transport/shm.h"
+
+namespace rc {
+
+class CommDevice {
+ public:
+  virtual ~CommDevice() = default;
+  /// "communicator" / "CUDA communicator", for messages.
+  virtual const char* name() const = 0;
+  /// The host control plane: header board, abort flags, doorbell, liveness, timeouts.
+  virtual ShmTransport& control() = 0;
+  /// Where buffers must live (nullptr: host memory, not checkable).
+  virtual const MemoryCheck* memory() const = 0;
+  /// Whether all_reduce of `bytes` takes the direct algorithm (the choice travels in the header).
+  virtual bool use_direct(int64_t bytes) const = 0;
+  /// Post this rank's abort on the control plane (kind: abort_kind_of).
+  virtual void abort(uint32_t kind, const std::string& msg) = 0;
+
+  /// Run the data phase of one collective: fill in c.ch (the collective lane's channel for
+  /// `stream`) and c.scratch, call body(c), and return the fence of whatever the body left
+  /// running on the device (nullptr: nothing). Called by one thread at a time.
+  virtual std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
+                                               const std::function<void(const AlgoCtx&)>& body) = 0;
+
+  // ---- point-to-point (the core's p2p engine, its thread only, except p2p_prepare) ----
+  /// The point-to-point lane's channel.
+  virtual Channel& p2p_channel() = 0;
+  /// On the p2p thread, before anything else.
+  virtual void p2p_thread_start() {}
+  /// On the caller's thread when a send/recv is posted: a token ordering the operation after the
+  /// caller's stream (nullptr: nothing to order).
+  virtual void* p2p_prepare(void* stream) { return nullptr; }
+  /// Before the operation's first piece moves.
+  virtual void p2p_begin(void* token) {}
+  /// After its last piece (ok) or on failure (!ok): releases the token; returns the fence of
+  /// the copies still running (nullptr: none).
+  virtual std::shared_ptr<DeviceFence> p2p_end(void* token, bool ok) { return nullptr; }
+
+  /// After the core's threads stopped: release the transport. `broken`: after a data-phase failure
+  /// (device work may still run).
+  virtual void close(bool broken) = 0;
+};
+
+}  // namespace rc

@@ -1,0 +1,197 @@
+#include "comm/p2p_engine.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "comm/header_exchange.h"
+#include "common/errors.h"
+#include "transport/futex.h"
+
+namespace rc {
+
+P2PEngine::P2PEngine(int rank, int world, CommDevice* dev, std::function<void(const std::exception_ptr&)> on_failure)
+    : rank_(rank), world_(world), dev_(dev), on_failure_(std::move(on_failure)) {}
+
+P2PEngine::~P2PEngine() { stop(); }
+
+void P2PEngine::start() {
+  started_ = true;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void P2PEngine::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (started_) dev_->control().ring_doorbell(rank_);  // wake the thread if it sleeps on the doorbell
+  if (thread_.joinable()) thread_.join();
+}
+
+WorkPtr P2PEngine::submit(bool is_send, char* buf, int64_t bytes, int peer, uint64_t tag, void* stream) {
+  Op op;
+  op.is_send = is_send;
+  op.peer = peer;
+  op.buf = buf;
+  op.bytes = static_cast<uint64_t>(bytes);
+  op.tag = tag;
+  op.deadline_ns = now_ns() + static_cast<int64_t>(dev_->control().config().timeout_s * 1e9);
+  op.work = std::make_shared<Work>(is_send ? "send" : "recv", 0);
+  op.token = dev_->p2p_prepare(stream);
+  WorkPtr w = op.work;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    new_.push_back(std::move(op));
+  }
+  cv_.notify_all();
+  dev_->control().ring_doorbell(rank_);  // wake our p2p thread if it sleeps on the doorbell
+  return w;
+}
+
+// Moves as many pieces as the channel allows right now; true if anything moved.
+bool P2PEngine::advance(Op& op) {
+  Channel& ch = dev_->p2p_channel();
+  const size_t slot = ch.piece_bytes();
+  bool moved = false;
+  if (!op.begun) {
+    dev_->p2p_begin(op.token);
+    op.begun = true;
+  }
+  while (!op.started || op.done < op.bytes) {
+    if (op.is_send) {
+      char* dst = ch.try_send_slot(op.peer, PiecePlace{op.buf + op.done, -1});
+      if (dst == nullptr) return moved;
+      const uint64_t n = std::min<uint64_t>(slot, op.bytes - op.done);
+      if (n > 0) ch.copy_into_slot(dst, op.buf + op.done, n);
+      ch.send_post(op.peer, n, op.bytes, op.tag);
+      op.done += n;
+    } else {
+      const SlotMeta* m = nullptr;
+      const char* src = ch.try_recv_slot(op.peer, PiecePlace{}, &m);
+      if (src == nullptr) return moved;
+      if (!op.started && m->total != op.bytes) {
+        RC_THROW(Mismatch, "ringcomm: recv on rank " << rank_ << " from rank " << op.peer << ": the matching send has "
+                                                     << m->total << " bytes but the receive buffer has " << op.bytes);
+      }
+      RC_CHECK(op.done + m->bytes <= op.bytes, Error, "ringcomm: recv: message overruns the buffer");
+      if (m->bytes > 0) ch.copy(op.buf + op.done, src, m->bytes);
+      op.done += m->bytes;
+      ch.recv_done(op.peer);
+    }
+    op.started = true;
+    moved = true;
+  }
+  return moved;
+}
+
+void P2PEngine::finish(Op& op, const std::exception_ptr& e) {
+  if (e) {
+    try {
+      dev_->p2p_end(op.token, false);
+    } catch (...) {
+    }
+    op.work->fail(e);
+    return;
+  }
+  try {
+    op.work->complete(dev_->p2p_end(op.token, true));
+  } catch (...) {
+    op.work->fail(std::current_exception());
+  }
+}
+
+void P2PEngine::loop() {
+  dev_->p2p_thread_start();
+  ShmTransport& t = dev_->control();
+  const ShmConfig& cfg = t.config();
+  std::vector<std::deque<Op>> sendq(world_), recvq(world_);
+  size_t pending = 0;
+  int64_t idle_since = 0, next_liveness = 0;
+  auto fail_all = [&](const std::exception_ptr& e) {
+    for (auto* qs : {&sendq, &recvq})
+      for (auto& q : *qs) {
+        for (auto& op : q) finish(op, e);
+        q.clear();
+      }
+    pending = 0;
+  };
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      if (pending == 0) cv_.wait(lk, [&] { return stopping_ || !new_.empty(); });
+      while (!new_.empty()) {
+        Op op = std::move(new_.front());
+        new_.pop_front();
+        (op.is_send ? sendq : recvq)[op.peer].push_back(std::move(op));
+        ++pending;
+      }
+      if (stopping_) {
+        lk.unlock();
+        fail_all(std::make_exception_ptr(
+            Closed("ringcomm: the communicator was closed while this send/recv was pending")));
+        return;
+      }
+    }
+    const uint32_t bell = t.doorbell_value();
+    bool progressed = false;
+    for (auto* qs : {&sendq, &recvq}) {
+      for (auto& q : *qs) {
+        while (!q.empty()) {
+          Op& op = q.front();
+          try {
+            progressed |= advance(op);
+          } catch (...) {
+            const std::exception_ptr e = std::current_exception();
+            on_failure_(e);
+            fail_all(e);
+            break;
+          }
+          if (op.started && op.done == op.bytes) {
+            finish(op, nullptr);
+            q.pop_front();
+            --pending;
+            progressed = true;
+          } else {
+            break;
+          }
+        }
+      }
+    }
+    if (progressed || pending == 0) {
+      idle_since = 0;
+      continue;
+    }
+    const int64_t now = now_ns();
+    if (idle_since == 0) idle_since = now;
+    if (now - idle_since < cfg.spin_ns) {
+      for (int i = 0; i < 64; ++i) cpu_relax();
+      continue;
+    }
+    // Idle: check deadlines and peers, then sleep until the doorbell rings (or a slice passes).
+    try {
+      for (auto* qs : {&sendq, &recvq})
+        for (auto& q : *qs)
+          if (!q.empty() && now > q.front().deadline_ns) {
+            const Op& op = q.front();
+            RC_THROW(TimeoutError, "ringcomm: " << (op.is_send ? "send to" : "recv from") << " rank " << op.peer
+                                                << " on rank " << rank_ << " timed out after " << cfg.timeout_s
+                                                << " s (" << op.done << " of " << op.bytes << " bytes moved)");
+          }
+      WaitCtx w;
+      w.op = "send/recv";
+      const bool live = now >= next_liveness;
+      if (live) next_liveness = now + cfg.liveness_ns;
+      t.check_peers(w, live);
+    } catch (...) {
+      const std::exception_ptr e = std::current_exception();
+      on_failure_(e);
+      fail_all(e);
+      continue;
+    }
+    t.doorbell_wait(bell, std::min<int64_t>(cfg.liveness_ns, 20'000'000));
+  }
+}
+
+}  // namespace rc

@@ -1,0 +1,65 @@
+// Point-to-point messages between two ranks, matched in order per pair (tags are carried, not
+// matched), on a thread of their own over the device's point-to-point lane, so that matching
+// sends and receives posted in any order never deadlock behind each other (or behind
+// collectives, which use the other lane).
+//
+// Threading invariants: submit() may be called from any thread (it only appends to p2p_new_
+// under p2p_mu_ and rings this rank's doorbell); every slot of the point-to-point lane is touched
+// by the engine's thread only. A message is cut into slot-sized pieces; the first piece carries
+// the message's total size, which the receiver checks against its buffer.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "comm/device.h"
+#include "comm/work.h"
+
+namespace rc {
+
+class P2PEngine {
+ public:
+  /// on_failure(e): a data-phase failure (the core marks itself broken and tells the peers).
+  P2PEngine(int rank, int world, CommDevice* dev, std::function<void(const std::exception_ptr&)> on_failure);
+  ~P2PEngine();
+
+  void start();
+  /// Queue a send (is_send) or receive of `bytes` at `buf` to/from `peer`; `stream` orders it
+  /// after the caller's device work (see CommDevice::p2p_prepare).
+  WorkPtr submit(bool is_send, char* buf, int64_t bytes, int peer, uint64_t tag, void* stream);
+  /// Fail what is pending with Closed and stop the thread.
+  void stop();
+
+ private:
+  struct Op {
+    bool is_send = false;
+    int peer = 0;
+    char* buf = nullptr;
+    uint64_t bytes = 0;
+    uint64_t tag = 0;
+    uint64_t done = 0;
+    bool started = false;
+    bool begun = false;     // p2p_begin called
+    void* token = nullptr;  // the device's ordering token (p2p_prepare)
+    int64_t deadline_ns = 0;
+    WorkPtr work;
+  };
+  void loop();
+  bool advance(Op& op);
+  void finish(Op& op, const std::exception_ptr& e);
+
+  const int rank_, world_;
+  CommDevice* dev_;
+  std::function<void(const std::exception_ptr&)> on_failure_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> new_;
+  bool stopping_ = false;
+  bool started_ = false;
+  std::thread thread_;
+};
+
+}  // namespace rc

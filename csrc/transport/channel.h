@@ -1,0 +1,64 @@
+// The one interface every collective algorithm (csrc/algo/) is written against: a slot to a peer,
+// a slot from a peer, reduce, copy. Two implementations:
+//  - ShmChannel (transport/shm_channel.h): the shm transport's slots, memcpy / streaming stores
+//    and the CPU reduce kernels, executed at once on the calling thread;
+//  - CudaChannel (transport/cuda_channel.h): the CUDA IPC transport's slots, cudaMemcpyAsync and
+//    the CUDA reduce kernels, all enqueued on the caller's stream.
+// What differs between them is a property of the channel, never a second algorithm: where a
+// piece sits in its slot (the placement), how fused reductions and copies write into a peer's
+// slot (the store policy), and whether a received piece is forwarded straight from its slot or
+// copied out first (forward_from_slot).
+//
+// Slot protocol (both implementations): send_slot waits (bounded) until the next slot to `peer`
+// is free and returns where to write; the writes issued through reduce_into_slot/copy_into_slot
+// are published by send_post. recv_slot waits (bounded) for the next filled slot from `peer`;
+// reads issued through reduce/copy are finished before recv_done releases it. Slots to one peer
+// are used in order; a caller holds at most one unpublished slot per peer.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+#include "transport/shm.h"
+
+namespace rc {
+
+/// Where a piece belongs, for the channel's placement of it within a slot.
+struct PiecePlace {
+  /// The memory the sender reads the piece from (sender side; nullptr: none).
+  const void* like = nullptr;
+  /// The piece's byte offset within the collective's full buffer, computed alike by sender and
+  /// receiver; -1 when the two ends' offsets differ (direct exchanges).
+  int64_t off_bytes = -1;
+};
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  /// Payload bytes one slot carries at any placement.
+  virtual size_t piece_bytes() const = 0;
+  /// true: a received piece is forwarded from its slot before it is copied out (the slot is
+  /// cache-hot local memory: the next link starts sooner). false: it is copied to its place
+  /// first and forwarded from there (stream order; a host-staged slot is read once).
+  virtual bool forward_from_slot() const = 0;
+
+  virtual char* send_slot(int peer, const WaitCtx& w, const PiecePlace& at) = 0;
+  /// Non-blocking send_slot: nullptr when no slot is free (the point-to-point engine polls).
+  virtual char* try_send_slot(int peer, const PiecePlace& at) = 0;
+  virtual void send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) = 0;
+  virtual const char* recv_slot(int peer, const WaitCtx& w, const PiecePlace& at, const SlotMeta** meta) = 0;
+  /// Non-blocking recv_slot: nullptr when nothing arrived.
+  virtual const char* try_recv_slot(int peer, const PiecePlace& at, const SlotMeta** meta) = 0;
+  virtual void recv_done(int peer) = 0;
+
+  /// dst = a (op) b over n elements in local memory (scale for AVG; see kernels/reduce_cpu.h).
+  virtual void reduce(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale) = 0;
+  /// slot (from send_slot) = a (op) b over n elements.
+  virtual void reduce_into_slot(char* slot, const void* a, const void* b, size_t n, DType dt, ReduceOp op) = 0;
+  /// dst = src in local memory; the ranges are equal (nothing to do) or disjoint.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  /// slot (from send_slot) = src.
+  virtual void copy_into_slot(char* slot, const void* src, size_t bytes) = 0;
+};
+
+}  // namespace rc

@@ -1,0 +1,47 @@
+// The CUDA IPC transport's implementation of Channel (transport/channel.h): one lane of
+// CudaIpcTransport, with every primitive enqueued on one stream (the caller's): copies with
+// cudaMemcpyAsync, reductions with the CUDA reduce kernels, slot waits/records as IPC events.
+//
+// Placement: a piece sits in its slot at its full-buffer byte offset mod 16 (0 for direct
+// exchanges, whose two ends' offsets differ); sender and receiver compute it alike, the slot then
+// shares the user buffer's 16-byte residue and the reduce kernel's vector path applies. A slot
+// therefore carries 16 bytes less than its size.
+// Order: a received piece is copied out before it is forwarded (forward_from_slot() == false):
+// the forward reads local device memory (a host-staged slot is read once), and stream order puts
+// it after the copy; a slot is released (recv_done) after the reads that use it.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "transport/channel.h"
+#include "transport/cuda_ipc.h"
+
+namespace rc {
+
+class CudaChannel final : public Channel {
+ public:
+  static constexpr size_t kResidue = 16;
+  CudaChannel(CudaIpcTransport* t, Lane lane, cudaStream_t s) : t_(t), lane_(lane), s_(s) {}
+
+  size_t piece_bytes() const override;
+  bool forward_from_slot() const override { return false; }
+  char* send_slot(int peer, const WaitCtx& w, const PiecePlace& at) override;
+  char* try_send_slot(int peer, const PiecePlace& at) override;
+  void send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) override;
+  const char* recv_slot(int peer, const WaitCtx& w, const PiecePlace& at, const SlotMeta** meta) override;
+  const char* try_recv_slot(int peer, const PiecePlace& at, const SlotMeta** meta) override;
+  void recv_done(int peer) override;
+  void reduce(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale) override;
+  void reduce_into_slot(char* slot, const void* a, const void* b, size_t n, DType dt, ReduceOp op) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void copy_into_slot(char* slot, const void* src, size_t bytes) override { copy(slot, src, bytes); }
+
+ private:
+  static size_t residue(const PiecePlace& at) {
+    return at.off_bytes >= 0 ? static_cast<size_t>(at.off_bytes) % kResidue : 0;
+  }
+  CudaIpcTransport* t_;
+  Lane lane_;
+  cudaStream_t s_;
+};
+
+}  // namespace rc
