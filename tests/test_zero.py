@@ -1060,3 +1060,12 @@ def test_argument_validation_without_process_group():
     with pytest.raises(RuntimeError, match="init_process_group"):
         ZeroStage3(nn.Linear(2, 2), torch.optim.AdamW)
     assert zero.FullyShardedModule is ZeroStage3
+
+
+def test_zero_work_is_a_ringcomm_work():
+    import ringcomm
+    done = []
+    w = zero_collectives._Work(None, lambda: done.append(1))   # synchronous: finished at once
+    assert isinstance(w, ringcomm.Work) and done == [1]
+    assert w.is_completed() and w.exception() is None and w.result() is None
+    assert done == [1]                                            # finish runs once

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import time
 
+from ..work import WrappedWork
 from .dist_patch import ALIAS_MODULES, NAMES, DistPatch
 
 
@@ -48,19 +49,28 @@ class CommTimer:
         return timed
 
 
-class _TimedWork:
+class _TimedWork(WrappedWork):
+    """A ``torch.distributed`` work whose every ``wait()`` is timed (and passed through, with its
+    arguments and result, as often as it is called); other attributes (``get_future``, ...) are
+    the wrapped work's."""
+
+    __slots__ = ("_timer",)
+
     def __init__(self, work, timer):
-        self._work, self._timer = work, timer
+        super().__init__(work)
+        self._timer = timer
 
     def wait(self, *args, **kwargs):
         t0 = time.perf_counter()
-        r = self._work.wait(*args, **kwargs)
+        r = self._inner.wait(*args, **kwargs)
         if self._timer.active:
             self._timer.seconds += time.perf_counter() - t0
         return r
 
     def __getattr__(self, name):
-        return getattr(self._work, name)
+        if name.startswith("__") or name in ("_inner", "_timer", "_waited"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
 
 class _GradTail:

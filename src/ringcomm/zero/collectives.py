@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import knob
+from ..work import WrappedWork
 from .knobs import _COLLECTIVES_ENV
 
 # torch >= 2.10 renamed the "into tensor" collectives; the old names warn. Same semantics.
@@ -22,27 +23,21 @@ def _require_dist() -> None:
                            "(call torch.distributed.init_process_group first)")
 
 
-class _Work:
+class _Work(WrappedWork):
     """A collective in flight: ``wait()`` waits for it and then runs ``finish`` (once). A
     synchronous call is passed ``work=None`` and finishes at once."""
 
-    __slots__ = ("_work", "_finish", "_done")
+    __slots__ = ("_finish",)
 
     def __init__(self, work, finish: Callable[[], None] | None = None):
-        self._work = work
+        super().__init__(work)
         self._finish = finish
-        self._done = False
         if work is None:
             self.wait()
 
-    def wait(self) -> None:
-        if self._done:
-            return
-        if self._work is not None:
-            self._work.wait()
+    def _after_wait(self) -> None:
         if self._finish is not None:
             self._finish()
-        self._done = True
 
 
 class _Collectives:
