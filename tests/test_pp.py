@@ -323,3 +323,34 @@ def test_measured_bubble_matches_formula(backend, kind, p, m):
         assert measured <= (p - 1) / p - 0.1
         # the busy time is this stage's 2 m slots (sleeps overrun on a loaded machine)
         assert 2 * m * SLOT_S <= r["stats"]["busy_s"] <= 1.5 * 2 * m * SLOT_S
+
+
+# ----------------------------------------------------------------------------- the demo's split
+def test_demo_stages_compose_to_the_model():
+    """ringcomm.parallel_demo's stages of ringcomm.train.TinyLM, run in sequence, give the
+    model's own loss bitwise (the same ops in the same order)."""
+    from ringcomm import parallel_demo as demo
+    from ringcomm.train import TinyLM
+    torch.manual_seed(0)
+    lm = TinyLM(32, 16, 4, 2, 8)
+    g = torch.Generator().manual_seed(1)
+    idx, tgt = torch.randint(32, (3, 8), generator=g), torch.randint(32, (3, 8), generator=g)
+    with torch.no_grad():
+        ref = lm(idx, tgt)
+        for p in (1, 2, 4):
+            h = idx
+            for st in demo.pipeline_stages(lm, p):
+                h = st(h)
+            assert torch.equal(demo._lm_loss(h, tgt), ref)
+    with pytest.raises(ValueError):
+        demo.pipeline_stages(lm, 3)
+
+
+def test_demo_layouts():
+    from ringcomm.parallel_demo import parse_layout
+    assert parse_layout("tp=2") == {"dp": 1, "tp": 2, "pp": 1}
+    assert parse_layout("dp=2,tp=2") == {"dp": 2, "tp": 2, "pp": 1}
+    assert parse_layout("pp=4") == {"dp": 1, "tp": 1, "pp": 4}
+    for bad in ("tp", "xp=2", "tp=0", "pp=2,tp=2"):
+        with pytest.raises(ValueError):
+            parse_layout(bad)

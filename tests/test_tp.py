@@ -414,3 +414,17 @@ def test_data_x_tensor_parallel_gradients(backend):
     for r in res:
         assert r["tp_size"] == 2 and r["dp_size"] == 2
         assert max(r["errs"]) <= FP32_TOL, r["errs"]
+
+
+def test_tp_block_on_one_rank_equals_the_dense_block():
+    """Without a process group (tensor-parallel size 1) the demo's TPBlock is the dense
+    ringcomm.train.Block: same parameters, same output to fp32 roundoff."""
+    from ringcomm.parallel_demo import TPBlock
+    from ringcomm.train import Block
+    torch.manual_seed(0)
+    blk = Block(D, HEADS)
+    x = torch.randn(*SHAPE)
+    with torch.no_grad():
+        ref = blk(x)
+        out = TPBlock(blk, None)(x)
+    assert _rel(out, ref) <= FP32_TOL
