@@ -2,8 +2,9 @@
 
 The schedules themselves are checked without processes (every micro-batch once forward, then
 backward; at most ``p - s`` in flight under 1F1B; a slot-by-slot simulation of the stages gives
-seed 001's bubble). One group of 4 ranks per backend then runs every pipeline case: 4 stages on
-the default group and 2 stages on the sub-groups {0, 1} and {2, 3} at the same time.
+seed 001's bubble). One group of 4 ranks per backend (shared with ``test_tp.py``:
+``tp_pp_group``) then runs every pipeline case: 4 stages on the default group and 2 stages on the
+sub-groups {0, 1} and {2, 3} at the same time.
 
 References: each rank builds the unsplit model from the same seed, runs the whole batch through
 it, and compares the loss (on the last stage) and the gradients of its own stage's parameters.
@@ -32,11 +33,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from torch_ranks import BACKENDS, require_backend, run_ranks
+import tp_pp_group
+from torch_ranks import BACKENDS
 
 from ringcomm import pp, simulate
 
-WORLD = 4
+WORLD = tp_pp_group.WORLD
 D = 8
 BATCH = 8
 GRAD_TOL = 1e-6
@@ -242,24 +244,8 @@ def _rank_cases(rank, world_size):
 
 
 # ----------------------------------------------------------------------------- pytest side
-_GROUPS: dict = {}
-
-
 def _case(backend, name):
-    require_backend(backend)
-    if backend not in _GROUPS:
-        try:
-            _GROUPS[backend] = run_ranks(_rank_cases, WORLD, backend=backend, timeout=150)
-        except BaseException as e:  # noqa: BLE001
-            _GROUPS[backend] = e
-    res = _GROUPS[backend]
-    if isinstance(res, BaseException):
-        pytest.fail(f"the {WORLD}-rank {backend} group failed: {res}")
-    per_rank = [r[name] for r in res]
-    for rank, r in enumerate(per_rank):
-        if "error" in r:
-            pytest.fail(f"case {name!r}, rank {rank} ({backend}):\n{r['error']}")
-    return per_rank
+    return tp_pp_group.case(backend, "pp/" + name)
 
 
 def _by_stage(per_rank, p):

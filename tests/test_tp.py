@@ -1,7 +1,7 @@
 """ringcomm.tp against the dense modules in one process, on spawned CPU ranks.
 
-One group of 4 ranks per backend runs every case (``_rank_cases``): the 4-rank cases on the
-default group and the 2-rank cases on the sub-groups {0, 1} and {2, 3} at the same time (so the
+One group of 4 ranks per backend (shared with ``test_pp.py``: ``tp_pp_group``) runs every case
+(``_rank_cases``): the 4-rank cases on the default group and the 2-rank cases on the sub-groups {0, 1} and {2, 3} at the same time (so the
 ``group=`` argument is exercised too). Every rank builds the dense module and the data from the
 same seed and compares its own shards, outputs and gradients with the dense ones, sliced here in
 the test (not with the library's slicing).
@@ -24,9 +24,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from torch_ranks import BACKENDS, require_backend, run_ranks
+import tp_pp_group
+from torch_ranks import BACKENDS
 
-WORLD = 4
+WORLD = tp_pp_group.WORLD
 FP32_TOL = 1e-6
 BF16_TOL = 2e-2
 D, H, HEADS = 16, 64, 4
@@ -296,24 +297,8 @@ def _rank_cases(rank, world_size):
 
 
 # ----------------------------------------------------------------------------- pytest side
-_GROUPS: dict = {}
-
-
 def _case(backend, name):
-    require_backend(backend)
-    if backend not in _GROUPS:
-        try:
-            _GROUPS[backend] = run_ranks(_rank_cases, WORLD, backend=backend, timeout=150)
-        except BaseException as e:  # noqa: BLE001
-            _GROUPS[backend] = e
-    res = _GROUPS[backend]
-    if isinstance(res, BaseException):
-        pytest.fail(f"the {WORLD}-rank {backend} group failed: {res}")
-    per_rank = [r[name] for r in res]
-    for rank, r in enumerate(per_rank):
-        if "error" in r:
-            pytest.fail(f"case {name!r}, rank {rank} ({backend}):\n{r['error']}")
-    return per_rank
+    return tp_pp_group.case(backend, "tp/" + name)
 
 
 params_bw = pytest.mark.parametrize("backend", BACKENDS)
