@@ -156,6 +156,8 @@ class Pipeline:
         self.group = group
         self.p = dist.get_world_size(group)
         self.stage = dist.get_rank(group)
+        if self.stage < 0:
+            raise ValueError(f"rank {dist.get_rank()} is not a member of the pipeline group")
         if isinstance(stages, (list, tuple, nn.ModuleList)):
             if len(stages) != self.p:
                 raise ValueError(f"{len(stages)} stages for a group of {self.p} ranks")
