@@ -26,7 +26,7 @@ void bind_comm(py::module_& m) {
   py::class_<rc::Work, std::shared_ptr<rc::Work>>(m, "Work")
       .def("wait", &rc::Work::wait, py::arg("timeout") = -1.0, GIL())
       .def("is_completed", &rc::Work::is_completed)
-      .def("error_kind", &rc::Work::error_kind)
+      .def("error_code", &rc::Work::error_code)
       .def("error_message", &rc::Work::error_message)
       .def_property_readonly("op", &rc::Work::op)
       .def_property_readonly("seq", &rc::Work::seq);

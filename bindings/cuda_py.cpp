@@ -289,7 +289,7 @@ PYBIND11_MODULE(_C_cuda, m) {
       .def("wait", &rc::CudaWork::wait, py::arg("timeout") = -1.0, GIL())
       .def("is_completed", &rc::CudaWork::is_completed, GIL())
       .def("stream_wait", [](rc::CudaWork& w, uintptr_t s) { w.stream_wait(S(s)); }, GIL())
-      .def("error_kind", &rc::CudaWork::error_kind)
+      .def("error_code", &rc::CudaWork::error_code)
       .def("error_message", &rc::CudaWork::error_message)
       .def_property_readonly("op", &rc::CudaWork::op)
       .def_property_readonly("seq", &rc::CudaWork::seq);

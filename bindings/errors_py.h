@@ -2,5 +2,11 @@
 #pragma once
 #include <pybind11/pybind11.h>
 
-/// Map rc::Error and subclasses to ringcomm.errors classes; module_local for ringcomm._C_cuda.
+#include "common/errors.h"
+
+/// Map rc::Error (by its code) to ringcomm.errors classes; module_local for ringcomm._C_cuda.
 void register_error_translator(bool module_local);
+/// The ringcomm.errors class of `code` (RingcommError for an unknown code).
+pybind11::handle error_class(rc::ErrorCode code);
+/// {ErrorCode name: value}.
+pybind11::dict error_codes();

@@ -5,12 +5,14 @@
 namespace py = pybind11;
 
 void bind_errors(py::module_& m);
+void bind_config(py::module_& m);
 void bind_comm(py::module_& m);
 void bind_kernels(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringcomm C++ core: shared-memory ring collectives";
   bind_errors(m);
+  bind_config(m);
   bind_comm(m);
   bind_kernels(m);
 }

@@ -8,9 +8,11 @@
 #include <sstream>
 
 #include "algo/context.h"
-#include "common/env.h"
+#include "common/knobs.h"
+#include "common/log.h"
 #include "common/errors.h"
 #include "kernels/reduce_cpu.h"
+#include "kernels/reduce_cpu_isa.h"
 #include "transport/futex.h"
 
 namespace rc {
@@ -33,13 +35,13 @@ const char* coll_name(Coll c) {
 }
 
 Communicator::Communicator(int rank, int world, double timeout_s)
-    : rank_(rank), world_(world), transport_(rank, world, ShmConfig::from_env(world, timeout_s)) {
-  const std::string algo = env_str("RINGCOMM_ALGO", "auto");
+    : rank_(rank), world_(world), transport_(rank, world, ((void)refresh_log_level(), ShmConfig::from_env(world, timeout_s))) {
+  const std::string algo = knob_str("RINGCOMM_ALGO");
   if (algo == "ring") algo_ = Algo::kRing;
   else if (algo == "direct") algo_ = Algo::kDirect;
   else if (algo == "auto") algo_ = Algo::kAuto;
   else RC_THROW(InvalidArgument, "RINGCOMM_ALGO='" << algo << "': use ring, direct or auto");
-  direct_max_bytes_ = env_int("RINGCOMM_DIRECT_MAX_BYTES", 64 * 1024);
+  direct_max_bytes_ = knob_bytes("RINGCOMM_DIRECT_MAX_BYTES");
   scratch_.resize(transport_.config().slot_bytes);
 }
 
@@ -56,6 +58,13 @@ void Communicator::connect(const std::vector<std::string>& names) {
   RC_CHECK(!connected_, Error, "ringcomm: communicator already connected");
   transport_.attach(names);
   connected_ = true;
+  const ShmConfig& sc = transport_.config();
+  RC_LOG(kInfo, rank_, world_,
+         "transport shm; slots " << sc.slot_bytes << " B x " << sc.nslots << " x " << kNumLanes << " lanes per peer; "
+         << "shared memory " << transport_.segment_bytes() << " B per rank; all_reduce "
+         << (algo_ == Algo::kRing ? "ring" : algo_ == Algo::kDirect ? "direct" : "auto") << " (direct while bytes x "
+         << "(world-1) <= " << direct_max_bytes_ << " B); store policy " << store_policy_.describe()
+         << "; reduce ISA " << cpu_isa_name(reduce_cpu_isa()) << "; timeout " << sc.timeout_s << " s");
   progress_ = std::thread([this] { progress_loop(); });
   p2p_thread_ = std::thread([this] { p2p_loop(); });
 }
@@ -115,6 +124,9 @@ WorkPtr Communicator::submit(Coll coll, CollHeader hdr, std::function<void(uint6
         const auto dt = std::chrono::steady_clock::now() - t0;
         store_policy_.record(choice, bytes, std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count());
       }
+      RC_LOG(kTrace, rank_, world_,
+             describe_header(hdr) << " seq " << seq << (choice.stream ? " streaming" : " cached") << " "
+             << (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count()) << " us");
     };
     if (!async && queue_.empty() && !busy_) {
       busy_ = true;  // we execute it on this thread; the progress thread waits for busy_ to clear
@@ -155,7 +167,7 @@ void Communicator::run_task(Task& t) {
   } catch (...) {
     std::exception_ptr e = std::current_exception();
     std::string msg;
-    std::string kind = error_kind_of(e, &msg);
+    ErrorCode kind = error_code_of(e, &msg);
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (broken_.empty()) broken_ = msg;
@@ -497,7 +509,7 @@ void Communicator::p2p_loop() {
           } catch (...) {
             std::exception_ptr e = std::current_exception();
             std::string msg;
-            std::string kind = error_kind_of(e, &msg);
+            ErrorCode kind = error_code_of(e, &msg);
             {
               std::lock_guard<std::mutex> lk(mu_);
               if (broken_.empty()) broken_ = msg;
@@ -546,7 +558,7 @@ void Communicator::p2p_loop() {
     } catch (...) {
       std::exception_ptr e = std::current_exception();
       std::string msg;
-      error_kind_of(e, &msg);
+      error_code_of(e, &msg);
       {
         std::lock_guard<std::mutex> lk(mu_);
         if (broken_.empty()) broken_ = msg;

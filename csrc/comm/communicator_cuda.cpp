@@ -10,8 +10,8 @@
 #include "algo/ring_schedule.h"
 #include "comm/work.h"
 #include "common/cuda_check.h"
-#include "common/env.h"
 #include "common/errors.h"
+#include "common/log.h"
 #include "kernels/reduce_cpu.h"
 #include "kernels/reduce_cuda.h"
 #include "transport/futex.h"
@@ -146,23 +146,25 @@ void CudaWork::stream_wait(cudaStream_t stream) {
   RC_CUDA(cudaStreamWaitEvent(stream, ev_->ev, 0), " (stream_wait on " << op_ << ")");
 }
 
-std::string CudaWork::error_kind() {
+int CudaWork::error_code() {
   std::lock_guard<std::mutex> lk(mu_);
-  return error_ ? error_kind_of(error_, nullptr) : std::string();
+  return error_ ? static_cast<int>(error_code_of(error_, nullptr)) : -1;
 }
 
 std::string CudaWork::error_message() {
   std::lock_guard<std::mutex> lk(mu_);
   if (!error_) return {};
   std::string msg;
-  error_kind_of(error_, &msg);
+  error_code_of(error_, &msg);
   return msg;
 }
 
 // ---------------- communicator: setup ----------------
 
 CudaCommunicator::CudaCommunicator(int rank, int world, int device, double timeout_s)
-    : rank_(rank), world_(world), device_(device), transport_(rank, world, device, timeout_s) {}
+    : rank_(rank), world_(world), device_(device), transport_(rank, world, device, timeout_s) {
+  refresh_log_level();
+}
 
 CudaCommunicator::~CudaCommunicator() {
   try {
@@ -184,6 +186,12 @@ void CudaCommunicator::connect(const std::vector<std::string>& blobs) {
   }
   connected_ = true;
   p2p_thread_ = std::thread([this] { p2p_loop(); });
+  const CudaIpcConfig& cc = transport_.config();
+  RC_LOG(kInfo, rank_, world_,
+         "transport cuda_ipc (GPU " << device_ << ", channel to the next rank "
+         << (world_ > 1 ? channel_kind_name(transport_.kind(rank_, (rank_ + 1) % world_)) : "none") << "); slots " << cc.slot_bytes << " B x "
+         << cc.nslots << " x 2 lanes per peer; all_reduce ring; reduce grid cap " << cc.max_blocks << " blocks; timeout "
+         << cc.shm.timeout_s << " s");
 }
 
 uint64_t CudaCommunicator::next_seq() const {
@@ -202,7 +210,7 @@ void CudaCommunicator::check_usable() const {
 
 void CudaCommunicator::mark_broken(const std::exception_ptr& e) {
   std::string msg;
-  const std::string kind = error_kind_of(e, &msg);
+  const ErrorCode kind = error_code_of(e, &msg);
   {
     std::lock_guard<std::mutex> lk(state_mu_);
     if (!broken_.empty()) return;
@@ -705,7 +713,7 @@ void CudaCommunicator::close() {
       // events and staging registrations go (transport close).
       try {
         CudaDeviceGuard g(device_);
-        const double wait_s = env_double("RINGCOMM_CUDA_CLOSE_WAIT", 30.0);
+        const double wait_s = transport_.config().close_wait_s;
         std::deque<std::shared_ptr<GpuEvent>> pending;
         {
           std::lock_guard<std::mutex> slk(state_mu_);

@@ -66,7 +66,7 @@ class CudaWork {
   bool is_completed();
   /// Make `stream` wait for the work (no host blocking once the work is enqueued).
   void stream_wait(cudaStream_t stream);
-  std::string error_kind();
+  int error_code();  // -1: none
   std::string error_message();
   const std::string& op() const { return op_; }
   uint64_t seq() const { return seq_; }

@@ -13,11 +13,11 @@ int64_t now_ns() {
       .count();
 }
 
-uint32_t abort_kind_of(const std::string& kind) {
-  if (kind == "PeerFailure") return 1;
-  if (kind == "Mismatch") return 2;
-  if (kind == "TimeoutError") return 3;
-  return 4;
+uint32_t abort_kind_of(ErrorCode code) {
+  // A peer's Mismatch or Timeout is the same kind on every rank; any other failure is, seen from
+  // the peers, a failed peer.
+  const bool shared = code == ErrorCode::kMismatch || code == ErrorCode::kTimeout;
+  return static_cast<uint32_t>(shared ? code : ErrorCode::kPeerFailure);
 }
 
 std::string describe_header(const CollHeader& h) {

@@ -27,8 +27,9 @@ std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, u
 /// "all_reduce(count=.., dtype=.., op=..)" for messages.
 std::string describe_header(const CollHeader& h);
 
-/// Abort kind for an error class name from error_kind_of(): what peers' waits raise.
-uint32_t abort_kind_of(const std::string& kind);
+/// The ErrorCode (as stored in the abort flag) that peers' waits raise when this rank fails with
+/// `code`: kMismatch and kTimeout as they are, anything else kPeerFailure.
+uint32_t abort_kind_of(ErrorCode code);
 
 /// The board's 32-bit sequence word for collective `seq` (never 0: 0 means "no header yet").
 inline uint32_t board_seq_of(uint64_t seq) { return static_cast<uint32_t>((seq - 1) % 0xFFFFFFFFull) + 1; }

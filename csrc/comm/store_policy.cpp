@@ -2,22 +2,28 @@
 
 #include <string>
 
-#include "common/env.h"
+#include "common/knobs.h"
 #include "common/errors.h"
 
 namespace rc {
 
 StorePolicy::StorePolicy() {
-  const std::string m = env_str("RINGCOMM_STREAM", "auto");
+  const std::string m = knob_str("RINGCOMM_STREAM");
   RC_CHECK(m == "auto" || m == "on" || m == "off", InvalidArgument,
            "ringcomm: RINGCOMM_STREAM='" << m << "' is not one of auto, on, off");
   mode_ = m == "on" ? kOn : (m == "off" ? kOff : kAuto);
-  const int64_t mb = env_int("RINGCOMM_STREAM_MIN_BYTES", 512 * 1024);
+  const int64_t mb = knob_bytes("RINGCOMM_STREAM_MIN_BYTES");
   RC_CHECK(mb >= 0, InvalidArgument, "ringcomm: RINGCOMM_STREAM_MIN_BYTES must be >= 0, got " << mb);
   min_bytes_ = static_cast<uint64_t>(mb);
-  const int64_t pe = env_int("RINGCOMM_STREAM_PROBE_EVERY", 16);
+  const int64_t pe = knob_int("RINGCOMM_STREAM_PROBE_EVERY");
   RC_CHECK(pe >= 2, InvalidArgument, "ringcomm: RINGCOMM_STREAM_PROBE_EVERY must be >= 2, got " << pe);
   probe_every_ = static_cast<uint64_t>(pe);
+}
+
+std::string StorePolicy::describe() const {
+  if (mode_ == kOn) return "on";
+  if (mode_ == kOff) return "off";
+  return "auto (measured from " + std::to_string(min_bytes_) + " B, probe every " + std::to_string(probe_every_) + ")";
 }
 
 StorePolicy::Choice StorePolicy::choose(uint64_t bytes, int kind) {

@@ -16,6 +16,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <string>
 
 namespace rc {
 
@@ -32,6 +33,8 @@ class StorePolicy {
   Choice choose(uint64_t bytes, int kind = 0);
   /// Report how long the collective chosen by `c` took.
   void record(const Choice& c, uint64_t bytes, int64_t ns);
+  /// "auto (measured from 524288 B, probe every 16)", "on" or "off", for the log.
+  std::string describe() const;
 
  private:
   enum Mode { kAuto, kOn, kOff };

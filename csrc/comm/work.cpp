@@ -20,17 +20,17 @@ bool Work::is_completed() {
   return done_;
 }
 
-std::string Work::error_kind() {
+int Work::error_code() {
   std::lock_guard<std::mutex> lk(mu_);
-  if (!done_ || !error_) return {};
-  return error_kind_of(error_, nullptr);
+  if (!done_ || !error_) return -1;
+  return static_cast<int>(error_code_of(error_, nullptr));
 }
 
 std::string Work::error_message() {
   std::lock_guard<std::mutex> lk(mu_);
   if (!done_ || !error_) return {};
   std::string msg;
-  error_kind_of(error_, &msg);
+  error_code_of(error_, &msg);
   return msg;
 }
 
@@ -49,36 +49,6 @@ void Work::fail(std::exception_ptr e) {
     error_ = e;
   }
   cv_.notify_all();
-}
-
-std::string error_kind_of(std::exception_ptr e, std::string* message) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const TimeoutError& x) {
-    if (message) *message = x.what();
-    return "TimeoutError";
-  } catch (const PeerFailure& x) {
-    if (message) *message = x.what();
-    return "PeerFailure";
-  } catch (const Mismatch& x) {
-    if (message) *message = x.what();
-    return "Mismatch";
-  } catch (const InvalidArgument& x) {
-    if (message) *message = x.what();
-    return "InvalidArgument";
-  } catch (const Unsupported& x) {
-    if (message) *message = x.what();
-    return "Unsupported";
-  } catch (const Closed& x) {
-    if (message) *message = x.what();
-    return "Closed";
-  } catch (const std::exception& x) {
-    if (message) *message = x.what();
-    return "Error";
-  } catch (...) {
-    if (message) *message = "unknown error";
-    return "Error";
-  }
 }
 
 }  // namespace rc

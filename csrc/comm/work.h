@@ -17,8 +17,8 @@ class Work {
   /// Throws rc::TimeoutError if timeout_s >= 0 elapses first (the operation keeps running).
   void wait(double timeout_s);
   bool is_completed();
-  /// Empty when not completed or succeeded; else the C++ error class name and message.
-  std::string error_kind();
+  /// -1 when not completed or succeeded; else the error's ErrorCode (error_message(): its text).
+  int error_code();
   std::string error_message();
   const std::string& op() const { return op_; }
   uint64_t seq() const { return seq_; }
@@ -35,7 +35,5 @@ class Work {
   std::exception_ptr error_;
 };
 
-/// Class name of an rc::Error subclass held by e ("Error" for anything else) and its message.
-std::string error_kind_of(std::exception_ptr e, std::string* message);
 
 }  // namespace rc

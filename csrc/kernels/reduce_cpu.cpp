@@ -19,7 +19,7 @@
 #include <string>
 #include <type_traits>
 
-#include "common/env.h"
+#include "common/knobs.h"
 #include "common/errors.h"
 #include "kernels/reduce_cpu_isa.h"
 
@@ -268,7 +268,7 @@ bool cpu_isa_available(CpuIsa isa) {
 CpuIsa reduce_cpu_isa() {
   // Knob RINGCOMM_CPU_ISA (auto|avx2|generic), read once; the static is immutable afterwards.
   static const CpuIsa isa = [] {
-    const std::string v = env_str("RINGCOMM_CPU_ISA", "auto");
+    const std::string v = knob_str("RINGCOMM_CPU_ISA");
     RC_CHECK(v == "auto" || v == "generic" || v == "avx2", InvalidArgument,
              "ringcomm: RINGCOMM_CPU_ISA='" << v << "' is not one of auto, generic, avx2");
     const CpuIsa want = parse_cpu_isa(v.c_str());

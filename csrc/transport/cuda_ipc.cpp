@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "common/cuda_check.h"
-#include "common/env.h"
+#include "common/knobs.h"
 #include "common/errors.h"
 #include "transport/futex.h"
 
@@ -138,8 +138,8 @@ const char* channel_kind_name(ChannelKind k) {
 CudaIpcConfig CudaIpcConfig::from_env(int world, double timeout_s) {
   CudaIpcConfig c;
   c.shm = ShmConfig::from_env(world, timeout_s);
-  int64_t slot = env_int("RINGCOMM_CUDA_SLOT_BYTES", 2 << 20);
-  int64_t nslots = env_int("RINGCOMM_CUDA_NSLOTS", 4);
+  int64_t slot = knob_bytes("RINGCOMM_CUDA_SLOT_BYTES");
+  int64_t nslots = knob_int("RINGCOMM_CUDA_NSLOTS");
   RC_CHECK(slot >= static_cast<int64_t>(kPageBytes), InvalidArgument,
            "RINGCOMM_CUDA_SLOT_BYTES must be >= " << kPageBytes << ", got " << slot);
   RC_CHECK(nslots >= 2 && nslots <= 64, InvalidArgument,
@@ -148,9 +148,10 @@ CudaIpcConfig CudaIpcConfig::from_env(int world, double timeout_s) {
   // see two slots share a page.
   c.slot_bytes = (static_cast<size_t>(slot) + kPageBytes - 1) / kPageBytes * kPageBytes;
   c.nslots = static_cast<uint32_t>(nslots);
-  c.mode = parse_mode(env_str("RINGCOMM_CUDA_P2P", "auto"));
-  c.max_blocks = static_cast<int>(env_int("RINGCOMM_CUDA_MAX_BLOCKS", 0));
+  c.mode = parse_mode(knob_str("RINGCOMM_CUDA_P2P"));
+  c.max_blocks = static_cast<int>(knob_int("RINGCOMM_CUDA_MAX_BLOCKS"));
   RC_CHECK(c.max_blocks >= 0, InvalidArgument, "RINGCOMM_CUDA_MAX_BLOCKS must be >= 0");
+  c.close_wait_s = knob_double("RINGCOMM_CUDA_CLOSE_WAIT");
   return c;
 }
 
@@ -638,7 +639,7 @@ bool CudaIpcTransport::peer_process_dead(int peer) const {
 // when every peer said bye (or exited: its imports died with its context).
 void CudaIpcTransport::exchange_byes(bool* all_done) {
   *all_done = false;
-  const double wait_s = env_double("RINGCOMM_CUDA_CLOSE_WAIT", 30.0);
+  const double wait_s = cfg_.close_wait_s;
   const int64_t deadline = now_ns() + static_cast<int64_t>(wait_s * 1e9);
   std::vector<int> to_send, to_recv;
   for (int p = 0; p < world_; ++p)

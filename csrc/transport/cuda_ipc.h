@@ -70,6 +70,7 @@ struct CudaIpcConfig {
   uint32_t nslots = 0;       // RINGCOMM_CUDA_NSLOTS
   int mode = 0;              // RINGCOMM_CUDA_P2P: 0 auto, 1 ipc, 2 host, 3 hostsync
   int max_blocks = 0;        // RINGCOMM_CUDA_MAX_BLOCKS: reduce grid cap (0: 4 x SMs)
+  double close_wait_s = 30;  // RINGCOMM_CUDA_CLOSE_WAIT: bound on close()'s GPU drain and goodbyes
   ShmConfig shm;             // timeout, spin, liveness (from the shm knobs)
   static CudaIpcConfig from_env(int world, double timeout_s);
 };

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <thread>
 
-#include "common/env.h"
+#include "common/knobs.h"
 #include "common/errors.h"
 #include "transport/futex.h"
 
@@ -99,25 +99,25 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   ShmConfig c;
   // Slot size and count: bytes in flight per channel = slot_bytes * nslots. Slots small enough to
   // stay in L2/L3 between the sender's write and the receiver's read; enough of them to pipeline.
-  int64_t slot = env_int("RINGCOMM_SLOT_BYTES", 256 * 1024);
-  int64_t nslots = env_int("RINGCOMM_NSLOTS", 8);
+  int64_t slot = knob_bytes("RINGCOMM_SLOT_BYTES");
+  int64_t nslots = knob_int("RINGCOMM_NSLOTS");
   RC_CHECK(slot >= 64, InvalidArgument, "RINGCOMM_SLOT_BYTES must be >= 64, got " << slot);
   RC_CHECK(nslots >= 2 && nslots <= 1024, InvalidArgument,
            "RINGCOMM_NSLOTS must be in [2, 1024] (the ring's fused forward needs two), got " << nslots);
   c.slot_bytes = round_up(static_cast<size_t>(slot), 64);
   c.nslots = static_cast<uint32_t>(nslots);
-  c.timeout_s = timeout_s > 0 ? timeout_s : env_double("RINGCOMM_TIMEOUT", 300.0);
+  c.timeout_s = timeout_s > 0 ? timeout_s : knob_double("RINGCOMM_TIMEOUT");
   RC_CHECK(c.timeout_s > 0, InvalidArgument, "timeout must be > 0 s, got " << c.timeout_s);
   // Spin before sleeping. With more ranks than cores a spinning waiter steals the core from the
   // rank it waits for, so the default spin is short then.
   unsigned ncpu = std::max(1u, std::thread::hardware_concurrency());
   int64_t spin_default_us = (static_cast<unsigned>(world_size) <= ncpu) ? 50 : 2;
-  c.spin_ns = env_int("RINGCOMM_SPIN_US", spin_default_us) * 1000;
+  c.spin_ns = (knob_is_set("RINGCOMM_SPIN_US") ? knob_int("RINGCOMM_SPIN_US") : spin_default_us) * 1000;
   // Then yield: when ranks outnumber cores the rank we wait for is usually runnable on our core,
   // and sched_yield hands it the CPU for a fraction of a futex sleep/wake's cost (~40 us here).
-  c.yield_ns = env_int("RINGCOMM_YIELD_US", 200) * 1000;
-  c.yield_every_ns = std::max<int64_t>(100, env_int("RINGCOMM_YIELD_EVERY_NS", 2000));
-  c.liveness_ns = env_int("RINGCOMM_LIVENESS_MS", 100) * 1000000;
+  c.yield_ns = knob_int("RINGCOMM_YIELD_US") * 1000;
+  c.yield_every_ns = std::max<int64_t>(100, knob_int("RINGCOMM_YIELD_EVERY_NS"));
+  c.liveness_ns = knob_int("RINGCOMM_LIVENESS_MS") * 1000000;
   RC_CHECK(c.liveness_ns > 0, InvalidArgument, "RINGCOMM_LIVENESS_MS must be > 0");
   return c;
 }
@@ -318,11 +318,8 @@ void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
   if (st == static_cast<uint32_t>(PeerState::kAborted)) {
     std::string msg(h->abort_msg, strnlen(h->abort_msg, kAbortMsgBytes));
     std::string text = "ringcomm: " + describe(w) + ": rank " + std::to_string(peer) + " failed: " + msg;
-    switch (h->abort_kind) {
-      case 2: throw Mismatch(text);
-      case 3: throw TimeoutError(text);
-      default: throw PeerFailure(text);
-    }
+    const int code = static_cast<int>(h->abort_kind);
+    throw_error(valid_error_code(code) ? static_cast<ErrorCode>(code) : ErrorCode::kPeerFailure, text);
   }
   RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer
                                      << " closed its communicator before completing this operation");

@@ -106,12 +106,15 @@ class ShmTransport {
   void attach(const std::vector<std::string>& names);
   /// Mark this rank closed (peers waiting on it get PeerFailure) and unmap everything.
   void close();
-  /// Mark this rank aborted with a reason; peers' waits raise PeerFailure carrying it.
+  /// Mark this rank aborted with a reason; peers' waits raise the ErrorCode `kind` (see
+  /// abort_kind_of) carrying it.
   void abort(uint32_t kind, const std::string& msg);
 
   int rank() const { return rank_; }
   int world() const { return world_; }
   const ShmConfig& config() const { return cfg_; }
+  /// Bytes of this rank's shared-memory segment (its inbox: kNumLanes x world x nslots slots).
+  size_t segment_bytes() const { return seg_bytes_; }
 
   // ---- channel, sender side ----
   /// Wait for a free slot in `peer`'s inbox; returns where to write the payload (slot_bytes

@@ -21,6 +21,9 @@ def __getattr__(name):
     if name in _API_NAMES:
         from . import api
         return getattr(api, name)
+    if name == "config":  # the knob registry module; ringcomm.config() returns config.config()
+        import importlib
+        return importlib.import_module(".config", __name__)
     raise AttributeError(f"module 'ringcomm' has no attribute {name!r}")
 
 __version__ = "0.1.0"

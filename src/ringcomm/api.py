@@ -15,8 +15,9 @@ from typing import Optional, Sequence
 
 from . import _C
 from .arrays import Buf, as_buf
+from .config import default_timeout
 from .arrays import any_cuda_array, is_cuda_array  # CUDA dispatch
-from .errors import ClosedError, InvalidArgumentError, RingcommError, from_kind
+from .errors import ClosedError, InvalidArgumentError, RingcommError, from_code
 from .rendezvous import store_from_env, store_from_init_method
 
 __all__ = ["ReduceOp", "Communicator", "Work", "init", "get_default", "set_default"]
@@ -78,8 +79,8 @@ class Work:
 
     def exception(self) -> Optional[RingcommError]:
         """The error the operation failed with, None if it succeeded or is still running."""
-        kind = self._w.error_kind()
-        return from_kind(kind, self._w.error_message()) if kind else None
+        code = self._w.error_code()
+        return from_code(code, self._w.error_message()) if code >= 0 else None
 
     @property
     def seq(self) -> int:
@@ -474,7 +475,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
         raise InvalidArgumentError(f"ringcomm.init: world_size must be >= 1, got {world_size!r}")
     if not (isinstance(rank, int) and 0 <= rank < world_size):
         raise InvalidArgumentError(f"ringcomm.init: rank {rank!r} out of range for world size {world_size}")
-    t = float(timeout) if timeout is not None else float(os.environ.get("RINGCOMM_TIMEOUT", "300"))
+    t = float(timeout) if timeout is not None else default_timeout()
     if t <= 0:
         raise InvalidArgumentError(f"ringcomm.init: timeout must be > 0 s, got {t}")
     if prefix is None:

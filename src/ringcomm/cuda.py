@@ -37,6 +37,7 @@ import numpy as np
 from .api import Work as _ApiWork
 from .api import ArgChecks
 from .arrays import is_cuda_array
+from .config import default_timeout
 from .errors import (ClosedError, InvalidArgumentError, RingcommError, UnsupportedError)
 
 __all__ = ["is_available", "unavailable_reason", "is_cuda_array", "init", "from_communicator",
@@ -595,7 +596,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
         raise InvalidArgumentError(f"ringcomm.cuda.init: world_size must be >= 1, got {world_size!r}")
     if not (isinstance(rank, int) and 0 <= rank < world_size):
         raise InvalidArgumentError(f"ringcomm.cuda.init: rank {rank!r} out of range for world size {world_size}")
-    t = float(timeout) if timeout is not None else float(os.environ.get("RINGCOMM_TIMEOUT", "300"))
+    t = float(timeout) if timeout is not None else default_timeout()
     if t <= 0:
         raise InvalidArgumentError(f"ringcomm.cuda.init: timeout must be > 0 s, got {t}")
     if prefix is None:

@@ -1,9 +1,10 @@
-"""ringcomm's exception classes. Each C++ error class maps to one of these (bindings/errors_py.cpp)."""
+"""ringcomm's exception classes. Each C++ ErrorCode maps to one of these (BY_CODE here, the same
+table in bindings/errors_py.cpp)."""
 import builtins
 
 __all__ = [
     "RingcommError", "TimeoutError", "PeerFailureError", "MismatchError", "InvalidArgumentError",
-    "UnsupportedError", "ClosedError",
+    "UnsupportedError", "ClosedError", "BY_CODE", "from_code", "code_of",
 ]
 
 
@@ -35,17 +36,29 @@ class ClosedError(RingcommError):
     """The communicator was used after close()."""
 
 
-# Names used by the C++ Work.error_kind() -> Python class.
-_BY_KIND = {
-    "TimeoutError": TimeoutError,
-    "PeerFailure": PeerFailureError,
-    "Mismatch": MismatchError,
-    "InvalidArgument": InvalidArgumentError,
-    "Unsupported": UnsupportedError,
-    "Closed": ClosedError,
-    "Error": RingcommError,
+# ErrorCode value (csrc/common/errors.h) -> class. The bindings hold the same table
+# (ringcomm._C.error_class_names()); tests/test_errors.py checks that the two agree.
+BY_CODE = {
+    0: RingcommError,
+    1: InvalidArgumentError,
+    2: TimeoutError,
+    3: PeerFailureError,
+    4: MismatchError,
+    5: UnsupportedError,
+    6: ClosedError,
 }
+#: class -> ErrorCode value.
+CODE_OF = {cls: code for code, cls in BY_CODE.items()}
 
 
-def from_kind(kind: str, message: str) -> RingcommError:
-    return _BY_KIND.get(kind, RingcommError)(message)
+def from_code(code: int, message: str) -> RingcommError:
+    """The exception of C++ ErrorCode ``code`` carrying ``message`` (RingcommError for an unknown code)."""
+    return BY_CODE.get(int(code), RingcommError)(message)
+
+
+def code_of(exc: BaseException) -> int:
+    """The ErrorCode value of a ringcomm exception (its most derived ringcomm class); 0 for others."""
+    for cls in type(exc).__mro__:
+        if cls in CODE_OF:
+            return CODE_OF[cls]
+    return 0

@@ -82,6 +82,7 @@ import numpy as np
 
 from .api import ArgChecks
 from .arrays import as_buf
+from .config import knob, logger
 from .errors import (ClosedError, InvalidArgumentError, PeerFailureError,
                      RingcommError, TimeoutError, UnsupportedError)
 
@@ -92,7 +93,6 @@ ENV_NODE_ID = "RINGCOMM_NODE_ID"
 ENV_INTER = "RINGCOMM_INTER"
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # Temporaries up to this many bytes per role are kept between calls (see _scratch).
-_SCRATCH_CACHE = int(os.environ.get("RINGCOMM_HIER_SCRATCH_CACHE", str(256 << 20)))
 
 # Codes of ringcomm.ReduceOp (api.ReduceOp), repeated here so that this module imports nothing
 # heavy; checked against api.ReduceOp when a communicator is built.
@@ -105,7 +105,7 @@ _INTS = frozenset({"int8", "uint8", "int32", "int64"})
 def node_id() -> str:
     """This process's node identity: ``RINGCOMM_NODE_ID`` if set, else ``hostname:boot_id``
     (the boot id tells apart two machines or containers that share a hostname)."""
-    v = os.environ.get(ENV_NODE_ID, "").strip()
+    v = (knob(ENV_NODE_ID) or "").strip()
     if v:
         return v
     host = socket.gethostname()
@@ -665,7 +665,7 @@ def _to_text(v) -> str:
 
 
 def _make_engine(topo: Topology, store, prefix: str, timeout: float):
-    choice = os.environ.get(ENV_INTER, "auto").strip().lower() or "auto"
+    choice = knob(ENV_INTER)
     if choice in ("auto", "gloo"):
         try:
             import torch.distributed as dist
@@ -818,6 +818,7 @@ class HierarchicalCommunicator(ArgChecks):
         self.local_rank = topology.local_rank
         self.local_size = topology.local_size
         self._timeout = float(timeout)
+        self._scratch_cache = knob("RINGCOMM_HIER_SCRATCH_CACHE")
         self._closed = False
         self._broken: Optional[RingcommError] = None
         self._seq = 0
@@ -831,6 +832,9 @@ class HierarchicalCommunicator(ArgChecks):
             self.intra.close()
             raise
         self.inter_backend = self._inter.name
+        logger(self.rank, self.world_size).info(
+            f"hierarchical: node {self.node}/{self.num_nodes}, local rank {self.local_rank}/{self.local_size}, "
+            f"inter-node engine {self.inter_backend}")
         self._exec = _Executor(f"{prefix}/{self.rank}")
         if topology.uniform:
             import torch
@@ -957,7 +961,7 @@ class HierarchicalCommunicator(ArgChecks):
         buf = self._scratch_bufs.get(slot)
         if buf is None or buf.numel() < nbytes:
             buf = torch.empty(max(nbytes, 64), dtype=torch.uint8)
-            if nbytes <= _SCRATCH_CACHE:
+            if nbytes <= self._scratch_cache:
                 self._scratch_bufs[slot] = buf
         return buf[:nbytes].view(dtype)
 

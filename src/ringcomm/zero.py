@@ -110,7 +110,6 @@ rank slices its own shards out of it, without communication.
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 import weakref
 from typing import Any, Callable, Iterable
@@ -121,6 +120,8 @@ from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .config import knob
+
 __all__ = ["ZeroOptimizer", "ZeroStage3", "FullyShardedModule", "DynamicLossScaler",
            "CHECKPOINT_FORMAT"]
 
@@ -129,10 +130,8 @@ CHECKPOINT_FORMAT = "ringcomm.zero/1"
 _MB = 1024 * 1024
 #: Knob: bucket cap (MiB of compute-dtype gradients) of ZeroOptimizer, default 25 (as torch DDP).
 _BUCKET_MB_ENV = "RINGCOMM_ZERO_BUCKET_MB"
-_BUCKET_MB_DEFAULT = 25.0
 #: Knob: how many asynchronous gradient reduce-scatters may be in flight during backward.
 _MAX_INFLIGHT_ENV = "RINGCOMM_ZERO_MAX_INFLIGHT"
-_MAX_INFLIGHT_DEFAULT = 2
 #: Knob: collective policy, "auto" | "native" | "fallback" (see module docstring).
 _COLLECTIVES_ENV = "RINGCOMM_ZERO_COLLECTIVES"
 
@@ -156,16 +155,10 @@ def _resolve_precision(mixed_precision) -> torch.dtype | None:
                          f"{mixed_precision!r}") from None
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
+def _env_float(name: str) -> float:
+    value = float(knob(name))
     if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {raw!r}")
+        raise ValueError(f"{name} must be > 0, got {value!r}")
     return value
 
 
@@ -221,7 +214,7 @@ class _Collectives:
     _CATCH = (RuntimeError, NotImplementedError, TypeError)
 
     def __init__(self, group, policy: str | None):
-        policy = policy if policy is not None else os.environ.get(_COLLECTIVES_ENV, "auto")
+        policy = policy if policy is not None else knob(_COLLECTIVES_ENV)
         if policy not in ("auto", "native", "fallback"):
             raise ValueError(f"collectives policy must be 'auto', 'native' or 'fallback', got "
                              f"{policy!r} (argument collectives= or ${_COLLECTIVES_ENV})")
@@ -436,7 +429,7 @@ class _ZeroCore:
         self._scaler: DynamicLossScaler | None = loss_scaler
         self._pending: list = []
         self._prepared: bool | None = None
-        self._max_inflight = int(_env_float(_MAX_INFLIGHT_ENV, _MAX_INFLIGHT_DEFAULT))
+        self._max_inflight = int(_env_float(_MAX_INFLIGHT_ENV))
         self.last_step_skipped = False
         self.skipped_steps = 0
 
@@ -822,7 +815,7 @@ class ZeroOptimizer(_ZeroCore):
                              f"(stage 3 is ringcomm.zero.ZeroStage3)")
         _resolve_precision(mixed_precision)
         groups = _normalize_param_groups(params)
-        cap_mb = _env_float(_BUCKET_MB_ENV, _BUCKET_MB_DEFAULT) if bucket_cap_mb is None \
+        cap_mb = _env_float(_BUCKET_MB_ENV) if bucket_cap_mb is None \
             else float(bucket_cap_mb)
         if not cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")

@@ -1,0 +1,204 @@
+#include "common/knobs.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
+
+#include "common/errors.h"
+
+namespace rc {
+
+namespace {
+
+using T = KnobType;
+
+// The table. Defaults are strings in the knob's own syntax so that the README, config() and the
+// accessors all show and parse the same text.
+const std::vector<KnobInfo>& table() {
+  static const std::vector<KnobInfo> t = {
+      // shared-memory transport (csrc/transport/shm.cpp)
+      {"RINGCOMM_SLOT_BYTES", T::kBytes, "256K", "", "size of one shared-memory slot (pieces stream through slots)", false},
+      {"RINGCOMM_NSLOTS", T::kInt, "8", "", "slots per channel, 2..1024 (the ring's deadlock-freedom argument needs two)", false},
+      {"RINGCOMM_TIMEOUT", T::kFloat, "300", "", "seconds any single wait may take (timeout= per communicator overrides)", false},
+      {"RINGCOMM_SPIN_US", T::kInt, "50", "", "microseconds a waiter spins before yielding/sleeping (unset: 2 when ranks outnumber cores)", false},
+      {"RINGCOMM_YIELD_US", T::kInt, "200", "", "then microseconds of sched_yield before sleeping on a futex", false},
+      {"RINGCOMM_YIELD_EVERY_NS", T::kInt, "2000", "", "while spinning, yield the CPU this often (ranks sharing a core; min 100)", false},
+      {"RINGCOMM_LIVENESS_MS", T::kInt, "100", "", "how often a sleeping waiter checks that its peers are alive", false},
+      // communicator (csrc/comm/)
+      {"RINGCOMM_ALGO", T::kChoice, "auto", "auto|ring|direct", "all-reduce algorithm: ring, direct (one hand-off, every rank combines all inputs) or auto", false},
+      {"RINGCOMM_DIRECT_MAX_BYTES", T::kBytes, "64K", "", "auto takes direct while bytes x (world - 1) is at most this", false},
+      {"RINGCOMM_STREAM", T::kChoice, "auto", "auto|on|off", "stores into peers' slots: auto (measured per collective kind and size class), on (non-temporal), off (cached)", false},
+      {"RINGCOMM_STREAM_MIN_BYTES", T::kBytes, "512K", "", "smallest collective RINGCOMM_STREAM=auto measures (smaller ones use cached stores)", false},
+      {"RINGCOMM_STREAM_PROBE_EVERY", T::kInt, "16", "", "RINGCOMM_STREAM=auto re-checks the other way every this many collectives of a class (>= 2)", false},
+      {"RINGCOMM_DEBUG", T::kChoice, "WARN", "WARN|INFO|TRACE", "logging to stderr: INFO one line per communicator, TRACE also one per collective", false},
+      // reduce kernels (csrc/kernels/reduce_cpu.cpp)
+      {"RINGCOMM_CPU_ISA", T::kChoice, "auto", "auto|avx2|generic", "CPU reduce kernels: auto (best the CPU supports), avx2 or generic", false},
+      // CUDA transport and communicator
+      {"RINGCOMM_CUDA_SLOT_BYTES", T::kBytes, "2M", "", "CUDA slot size (a multiple of 4096)", false},
+      {"RINGCOMM_CUDA_NSLOTS", T::kInt, "4", "", "CUDA slots per channel, 2..64", false},
+      {"RINGCOMM_CUDA_P2P", T::kChoice, "auto", "auto|ipc|host|hostsync", "CUDA channel kind", false},
+      {"RINGCOMM_CUDA_MAX_BLOCKS", T::kInt, "0", "", "CUDA reduce grid cap (0: 4 blocks per SM)", false},
+      {"RINGCOMM_CUDA_CLOSE_WAIT", T::kFloat, "30", "", "seconds a closing CUDA communicator waits for its peers' goodbyes", false},
+      // Python: hierarchical collectives (ringcomm/hier.py)
+      {"RINGCOMM_NODE_ID", T::kStr, "", "", "node identity (unset: hostname + boot id; set it to fake several nodes on one machine)", false},
+      {"RINGCOMM_INTER", T::kChoice, "auto", "auto|gloo|mpi|nccl", "inter-node engine: auto (gloo for host memory), gloo, mpi (nccl not yet)", false},
+      {"RINGCOMM_HIER_SCRATCH_CACHE", T::kBytes, "256M", "", "bytes of hierarchical temporaries kept between calls", false},
+      // Python: ZeRO (ringcomm/zero.py)
+      {"RINGCOMM_ZERO_BUCKET_MB", T::kFloat, "25", "", "ZeRO-1/2 bucket size in MiB", false},
+      {"RINGCOMM_ZERO_MAX_INFLIGHT", T::kInt, "2", "", "ZeRO-2 reduce-scatters in flight during backward", false},
+      {"RINGCOMM_ZERO_COLLECTIVES", T::kChoice, "auto", "auto|native|fallback", "ZeRO collectives: native, fallback (all_reduce + slice) or auto", false},
+      // build (setup.py / CMakeLists.txt read these; listed so that the registry names every knob)
+      {"RINGCOMM_CUDA", T::kChoice, "auto", "auto|on|off|1|0|true|false|yes|no", "build the CUDA sources when a toolkit is found (auto), always (on/1) or never (off/0)", true},
+      {"RINGCOMM_BUILD_JOBS", T::kInt, "", "", "parallel build jobs (unset: the CPU count)", true},
+      {"RINGCOMM_BUILD_TYPE", T::kStr, "Release", "", "CMake build type", true},
+  };
+  return t;
+}
+
+std::string lower(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+std::string accepted(const KnobInfo& k) {
+  switch (k.type) {
+    case T::kInt: return "an integer";
+    case T::kFloat: return "a number";
+    case T::kBytes: return "a byte count with an optional K/M/G suffix";
+    case T::kStr: return "any text";
+    case T::kChoice: {
+      std::string out = "one of ";
+      for (const char* p = k.choices; *p; ++p) out += (*p == '|') ? std::string(", ") : std::string(1, *p);
+      return out;
+    }
+  }
+  return "";
+}
+
+[[noreturn]] void bad_value(const KnobInfo& k, const std::string& v) {
+  std::ostringstream o;
+  o << "ringcomm: environment knob " << k.name << "='" << v << "' is not valid: expected " << accepted(k);
+  throw InvalidArgument(o.str());
+}
+
+// The value's text: the environment's if set and non-empty, else the table's default.
+std::string raw(const KnobInfo& k, bool* from_env) {
+  const char* v = std::getenv(k.name);
+  const bool set = v != nullptr && *v != '\0';
+  if (from_env) *from_env = set;
+  return set ? std::string(v) : std::string(k.default_value);
+}
+
+int64_t parse_int(const KnobInfo& k, const std::string& v, bool allow_suffix) {
+  const char* s = v.c_str();
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(s, &end, 0);
+  if (end == s || errno == ERANGE) bad_value(k, v);
+  if (allow_suffix && *end) {
+    int shift = 0;
+    switch (*end) {
+      case 'k': case 'K': shift = 10; break;
+      case 'm': case 'M': shift = 20; break;
+      case 'g': case 'G': shift = 30; break;
+      default: bad_value(k, v);
+    }
+    ++end;
+    if (*end == 'i' || *end == 'I') ++end;
+    if (*end == 'b' || *end == 'B') ++end;
+    x = static_cast<long long>(static_cast<unsigned long long>(x) << shift);
+  }
+  if (*end != '\0') bad_value(k, v);
+  return static_cast<int64_t>(x);
+}
+
+std::string parse_choice(const KnobInfo& k, const std::string& v) {
+  const std::string want = lower(v);
+  std::string c = k.choices;
+  size_t start = 0;
+  for (;;) {
+    size_t bar = c.find('|', start);
+    std::string opt = c.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
+    if (lower(opt) == want) return opt;
+    if (bar == std::string::npos) break;
+    start = bar + 1;
+  }
+  bad_value(k, v);
+}
+
+[[noreturn]] void wrong_type(const KnobInfo& k, const char* want) {
+  std::ostringstream o;
+  o << "ringcomm: knob " << k.name << " is a " << knob_type_name(k.type) << " knob, read as " << want;
+  throw Error(o.str());
+}
+
+[[noreturn]] void no_default(const KnobInfo& k) {
+  std::ostringstream o;
+  o << "ringcomm: knob " << k.name << " has no default; check knob_is_set() before reading it as a number";
+  throw Error(o.str());
+}
+
+}  // namespace
+
+const std::vector<KnobInfo>& knob_table() { return table(); }
+
+const KnobInfo& knob_info(const std::string& name) {
+  for (const auto& k : table())
+    if (name == k.name) return k;
+  throw Error("ringcomm: '" + name + "' is not a registered knob (csrc/common/knobs.cpp)");
+}
+
+const char* knob_type_name(KnobType t) {
+  switch (t) {
+    case T::kInt: return "int";
+    case T::kFloat: return "float";
+    case T::kBytes: return "bytes";
+    case T::kStr: return "str";
+    case T::kChoice: return "choice";
+  }
+  return "?";
+}
+
+bool knob_is_set(const std::string& name) {
+  bool set = false;
+  raw(knob_info(name), &set);
+  return set;
+}
+
+int64_t knob_int(const std::string& name) {
+  const KnobInfo& k = knob_info(name);
+  if (k.type != T::kInt && k.type != T::kBytes) wrong_type(k, "an integer");
+  const std::string v = raw(k, nullptr);
+  if (v.empty()) no_default(k);
+  return parse_int(k, v, k.type == T::kBytes);
+}
+
+int64_t knob_bytes(const std::string& name) {
+  const KnobInfo& k = knob_info(name);
+  if (k.type != T::kBytes) wrong_type(k, "bytes");
+  return knob_int(name);
+}
+
+double knob_double(const std::string& name) {
+  const KnobInfo& k = knob_info(name);
+  if (k.type == T::kInt || k.type == T::kBytes) return static_cast<double>(knob_int(name));
+  if (k.type != T::kFloat) wrong_type(k, "a number");
+  const std::string v = raw(k, nullptr);
+  if (v.empty()) no_default(k);
+  const char* s = v.c_str();
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(s, &end);
+  if (end == s || *end != '\0' || errno == ERANGE) bad_value(k, v);
+  return x;
+}
+
+std::string knob_str(const std::string& name) {
+  const KnobInfo& k = knob_info(name);
+  const std::string v = raw(k, nullptr);
+  if (k.type == T::kChoice) return parse_choice(k, v);
+  return v;
+}
+
+}  // namespace rc

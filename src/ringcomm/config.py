@@ -1,0 +1,134 @@
+"""ringcomm's knobs: the one way Python code reads a ``RINGCOMM_*`` environment variable.
+
+The registry itself lives in C++ (csrc/common/knobs.cpp: name, type, default, accepted values,
+doc) so that C++ and Python parse every knob with the same rule; this module reads it through
+``ringcomm._C``. Knobs are read when a communicator (or trainer) is created, never at import.
+
+    ringcomm.config.knob("RINGCOMM_TIMEOUT")   # 300.0, or the parsed environment value
+    ringcomm.config()                          # {name: {"value", "default", "doc", ...}}
+    python -m ringcomm.config                  # the table: what is set, what is default
+
+Logging: ``RINGCOMM_DEBUG=WARN|INFO|TRACE`` (default WARN). :func:`logger` returns the
+``ringcomm`` Python logger set to that level, writing lines prefixed ``ringcomm[rank r/n]`` to
+stderr, the same format as the C++ core's lines.
+"""
+import logging
+import sys
+import types
+from typing import Any, Dict, List, Optional
+
+__all__ = ["knob", "knob_is_set", "knobs", "config", "default_timeout", "logger", "format_table", "main"]
+
+
+def _c():
+    from . import _C  # the extension loads on first use, not when ringcomm is imported
+    return _C
+
+
+def knobs() -> List[Dict[str, Any]]:
+    """The registry: one dict per knob (name, type, default, choices, doc, build)."""
+    return _c().knobs()
+
+
+def knob(name: str):
+    """The current value of knob ``name`` parsed with its rule: int (int and bytes knobs, K/M/G
+    suffixes accepted), float, or str (choices come back as spelled in the registry); None for an
+    unset knob without a default. A malformed value raises ``InvalidArgumentError`` naming the knob
+    and what it accepts; an unregistered name raises ``RingcommError``."""
+    return _c().knob(name)
+
+
+def knob_is_set(name: str) -> bool:
+    """True when the environment sets knob ``name`` (to a non-empty value)."""
+    return _c().knob_is_set(name)
+
+
+def default_timeout() -> float:
+    """``RINGCOMM_TIMEOUT``: the seconds any single wait may take when no ``timeout=`` is given."""
+    return float(knob("RINGCOMM_TIMEOUT"))
+
+
+def config() -> Dict[str, Dict[str, Any]]:
+    """``{name: {"value", "default", "set", "type", "choices", "doc", "build"}}`` for every knob;
+    "value" is the parsed current value (a malformed one raises, naming the knob)."""
+    out = {}
+    for k in knobs():
+        out[k["name"]] = {"value": knob(k["name"]), "default": k["default"], "set": knob_is_set(k["name"]),
+                          "type": k["type"], "choices": list(k["choices"]), "doc": k["doc"],
+                          "build": bool(k["build"])}
+    return out
+
+
+def format_table(cfg: Optional[Dict[str, Dict[str, Any]]] = None) -> str:
+    """The knob table as text: name, value, whether it is set or the default, doc."""
+    cfg = config() if cfg is None else cfg
+    rows = [("knob", "value", "source", "meaning")]
+    for name, e in cfg.items():
+        value = "" if e["value"] is None else str(e["value"])
+        if e["set"]:
+            source = "set"
+        else:
+            source = "default" if e["default"] != "" else "unset"
+        if e["build"]:
+            source += " (build)"
+        rows.append((name, value, source, e["doc"]))
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}" for r in rows)
+
+
+# ---- logging ---------------------------------------------------------------------------------
+_LEVELS = {"WARN": logging.WARNING, "INFO": logging.INFO, "TRACE": logging.DEBUG}
+
+
+def logger(rank: int, world_size: int) -> logging.LoggerAdapter:
+    """The ``ringcomm`` logger at the level of ``RINGCOMM_DEBUG`` (read now; TRACE = logging.DEBUG),
+    its lines prefixed ``ringcomm[rank r/n]``. Also refreshes the C++ core's cached level."""
+    level = _LEVELS[knob("RINGCOMM_DEBUG")]
+    _c().refresh_log_level()
+    log = logging.getLogger("ringcomm")
+    if not any(getattr(h, "_ringcomm", False) for h in log.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(message)s"))
+        h._ringcomm = True
+        log.addHandler(h)
+        log.propagate = False
+    log.setLevel(level)
+    return _RankAdapter(log, {"prefix": f"ringcomm[rank {rank}/{world_size}]"})
+
+
+class _RankAdapter(logging.LoggerAdapter):
+    def process(self, msg, kwargs):
+        return f"{self.extra['prefix']} {msg}", kwargs
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m ringcomm.config``: print every knob, its current value and whether it is set."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m ringcomm.config",
+                                description="ringcomm's environment knobs: current values and defaults")
+    p.add_argument("--json", action="store_true", help="print config() as JSON")
+    a = p.parse_args(argv)
+    try:
+        cfg = config()
+    except ValueError as e:  # a malformed knob: say which, without a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        import json
+        print(json.dumps(cfg, indent=1, sort_keys=True))
+    else:
+        print(format_table(cfg))
+    return 0
+
+
+class _ConfigModule(types.ModuleType):
+    """``ringcomm.config()`` is :func:`config`: the module itself is callable."""
+
+    def __call__(self) -> Dict[str, Dict[str, Any]]:
+        return config()
+
+
+sys.modules[__name__].__class__ = _ConfigModule
+
+if __name__ == "__main__":
+    sys.exit(main())
