@@ -103,6 +103,10 @@ def _resolve_backend(requested: str, notices: _Notices) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--parallel" or a.startswith("--parallel=") for a in argv):
+        from ..parallel_demo import main as parallel_main   # tensor / pipeline parallel demo
+        return parallel_main(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
     if args.world_size < 1:
