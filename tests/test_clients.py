@@ -33,11 +33,7 @@ STEPS = 4
 CASES: dict = {}
 # cases whose ringcomm run is known to fail today: name -> the reason (pytest xfail, strict)
 # and the text its error must contain (any other failure fails the test outright)
-KNOWN_FAIL = {
-    "lightning_sync_dist": ("Lightning's sync_dist all-reduces with ReduceOp.AVG for every backend "
-                            "not named 'gloo'; ringcomm raises on AVG for int64 (NCCL sums and "
-                            "divides)", "AVG"),
-}
+KNOWN_FAIL: dict = {}
 
 
 class KnownFailure(AssertionError):
@@ -116,7 +112,9 @@ def dataset(n=32):
 
 
 # ---- PyTorch Lightning ----------------------------------------------------------------------------
-def _lightning_fit(ctx, backend: str, sync_dist: bool):
+def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = None):
+    """Fit; with ``sync_dist``, put the logged metrics and the same values computed by hand
+    from every rank's local losses into ``logged``."""
     import lightning.pytorch as pl
     from lightning.pytorch.strategies import DDPStrategy
 
@@ -124,19 +122,29 @@ def _lightning_fit(ctx, backend: str, sync_dist: bool):
         def __init__(self):
             super().__init__()
             self.net = tiny_model()
+            self.last_train_loss = None
+            self.val_sum = None   # this rank's sum of loss x batch size over the last validation
+            self.val_count = 0
 
         def training_step(self, batch, _):
             x, y = batch
             loss = torch.nn.functional.mse_loss(self.net(x), y)
             if sync_dist:
                 self.log("train_loss", loss, sync_dist=True)
+                self.last_train_loss = loss.detach().clone()
             return loss
+
+        def on_validation_epoch_start(self):
+            self.val_sum, self.val_count = torch.tensor(0.0), 0
 
         def validation_step(self, batch, _):
             x, y = batch
             loss = torch.nn.functional.mse_loss(self.net(x), y)
             if sync_dist:
                 self.log("val_loss", loss, sync_dist=True)
+                # Lightning's accumulation of an epoch-level mean: value += mean x batch size
+                self.val_sum += loss.detach() * x.shape[0]
+                self.val_count += x.shape[0]
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -154,6 +162,18 @@ def _lightning_fit(ctx, backend: str, sync_dist: bool):
     trainer.fit(module, loader, loader if sync_dist else None)
     assert trainer.global_step == STEPS, trainer.global_step
     assert dist.get_backend() == backend, dist.get_backend()
+    if sync_dist:
+        # by hand: the mean over ranks of the last step's loss; for the epoch-level val_loss,
+        # (sum over ranks of loss x batch size) / (sum of batch sizes), each over ranks
+        mine = [module.last_train_loss, module.val_sum, module.val_count]
+        every = [None] * ctx.ws
+        dist.all_gather_object(every, mine)
+        ws = ctx.ws
+        train = torch.stack([e[0] for e in every]).sum(0) / ws
+        val = (torch.stack([e[1] for e in every]).sum(0) / ws) / (sum(e[2] for e in every) / ws)
+        logged.update(train_logged=trainer.callback_metrics["train_loss"].clone(),
+                      val_logged=trainer.callback_metrics["val_loss"].clone(),
+                      train_by_hand=train, val_by_hand=val)
     return list(module.net.parameters())
 
 
@@ -164,7 +184,20 @@ def case_lightning_ddp(ctx):
 
 @case("lightning")
 def case_lightning_sync_dist(ctx):
-    return both(ctx, lambda b: _lightning_fit(ctx, b, sync_dist=True))
+    """Lightning reduces logged values with ReduceOp.AVG on every backend not named "gloo" (an
+    integer AVG for the batch-size counts) and with SUM / world size on gloo: the logged
+    metrics must equal gloo's and the values computed by hand, exactly (at 2 ranks halving a
+    float is exact either way)."""
+    logged = {"ringcomm": {}, "gloo": {}}
+    info = both(ctx, lambda b: _lightning_fit(ctx, b, sync_dist=True, logged=logged[b]))
+    rc, gl = logged["ringcomm"], logged["gloo"]
+    for key in ("train", "val"):
+        a, g, hand = rc[f"{key}_logged"], gl[f"{key}_logged"], rc[f"{key}_by_hand"]
+        assert torch.equal(a, g), f"{key}_loss: ringcomm logged {a.item()!r}, gloo {g.item()!r}"
+        assert torch.equal(a, hand), f"{key}_loss: logged {a.item()!r}, by hand {hand.item()!r}"
+        assert torch.equal(g, gl[f"{key}_by_hand"]), f"{key}_loss: gloo run's own hand value"
+    return f"{info}; train_loss {rc['train_logged'].item():.6g}, val_loss " \
+           f"{rc['val_logged'].item():.6g} equal to gloo's and by hand"
 
 
 # ---- accelerate -----------------------------------------------------------------------------------

@@ -26,8 +26,9 @@ import ringcomm
 from ringcomm.tables import DTYPE_CODES, torch_dtype_codes
 
 from .hooks import add_issue_hook, issue_hooks, live_groups, remove_issue_hook
-from .staging import (SUPPORTED_DTYPES, cat, check_tensors, contig, copy_out, flat_view, invalid, one,
-                      reduce_op, reducible, same_dtype, unsupported, writeback)
+from .staging import (SUPPORTED_DTYPES, avg_divide, cat, check_tensors, contig, copy_out, flat_view,
+                      int_avg, invalid, one, reduce_op, reducible, same_dtype, then, unsupported,
+                      writeback)
 from .work import DoneWork, MultiWork, RingcommWork, Waiter, timeout_seconds
 
 __all__ = ["RingcommProcessGroup", "RingcommWork", "create_process_group", "add_issue_hook",
@@ -71,6 +72,32 @@ class _Step:
     def __init__(self, launch: Callable[[bool], object], finish: Callable[[], None] | None = None):
         self.launch = launch   # launch(async_op) -> handle (async) / None (sync)
         self.finish = finish   # run after success (copy a staged result out)
+
+
+class _BarrierHandle:
+    """A barrier's ringcomm handle whose wait is bounded by the barrier's own timeout."""
+    __slots__ = ("_h", "_limit", "_rank", "_size")
+
+    def __init__(self, h, limit: float, rank: int, size: int):
+        self._h, self._limit, self._rank, self._size = h, limit, rank, size
+
+    def wait(self, timeout: float | None = None):
+        t = self._limit if timeout is None else min(float(timeout), self._limit)
+        try:
+            return self._h.wait(t)
+        except ringcomm.TimeoutError as e:
+            if self._h.is_completed():
+                raise
+            raise ringcomm.TimeoutError(
+                f"ringcomm barrier: not every rank of the group (size {self._size}) arrived "
+                f"within the barrier's timeout of {self._limit:g} s (waiting on rank "
+                f"{self._rank})") from e
+
+    def is_completed(self) -> bool:
+        return self._h.is_completed()
+
+    def exception(self):
+        return self._h.exception()
 
 
 # ---- the process group -----------------------------------------------------------------------------------
@@ -190,7 +217,8 @@ class RingcommProcessGroup(dist.ProcessGroup):
             buf.mul_(factor)  # in place: the all-reduce overwrites the tensor anyway
         comm = self._comm
         return _Step(lambda a: comm.all_reduce(buf, op=rop, async_op=a),
-                     writeback(t, buf) if staged else None)
+                     then(avg_divide(buf, self._size) if int_avg(op, t.dtype) else None,
+                          writeback(t, buf) if staged else None))
 
     def _all_gather_single_step(self, out: torch.Tensor, inp: torch.Tensor, coll: str) -> _Step:
         check_tensors(coll, (out, inp))
@@ -219,7 +247,8 @@ class RingcommProcessGroup(dist.ProcessGroup):
         comm = self._comm
         ri, ro = reducible(ibuf, rop), reducible(obuf, rop)
         return _Step(lambda a: comm.reduce_scatter(ro, ri, op=rop, async_op=a),
-                     writeback(out, obuf) if staged else None)
+                     then(avg_divide(obuf, self._size) if int_avg(op, inp.dtype) else None,
+                          writeback(out, obuf) if staged else None))
 
     # ---- all-reduce ------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -273,7 +302,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         # One all-reduce over the concatenation, then copy back.
         flat = cat(tensors)
         step = self._allreduce_step(flat, opts.reduceOp, "allreduce_coalesced")
-        step.finish = lambda: copy_out(flat, tensors)
+        step.finish = then(step.finish, lambda: copy_out(flat, tensors))
         return self._run("allreduce_coalesced", opts, [step], tensors)
 
     # ---- broadcast / reduce -------------------------------------------------------------------------
@@ -309,8 +338,11 @@ class RingcommProcessGroup(dist.ProcessGroup):
                 staged = False
         comm = self._comm
         rbuf = reducible(buf, rop)
+        on_root = self._rank == root
         step = _Step(lambda a: comm.reduce(rbuf, root=root, op=rop, async_op=a),
-                     writeback(t, buf) if staged and self._rank == root else None)
+                     then(avg_divide(buf, self._size)
+                          if on_root and int_avg(opts.reduceOp, t.dtype) else None,
+                          writeback(t, buf) if staged and on_root else None))
         return self._run("reduce", opts, [step], [t])
 
     # ---- all-gather ------------------------------------------------------------------------------------
@@ -343,13 +375,33 @@ class RingcommProcessGroup(dist.ProcessGroup):
 
     @_collective("all_gather")
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        """torch's layout (as gloo): ``output_lists[r][i]`` receives rank r's ``input_tensors[i]``.
+        One all-gather of the concatenated inputs; rank r's block of the result holds its inputs
+        back to back, copied out to ``output_lists[r]``."""
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        if len(output_lists) != len(input_tensors):
-            raise invalid("allgather_coalesced: one output list per input tensor is required")
-        steps = [self._allgather_list_step(list(o), i, "allgather_coalesced")
-                 for o, i in zip(output_lists, input_tensors)]
-        outs = [t for o in output_lists for t in o]
-        return self._run("allgather_coalesced", opts, steps, outs)
+        coll = "allgather_coalesced"
+        ins = list(input_tensors)
+        lists = [list(o) for o in output_lists]
+        if len(lists) != self._size:
+            raise invalid(f"{coll}: one output list per rank is required ({self._size}); got "
+                           f"{len(lists)}")
+        outs = [t for o in lists for t in o]
+        check_tensors(coll, [*ins, *outs])
+        same_dtype(coll, [*ins, *outs])
+        for r, o in enumerate(lists):
+            if len(o) != len(ins) or any(x.numel() != i.numel() for x, i in zip(o, ins)):
+                raise invalid(f"{coll}: output list {r} must hold one tensor per input, of the "
+                               f"inputs' sizes {[i.numel() for i in ins]}; got "
+                               f"{[x.numel() for x in o]}")
+        if not ins:
+            return self._run(coll, opts, [], [])
+        flat_in = cat(ins)
+        flat_out = torch.empty(flat_in.numel() * self._size, dtype=flat_in.dtype,
+                               device=flat_in.device)
+        comm = self._comm
+        step = _Step(lambda a: comm.all_gather(flat_out, flat_in, async_op=a),
+                     lambda: copy_out(flat_out, outs))
+        return self._run(coll, opts, [step], outs)
 
     @_collective("all_gather")
     def all_gather_single(self, output, input, opts=None):
@@ -537,9 +589,22 @@ class RingcommProcessGroup(dist.ProcessGroup):
     # ---- barrier ---------------------------------------------------------------------------------------
     @_collective("barrier")
     def barrier(self, opts=None):
+        """``opts.timeout`` (``dist.barrier(timeout=)``; unset: the group's timeout) bounds the
+        wait: past it, ``ringcomm.TimeoutError`` naming the barrier. The barrier itself stays
+        issued, so a late rank still completes it and the ranks' collective order stays aligned."""
         opts = opts if opts is not None else _c10d.BarrierOptions()
         comm = self._comm
-        return self._run("barrier", opts, [_Step(lambda a: comm.barrier(async_op=a))], [])
+        limit = timeout_seconds(getattr(opts, "timeout", None), 0.0)
+        if limit <= 0 or limit >= self._timeout_s:
+            return self._run("barrier", opts, [_Step(lambda a: comm.barrier(async_op=a))], [])
+
+        def launch(async_op):
+            h = _BarrierHandle(comm.barrier(async_op=True), limit, self._rank, self._size)
+            if async_op:
+                return h
+            h.wait()
+            return None
+        return self._run("barrier", opts, [_Step(launch)], [])
 
     def monitored_barrier(self, *args, **kwargs):
         raise unsupported("monitored_barrier (torch implements it for gloo only); use barrier()")

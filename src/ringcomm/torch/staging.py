@@ -11,7 +11,8 @@ import torch.distributed as dist
 import ringcomm
 from ringcomm.tables import torch_dtype_codes
 
-__all__ = ["SUPPORTED_DTYPES", "unsupported", "invalid", "reduce_op", "reducible", "check_tensors",
+__all__ = ["SUPPORTED_DTYPES", "unsupported", "invalid", "reduce_op", "int_avg", "avg_divide",
+           "then", "reducible", "check_tensors",
            "same_dtype", "one", "contig", "writeback", "flat_view", "copy_out", "cat"]
 
 # dtypes ringcomm's core reduces and moves (the API contract). Checked here so that the message
@@ -23,8 +24,10 @@ _RT = dist.ReduceOp.RedOpType
 _OPS = {int(getattr(_RT, name).value): getattr(ringcomm.ReduceOp, name)
         for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")}
 _PREMUL_SUM = int(_RT.PREMUL_SUM.value)
-# The allreduce fast path's table: torch dtype -> core dtype code (bool excluded: its bitwise ops
-# need the uint8 view of the general path).
+_AVG = int(_RT.AVG.value)
+_INT_DTYPES = frozenset({torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+                         torch.uint16, torch.uint32, torch.uint64}) & SUPPORTED_DTYPES
+
 # ---- helpers ------------------------------------------------------------------------------------------
 def unsupported(what: str) -> Exception:
     return ringcomm.UnsupportedError(f"ringcomm does not support {what}")
@@ -38,6 +41,8 @@ def reduce_op(op, dtype=None) -> tuple[object, object | None]:
     """torch ReduceOp -> (ringcomm.ReduceOp, PREMUL_SUM factor or None)."""
     kind = getattr(op, "op", op)
     code = kind.value
+    if code == _AVG and dtype in _INT_DTYPES:
+        return ringcomm.ReduceOp.SUM, None  # the caller divides afterwards: see int_avg
     rop = _OPS.get(code)
     if rop is not None:
         return rop, None
@@ -46,6 +51,35 @@ def reduce_op(op, dtype=None) -> tuple[object, object | None]:
             raise unsupported(f"PREMUL_SUM on {dtype} tensors (floating point only)")
         return ringcomm.ReduceOp.SUM, op.factor
     raise unsupported(f"reduce op {kind}")
+
+
+def int_avg(op, dtype) -> bool:
+    """True for ReduceOp.AVG on an integer dtype, which the torch backend runs as NCCL does:
+    a SUM (wrapping in the dtype, like every integer sum), then each element divided by the
+    group size with C's integer ``/`` (truncation toward zero; NCCL's ncclAvg on integer types
+    is its "sum, then post-divide" reduction, ``FuncSumPostDiv``, which applies ``x / nranks``
+    in the element type). ``reduce_op`` maps it to SUM; the plain ``ringcomm`` API keeps
+    refusing AVG on integers (UnsupportedError), so only torch callers get this rounding."""
+    return dtype in _INT_DTYPES and getattr(op, "op", op).value == _AVG
+
+
+def avg_divide(buf: torch.Tensor, size: int) -> Callable[[], None]:
+    """The post-division of an integer AVG: in place on the reduced buffer."""
+    return lambda: buf.div_(size, rounding_mode="trunc")
+
+
+def then(*fns) -> Callable[[], None] | None:
+    """The finish steps ``fns`` (None entries skipped) in order, as one callable (or None)."""
+    fns = [f for f in fns if f is not None]
+    if not fns:
+        return None
+    if len(fns) == 1:
+        return fns[0]
+
+    def run():
+        for f in fns:
+            f()
+    return run
 
 
 _BITWISE = frozenset({ringcomm.ReduceOp.BAND, ringcomm.ReduceOp.BOR, ringcomm.ReduceOp.BXOR})
