@@ -121,3 +121,27 @@ def bad_inputs(rank, world):
     except ringcomm.ClosedError:
         results.append(("after close", "ClosedError"))
     return results
+
+
+def huge_timeout(rank, world, timeout, late_s):
+    """A collective under an infinite or huge timeout: it completes, and a peer arriving late_s
+    seconds after the other is waited for (no immediate TimeoutError)."""
+    import ringcomm
+    comm = _init(rank, world, timeout=timeout)
+    try:
+        x = np.full(1000, rank + 1.0, np.float32)
+        comm.all_reduce(x)
+        first = float(x[0])
+        if rank == 1:
+            time.sleep(late_s)
+        t0 = time.monotonic()
+        y = np.ones(8, np.float32)
+        comm.all_reduce(y)
+        dt = time.monotonic() - t0
+        comm.all_reduce(y, async_op=True).wait(timeout)  # Work.wait under the same timeout
+        return ("ok", first, y.tolist(), dt)
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e))
+    finally:
+        comm.close()
+

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "common/knobs.h"
@@ -66,6 +67,15 @@ std::string random_name() {
 }
 
 }  // namespace
+
+int64_t deadline_after(int64_t now_ns, double seconds) {
+  constexpr int64_t kFar = std::numeric_limits<int64_t>::max();
+  if (!(seconds > 0)) return now_ns;
+  const double ns = seconds * 1e9;
+  // Compare in double before converting: a double >= 2^63 does not fit an int64 (UB).
+  if (!(ns < static_cast<double>(kFar - now_ns))) return kFar;
+  return now_ns + static_cast<int64_t>(ns);
+}
 
 struct BoardEntry {
   Word seq;        // the collective sequence number this entry holds (0 = none yet)
@@ -364,7 +374,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
     if (now >= active_end) break;
   }
   // Sleep phase: futex in slices, checking peers and the deadline between slices.
-  const int64_t deadline = t0 + static_cast<int64_t>(cfg_.timeout_s * 1e9);
+  const int64_t deadline = deadline_after(t0, cfg_.timeout_s);
   int64_t next_liveness = t0;
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);

@@ -87,6 +87,10 @@ struct SlotMeta {
 };
 static_assert(sizeof(SlotMeta) == 64, "SlotMeta is one cache line");
 
+/// now_ns + seconds, saturated: an infinite, huge or NaN-free oversized timeout gives a deadline
+/// in the far future (INT64_MAX), never an overflowed one in the past.
+int64_t deadline_after(int64_t now_ns, double seconds);
+
 enum class PeerState : uint32_t { kAlive = 0, kClosed = 1, kAborted = 2 };
 
 struct SegmentHeader;  // in shm.cpp
