@@ -145,3 +145,33 @@ def huge_timeout(rank, world, timeout, late_s):
     finally:
         comm.close()
 
+
+
+def board_wrap(rank, world, last_seq):
+    """Collectives numbered across the 2^32 wrap of the header board's word. Rank 1 is late for
+    the first barrier, so it leaves it at once and posts the next header while rank 0 may still
+    be reading the previous one (a board entry reused too early loses it)."""
+    import ringcomm
+    comm = _init(rank, world, timeout=5)
+    comm._c._set_last_seq_for_test(last_seq)
+    try:
+        if rank == 1:
+            # Late, then two headers back to back from the progress thread: the second is
+            # posted microseconds after the first, while rank 0 is still waking up to read it.
+            time.sleep(0.5)
+            works = [comm.barrier(async_op=True) for _ in range(2)]
+            for w in works:
+                w.wait()
+        else:
+            comm.barrier()
+            comm.barrier()
+        out = []
+        for i in range(4):
+            x = np.full(10 + i, rank + 1.0 + i, np.float32)
+            comm.all_reduce(x)
+            out.append(x.tolist())
+        return ("ok", out, comm._c.next_seq())
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e), 0)
+    finally:
+        comm.close()

@@ -112,8 +112,11 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   int64_t slot = knob_bytes("RINGCOMM_SLOT_BYTES");
   int64_t nslots = knob_int("RINGCOMM_NSLOTS");
   RC_CHECK(slot >= 64, InvalidArgument, "RINGCOMM_SLOT_BYTES must be >= 64, got " << slot);
-  RC_CHECK(nslots >= 2 && nslots <= 1024, InvalidArgument,
-           "RINGCOMM_NSLOTS must be in [2, 1024] (the ring's fused forward needs two), got " << nslots);
+  // A power of two divides 2^32, so the slot index `counter % nslots` stays in step across the
+  // wrap of the 32-bit head/tail counters.
+  RC_CHECK(nslots >= 2 && nslots <= 1024 && (nslots & (nslots - 1)) == 0, InvalidArgument,
+           "RINGCOMM_NSLOTS must be in [2, 1024] and a power of two (the ring's fused forward needs two; "
+           "the slot index wraps with the 32-bit counters), got " << nslots);
   c.slot_bytes = round_up(static_cast<size_t>(slot), 64);
   c.nslots = static_cast<uint32_t>(nslots);
   c.timeout_s = timeout_s > 0 ? timeout_s : knob_double("RINGCOMM_TIMEOUT");
