@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -161,13 +162,30 @@ std::string ShmTransport::create() {
   RC_CHECK(fd >= 0, Error, "ringcomm: shm_open(" << name << ") failed: " << std::strerror(errno));
   own_name_ = name;
   own_unlinked_ = false;
-  if (ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
-    int e = errno;
+  // Allocate every page now: a segment sized with ftruncate alone is sparse, and a /dev/shm too
+  // small for it kills the rank with SIGBUS at the first touch of a missing page, mid-collective.
+  int e = posix_fallocate(fd, 0, static_cast<off_t>(seg_bytes_));
+  if (e == EINVAL || e == EOPNOTSUPP) e = ftruncate(fd, static_cast<off_t>(seg_bytes_)) == 0 ? 0 : errno;
+  if (e != 0) {
+    struct statvfs vfs;
+    const bool have_vfs = fstatvfs(fd, &vfs) == 0;
     ::close(fd);
     shm_unlink(name.c_str());
     own_unlinked_ = true;
-    RC_THROW(Error, "ringcomm: ftruncate of shared memory to " << seg_bytes_ << " bytes failed: "
-                                                               << std::strerror(e));
+    std::ostringstream o;
+    o << "ringcomm: rank " << rank_ << " cannot allocate its " << seg_bytes_ << " bytes of shared memory ("
+      << std::strerror(e) << "); /dev/shm has ";
+    if (have_vfs) {
+      o << static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize << " bytes free of "
+        << static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+    } else {
+      o << "an unknown amount free";
+    }
+    o << ", and " << world_ << " ranks need about " << static_cast<uint64_t>(seg_bytes_) * world_
+      << " bytes in all (" << kNumLanes << " lanes x " << world_ << " peers x " << cfg_.nslots << " slots of "
+      << cfg_.slot_bytes << " bytes per rank). Fixes: a larger /dev/shm (docker run --shm-size=1g, or remount "
+      << "/dev/shm with a larger size=), or smaller slots (RINGCOMM_SLOT_BYTES) or fewer of them (RINGCOMM_NSLOTS)";
+    throw Error(o.str());
   }
   void* p = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
@@ -335,7 +353,8 @@ void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
     throw_error(valid_error_code(code) ? static_cast<ErrorCode>(code) : ErrorCode::kPeerFailure, text);
   }
   RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer
-                                     << " closed its communicator before completing this operation");
+                                     << " closed its communicator before completing this operation (rank " << peer
+                                     << " closed)");
 }
 
 void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
@@ -344,6 +363,9 @@ void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
     auto* h = reinterpret_cast<SegmentHeader*>(base_[p]);
     uint32_t st = h->state.v.load(std::memory_order_acquire);
     if (st == static_cast<uint32_t>(PeerState::kAborted)) fail_peer_state(p, w);
+    // A peer that closed cleanly may have exited: it is closed, never dead. A wait on it raises
+    // "closed" (wait_until's state check); other waits go on.
+    if (st == static_cast<uint32_t>(PeerState::kClosed)) continue;
     if (check_liveness && peer_dead(p)) {
       RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << p << " (pid " << pids_[p]
                                          << ") died");
