@@ -33,7 +33,7 @@ def _rank(rank, world, nodes, sizes, iters, warmup, reps, store_dir):
     flat_rc = ringcomm.init(prefix="bench/flat", **init)
     os.environ.update(hier.fake_nodes_env(rank, world, nodes))
     hier_rc = ringcomm.init(prefix="bench/hier", **init)
-    store = hier._c10d_store(FileStore(store_dir))   # keep a reference: a Python-side c10d Store
+    store = hier.c10d_store(FileStore(store_dir))   # keep a reference: a Python-side c10d Store
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("bench/gloo", store), rank, world,
                                  datetime.timedelta(seconds=300))
     runners = {

@@ -302,7 +302,7 @@ def netns_rank(local, local_size, node, world, store_dir, ifname, nbytes):
     from ringcomm.rendezvous import FileStore
     rank = node * local_size + local
     comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + store_dir, timeout=60)
-    base = hier._c10d_store(FileStore(store_dir, timeout=60))
+    base = hier.c10d_store(FileStore(store_dir, timeout=60))
     flat = dist.ProcessGroupGloo(dist.PrefixStore("flat-gloo", base), rank, world,
                                  datetime.timedelta(seconds=60))
     out = {"rank": rank, "type": type(comm).__name__, "node": getattr(comm, "node", None),

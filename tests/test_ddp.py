@@ -237,6 +237,19 @@ def _ddp_cases(rank, world_size):
         opt.step()
     out["grads_are_views"] = inside
     out["bucket_param_count"] = sum(len(b.params) for b in ddp.buckets)
+    # ... and the buckets are slices, in bucket order, of one contiguous buffer
+    (flat,) = ddp.flat_buffers.values()
+    base, esz = flat.data_ptr(), flat.element_size()
+    starts = [(b.buffer.data_ptr() - base) // esz for b in ddp.buckets]
+    out["one_buffer"] = {
+        "same_storage": all(b.buffer.untyped_storage().data_ptr()
+                            == flat.untyped_storage().data_ptr() for b in ddp.buckets),
+        "ordered": all(s0 + b.buffer.numel() <= s1 for s0, s1, b in
+                       zip(starts, starts[1:], ddp.buckets)),
+        "aligned": all(s % 64 == 0 for s in starts),
+        "fits": starts[-1] + ddp.buckets[-1].buffer.numel() <= flat.numel(),
+        "nbuckets": len(ddp.buckets),
+        "slack": flat.numel() - sum(b.buffer.numel() for b in ddp.buckets)}
 
     # 7. BucketedDDP + checkpoint on a residual network vs single process.
     make_ck = lambda: _ResNet(checkpointed=True)   # noqa: E731
@@ -329,6 +342,9 @@ def test_grads_are_views_into_flat_bucket_buffers(world_size, backend):
         # the tensor handed to all_reduce is the bucket's own buffer: no concatenation copy
         assert all(is_buffer for _, _, is_buffer in
                    (e for e in r["overlap_events"] if e[0] == "all_reduce"))
+        ob = r["one_buffer"]
+        assert ob["nbuckets"] >= 2 and ob["same_storage"] and ob["ordered"] and ob["aligned"]
+        assert ob["fits"] and 0 <= ob["slack"] < 64 * ob["nbuckets"]
 
 
 @pytest.mark.timeout(180)

@@ -9,7 +9,8 @@ import tempfile
 import pytest
 
 pytest.importorskip("torch")
-import ringcomm.hier as hier  # noqa: E402
+import ringcomm  # noqa: E402
+import ringcomm.hier  # noqa: E402,F401 - the package under test must import
 
 
 @pytest.mark.timeout(240)
@@ -22,7 +23,7 @@ def test_mpi_engine():
     if mpiexec is None:
         pytest.skip("mpiexec is not installed")
     here = os.path.dirname(os.path.abspath(__file__))
-    src = os.path.dirname(os.path.dirname(os.path.abspath(hier.__file__)))
+    src = os.path.dirname(os.path.dirname(os.path.abspath(ringcomm.__file__)))
     d = tempfile.mkdtemp(prefix="rc-hier-mpi-")
     try:
         store, out = os.path.join(d, "store"), os.path.join(d, "out")

@@ -45,6 +45,34 @@ def test_comm_timer_install_uninstall_restores():
     assert dist.all_reduce is before
 
 
+def test_timed_work_is_a_ringcomm_work_and_times_wait():
+    import time
+
+    import ringcomm
+    from ringcomm.train.comm_timer import _TimedWork
+
+    class Inner:
+        def wait(self, timeout=None):
+            time.sleep(0.01)
+            return True
+
+        def is_completed(self):
+            return True
+
+        def exception(self):
+            return None
+
+        def get_future(self):
+            return "future"
+    timer = train.CommTimer()
+    timer.active = True
+    w = _TimedWork(Inner(), timer)
+    assert isinstance(w, ringcomm.Work)
+    assert w.wait() is True and w.wait() is True       # passed through each time
+    assert timer.seconds >= 0.02
+    assert w.is_completed() and w.exception() is None and w.get_future() == "future"
+
+
 def test_model_state_bytes_counts_storages_once():
     m = nn.Linear(10, 10)
     opt = torch.optim.AdamW(m.parameters())

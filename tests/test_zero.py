@@ -39,6 +39,7 @@ from torch import nn
 from torch_ranks import BACKENDS, require_backend, run_ranks
 
 import ringcomm.zero as zero
+import ringcomm.zero.collectives as zero_collectives
 from ringcomm.zero import DynamicLossScaler, ZeroOptimizer, ZeroStage3
 
 STEPS = 5
@@ -222,8 +223,8 @@ def _case_fp32(rank, ws, ctx, stage, bucket_cap_mb=None, collectives=None, patch
     if patch_native:  # a backend without native reduce-scatter / all-gather
         def refuse(*a, **k):
             raise RuntimeError("simulated: backend has no native reduce_scatter/all_gather")
-        saved = zero._reduce_scatter_fn, zero._all_gather_fn
-        zero._reduce_scatter_fn = zero._all_gather_fn = refuse
+        saved = zero_collectives._reduce_scatter_fn, zero_collectives._all_gather_fn
+        zero_collectives._reduce_scatter_fn = zero_collectives._all_gather_fn = refuse
     try:
         model = _mlp()
         names = _names(model)
@@ -237,7 +238,7 @@ def _case_fp32(rank, ws, ctx, stage, bucket_cap_mb=None, collectives=None, patch
             masters = _masters(stage, opt, names)
     finally:
         if patch_native:
-            zero._reduce_scatter_fn, zero._all_gather_fn = saved
+            zero_collectives._reduce_scatter_fn, zero_collectives._all_gather_fn = saved
     out = {"master_diff": _max_diff(masters, ref),
            "collectives": opt.collectives_used,
            "fallback_warnings": sum("fallback" in str(w.message) for w in caught)}
@@ -494,6 +495,148 @@ def _case_memory_budget(rank, ws, ctx, stage):
             "breakdown": mb, "ngroups": len(opt._groups), "psi": psi}
 
 
+def _count_calls(opt) -> dict:
+    """Count the collectives ``opt`` issues (wraps its ``_Collectives`` instance's methods)."""
+    counts = {"reduce_scatter": 0, "all_gather": 0, "all_reduce": 0, "broadcast": 0}
+    comm = opt._comm
+    for attr, key in (("reduce_scatter_sum", "reduce_scatter"), ("all_gather", "all_gather"),
+                      ("all_reduce_sum", "all_reduce"), ("broadcast", "broadcast")):
+        def counting(*a, _f=getattr(comm, attr), _k=key, **k):
+            counts[_k] += 1
+            return _f(*a, **k)
+        setattr(comm, attr, counting)
+    return counts
+
+
+def _backend_issues():
+    """On the ringcomm backend: a list that its issue hook appends op names to, and a remover."""
+    import torch.distributed as dist
+    if dist.get_backend() != "ringcomm":
+        return None, lambda: None
+    import ringcomm.torch as rt
+    ops: list = []
+
+    def hook(op, group_name, seq, t):
+        ops.append(op)
+    rt.add_issue_hook(hook)
+    return ops, lambda: rt.remove_issue_hook(hook)
+
+
+def _case_no_sync(rank, ws, ctx, stage, micro=2, all_inside=False):
+    """Gradient accumulation: ``micro`` micro-batches per step, the first micro-1 (or all) under
+    ``no_sync()``; compared with one full batch per step in one process (plain AdamW)."""
+    import contextlib
+    ref = _ref(("fp32", STEPS), lambda: _reference_fp32(_mlp, STEPS))
+    model = _mlp()
+    names = _names(model)
+    fwd, opt = _make(stage, model, **({"bucket_cap_mb": TINY_BUCKET_MB} if stage == 2 else {}))
+    counts = _count_calls(opt)
+    ops, remove = _backend_issues()
+    per = BATCH // ws
+    in_no_sync = {k: 0 for k in counts}
+    backend_in_no_sync: list = []
+    local_grad_elems = []
+    try:
+        for step in range(STEPS):
+            x, y = _data(step)
+            x, y = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+            chunks = list(zip(x.chunk(micro), y.chunk(micro)))
+            for i, (xm, ym) in enumerate(chunks):
+                inside = all_inside or i < len(chunks) - 1
+                before = dict(counts)
+                n_ops = len(ops) if ops is not None else 0
+                with opt.no_sync() if inside else contextlib.nullcontext():
+                    (_loss(fwd(xm), ym) / micro).backward()
+                if inside:
+                    for k in counts:
+                        in_no_sync[k] += counts[k] - before[k]
+                    if ops is not None:
+                        backend_in_no_sync += ops[n_ops:]
+                    if stage != 3:
+                        local_grad_elems.append(sum(p.grad.numel() for p in model.parameters()
+                                                    if p.grad is not None))
+            opt.step()
+            opt.zero_grad()
+    finally:
+        remove()
+    return {"master_diff": _max_diff(_masters(stage, opt, names), ref),
+            "in_no_sync": in_no_sync, "backend_in_no_sync": sorted(set(backend_in_no_sync)),
+            "backend_counted": ops is not None, "local_grad_elems": local_grad_elems,
+            "psi": sum(p.numel() for p in _mlp().parameters())}
+
+
+def _case_offload(rank, ws, ctx, stage, precision=None):
+    """offload="cpu" against the same run without it: bitwise equal masters and checkpoints; the
+    masters are host tensors separate from the compute parameters."""
+    kw = {"mixed_precision": precision}
+    model_a, model_b = _mlp(), _mlp()
+    names = _names(model_a)
+    fwd_a, opt_a = _make(stage, model_a, offload="cpu", **kw)
+    fwd_b, opt_b = _make(stage, model_b, **kw)
+    _train(fwd_a, opt_a, STEPS)
+    _train(fwd_b, opt_b, STEPS)
+    out = {"master_diff": _max_diff(_masters(stage, opt_a, names), _masters(stage, opt_b, names)),
+           "offload": opt_a.offload, "plain_offload": opt_b.offload}
+    if stage == 3:
+        compute = [u.shard for u in opt_a._groups]
+    else:
+        compute = [b.flat_param for b in opt_a._groups]
+        out["param_diff"] = _max_diff({n: p.detach() for n, p in model_a.named_parameters()},
+                                      {n: p.detach() for n, p in model_b.named_parameters()})
+    out["separate"] = all(g.master.untyped_storage().data_ptr() != c.untyped_storage().data_ptr()
+                          for g, c in zip(opt_a._groups, compute))
+    out["master_devices"] = sorted({g.master.device.type for g in opt_a._groups})
+    mb = opt_a.memory_breakdown()
+    out["offloaded"] = mb["offloaded"]
+    out["host_expected"] = mb["optimizer_states"] + mb["master_weights"]
+    out["plain_offloaded"] = opt_b.memory_breakdown()["offloaded"]
+    sd_a, sd_b = opt_a.state_dict(), opt_b.state_dict()
+    if sd_a is not None:
+        diffs = [_max_diff(sd_a["params"], sd_b["params"])]
+        for key, st in sd_b["state"].items():
+            for name, v in st.items():
+                diffs.append(float((sd_a["state"][key][name].float() - v.float()).abs().max()))
+        out["checkpoint_diff"] = max(diffs)
+    return out
+
+
+def _case_volume(rank, ws, ctx):
+    """Bytes per rank through each kind of collective during 2 training steps (fp32), counted by
+    ringcomm.train.comm_volume: BucketedDDP's all-reduce vs ZeRO-1/2/3's reduce-scatter and
+    all-gather."""
+    from ringcomm.ddp import BucketedDDP
+    from ringcomm.train.comm_volume import CommVolume
+    steps = 2
+    per = BATCH // ws
+    out = {"psi": sum(p.numel() for p in _mlp().parameters()), "steps": steps}
+    for name in ("ddp", "zero1", "zero2", "zero3"):
+        model = _mlp()
+        if name == "ddp":
+            fwd = BucketedDDP(model, bucket_cap_mb=TINY_BUCKET_MB, first_bucket_mb=TINY_BUCKET_MB)
+            opt = torch.optim.AdamW(fwd.parameters(), lr=LR, weight_decay=WD)
+            padded = out["psi"]
+        else:
+            fwd, opt = _make(int(name[-1]), model,
+                             **({"bucket_cap_mb": TINY_BUCKET_MB} if name != "zero3" else {}))
+            padded = sum(g.layout.padded_numel for g in opt._groups)
+        vol = CommVolume().install()
+        try:
+            vol.active = True
+            for step in range(steps):
+                x, y = _data(step)
+                x, y = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+                _loss(fwd(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+            vol.active = False
+        finally:
+            vol.uninstall()
+        c = vol.counts()
+        out[name] = {"counts": c, "padded": padded,
+                     "ngroups": len(fwd.buckets) if name == "ddp" else len(opt._groups)}
+    return out
+
+
 def _rank_cases(rank, ws, ckpt_dir):
     """Every case, in a fixed order (all ranks run the same collectives in the same order)."""
     import torch.distributed as dist
@@ -516,6 +659,13 @@ def _rank_cases(rank, ws, ckpt_dir):
     for stage in (1, 2, 3):
         cases.append((f"extras/{stage}", _case_extras, {"stage": stage}))
         cases.append((f"memory-budget/{stage}", _case_memory_budget, {"stage": stage}))
+    for stage in (1, 2, 3):
+        cases.append((f"no-sync/{stage}", _case_no_sync, {"stage": stage}))
+        cases.append((f"no-sync-all/{stage}", _case_no_sync, {"stage": stage, "all_inside": True}))
+        cases.append((f"offload/{stage}", _case_offload, {"stage": stage}))
+    cases.append(("offload/2/bf16", _case_offload, {"stage": 2, "precision": "bf16"}))
+    cases.append(("offload/3/bf16", _case_offload, {"stage": 3, "precision": "bf16"}))
+    cases.append(("volume", _case_volume, {}))
     cases.append(("ckpt-save/2/fp16", _case_checkpoint_save, {"stage": 2, "precision": "fp16"}))
     cases.append(("ckpt-save/3/bf16", _case_checkpoint_save, {"stage": 3, "precision": "bf16"}))
     # the fallback collectives: forced, and switched to automatically when the backend raises
@@ -779,6 +929,94 @@ def test_fallback_used_when_backend_raises(backend, ws, stage):
         assert r["master_diff"] <= FP32_TOL
 
 
+@pytest.mark.timeout(330)
+@params_bw
+@params_ws
+@params_stage
+@pytest.mark.parametrize("variant", ["no-sync", "no-sync-all"])
+def test_no_sync_accumulation_equals_one_big_batch(backend, ws, stage, variant):
+    """k=2 micro-batches (loss / 2), the first (or both: step() reduces) under no_sync(): the same
+    masters as one full batch in one process, and no gradient collective inside no_sync()."""
+    for r in _case(backend, ws, f"{variant}/{stage}"):
+        assert r["master_diff"] <= FP32_TOL, r
+        c = r["in_no_sync"]
+        assert c["reduce_scatter"] == 0 and c["all_reduce"] == 0 and c["broadcast"] == 0, c
+        if stage == 3:
+            assert c["all_gather"] > 0       # stage 3 must still gather its parameters
+            if r["backend_counted"]:
+                assert r["backend_in_no_sync"] == ["all_gather_into_tensor"], r
+        else:
+            assert c["all_gather"] == 0, c    # stages 1 and 2: nothing at all
+            if r["backend_counted"]:
+                assert r["backend_in_no_sync"] == [], r
+            # the accumulated gradients stay local and full (stage 2 included)
+            assert r["local_grad_elems"] and all(n == r["psi"] for n in r["local_grad_elems"])
+        assert r["backend_counted"] == (backend == "ringcomm")
+
+
+@pytest.mark.timeout(330)
+@params_bw
+@params_ws
+@pytest.mark.parametrize("name", ["offload/1", "offload/2", "offload/3", "offload/2/bf16",
+                                  "offload/3/bf16"])
+def test_cpu_offload_is_bitwise_equal(backend, ws, name):
+    for r in _case(backend, ws, name):
+        assert r["offload"] == "cpu" and r["plain_offload"] is None
+        assert r["master_diff"] == 0.0
+        if "param_diff" in r:
+            assert r["param_diff"] == 0.0
+        assert r["separate"]                      # a host copy, not the compute tensor itself
+        assert r["master_devices"] == ["cpu"]
+        assert r["offloaded"] == r["host_expected"] > 0 and r["plain_offloaded"] == 0
+        if "checkpoint_diff" in r:
+            assert r["checkpoint_diff"] == 0.0
+
+
+@pytest.mark.timeout(330)
+@params_bw
+@params_ws
+def test_communication_volume_zero2_equals_ddp_zero3_is_1_5x(backend, ws):
+    """Per rank, over 2 fp32 steps, ring bytes ((n-1)/n of the full tensor per reduce-scatter or
+    all-gather, 2(n-1)/n per all-reduce): ZeRO-1/2 == BucketedDDP's all-reduce, ZeRO-3 == 1.5x,
+    both exactly up to ZeRO's padding (< ws elements per flat group), and equal to
+    ringcomm.memory.zero_communication_bytes. On ringcomm every byte is booked by the backend's
+    issue hook, and equals the torch.distributed-level count."""
+    from ringcomm.memory import zero_communication_bytes
+    for r in _case(backend, ws, "volume"):
+        psi, steps = r["psi"], r["steps"]
+        f = (ws - 1) / ws
+        ddp = r["ddp"]["counts"]
+        assert ddp["all_reduce"]["calls"] == steps * r["ddp"]["ngroups"]
+        assert ddp["all_reduce"]["wire"] == pytest.approx(steps * 2 * f * 4 * psi, rel=1e-12)
+        assert ddp["reduce_scatter"]["calls"] == ddp["all_gather"]["calls"] == 0
+        assert ddp["all_reduce"]["wire"] == pytest.approx(
+            steps * zero_communication_bytes(4 * psi, ws, 0), rel=1e-12)
+        for name, passes in (("zero1", 2), ("zero2", 2), ("zero3", 3)):
+            z = r[name]
+            c = z["counts"]
+            assert c["all_reduce"]["calls"] == 0 and c["broadcast"]["calls"] == 0, (name, c)
+            wire = c["reduce_scatter"]["wire"] + c["all_gather"]["wire"]
+            assert wire == pytest.approx(steps * passes * f * 4 * z["padded"], rel=1e-12)
+            assert c["all_gather"]["wire"] == pytest.approx(
+                (passes - 1) * c["reduce_scatter"]["wire"], rel=1e-12)
+            ratio = wire / ddp["all_reduce"]["wire"]
+            pad = (z["padded"] - psi) / psi
+            assert 0 <= pad <= z["ngroups"] * ws / psi
+            assert ratio == pytest.approx(passes / 2 * (1 + pad), rel=1e-12), (name, ratio)
+            formula = (zero_communication_bytes(4 * psi, ws, int(name[-1]))
+                       / zero_communication_bytes(4 * psi, ws, 0))
+            assert formula == passes / 2
+            assert formula <= ratio <= formula * (1 + z["ngroups"] * ws / psi)
+        for name in ("ddp", "zero1", "zero2", "zero3"):
+            c = r[name]["counts"]
+            if backend == "ringcomm":
+                assert c["source"] == "issue_hook" and c["hook_unattributed"] == {}, c
+                for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+                    assert c["hook"][kind] == c["dist"][kind], (name, kind)
+            else:
+                assert c["source"] == "dist"
+
+
 # ----------------------------------------------------------------------------------------------
 # single-process tests (no ranks)
 # ----------------------------------------------------------------------------------------------
@@ -822,3 +1060,12 @@ def test_argument_validation_without_process_group():
     with pytest.raises(RuntimeError, match="init_process_group"):
         ZeroStage3(nn.Linear(2, 2), torch.optim.AdamW)
     assert zero.FullyShardedModule is ZeroStage3
+
+
+def test_zero_work_is_a_ringcomm_work():
+    import ringcomm
+    done = []
+    w = zero_collectives._Work(None, lambda: done.append(1))   # synchronous: finished at once
+    assert isinstance(w, ringcomm.Work) and done == [1]
+    assert w.is_completed() and w.exception() is None and w.result() is None
+    assert done == [1]                                            # finish runs once

@@ -11,10 +11,12 @@ registers the "ringcomm" torch.distributed backend.
 from .errors import (ClosedError, InvalidArgumentError, MismatchError, PeerFailureError,
                      RingcommError, TimeoutError, UnsupportedError)
 from .launch import LaunchError, launch
+from .tables import ReduceOp
+from .work import Work
 
 # The C extension loads on first use of the API (so that, e.g., torch's backend autoload can
 # import ringcomm.torch cheaply and never fails because of the extension).
-_API_NAMES = ("Communicator", "ReduceOp", "Work", "get_default", "init", "set_default")
+_API_NAMES = ("Communicator", "CommunicatorBase", "get_default", "init", "set_default")
 
 
 def __getattr__(name):
@@ -29,7 +31,7 @@ def __getattr__(name):
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "launch", "Communicator", "Work", "ReduceOp", "get_default", "set_default",
+    "init", "launch", "Communicator", "CommunicatorBase", "Work", "ReduceOp", "get_default", "set_default",
     "RingcommError", "TimeoutError", "PeerFailureError", "MismatchError", "InvalidArgumentError",
     "UnsupportedError", "ClosedError", "LaunchError",
     "all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier", "all_to_all",

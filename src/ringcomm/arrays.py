@@ -12,16 +12,13 @@ import numpy as np
 
 from . import _C
 from .errors import InvalidArgumentError, UnsupportedError
+from .tables import DTYPE_CODES, DTYPE_NAMES, DTYPES, ITEMSIZE, SUPPORTED_DTYPES, torch_dtype_codes
 
-# Codes of rc::DType (csrc/common/dtype.h). Never renumber.
-DTYPE_CODES = {
-    "float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6,
-    "int64": 7, "bool": 8,
-}
-SUPPORTED = ", ".join(DTYPE_CODES)
-_NP_CODES = {np.dtype(n): c for n, c in DTYPE_CODES.items() if n != "bfloat16"}
+SUPPORTED = SUPPORTED_DTYPES
+_NP_CODES = {np.dtype(d.np_name): d.code for d in DTYPES if d.np_name is not None}
+_BF16 = DTYPE_CODES["bfloat16"]
 _TORCH_CODES: dict = {}   # filled on first torch tensor (torch is never imported eagerly)
-_ESIZE = {0: 4, 1: 8, 2: 2, 3: 2, 4: 1, 5: 1, 6: 4, 7: 8, 8: 1}
+_ESIZE = ITEMSIZE
 
 
 @dataclass
@@ -37,14 +34,14 @@ class Buf:
     writeable: bool
 
 
-_NAMES = {c: n for n, c in DTYPE_CODES.items()}
+_NAMES = DTYPE_NAMES
 
 
 def _numpy_buf(x: np.ndarray, what: str, writeable: bool) -> Buf:
     code = _NP_CODES.get(x.dtype)
     if code is None:
         if x.dtype.name == "bfloat16":      # ml_dtypes.bfloat16
-            code = 3
+            code = _BF16
         else:
             raise UnsupportedError(f"ringcomm: {what} has dtype {x.dtype}, supported: {SUPPORTED}")
     # One buffer-protocol request checks contiguity (and writability when the result lands here).
@@ -60,9 +57,7 @@ def _numpy_buf(x: np.ndarray, what: str, writeable: bool) -> Buf:
 
 
 def _torch_codes():
-    import torch
-    for n, c in DTYPE_CODES.items():
-        _TORCH_CODES[getattr(torch, n)] = c
+    _TORCH_CODES.update(torch_dtype_codes())
     return _TORCH_CODES
 
 
@@ -102,7 +97,7 @@ def as_buf(x, what: str = "array", writeable: bool = False) -> Buf:
         f"ringcomm: {what} of type {type(x).__name__} is not supported (numpy arrays and torch CPU tensors are)")
 
 
-# ---- CUDA routing ---------------------------------------------------------------------
+# ---- telling CUDA arrays apart (the host communicator routes them to ringcomm.cuda) ----
 _KDL_CUDA, _KDL_CUDA_MANAGED = 2, 13
 _NDARRAY = np.ndarray
 
@@ -126,14 +121,7 @@ def is_cuda_array(x) -> bool:
     return False
 
 
-def _maybe_cuda(x) -> bool:
-    c = getattr(x, "is_cuda", None)  # torch tensors answer directly (the common non-numpy case)
+def maybe_cuda(x) -> bool:
+    """is_cuda_array(x) for a non-None, non-numpy x; torch tensors answer directly."""
+    c = getattr(x, "is_cuda", None)
     return c is True if c is not None else is_cuda_array(x)
-
-
-def any_cuda_array(a, b=None) -> bool:
-    """is_cuda_array(a) or is_cuda_array(b): the host API's per-call routing test (it runs on every
-    call: ~0.07 us for numpy arrays, ~0.15 us for torch tensors)."""
-    return ((type(a) is not _NDARRAY and a is not None and _maybe_cuda(a))
-            or (b is not None and type(b) is not _NDARRAY and _maybe_cuda(b)))
-# ---- end CUDA routing -----------------------------------------------------------------

@@ -12,9 +12,12 @@ process group, overlapping the averaging with the backward pass:
 * **One flat buffer per bucket, gradients as views.** Each bucket owns one contiguous buffer and
   every parameter's ``.grad`` is a view into it, so autograd accumulates straight into the buffer
   and the all-reduce runs on it in place: there is no concatenation copy before the collective and
-  no scatter copy after it. If ``.grad`` was set to ``None`` (``optimizer.zero_grad()``), the view
-  is zeroed and re-attached at the next forward pass (or, failing that, the freshly produced
-  gradient is copied into the view when it is accumulated).
+  no scatter copy after it. The buckets' buffers are themselves slices, in bucket order, of ONE
+  allocation per dtype/device (``flat_buffers``; each slice starts 256-byte aligned, the gaps
+  stay zero), so all gradients of the model live in one contiguous buffer. If ``.grad`` was set
+  to ``None`` (``optimizer.zero_grad()``), the view is zeroed and re-attached at the next forward
+  pass (or, failing that, the freshly produced gradient is copied into the view when it is
+  accumulated).
 * **Overlap.** A ``register_post_accumulate_grad_hook`` on every parameter marks it ready; when the
   last parameter of a bucket is ready, that bucket's ``dist.all_reduce(buffer, async_op=True)`` is
   issued at once, during backward. Buckets are always issued in bucket order (a bucket that becomes
@@ -56,6 +59,9 @@ from torch.utils._pytree import tree_flatten
 __all__ = ["BucketedDDP", "Bucket"]
 
 _MB = 1024 * 1024
+#: Each bucket's slice of the contiguous gradient buffer starts at a multiple of this many
+#: elements (256 B in fp32), so that the collective sees cache-line aligned buffers.
+_BUCKET_ALIGN = 64
 
 
 class Bucket:
@@ -68,7 +74,8 @@ class Bucket:
     __slots__ = ("index", "params", "names", "offsets", "buffer", "views", "ready", "pending",
                  "work", "launched")
 
-    def __init__(self, index: int, params: list, names: list, dtype, device):
+    def __init__(self, index: int, params: list, names: list, dtype, device,
+                 buffer: torch.Tensor | None = None):
         self.index = index
         self.params = params
         self.names = names
@@ -77,7 +84,8 @@ class Bucket:
         for p in params:
             self.offsets.append(total)
             total += p.numel()
-        self.buffer = torch.zeros(total, dtype=dtype, device=device)
+        # ``buffer``: this bucket's slice of the model's contiguous gradient buffer, if given.
+        self.buffer = torch.zeros(total, dtype=dtype, device=device) if buffer is None else buffer
         self.views = [self.buffer[o:o + p.numel()].view(p.shape)
                       for o, p in zip(self.offsets, params)]
         self.ready = [False] * len(params)
@@ -188,7 +196,30 @@ class BucketedDDP(nn.Module):
                 send(chunk)
 
     def _build_buckets(self, named) -> list[Bucket]:
-        buckets: list[Bucket] = []
+        """Group parameters into buckets, then lay every bucket of one dtype/device end to end in
+        ONE contiguous buffer (``flat_buffers``), each bucket starting at a multiple of
+        ``_BUCKET_ALIGN`` elements; a bucket's buffer is its slice of it."""
+        groups = self._group_params(named)
+        totals: dict = {}
+        starts = []
+        for params, _names in groups:
+            key = (params[0].dtype, params[0].device)
+            start = -(-totals.get(key, 0) // _BUCKET_ALIGN) * _BUCKET_ALIGN
+            starts.append(start)
+            totals[key] = start + sum(p.numel() for p in params)
+        self.flat_buffers = {key: torch.zeros(n, dtype=key[0], device=key[1])
+                             for key, n in totals.items()}
+        buckets = []
+        for (params, names), start in zip(groups, starts):
+            flat = self.flat_buffers[(params[0].dtype, params[0].device)]
+            n = sum(p.numel() for p in params)
+            buckets.append(Bucket(len(buckets), params, names, params[0].dtype, params[0].device,
+                                  buffer=flat[start:start + n]))
+        return buckets
+
+    def _group_params(self, named) -> list[tuple[list, list]]:
+        """(params, names) per bucket, in bucket order (reverse registration order)."""
+        buckets: list = []
         cur: list = []
         cur_names: list = []
         cur_bytes = 0
@@ -197,7 +228,7 @@ class BucketedDDP(nn.Module):
         def close():
             nonlocal cur, cur_names, cur_bytes, cap
             if cur:
-                buckets.append(Bucket(len(buckets), cur, cur_names, cur[0].dtype, cur[0].device))
+                buckets.append((cur, cur_names))
                 cap = self.bucket_cap_mb * _MB
             cur, cur_names, cur_bytes = [], [], 0
 

@@ -10,6 +10,7 @@ import tempfile
 import time
 import urllib.parse
 
+from .config import default_timeout
 from .errors import InvalidArgumentError, TimeoutError
 
 __all__ = ["FileStore", "store_from_init_method", "store_from_env"]
@@ -86,3 +87,38 @@ def _tcp_store(host, port, rank, world_size, timeout, is_master):
             "init_method='file:///shared/path'") from e
     return dist.TCPStore(host, port, world_size, is_master, timedelta(seconds=timeout),
                          wait_for_workers=False)
+
+
+def init_args(who: str, rank, world_size, timeout):
+    """``(rank, world_size, timeout_s)`` for a communicator's ``init``: the arguments given, else
+    RANK / WORLD_SIZE from the environment and RINGCOMM_TIMEOUT (default 300 s); ``who`` names
+    the function in the messages. InvalidArgumentError for anything out of range."""
+    if rank is None:
+        rank = int(_env(who, "RANK"))
+    if world_size is None:
+        world_size = int(_env(who, "WORLD_SIZE"))
+    if not (isinstance(world_size, int) and world_size >= 1):
+        raise InvalidArgumentError(f"{who}: world_size must be >= 1, got {world_size!r}")
+    if not (isinstance(rank, int) and 0 <= rank < world_size):
+        raise InvalidArgumentError(f"{who}: rank {rank!r} out of range for world size {world_size}")
+    t = float(timeout) if timeout is not None else default_timeout()
+    if t <= 0:
+        raise InvalidArgumentError(f"{who}: timeout must be > 0 s, got {t}")
+    return rank, world_size, t
+
+
+def resolve_store(store, init_method, rank: int, world_size: int, timeout: float):
+    """The store a communicator of ``world_size`` ranks meets through: ``store`` when given, else
+    the one ``init_method`` names, else torchrun's environment (None for a single rank)."""
+    if store is not None or world_size == 1:
+        return store
+    return (store_from_init_method(init_method, rank, world_size, timeout) if init_method
+            else store_from_env(rank, world_size, timeout))
+
+
+def _env(who: str, name: str) -> str:
+    v = os.environ.get(name)
+    if v is None:
+        raise InvalidArgumentError(f"{who}(): {name} is not set; pass rank= and world_size= "
+                                   f"(or launch with torchrun)")
+    return v

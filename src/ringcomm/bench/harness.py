@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..tables import DTYPES as _TABLE_DTYPES
+
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
 # Collectives whose full tensor is split into world_size equal chunks.
@@ -69,11 +71,8 @@ class DType:
     is_int: bool
 
 
-DTYPES = {d.name: d for d in (
-    DType("float32", 4, "float32", False), DType("float64", 8, "float64", False),
-    DType("float16", 2, "float16", False), DType("bfloat16", 2, None, False),
-    DType("int8", 1, "int8", True), DType("uint8", 1, "uint8", True),
-    DType("int32", 4, "int32", True), DType("int64", 8, "int64", True))}
+DTYPES = {d.name: DType(d.name, d.itemsize, d.np_name, d.is_int)
+          for d in _TABLE_DTYPES if d.name != "bool"}
 DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "f32": "float32", "double": "float64",
                  "fp64": "float64", "f64": "float64", "half": "float16", "fp16": "float16",
                  "f16": "float16", "bf16": "bfloat16", "int": "int32", "char": "int8",

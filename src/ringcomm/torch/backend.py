@@ -12,191 +12,35 @@ in ``shutdown()`` (called by ``destroy_process_group``) and at interpreter exit.
 """
 from __future__ import annotations
 
-import atexit
 import datetime
 import itertools
 import math
 import time
-import weakref
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
 import ringcomm
-from ringcomm.arrays import DTYPE_CODES
+from ringcomm.tables import DTYPE_CODES, torch_dtype_codes
 
-from .work import RingcommWork, _DoneWork, _MultiWork, _Waiter, _timeout_seconds
+from .hooks import add_issue_hook, issue_hooks, live_groups, remove_issue_hook
+from .staging import (SUPPORTED_DTYPES, avg_divide, cat, check_tensors, contig, copy_out, flat_view,
+                      int_avg, invalid, one, reduce_op, reducible, same_dtype, then, unsupported,
+                      writeback)
+from .work import DoneWork, MultiWork, RingcommWork, Waiter, timeout_seconds
 
 __all__ = ["RingcommProcessGroup", "RingcommWork", "create_process_group", "add_issue_hook",
            "remove_issue_hook", "SUPPORTED_DTYPES"]
 
 BACKEND_NAME = "ringcomm"
 
-# dtypes ringcomm's core reduces and moves (the API contract). Checked here so that the message
-# names the torch dtype and the collective.
-SUPPORTED_DTYPES = frozenset({
-    torch.float32, torch.float64, torch.float16, torch.bfloat16,
-    torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool,
-})
-
-_RT = dist.ReduceOp.RedOpType
-# torch RedOpType value -> ringcomm.ReduceOp (keyed by int: hashing the pybind enum is slower)
-_OPS = {int(getattr(_RT, name).value): getattr(ringcomm.ReduceOp, name)
-        for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")}
-_PREMUL_SUM = int(_RT.PREMUL_SUM.value)
 # The allreduce fast path's table: torch dtype -> core dtype code (bool excluded: its bitwise ops
 # need the uint8 view of the general path).
-_FAST_CODES = {getattr(torch, name): code for name, code in DTYPE_CODES.items()
-               if name != "bool"}
+_FAST_CODES = {t: c for t, c in torch_dtype_codes().items() if c != DTYPE_CODES["bool"]}
 _SUM = dist.ReduceOp.SUM
 _STRIDED = torch.strided
-
-# ---- issue hooks (tests, tracing) -----------------------------------------------------------------
-_issue_hooks: list[Callable[[str, str, int, float], None]] = []
-
-
-def add_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
-    """Call ``fn(op, group_name, seq, time.perf_counter())`` whenever a collective is issued."""
-    _issue_hooks.append(fn)
-
-
-def remove_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
-    _issue_hooks.remove(fn)
-
-
-# ---- live groups, shut down at exit -----------------------------------------------------------------
-_live_groups: "weakref.WeakSet[RingcommProcessGroup]" = weakref.WeakSet()
-
-
-@atexit.register
-def _shutdown_all_at_exit() -> None:
-    for pg in list(_live_groups):
-        try:
-            pg.shutdown()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
-
-
-# ---- helpers ------------------------------------------------------------------------------------------
-def _unsupported(what: str) -> Exception:
-    return ringcomm.UnsupportedError(f"ringcomm does not support {what}")
-
-
-def _invalid(msg: str) -> Exception:
-    return ringcomm.InvalidArgumentError(f"ringcomm: {msg}")
-
-
-def _reduce_op(op, dtype=None) -> tuple[object, object | None]:
-    """torch ReduceOp -> (ringcomm.ReduceOp, PREMUL_SUM factor or None)."""
-    kind = getattr(op, "op", op)
-    code = kind.value
-    rop = _OPS.get(code)
-    if rop is not None:
-        return rop, None
-    if code == _PREMUL_SUM:
-        if dtype is not None and not dtype.is_floating_point:
-            raise _unsupported(f"PREMUL_SUM on {dtype} tensors (floating point only)")
-        return ringcomm.ReduceOp.SUM, op.factor
-    raise _unsupported(f"reduce op {kind}")
-
-
-_BITWISE = frozenset({ringcomm.ReduceOp.BAND, ringcomm.ReduceOp.BOR, ringcomm.ReduceOp.BXOR})
-
-
-def _reducible(buf: torch.Tensor, rop) -> torch.Tensor:
-    """ringcomm reduces bool with MIN/MAX only; a bool's bytes are 0/1, so bitwise ops run on
-    them as uint8 and leave valid bools."""
-    if buf.dtype == torch.bool and rop in _BITWISE:
-        return buf.view(torch.uint8)
-    return buf
-
-
-def _check_tensors(coll: str, tensors: Sequence[torch.Tensor]) -> None:
-    """Same device for all, CPU or CUDA, strided, a supported dtype: else a clear exception."""
-    if len(tensors) > 1:
-        dev = tensors[0].device
-        for t in tensors:
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"ringcomm {coll}: expected a torch.Tensor, got "
-                                f"{type(t).__name__}")
-            if t.device != dev:
-                raise _invalid(f"{coll}: all tensors must be on one device; got {dev} and "
-                               f"{t.device}")
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"ringcomm {coll}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.is_cpu and t.layout == torch.strided and t.dtype in SUPPORTED_DTYPES:
-            continue  # the common case, checked cheaply
-        if t.device.type == "cuda" and t.layout == torch.strided and t.dtype in SUPPORTED_DTYPES:
-            continue  # routed to ringcomm.cuda by the Communicator (CUDA unavailable -> it raises)
-        if t.device.type not in ("cpu", "cuda"):
-            raise _unsupported(f"tensors on device '{t.device}' ({coll}); ringcomm's torch backend "
-                               f"handles CPU tensors (and CUDA tensors through ringcomm.cuda)")
-        if t.layout != torch.strided:
-            raise _unsupported(f"{t.layout} tensors ({coll})")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise _unsupported(f"dtype {t.dtype} ({coll}); supported: "
-                               + ", ".join(sorted(str(d).replace("torch.", "")
-                                                  for d in SUPPORTED_DTYPES)))
-
-
-def _same_dtype(coll: str, tensors: Sequence[torch.Tensor]) -> None:
-    d = tensors[0].dtype
-    for t in tensors:
-        if t.dtype != d:
-            raise _invalid(f"{coll}: all tensors must have one dtype; got {d} and {t.dtype}")
-
-
-def _one(coll: str, tensors: Sequence, what: str = "tensor"):
-    if len(tensors) != 1:
-        raise _unsupported(f"{coll} with {len(tensors)} {what}s per call (one per process)")
-    return tensors[0]
-
-
-def _contig(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """(t, False) when t is contiguous, else (a contiguous copy, True). ringcomm counts
-    elements, not shapes, so any contiguous shape is handed over as it is."""
-    if t.is_contiguous():
-        return t, False
-    return t.contiguous(), True
-
-
-def _writeback(t: torch.Tensor, buf: torch.Tensor) -> Callable[[], None]:
-    return lambda: t.copy_(buf.view(t.shape))
-
-
-def _flat_view(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """One 1-D tensor over ``tensors`` when they lie back to back in one storage, else None."""
-    t0 = tensors[0]
-    n = t0.numel()
-    if n == 0:
-        return None
-    base = t0.data_ptr()
-    step = n * t0.element_size()
-    storage = t0.untyped_storage().data_ptr()
-    for i, t in enumerate(tensors):
-        if (not t.is_contiguous() or t.dtype != t0.dtype or t.numel() != n
-                or t.data_ptr() != base + i * step
-                or t.untyped_storage().data_ptr() != storage):
-            return None
-    return t0.as_strided((n * len(tensors),), (1,), t0.storage_offset())
-
-
-def _copy_out(flat: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
-    offset = 0
-    for o in outs:
-        n = o.numel()
-        o.copy_(flat[offset:offset + n].view(o.shape))
-        offset += n
-
-
-def _cat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    if len(tensors) == 1:
-        return tensors[0].reshape(-1).clone()
-    return torch.cat([t.reshape(-1) for t in tensors])
-
 
 def _collective(coll: str):
     """Decorate a torch entry point that maps onto ringcomm collective ``coll``.
@@ -230,6 +74,32 @@ class _Step:
         self.finish = finish   # run after success (copy a staged result out)
 
 
+class _BarrierHandle:
+    """A barrier's ringcomm handle whose wait is bounded by the barrier's own timeout."""
+    __slots__ = ("_h", "_limit", "_rank", "_size")
+
+    def __init__(self, h, limit: float, rank: int, size: int):
+        self._h, self._limit, self._rank, self._size = h, limit, rank, size
+
+    def wait(self, timeout: float | None = None):
+        t = self._limit if timeout is None else min(float(timeout), self._limit)
+        try:
+            return self._h.wait(t)
+        except ringcomm.TimeoutError as e:
+            if self._h.is_completed():
+                raise
+            raise ringcomm.TimeoutError(
+                f"ringcomm barrier: not every rank of the group (size {self._size}) arrived "
+                f"within the barrier's timeout of {self._limit:g} s (waiting on rank "
+                f"{self._rank})") from e
+
+    def is_completed(self) -> bool:
+        return self._h.is_completed()
+
+    def exception(self):
+        return self._h.exception()
+
+
 # ---- the process group -----------------------------------------------------------------------------------
 class RingcommProcessGroup(dist.ProcessGroup):
     """torch.distributed process group whose collectives run on a ringcomm Communicator."""
@@ -238,7 +108,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
                  group_name: str = "", group_desc: str = "undefined"):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
-        self._timeout_s = _timeout_seconds(timeout, 1800.0)
+        self._timeout_s = timeout_seconds(timeout, 1800.0)
         self._group_name = str(group_name)
         self._group_desc = str(group_desc)
         # A group name restarts after destroy_process_group + re-init on the same store: number
@@ -248,14 +118,16 @@ class RingcommProcessGroup(dist.ProcessGroup):
         self._prefix = f"ringcomm/{self._group_name or 'pg'}/{self._incarnation}"
         self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
                                    timeout=self._timeout_s, prefix=self._prefix)
-        # The core of a plain (single-node) Communicator, for allreduce's fast path; None for a
-        # hierarchical one (several nodes), which always takes the general path.
-        self._fast_c = self._comm._c if type(self._comm) is ringcomm.Communicator else None
-        self._waiter = _Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
+        # allreduce's fast path: the host communicator's sanctioned entry (see
+        # host.Communicator._fast_all_reduce_entry); None for a hierarchical one (several
+        # nodes), which always takes the general path.
+        entry = getattr(self._comm, "_fast_all_reduce_entry", None)
+        self._fast_ar = entry() if entry is not None else None
+        self._waiter = Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
         self._seq = itertools.count(1)  # next() is atomic under the GIL
         self._coalescing: list[RingcommWork] | None = None
         self._closed = False
-        _live_groups.add(self)
+        live_groups.add(self)
 
     # ---- identity ------------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -294,7 +166,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         raise exc
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
-        self._timeout_s = _timeout_seconds(timeout, self._timeout_s)
+        self._timeout_s = timeout_seconds(timeout, self._timeout_s)
 
     # ---- issuing ------------------------------------------------------------------------------------
     def _run(self, op: str, opts, steps: list[_Step], outputs: list[torch.Tensor],
@@ -302,9 +174,9 @@ class RingcommProcessGroup(dist.ProcessGroup):
         if self._closed:
             raise ringcomm.ClosedError(f"ringcomm: {op} on a process group that was shut down")
         seq = next(self._seq)
-        if _issue_hooks:
+        if issue_hooks:
             t = time.perf_counter()
-            for hook in list(_issue_hooks):
+            for hook in list(issue_hooks):
                 hook(op, self._group_name, seq, t)
         async_op = getattr(opts, "asyncOp", True) if opts is not None else True
         try:
@@ -316,7 +188,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
                 for s in steps:
                     if s.finish is not None:
                         s.finish()
-                return _DoneWork(op, seq, outputs, source_rank)
+                return DoneWork(op, seq, outputs, source_rank)
             handles = [s.launch(True) for s in steps]
         except Exception as e:
             e._ringcomm_issued = True  # ringcomm has told the other ranks (see _collective)
@@ -338,43 +210,45 @@ class RingcommProcessGroup(dist.ProcessGroup):
 
     # ---- step builders (one ringcomm call each) -----------------------------------------------------
     def _allreduce_step(self, t: torch.Tensor, op, coll: str) -> _Step:
-        rop, factor = _reduce_op(op, t.dtype)
-        buf, staged = _contig(t)
-        buf = _reducible(buf, rop)
+        rop, factor = reduce_op(op, t.dtype)
+        buf, staged = contig(t)
+        buf = reducible(buf, rop)
         if factor is not None:
             buf.mul_(factor)  # in place: the all-reduce overwrites the tensor anyway
         comm = self._comm
         return _Step(lambda a: comm.all_reduce(buf, op=rop, async_op=a),
-                     _writeback(t, buf) if staged else None)
+                     then(avg_divide(buf, self._size) if int_avg(op, t.dtype) else None,
+                          writeback(t, buf) if staged else None))
 
     def _all_gather_single_step(self, out: torch.Tensor, inp: torch.Tensor, coll: str) -> _Step:
-        _check_tensors(coll, (out, inp))
-        _same_dtype(coll, (out, inp))
+        check_tensors(coll, (out, inp))
+        same_dtype(coll, (out, inp))
         if out.numel() != inp.numel() * self._size:
-            raise _invalid(f"{coll}: output has {out.numel()} elements, expected world_size "
+            raise invalid(f"{coll}: output has {out.numel()} elements, expected world_size "
                            f"({self._size}) x input ({inp.numel()})")
-        obuf, staged = _contig(out)
-        ibuf, _ = _contig(inp)
+        obuf, staged = contig(out)
+        ibuf, _ = contig(inp)
         comm = self._comm
         return _Step(lambda a: comm.all_gather(obuf, ibuf, async_op=a),
-                     _writeback(out, obuf) if staged else None)
+                     writeback(out, obuf) if staged else None)
 
     def _reduce_scatter_single_step(self, out: torch.Tensor, inp: torch.Tensor, op,
                                     coll: str) -> _Step:
-        _check_tensors(coll, (out, inp))
-        _same_dtype(coll, (out, inp))
+        check_tensors(coll, (out, inp))
+        same_dtype(coll, (out, inp))
         if inp.numel() != out.numel() * self._size:
-            raise _invalid(f"{coll}: input has {inp.numel()} elements, expected world_size "
+            raise invalid(f"{coll}: input has {inp.numel()} elements, expected world_size "
                            f"({self._size}) x output ({out.numel()})")
-        rop, factor = _reduce_op(op, inp.dtype)
-        ibuf, _ = _contig(inp)
+        rop, factor = reduce_op(op, inp.dtype)
+        ibuf, _ = contig(inp)
         if factor is not None:
             ibuf = ibuf * factor  # a scaled copy: the input must stay unchanged
-        obuf, staged = _contig(out)
+        obuf, staged = contig(out)
         comm = self._comm
-        ri, ro = _reducible(ibuf, rop), _reducible(obuf, rop)
+        ri, ro = reducible(ibuf, rop), reducible(obuf, rop)
         return _Step(lambda a: comm.reduce_scatter(ro, ri, op=rop, async_op=a),
-                     _writeback(out, obuf) if staged else None)
+                     then(avg_divide(obuf, self._size) if int_avg(op, inp.dtype) else None,
+                          writeback(out, obuf) if staged else None))
 
     # ---- all-reduce ------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -382,9 +256,9 @@ class RingcommProcessGroup(dist.ProcessGroup):
         # training loops issue): one contiguous dense CPU tensor of a numeric dtype, a plain
         # reduce op, no coalescing block, no issue hooks. Straight into the core, no step objects;
         # anything else takes the general path below, which validates and composes.
-        fast_c = self._fast_c
-        if (fast_c is not None and opts is not None and not getattr(opts, "asyncOp", True)
-                and len(tensors) == 1 and self._coalescing is None and not _issue_hooks
+        fast_ar = self._fast_ar
+        if (fast_ar is not None and opts is not None and not getattr(opts, "asyncOp", True)
+                and len(tensors) == 1 and self._coalescing is None and not issue_hooks
                 and not self._closed):
             t = tensors[0]
             code = _FAST_CODES.get(t.dtype)
@@ -399,18 +273,18 @@ class RingcommProcessGroup(dist.ProcessGroup):
                 if addr is not None:
                     seq = next(self._seq)
                     try:
-                        fast_c.all_reduce(addr, addr, n, code, 0, False)  # 0: SUM
+                        fast_ar(addr, addr, n, code, 0, False)  # 0: SUM
                     except Exception as e:
                         e._ringcomm_issued = True  # raised by the core: every rank has been told
                         raise
-                    return _DoneWork("allreduce", seq, [t])
+                    return DoneWork("allreduce", seq, [t])
         return self._allreduce_general(tensors, opts)
 
     @_collective("all_reduce")
     def _allreduce_general(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.AllreduceOptions()
-        t = _one("allreduce", tensors)
-        _check_tensors("allreduce", (t,))
+        t = one("allreduce", tensors)
+        check_tensors("allreduce", (t,))
         return self._run("allreduce", opts, [self._allreduce_step(t, opts.reduceOp, "allreduce")],
                          [t])
 
@@ -420,42 +294,42 @@ class RingcommProcessGroup(dist.ProcessGroup):
         tensors = list(tensors)
         if not tensors:
             return self._run("allreduce_coalesced", opts, [], [])
-        _check_tensors("allreduce_coalesced", tensors)
+        check_tensors("allreduce_coalesced", tensors)
         if len(tensors) == 1 or any(t.dtype != tensors[0].dtype for t in tensors):
             steps = [self._allreduce_step(t, opts.reduceOp, "allreduce_coalesced")
                      for t in tensors]
             return self._run("allreduce_coalesced", opts, steps, tensors)
         # One all-reduce over the concatenation, then copy back.
-        flat = _cat(tensors)
+        flat = cat(tensors)
         step = self._allreduce_step(flat, opts.reduceOp, "allreduce_coalesced")
-        step.finish = lambda: _copy_out(flat, tensors)
+        step.finish = then(step.finish, lambda: copy_out(flat, tensors))
         return self._run("allreduce_coalesced", opts, [step], tensors)
 
     # ---- broadcast / reduce -------------------------------------------------------------------------
     @_collective("broadcast")
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.BroadcastOptions()
-        t = _one("broadcast", tensors)
-        _check_tensors("broadcast", (t,))
+        t = one("broadcast", tensors)
+        check_tensors("broadcast", (t,))
         if opts.rootTensor != 0:
-            raise _unsupported("broadcast with rootTensor != 0")
+            raise unsupported("broadcast with rootTensor != 0")
         root = opts.rootRank
-        buf, staged = _contig(t)
+        buf, staged = contig(t)
         comm = self._comm
         step = _Step(lambda a: comm.broadcast(buf, root=root, async_op=a),
-                     _writeback(t, buf) if staged and self._rank != root else None)
+                     writeback(t, buf) if staged and self._rank != root else None)
         return self._run("broadcast", opts, [step], [t])
 
     @_collective("reduce")
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.ReduceOptions()
-        t = _one("reduce", tensors)
-        _check_tensors("reduce", (t,))
+        t = one("reduce", tensors)
+        check_tensors("reduce", (t,))
         if opts.rootTensor != 0:
-            raise _unsupported("reduce with rootTensor != 0")
+            raise unsupported("reduce with rootTensor != 0")
         root = opts.rootRank
-        rop, factor = _reduce_op(opts.reduceOp, t.dtype)
-        buf, staged = _contig(t)
+        rop, factor = reduce_op(opts.reduceOp, t.dtype)
+        buf, staged = contig(t)
         if factor is not None:
             if self._rank == root:
                 buf.mul_(factor)
@@ -463,48 +337,71 @@ class RingcommProcessGroup(dist.ProcessGroup):
                 buf = buf * factor
                 staged = False
         comm = self._comm
-        rbuf = _reducible(buf, rop)
+        rbuf = reducible(buf, rop)
+        on_root = self._rank == root
         step = _Step(lambda a: comm.reduce(rbuf, root=root, op=rop, async_op=a),
-                     _writeback(t, buf) if staged and self._rank == root else None)
+                     then(avg_divide(buf, self._size)
+                          if on_root and int_avg(opts.reduceOp, t.dtype) else None,
+                          writeback(t, buf) if staged and on_root else None))
         return self._run("reduce", opts, [step], [t])
 
     # ---- all-gather ------------------------------------------------------------------------------------
     def _allgather_list_step(self, outs: list[torch.Tensor], inp: torch.Tensor, coll: str) -> _Step:
-        _check_tensors(coll, [inp, *outs])
-        _same_dtype(coll, [inp, *outs])
+        check_tensors(coll, [inp, *outs])
+        same_dtype(coll, [inp, *outs])
         if len(outs) != self._size:
-            raise _invalid(f"{coll}: output list has {len(outs)} tensors, world size is "
+            raise invalid(f"{coll}: output list has {len(outs)} tensors, world size is "
                            f"{self._size}")
         for o in outs:
             if o.numel() != inp.numel():
-                raise _invalid(f"{coll}: every output tensor must have the input's size "
+                raise invalid(f"{coll}: every output tensor must have the input's size "
                                f"({inp.numel()} elements); got {o.numel()}")
-        ibuf, _ = _contig(inp)
-        flat = _flat_view(outs)
+        ibuf, _ = contig(inp)
+        flat = flat_view(outs)
         finish = None
         if flat is None:
             flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype, device=inp.device)
-            finish = lambda: _copy_out(flat, outs)  # noqa: E731
+            finish = lambda: copy_out(flat, outs)  # noqa: E731
         comm = self._comm
         return _Step(lambda a: comm.all_gather(flat, ibuf, async_op=a), finish)
 
     @_collective("all_gather")
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        outs = list(_one("allgather", output_tensors, "output list"))
-        inp = _one("allgather", input_tensors)
+        outs = list(one("allgather", output_tensors, "output list"))
+        inp = one("allgather", input_tensors)
         return self._run("allgather", opts, [self._allgather_list_step(outs, inp, "allgather")],
                          outs)
 
     @_collective("all_gather")
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        """torch's layout (as gloo): ``output_lists[r][i]`` receives rank r's ``input_tensors[i]``.
+        One all-gather of the concatenated inputs; rank r's block of the result holds its inputs
+        back to back, copied out to ``output_lists[r]``."""
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        if len(output_lists) != len(input_tensors):
-            raise _invalid("allgather_coalesced: one output list per input tensor is required")
-        steps = [self._allgather_list_step(list(o), i, "allgather_coalesced")
-                 for o, i in zip(output_lists, input_tensors)]
-        outs = [t for o in output_lists for t in o]
-        return self._run("allgather_coalesced", opts, steps, outs)
+        coll = "allgather_coalesced"
+        ins = list(input_tensors)
+        lists = [list(o) for o in output_lists]
+        if len(lists) != self._size:
+            raise invalid(f"{coll}: one output list per rank is required ({self._size}); got "
+                           f"{len(lists)}")
+        outs = [t for o in lists for t in o]
+        check_tensors(coll, [*ins, *outs])
+        same_dtype(coll, [*ins, *outs])
+        for r, o in enumerate(lists):
+            if len(o) != len(ins) or any(x.numel() != i.numel() for x, i in zip(o, ins)):
+                raise invalid(f"{coll}: output list {r} must hold one tensor per input, of the "
+                               f"inputs' sizes {[i.numel() for i in ins]}; got "
+                               f"{[x.numel() for x in o]}")
+        if not ins:
+            return self._run(coll, opts, [], [])
+        flat_in = cat(ins)
+        flat_out = torch.empty(flat_in.numel() * self._size, dtype=flat_in.dtype,
+                               device=flat_in.device)
+        comm = self._comm
+        step = _Step(lambda a: comm.all_gather(flat_out, flat_in, async_op=a),
+                     lambda: copy_out(flat_out, outs))
+        return self._run(coll, opts, [step], outs)
 
     @_collective("all_gather")
     def all_gather_single(self, output, input, opts=None):
@@ -520,7 +417,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else _c10d.AllgatherOptions()
         if len(outputs) != len(inputs):
-            raise _invalid("all_gather_into_tensor_coalesced: as many outputs as inputs needed")
+            raise invalid("all_gather_into_tensor_coalesced: as many outputs as inputs needed")
         steps = [self._all_gather_single_step(o, i, "all_gather_into_tensor_coalesced")
                  for o, i in zip(outputs, inputs)]
         return self._run("all_gather_into_tensor_coalesced", opts, steps, list(outputs))
@@ -531,19 +428,19 @@ class RingcommProcessGroup(dist.ProcessGroup):
     @_collective("reduce_scatter")
     def reduce_scatter(self, output_tensors, input_lists, opts=None):
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
-        out = _one("reduce_scatter", output_tensors)
-        ins = list(_one("reduce_scatter", input_lists, "input list"))
-        _check_tensors("reduce_scatter", [out, *ins])
-        _same_dtype("reduce_scatter", [out, *ins])
+        out = one("reduce_scatter", output_tensors)
+        ins = list(one("reduce_scatter", input_lists, "input list"))
+        check_tensors("reduce_scatter", [out, *ins])
+        same_dtype("reduce_scatter", [out, *ins])
         if len(ins) != self._size:
-            raise _invalid(f"reduce_scatter: input list has {len(ins)} tensors, world size is "
+            raise invalid(f"reduce_scatter: input list has {len(ins)} tensors, world size is "
                            f"{self._size}")
         for t in ins:
             if t.numel() != out.numel():
-                raise _invalid(f"reduce_scatter: every input tensor must have the output's size "
+                raise invalid(f"reduce_scatter: every input tensor must have the output's size "
                                f"({out.numel()} elements); got {t.numel()}")
-        flat = _flat_view(ins)
-        flat = _cat(ins) if flat is None else flat
+        flat = flat_view(ins)
+        flat = cat(ins) if flat is None else flat
         step = self._reduce_scatter_single_step(out, flat, opts.reduceOp, "reduce_scatter")
         return self._run("reduce_scatter", opts, [step], [out])
 
@@ -561,7 +458,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
         if len(outputs) != len(inputs):
-            raise _invalid("reduce_scatter_tensor_coalesced: as many outputs as inputs needed")
+            raise invalid("reduce_scatter_tensor_coalesced: as many outputs as inputs needed")
         steps = [self._reduce_scatter_single_step(o, i, opts.reduceOp,
                                                   "reduce_scatter_tensor_coalesced")
                  for o, i in zip(outputs, inputs)]
@@ -574,16 +471,16 @@ class RingcommProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts if opts is not None else _c10d.AllToAllOptions()
         coll = "all_to_all_single"
-        _check_tensors(coll, (output, input))
-        _same_dtype(coll, (output, input))
-        obuf, staged = _contig(output)
-        ibuf, _ = _contig(input)
+        check_tensors(coll, (output, input))
+        same_dtype(coll, (output, input))
+        obuf, staged = contig(output)
+        ibuf, _ = contig(input)
         comm = self._comm
         out_splits = list(output_split_sizes or [])
         in_splits = list(input_split_sizes or [])
         if not out_splits and not in_splits:
             if output.numel() != input.numel() or input.numel() % self._size:
-                raise _invalid(f"{coll}: without split sizes, input and output need the same "
+                raise invalid(f"{coll}: without split sizes, input and output need the same "
                                f"number of elements, divisible by the world size ({self._size}); "
                                f"got {input.numel()} and {output.numel()}")
             launch = lambda a: comm.all_to_all(obuf, ibuf, async_op=a)  # noqa: E731
@@ -592,7 +489,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
             oe = self._split_elements(coll, "output", output, out_splits)
             launch = lambda a: comm.all_to_all(obuf, ibuf, output_splits=oe,  # noqa: E731
                                                input_splits=ie, async_op=a)
-        step = _Step(launch, _writeback(output, obuf) if staged else None)
+        step = _Step(launch, writeback(output, obuf) if staged else None)
         return self._run(coll, opts, [step], [output])
 
     alltoall_base = all_to_all_single
@@ -601,15 +498,15 @@ class RingcommProcessGroup(dist.ProcessGroup):
                         splits: list[int]) -> list[int]:
         """torch's split sizes count rows of dim 0; ringcomm's count elements."""
         if t.dim() == 0:
-            raise _invalid(f"{coll}: {which} must have at least one dimension")
+            raise invalid(f"{coll}: {which} must have at least one dimension")
         row = math.prod(t.shape[1:])
         if not splits:
             if t.size(0) % self._size:
-                raise _invalid(f"{coll}: {which} dim 0 ({t.size(0)}) is not divisible by the "
+                raise invalid(f"{coll}: {which} dim 0 ({t.size(0)}) is not divisible by the "
                                f"world size ({self._size}) and no split sizes were given")
             return [t.size(0) // self._size * row] * self._size
         if len(splits) != self._size or any(s < 0 for s in splits) or sum(splits) != t.size(0):
-            raise _invalid(f"{coll}: {which} split sizes {splits} must be {self._size} "
+            raise invalid(f"{coll}: {which} split sizes {splits} must be {self._size} "
                            f"non-negative numbers adding up to dim 0 ({t.size(0)})")
         return [int(s) * row for s in splits]
 
@@ -619,19 +516,19 @@ class RingcommProcessGroup(dist.ProcessGroup):
         coll = "all_to_all"
         outs, ins = list(output_tensors), list(input_tensors)
         if len(outs) != self._size or len(ins) != self._size:
-            raise _invalid(f"{coll}: input and output lists need world size ({self._size}) "
+            raise invalid(f"{coll}: input and output lists need world size ({self._size}) "
                            f"tensors; got {len(ins)} and {len(outs)}")
-        _check_tensors(coll, [*outs, *ins])
-        _same_dtype(coll, [*outs, *ins])
-        iflat = _flat_view(ins) if len({t.numel() for t in ins}) == 1 else None
-        iflat = _cat(ins) if iflat is None else iflat
+        check_tensors(coll, [*outs, *ins])
+        same_dtype(coll, [*outs, *ins])
+        iflat = flat_view(ins) if len({t.numel() for t in ins}) == 1 else None
+        iflat = cat(ins) if iflat is None else iflat
         oflat = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype, device=outs[0].device)
         ie = [t.numel() for t in ins]
         oe = [t.numel() for t in outs]
         comm = self._comm
         step = _Step(lambda a: comm.all_to_all(oflat, iflat, output_splits=oe, input_splits=ie,
                                                async_op=a),
-                     lambda: _copy_out(oflat, outs))
+                     lambda: copy_out(oflat, outs))
         return self._run(coll, opts, [step], outs)
 
     # ---- gather / scatter -----------------------------------------------------------------------------
@@ -639,27 +536,27 @@ class RingcommProcessGroup(dist.ProcessGroup):
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else _c10d.GatherOptions()
         coll = "gather"
-        inp = _one(coll, input_tensors)
+        inp = one(coll, input_tensors)
         root = opts.rootRank
         comm = self._comm
-        ibuf, _ = _contig(inp)
+        ibuf, _ = contig(inp)
         if self._rank == root:
-            outs = list(_one(coll, output_tensors, "output list"))
-            _check_tensors(coll, [inp, *outs])
-            _same_dtype(coll, [inp, *outs])
+            outs = list(one(coll, output_tensors, "output list"))
+            check_tensors(coll, [inp, *outs])
+            same_dtype(coll, [inp, *outs])
             if len(outs) != self._size or any(o.numel() != inp.numel() for o in outs):
-                raise _invalid(f"{coll}: the root needs {self._size} output tensors of the "
+                raise invalid(f"{coll}: the root needs {self._size} output tensors of the "
                                f"input's size ({inp.numel()} elements)")
-            flat = _flat_view(outs)
+            flat = flat_view(outs)
             finish = None
             if flat is None:
                 flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype, device=inp.device)
-                finish = lambda: _copy_out(flat, outs)  # noqa: E731
+                finish = lambda: copy_out(flat, outs)  # noqa: E731
             step = _Step(lambda a: comm.gather(flat, ibuf, root=root, async_op=a), finish)
             return self._run(coll, opts, [step], outs)
         if output_tensors and len(output_tensors[0]) > 0:
-            raise _invalid(f"{coll}: only the root (rank {root}) may pass a gather list")
-        _check_tensors(coll, (inp,))
+            raise invalid(f"{coll}: only the root (rank {root}) may pass a gather list")
+        check_tensors(coll, (inp,))
         step = _Step(lambda a: comm.gather(None, ibuf, root=root, async_op=a))
         return self._run(coll, opts, [step], [])
 
@@ -667,67 +564,80 @@ class RingcommProcessGroup(dist.ProcessGroup):
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else _c10d.ScatterOptions()
         coll = "scatter"
-        out = _one(coll, output_tensors)
+        out = one(coll, output_tensors)
         root = opts.rootRank
         comm = self._comm
-        obuf, staged = _contig(out)
-        finish = _writeback(out, obuf) if staged else None
+        obuf, staged = contig(out)
+        finish = writeback(out, obuf) if staged else None
         if self._rank == root:
-            ins = list(_one(coll, input_tensors, "input list"))
-            _check_tensors(coll, [out, *ins])
-            _same_dtype(coll, [out, *ins])
+            ins = list(one(coll, input_tensors, "input list"))
+            check_tensors(coll, [out, *ins])
+            same_dtype(coll, [out, *ins])
             if len(ins) != self._size or any(t.numel() != out.numel() for t in ins):
-                raise _invalid(f"{coll}: the root needs {self._size} input tensors of the "
+                raise invalid(f"{coll}: the root needs {self._size} input tensors of the "
                                f"output's size ({out.numel()} elements)")
-            flat = _flat_view(ins)
-            flat = _cat(ins) if flat is None else flat
+            flat = flat_view(ins)
+            flat = cat(ins) if flat is None else flat
             step = _Step(lambda a: comm.scatter(obuf, flat, root=root, async_op=a), finish)
         else:
             if input_tensors and len(input_tensors[0]) > 0:
-                raise _invalid(f"{coll}: only the root (rank {root}) may pass a scatter list")
-            _check_tensors(coll, (out,))
+                raise invalid(f"{coll}: only the root (rank {root}) may pass a scatter list")
+            check_tensors(coll, (out,))
             step = _Step(lambda a: comm.scatter(obuf, None, root=root, async_op=a), finish)
         return self._run(coll, opts, [step], [out])
 
     # ---- barrier ---------------------------------------------------------------------------------------
     @_collective("barrier")
     def barrier(self, opts=None):
+        """``opts.timeout`` (``dist.barrier(timeout=)``; unset: the group's timeout) bounds the
+        wait: past it, ``ringcomm.TimeoutError`` naming the barrier. The barrier itself stays
+        issued, so a late rank still completes it and the ranks' collective order stays aligned."""
         opts = opts if opts is not None else _c10d.BarrierOptions()
         comm = self._comm
-        return self._run("barrier", opts, [_Step(lambda a: comm.barrier(async_op=a))], [])
+        limit = timeout_seconds(getattr(opts, "timeout", None), 0.0)
+        if limit <= 0 or limit >= self._timeout_s:
+            return self._run("barrier", opts, [_Step(lambda a: comm.barrier(async_op=a))], [])
+
+        def launch(async_op):
+            h = _BarrierHandle(comm.barrier(async_op=True), limit, self._rank, self._size)
+            if async_op:
+                return h
+            h.wait()
+            return None
+        return self._run("barrier", opts, [_Step(launch)], [])
 
     def monitored_barrier(self, *args, **kwargs):
-        raise _unsupported("monitored_barrier (torch implements it for gloo only); use barrier()")
+        raise unsupported("monitored_barrier (torch implements it for gloo only); use barrier()")
 
     # ---- point to point ---------------------------------------------------------------------------------
     def _check_p2p(self, coll: str, tensors, peer: int, tag: int) -> torch.Tensor:
-        t = _one(coll, tensors)
-        _check_tensors(coll, (t,))
+        t = one(coll, tensors)
+        check_tensors(coll, (t,))
         if tag != 0:
-            raise _unsupported(f"message tags ({coll} with tag={tag}); messages between two "
+            raise unsupported(f"message tags ({coll} with tag={tag}); messages between two "
                                f"ranks match in the order they are issued")
         if not 0 <= peer < self._size or peer == self._rank:
-            raise _invalid(f"{coll}: invalid peer rank {peer} (group rank {self._rank} of "
+            raise invalid(f"{coll}: invalid peer rank {peer} (group rank {self._rank} of "
                            f"{self._size})")
         return t
 
     def send(self, tensors, dstRank: int, tag: int = 0):
         t = self._check_p2p("send", tensors, dstRank, tag)
-        buf, _ = _contig(t)
+        buf, _ = contig(t)
         comm = self._comm
         return self._run("send", None, [_Step(lambda a: comm.send(buf, dstRank, async_op=a))],
                          [t])
 
     def recv(self, tensors, srcRank: int, tag: int = 0):
         t = self._check_p2p("recv", tensors, srcRank, tag)
-        buf, staged = _contig(t)
+        buf, staged = contig(t)
         comm = self._comm
         step = _Step(lambda a: comm.recv(buf, srcRank, async_op=a),
-                     _writeback(t, buf) if staged else None)
+                     writeback(t, buf) if staged else None)
         return self._run("recv", None, [step], [t], source_rank=srcRank)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        raise _unsupported("recv from any source (pass src=)")
+        raise unsupported("recv from any source (pass src=)")
 
     # ---- coalescing (dist._coalescing_manager with a device) ---------------------------------------------
     def _start_coalescing(self, device=None) -> None:
@@ -737,7 +647,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
 
     def _end_coalescing(self, device=None):
         works, self._coalescing = self._coalescing or [], None
-        return _MultiWork(works)
+        return MultiWork(works)
 
     start_coalescing = _start_coalescing
     end_coalescing = _end_coalescing
@@ -748,7 +658,7 @@ class RingcommProcessGroup(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
-        _live_groups.discard(self)
+        live_groups.discard(self)
         # Close the communicator first: it fails whatever is still pending, so the waiter thread
         # (possibly blocked on such a handle) can drain and be joined.
         try:
@@ -764,3 +674,4 @@ def create_process_group(dist_opts, backend_options=None) -> RingcommProcessGrou
     """Backend creator registered with ``torch.distributed`` (extended API)."""
     return RingcommProcessGroup(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
                                 dist_opts.timeout, group_name=dist_opts.group_id)
+

@@ -6,7 +6,7 @@ Life of an asynchronous collective:
    PREMUL_SUM), calls ringcomm's API with ``async_op=True`` and gets back one or more *handles*,
    and wraps them in a ``RingcommWork``. The call returns.
 2. When somebody asks for the work's future (DDP does at once), the work goes to the group's
-   ``_Waiter``: its thread waits on handles in that order (ringcomm releases the GIL while it
+   ``Waiter``: its thread waits on handles in that order (ringcomm releases the GIL while it
    waits), runs the work's *finisher* (copying a flat result back into the caller's list, ...),
    and marks the work done. A work nobody asks a future of costs no thread hop.
 3. If anybody asked for ``get_future()``, completing that future is handed to a small
@@ -34,14 +34,16 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["RingcommWork"]
+from ringcomm.work import Work
+
+__all__ = ["TorchWork", "RingcommWork", "DoneWork", "MultiWork", "Waiter", "timeout_seconds"]
 
 # Cap on completion threads per process group. Each blocked PowerSGD-style callback holds one;
 # nesting deeper than this would be a program with that many collectives blocked in callbacks.
 _MAX_COMPLETION_THREADS = 16
 
 
-def _timeout_seconds(timeout, default: float) -> float:
+def timeout_seconds(timeout, default: float) -> float:
     """torch passes ``timedelta(0)`` or a negative timedelta for "unset": use the group's."""
     if timeout is None:
         return default
@@ -107,7 +109,7 @@ class _CompletionPool:
                 t.join()
 
 
-class _Waiter:
+class Waiter:
     """One thread per process group that waits on its works in issue order."""
 
     def __init__(self, name: str):
@@ -148,7 +150,33 @@ class _Waiter:
         self.pool.close()
 
 
-class RingcommWork(dist.Work):
+class TorchWork(dist.Work, Work):
+    """The torch.distributed.Work methods every ringcomm work answers the same way, from
+    ``_outputs``, ``_source`` and ``_duration_ms`` (and its own ``wait``)."""
+
+    _duration_ms = 0.0
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._outputs
+
+    def source_rank(self) -> int:
+        return self._source
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def block_current_stream(self) -> None:
+        self.wait()
+
+    def _get_duration(self) -> float:
+        return self._duration_ms
+
+
+class RingcommWork(TorchWork):
     """A collective issued on the ringcomm backend.
 
     ``handles``: ringcomm API handles (``wait(timeout)``, ``is_completed()``, ``exception()``).
@@ -158,7 +186,7 @@ class RingcommWork(dist.Work):
 
     def __init__(self, op: str, seq: int, handles: Sequence, outputs: list[torch.Tensor],
                  finisher: Callable[[], None] | None, timeout_s: float,
-                 waiter: "_Waiter | None", source_rank: int = -1):
+                 waiter: "Waiter | None", source_rank: int = -1):
         super().__init__()
         self._op = op
         self._seq = seq
@@ -242,7 +270,7 @@ class RingcommWork(dist.Work):
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Block until done (the group's timeout unless a shorter one is given); raise on failure."""
         if not self._done.is_set():
-            t = _timeout_seconds(timeout, 0.0)
+            t = timeout_seconds(timeout, 0.0)
             self._wait_and_finish(t if t > 0 else None)
             if not self._done.is_set():  # another thread is finishing it right now
                 self._done.wait()
@@ -278,30 +306,11 @@ class RingcommWork(dist.Work):
     def exception(self):
         return self._exc
 
-    def result(self) -> list[torch.Tensor]:
-        self.wait()
-        return self._outputs
-
-    def source_rank(self) -> int:
-        return self._source
-
-    def _source_rank(self) -> int:
-        return self._source
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def block_current_stream(self) -> None:
-        self.wait()
-
-    def _get_duration(self) -> float:
-        return self._duration_ms
-
 
 _WORK_INIT = dist.Work.__init__
 
 
-class _DoneWork(dist.Work):
+class DoneWork(TorchWork):
     """The work of a collective that already ran synchronously (and succeeded): cheap to make,
     since the synchronous path is the latency-critical one."""
 
@@ -337,27 +346,11 @@ class _DoneWork(dist.Work):
     def exception(self):
         return None
 
-    def result(self) -> list[torch.Tensor]:
-        return self._outputs
 
-    def source_rank(self) -> int:
-        return self._source
-
-    def _source_rank(self) -> int:
-        return self._source
-
-    def synchronize(self) -> None:
-        pass
-
-    def block_current_stream(self) -> None:
-        pass
-
-    def _get_duration(self) -> float:
-        return 0.0
-
-
-class _MultiWork(dist.Work):
+class MultiWork(TorchWork):
     """Several works as one (``_end_coalescing``)."""
+
+    _source = -1
 
     def __init__(self, works: list[RingcommWork]):
         super().__init__()

@@ -1,0 +1,342 @@
+"""The one communicator front: every public collective, with its argument checks written once.
+
+``CommunicatorBase`` holds the public methods (all_reduce, reduce_scatter, all_gather, broadcast,
+reduce, barrier, all_to_all, gather, scatter, send, recv, close, the context manager). Each one
+validates its arguments (dtype, reduce op and its support for the dtype, root, split sizes,
+element counts, contiguity and writability through the back end's array adapter, overlapping
+all_to_all buffers) and then calls the back end's issuing method ``_issue_<collective>``. The
+back ends — host shared memory (``host.Communicator``), CUDA (``cuda.CudaCommunicator``) and
+hierarchical (``hier.HierarchicalCommunicator``) — implement only:
+
+- ``_adapt(x, what, writeable)``: the array adapter (a Buf with addr, count, code, dtype, nbytes,
+  writeable, obj), raising InvalidArgumentError / UnsupportedError;
+- ``_reject(coll, exc)``: join the collective's header exchange as a refusal (so every peer
+  raises instead of waiting for this rank), then raise ``exc``;
+- ``_check_open()``, ``closed``, ``timeout``, ``close()``;
+- ``_issue_<collective>(..., async_op, stream)``: start the operation on validated buffers and
+  return the back end's handle (None for a synchronous call that has completed);
+- ``_finish(handle, refs, result)``: the ``ringcomm.Work`` of an asynchronous call (``refs``:
+  arrays to keep alive until completion);
+- ``_route(coll, a, b)``: the back end that takes these arrays (default: this one; the host
+  communicator answers its CUDA twin for CUDA arrays). It is the only routing point.
+
+A rank whose arguments fail validation still takes part in the collective's header exchange as a
+rejection, so every other rank raises MismatchError instead of waiting for it. Point-to-point
+calls have no header exchange: their argument errors are raised on the calling rank only.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .errors import ClosedError, InvalidArgumentError, RingcommError, UnsupportedError
+from .tables import COLL_CODES, OPS_FOR_DTYPE, OPS_SUPPORTED, ReduceOp, op_code, unsupported_op_message
+
+__all__ = ["CommunicatorBase", "CoreBackEnd", "check_splits", "chunk_count"]
+
+_SUM = ReduceOp.SUM
+
+
+def check_splits(coll: str, splits, count: int, world_size: int, what: str) -> list:
+    """all_to_all split sizes (elements per rank) for an array of `count` elements: the given
+    ones, validated, or an even split. Raises InvalidArgumentError."""
+    n = world_size
+    if splits is None:
+        if count % n:
+            raise InvalidArgumentError(
+                f"ringcomm: {coll}: {what} has {count} elements, not divisible by world size {n}; pass "
+                f"{what}_splits")
+        return [count // n] * n
+    s = [int(v) for v in splits]
+    if len(s) != n or any(v < 0 for v in s) or sum(s) != count:
+        raise InvalidArgumentError(
+            f"ringcomm: {coll}: {what}_splits {s} must be {n} non-negative sizes summing to {count}")
+    return s
+
+
+def chunk_count(count: int, parts: int, i: int) -> int:
+    """Elements of part i when count elements are split into parts: the first count % parts parts
+    hold one extra element (reduce_scatter's rule)."""
+    return count // parts + (1 if i < count % parts else 0)
+
+
+def _overlaps(a, b) -> bool:
+    return a.addr < b.addr + b.nbytes and b.addr < a.addr + a.nbytes
+
+
+def _copy(x):
+    return x.clone() if hasattr(x, "clone") else x.copy()
+
+
+class CommunicatorBase:
+    """The public interface of every ringcomm communicator (see the module docstring for what a
+    back end provides). Needs ``rank`` and ``world_size`` attributes."""
+
+    rank: int
+    world_size: int
+    _streams = False     # whether the back end takes stream= (CUDA)
+
+    # -- attributes -------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return self.world_size
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # -- back-end hooks with defaults ---------------------------------------------------------
+    def _route(self, coll, a, b=None) -> "CommunicatorBase":
+        return self
+
+    # -- shared checks (raise through _reject: every peer raises too) ------------------------
+    def _buf(self, coll, x, what, writeable=False):
+        """The back end's Buf of ``x`` (``writeable``: the adapter refuses read-only memory)."""
+        try:
+            return self._adapt(x, what, writeable)
+        except RingcommError as e:
+            # Name the call in the message (formatted only on this error path).
+            msg = str(e).replace(f"ringcomm: {what}", f"ringcomm: {coll} {what}", 1)
+            self._reject(coll, type(e)(msg))
+
+    def _op(self, coll, op) -> int:
+        try:
+            return op_code(op)
+        except RingcommError as e:
+            self._reject(coll, e)
+
+    def _op_for(self, coll, op, b) -> int:
+        """The code of reduce op ``op``, checked against buffer ``b``'s dtype."""
+        opc = OPS_FOR_DTYPE[b.code].get(op)
+        if opc is None:
+            opc = self._op(coll, op)
+            if not OPS_SUPPORTED[b.code] >> opc & 1:
+                self._reject(coll, UnsupportedError(unsupported_op_message(opc, b.code)))
+        return opc
+
+    def _same_dtype(self, coll, a, b):
+        if a.dtype != b.dtype:
+            self._reject(coll, InvalidArgumentError(
+                f"ringcomm: {coll}: input dtype {a.dtype} and output dtype {b.dtype} differ"))
+
+    def _root(self, coll, root) -> int:
+        if not isinstance(root, int) or isinstance(root, bool) or not (0 <= root < self.world_size):
+            self._reject(coll, InvalidArgumentError(
+                f"ringcomm: {coll}: root {root!r} is out of range for world size {self.world_size}"))
+        return root
+
+    def _splits(self, coll, splits, count, what):
+        try:
+            return check_splits(coll, splits, count, self.world_size, what)
+        except InvalidArgumentError as e:
+            self._reject(coll, e)
+
+    def _stream_ok(self, coll, stream):
+        if stream is not None and not self._streams:
+            self._reject(coll, InvalidArgumentError(
+                f"ringcomm: {coll}: stream= applies to CUDA arrays; these arrays are in host memory"))
+
+    def _peer(self, what, p) -> int:
+        if not isinstance(p, int) or isinstance(p, bool) or not (0 <= p < self.world_size) or p == self.rank:
+            raise InvalidArgumentError(
+                f"ringcomm: {what}: peer {p!r} must be another rank in [0, {self.world_size}) "
+                f"(this is rank {self.rank})")
+        return p
+
+    def _same_count(self, coll, bi, bo):
+        self._same_dtype(coll, bi, bo)
+        if bo.count != bi.count:
+            self._reject(coll, InvalidArgumentError(
+                f"ringcomm: {coll}: output has {bo.count} elements, input has {bi.count}"))
+
+    def _in_out(self, coll, output, input, stream):
+        """(back end, input Buf, output Buf) of a collective that takes both, of one dtype."""
+        be = self._route(coll, output, input)
+        be._check_open()
+        if stream is not None:
+            be._stream_ok(coll, stream)
+        bi = be._buf(coll, input, "input")
+        bo = be._buf(coll, output, "output", True)
+        be._same_dtype(coll, bi, bo)
+        return be, bi, bo
+
+    # -- collectives ----------------------------------------------------------------------------
+    def all_reduce(self, x, op=_SUM, async_op: bool = False, output=None, stream=None):
+        """Reduce x across ranks; the result lands in x (or in `output` when given)."""
+        be = self._route("all_reduce", x, output)
+        be._check_open()
+        if stream is not None:
+            be._stream_ok("all_reduce", stream)
+        bi = be._buf("all_reduce", x, "input", output is None)
+        if output is None:
+            bo = bi
+        else:
+            bo = be._buf("all_reduce", output, "output", True)
+            be._same_count("all_reduce", bi, bo)
+        opc = OPS_FOR_DTYPE[bi.code].get(op)     # _op_for, inlined on the latency-critical path
+        if opc is None:
+            opc = be._op_for("all_reduce", op, bi)
+        h = be._issue_all_reduce(bi, bo, opc, async_op, stream)
+        return be._finish(h, (x, output), x if output is None else output) if async_op else None
+
+    def reduce_scatter(self, output, input, op=_SUM, async_op: bool = False, stream=None):
+        """Reduce `input` across ranks and leave chunk `rank` of the result in `output`. Chunks
+        split the input evenly; when the count is not divisible by world size, the first
+        count % world_size chunks hold one extra element."""
+        be, bi, bo = self._in_out("reduce_scatter", output, input, stream)
+        opc = be._op_for("reduce_scatter", op, bi)
+        want = chunk_count(bi.count, be.world_size, be.rank)
+        if bo.count != want:
+            be._reject("reduce_scatter", InvalidArgumentError(
+                f"ringcomm: reduce_scatter on rank {be.rank}: output has {bo.count} elements, its chunk "
+                f"of the {bi.count}-element input has {want}"))
+        h = be._issue_reduce_scatter(bi, bo, opc, async_op, stream)
+        return be._finish(h, (input, output), output) if async_op else None
+
+    def all_gather(self, output, input, async_op: bool = False, stream=None):
+        """Concatenate every rank's `input` (rank order) into `output` on every rank."""
+        be, bi, bo = self._in_out("all_gather", output, input, stream)
+        if bo.count < bi.count:
+            be._reject("all_gather", InvalidArgumentError(
+                f"ringcomm: all_gather: output has {bo.count} elements, fewer than the input's {bi.count}"))
+        h = be._issue_all_gather(bi, bo, async_op, stream)
+        return be._finish(h, (input, output), output) if async_op else None
+
+    def broadcast(self, x, root: int = 0, async_op: bool = False, stream=None):
+        """Copy root's x into x on every rank."""
+        be = self._route("broadcast", x)
+        be._check_open()
+        if stream is not None:
+            be._stream_ok("broadcast", stream)
+        b = be._buf("broadcast", x, "buffer", True)
+        root = be._root("broadcast", root)
+        h = be._issue_broadcast(b, root, async_op, stream)
+        return be._finish(h, (x,), x) if async_op else None
+
+    def reduce(self, x, root: int = 0, op=_SUM, async_op: bool = False, output=None, stream=None):
+        """Reduce x across ranks onto root (into x, or into `output` on root when given)."""
+        be, root = self._rooted("reduce", x, output, root, stream)
+        on_root = be.rank == root
+        bi = be._buf("reduce", x, "input", on_root and output is None)
+        bo = bi if on_root else None
+        if on_root and output is not None:
+            bo = be._buf("reduce", output, "output", True)
+            be._same_count("reduce", bi, bo)
+        opc = be._op_for("reduce", op, bi)
+        h = be._issue_reduce(bi, bo, opc, root, async_op, stream)
+        result = (x if output is None else output) if on_root else None
+        return be._finish(h, (x, output), result) if async_op else None
+
+    def barrier(self, async_op: bool = False, stream=None):
+        """Return once every rank has entered the barrier."""
+        be = self._route("barrier", None)
+        be._check_open()
+        if stream is not None:
+            be._stream_ok("barrier", stream)
+        h = be._issue_barrier(async_op, stream)
+        return be._finish(h, (), None) if async_op else None
+
+    def all_to_all(self, output, input, output_splits: Optional[Sequence[int]] = None,
+                   input_splits: Optional[Sequence[int]] = None, async_op: bool = False, stream=None):
+        """Block j of `input` goes to rank j; block i of `output` comes from rank i. Splits are in
+        elements; without them the arrays split evenly by world size."""
+        be, bi, bo = self._in_out("all_to_all", output, input, stream)
+        sc = be._splits("all_to_all", input_splits, bi.count, "input")
+        rc = be._splits("all_to_all", output_splits, bo.count, "output")
+        src = input
+        if bi.count and bo.count and _overlaps(bi, bo):
+            # The exchange reads blocks after others were written: work from a copy of the input.
+            src = _copy(input)
+            bi = be._adapt(src, "all_to_all input", False)
+        h = be._issue_all_to_all(bi, bo, sc, rc, async_op, stream)
+        return be._finish(h, (src, output), output) if async_op else None
+
+    def _full_on_root(self, coll, root, block, full, what):
+        """gather's output / scatter's input on the root (``what``): world_size blocks of
+        ``block``'s size and dtype. Its Buf on the root, None on the other ranks."""
+        if self.rank != root:
+            return None
+        if full is None:
+            self._reject(coll, InvalidArgumentError(f"ringcomm: {coll}: the root needs an {what} array"))
+        bf = self._buf(coll, full, what, what == "output")
+        if what == "output":
+            self._same_dtype(coll, block, bf)
+        else:
+            self._same_dtype(coll, bf, block)
+        if bf.count != block.count * self.world_size:
+            self._reject(coll, InvalidArgumentError(
+                f"ringcomm: {coll}: {what} has {bf.count} elements, needs world_size * {block.count}"))
+        return bf
+
+    def _rooted(self, coll, a, b, root, stream):
+        be = self._route(coll, a, b)
+        be._check_open()
+        if stream is not None:
+            be._stream_ok(coll, stream)
+        return be, be._root(coll, root)
+
+    def gather(self, output, input, root: int = 0, async_op: bool = False, stream=None):
+        """Concatenate every rank's `input` into root's `output` (other ranks pass output=None)."""
+        be, root = self._rooted("gather", output, input, root, stream)
+        bi = be._buf("gather", input, "input")
+        bo = be._full_on_root("gather", root, bi, output, "output")
+        h = be._issue_gather(bi, bo, root, async_op, stream)
+        return be._finish(h, (input, output), output) if async_op else None
+
+    def scatter(self, output, input=None, root: int = 0, async_op: bool = False, stream=None):
+        """Root's `input` is cut into world_size blocks; block i lands in rank i's `output`."""
+        be, root = self._rooted("scatter", output, input, root, stream)
+        bo = be._buf("scatter", output, "output", True)
+        bi = be._full_on_root("scatter", root, bo, input, "input")
+        h = be._issue_scatter(bi, bo, root, async_op, stream)
+        return be._finish(h, (input, output), output) if async_op else None
+
+    # -- point to point (no header exchange: errors are raised here only) ----------------------
+    def _p2p_args(self, what, x, stream):
+        """(back end, buffer) of a point-to-point call."""
+        be = self._route(None, x)
+        be._check_open()
+        if stream is not None and not be._streams:
+            raise InvalidArgumentError(f"ringcomm: {what}: stream= applies to CUDA arrays")
+        return be, be._adapt(x, f"{what} buffer", False)
+
+    def send(self, x, dst: int, async_op: bool = False, tag: int = 0, stream=None):
+        """Send x to rank dst. Messages between two ranks are matched in order; sizes must agree."""
+        be, b = self._p2p_args("send", x, stream)
+        h = be._issue_send(b, be._peer("send", dst), int(tag), async_op, stream)
+        return be._finish(h, (x,), None) if async_op else None
+
+    def recv(self, x, src: int, async_op: bool = False, tag: int = 0, stream=None):
+        """Receive into x from rank src."""
+        be, b = self._p2p_args("recv", x, stream)
+        if not b.writeable:
+            raise InvalidArgumentError("ringcomm: recv buffer is read-only")
+        h = be._issue_recv(b, be._peer("recv", src), int(tag), async_op, stream)
+        return be._finish(h, (x,), x) if async_op else None
+
+
+class CoreBackEnd(CommunicatorBase):
+    """A back end over one C++ core communicator ``self._c`` (host shared memory or CUDA): the
+    core exchanges a header before every collective, so a refusal is a header of its own."""
+
+    _what = "communicator"
+
+    @property
+    def timeout(self) -> float:
+        return self._c.timeout
+
+    @property
+    def closed(self) -> bool:
+        return self._c.closed
+
+    def _check_open(self):
+        if self._c.closed:
+            raise ClosedError(f"ringcomm: the {self._what} (rank {self.rank}) is closed")
+
+    def _reject(self, coll: str, exc: Exception):
+        """Join the header exchange as a rejection (peers raise too), then raise exc here."""
+        if not self._c.closed:
+            self._c.reject(COLL_CODES[coll])
+        raise exc

@@ -1,0 +1,34 @@
+"""Process-wide state of the ringcomm torch backend: issue hooks (tests, tracing) and the live
+process groups, shut down at interpreter exit."""
+from __future__ import annotations
+
+import atexit
+import weakref
+from typing import Callable
+
+__all__ = ["add_issue_hook", "remove_issue_hook", "issue_hooks", "live_groups"]
+
+# ---- issue hooks (tests, tracing) -----------------------------------------------------------------
+issue_hooks: list[Callable[[str, str, int, float], None]] = []
+
+
+def add_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
+    """Call ``fn(op, group_name, seq, time.perf_counter())`` whenever a collective is issued."""
+    issue_hooks.append(fn)
+
+
+def remove_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
+    issue_hooks.remove(fn)
+
+
+# ---- live groups, shut down at exit -----------------------------------------------------------------
+live_groups: "weakref.WeakSet" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all_at_exit() -> None:
+    for pg in list(live_groups):
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass

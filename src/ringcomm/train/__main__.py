@@ -1,0 +1,6 @@
+"""``python -m ringcomm.train``."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,21 @@
+"""The knobs of ringcomm.zero (RINGCOMM_ZERO_BUCKET_MB, RINGCOMM_ZERO_MAX_INFLIGHT,
+RINGCOMM_ZERO_COLLECTIVES): their names (the registry, with defaults and parsing rules, is
+``ringcomm.config``) and the positive-number check ZeRO adds."""
+from __future__ import annotations
+
+from ..config import knob
+
+_MB = 1024 * 1024
+#: Knob: bucket cap (MiB of compute-dtype gradients) of ZeroOptimizer, default 25 (as torch DDP).
+_BUCKET_MB_ENV = "RINGCOMM_ZERO_BUCKET_MB"
+#: Knob: how many asynchronous gradient reduce-scatters may be in flight during backward.
+_MAX_INFLIGHT_ENV = "RINGCOMM_ZERO_MAX_INFLIGHT"
+#: Knob: collective policy, "auto" | "native" | "fallback" (see the package docstring).
+_COLLECTIVES_ENV = "RINGCOMM_ZERO_COLLECTIVES"
+
+
+def _env_float(name: str) -> float:
+    value = float(knob(name))
+    if not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return value

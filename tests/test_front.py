@@ -1,0 +1,114 @@
+"""The communicator front (ringcomm.front.CommunicatorBase) validates once for every back end:
+the same bad call raises the same error class with the same message on the host shared-memory
+communicator, the hierarchical one (2 ranks faked as 2 nodes) and the CUDA one (GPU only), and
+the expected class (checked against a table written here, independently of the code)."""
+import shutil
+import tempfile
+
+import pytest
+
+import ringcomm
+from ringcomm.launch import spawn
+
+from front_cases import cases, host_only_cases, run
+
+torch = pytest.importorskip("torch")
+
+EXPECTED = {
+    "unsupported op for dtype": "UnsupportedError", "unknown op": "InvalidArgumentError",
+    "all_reduce count": "InvalidArgumentError", "all_reduce dtype": "InvalidArgumentError",
+    "unsupported dtype": "UnsupportedError", "non-contiguous": "InvalidArgumentError",
+    "broadcast root": "InvalidArgumentError", "reduce root": "InvalidArgumentError",
+    "reduce_scatter count": "InvalidArgumentError", "reduce_scatter dtype": "InvalidArgumentError",
+    "all_gather output": "InvalidArgumentError", "all_to_all uneven": "InvalidArgumentError",
+    "all_to_all splits": "InvalidArgumentError", "gather size": "InvalidArgumentError",
+    "scatter without input": "InvalidArgumentError", "send to self": "InvalidArgumentError",
+    "recv from outside": "InvalidArgumentError", "read-only in place": "InvalidArgumentError",
+    "read-only recv": "InvalidArgumentError", "stream on host arrays": "InvalidArgumentError",
+}
+
+
+def _outcomes(kind, lib):
+    d = tempfile.mkdtemp(prefix=f"rc-front-{kind}-")
+    try:
+        return spawn(run, 2, (d, kind, lib), timeout=240)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_case_table_is_complete():
+    names = [n for n, _ in cases(None) + host_only_cases()]
+    assert sorted(names) == sorted(EXPECTED)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_host_and_hierarchical_raise_alike(lib):
+    host, hier = _outcomes("host", lib), _outcomes("hier", lib)
+    for rank in range(2):
+        assert "_kind" not in host[rank] and "_kind" not in hier[rank], (host[rank], hier[rank])
+        assert set(host[rank]) == set(hier[rank])
+        for name, (cls, msg) in host[rank].items():
+            assert cls == EXPECTED[name], (name, cls, msg)
+            assert msg.startswith("ringcomm: "), (name, msg)
+            assert hier[rank][name] == (cls, msg), (name, host[rank][name], hier[rank][name])
+
+
+@pytest.mark.timeout(600)
+def test_cuda_raises_like_host():
+    import ringcomm.cuda
+    if not ringcomm.cuda.is_available():
+        pytest.skip(f"CUDA unavailable: {ringcomm.cuda.unavailable_reason()}")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    host, cuda = _outcomes("host", "torch"), _outcomes("cuda", "torch")
+    for rank in range(2):
+        assert "_kind" not in cuda[rank], cuda[rank]
+        for name, outcome in host[rank].items():
+            assert outcome[0] == EXPECTED[name], (name, outcome)
+            assert cuda[rank][name] == outcome, (name, outcome, cuda[rank][name])
+
+
+def test_module_level_imports_form_no_cycle():
+    """Inside the package, module-level imports (not the lazy ones inside functions) go one way."""
+    import ast
+    import os
+    root = os.path.dirname(os.path.abspath(ringcomm.__file__))
+    graph = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, f)
+            rel = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+            mod = "ringcomm" + ("" if rel == "__init__" else "." + rel.removesuffix(".__init__"))
+            pkg = mod if f == "__init__.py" else mod.rsplit(".", 1)[0]
+            deps = set()
+            for node in ast.parse(open(path).read()).body:
+                if isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = pkg.rsplit(".", node.level - 1)[0] if node.level > 1 else pkg
+                        target = f"{base}.{node.module}" if node.module else base
+                    else:
+                        target = node.module or ""
+                    names = [target] + [f"{target}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                deps.update(n for n in names if n.startswith("ringcomm") and n != mod)
+            graph[mod] = deps
+    graph = {m: {d for d in ds if d in graph} for m, ds in graph.items()}
+    state = {}
+
+    def visit(m, path):
+        if state.get(m) == "done":
+            return
+        assert state.get(m) != "active", "import cycle: " + " -> ".join(path + [m])
+        state[m] = "active"
+        for d in sorted(graph[m]):
+            visit(d, path + [m])
+        state[m] = "done"
+    for m in sorted(graph):
+        visit(m, [])
+    assert {"ringcomm.front", "ringcomm.host", "ringcomm.api", "ringcomm.tables"} <= set(graph)
