@@ -6,6 +6,7 @@
 
 #include "algo/ring_schedule.h"
 #include "comm/communicator.h"
+#include "comm/header_exchange.h"
 #include "comm/store_policy.h"
 
 namespace py = pybind11;
@@ -41,6 +42,7 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("timeout", &Communicator::timeout)
       .def_property_readonly("closed", &Communicator::closed)
       .def("next_seq", &Communicator::next_seq)
+      .def("_set_last_seq_for_test", &Communicator::set_last_seq_for_test)
       .def("all_reduce", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, bool a) {
              return c.all_reduce(P(in), P(out), n, D(d), O(o), A(a));
            }, GIL())
@@ -79,6 +81,8 @@ void bind_comm(py::module_& m) {
   // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
   // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than
   // ndarray.ctypes.data; the caller keeps the object alive.
+  // Test-only: the header board's 32-bit word for collective `seq` (its entry is word & 1).
+  m.def("_board_seq_of", &rc::board_seq_of, py::arg("seq"));
   m.def("buffer_address", [](py::handle obj, bool writable) -> py::object {
     Py_buffer view;
     int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);

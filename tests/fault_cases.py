@@ -121,3 +121,137 @@ def bad_inputs(rank, world):
     except ringcomm.ClosedError:
         results.append(("after close", "ClosedError"))
     return results
+
+
+def huge_timeout(rank, world, timeout, late_s):
+    """A collective under an infinite or huge timeout: it completes, and a peer arriving late_s
+    seconds after the other is waited for (no immediate TimeoutError)."""
+    import ringcomm
+    comm = _init(rank, world, timeout=timeout)
+    try:
+        x = np.full(1000, rank + 1.0, np.float32)
+        comm.all_reduce(x)
+        first = float(x[0])
+        if rank == 1:
+            time.sleep(late_s)
+        t0 = time.monotonic()
+        y = np.ones(8, np.float32)
+        comm.all_reduce(y)
+        dt = time.monotonic() - t0
+        comm.all_reduce(y, async_op=True).wait(timeout)  # Work.wait under the same timeout
+        return ("ok", first, y.tolist(), dt)
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e))
+    finally:
+        comm.close()
+
+
+
+def board_wrap(rank, world, last_seq):
+    """Collectives numbered across the 2^32 wrap of the header board's word. Rank 1 is late for
+    the first barrier, so it leaves it at once and posts the next header while rank 0 may still
+    be reading the previous one (a board entry reused too early loses it)."""
+    import ringcomm
+    comm = _init(rank, world, timeout=5)
+    comm._c._set_last_seq_for_test(last_seq)
+    try:
+        if rank == 1:
+            # Late, then two headers back to back from the progress thread: the second is
+            # posted microseconds after the first, while rank 0 is still waking up to read it.
+            time.sleep(0.5)
+            works = [comm.barrier(async_op=True) for _ in range(2)]
+            for w in works:
+                w.wait()
+        else:
+            comm.barrier()
+            comm.barrier()
+        out = []
+        for i in range(4):
+            x = np.full(10 + i, rank + 1.0 + i, np.float32)
+            comm.all_reduce(x)
+            out.append(x.tolist())
+        return ("ok", out, comm._c.next_seq())
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e), 0)
+    finally:
+        comm.close()
+
+
+def _wait_gone(pid_file, limit_s=30.0):
+    """Wait until the process whose pid is in pid_file has exited (gone or a zombie)."""
+    t_end = time.monotonic() + limit_s
+    while not os.path.exists(pid_file):
+        assert time.monotonic() < t_end, "peer never wrote its pid"
+        time.sleep(0.01)
+    with open(pid_file) as f:
+        pid = int(f.read())
+    while time.monotonic() < t_end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"peer pid {pid} still running")
+
+
+def closed_peer(rank, world):
+    """Rank world-1 closes cleanly and exits; the others then use p2p (must work) and a
+    collective (must raise a clear 'closed' error on every survivor, not 'died', not hang)."""
+    import ringcomm
+    comm = _init(rank, world, timeout=20)
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)
+    pid_file = os.path.join(os.environ["RC_TEST_STORE"], "closed-peer.pid")
+    if rank == world - 1:
+        comm.close()
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+        return ("closed", x.tolist())
+    _wait_gone(pid_file)
+    time.sleep(0.3)  # several liveness slices (RINGCOMM_LIVENESS_MS=100) after the peer exited
+    out = {"first": x.tolist()}
+    try:
+        n = 300000  # many slots: the p2p engine waits and probes peers in between
+        if rank == 0:
+            comm.send(np.arange(n, dtype=np.float32), dst=1)
+            out["p2p"] = "sent"
+        elif rank == 1:
+            y = np.zeros(n, np.float32)
+            comm.recv(y, src=0)
+            out["p2p"] = bool((y == np.arange(n, dtype=np.float32)).all())
+        else:
+            out["p2p"] = "idle"
+        time.sleep(0.3)
+    except Exception as e:  # noqa: BLE001
+        out["p2p"] = (type(e).__name__, str(e))
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(np.ones(4, np.float32))
+        out["coll"] = ("no error", "")
+    except Exception as e:  # noqa: BLE001
+        out["coll"] = (type(e).__name__, str(e))
+    out["coll_s"] = time.monotonic() - t0
+    comm.close()
+    return out
+
+
+def small_shm(rank, world):
+    """Init and a 16 MiB all_reduce with default slots in a /dev/shm too small for the
+    segments: init must raise a RingcommError naming the sizes and the fixes (never SIGBUS)."""
+    import ringcomm
+    try:
+        comm = _init(rank, world, timeout=20)
+    except Exception as e:  # noqa: BLE001
+        return ("init", type(e).__name__, isinstance(e, ringcomm.RingcommError), str(e))
+    try:
+        x = np.ones(4 << 20, np.float32)
+        comm.all_reduce(x)
+        return ("ok", "", True, str(x[0]))
+    except Exception as e:  # noqa: BLE001
+        return ("data", type(e).__name__, isinstance(e, ringcomm.RingcommError), str(e))
+    finally:
+        comm.close()

@@ -30,6 +30,12 @@ uint64_t CommCore::next_seq() const {
   return seq_ + 1;
 }
 
+void CommCore::set_last_seq_for_test(uint64_t last) {
+  std::lock_guard<std::mutex> lk(mu_);
+  RC_CHECK(seq_ == 0 && queue_.empty() && !busy_, Error, "set_last_seq_for_test: collectives already ran");
+  seq_ = last;
+}
+
 void CommCore::check_usable() const {
   if (closed_.load()) RC_THROW(Closed, "ringcomm: the " << dev_->name() << " (rank " << rank_ << ") is closed");
   RC_CHECK(connected_, Error, "ringcomm: the " << dev_->name() << " is not connected (call connect())");

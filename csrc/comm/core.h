@@ -54,6 +54,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   double timeout() const { return dev_->control().config().timeout_s; }
   bool closed() const { return closed_.load(); }
   uint64_t next_seq() const;
+  /// Test-only: number the next collective `last + 1` (call before the first collective, with
+  /// the same value on every rank): exercises the board's counter wrap without 2^32 calls.
+  void set_last_seq_for_test(uint64_t last);
 
   // Collectives. Pointers must stay valid until the returned Work completes. Without l.async the
   // call returns after the host part completed (and throws on failure).

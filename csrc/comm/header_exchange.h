@@ -31,8 +31,10 @@ std::string describe_header(const CollHeader& h);
 /// `code`: kMismatch and kTimeout as they are, anything else kPeerFailure.
 uint32_t abort_kind_of(ErrorCode code);
 
-/// The board's 32-bit sequence word for collective `seq` (never 0: 0 means "no header yet").
-inline uint32_t board_seq_of(uint64_t seq) { return static_cast<uint32_t>((seq - 1) % 0xFFFFFFFFull) + 1; }
+/// The board's 32-bit sequence word for collective `seq` (seq >= 1): in [1, 2^32 - 2], never 0
+/// (0 means "no header yet"). The period 2^32 - 2 is even, so the word has the parity of seq and
+/// consecutive collectives alternate between the board's two entries (`word & 1`) across the wrap.
+inline uint32_t board_seq_of(uint64_t seq) { return static_cast<uint32_t>((seq - 1) % 0xFFFFFFFEull) + 1; }
 
 /// Monotonic nanoseconds.
 int64_t now_ns();

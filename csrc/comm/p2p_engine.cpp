@@ -37,7 +37,7 @@ WorkPtr P2PEngine::submit(bool is_send, char* buf, int64_t bytes, int peer, uint
   op.buf = buf;
   op.bytes = static_cast<uint64_t>(bytes);
   op.tag = tag;
-  op.deadline_ns = now_ns() + static_cast<int64_t>(dev_->control().config().timeout_s * 1e9);
+  op.deadline_ns = deadline_after(now_ns(), dev_->control().config().timeout_s);
   op.work = std::make_shared<Work>(is_send ? "send" : "recv", 0);
   op.token = dev_->p2p_prepare(stream);
   WorkPtr w = op.work;

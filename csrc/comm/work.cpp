@@ -6,7 +6,9 @@ namespace rc {
 
 void Work::wait_host(double timeout_s) {
   std::unique_lock<std::mutex> lk(mu_);
-  if (timeout_s < 0) {
+  // A timeout beyond ~30 years (or infinite) waits without one: converting it to the clock's
+  // nanosecond duration would overflow into the past.
+  if (timeout_s < 0 || !(timeout_s < 1e9)) {
     cv_.wait(lk, [&] { return done_; });
   } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return done_; })) {
     RC_THROW(TimeoutError, "ringcomm: wait() on " << op_ << " (seq " << seq_ << ") timed out after " << timeout_s

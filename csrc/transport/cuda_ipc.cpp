@@ -379,7 +379,7 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeo
   const bool own_timeout = timeout_s < 0;
   const double limit_s = own_timeout ? cfg_.shm.timeout_s : timeout_s;
   const int64_t t0 = now_ns();
-  const int64_t deadline = t0 + static_cast<int64_t>(limit_s * 1e9);
+  const int64_t deadline = deadline_after(t0, limit_s);
   int64_t next_liveness = t0 + cfg_.shm.liveness_ns;
   int64_t sleep_ns = 2000;
   for (;;) {
@@ -439,7 +439,7 @@ bool CudaIpcTransport::peer_process_dead(int peer) const {
 void CudaIpcTransport::exchange_byes(bool* all_done) {
   *all_done = false;
   const double wait_s = cfg_.close_wait_s;
-  const int64_t deadline = now_ns() + static_cast<int64_t>(wait_s * 1e9);
+  const int64_t deadline = deadline_after(now_ns(), wait_s);
   std::vector<int> to_send, to_recv;
   for (int p = 0; p < world_; ++p)
     if (p != rank_) {

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "common/knobs.h"
@@ -67,6 +69,15 @@ std::string random_name() {
 
 }  // namespace
 
+int64_t deadline_after(int64_t now_ns, double seconds) {
+  constexpr int64_t kFar = std::numeric_limits<int64_t>::max();
+  if (!(seconds > 0)) return now_ns;
+  const double ns = seconds * 1e9;
+  // Compare in double before converting: a double >= 2^63 does not fit an int64 (UB).
+  if (!(ns < static_cast<double>(kFar - now_ns))) return kFar;
+  return now_ns + static_cast<int64_t>(ns);
+}
+
 struct BoardEntry {
   Word seq;        // the collective sequence number this entry holds (0 = none yet)
   CollHeader h;    // written before seq is published (release), read after it is acquired
@@ -102,8 +113,11 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   int64_t slot = knob_bytes("RINGCOMM_SLOT_BYTES");
   int64_t nslots = knob_int("RINGCOMM_NSLOTS");
   RC_CHECK(slot >= 64, InvalidArgument, "RINGCOMM_SLOT_BYTES must be >= 64, got " << slot);
-  RC_CHECK(nslots >= 2 && nslots <= 1024, InvalidArgument,
-           "RINGCOMM_NSLOTS must be in [2, 1024] (the ring's fused forward needs two), got " << nslots);
+  // A power of two divides 2^32, so the slot index `counter % nslots` stays in step across the
+  // wrap of the 32-bit head/tail counters.
+  RC_CHECK(nslots >= 2 && nslots <= 1024 && (nslots & (nslots - 1)) == 0, InvalidArgument,
+           "RINGCOMM_NSLOTS must be in [2, 1024] and a power of two (the ring's fused forward needs two; "
+           "the slot index wraps with the 32-bit counters), got " << nslots);
   c.slot_bytes = round_up(static_cast<size_t>(slot), 64);
   c.nslots = static_cast<uint32_t>(nslots);
   c.timeout_s = timeout_s > 0 ? timeout_s : knob_double("RINGCOMM_TIMEOUT");
@@ -148,13 +162,30 @@ std::string ShmTransport::create() {
   RC_CHECK(fd >= 0, Error, "ringcomm: shm_open(" << name << ") failed: " << std::strerror(errno));
   own_name_ = name;
   own_unlinked_ = false;
-  if (ftruncate(fd, static_cast<off_t>(seg_bytes_)) != 0) {
-    int e = errno;
+  // Allocate every page now: a segment sized with ftruncate alone is sparse, and a /dev/shm too
+  // small for it kills the rank with SIGBUS at the first touch of a missing page, mid-collective.
+  int e = posix_fallocate(fd, 0, static_cast<off_t>(seg_bytes_));
+  if (e == EINVAL || e == EOPNOTSUPP) e = ftruncate(fd, static_cast<off_t>(seg_bytes_)) == 0 ? 0 : errno;
+  if (e != 0) {
+    struct statvfs vfs;
+    const bool have_vfs = fstatvfs(fd, &vfs) == 0;
     ::close(fd);
     shm_unlink(name.c_str());
     own_unlinked_ = true;
-    RC_THROW(Error, "ringcomm: ftruncate of shared memory to " << seg_bytes_ << " bytes failed: "
-                                                               << std::strerror(e));
+    std::ostringstream o;
+    o << "ringcomm: rank " << rank_ << " cannot allocate its " << seg_bytes_ << " bytes of shared memory ("
+      << std::strerror(e) << "); /dev/shm has ";
+    if (have_vfs) {
+      o << static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize << " bytes free of "
+        << static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize;
+    } else {
+      o << "an unknown amount free";
+    }
+    o << ", and " << world_ << " ranks need about " << static_cast<uint64_t>(seg_bytes_) * world_
+      << " bytes in all (" << kNumLanes << " lanes x " << world_ << " peers x " << cfg_.nslots << " slots of "
+      << cfg_.slot_bytes << " bytes per rank). Fixes: a larger /dev/shm (docker run --shm-size=1g, or remount "
+      << "/dev/shm with a larger size=), or smaller slots (RINGCOMM_SLOT_BYTES) or fewer of them (RINGCOMM_NSLOTS)";
+    throw Error(o.str());
   }
   void* p = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
@@ -322,7 +353,8 @@ void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
     throw_error(valid_error_code(code) ? static_cast<ErrorCode>(code) : ErrorCode::kPeerFailure, text);
   }
   RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer
-                                     << " closed its communicator before completing this operation");
+                                     << " closed its communicator before completing this operation (rank " << peer
+                                     << " closed)");
 }
 
 void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
@@ -331,6 +363,9 @@ void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
     auto* h = reinterpret_cast<SegmentHeader*>(base_[p]);
     uint32_t st = h->state.v.load(std::memory_order_acquire);
     if (st == static_cast<uint32_t>(PeerState::kAborted)) fail_peer_state(p, w);
+    // A peer that closed cleanly may have exited: it is closed, never dead. A wait on it raises
+    // "closed" (wait_until's state check); other waits go on.
+    if (st == static_cast<uint32_t>(PeerState::kClosed)) continue;
     if (check_liveness && peer_dead(p)) {
       RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << p << " (pid " << pids_[p]
                                          << ") died");
@@ -364,7 +399,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
     if (now >= active_end) break;
   }
   // Sleep phase: futex in slices, checking peers and the deadline between slices.
-  const int64_t deadline = t0 + static_cast<int64_t>(cfg_.timeout_s * 1e9);
+  const int64_t deadline = deadline_after(t0, cfg_.timeout_s);
   int64_t next_liveness = t0;
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);

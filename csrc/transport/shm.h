@@ -10,7 +10,7 @@
 // Channel protocol (one writer per word):
 //   head  - written only by the sender: number of slots it has filled (wrapping uint32).
 //   tail  - written only by the receiver: number of slots it has consumed.
-//   Slot i = head % nslots is free for the sender while head - tail < nslots. The sender writes
+//   Slot i = head % nslots (nslots a power of two, so the index survives the counters' wrap) is free for the sender while head - tail < nslots. The sender writes
 //   the slot's data and meta, then publishes with a release increment of head; the receiver reads
 //   head with acquire, so the data and meta are visible before it touches them. The receiver
 //   releases a slot with a release increment of tail after it has finished reading it; the
@@ -86,6 +86,10 @@ struct SlotMeta {
   uint64_t pad[4];
 };
 static_assert(sizeof(SlotMeta) == 64, "SlotMeta is one cache line");
+
+/// now_ns + seconds, saturated: an infinite or huge timeout gives a deadline in the far future
+/// (INT64_MAX), never an overflowed one in the past; seconds <= 0 (or NaN) gives now_ns.
+int64_t deadline_after(int64_t now_ns, double seconds);
 
 enum class PeerState : uint32_t { kAlive = 0, kClosed = 1, kAborted = 2 };
 
