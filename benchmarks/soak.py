@@ -105,6 +105,7 @@ def epoch_knobs(seed, epoch):
     if rng.random() < 0.1:
         nslots = int(rng.integers(2, max_nslots + 1))
     nslots = max(2, min(nslots, max_nslots))
+    nslots = 1 << (nslots.bit_length() - 1)                   # RINGCOMM_NSLOTS must be a power of two
     return {
         "RINGCOMM_SLOT_BYTES": str(slot),
         "RINGCOMM_NSLOTS": str(nslots),
