@@ -5,24 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-def _storage(t: torch.Tensor):
-    # Keyed by the StorageImpl (stable across resize_, unlike data_ptr, so that ZeRO-3's
-    # resized-to-0 parameter storages are recognised), counted at its current size.
-    s = t.untyped_storage()
-    return s._cdata, s.nbytes()
+from ..saved_tensors import SavedTensorMeter, _storage
 
 
-class _Saved:
-    __slots__ = ("t", "key", "meter", "__weakref__")
-
-    def __init__(self, t, key, meter):
-        self.t, self.key, self.meter = t, key, meter
-
-    def __del__(self):
-        self.meter._release(self.key)
-
-
-class ActivationMeter:
+class ActivationMeter(SavedTensorMeter):
     """Peak bytes alive among tensors saved for backward (unique storages, parameters excluded).
 
     ``with meter: loss = model(...); loss.backward()`` -- autograd frees a saved tensor when its
@@ -30,50 +16,11 @@ class ActivationMeter:
     """
 
     def __init__(self, exclude: nn.Module | None = None):
-        self.exclude = set()
-        if exclude is not None:
-            tensors = list(exclude.parameters())
-            # ZeroStage3 keeps each unit's gathered weights in a flat parameter outside the
-            # module tree: the views forward saves of it are weights, not activations.
-            tensors += [u.flat_full for u in getattr(exclude, "_units", ())]
-            self.exclude = {_storage(t)[0] for t in tensors}
-        self.live: dict = {}
-        self.current = 0
-        self.peak = 0
-
-    def _pack(self, t):
-        key, nbytes = _storage(t)
-        if key in self.exclude or nbytes == 0:
-            return t
-        entry = self.live.get(key)
-        if entry is None:
-            self.live[key] = [1, nbytes]
-            self.current += nbytes
-            self.peak = max(self.peak, self.current)
-        else:
-            entry[0] += 1
-        return _Saved(t, key, self)
-
-    def _release(self, key):
-        entry = self.live.get(key)
-        if entry is None:
-            return
-        entry[0] -= 1
-        if entry[0] == 0:
-            del self.live[key]
-            self.current -= entry[1]
-
-    @staticmethod
-    def _unpack(h):
-        return h.t if isinstance(h, _Saved) else h
-
-    def __enter__(self):
-        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._ctx.__exit__(*exc)
+        super().__init__(exclude)
+        # ZeroStage3 keeps each unit's gathered weights in a flat parameter outside the module
+        # tree: the views forward saves of it are weights, not activations.
+        for u in getattr(exclude, "_units", ()) if exclude is not None else ():
+            self.exclude.add(_storage(u.flat_full)[0])
 
 
 _OPT_ATTRS = ("optimizer", "optim", "inner", "_optimizer", "base_optimizer", "inner_optimizer")
