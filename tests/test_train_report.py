@@ -142,7 +142,8 @@ def test_report_quick_end_to_end(tmp_path):
         for k in ("step_s", "comm_standalone_s", "model_step_overlapped_s",
                   "model_step_serialised_s", "model_comm_s"):
             assert _finite_pos(r[k]), (k, r)
-        assert r["model_step_serialised_s"] >= r["model_step_overlapped_s"]
+        # equal when every all-reduce ends after backward: allow the last bit of rounding
+        assert r["model_step_serialised_s"] >= r["model_step_overlapped_s"] * (1 - 1e-12)
         assert r["nbuckets"] == len(r["bucket_bytes"]) and sum(r["bucket_bytes"]) == 4 * psi
         assert r["model_comm_s"] == pytest.approx(
             r["nbuckets"] * b["latency_s"] + 4 * psi / b["bandwidth_Bps"])
