@@ -103,6 +103,11 @@ class GlooEngine:
             self.col = self._group(f"{prefix}/inter/col{l}", col.index(topo.rank), len(col), td)
         self.lead = self.col if l == 0 else None
         self.world = self._group(f"{prefix}/inter/world", topo.rank, topo.world_size, td)
+        # A gloo group is usable on one rank before its peers have finished connecting: the
+        # rank that accepted a connection may return, fail a call locally and close its sockets
+        # while the peer still reads the handshake ("Connection closed by peer"). One barrier
+        # over the world group (created last) means every rank finished every group.
+        self.world.barrier(dist.BarrierOptions()).wait()
         R = dist.ReduceOp
         self._ops = {"SUM": R.SUM, "AVG": R.SUM, "PRODUCT": R.PRODUCT, "MIN": R.MIN,
                      "MAX": R.MAX, "BAND": R.BAND, "BOR": R.BOR, "BXOR": R.BXOR}
