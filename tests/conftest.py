@@ -2,6 +2,8 @@
 process behind."""
 import multiprocessing
 import os
+import shutil
+import tempfile
 import time
 
 import pytest
@@ -12,6 +14,15 @@ def _segments():
         return {f for f in os.listdir("/dev/shm") if f.startswith("ringcomm-")}
     except FileNotFoundError:
         return set()
+
+
+@pytest.fixture
+def store_env():
+    """``{"RC_TEST_STORE": dir}`` for ``spawn(..., env=)``: a fresh directory the spawned ranks
+    rendezvous in (``file://`` + it), removed after the test."""
+    d = tempfile.mkdtemp(prefix="rc-test-store-")
+    yield {"RC_TEST_STORE": d}
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
