@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import tempfile
 import time
 import traceback
 from typing import Callable
 
 import pytest
 
-from ringcomm.launch import LaunchError, spawn
+from ringcomm.launch import LaunchError, spawn_with_store
 
 SKIPPED = "skipped"
 
@@ -84,11 +83,11 @@ def spawn_battery(entry: Callable, ws: int, prefix: str, timeout: float,
                   args: tuple = ()) -> tuple[list | None, str | None]:
     """Run ``entry(rank, ws, store_path, *args)`` on ``ws`` ranks with a fresh file store:
     ``(per-rank results, None)``, or ``(None, the launch failure)``."""
-    with tempfile.TemporaryDirectory(prefix=prefix) as d:
-        try:
-            return spawn(entry, ws, (os.path.join(d, "store"), *args), timeout=timeout), None
-        except LaunchError as e:
-            return None, str(e)
+    try:
+        return spawn_with_store(entry, ws, lambda store: (store, *args), timeout=timeout,
+                                prefix=prefix), None
+    except LaunchError as e:
+        return None, str(e)
 
 
 def fail_on_error(res: dict, ws: int, name: str) -> None:
