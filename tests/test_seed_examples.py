@@ -161,7 +161,7 @@ def test_seed000_step_through_the_ring():
     # (step 3) exactly one cell per device holds its finished column sum; after the
     # all-gather every row equals the column sums.
     rows = sim.ring_trace([[1, 2, 3, 4], [10, 20, 30, 40], [100, 200, 300, 400],
-                       [1000, 2000, 3000, 4000]])
+                           [1000, 2000, 3000, 4000]])
     col_sums = [1111, 2222, 3333, 4444]
     assert len(rows) == 1 + 2 * 3
     label, states = rows[3]
@@ -372,7 +372,7 @@ def test_seed001_megatron_unsplit():
     XA = np.asarray(SEED_X) @ np.asarray(SEED_A)
     assert XA.tolist() == [1, 2, 1, 0]                              # "XA = (1, 2, 1, 0)"
     assert r3(sim.gelu(XA)) == [0.841, 1.955, 0.841, 0.0]            # "≈ (0.841, 1.955, 0.841, 0)"
-    assert r3(sim.mlp(SEED_X, SEED_A, SEED_B)) == [1.682, 2.796]         # "(1.682, 2.796)"
+    assert r3(sim.mlp(SEED_X, SEED_A, SEED_B)) == [1.682, 2.796]     # "(1.682, 2.796)"
 
 
 def test_seed001_megatron_two_gpus():
