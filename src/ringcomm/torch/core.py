@@ -124,7 +124,7 @@ class GroupCore:
                 return DoneWork(op, seq, outputs, source_rank)
             handles = [s.launch(True) for s in steps]
         except Exception as e:
-            e._ringcomm_issued = True  # ringcomm has told the other ranks (see _collective)
+            e._ringcomm_issued = True  # ringcomm has told the other ranks (see steps.collective)
             raise
         finisher = then(*[s.finish for s in steps])
         work = RingcommWork(op, seq, handles, outputs, finisher, self._timeout_s, self._waiter,
