@@ -6,7 +6,8 @@
 //   header_seen   every peer's header has been read (the exchange returned)
 //   first_slot    the first slot this rank handed off to a peer (send_post)
 //   last_slot     the last slot event of the call: a slot handed off or a slot received
-//   exit          the host part completed (the Work is complete; a synchronous call returns)
+//   exit          the host part finished (stamped just before the Work is marked complete, so
+//                 a caller that waited on the Work finds the record)
 // A phase that did not happen is 0: no slot moves in a barrier, a world of one or an empty buffer,
 // and a rank that only receives (the end of a broadcast chain) hands off no first slot.
 //
