@@ -22,6 +22,24 @@ inline ReduceOp O(int o) { return static_cast<ReduceOp>(o); }
 using GIL = py::call_guard<py::gil_scoped_release>;
 inline rc::Launch A(bool async) { return rc::Launch{async, nullptr}; }
 
+// One dict per record: seq, collective, algorithm, bytes, ok, and each phase's ns (None: did not happen).
+py::list trace_list(const std::vector<rc::TraceRecord>& recs) {
+  py::list out;
+  for (const rc::TraceRecord& r : recs) {
+    py::dict d;
+    d["seq"] = r.seq;
+    d["collective"] = rc::coll_name(static_cast<rc::Coll>(r.coll));
+    d["algorithm"] = r.algo;
+    d["bytes"] = r.bytes;
+    d["ok"] = r.ok;
+    for (int p = 0; p < rc::kTracePhases; ++p) {
+      d[rc::trace_phase_name(p)] = r.t[p] != 0 ? py::object(py::int_(r.t[p])) : py::object(py::none());
+    }
+    out.append(std::move(d));
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_comm(py::module_& m) {
@@ -76,7 +94,9 @@ void bind_comm(py::module_& m) {
       .def("recv", [](Communicator& c, uintptr_t buf, int64_t bytes, int src, uint64_t tag, bool a) {
              return c.recv(P(buf), bytes, src, tag, A(a));
            }, GIL())
-      .def("close", &Communicator::close, GIL());
+      .def("close", &Communicator::close, GIL())
+      .def("trace", [](const Communicator& c) { return trace_list(c.trace()); },
+           "The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.");
 
   // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
   // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than

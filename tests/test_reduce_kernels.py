@@ -57,7 +57,18 @@ def _isa_available(isa):
         return False
 
 
-ISAS = [isa for isa in ("generic", "avx2") if _isa_available(isa)]
+ISAS = [isa for isa in ("generic", "avx2", "avx512") if _isa_available(isa)]
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 # ----- references -------------------------------------------------------------------------------
@@ -208,6 +219,20 @@ def _id(v):
 
 def test_isas_found():
     assert "generic" in ISAS
+    # Every copy this CPU can run is exercised: the tests below cover each one on this machine.
+    flags = _cpu_flags()
+    if {"avx2", "f16c"} <= flags:
+        assert "avx2" in ISAS
+    if {"avx2", "f16c", "avx512f", "avx512bw", "avx512vl"} <= flags:
+        assert "avx512" in ISAS
+    else:
+        assert "avx512" not in ISAS
+
+
+def test_unknown_isa_name_rejected():
+    x = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="avx512"):
+        _reduce(x, x, x, F32, SUM, 1.0, isa="avx1024")
 
 
 def test_supported_matrix():

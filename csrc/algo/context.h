@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/trace.h"
 #include "common/dtype.h"
 #include "transport/channel.h"
 
@@ -23,6 +24,8 @@ struct AlgoCtx {
   /// piece_bytes of private memory the channel's reduce can write (direct all-reduce's
   /// accumulator with 3 or more ranks); nullptr where the channel offers none.
   char* scratch = nullptr;
+  /// The collective's per-phase record (comm/trace.h) when RINGCOMM_TRACE is on, else nullptr.
+  TraceRecord* trace = nullptr;
   /// Elements per piece: one slot's payload (at least 1).
   int64_t piece_elems() const {
     const int64_t p = static_cast<int64_t>(ch->piece_bytes() / esize);

@@ -40,6 +40,7 @@ inline void send_copy(const AlgoCtx& c, int peer, const char* src, int64_t o, in
   char* dst = c.ch->send_slot(peer, w, place(c, src, o));
   if (bytes > 0) c.ch->copy_into_slot(dst, src, bytes);
   c.ch->send_post(peer, bytes, total, c.seq);
+  if (c.trace) c.trace->slot_sent();
 }
 
 /// The fused step: the next slot to `peer` = a (op) b over m elements (full-buffer offset o), published.
@@ -48,6 +49,7 @@ inline void send_reduced(const AlgoCtx& c, int peer, const char* a, const char* 
   char* dst = c.ch->send_slot(peer, w, place(c, a, o));
   c.ch->reduce_into_slot(dst, a, b, static_cast<size_t>(m), c.dtype, op);
   c.ch->send_post(peer, static_cast<uint64_t>(m) * c.esize, 0, c.seq);
+  if (c.trace) c.trace->slot_sent();
 }
 
 /// Wait for the next slot from `peer` and check it carries m elements of this collective.
@@ -61,6 +63,7 @@ inline const char* recv_expect(const AlgoCtx& c, int peer, int64_t o, int64_t m,
                                  << " at step " << w.step << ", expected " << bytes << " bytes of seq " << c.seq
                                  << " (the ranks' schedules diverged)");
   }
+  if (c.trace) c.trace->slot_received();
   return p;
 }
 

@@ -2,6 +2,7 @@
 
 #include "comm/header_exchange.h"
 #include "common/errors.h"
+#include "common/knobs.h"
 #include "common/log.h"
 #include "kernels/reduce_cpu.h"
 
@@ -9,7 +10,12 @@ namespace rc {
 
 CommCore::CommCore(int rank, int world, std::unique_ptr<CommDevice> dev)
     : rank_(rank), world_(world), dev_(std::move(dev)), checks_(rank, world, dev_->memory()),
-      p2p_(rank, world, dev_.get(), [this](const std::exception_ptr& e) { mark_broken(e); }) {}
+      p2p_(rank, world, dev_.get(), [this](const std::exception_ptr& e) { mark_broken(e); }) {
+  const int64_t keep = knob_int("RINGCOMM_TRACE");
+  RC_CHECK(keep >= 0 && keep <= (int64_t{1} << 20), InvalidArgument,
+           "ringcomm: RINGCOMM_TRACE=" << keep << " must be 0 (off) or the number of calls to keep, at most 1048576");
+  tracer_.configure(keep);
+}
 
 CommCore::~CommCore() {
   try {
@@ -59,8 +65,9 @@ void CommCore::mark_broken(const std::exception_ptr& e) {
 
 // ---------------- submission and execution ----------------
 
-WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l) {
+WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t entry_ns) {
   check_usable();
+  if (tracer_.on() && entry_ns == 0) entry_ns = trace_now_ns();
   hdr.coll = static_cast<uint32_t>(coll);
   Task task;
   bool inline_run = false;
@@ -69,16 +76,23 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l) {
     const uint64_t seq = ++seq_;
     task.work = std::make_shared<Work>(coll_name(coll), seq);
     WorkPtr work = task.work;
-    task.fn = [this, seq, coll, hdr, l, work, body = std::move(body)] {
+    task.fn = [this, seq, coll, hdr, l, work, entry_ns, body = std::move(body)] {
+      TraceRecord* tr = tracer_.on() ? tracer_.begin(entry_ns) : nullptr;
+      TraceCommit trace_guard(tracer_, tr);
+      if (tr) trace_begin(*tr, seq, coll, hdr);
       const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr);
+      if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
       AlgoCtx c;
+      c.trace = tr;
       c.rank = rank_;
       c.world = world_;
       c.seq = seq;
       c.op = coll_name(coll);
       c.dtype = static_cast<DType>(hdr.dtype);
       c.esize = dtype_size(c.dtype);
-      work->complete(dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { body(cc, headers); }));
+      auto fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { body(cc, headers); });
+      trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
+      work->complete(fence);
     };
     if (!l.async && queue_.empty() && !busy_) {
       busy_ = true;  // we execute it on this thread; the progress thread waits for busy_ to clear
@@ -147,6 +161,7 @@ void CommCore::reject(Coll coll) {
 
 template <class Check>
 WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l) {
+  const int64_t entry_ns = tracer_.on() ? trace_now_ns() : 0;
   check_usable();
   CollHeader h;
   try {
@@ -155,7 +170,7 @@ WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l)
     if (!closed_.load()) reject(coll);
     throw;
   }
-  return submit(coll, h, std::move(body), l);
+  return submit(coll, h, std::move(body), l, entry_ns);
 }
 
 // ---------------- collectives ----------------

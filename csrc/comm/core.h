@@ -30,6 +30,7 @@
 #include "comm/coll.h"
 #include "comm/device.h"
 #include "comm/p2p_engine.h"
+#include "comm/trace.h"
 #include "comm/validation.h"
 #include "comm/work.h"
 #include "common/dtype.h"
@@ -82,6 +83,8 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   void close();
   /// Record a data-phase failure (the first one wins) and tell the peers.
   void mark_broken(const std::exception_ptr& e);
+  /// The per-phase records of the last RINGCOMM_TRACE collectives, oldest first (comm/trace.h).
+  std::vector<TraceRecord> trace() const { return tracer_.snapshot(); }
 
  protected:
   CommCore(int rank, int world, std::unique_ptr<CommDevice> dev);
@@ -100,7 +103,7 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   /// every rank), then submit.
   template <class Check>
   WorkPtr collective(Coll coll, const Check& check, Body body, Launch l);
-  WorkPtr submit(Coll coll, CollHeader hdr, Body body, Launch l);
+  WorkPtr submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t entry_ns = 0);
   void run_task(Task& t);
   void progress_loop();
   void check_usable() const;
@@ -109,6 +112,7 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   const int world_;
   std::unique_ptr<CommDevice> dev_;
   ArgChecks checks_;
+  Tracer tracer_;  // configured once from RINGCOMM_TRACE; written only by the executing thread
   P2PEngine p2p_;
   bool connected_ = false;
   std::atomic<bool> closed_{false};

@@ -31,9 +31,10 @@ const std::vector<KnobInfo>& table() {
       {"RINGCOMM_STREAM", T::kChoice, "auto", "auto|on|off", "stores into peers' slots: auto (measured per collective kind and size class), on (non-temporal), off (cached)", false},
       {"RINGCOMM_STREAM_MIN_BYTES", T::kBytes, "512K", "", "smallest collective RINGCOMM_STREAM=auto measures (smaller ones use cached stores)", false},
       {"RINGCOMM_STREAM_PROBE_EVERY", T::kInt, "16", "", "RINGCOMM_STREAM=auto re-checks the other way every this many collectives of a class (>= 2)", false},
+      {"RINGCOMM_TRACE", T::kInt, "0", "", "keep the last N collectives' phase timestamps per communicator (comm.trace()); 0: off", false},
       {"RINGCOMM_DEBUG", T::kChoice, "WARN", "WARN|INFO|TRACE", "logging to stderr: INFO one line per communicator, TRACE also one per collective", false},
       // reduce kernels (csrc/kernels/reduce_cpu.cpp)
-      {"RINGCOMM_CPU_ISA", T::kChoice, "auto", "auto|avx2|generic", "CPU reduce kernels: auto (best the CPU supports), avx2 or generic", false},
+      {"RINGCOMM_CPU_ISA", T::kChoice, "auto", "auto|avx512|avx2|generic", "CPU reduce kernels: auto (AVX2 where present, else generic), avx512, avx2 or generic", false},
       // CUDA transport and communicator
       {"RINGCOMM_CUDA_SLOT_BYTES", T::kBytes, "2M", "", "CUDA slot size (a multiple of 4096)", false},
       {"RINGCOMM_CUDA_NSLOTS", T::kInt, "4", "", "CUDA slots per channel, 2..64", false},

@@ -2,14 +2,17 @@
 //
 // How dispatch works:
 //  1. reduce_cpu_simd.h holds the typed loops (written once with vector extensions). It is
-//     included twice below: as namespace `generic` (16-byte vectors, the build's baseline flags)
-//     and, on x86-64, as namespace `avx2` inside `#pragma GCC target("avx2,f16c")` (32-byte
-//     vectors, F16C conversions). The library is therefore built WITHOUT -mavx2 and still runs on
-//     any x86-64; nothing here needs special compile flags.
+//     included three times below: as namespace `generic` (16-byte vectors, the build's baseline
+//     flags) and, on x86-64, as namespace `avx2` inside `#pragma GCC target("avx2,f16c")` (32-byte
+//     vectors, F16C conversions) and as namespace `avx512` inside
+//     `#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c")` (64-byte vectors). The library is
+//     therefore built WITHOUT -mavx2/-mavx512* and still runs on any x86-64; nothing here needs
+//     special compile flags. Every copy computes the same bits (the loops are the same source;
+//     only the vector width and the conversion instructions differ, and those are exact).
 //  2. select<Isa>(dtype, op) below is the only dtype x op switch on the CPU. It returns a pointer
 //     to one fully typed loop (`Isa::run<Kind, Op>`), or nullptr for an unsupported pair;
 //     reduce_supported() is defined by that same switch so the two can never disagree.
-//  3. The copy (generic / avx2) is chosen once per process from __builtin_cpu_supports and the
+//  3. The copy (generic / avx2 / avx512) is chosen once per process from __builtin_cpu_supports and the
 //     knob RINGCOMM_CPU_ISA; each call then does one switch and one indirect call, and the inner
 //     loop has no per-element branching on dtype or op.
 #include "kernels/reduce_cpu.h"
@@ -39,14 +42,19 @@
 // is always_inline'd into the typed entry points anyway.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
+// GCC 12's avx512fintrin.h initialises the unused half of vcvtph2ps/vcvtps2ph from
+// _mm512_undefined_*(), which -Wmaybe-uninitialized reports at every inlined use (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #define RC_KERN_NS generic
 #define RC_KERN_VBYTES 16
 #define RC_KERN_AVX2 0
+#define RC_KERN_AVX512 0
 #include "kernels/reduce_cpu_simd.h"
 #undef RC_KERN_NS
 #undef RC_KERN_VBYTES
 #undef RC_KERN_AVX2
+#undef RC_KERN_AVX512
 
 #if RC_KERN_HAVE_X86
 #if defined(__clang__)
@@ -58,10 +66,33 @@
 #define RC_KERN_NS avx2
 #define RC_KERN_VBYTES 32
 #define RC_KERN_AVX2 1
+#define RC_KERN_AVX512 0
 #include "kernels/reduce_cpu_simd.h"
 #undef RC_KERN_NS
 #undef RC_KERN_VBYTES
 #undef RC_KERN_AVX2
+#undef RC_KERN_AVX512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c")  // not "fma" either (see above)
+#endif
+#define RC_KERN_NS avx512
+#define RC_KERN_VBYTES 64
+#define RC_KERN_AVX2 0
+#define RC_KERN_AVX512 1
+#include "kernels/reduce_cpu_simd.h"
+#undef RC_KERN_NS
+#undef RC_KERN_VBYTES
+#undef RC_KERN_AVX2
+#undef RC_KERN_AVX512
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -167,6 +198,17 @@ bool cpu_has_avx2_f16c() {
 #endif
 }
 
+bool cpu_has_avx512() {
+#if RC_KERN_HAVE_X86
+  // __builtin_cpu_supports("avx512f") also checks that the OS saves the ZMM/opmask state.
+  __builtin_cpu_init();
+  return cpu_has_avx2_f16c() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
 CpuIsa resolve(CpuIsa isa) {
   if (isa == CpuIsa::kAuto) return reduce_cpu_isa();
   RC_CHECK(cpu_isa_available(isa), InvalidArgument,
@@ -178,6 +220,7 @@ CpuIsa resolve(CpuIsa isa) {
 ReduceFn lookup(CpuIsa isa, DType dt, ReduceOp op) {
 #if RC_KERN_HAVE_X86
   if (isa == CpuIsa::kAvx2) return select<kern::avx2::Isa>(dt, op);
+  if (isa == CpuIsa::kAvx512) return select<kern::avx512::Isa>(dt, op);
 #endif
   (void)isa;
   return select<kern::generic::Isa>(dt, op);
@@ -186,6 +229,7 @@ ReduceFn lookup(CpuIsa isa, DType dt, ReduceOp op) {
 ReduceFn lookup_scale(CpuIsa isa, DType dt) {
 #if RC_KERN_HAVE_X86
   if (isa == CpuIsa::kAvx2) return select_scale<kern::avx2::Isa>(dt);
+  if (isa == CpuIsa::kAvx512) return select_scale<kern::avx512::Isa>(dt);
 #endif
   (void)isa;
   return select_scale<kern::generic::Isa>(dt);
@@ -244,6 +288,7 @@ const char* cpu_isa_name(CpuIsa isa) {
     case CpuIsa::kAuto: return "auto";
     case CpuIsa::kGeneric: return "generic";
     case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
   }
   return "unknown";
 }
@@ -253,7 +298,8 @@ CpuIsa parse_cpu_isa(const char* name) {
   if (s == "auto") return CpuIsa::kAuto;
   if (s == "generic") return CpuIsa::kGeneric;
   if (s == "avx2") return CpuIsa::kAvx2;
-  RC_THROW(InvalidArgument, "ringcomm: unknown CPU ISA '" << s << "' (expected auto, generic or avx2)");
+  if (s == "avx512") return CpuIsa::kAvx512;
+  RC_THROW(InvalidArgument, "ringcomm: unknown CPU ISA '" << s << "' (expected auto, generic, avx2 or avx512)");
 }
 
 bool cpu_isa_available(CpuIsa isa) {
@@ -261,16 +307,17 @@ bool cpu_isa_available(CpuIsa isa) {
     case CpuIsa::kAuto:
     case CpuIsa::kGeneric: return true;
     case CpuIsa::kAvx2: return cpu_has_avx2_f16c();
+    case CpuIsa::kAvx512: return cpu_has_avx512();
   }
   return false;
 }
 
 CpuIsa reduce_cpu_isa() {
-  // Knob RINGCOMM_CPU_ISA (auto|avx2|generic), read once; the static is immutable afterwards.
+  // Knob RINGCOMM_CPU_ISA (auto|avx512|avx2|generic), read once; the static is immutable afterwards.
   static const CpuIsa isa = [] {
     const std::string v = knob_str("RINGCOMM_CPU_ISA");
-    RC_CHECK(v == "auto" || v == "generic" || v == "avx2", InvalidArgument,
-             "ringcomm: RINGCOMM_CPU_ISA='" << v << "' is not one of auto, generic, avx2");
+    RC_CHECK(v == "auto" || v == "generic" || v == "avx2" || v == "avx512", InvalidArgument,
+             "ringcomm: RINGCOMM_CPU_ISA='" << v << "' is not one of auto, generic, avx2, avx512");
     const CpuIsa want = parse_cpu_isa(v.c_str());
     if (want == CpuIsa::kAuto) return cpu_has_avx2_f16c() ? CpuIsa::kAvx2 : CpuIsa::kGeneric;
     RC_CHECK(cpu_isa_available(want), InvalidArgument,

@@ -10,17 +10,19 @@ namespace rc {
 /// Which compiled copy of the kernels runs.
 ///  kGeneric: portable vector-extension code (SSE2 on x86-64, NEON on aarch64, ...).
 ///  kAvx2:    AVX2 + F16C (x86-64 only; chosen when the CPU and OS support it).
-enum class CpuIsa : int { kAuto = 0, kGeneric = 1, kAvx2 = 2 };
+///  kAvx512:  AVX-512 F/BW/VL (x86-64 only; RINGCOMM_CPU_ISA=avx512 or reduce_cpu_with_isa).
+///            Bit-identical to the other copies.
+enum class CpuIsa : int { kAuto = 0, kGeneric = 1, kAvx2 = 2, kAvx512 = 3 };
 
 /// The copy reduce_cpu()/scale_cpu() use: picked once, at first use, from knob
-/// RINGCOMM_CPU_ISA = auto (default: best the CPU supports) | avx2 | generic.
+/// RINGCOMM_CPU_ISA = auto (default: AVX2 where the CPU has it, else generic) | avx512 | avx2 | generic.
 /// Throws InvalidArgument for a malformed knob or for avx2 on a CPU without AVX2+F16C.
 CpuIsa reduce_cpu_isa();
 
-/// "generic" / "avx2" / "auto".
+/// "generic" / "avx2" / "avx512" / "auto".
 const char* cpu_isa_name(CpuIsa isa);
 
-/// Parses "auto" / "generic" / "avx2"; throws InvalidArgument otherwise.
+/// Parses "auto" / "generic" / "avx2" / "avx512"; throws InvalidArgument otherwise.
 CpuIsa parse_cpu_isa(const char* name);
 
 /// True when this build and this CPU can run `isa` (kAuto and kGeneric: always).

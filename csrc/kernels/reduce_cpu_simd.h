@@ -1,14 +1,17 @@
 // Typed elementwise reduce loops, written once with GCC/Clang vector extensions and compiled
-// once per instruction set. NOT a normal header: reduce_cpu.cpp includes it twice, each time
-// inside its own namespace and (for AVX2) inside a `#pragma GCC target` region, so that every
+// once per instruction set. NOT a normal header: reduce_cpu.cpp includes it once per copy, each time
+// inside its own namespace and (for AVX2 and AVX-512) inside a `#pragma GCC target` region, so that every
 // function below -- templates included -- is compiled for that instruction set. The dtype x op
 // switch is not here; it lives in reduce_cpu.cpp and picks `Isa::run<Kind, Op>` from one of the
 // copies.
 //
 // The includer defines:
-//   RC_KERN_NS      namespace name of this copy (generic, avx2)
-//   RC_KERN_VBYTES  vector width in bytes (16: SSE2/NEON baseline; 32: AVX2)
+//   RC_KERN_NS      namespace name of this copy (generic, avx2, avx512)
+//   RC_KERN_VBYTES  vector width in bytes (16: SSE2/NEON baseline; 32: AVX2; 64: AVX-512)
 //   RC_KERN_AVX2    1 when AVX2 + F16C intrinsics may be used in this copy, else 0
+//   RC_KERN_AVX512  1 when AVX-512 F/BW/VL intrinsics may be used in this copy, else 0 (the
+//                   widen/narrow conversions below use 512-bit forms of the AVX2 ones: the
+//                   same operations per 128-bit lane, so the same bits)
 //
 // Invariants every kind/op keeps (the tests check them bit for bit):
 //  - One code path per element: full vectors go through Kind::step directly; the last partial
@@ -205,7 +208,17 @@ struct CvtBF16 {
     const u32v rne = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     return (f != f) ? ((u >> 16) | 0x40u) : rne;
   }
-#if RC_KERN_AVX2
+#if RC_KERN_AVX512
+  // As the AVX2 form below, per 128-bit lane of a 512-bit vector (unpack and packus are in-lane).
+  static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
+    const __m512i x = load<__m512i>(p), z = _mm512_setzero_si512();
+    lo = (f32v)_mm512_unpacklo_epi16(z, x);
+    hi = (f32v)_mm512_unpackhi_epi16(z, x);
+  }
+  static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
+    store<__m512i>(p, _mm512_packus_epi32((__m512i)round_bits(lo), (__m512i)round_bits(hi)));
+  }
+#elif RC_KERN_AVX2
   // In-lane unpack with zero puts each bf16 in the top half of an fp32: lo = elements 0-3, 8-11,
   // hi = 4-7, 12-15. packus (in-lane, exact for values <= 0xFFFF) restores the original order.
   static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
@@ -227,7 +240,20 @@ struct CvtBF16 {
 #endif
 };
 
-#if RC_KERN_AVX2
+#if RC_KERN_AVX512
+// fp16 <-> fp32 with AVX-512F's vcvtph2ps / vcvtps2ph (the F16C conversions, 16 lanes; imm 0 =
+// round to nearest even, independent of MXCSR).
+struct CvtF16 {
+  static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
+    lo = (f32v)_mm512_cvtph_ps(load<__m256i>(p));
+    hi = (f32v)_mm512_cvtph_ps(load<__m256i>(p + 32));
+  }
+  static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
+    store<__m256i>(p, _mm512_cvtps_ph((__m512)lo, _MM_FROUND_TO_NEAREST_INT));
+    store<__m256i>(p + 32, _mm512_cvtps_ph((__m512)hi, _MM_FROUND_TO_NEAREST_INT));
+  }
+};
+#elif RC_KERN_AVX2
 // fp16 <-> fp32 with F16C (exact widening; narrowing with imm 0 = round to nearest even,
 // independent of MXCSR).
 struct CvtF16 {

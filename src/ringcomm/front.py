@@ -87,6 +87,15 @@ class CommunicatorBase:
         self.close()
         return False
 
+    def trace(self) -> list:
+        """The per-phase timestamps of this rank's last ``RINGCOMM_TRACE`` collectives, oldest
+        first: one dict each with ``seq``, ``collective``, ``algorithm``, ``bytes``, ``ok`` and the
+        phases ``entry``, ``header_posted``, ``header_seen``, ``first_slot``, ``last_slot``,
+        ``exit`` (CLOCK_MONOTONIC ns, the clock of ``time.monotonic_ns()``; None for a phase the
+        call did not have). Empty when the knob is 0 (the default) or the back end keeps none."""
+        records = getattr(getattr(self, "_c", None), "trace", None)
+        return list(records()) if records is not None else []
+
     # -- back-end hooks with defaults ---------------------------------------------------------
     def _route(self, coll, a, b=None) -> "CommunicatorBase":
         return self

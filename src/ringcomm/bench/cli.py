@@ -27,8 +27,8 @@ import tempfile
 import time
 
 from ..machine import cpu_model
-from .harness import (OPS, REDOPS, REDOP_ALIASES, merge_ranks, parse_dtype, parse_size,
-                      size_sweep)
+from .harness import (OPS, REDOPS, REDOP_ALIASES, merge_ranks, parse_arrival, parse_dtype,
+                      parse_size, size_sweep)
 
 QUICK = {"minbytes": "1K", "maxbytes": "64M", "warmup_iters": 2, "iters": 10, "budget": 0.04,
          "min_iters": 2}
@@ -72,8 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="1 KiB to 64 MiB, fewer iterations: the whole run in under a minute")
     p.add_argument("--peers", default=DEFAULT_PEERS,
-                   help="peers to measure beside ringcomm where available: any of gloo,mpi,nccl, "
-                        f"or 'none' (default {DEFAULT_PEERS})")
+                   help="peers to measure beside ringcomm where available: any of "
+                        "gloo,mpi,nccl,deepspeed (DeepSpeed's shm all_reduce), or 'none' "
+                        f"(default {DEFAULT_PEERS})")
+    p.add_argument("--arrival", default="b2b", metavar="b2b|apart[:US]|skew:US",
+                   help="how calls arrive: b2b (back to back, default); apart[:US]: a gloo barrier "
+                        "(same processes) and US us of compute before every call, only the call "
+                        "timed; skew:US: likewise, rank r computing r*US us (arrives r*US us late)")
+    p.add_argument("--trace", action="store_true",
+                   help="instead of the sweep: the per-phase table (RINGCOMM_TRACE) of 1 KiB and "
+                        "64 KiB all_reduce and broadcast, back to back and apart (-np ranks)")
     p.add_argument("--no-inplace", dest="inplace", action="store_false",
                    help="skip ringcomm's in-place variants (broadcast keeps its only, in-place, form)")
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
@@ -117,19 +125,35 @@ def resolve(args) -> dict:
             raise ValueError(f"unknown reduce op {o!r}; choose from {', '.join(REDOPS)}")
     peers = [] if args.peers.strip().lower() == "none" else _split(args.peers.lower())
     for peer in peers:
-        if peer not in ("gloo", "mpi", "nccl"):
-            raise ValueError(f"unknown peer {peer!r}; choose from gloo, mpi, nccl, none")
+        if peer not in ("gloo", "mpi", "nccl", "deepspeed"):
+            raise ValueError(f"unknown peer {peer!r}; choose from gloo, mpi, nccl, deepspeed, none")
+    arrival, arrival_us = parse_arrival(args.arrival)
     sizes = size_sweep(parse_size(args.minbytes or base["minbytes"]),
                        parse_size(args.maxbytes or base["maxbytes"]), args.stepfactor)
     policy = {"warmup": base["warmup_iters"] if args.warmup_iters is None else args.warmup_iters,
               "iters": base["iters"] if args.iters is None else args.iters,
               "budget": base["budget"] if args.time_budget is None else args.time_budget,
-              "min_iters": base["min_iters"], "inject_wrong": args.inject_wrong}
+              "min_iters": base["min_iters"], "inject_wrong": args.inject_wrong,
+              "arrival": arrival, "arrival_us": arrival_us}
     if policy["iters"] < 1 or policy["warmup"] < 0:
         raise ValueError("-n must be >= 1 and -w >= 0")
     return {"world_size": args.world_size, "ops": ops, "dtypes": dtypes, "redops": redops,
             "sizes": sizes, "policy": policy, "peers": peers, "inplace": args.inplace,
             "nodes": args.nodes, "op_timeout": args.op_timeout, "timeout": args.timeout}
+
+
+def pol_arrival(cfg: dict) -> str:
+    return cfg["policy"].get("arrival", "b2b")
+
+
+def arrival_text(pol: dict) -> str:
+    kind, us = pol.get("arrival", "b2b"), pol.get("arrival_us", 0.0)
+    if kind == "b2b":
+        return "b2b (timed calls back to back)"
+    what = (f"then {us:g} us of compute" if kind == "apart" else
+            f"then rank r computes r x {us:g} us (arrives that late)")
+    return (f"{kind} (before every call: a torch.distributed gloo barrier in the same processes "
+            f"(MPI's own barrier under mpiexec), {what}; only the call is timed)")
 
 
 def _rank_entry(rank: int, world: int, cfg: dict, libs: list[str]) -> dict:
@@ -205,6 +229,10 @@ def main(argv=None) -> int:
         parser.error("--plot needs matplotlib (pip install matplotlib, or 'ringcomm[bench]')")
     from ringcomm.launch import LaunchError, spawn
 
+    if args.trace:
+        from .trace_table import main_trace
+        return main_trace(cfg, args.iters or 100)
+
     from . import report
     from .memcpy import measure_memcpy
     from .peers import probe
@@ -220,6 +248,8 @@ def main(argv=None) -> int:
     else:
         torch_libs.append("ringcomm")
     use_mpi = False
+    if pol_arrival(cfg) != "b2b" and probe("gloo"):
+        parser.error(f"--arrival {args.arrival} separates calls with a gloo barrier: {probe('gloo')}")
     for peer in cfg["peers"]:
         reason = probe(peer)
         if reason:
@@ -285,6 +315,7 @@ def main(argv=None) -> int:
         f"{min(pol['min_iters'], pol['iters'])}..{pol['iters']} timed calls (~{pol['budget']:g} s)",
         "# time = median over timed calls of the max over ranks (min also shown for ringcomm); "
         "algbw = size/time, busbw = algbw x factor; GB/s = 1e9 B/s",
+        "# arrival: " + arrival_text(pol),
     ]
     load_end = _loadavg()
     if load_start is not None:

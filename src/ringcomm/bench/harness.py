@@ -16,6 +16,13 @@ One *measurement* is (library, mode, collective, dtype, reduce op, size) on ever
 4. barrier, then each rank times every iteration on its own clock. The parent takes, per
    iteration, the max over ranks, and reports the median and the min of those.
 
+Arrival (``--arrival``): ``b2b`` times calls back to back. ``apart[:US]`` precedes every warm-up
+and timed call with a *separator*: a barrier on another library (torch.distributed gloo in the
+same processes; under mpiexec, MPI's own barrier) and then US µs of compute (a spin on the
+clock), as compute separates the collectives of a training or inference step; only the call
+itself is timed. ``skew:US`` is the same with rank r computing r*US µs, so rank r arrives r*US µs
+after rank 0 (the early ranks' times include the wait for the late ones).
+
 Failures are agreed too: before and after the checked call every rank contributes its state to
 a max-all-reduce, so an error on one rank only (gloo's reduce raising on the root alone) skips
 the case on every rank instead of leaving the others waiting in a collective. An unsupported
@@ -299,6 +306,46 @@ class Policy:
     budget: float = 0.25     # seconds of timed calls per measurement
     min_iters: int = 3       # at least this many timed calls (if iters allows)
     inject_wrong: str = ""   # test hook: library whose check results get corrupted
+    arrival: str = "b2b"     # b2b | apart | skew (see the module docstring)
+    arrival_us: float = 0.0  # apart: compute before every call; skew: rank r computes r x this
+
+
+def parse_arrival(text: str) -> tuple[str, float]:
+    """'b2b', 'apart', 'apart:50', 'skew:20' -> (kind, microseconds)."""
+    kind, _, us = text.strip().lower().partition(":")
+    if kind not in ("b2b", "apart", "skew"):
+        raise ValueError(f"--arrival {text!r}: expected b2b, apart[:US] or skew:US")
+    try:
+        value = float(us) if us else 0.0
+    except ValueError:
+        raise ValueError(f"--arrival {text!r}: {us!r} is not a number of microseconds") from None
+    if value < 0 or (kind == "b2b" and us):
+        raise ValueError(f"--arrival {text!r}: microseconds must be >= 0 (and b2b takes none)")
+    if kind == "skew" and value <= 0:
+        raise ValueError(f"--arrival {text!r}: skew needs the per-rank delay, e.g. skew:20")
+    return kind, value
+
+
+def spin_us(us: float) -> None:
+    """Keep this core busy for `us` microseconds (the calibrated compute between calls)."""
+    if us <= 0:
+        return
+    perf = time.perf_counter
+    end = perf() + us * 1e-6
+    while perf() < end:
+        pass
+
+
+def make_separator(barrier, policy: Policy, rank: int):
+    """The callable run before every call of an `apart`/`skew` measurement, or None (b2b)."""
+    if policy.arrival == "b2b":
+        return None
+    us = policy.arrival_us * (rank if policy.arrival == "skew" else 1)
+
+    def separate():
+        barrier()
+        spin_us(us)
+    return separate
 
 
 # Agreement codes: every rank contributes its state to a max-all-reduce (through the library
@@ -336,9 +383,11 @@ def _agree(runner, value: float, failure: BaseException | None) -> float:
     return agreed
 
 
-def run_measurement(runner, build, policy: Policy) -> dict:
+def run_measurement(runner, build, policy: Policy, separator=None) -> dict:
     """Build the case, check once, warm up, time; returns this rank's figures (seconds).
-    ``build()`` returns the Case. Failures are agreed across ranks (``_agree``)."""
+    ``build()`` returns the Case. Failures are agreed across ranks (``_agree``). With a
+    ``separator`` (``make_separator``) it runs before every warm-up and timed call, outside the
+    timed interval; the iteration count is sized by the whole iteration (separator included)."""
     perf = time.perf_counter
     failure, case = None, None
     try:
@@ -366,6 +415,8 @@ def run_measurement(runner, build, policy: Policy) -> dict:
     if n_warm > 0:
         t0 = perf()
         for _ in range(n_warm):
+            if separator is not None:
+                separator()
             fn()
         est = runner.agree_max((perf() - t0) / n_warm)
     lo = min(policy.min_iters, policy.iters)
@@ -373,6 +424,8 @@ def run_measurement(runner, build, policy: Policy) -> dict:
     times = np.empty(n, dtype=np.float64)
     runner.barrier()
     for i in range(n):
+        if separator is not None:
+            separator()
         t0 = perf()
         fn()
         times[i] = perf() - t0
@@ -458,6 +511,13 @@ def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "b
 
     policy = Policy(**cfg["policy"])
     runners, notices, described = [], [], {}
+    separator = None
+    if policy.arrival != "b2b":
+        if libs == ["mpi"]:       # mpiexec's processes have no gloo: MPI's own barrier separates
+            barrier = None
+        else:
+            from .peers import gloo_barrier
+            barrier = gloo_barrier(rank, world, cfg)
     for lib in libs:
         try:
             runner = make_runner(lib, rank, world, cfg)
@@ -466,6 +526,10 @@ def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "b
             continue
         runners.append(runner)
         described[lib] = runner.describe()
+    if policy.arrival != "b2b":
+        if barrier is None:
+            barrier = next((r.barrier for r in runners if r.name == "mpi"), None)
+        separator = make_separator(barrier, policy, rank) if barrier is not None else None
     # Untimed: lazy connection setup and first-call costs stay out of the first measurement. The
     # first library measured (ringcomm) warms up last, so the sweep does not start right after the
     # peers' kernel-sleeping waits.
@@ -497,7 +561,8 @@ def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "b
                     t_case = time.perf_counter()
                     try:
                         rec.update(run_measurement(runner, functools.partial(
-                            Case, runner, op, mode, dtype, redop, count, rank, world), policy))
+                            Case, runner, op, mode, dtype, redop, count, rank, world), policy,
+                            separator))
                     except Exception as e:  # noqa: BLE001 - recorded, reported in the table
                         if is_unsupported(e):
                             rec["na"] = f"unsupported: {short_error(e)}"
@@ -519,6 +584,11 @@ def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "b
         for runner in reversed(runners):     # torch subgroups before the default group
             with contextlib.suppress(Exception):
                 runner.close()
+        if policy.arrival != "b2b" and libs != ["mpi"]:   # the separator's gloo group, if still up
+            with contextlib.suppress(Exception):
+                import torch.distributed as dist
+                if dist.is_initialized():
+                    dist.destroy_process_group()
     return {"rank": rank, "records": records, "notices": notices, "libs": described}
 
 

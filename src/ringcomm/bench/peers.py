@@ -6,7 +6,10 @@ the same way:
 - ``gloo``: torch.distributed's gloo process group on CPU tensors (the calls users make:
   ``dist.all_reduce`` etc.);
 - ``mpi``: mpi4py on numpy arrays; runs under ``mpiexec`` in its own phase (see ``_mpi_worker``);
-- ``nccl``: torch.distributed NCCL on ``cuda:<rank>`` tensors, when >= 2 GPUs are visible.
+- ``nccl``: torch.distributed NCCL on ``cuda:<rank>`` tensors, when >= 2 GPUs are visible;
+- ``deepspeed``: DeepSpeed's shared-memory all-reduce (``ShareMemCommBuilder``, the op
+  ``torch.ops.deepspeed.inference_all_reduce_``) on CPU tensors in the same processes: in-place
+  SUM all_reduce of float32 / bfloat16 / float16 only; barriers and agreement go through gloo.
 
 Peers are measured in torch.distributed's native form of each collective (``harness.NATIVE_MODE``);
 ringcomm in both forms.
@@ -27,7 +30,7 @@ import numpy as np
 
 from .harness import DType, MODES, NATIVE_MODE
 
-PEERS = ("gloo", "mpi", "nccl")
+PEERS = ("gloo", "mpi", "nccl", "deepspeed")
 LIBS = ("ringcomm",) + PEERS
 
 
@@ -171,6 +174,13 @@ def _torch_default_group(rank, world, cfg):
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=cfg["op_timeout"]))
     return dist
+
+
+def gloo_barrier(rank, world, cfg):
+    """The separator's barrier of ``--arrival apart|skew``: torch.distributed gloo's, on the
+    default group every torch runner shares."""
+    dist = _torch_default_group(rank, world, cfg)
+    return dist.barrier
 
 
 class TorchRunner(Runner, TorchBuffers):
@@ -317,7 +327,72 @@ class MpiRunner(Runner, NumpyBuffers):
         return float(self.comm.allreduce(x, op=self.MPI.MAX))
 
 
-_RUNNERS = {"ringcomm": RingcommRunner, "gloo": GlooRunner, "nccl": NcclRunner, "mpi": MpiRunner}
+# --------------------------------------------------------------------------------------------
+# DeepSpeed's shared-memory all-reduce (its CPU inference path)
+
+_DS_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _ds_segment_prefix(cfg) -> tuple[str, str]:
+    """(MASTER_ADDR, MASTER_PORT) strings for DeepSpeed's shm names: unique to this run (the op
+    only uses them to name its segments /dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>)."""
+    import hashlib
+    tag = hashlib.sha1(cfg["torch_store"].encode()).hexdigest()[:12]
+    return "rcbench", tag
+
+
+class DeepSpeedRunner(TorchRunner):
+    """DeepSpeed's op needs LOCAL_SIZE = world size (else it silently does nothing: the
+    correctness check would say so), DS_ACCELERATOR=cpu, and a built extension (ninja, about a
+    minute on first use, cached under ~/.cache/torch_extensions)."""
+    name = "deepspeed"
+    backend = "gloo"
+
+    def __init__(self, rank, world, cfg):
+        addr, port = _ds_segment_prefix(cfg)
+        os.environ.update({"LOCAL_SIZE": str(world), "DS_ACCELERATOR": "cpu",
+                           "MASTER_ADDR": addr, "MASTER_PORT": port})
+        super().__init__(rank, world, cfg)
+        import deepspeed
+        from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+        self._version = deepspeed.__version__
+        self._mod = ShareMemCommBuilder().load(verbose=False)
+        self._level = self._mod.vector_kernel_level() if hasattr(self._mod, "vector_kernel_level") else 2
+        self._mod.initialize(world, rank)
+        self.dist.barrier()
+        # Every rank has mapped every peer's segment: unlink ours, so none outlives the run.
+        seg = f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(seg)
+        self.dist.barrier()
+        self._op = self.torch.ops.deepspeed.inference_all_reduce_
+
+    def describe(self):
+        return f"deepspeed {self._version} shm (inference_all_reduce_, torch {self.torch.__version__})"
+
+    def modes(self, op, inplace=True):
+        return ["ip"]
+
+    def unsupported(self, op, dtype, redop, mode):
+        if op != "all_reduce":
+            return f"deepspeed: the shm op is all_reduce only (not {op})"
+        if dtype.name not in _DS_DTYPES:
+            return f"deepspeed: the shm op reduces {', '.join(_DS_DTYPES)} only (not {dtype.name})"
+        if redop != "sum":
+            return f"deepspeed: the shm op sums only (not {redop})"
+        need = 1 if dtype.name == "float32" else 2
+        if self._level < need:
+            return f"deepspeed: the shm kernels for {dtype.name} need {'avx2' if need == 1 else 'avx512bw'}"
+        return None
+
+    def op_fn(self, op, mode, inp, out, redop, root):
+        if op != "all_reduce" or mode != "ip":
+            raise ValueError(f"deepspeed: unsupported {op} {mode}")
+        return functools.partial(self._op, inp)
+
+
+_RUNNERS = {"ringcomm": RingcommRunner, "gloo": GlooRunner, "nccl": NcclRunner, "mpi": MpiRunner,
+            "deepspeed": DeepSpeedRunner}
 
 
 def make_runner(name: str, rank: int, world: int, cfg: dict) -> Runner:
@@ -368,5 +443,13 @@ def probe(name: str) -> str | None:
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n < 2:
             return f"needs >= 2 GPUs, {n} visible"
+        return None
+    if name == "deepspeed":
+        for mod in ("torch", "deepspeed", "ninja"):
+            if importlib.util.find_spec(mod) is None:
+                return f"{mod} is not installed (pip install deepspeed ninja)"
+        import sys
+        if sys.platform != "linux":
+            return "DeepSpeed's shm op is Linux-only"
         return None
     return f"unknown library {name!r}"

@@ -1,0 +1,158 @@
+"""``python -m ringcomm.bench --arrival apart|skew``, ``--trace`` and the DeepSpeed peer.
+
+In process: the separator runs before every warm-up and timed call and stays outside the timed
+interval; skew delays rank r by r x US. End to end (2 ranks, tiny sizes): the new modes produce
+checked rows (the correctness check runs against the harness's numpy reference on every rank),
+the trace table covers every case on every rank, and DeepSpeed's shm all_reduce is measured and
+checked when its extension builds here (skipped with the reason otherwise)."""
+import importlib.util
+import json
+import time
+
+import pytest
+
+from ringcomm.bench import harness
+from ringcomm.bench.harness import Policy, make_separator, parse_arrival, run_measurement
+
+from test_bench_cli import run_bench
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def test_parse_arrival():
+    assert parse_arrival("b2b") == ("b2b", 0.0)
+    assert parse_arrival("apart") == ("apart", 0.0)
+    assert parse_arrival("apart:50") == ("apart", 50.0)
+    assert parse_arrival("SKEW:20") == ("skew", 20.0)
+    for bad in ("skew", "skew:0", "apart:-1", "b2b:5", "later", "apart:x"):
+        with pytest.raises(ValueError):
+            parse_arrival(bad)
+
+
+class _FakeRunner:
+    name = "fake"
+
+    def __init__(self):
+        self.events = []
+
+    def agree_max(self, x):
+        return x
+
+    def barrier(self):
+        pass
+
+
+class _FakeCase:
+    def __init__(self, events):
+        self.events = events
+
+    def prepare(self):
+        pass
+
+    def fn(self):
+        self.events.append("call")
+
+    def check(self):
+        return 0
+
+
+def test_separator_precedes_every_call_and_is_not_timed():
+    runner = _FakeRunner()
+    policy = Policy(warmup=3, iters=5, budget=1e-9, min_iters=5, arrival="apart", arrival_us=0.0)
+
+    def barrier():
+        runner.events.append("sep")
+        time.sleep(0.02)                     # 20 ms: would dominate any timed call it leaked into
+
+    sep = make_separator(barrier, policy, rank=0)
+    res = run_measurement(runner, lambda: _FakeCase(runner.events), policy, sep)
+    ev = runner.events
+    assert ev[0] == "call"                   # the checked call is not separated
+    rest = ev[1:]
+    assert rest == ["sep", "call"] * (len(rest) // 2) and len(rest) == 2 * (res["warmup"] + res["iters"])
+    assert res["iters"] == 5 and max(res["times"]) < 0.01, res["times"]
+
+
+def test_skew_delays_rank_by_rank_times_us():
+    calls = []
+    policy = Policy(arrival="skew", arrival_us=3000.0)
+    assert make_separator(calls.append, Policy(), 1) is None        # b2b: no separator
+    for rank, lo in ((0, 0.0), (2, 0.006)):
+        sep = make_separator(lambda: calls.append(rank), policy, rank)
+        t0 = time.perf_counter()
+        sep()
+        dt = time.perf_counter() - t0
+        assert dt >= lo and (rank or dt < 0.003), (rank, dt)
+    assert calls == [0, 2]
+
+
+def _cells(doc):
+    return [(name, c) for t in doc["tables"] for row in t["rows"] for name, c in row["libs"].items()]
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="the separator is a gloo barrier (torch)")
+@pytest.mark.parametrize("arrival", ["apart:20", "skew:30"])
+def test_cli_arrival_modes_rows_checked(tmp_path, arrival):
+    jpath = tmp_path / "a.json"
+    r = run_bench("-np", "2", "-b", "1K", "-e", "4K", "-w", "1", "-n", "3", "--time-budget", "0.01",
+                  "--ops", "all_reduce,broadcast", "-d", "float32,bfloat16", "--peers", "gloo",
+                  "--arrival", arrival, "--json", str(jpath), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    kind = arrival.split(":")[0]
+    assert f"# arrival: {kind} (before every call: a torch.distributed gloo barrier" in r.stdout
+    doc = json.loads(jpath.read_text())
+    assert doc["wrong"] == 0 and doc["errors"] == 0
+    assert doc["meta"]["config"]["policy"]["arrival"] == kind
+    assert {(t["op"], t["dtype"]) for t in doc["tables"]} == {
+        (op, d) for op in ("all_reduce", "broadcast") for d in ("float32", "bfloat16")}
+    measured = [(n, c) for n, c in _cells(doc) if "na" not in c]
+    assert {n.split("/")[0] for n, _ in measured} == {"ringcomm", "gloo"}
+    for name, c in measured:
+        assert c["wrong"] == 0 and c["iters"] >= 1 and c["time_us"] > 0, (name, c)
+
+
+def test_cli_trace_table():
+    r = run_bench("-np", "2", "--trace", "-n", "5", timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line and not line.startswith("#")]
+    arrivals = ("b2b", "apart") if HAVE_TORCH else ("b2b",)
+    want = {(op, size, a, rank) for op in ("all_reduce", "broadcast") for size in ("1K", "64K")
+            for a in arrivals for rank in ("0", "1")}
+    assert {tuple(row[:4]) for row in rows} == want, r.stdout
+    for row in rows:
+        total = float(row[12])
+        parts = [float(x) for x in row[5:12] if x != "-"]
+        assert total > 0 and all(p >= 0 for p in parts), row
+    assert "# check: ok" in r.stdout
+
+
+def _deepspeed_reason():
+    from ringcomm.bench.peers import probe
+    return probe("deepspeed")
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs torch")
+def test_cli_deepspeed_peer(tmp_path):
+    reason = _deepspeed_reason()
+    if reason:
+        pytest.skip(f"deepspeed peer unavailable: {reason}")
+    jpath = tmp_path / "ds.json"
+    r = run_bench("-np", "2", "-b", "1K", "-e", "4K", "-w", "1", "-n", "3", "--time-budget", "0.01",
+                  "--ops", "all_reduce,broadcast", "-d", "float32,bfloat16", "--peers", "deepspeed",
+                  "--arrival", "apart", "--json", str(jpath), timeout=480)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(jpath.read_text())
+    skipped = [n for n in doc["meta"]["notices"] if n.startswith("deepspeed: skipped")]
+    if skipped:
+        pytest.skip(skipped[0])
+    assert doc["wrong"] == 0 and doc["errors"] == 0
+    ds = [(t["op"], t["dtype"], c) for t in doc["tables"] for row in t["rows"]
+          for n, c in row["libs"].items() if n.startswith("deepspeed")]
+    measured = [(op, d) for op, d, c in ds if "na" not in c]
+    assert sorted(set(measured)) == [("all_reduce", "bfloat16"), ("all_reduce", "float32")]
+    for op, d, c in ds:
+        if "na" in c:
+            assert op == "broadcast", (op, d, c)      # the shm op is all_reduce only
+        else:
+            assert c["wrong"] == 0 and c["iters"] >= 1 and c["time_us"] > 0, (op, d, c)
+    assert "deepspeed (in-place)" in r.stdout
