@@ -255,3 +255,128 @@ def small_shm(rank, world):
         return ("data", type(e).__name__, isinstance(e, ringcomm.RingcommError), str(e))
     finally:
         comm.close()
+
+
+def _init_at(rank, world, sub, timeout=60):
+    """A communicator on its own file store under RC_TEST_STORE (several per group of ranks)."""
+    import ringcomm
+    path = os.path.join(os.environ["RC_TEST_STORE"], sub)
+    os.makedirs(path, exist_ok=True)
+    return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=timeout)
+
+
+def _mark(name):
+    path = os.path.join(os.environ["RC_TEST_STORE"], name)
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+
+
+def _wait_mark(name, limit_s=60.0):
+    path = os.path.join(os.environ["RC_TEST_STORE"], name)
+    t_end = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        assert time.monotonic() < t_end, f"mark {name} never appeared"
+        time.sleep(0.005)
+
+
+def close_during_call(rank, world, modes):
+    """For each mode, rank 0 runs a call on a second thread that its peer never joins while the
+    main thread closes the communicator: the call raises ClosedError promptly (nothing crashes,
+    nothing hangs). Modes: barrier, all_reduce (sync, running inline), async (all_reduce with
+    async_op, wait() on the thread), recv (sync p2p), race (async barriers submitted in a loop
+    while close() runs: each is refused or fails, none hangs)."""
+    import threading
+    import ringcomm
+    results = {}
+    for mode in modes:
+        comm = _init_at(rank, world, "close-" + mode, timeout=60)
+        comm.all_reduce(np.ones(4, np.float32))  # connected and in step
+        if rank != 0:
+            _wait_mark("closed-" + mode)
+            comm.close()
+            continue
+        seq0 = comm._c.next_seq()
+        out = {}
+        works = []
+
+        def call():
+            try:
+                if mode == "barrier":
+                    comm.barrier()
+                elif mode == "all_reduce":
+                    comm.all_reduce(np.ones(1 << 16, np.float32))
+                elif mode == "async":
+                    comm.all_reduce(np.ones(1 << 16, np.float32), async_op=True).wait()
+                elif mode == "recv":
+                    comm.recv(np.zeros(16, np.float32), src=1)
+                elif mode == "race":
+                    while True:
+                        works.append(comm.barrier(async_op=True))
+                out["call"] = ("no error", "")
+            except Exception as e:  # noqa: BLE001
+                out["call"] = (type(e).__name__, str(e))
+            out["t_end"] = time.monotonic()
+
+        th = threading.Thread(target=call, daemon=True)
+        th.start()
+        # The call has been issued (collectives take a sequence number; p2p has none).
+        t_end = time.monotonic() + 30
+        while mode != "recv" and comm._c.next_seq() == seq0 and time.monotonic() < t_end:
+            time.sleep(0.001)
+        time.sleep(0.2)  # let it reach its wait (close() before the wait must work as well)
+        t0 = time.monotonic()
+        comm.close()
+        out["close_s"] = time.monotonic() - t0
+        th.join(30)
+        out["joined"] = not th.is_alive()
+        out["call_s"] = out.get("t_end", float("inf")) - t0
+        waits = []
+        for w in works:
+            try:
+                w.wait(10)
+                waits.append("no error")
+            except Exception as e:  # noqa: BLE001
+                waits.append(type(e).__name__)
+        out["waits"] = sorted(set(waits))
+        try:
+            comm.barrier()
+            out["after"] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out["after"] = type(e).__name__
+        _mark("closed-" + mode)
+        results[mode] = out
+    return results
+
+
+def calls_from_threads(rank, world, nthreads, ncalls):
+    """Several threads issue identical all_reduces on one communicator at once: the calls are
+    serialized in issue order (each rank numbers them 1..N in the order they were issued), so
+    every result is the sum over ranks, whatever the interleaving."""
+    import threading
+    comm = _init_at(rank, world, "threads", timeout=60)
+    bad = []
+    seqs = []
+    lock = threading.Lock()
+
+    def worker(t):
+        for i in range(ncalls):
+            x = np.full(257, rank + 1.0, np.float32)
+            w = comm.all_reduce(x, async_op=(i % 2 == 1))
+            if w is not None:
+                w.wait()
+            if not (x == world * (world + 1) / 2).all():
+                with lock:
+                    bad.append((t, i, float(x[0])))
+            with lock:
+                seqs.append(t)
+
+    ths = [threading.Thread(target=worker, args=(t,)) for t in range(nthreads)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(60)
+    alive = sum(th.is_alive() for th in ths)
+    n = comm._c.next_seq()
+    comm.close()
+    return bad, alive, len(seqs), n

@@ -118,3 +118,34 @@ def test_small_dev_shm_fails_at_init_with_a_clear_error(env, tmp_path):
             assert "--shm-size" in msg and "RINGCOMM_SLOT_BYTES" in msg and "RINGCOMM_NSLOTS" in msg, msg
     # At least one rank ran out of space itself and says so; the others may report its failure.
     assert any("--shm-size" in out[3] for out in res), res
+
+
+CLOSE_MODES = ["barrier", "all_reduce", "async", "recv", "race"]
+
+
+@pytest.mark.timeout(150)
+def test_close_from_another_thread_during_a_call(env):
+    res = spawn(fault_cases.close_during_call, 2, args=(CLOSE_MODES,), timeout=140, env=env)
+    for mode in CLOSE_MODES:
+        out = res[0][mode]
+        assert out["joined"], (mode, out)
+        kind, msg = out["call"]
+        assert kind == "ClosedError", (mode, out)
+        assert out["call_s"] < 5.0 and out["close_s"] < 5.0, (mode, out)
+        assert "rank 0" in msg and "closed" in msg, (mode, msg)
+        if mode in ("barrier", "all_reduce", "async"):
+            # The wait that was interrupted names the operation, the peer and the sequence.
+            op = "barrier" if mode == "barrier" else "all_reduce"
+            assert op in msg and "seq" in msg and "rank 1" in msg, (mode, msg)
+        if mode == "race":
+            assert out["waits"] in ([], ["ClosedError"]), (mode, out)
+        assert out["after"] == "ClosedError", (mode, out)
+
+
+@pytest.mark.timeout(90)
+def test_calls_from_several_threads_are_serialized(env):
+    nthreads, ncalls = 3, 40
+    res = spawn(fault_cases.calls_from_threads, 2, args=(nthreads, ncalls), timeout=80, env=env)
+    for r, (bad, alive, done, next_seq) in enumerate(res):
+        assert bad == [] and alive == 0 and done == nthreads * ncalls, (r, bad, alive, done)
+        assert next_seq == nthreads * ncalls + 1, (r, next_seq)

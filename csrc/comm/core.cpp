@@ -36,6 +36,18 @@ void CommCore::set_last_seq_for_test(uint64_t last) {
   seq_ = last;
 }
 
+CommCore::Call::Call(CommCore* c) : c_(c) {
+  std::lock_guard<std::mutex> lk(c->mu_);
+  if (c->stopping_)
+    RC_THROW(Closed, "ringcomm: the " << c->dev_->name() << " (rank " << c->rank_ << ") is closed");
+  ++c->calls_;
+}
+
+CommCore::Call::~Call() {
+  std::lock_guard<std::mutex> lk(c_->mu_);
+  if (--c_->calls_ == 0) c_->cv_.notify_all();
+}
+
 void CommCore::check_usable() const {
   if (closed_.load()) RC_THROW(Closed, "ringcomm: the " << dev_->name() << " (rank " << rank_ << ") is closed");
   RC_CHECK(connected_, Error, "ringcomm: the " << dev_->name() << " is not connected (call connect())");
@@ -66,6 +78,11 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l) {
   bool inline_run = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    // close() sets stopping_ before it fails the queue: a task is either queued before that (and
+    // failed by close) or refused here, never queued after the progress thread left.
+    if (stopping_)
+      RC_THROW(Closed, "ringcomm: " << coll_name(coll) << " on rank " << rank_ << ": the " << dev_->name()
+                                    << " is closed");
     const uint64_t seq = ++seq_;
     task.work = std::make_shared<Work>(coll_name(coll), seq);
     WorkPtr work = task.work;
@@ -113,6 +130,11 @@ void CommCore::run_task(Task& t) {
     t.fn();  // completes the work (with the device's fence)
   } catch (const HeaderMismatch&) {
     t.work->fail(std::current_exception());
+  } catch (const Closed&) {
+    // Our own close() interrupted the wait: the peers see this rank closed (its state word),
+    // not aborted.
+    if (!closed_.load()) mark_broken(std::current_exception());
+    t.work->fail(std::current_exception());
   } catch (...) {
     const std::exception_ptr e = std::current_exception();
     mark_broken(e);
@@ -137,6 +159,11 @@ void CommCore::progress_loop() {
 }
 
 void CommCore::reject(Coll coll) {
+  Call call(this);
+  reject_now(coll);
+}
+
+void CommCore::reject_now(Coll coll) {
   (void)coll;
   try {
     submit(Coll::kRejected, CollHeader{}, [](const AlgoCtx&, const std::vector<CollHeader>&) {}, Launch{});
@@ -147,12 +174,13 @@ void CommCore::reject(Coll coll) {
 
 template <class Check>
 WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l) {
+  Call call(this);
   check_usable();
   CollHeader h;
   try {
     h = check();
   } catch (const Error&) {
-    if (!closed_.load()) reject(coll);
+    if (!closed_.load()) reject_now(coll);
     throw;
   }
   return submit(coll, h, std::move(body), l);
@@ -208,6 +236,7 @@ WorkPtr CommCore::reduce(const void* in, void* out, int64_t count, DType dt, Red
 
 WorkPtr CommCore::barrier(Launch l) {
   // The header exchange is itself a barrier: nobody leaves it before every rank has arrived.
+  Call call(this);
   return submit(Coll::kBarrier, CollHeader{}, [](const AlgoCtx&, const std::vector<CollHeader>&) {}, l);
 }
 
@@ -237,6 +266,7 @@ WorkPtr CommCore::scatter(const void* in, void* out, int64_t count, DType dt, in
 // ---------------- point-to-point ----------------
 
 WorkPtr CommCore::send(const void* buf, int64_t bytes, int dst, uint64_t tag, Launch l) {
+  Call call(this);
   check_usable();
   checks_.p2p(buf, bytes, dst, true);
   WorkPtr w = p2p_.submit(true, const_cast<char*>(static_cast<const char*>(buf)), bytes, dst, tag, l.stream);
@@ -245,6 +275,7 @@ WorkPtr CommCore::send(const void* buf, int64_t bytes, int dst, uint64_t tag, La
 }
 
 WorkPtr CommCore::recv(void* buf, int64_t bytes, int src, uint64_t tag, Launch l) {
+  Call call(this);
   check_usable();
   checks_.p2p(buf, bytes, src, false);
   WorkPtr w = p2p_.submit(false, static_cast<char*>(buf), bytes, src, tag, l.stream);
@@ -256,18 +287,51 @@ WorkPtr CommCore::recv(void* buf, int64_t bytes, int src, uint64_t tag, Launch l
 
 void CommCore::close() {
   if (closed_.exchange(true)) return;
+  // From here every transport wait of this process raises Closed within a liveness slice.
+  dev_->control().set_closing();
+  std::deque<Task> dropped;
   {
-    std::unique_lock<std::mutex> lk(mu_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;  // Call and submit() refuse from now on
+    dropped.swap(queue_);
   }
   cv_.notify_all();
-  if (progress_.joinable()) progress_.join();
-  {
-    // A collective running inline on another thread finishes first (its waits are bounded).
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return !busy_; });
+  for (Task& t : dropped) {
+    t.work->fail(std::make_exception_ptr(Closed(
+        "ringcomm: " + t.work->op() + " (seq " + std::to_string(t.work->seq()) + ") on rank " +
+        std::to_string(rank_) + " did not run: the " + dev_->name() + " was closed while it was queued")));
+  }
+  if (progress_.joinable()) {
+    if (progress_.get_id() == std::this_thread::get_id()) {
+      progress_.detach();  // close() from the destructor of work run on that thread
+    } else {
+      progress_.join();
+    }
   }
   p2p_.stop();
+  bool drained;
+  {
+    // Calls still inside the core (a synchronous call running inline, a caller between its
+    // check and its submit) leave promptly: their waits raise Closed.
+    std::unique_lock<std::mutex> lk(mu_);
+    const int64_t deadline = deadline_after(now_ns(), dev_->control().config().timeout_s);
+    drained = true;
+    while (calls_ != 0 || busy_) {
+      const int64_t left = deadline - now_ns();
+      if (left <= 0) {
+        drained = false;
+        break;
+      }
+      cv_.wait_for(lk, std::chrono::nanoseconds(std::min<int64_t>(left, 100'000'000)));
+    }
+  }
+  if (!drained) {
+    // Never unmap under a thread that is still inside: keep the mappings (the process's memory
+    // only; the segments were unlinked at attach).
+    RC_LOG(kWarn, rank_, world_, "close(): calls still inside the " << dev_->name()
+                                 << " after the timeout; its shared memory stays mapped");
+    return;
+  }
   bool broken;
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -16,6 +16,20 @@
 //    before any data moves, so the communicator stays usable after them.
 //  - A rank whose arguments fail the local checks still joins the header exchange, as a
 //    rejection, so that its peers raise too instead of waiting for it.
+//
+// Thread-safety contract (what callers may rely on):
+//  - Calls from several threads on one communicator are allowed and are serialized in issue
+//    order: the order in which they take mu_ in submit() is their sequence number, and they run
+//    one at a time in that order. Every rank must issue the same collectives in the same order,
+//    so threads that issue different collectives concurrently must order them themselves.
+//  - close() may be called from any thread, at any time, more than once. Work queued and not
+//    started fails with Closed; a call waiting inside the transport raises Closed (naming the
+//    operation, rank, peer, step and sequence) within one liveness slice (the transport's
+//    closing flag); a call that starts after close() began raises Closed. The segments are
+//    unmapped only after every call has left the core: calls_ counts the threads inside the
+//    core's public calls and the progress thread counts through busy_; close() waits for both to
+//    drain, bounded by the timeout, and leaves the mappings in place (never unmaps under a
+//    thread) if they do not.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -78,7 +92,8 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   WorkPtr send(const void* buf, int64_t bytes, int dst, uint64_t tag, Launch l);
   WorkPtr recv(void* buf, int64_t bytes, int src, uint64_t tag, Launch l);
 
-  /// Finish queued work (bounded by the timeout), stop the threads, release the device. Idempotent.
+  /// From any thread: fail queued work and in-flight waits with Closed, stop the threads, wait
+  /// (bounded by the timeout) for every call to leave the core, release the device. Idempotent.
   void close();
   /// Record a data-phase failure (the first one wins) and tell the peers.
   void mark_broken(const std::exception_ptr& e);
@@ -104,6 +119,18 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   void run_task(Task& t);
   void progress_loop();
   void check_usable() const;
+  void reject_now(Coll coll);
+  /// One public call inside the core (RAII): refuses (Closed) once close() began; close() waits
+  /// until none is left before it releases the device.
+  class Call {
+   public:
+    explicit Call(CommCore* c);
+    ~Call();
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+   private:
+    CommCore* c_;
+  };
 
   const int rank_;
   const int world_;
@@ -118,6 +145,7 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   std::deque<Task> queue_;
   bool busy_ = false;
   bool stopping_ = false;
+  int calls_ = 0;             // threads inside a public call (see Call)
   uint64_t seq_ = 0;          // last collective sequence number handed out
   std::string broken_;        // non-empty after a data-phase failure
   std::thread progress_;

@@ -43,6 +43,13 @@ WorkPtr P2PEngine::submit(bool is_send, char* buf, int64_t bytes, int peer, uint
   WorkPtr w = op.work;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    // stop() sets stopping_ under mu_ before the thread fails what is queued and exits: an op is
+    // queued before that (and failed) or refused here, never queued for a thread that is gone.
+    if (stopping_) {
+      dev_->p2p_end(op.token, false);
+      RC_THROW(Closed, "ringcomm: " << (is_send ? "send to" : "recv from") << " rank " << peer << " on rank " << rank_
+                                    << ": the communicator is closed");
+    }
     new_.push_back(std::move(op));
   }
   cv_.notify_all();
@@ -129,8 +136,13 @@ void P2PEngine::loop() {
       }
       if (stopping_) {
         lk.unlock();
-        fail_all(std::make_exception_ptr(
-            Closed("ringcomm: the communicator was closed while this send/recv was pending")));
+        for (auto* qs : {&sendq, &recvq})
+          for (auto& q : *qs)
+            for (auto& op : q)
+              finish(op, std::make_exception_ptr(Closed(
+                  std::string("ringcomm: ") + (op.is_send ? "send to" : "recv from") + " rank " +
+                  std::to_string(op.peer) + " on rank " + std::to_string(rank_) + " (" + std::to_string(op.done) +
+                  " of " + std::to_string(op.bytes) + " bytes moved): the communicator was closed while it was pending")));
         return;
       }
     }

@@ -295,6 +295,8 @@ void ShmTransport::abort(uint32_t kind, const std::string& msg) {
   for (auto& e : h->board) futex_wake_all(&e.seq.v);
 }
 
+void ShmTransport::set_closing() { closing_.store(true, std::memory_order_release); }
+
 std::string ShmTransport::own_abort_message() const {
   if (base_.empty() || base_[rank_] == nullptr) return {};
   auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
@@ -357,6 +359,11 @@ void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
                                      << " closed)");
 }
 
+void ShmTransport::fail_closing(const WaitCtx& w) {
+  RC_THROW(Closed, "ringcomm: " << describe(w) << ": the communicator on rank " << rank_
+                                << " was closed while this call waited (close() from another thread)");
+}
+
 void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
@@ -397,6 +404,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
       next_yield = now + cfg_.yield_every_ns;
     }
     if (now >= active_end) break;
+    if (closing()) fail_closing(w);
   }
   // Sleep phase: futex in slices, checking peers and the deadline between slices.
   const int64_t deadline = deadline_after(t0, cfg_.timeout_s);
@@ -411,6 +419,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
     }
     waiters->fetch_sub(1, std::memory_order_seq_cst);
     if (ready()) return;
+    if (closing()) fail_closing(w);
     const int64_t now = now_ns();
     const bool live_check = now >= next_liveness;
     if (live_check) next_liveness = now + cfg_.liveness_ns;

@@ -113,6 +113,11 @@ class ShmTransport {
   /// Mark this rank aborted with a reason; peers' waits raise the ErrorCode `kind` (see
   /// abort_kind_of) carrying it.
   void abort(uint32_t kind, const std::string& msg);
+  /// Local (this process only): every wait of this transport, on any thread, raises Closed
+  /// within one liveness slice from now on, naming what it waited for. Set by the core's close()
+  /// before it waits for the calls inside it to leave; the mappings stay until close().
+  void set_closing();
+  bool closing() const { return closing_.load(std::memory_order_acquire); }
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -166,6 +171,7 @@ class ShmTransport {
   void wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* waiters, Ready ready,
                   const WaitCtx& w);
   [[noreturn]] void fail_peer_state(int peer, const WaitCtx& w);
+  [[noreturn]] void fail_closing(const WaitCtx& w);
   bool peer_dead(int peer) const;
   ChannelCtl* ctl(int owner, Lane lane, int src) const;
   char* slot_data(int owner, Lane lane, int src, uint32_t slot) const;
@@ -186,6 +192,7 @@ class ShmTransport {
   std::vector<uint32_t> send_head_;  // [lane * world + peer]
   std::vector<uint32_t> recv_tail_;  // [lane * world + peer]
   std::vector<uint32_t> send_off_;   // payload offset chosen by send_slot, published by send_post
+  std::atomic<bool> closing_{false};  // see set_closing(); written by the closing thread, read by waiters
 };
 
 }  // namespace rc
