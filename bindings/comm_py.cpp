@@ -41,6 +41,7 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("world_size", &Communicator::world)
       .def_property_readonly("timeout", &Communicator::timeout)
       .def_property_readonly("closed", &Communicator::closed)
+      .def_property_readonly("closed_reason", &Communicator::closed_reason)
       .def("next_seq", &Communicator::next_seq)
       .def("_set_last_seq_for_test", &Communicator::set_last_seq_for_test)
       .def("all_reduce", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, bool a) {

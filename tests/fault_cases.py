@@ -380,3 +380,60 @@ def calls_from_threads(rank, world, nthreads, ncalls):
     n = comm._c.next_seq()
     comm.close()
     return bad, alive, len(seqs), n
+
+
+def fork_after_init(rank, world):
+    """Rank 0 forks twice after init. Each child's call raises ClosedError naming the fork; the
+    first child closes, the second only drops its reference (the destructor runs); both exit 0
+    without touching the parent's shared memory, so the parents' next collectives still work."""
+    import gc
+    import json
+    import ringcomm
+    comm = _init_at(rank, world, "fork", timeout=10)
+    x = np.full(64, rank + 1.0, np.float32)
+    comm.all_reduce(x)
+    out = {"before": float(x[0]), "children": []}
+    if rank == 0:
+        for how in ("close", "destructor"):
+            res_path = os.path.join(os.environ["RC_TEST_STORE"], f"fork-child-{how}.json")
+            pid = os.fork()
+            if pid == 0:  # the child: report through a file, never return into the harness
+                code = 1
+                try:
+                    res = {"closed": comm.closed}
+                    t0 = time.monotonic()
+                    try:
+                        comm.all_reduce(np.ones(64, np.float32))
+                        res["call"] = ("no error", "")
+                    except Exception as e:  # noqa: BLE001
+                        res["call"] = (type(e).__name__, str(e))
+                    res["call_s"] = time.monotonic() - t0
+                    try:
+                        comm._c.barrier(False)  # straight into the core, past the Python checks
+                        res["core"] = "no error"
+                    except Exception as e:  # noqa: BLE001
+                        res["core"] = type(e).__name__
+                    if how == "close":
+                        comm.close()
+                        comm.close()
+                        res["closed_after"] = comm.closed
+                    with open(res_path + ".tmp", "w") as f:
+                        json.dump(res, f)
+                    os.rename(res_path + ".tmp", res_path)
+                    if how == "destructor":
+                        del comm  # the last reference: the core's destructor runs here
+                        gc.collect()
+                    code = 0
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            with open(res_path) as f:
+                child = json.load(f)
+            out["children"].append((how, os.waitstatus_to_exitcode(status), child))
+    y = np.full(1000, rank + 1.0, np.float32)
+    comm.all_reduce(y)
+    comm.barrier()
+    out["after"] = float(y[0]), float(y[-1])
+    comm.close()
+    return out
+

@@ -149,3 +149,19 @@ def test_calls_from_several_threads_are_serialized(env):
     for r, (bad, alive, done, next_seq) in enumerate(res):
         assert bad == [] and alive == 0 and done == nthreads * ncalls, (r, bad, alive, done)
         assert next_seq == nthreads * ncalls + 1, (r, next_seq)
+
+
+@pytest.mark.timeout(90)
+def test_fork_after_init_child_sees_closed_parent_keeps_working(env):
+    res = spawn(fault_cases.fork_after_init, 2, timeout=80, env=env)
+    for r, out in enumerate(res):
+        assert out["before"] == 3.0 and out["after"] == (3.0, 3.0), (r, out)
+    children = res[0]["children"]
+    assert [c[0] for c in children] == ["close", "destructor"], children
+    for how, code, child in children:
+        assert code == 0, (how, code, child)
+        assert child["closed"] is True, (how, child)
+        kind, msg = child["call"]
+        assert kind == "ClosedError" and child["core"] == "ClosedError", (how, child)
+        assert "forked child (pid" in msg and "create a new communicator in the child" in msg, (how, msg)
+        assert child["call_s"] < 2.0, (how, child)

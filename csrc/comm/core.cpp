@@ -1,5 +1,10 @@
 #include "comm/core.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "comm/header_exchange.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -7,15 +12,87 @@
 
 namespace rc {
 
+// Every live core of this process, for the fork handlers. The one process-wide state of the
+// core: fork() copies every communicator at once, so only a process-wide list can mark them.
+// Allocated once and never destroyed (handlers and destructors may run during exit).
+struct ForkRegistry {
+  std::mutex mu;
+  std::vector<CommCore*> cores;
+
+  static ForkRegistry& get() {
+    static ForkRegistry* r = [] {
+      auto* reg = new ForkRegistry;
+      pthread_atfork(&prepare, &parent, &child);
+      return reg;
+    }();
+    return *r;
+  }
+  // prepare: hold the registry's and every core's mutexes across fork(), so that no lock the
+  // child inherits is held by a thread that does not exist there. Order: registry, core, p2p
+  // (no code path takes them in another order).
+  static void prepare() {
+    ForkRegistry& r = get();
+    r.mu.lock();
+    for (CommCore* c : r.cores) {
+      c->mu_.lock();
+      c->p2p_.lock_for_fork();
+    }
+  }
+  static void parent() {
+    ForkRegistry& r = get();
+    for (CommCore* c : r.cores) {
+      c->p2p_.unlock_after_fork();
+      c->mu_.unlock();
+    }
+    r.mu.unlock();
+  }
+  static void child() {
+    ForkRegistry& r = get();
+    const int pid = static_cast<int>(getpid());
+    for (CommCore* c : r.cores) {
+      c->p2p_.unlock_after_fork();
+      c->mu_.unlock();
+      c->mark_forked(pid);
+    }
+    r.mu.unlock();
+  }
+};
+
 CommCore::CommCore(int rank, int world, std::unique_ptr<CommDevice> dev)
     : rank_(rank), world_(world), dev_(std::move(dev)), checks_(rank, world, dev_->memory()),
-      p2p_(rank, world, dev_.get(), [this](const std::exception_ptr& e) { mark_broken(e); }) {}
+      p2p_(rank, world, dev_.get(), [this](const std::exception_ptr& e) { mark_broken(e); }) {
+  ForkRegistry& r = ForkRegistry::get();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.cores.push_back(this);
+}
 
 CommCore::~CommCore() {
   try {
     close();
   } catch (...) {
   }
+  ForkRegistry& r = ForkRegistry::get();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.cores.erase(std::remove(r.cores.begin(), r.cores.end(), this), r.cores.end());
+}
+
+void CommCore::mark_forked(int pid) {
+  // The child is single-threaded here (inside fork()): the core's threads are the parent's.
+  forked_pid_.store(pid);
+  stopping_ = true;
+  queue_.clear();
+  busy_ = false;
+  calls_ = 0;
+  if (progress_.joinable()) new std::thread(std::move(progress_));  // never joined nor destroyed (see p2p)
+  p2p_.forget_after_fork();
+}
+
+std::string CommCore::closed_reason() const {
+  const int pid = forked_pid_.load();
+  if (pid == 0) return {};
+  return "ringcomm: the " + std::string(dev_->name()) + " (rank " + std::to_string(rank_) +
+         ") was created before fork() and is used in a forked child (pid " + std::to_string(pid) +
+         "); create a new communicator in the child";
 }
 
 void CommCore::start() {
@@ -37,6 +114,7 @@ void CommCore::set_last_seq_for_test(uint64_t last) {
 }
 
 CommCore::Call::Call(CommCore* c) : c_(c) {
+  if (c->forked_pid_.load() != 0) throw Closed(c->closed_reason());
   std::lock_guard<std::mutex> lk(c->mu_);
   if (c->stopping_)
     RC_THROW(Closed, "ringcomm: the " << c->dev_->name() << " (rank " << c->rank_ << ") is closed");
@@ -49,6 +127,7 @@ CommCore::Call::~Call() {
 }
 
 void CommCore::check_usable() const {
+  if (forked_pid_.load() != 0) throw Closed(closed_reason());
   if (closed_.load()) RC_THROW(Closed, "ringcomm: the " << dev_->name() << " (rank " << rank_ << ") is closed");
   RC_CHECK(connected_, Error, "ringcomm: the " << dev_->name() << " is not connected (call connect())");
   std::lock_guard<std::mutex> lk(mu_);
@@ -287,6 +366,10 @@ WorkPtr CommCore::recv(void* buf, int64_t bytes, int src, uint64_t tag, Launch l
 
 void CommCore::close() {
   if (closed_.exchange(true)) return;
+  if (forked_pid_.load() != 0) {
+    dev_->forget_after_fork();  // the parent's shared memory: drop our mappings, write nothing
+    return;
+  }
   // From here every transport wait of this process raises Closed within a liveness slice.
   dev_->control().set_closing();
   std::deque<Task> dropped;

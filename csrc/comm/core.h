@@ -30,6 +30,11 @@
 //    core's public calls and the progress thread counts through busy_; close() waits for both to
 //    drain, bounded by the timeout, and leaves the mappings in place (never unmaps under a
 //    thread) if they do not.
+//  - fork() after init: a pthread_atfork child handler marks every live core of the child as
+//    forked (the handlers hold every core's mutexes across fork(), so the child's copies are
+//    consistent). In the child every call raises Closed ("used in a forked child"), closed() is
+//    true, and close() / the destructor only drop the child's mappings: they never write the
+//    parent's state word, board or channels, never unlink, never join the parent's threads.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -66,7 +71,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   int rank() const { return rank_; }
   int world() const { return world_; }
   double timeout() const { return dev_->control().config().timeout_s; }
-  bool closed() const { return closed_.load(); }
+  bool closed() const { return closed_.load() || forked_pid_.load() != 0; }
+  /// Why calls raise Closed when that is not close(): the fork message, or empty.
+  std::string closed_reason() const;
   uint64_t next_seq() const;
   /// Test-only: number the next collective `last + 1` (call before the first collective, with
   /// the same value on every rank): exercises the board's counter wrap without 2^32 calls.
@@ -120,6 +127,8 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   void progress_loop();
   void check_usable() const;
   void reject_now(Coll coll);
+  friend struct ForkRegistry;
+  void mark_forked(int pid);
   /// One public call inside the core (RAII): refuses (Closed) once close() began; close() waits
   /// until none is left before it releases the device.
   class Call {
@@ -139,6 +148,7 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   P2PEngine p2p_;
   bool connected_ = false;
   std::atomic<bool> closed_{false};
+  std::atomic<int> forked_pid_{0};  // the child's pid in a forked child, else 0
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -50,6 +50,10 @@ class CommDevice {
   /// the copies still running (nullptr: none).
   virtual std::shared_ptr<DeviceFence> p2p_end(void* token, bool ok) { return nullptr; }
 
+  /// In a forked child (the core's threads do not exist there): drop this process's mappings
+  /// without touching the parent's shared state.
+  virtual void forget_after_fork() { control().drop_mappings_after_fork(); }
+
   /// After the core's threads stopped: release the transport. `broken`: after a data-phase failure
   /// (device work may still run).
   virtual void close(bool broken) = 0;

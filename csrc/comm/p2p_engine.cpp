@@ -19,7 +19,16 @@ void P2PEngine::start() {
   thread_ = std::thread([this] { loop(); });
 }
 
+void P2PEngine::forget_after_fork() {
+  forked_ = true;
+  stopping_ = true;
+  // The std::thread object names a thread of the parent: joining it would hang and destroying
+  // it joinable would terminate the child, so it is moved to the heap and never destroyed.
+  if (thread_.joinable()) new std::thread(std::move(thread_));
+}
+
 void P2PEngine::stop() {
+  if (forked_) return;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_) return;

@@ -32,6 +32,11 @@ class P2PEngine {
   WorkPtr submit(bool is_send, char* buf, int64_t bytes, int peer, uint64_t tag, void* stream);
   /// Fail what is pending with Closed and stop the thread.
   void stop();
+  /// In a forked child: the thread does not exist there; forget it (stop() then does nothing).
+  void forget_after_fork();
+  /// Fork handlers (comm/core.cpp): hold mu_ across fork() so the child's copy is unlocked.
+  void lock_for_fork() { mu_.lock(); }
+  void unlock_after_fork() { mu_.unlock(); }
 
  private:
   struct Op {
@@ -59,6 +64,7 @@ class P2PEngine {
   std::deque<Op> new_;
   bool stopping_ = false;
   bool started_ = false;
+  bool forked_ = false;  // set in a forked child only (single-threaded there)
   std::thread thread_;
 };
 

@@ -295,6 +295,14 @@ void ShmTransport::abort(uint32_t kind, const std::string& msg) {
   for (auto& e : h->board) futex_wake_all(&e.seq.v);
 }
 
+void ShmTransport::drop_mappings_after_fork() {
+  own_unlinked_ = true;
+  for (auto& b : base_) {
+    if (b != nullptr) munmap(b, seg_bytes_);
+    b = nullptr;
+  }
+}
+
 void ShmTransport::set_closing() { closing_.store(true, std::memory_order_release); }
 
 std::string ShmTransport::own_abort_message() const {

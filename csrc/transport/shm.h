@@ -117,6 +117,10 @@ class ShmTransport {
   /// within one liveness slice from now on, naming what it waited for. Set by the core's close()
   /// before it waits for the calls inside it to leave; the mappings stay until close().
   void set_closing();
+  /// In a forked child: forget the mappings without writing to any segment (they are the
+  /// parent's: its state word, board and channels) and never unlink a name. Idempotent; close()
+  /// afterwards does nothing.
+  void drop_mappings_after_fork();
   bool closing() const { return closing_.load(std::memory_order_acquire); }
 
   int rank() const { return rank_; }

@@ -333,7 +333,8 @@ class CoreBackEnd(CommunicatorBase):
 
     def _check_open(self):
         if self._c.closed:
-            raise ClosedError(f"ringcomm: the {self._what} (rank {self.rank}) is closed")
+            raise ClosedError(getattr(self._c, "closed_reason", "")
+                              or f"ringcomm: the {self._what} (rank {self.rank}) is closed")
 
     def _reject(self, coll: str, exc: Exception):
         """Join the header exchange as a rejection (peers raise too), then raise exc here."""
