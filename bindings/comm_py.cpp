@@ -44,6 +44,8 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("closed_reason", &Communicator::closed_reason)
       .def("next_seq", &Communicator::next_seq)
       .def("_set_last_seq_for_test", &Communicator::set_last_seq_for_test)
+      .def("_forge_next_header_for_test", &Communicator::forge_next_header_for_test, py::arg("count"),
+           py::arg("count2"))
       .def("all_reduce", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, bool a) {
              return c.all_reduce(P(in), P(out), n, D(d), O(o), A(a));
            }, GIL())

@@ -437,3 +437,43 @@ def fork_after_init(rank, world):
     comm.close()
     return out
 
+
+
+def forged_counts(rank, world):
+    """Headers whose per-rank counts are out of range but pass the totals check (a negative
+    count balanced by a larger one): every rank raises MismatchError before any data moves, no
+    buffer is written out of bounds, and the communicator stays usable."""
+    import ringcomm
+    comm = _init_at(rank, world, "forged", timeout=20)
+    out = []
+    guard = 4096
+
+    def attempt(name, fn):
+        try:
+            fn()
+            out.append((name, "no error", ""))
+        except ringcomm.MismatchError as e:
+            out.append((name, "MismatchError", str(e)))
+        except Exception as e:  # noqa: BLE001
+            out.append((name, type(e).__name__, str(e)))
+
+    # all_gather: 2 elements each into 2*world; rank 0 claims -2, rank 1 claims 2 + 2 + 2.
+    buf = np.full(guard + 2 * world + guard, -7.0, np.float32)
+    dst = buf[guard:guard + 2 * world]
+    if rank < 2:
+        comm._c._forge_next_header_for_test(2 * world, -2 if rank == 0 else 6)
+    attempt("all_gather", lambda: comm.all_gather(dst, np.full(2, rank + 1.0, np.float32)))
+    intact = bool((buf == -7.0).all())
+    # all_to_all: inputs total 2*world^2 across ranks and so do the claimed outputs, but rank 0
+    # claims -1 output elements (and rank 1 the difference).
+    if rank < 2:
+        comm._c._forge_next_header_for_test(2 * world, -1 if rank == 0 else 4 * world + 1)
+    attempt("all_to_all", lambda: comm.all_to_all(np.zeros(2 * world, np.float32), np.ones(2 * world, np.float32)))
+    # gather: every rank claims -3 elements (equal, so the equality check alone passes).
+    comm._c._forge_next_header_for_test(-3, 0)
+    gout = np.full(4 * world, -7.0, np.float32) if rank == 0 else None
+    attempt("gather", lambda: comm.gather(gout, np.ones(4, np.float32), root=0))
+    x = np.full(5, rank + 1.0, np.float32)
+    comm.all_reduce(x)
+    comm.close()
+    return out, intact, x.tolist(), (gout == -7.0).all().item() if gout is not None else True

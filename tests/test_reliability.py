@@ -165,3 +165,77 @@ def test_fork_after_init_child_sees_closed_parent_keeps_working(env):
         assert kind == "ClosedError" and child["core"] == "ClosedError", (how, child)
         assert "forked child (pid" in msg and "create a new communicator in the child" in msg, (how, msg)
         assert child["call_s"] < 2.0, (how, child)
+
+
+@pytest.mark.timeout(90)
+def test_forged_peer_counts_raise_mismatch_everywhere(env):
+    world = 2
+    res = spawn(fault_cases.forged_counts, world, timeout=80, env=env)
+    for r, (out, intact, after, gather_intact) in enumerate(res):
+        assert [o[:2] for o in out] == [("all_gather", "MismatchError"), ("all_to_all", "MismatchError"),
+                                        ("gather", "MismatchError")], (r, out)
+        for name, _, msg in out:
+            assert "out of range" in msg and name in msg, (r, msg)
+        assert intact and gather_intact, r
+        assert after == [3.0] * 5, (r, after)
+
+
+@pytest.mark.timeout(60)
+def test_attach_refuses_a_segment_with_the_wrong_mode_or_owner():
+    import os
+    import uuid
+    import ringcomm
+    from ringcomm import _C
+    core = _C.Communicator(0, 2, 5.0)
+    own = core.create()
+    fake = "/ringcomm-test-" + uuid.uuid4().hex
+    fd = os.open("/dev/shm" + fake, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, os.stat("/dev/shm" + own).st_size)
+        os.fchmod(fd, 0o644)
+        with pytest.raises(ringcomm.RingcommError, match=r"rank 1's shared memory /dev/shm" + fake +
+                           r" is owned by uid \d+ with mode 0644.*mode 0600"):
+            core.connect([own, fake])
+        if os.geteuid() == 0:  # only root can hand a file to another user
+            os.fchmod(fd, 0o600)
+            os.fchown(fd, 65534, -1)
+            with pytest.raises(ringcomm.RingcommError, match=r"is owned by uid 65534 with mode 0600"):
+                core.connect([own, fake])
+    finally:
+        os.close(fd)
+        os.unlink("/dev/shm" + fake)
+        core.close()
+    assert not os.path.exists("/dev/shm" + own)
+
+
+def test_launch_checks_its_file_store_directory(tmp_path):
+    import os
+    import ringcomm
+    from ringcomm.launch import check_store_dir, launch
+    good = tmp_path / "good"
+    good.mkdir(mode=0o700)
+    check_store_dir(str(good))
+    bad = tmp_path / "open"
+    bad.mkdir()
+    os.chmod(bad, 0o777)
+    with pytest.raises(ringcomm.RingcommError, match=r"owned by uid \d+ with mode 0777"):
+        check_store_dir(str(bad))
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    with pytest.raises(ringcomm.RingcommError, match="not a directory"):
+        check_store_dir(str(link))
+    if os.geteuid() == 0:
+        other = tmp_path / "other"
+        other.mkdir(mode=0o700)
+        os.chown(other, 65534, -1)
+        with pytest.raises(ringcomm.RingcommError, match="owned by uid 65534"):
+            check_store_dir(str(other))
+    # launch() makes its own directory, which passes the check in every rank.
+    assert launch(_launch_sum, 2, timeout=60) == [3.0, 3.0]
+
+
+def _launch_sum(comm):
+    import numpy as np
+    x = np.full(4, comm.rank + 1.0, np.float32)
+    comm.all_reduce(x)
+    return float(x[0])

@@ -126,6 +126,13 @@ CommCore::Call::~Call() {
   if (--c_->calls_ == 0) c_->cv_.notify_all();
 }
 
+void CommCore::forge_next_header_for_test(int64_t count, int64_t count2) {
+  std::lock_guard<std::mutex> lk(mu_);
+  forge_ = true;
+  forge_count_ = count;
+  forge_count2_ = count2;
+}
+
 void CommCore::check_usable() const {
   if (forked_pid_.load() != 0) throw Closed(closed_reason());
   if (closed_.load()) RC_THROW(Closed, "ringcomm: the " << dev_->name() << " (rank " << rank_ << ") is closed");
@@ -163,6 +170,11 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l) {
       RC_THROW(Closed, "ringcomm: " << coll_name(coll) << " on rank " << rank_ << ": the " << dev_->name()
                                     << " is closed");
     const uint64_t seq = ++seq_;
+    if (forge_ && coll != Coll::kRejected) {
+      hdr.count = forge_count_;
+      hdr.count2 = forge_count2_;
+      forge_ = false;
+    }
     task.work = std::make_shared<Work>(coll_name(coll), seq);
     WorkPtr work = task.work;
     task.fn = [this, seq, coll, hdr, l, work, body = std::move(body)] {

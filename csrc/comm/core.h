@@ -78,6 +78,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   /// Test-only: number the next collective `last + 1` (call before the first collective, with
   /// the same value on every rank): exercises the board's counter wrap without 2^32 calls.
   void set_last_seq_for_test(uint64_t last);
+  /// Test-only: the next collective's header carries these counts instead of the checked ones
+  /// (a forged peer header, which the public API cannot produce).
+  void forge_next_header_for_test(int64_t count, int64_t count2);
 
   // Collectives. Pointers must stay valid until the returned Work completes. Without l.async the
   // call returns after the host part completed (and throws on failure).
@@ -156,6 +159,8 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   bool busy_ = false;
   bool stopping_ = false;
   int calls_ = 0;             // threads inside a public call (see Call)
+  bool forge_ = false;        // forge_next_header_for_test: applies to the next submit
+  int64_t forge_count_ = 0, forge_count2_ = 0;
   uint64_t seq_ = 0;          // last collective sequence number handed out
   std::string broken_;        // non-empty after a data-phase failure
   std::thread progress_;

@@ -221,7 +221,23 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
                                     << "'s shared memory " << names[p] << ": " << std::strerror(errno)
                                     << " (is every rank on this host, and did rank " << p << " exit?)");
     struct stat st;
-    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != seg_bytes_) {
+    if (fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      RC_THROW(Error, "ringcomm: fstat of rank " << p << "'s shared memory " << names[p]
+                      << " failed: " << std::strerror(err));
+    }
+    // Only a segment this user created for this purpose (0600, as create() makes them) is
+    // mapped: another user's, or one others may write, could be forged or tampered with.
+    if (st.st_uid != geteuid() || (st.st_mode & 07777) != 0600) {
+      ::close(fd);
+      char mode[8];
+      std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      RC_THROW(Error, "ringcomm: rank " << p << "'s shared memory /dev/shm" << names[p] << " is owned by uid "
+                      << st.st_uid << " with mode " << mode << "; rank " << rank_ << " (uid " << geteuid()
+                      << ") maps only segments it owns with mode 0600 (is another user's job using this store?)");
+    }
+    if (static_cast<size_t>(st.st_size) != seg_bytes_) {
       ::close(fd);
       RC_THROW(Mismatch, "ringcomm: rank " << p << "'s segment has " << st.st_size << " bytes, rank "
                          << rank_ << " expects " << seg_bytes_
