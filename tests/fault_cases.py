@@ -477,3 +477,23 @@ def forged_counts(rank, world):
     comm.all_reduce(x)
     comm.close()
     return out, intact, x.tolist(), (gout == -7.0).all().item() if gout is not None else True
+
+
+def self_split_mismatch(rank, world):
+    """Rank 0's all_to_all sends 2 elements to itself but expects 3 (totals still agree):
+    MismatchError on every rank before any data moves; the communicator stays usable."""
+    import ringcomm
+    comm = _init_at(rank, world, "selfsplit", timeout=20)
+    n = 2 * world
+    out_splits = [3, 1] + [2] * (world - 2) if rank == 0 else None
+    try:
+        comm.all_to_all(np.zeros(n, np.float32), np.ones(n, np.float32), output_splits=out_splits)
+        res = ("no error", "")
+    except Exception as e:  # noqa: BLE001
+        res = (type(e).__name__, str(e))
+    x = np.arange(n, dtype=np.float32) + 100 * rank
+    y = np.zeros(n, np.float32)
+    comm.all_to_all(y, x)
+    comm.close()
+    return res, y.tolist()
+

@@ -239,3 +239,17 @@ def _launch_sum(comm):
     x = np.full(4, comm.rank + 1.0, np.float32)
     comm.all_reduce(x)
     return float(x[0])
+
+
+@pytest.mark.timeout(90)
+def test_all_to_all_self_split_mismatch_raises_everywhere_and_recovers(env):
+    world = 3
+    res = spawn(fault_cases.self_split_mismatch, world, timeout=80, env=env)
+    for r, (err, y) in enumerate(res):
+        assert err[0] == "MismatchError", (r, err)
+        if r == 0:
+            assert "to itself" in err[1], err
+        # A correct all_to_all afterwards: block r of every rank's arange(2*world) + 100*rank.
+        want = [float(100 * p + 2 * r + k) for p in range(world) for k in range(2)]
+        assert y == want, (r, y)
+
