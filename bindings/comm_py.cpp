@@ -79,7 +79,17 @@ void bind_comm(py::module_& m) {
       .def("recv", [](Communicator& c, uintptr_t buf, int64_t bytes, int src, uint64_t tag, bool a) {
              return c.recv(P(buf), bytes, src, tag, A(a));
            }, GIL())
-      .def("close", &Communicator::close, GIL());
+      .def("close", &Communicator::close, GIL())
+      .def("abort", &Communicator::abort, py::arg("reason") = "", GIL())
+      .def("set_timeout", &Communicator::set_timeout, py::arg("seconds"))
+      .def("errored", [](Communicator& c) -> py::object {
+             // (ErrorCode, message) of the first error that made the communicator unusable, or None.
+             std::exception_ptr e = c.errored();
+             if (!e) return py::none();
+             std::string msg;
+             const rc::ErrorCode code = rc::error_code_of(e, &msg);
+             return py::make_tuple(static_cast<int>(code), msg);
+           });
 
   // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
   // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than

@@ -497,3 +497,88 @@ def self_split_mismatch(rank, world):
     comm.close()
     return res, y.tolist()
 
+
+def abort_and_recover(rank, world):
+    """torchft-style recovery. Communicator A: ranks 1.. wait in an all_reduce that rank 0 never
+    joins; rank 0 has a recv pending on a thread and calls abort() from 4 threads at once. Every
+    pending and later call raises promptly on every rank, each abort reason arrives whole, and
+    errored() reports the first error. Then a new communicator B on the same store works, and
+    set_timeout() bounds its next wait."""
+    import threading
+    import ringcomm
+    out = {}
+    a = _init_at(rank, world, "recover", timeout=60)
+    x = np.full(8, rank + 1.0, np.float32)
+    a.all_reduce(x)
+    out["a_sum"] = float(x[0])
+    out["errored_before"] = a.errored()
+    t0 = time.monotonic()
+    if rank == 0:
+        pending = {}
+
+        def recv():
+            try:
+                a.recv(np.zeros(4, np.float32), src=1)
+                pending["recv"] = ("no error", "")
+            except Exception as e:  # noqa: BLE001
+                pending["recv"] = (type(e).__name__, str(e))
+            pending["recv_s"] = time.monotonic() - t0
+
+        rt = threading.Thread(target=recv)
+        rt.start()
+        _wait_mark("recover-waiting-%d" % (world - 1))
+        time.sleep(0.2)  # the peers are inside their all_reduce, the recv inside the engine
+        go = threading.Barrier(4)
+
+        def abort(letter):
+            go.wait()
+            a.abort(letter * 600)
+
+        ths = [threading.Thread(target=abort, args=(c,)) for c in "WXYZ"]
+        t0 = time.monotonic()
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(10)
+        rt.join(10)
+        out["recv"] = pending.get("recv", ("hung", ""))
+        out["recv_s"] = pending.get("recv_s", float("inf"))
+    else:
+        if rank == world - 1:
+            _mark("recover-waiting-%d" % rank)
+        try:
+            a.all_reduce(np.ones(1 << 10, np.float32))
+            out["pending"] = ("no error", "")
+        except Exception as e:  # noqa: BLE001
+            out["pending"] = (type(e).__name__, str(e))
+        out["pending_s"] = time.monotonic() - t0
+    t1 = time.monotonic()
+    try:
+        a.barrier()
+        out["later"] = ("no error", "")
+    except Exception as e:  # noqa: BLE001
+        out["later"] = (type(e).__name__, str(e))
+    out["later_s"] = time.monotonic() - t1
+    err = a.errored()
+    out["errored"] = (type(err).__name__, str(err)) if err is not None else None
+    a.close()
+    # A new attempt on the same store.
+    b = _init_at(rank, world, "recover", timeout=60)
+    y = np.full(1000, rank + 1.0, np.float32)
+    b.all_reduce(y)
+    out["b_sum"] = float(y[0]), float(y[-1])
+    out["b_errored"] = b.errored()
+    if rank == 0:
+        b.set_timeout(0.5)
+        out["b_timeout"] = b.timeout
+    else:
+        time.sleep(2.0)  # late: rank 0's barrier times out under its new timeout
+    t2 = time.monotonic()
+    try:
+        b.barrier()
+        out["late"] = ("no error", "")
+    except Exception as e:  # noqa: BLE001
+        out["late"] = (type(e).__name__, str(e))
+    out["late_s"] = time.monotonic() - t2
+    b.close()
+    return out

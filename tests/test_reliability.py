@@ -253,3 +253,29 @@ def test_all_to_all_self_split_mismatch_raises_everywhere_and_recovers(env):
         want = [float(100 * p + 2 * r + k) for p in range(world) for k in range(2)]
         assert y == want, (r, y)
 
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_abort_fails_pending_and_later_calls_everywhere_then_a_new_communicator_works(world, env):
+    res = spawn(fault_cases.abort_and_recover, world, timeout=110, env=env)
+    for r, out in enumerate(res):
+        assert out["a_sum"] == world * (world + 1) / 2 and out["errored_before"] is None, (r, out)
+        kind, msg = out["recv"] if r == 0 else out["pending"]
+        assert kind != "no error" and "aborted (abort())" in msg, (r, out)
+        assert (out["recv_s"] if r == 0 else out["pending_s"]) < 5.0, (r, out)
+        if r != 0:
+            assert kind == "PeerFailureError" and "rank 0" in msg, (r, msg)
+        # The reason arrives whole: one of the four, never an interleaving of two.
+        reasons = [c * 600 for c in "WXYZ"]
+        assert sum(reason in msg for reason in reasons) == 1, (r, msg)
+        letter = next(c for c in "WXYZ" if c * 600 in msg)
+        assert all(c not in msg.replace(letter * 600, "") for c in "WXYZ" if c != letter), (r, msg)
+        later_kind, later_msg = out["later"]
+        assert later_kind in ("RingcommError", "PeerFailureError") and out["later_s"] < 1.0, (r, out)
+        assert out["errored"] is not None and "aborted (abort())" in out["errored"][1], (r, out)
+        # The new attempt on the same store: fresh keys, correct sums, no error.
+        assert out["b_sum"] == (world * (world + 1) / 2,) * 2 and out["b_errored"] is None, (r, out)
+    assert res[0]["b_timeout"] == 0.5
+    kind, msg = res[0]["late"]
+    assert kind == "TimeoutError" and "0.5 s" in msg, res[0]
+    assert res[0]["late_s"] < 3.0, res[0]

@@ -150,9 +150,46 @@ void CommCore::mark_broken(const std::exception_ptr& e) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_.empty()) return;
     broken_ = msg;
+    first_error_ = e;
   }
   // Tell the peers: their waits raise with our reason instead of timing out.
   dev_->abort(abort_kind_of(kind), msg);
+}
+
+void CommCore::abort(const std::string& reason) {
+  if (forked_pid_.load() != 0) return;
+  std::unique_ptr<Call> call;
+  try {
+    call = std::make_unique<Call>(this);  // close() keeps the mappings until this returns
+  } catch (const Closed&) {
+    return;  // closed: nothing left to abort
+  }
+  const std::string msg = "the " + std::string(dev_->name()) + " on rank " + std::to_string(rank_) +
+                          " was aborted (abort()): " + (reason.empty() ? std::string("no reason given") : reason);
+  std::deque<Task> dropped;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_.empty()) {
+      broken_ = msg;
+      first_error_ = std::make_exception_ptr(Error("ringcomm: " + msg));
+      first = true;
+    }
+    dropped.swap(queue_);
+  }
+  cv_.notify_all();
+  dev_->control().set_aborting(msg);  // our waits, on every thread, raise
+  if (first) dev_->abort(abort_kind_of(ErrorCode::kError), "ringcomm: " + msg);  // the peers' waits raise
+  dev_->control().ring_doorbell(rank_);  // the p2p thread fails what is pending
+  for (Task& t : dropped) {
+    t.work->fail(std::make_exception_ptr(Error("ringcomm: " + t.work->op() + " (seq " + std::to_string(t.work->seq()) +
+                                               ") on rank " + std::to_string(rank_) + " did not run: " + msg)));
+  }
+}
+
+std::exception_ptr CommCore::errored() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return first_error_;
 }
 
 // ---------------- submission and execution ----------------

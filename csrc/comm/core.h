@@ -70,7 +70,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
-  double timeout() const { return dev_->control().config().timeout_s; }
+  double timeout() const { return dev_->control().timeout_s(); }
+  /// Seconds any single wait may take, for waits that start from now on (> 0; inf: no limit).
+  void set_timeout(double seconds) { dev_->control().set_timeout(seconds); }
   bool closed() const { return closed_.load() || forked_pid_.load() != 0; }
   /// Why calls raise Closed when that is not close(): the fork message, or empty.
   std::string closed_reason() const;
@@ -107,6 +109,14 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   void close();
   /// Record a data-phase failure (the first one wins) and tell the peers.
   void mark_broken(const std::exception_ptr& e);
+  /// From any thread (torchft-style recovery): every pending and future call on this
+  /// communicator raises rc::Error carrying `reason`, promptly: queued work fails, waits in the
+  /// transport raise within a liveness slice, and the peers are told (their waits raise
+  /// PeerFailure naming this rank). No-op once closed. Create a new communicator to go on.
+  void abort(const std::string& reason);
+  /// The first error that made this communicator unusable (a data-phase failure or abort()),
+  /// or null.
+  std::exception_ptr errored() const;
 
  protected:
   CommCore(int rank, int world, std::unique_ptr<CommDevice> dev);
@@ -162,7 +172,8 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   bool forge_ = false;        // forge_next_header_for_test: applies to the next submit
   int64_t forge_count_ = 0, forge_count2_ = 0;
   uint64_t seq_ = 0;          // last collective sequence number handed out
-  std::string broken_;        // non-empty after a data-phase failure
+  std::string broken_;        // non-empty after a data-phase failure or abort()
+  std::exception_ptr first_error_;  // the failure broken_ describes
   std::thread progress_;
 };
 

@@ -46,7 +46,7 @@ WorkPtr P2PEngine::submit(bool is_send, char* buf, int64_t bytes, int peer, uint
   op.buf = buf;
   op.bytes = static_cast<uint64_t>(bytes);
   op.tag = tag;
-  op.deadline_ns = deadline_after(now_ns(), dev_->control().config().timeout_s);
+  op.deadline_ns = deadline_after(now_ns(), dev_->control().timeout_s());
   op.work = std::make_shared<Work>(is_send ? "send" : "recv", 0);
   op.token = dev_->p2p_prepare(stream);
   WorkPtr w = op.work;
@@ -191,13 +191,20 @@ void P2PEngine::loop() {
       continue;
     }
     // Idle: check deadlines and peers, then sleep until the doorbell rings (or a slice passes).
+    if (t.aborting()) {
+      // comm.abort(): the core told the peers; pending operations fail with the abort's error.
+      WaitCtx w;
+      w.op = "send/recv";
+      fail_all(t.interrupt_error(w));
+      continue;
+    }
     try {
       for (auto* qs : {&sendq, &recvq})
         for (auto& q : *qs)
           if (!q.empty() && now > q.front().deadline_ns) {
             const Op& op = q.front();
             RC_THROW(TimeoutError, "ringcomm: " << (op.is_send ? "send to" : "recv from") << " rank " << op.peer
-                                                << " on rank " << rank_ << " timed out after " << cfg.timeout_s
+                                                << " on rank " << rank_ << " timed out after " << t.timeout_s()
                                                 << " s (" << op.done << " of " << op.bytes << " bytes moved)");
           }
       WaitCtx w;

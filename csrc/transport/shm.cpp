@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <thread>
 
 #include "common/knobs.h"
@@ -139,6 +140,7 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
 ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
     : rank_(rank), world_(world), cfg_(cfg), base_(world, nullptr), pids_(world, 0),
       send_head_(kNumLanes * world, 0), recv_tail_(kNumLanes * world, 0), send_off_(kNumLanes * world, 0) {
+  timeout_s_.store(cfg_.timeout_s, std::memory_order_relaxed);
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
   RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
   ctl_offset_ = round_up(sizeof(SegmentHeader), kPage);
@@ -300,6 +302,7 @@ void ShmTransport::abort(uint32_t kind, const std::string& msg) {
   if (base_.empty() || base_[rank_] == nullptr) return;
   auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
   if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAlive)) return;
+  if (abort_claimed_.exchange(true, std::memory_order_acq_rel)) return;
   // kind and message first, then the state with release: a peer that acquires kAborted sees them.
   h->abort_kind = kind;
   size_t n = std::min(msg.size(), kAbortMsgBytes - 1);
@@ -319,7 +322,35 @@ void ShmTransport::drop_mappings_after_fork() {
   }
 }
 
-void ShmTransport::set_closing() { closing_.store(true, std::memory_order_release); }
+void ShmTransport::set_closing() {
+  int none = 0;
+  interrupt_.compare_exchange_strong(none, 1, std::memory_order_acq_rel);
+}
+
+void ShmTransport::set_aborting(const std::string& msg) {
+  if (interrupt_claimed_.exchange(true)) return;
+  interrupt_msg_ = msg;
+  int none = 0;
+  interrupt_.compare_exchange_strong(none, 2, std::memory_order_acq_rel);
+}
+
+void ShmTransport::set_timeout(double seconds) {
+  RC_CHECK(seconds > 0, InvalidArgument, "timeout must be > 0 s, got " << seconds);
+  timeout_s_.store(seconds, std::memory_order_relaxed);
+}
+
+std::exception_ptr ShmTransport::interrupt_error(const WaitCtx& w) const {
+  const int i = interrupt_.load(std::memory_order_acquire);
+  if (i == 0) return nullptr;
+  std::ostringstream o;
+  o << "ringcomm: " << describe(w);
+  if (i == 1) {
+    o << ": the communicator on rank " << rank_ << " was closed while this call waited (close() from another thread)";
+    return std::make_exception_ptr(Closed(o.str()));
+  }
+  o << ": " << interrupt_msg_;
+  return std::make_exception_ptr(Error(o.str()));
+}
 
 std::string ShmTransport::own_abort_message() const {
   if (base_.empty() || base_[rank_] == nullptr) return {};
@@ -383,10 +414,7 @@ void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
                                      << " closed)");
 }
 
-void ShmTransport::fail_closing(const WaitCtx& w) {
-  RC_THROW(Closed, "ringcomm: " << describe(w) << ": the communicator on rank " << rank_
-                                << " was closed while this call waited (close() from another thread)");
-}
+void ShmTransport::fail_closing(const WaitCtx& w) { std::rethrow_exception(interrupt_error(w)); }
 
 void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
   for (int p = 0; p < world_; ++p) {
@@ -431,7 +459,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
     if (closing()) fail_closing(w);
   }
   // Sleep phase: futex in slices, checking peers and the deadline between slices.
-  const int64_t deadline = deadline_after(t0, cfg_.timeout_s);
+  const int64_t deadline = deadline_after(t0, timeout_s());
   int64_t next_liveness = t0;
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);
@@ -457,7 +485,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
     check_peers(w, live_check);
     if (now >= deadline) {
       if (ready()) return;
-      RC_THROW(TimeoutError, "ringcomm: " << describe(w) << ": timed out after " << cfg_.timeout_s
+      RC_THROW(TimeoutError, "ringcomm: " << describe(w) << ": timed out after " << timeout_s()
                                           << " s (RINGCOMM_TIMEOUT / timeout=)");
     }
   }

@@ -87,6 +87,21 @@ class CommunicatorBase:
         self.close()
         return False
 
+    # -- recovery (torchft-style); back ends that support it override these -----------------------
+    def abort(self, reason: str = "") -> None:
+        """From any thread: every pending and future call on this communicator raises promptly,
+        here and on every peer that can be reached. Create a new communicator to go on."""
+        raise UnsupportedError(f"ringcomm: {type(self).__name__} does not support abort()")
+
+    def errored(self) -> Optional[RingcommError]:
+        """The first error that made this communicator unusable (a failure while data moved, or
+        abort()), or None."""
+        raise UnsupportedError(f"ringcomm: {type(self).__name__} does not support errored()")
+
+    def set_timeout(self, seconds: float) -> None:
+        """Bound every wait that starts from now on by `seconds` (> 0; inf: no bound)."""
+        raise UnsupportedError(f"ringcomm: {type(self).__name__} does not support set_timeout()")
+
     # -- back-end hooks with defaults ---------------------------------------------------------
     def _route(self, coll, a, b=None) -> "CommunicatorBase":
         return self

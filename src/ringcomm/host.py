@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _C
 from .arrays import as_buf, is_cuda_array, maybe_cuda
-from .errors import InvalidArgumentError, RingcommError
+from .errors import InvalidArgumentError, RingcommError, from_code
 from .front import CoreBackEnd
 from .work import CoreWork
 
@@ -132,6 +132,17 @@ class Communicator(CoreBackEnd):
             self._cuda_comm.close()
         self._c.close()
         self._inflight = []
+
+    # -- recovery ------------------------------------------------------------------------------
+    def abort(self, reason: str = "") -> None:
+        self._c.abort(str(reason))
+
+    def errored(self):
+        e = self._c.errored()
+        return None if e is None else from_code(*e)
+
+    def set_timeout(self, seconds: float) -> None:
+        self._c.set_timeout(float(seconds))
 
     def __repr__(self):
         state = "closed" if self._c.closed else "open"
