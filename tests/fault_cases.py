@@ -582,3 +582,17 @@ def abort_and_recover(rank, world):
     out["late_s"] = time.monotonic() - t2
     b.close()
     return out
+
+
+def init_failure(rank, world):
+    """The last rank fails during init (an invalid slot count): the others raise PeerFailureError
+    naming it within seconds, not after their whole timeout."""
+    if rank == world - 1:
+        os.environ["RINGCOMM_NSLOTS"] = "3"
+    t0 = time.monotonic()
+    try:
+        comm = _init_at(rank, world, "initfail", timeout=60)
+        comm.close()
+        return ("no error", "", time.monotonic() - t0)
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e), time.monotonic() - t0)

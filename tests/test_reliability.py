@@ -279,3 +279,16 @@ def test_abort_fails_pending_and_later_calls_everywhere_then_a_new_communicator_
     kind, msg = res[0]["late"]
     assert kind == "TimeoutError" and "0.5 s" in msg, res[0]
     assert res[0]["late_s"] < 3.0, res[0]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_rank_failing_during_init_fails_its_peers_promptly(world, env):
+    res = spawn(fault_cases.init_failure, world, timeout=80, env=env)
+    kind, msg, _ = res[world - 1]
+    assert kind == "InvalidArgumentError" and "RINGCOMM_NSLOTS" in msg, res[world - 1]
+    for r in range(world - 1):
+        kind, msg, dt = res[r]
+        assert kind == "PeerFailureError", (r, res[r])
+        assert f"rank {world - 1} failed during init" in msg and "RINGCOMM_NSLOTS" in msg, (r, msg)
+        assert dt < 10.0, (r, res[r])

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import _C
 from .arrays import as_buf, is_cuda_array, maybe_cuda
-from .errors import InvalidArgumentError, RingcommError, from_code
+from .errors import InvalidArgumentError, PeerFailureError, RingcommError, from_code
 from .front import CoreBackEnd
 from .work import CoreWork
 
@@ -153,19 +153,45 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
     """The shared-memory Communicator of `world_size` ranks on this host: create this rank's
     segment, publish its name under `{prefix}/shm/{rank}`, map every peer's (the segments are
     unlinked as soon as all ranks have mapped them)."""
-    core = _C.Communicator(rank, world_size, timeout)
-    name = core.create()
+    key = f"{prefix}/shm/{rank}"
+    core = None
+    published = False
     try:
+        core = _C.Communicator(rank, world_size, timeout)
+        name = core.create()
         if world_size == 1:
             names = [name]
         else:
-            store.set(f"{prefix}/shm/{rank}", name)
-            names = [_to_str(store.get(f"{prefix}/shm/{r}")) for r in range(world_size)]
+            store.set(key, name)
+            published = True
+            names = [_peer_segment(store, prefix, r) for r in range(world_size)]
         core.connect(names)
-    except BaseException:
-        core.close()
+    except BaseException as e:
+        # Tell the peers at once instead of letting them wait out the timeout: a failure marker in
+        # place of the segment name (before it was published), and an abort posted in the
+        # segment (after: peers that mapped it raise within a liveness slice).
+        reason = f"rank {rank} failed during init: {type(e).__name__}: {e}"
+        if world_size > 1 and not published:
+            try:
+                store.set(key, _FAILED + reason)
+            except BaseException:  # noqa: BLE001 - the original error is the one to raise
+                pass
+        if core is not None:
+            if published:
+                core.abort(reason)
+            core.close()
         raise
     return Communicator(core, prefix)
+
+
+_FAILED = "!failed: "
+
+
+def _peer_segment(store, prefix: str, r: int) -> str:
+    v = _to_str(store.get(f"{prefix}/shm/{r}"))
+    if v.startswith(_FAILED):
+        raise PeerFailureError(f"ringcomm: init: {v[len(_FAILED):]}")
+    return v
 
 
 def _to_str(v) -> str:
