@@ -596,3 +596,31 @@ def init_failure(rank, world):
         return ("no error", "", time.monotonic() - t0)
     except Exception as e:  # noqa: BLE001
         return (type(e).__name__, str(e), time.monotonic() - t0)
+
+
+def p2p_deadline_from_progress(rank, world):
+    """Timeout 2 s. Rank 1 posts two receives at once; rank 0 sends the first after 1.4 s and the
+    second after 2.8 s. Counted from submission the second would expire at 2 s; counted from
+    the last progress (the first message, at 1.4 s) it expires at 3.4 s and completes."""
+    comm = _init_at(rank, world, "p2pdeadline", timeout=2.0)
+    comm.barrier()
+    t0 = time.monotonic()
+    try:
+        if rank == 1:
+            a, b = np.zeros(16, np.float32), np.zeros(16, np.float32)
+            wa = comm.recv(a, src=0, async_op=True)
+            wb = comm.recv(b, src=0, async_op=True)
+            wa.wait()
+            ta = time.monotonic() - t0
+            wb.wait()
+            res = ("ok", ta, time.monotonic() - t0, a.tolist() == [1.0] * 16 and b.tolist() == [2.0] * 16)
+        else:
+            time.sleep(1.4)
+            comm.send(np.ones(16, np.float32), dst=1)
+            time.sleep(1.4)
+            comm.send(np.full(16, 2.0, np.float32), dst=1)
+            res = ("ok", 0.0, time.monotonic() - t0, True)
+    except Exception as e:  # noqa: BLE001
+        res = (type(e).__name__, str(e), time.monotonic() - t0, False)
+    comm.close()
+    return res

@@ -292,3 +292,11 @@ def test_a_rank_failing_during_init_fails_its_peers_promptly(world, env):
         assert kind == "PeerFailureError", (r, res[r])
         assert f"rank {world - 1} failed during init" in msg and "RINGCOMM_NSLOTS" in msg, (r, msg)
         assert dt < 10.0, (r, res[r])
+
+
+@pytest.mark.timeout(60)
+def test_p2p_deadline_counts_from_the_last_progress(env):
+    res = spawn(fault_cases.p2p_deadline_from_progress, 2, timeout=50, env=env)
+    for r, out in enumerate(res):
+        assert out[0] == "ok" and out[3] is True, (r, out)
+    assert 2.0 < res[1][2] < 3.4, res[1]

@@ -162,7 +162,12 @@ void P2PEngine::loop() {
         while (!q.empty()) {
           Op& op = q.front();
           try {
-            progressed |= advance(op);
+            // The deadline counts from the operation's last progress: a long message that keeps
+            // moving, or one queued behind others, never times out while the pair is busy.
+            if (advance(op)) {
+              progressed = true;
+              op.deadline_ns = deadline_after(now_ns(), t.timeout_s());
+            }
           } catch (...) {
             const std::exception_ptr e = std::current_exception();
             on_failure_(e);
@@ -174,6 +179,7 @@ void P2PEngine::loop() {
             q.pop_front();
             --pending;
             progressed = true;
+            if (!q.empty()) q.front().deadline_ns = deadline_after(now_ns(), t.timeout_s());
           } else {
             break;
           }

@@ -49,7 +49,7 @@ class P2PEngine {
     bool started = false;
     bool begun = false;     // p2p_begin called
     void* token = nullptr;  // the device's ordering token (p2p_prepare)
-    int64_t deadline_ns = 0;
+    int64_t deadline_ns = 0;  // timeout after the last progress (or after reaching its queue's front)
     WorkPtr work;
   };
   void loop();
