@@ -624,3 +624,38 @@ def p2p_deadline_from_progress(rank, world):
         res = (type(e).__name__, str(e), time.monotonic() - t0, False)
     comm.close()
     return res
+
+
+def tagged_p2p(rank, world, n):
+    """Tag matching: rank 0 sends (synchronously, each larger than the channel) messages with
+    tags 1, 2, 1, 0; rank 1 receives tag 2 first, then tag 1 twice, then tag 0. Each receive
+    gets the message of its tag, in send order per tag."""
+    comm = _init_at(rank, world, "tags", timeout=30)
+    msgs = [(1, np.arange(n, dtype=np.float32)), (2, np.arange(n, dtype=np.float32) + 1e6),
+            (1, np.arange(n, dtype=np.float32) * 2), (0, np.full(n, 7.0, np.float32))]
+    if rank == 0:
+        for tag, x in msgs:
+            comm.send(x, dst=1, tag=tag)
+        res = "sent"
+    else:
+        got = []
+        for tag, want in [(2, msgs[1][1]), (1, msgs[0][1]), (1, msgs[2][1]), (0, msgs[3][1])]:
+            y = np.zeros(n, np.float32)
+            comm.recv(y, src=0, tag=tag)
+            got.append(bool((y == want).all()))
+        # Async receives posted in the opposite order of the sends still match by tag.
+        ys = {t: np.zeros(n, np.float32) for t in (5, 6)}
+        ws = [comm.recv(ys[6], src=0, tag=6, async_op=True), comm.recv(ys[5], src=0, tag=5, async_op=True)]
+        comm.barrier()
+        for w in ws:
+            w.wait()
+        got.append(bool((ys[5] == 5.0).all() and (ys[6] == 6.0).all()))
+        res = got
+    if rank == 0:
+        comm.barrier()
+        comm.send(np.full(n, 5.0, np.float32), dst=1, tag=5)
+        comm.send(np.full(n, 6.0, np.float32), dst=1, tag=6)
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)
+    comm.close()
+    return res, x.tolist()

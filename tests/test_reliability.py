@@ -300,3 +300,10 @@ def test_p2p_deadline_counts_from_the_last_progress(env):
     for r, out in enumerate(res):
         assert out[0] == "ok" and out[3] is True, (r, out)
     assert 2.0 < res[1][2] < 3.4, res[1]
+
+
+@pytest.mark.timeout(90)
+def test_p2p_tags_match_per_peer_and_tag_in_order(env):
+    res = spawn(fault_cases.tagged_p2p, 2, args=(1 << 20,), timeout=80, env=env)
+    assert res[0] == ("sent", [2.0] * 4), res[0]
+    assert res[1] == ([True] * 5, [2.0] * 4), res[1]

@@ -39,6 +39,9 @@ class CommDevice {
   // ---- point-to-point (the core's p2p engine, its thread only, except p2p_prepare) ----
   /// The point-to-point lane's channel.
   virtual Channel& p2p_channel() = 0;
+  /// Whether the p2p lane's slots are host memory the engine may memcpy from (it then buffers
+  /// messages that arrive before a receive with their tag is posted).
+  virtual bool p2p_slots_in_host_memory() const { return true; }
   /// On the p2p thread, before anything else.
   virtual void p2p_thread_start() {}
   /// On the caller's thread when a send/recv is posted: a token ordering the operation after the
