@@ -6,6 +6,18 @@ import time
 import numpy as np
 
 
+def _timed_call(fn):
+    """(kind, message, seconds) of calling fn(): ("no error", "") or the exception's class name
+    and text."""
+    t0 = time.monotonic()
+    try:
+        fn()
+        kind, msg = "no error", ""
+    except Exception as e:  # noqa: BLE001
+        kind, msg = type(e).__name__, str(e)
+    return kind, msg, time.monotonic() - t0
+
+
 def _init(rank, world, timeout=60):
     import ringcomm
     return ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
@@ -228,13 +240,8 @@ def closed_peer(rank, world):
         time.sleep(0.3)
     except Exception as e:  # noqa: BLE001
         out["p2p"] = (type(e).__name__, str(e))
-    t0 = time.monotonic()
-    try:
-        comm.all_reduce(np.ones(4, np.float32))
-        out["coll"] = ("no error", "")
-    except Exception as e:  # noqa: BLE001
-        out["coll"] = (type(e).__name__, str(e))
-    out["coll_s"] = time.monotonic() - t0
+    kind, msg, out["coll_s"] = _timed_call(lambda: comm.all_reduce(np.ones(4, np.float32)))
+    out["coll"] = (kind, msg)
     comm.close()
     return out
 
@@ -552,13 +559,8 @@ def abort_and_recover(rank, world):
         except Exception as e:  # noqa: BLE001
             out["pending"] = (type(e).__name__, str(e))
         out["pending_s"] = time.monotonic() - t0
-    t1 = time.monotonic()
-    try:
-        a.barrier()
-        out["later"] = ("no error", "")
-    except Exception as e:  # noqa: BLE001
-        out["later"] = (type(e).__name__, str(e))
-    out["later_s"] = time.monotonic() - t1
+    kind, msg, out["later_s"] = _timed_call(a.barrier)
+    out["later"] = (kind, msg)
     err = a.errored()
     out["errored"] = (type(err).__name__, str(err)) if err is not None else None
     a.close()
@@ -573,13 +575,8 @@ def abort_and_recover(rank, world):
         out["b_timeout"] = b.timeout
     else:
         time.sleep(2.0)  # late: rank 0's barrier times out under its new timeout
-    t2 = time.monotonic()
-    try:
-        b.barrier()
-        out["late"] = ("no error", "")
-    except Exception as e:  # noqa: BLE001
-        out["late"] = (type(e).__name__, str(e))
-    out["late_s"] = time.monotonic() - t2
+    kind, msg, out["late_s"] = _timed_call(b.barrier)
+    out["late"] = (kind, msg)
     b.close()
     return out
 
