@@ -642,9 +642,19 @@ def case_subgroups(ctx):
 def case_group_name_and_backend(ctx):
     pg = ctx.rc
     assert dist.get_backend(pg) == "ringcomm"
-    assert pg.name() == "ringcomm"
+    if os.environ.get("RINGCOMM_TORCH_BACKEND", "auto").lower() == "group":
+        assert pg.name() == "ringcomm"
+        assert type(pg).__name__ == "RingcommProcessGroup"
+    else:
+        # per-device c10d Backend: torch's own ProcessGroup (which names every plugin's group
+        # "custom") holds ringcomm's Backend for each device
+        assert type(pg) is dist.ProcessGroup, type(pg)
+        assert pg.name() == "custom", pg.name()
+        for device in ("cpu", "cuda"):
+            be = pg._get_backend(torch.device(device))
+            assert be.name() == "ringcomm"
+            assert type(be).__name__ == "RingcommBackend", type(be)
     assert pg.group_name, "group name not set"
-    assert type(pg).__name__ == "RingcommProcessGroup"
     # functional collectives resolve the group by its name
     import torch.distributed._functional_collectives as funcol
     out = funcol.all_reduce(torch.ones(4), "sum", pg)
@@ -684,13 +694,23 @@ def case_bad_input(ctx):
             raise AssertionError(f"{what}: raised {type(e).__name__}: {e}") from e
         raise AssertionError(f"{what}: no exception")
 
-    # tensors not on the CPU (a CPU-only build has no CUDA tensors; "meta" stands in)
-    expect_error(lambda: dist.all_reduce(torch.empty(4, device="meta"), group=rc),
-                 RuntimeError, ["ringcomm does not support", "meta"], "meta tensor")
+    # tensors not on the CPU (a CPU-only build has no CUDA tensors; "meta" stands in). With the
+    # per-device c10d Backend torch dispatches by device and runs its own meta kernels, so a
+    # meta tensor never reaches a backend: ringcomm's checks are called on the Backend directly.
+    if os.environ.get("RINGCOMM_TORCH_BACKEND", "auto").lower() == "group":
+        meta_all_reduce = lambda: dist.all_reduce(torch.empty(4, device="meta"), group=rc)  # noqa: E731
+        mixed_all_gather = lambda: dist.all_gather_into_tensor(  # noqa: E731
+            torch.empty(4 * ctx.ws, device="meta"), torch.ones(4), group=rc)
+    else:
+        be = rc._get_backend(torch.device("cpu"))
+        meta_all_reduce = lambda: be.allreduce([torch.empty(4, device="meta")],  # noqa: E731
+                                               dist.distributed_c10d.AllreduceOptions())
+        mixed_all_gather = lambda: be._allgather_base(  # noqa: E731
+            torch.empty(4 * ctx.ws, device="meta"), torch.ones(4), dist.distributed_c10d.AllgatherOptions())
+    expect_error(meta_all_reduce, RuntimeError, ["ringcomm does not support", "meta"],
+                 "meta tensor")
     # tensors on different devices
-    expect_error(lambda: dist.all_gather_into_tensor(torch.empty(4 * ctx.ws, device="meta"),
-                                                     torch.ones(4), group=rc),
-                 RuntimeError, ["one device"], "mixed devices")
+    expect_error(mixed_all_gather, RuntimeError, ["one device"], "mixed devices")
     # unsupported dtype
     expect_error(lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16), group=rc),
                  RuntimeError, ["ringcomm does not support", "int16"], "int16")
