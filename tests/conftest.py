@@ -3,8 +3,10 @@ process behind."""
 import importlib.util
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -15,6 +17,15 @@ def _segments():
         return {f for f in os.listdir("/dev/shm") if f.startswith("ringcomm-")}
     except FileNotFoundError:
         return set()
+
+
+@pytest.fixture
+def store_env():
+    """``{"RC_TEST_STORE": dir}`` for ``spawn(..., env=)``: a fresh directory the spawned ranks
+    rendezvous in (``file://`` + it), removed after the test."""
+    d = tempfile.mkdtemp(prefix="rc-test-store-")
+    yield {"RC_TEST_STORE": d}
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
