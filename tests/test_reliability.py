@@ -116,8 +116,8 @@ CLOSE_MODES = ["barrier", "all_reduce", "async", "recv", "race"]
 
 
 @pytest.mark.timeout(150)
-def test_close_from_another_thread_during_a_call(env):
-    res = spawn(fault_cases.close_during_call, 2, args=(CLOSE_MODES,), timeout=140, env=env)
+def test_close_from_another_thread_during_a_call(store_env):
+    res = spawn(fault_cases.close_during_call, 2, args=(CLOSE_MODES,), timeout=140, env=store_env)
     for mode in CLOSE_MODES:
         out = res[0][mode]
         assert out["joined"], (mode, out)
@@ -135,17 +135,17 @@ def test_close_from_another_thread_during_a_call(env):
 
 
 @pytest.mark.timeout(90)
-def test_calls_from_several_threads_are_serialized(env):
+def test_calls_from_several_threads_are_serialized(store_env):
     nthreads, ncalls = 3, 40
-    res = spawn(fault_cases.calls_from_threads, 2, args=(nthreads, ncalls), timeout=80, env=env)
+    res = spawn(fault_cases.calls_from_threads, 2, args=(nthreads, ncalls), timeout=80, env=store_env)
     for r, (bad, alive, done, next_seq) in enumerate(res):
         assert bad == [] and alive == 0 and done == nthreads * ncalls, (r, bad, alive, done)
         assert next_seq == nthreads * ncalls + 1, (r, next_seq)
 
 
 @pytest.mark.timeout(90)
-def test_fork_after_init_child_sees_closed_parent_keeps_working(env):
-    res = spawn(fault_cases.fork_after_init, 2, timeout=80, env=env)
+def test_fork_after_init_child_sees_closed_parent_keeps_working(store_env):
+    res = spawn(fault_cases.fork_after_init, 2, timeout=80, env=store_env)
     for r, out in enumerate(res):
         assert out["before"] == 3.0 and out["after"] == (3.0, 3.0), (r, out)
     children = res[0]["children"]
@@ -160,9 +160,9 @@ def test_fork_after_init_child_sees_closed_parent_keeps_working(env):
 
 
 @pytest.mark.timeout(90)
-def test_forged_peer_counts_raise_mismatch_everywhere(env):
+def test_forged_peer_counts_raise_mismatch_everywhere(store_env):
     world = 2
-    res = spawn(fault_cases.forged_counts, world, timeout=80, env=env)
+    res = spawn(fault_cases.forged_counts, world, timeout=80, env=store_env)
     for r, (out, intact, after, gather_intact) in enumerate(res):
         assert [o[:2] for o in out] == [("all_gather", "MismatchError"), ("all_to_all", "MismatchError"),
                                         ("gather", "MismatchError")], (r, out)
@@ -234,9 +234,9 @@ def _launch_sum(comm):
 
 
 @pytest.mark.timeout(90)
-def test_all_to_all_self_split_mismatch_raises_everywhere_and_recovers(env):
+def test_all_to_all_self_split_mismatch_raises_everywhere_and_recovers(store_env):
     world = 3
-    res = spawn(fault_cases.self_split_mismatch, world, timeout=80, env=env)
+    res = spawn(fault_cases.self_split_mismatch, world, timeout=80, env=store_env)
     for r, (err, y) in enumerate(res):
         assert err[0] == "MismatchError", (r, err)
         if r == 0:
@@ -248,8 +248,8 @@ def test_all_to_all_self_split_mismatch_raises_everywhere_and_recovers(env):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [2, 3])
-def test_abort_fails_pending_and_later_calls_everywhere_then_a_new_communicator_works(world, env):
-    res = spawn(fault_cases.abort_and_recover, world, timeout=110, env=env)
+def test_abort_fails_pending_and_later_calls_everywhere_then_a_new_communicator_works(world, store_env):
+    res = spawn(fault_cases.abort_and_recover, world, timeout=110, env=store_env)
     for r, out in enumerate(res):
         assert out["a_sum"] == world * (world + 1) / 2 and out["errored_before"] is None, (r, out)
         kind, msg = out["recv"] if r == 0 else out["pending"]
@@ -275,8 +275,8 @@ def test_abort_fails_pending_and_later_calls_everywhere_then_a_new_communicator_
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("world", [2, 3])
-def test_a_rank_failing_during_init_fails_its_peers_promptly(world, env):
-    res = spawn(fault_cases.init_failure, world, timeout=80, env=env)
+def test_a_rank_failing_during_init_fails_its_peers_promptly(world, store_env):
+    res = spawn(fault_cases.init_failure, world, timeout=80, env=store_env)
     kind, msg, _ = res[world - 1]
     assert kind == "InvalidArgumentError" and "RINGCOMM_NSLOTS" in msg, res[world - 1]
     for r in range(world - 1):
@@ -287,15 +287,15 @@ def test_a_rank_failing_during_init_fails_its_peers_promptly(world, env):
 
 
 @pytest.mark.timeout(60)
-def test_p2p_deadline_counts_from_the_last_progress(env):
-    res = spawn(fault_cases.p2p_deadline_from_progress, 2, timeout=50, env=env)
+def test_p2p_deadline_counts_from_the_last_progress(store_env):
+    res = spawn(fault_cases.p2p_deadline_from_progress, 2, timeout=50, env=store_env)
     for r, out in enumerate(res):
         assert out[0] == "ok" and out[3] is True, (r, out)
     assert 2.0 < res[1][2] < 3.4, res[1]
 
 
 @pytest.mark.timeout(90)
-def test_p2p_tags_match_per_peer_and_tag_in_order(env):
-    res = spawn(fault_cases.tagged_p2p, 2, args=(1 << 20,), timeout=80, env=env)
+def test_p2p_tags_match_per_peer_and_tag_in_order(store_env):
+    res = spawn(fault_cases.tagged_p2p, 2, args=(1 << 20,), timeout=80, env=store_env)
     assert res[0] == ("sent", [2.0] * 4), res[0]
     assert res[1] == ([True] * 5, [2.0] * 4), res[1]
