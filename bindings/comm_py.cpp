@@ -59,8 +59,11 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("world_size", &Communicator::world)
       .def_property_readonly("timeout", &Communicator::timeout)
       .def_property_readonly("closed", &Communicator::closed)
+      .def_property_readonly("closed_reason", &Communicator::closed_reason)
       .def("next_seq", &Communicator::next_seq)
       .def("_set_last_seq_for_test", &Communicator::set_last_seq_for_test)
+      .def("_forge_next_header_for_test", &Communicator::forge_next_header_for_test, py::arg("count"),
+           py::arg("count2"))
       .def("all_reduce", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, bool a) {
              return c.all_reduce(P(in), P(out), n, D(d), O(o), A(a));
            }, GIL())
@@ -96,7 +99,17 @@ void bind_comm(py::module_& m) {
            }, GIL())
       .def("close", &Communicator::close, GIL())
       .def("trace", [](const Communicator& c) { return trace_list(c.trace()); },
-           "The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.");
+           "The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.")
+      .def("abort", &Communicator::abort, py::arg("reason") = "", GIL())
+      .def("set_timeout", &Communicator::set_timeout, py::arg("seconds"))
+      .def("errored", [](Communicator& c) -> py::object {
+             // (ErrorCode, message) of the first error that made the communicator unusable, or None.
+             std::exception_ptr e = c.errored();
+             if (!e) return py::none();
+             std::string msg;
+             const rc::ErrorCode code = rc::error_code_of(e, &msg);
+             return py::make_tuple(static_cast<int>(code), msg);
+           });
 
   // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
   // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than

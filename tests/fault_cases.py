@@ -6,6 +6,18 @@ import time
 import numpy as np
 
 
+def _timed_call(fn):
+    """(kind, message, seconds) of calling fn(): ("no error", "") or the exception's class name
+    and text."""
+    t0 = time.monotonic()
+    try:
+        fn()
+        kind, msg = "no error", ""
+    except Exception as e:  # noqa: BLE001
+        kind, msg = type(e).__name__, str(e)
+    return kind, msg, time.monotonic() - t0
+
+
 def _init(rank, world, timeout=60):
     import ringcomm
     return ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
@@ -228,13 +240,8 @@ def closed_peer(rank, world):
         time.sleep(0.3)
     except Exception as e:  # noqa: BLE001
         out["p2p"] = (type(e).__name__, str(e))
-    t0 = time.monotonic()
-    try:
-        comm.all_reduce(np.ones(4, np.float32))
-        out["coll"] = ("no error", "")
-    except Exception as e:  # noqa: BLE001
-        out["coll"] = (type(e).__name__, str(e))
-    out["coll_s"] = time.monotonic() - t0
+    kind, msg, out["coll_s"] = _timed_call(lambda: comm.all_reduce(np.ones(4, np.float32)))
+    out["coll"] = (kind, msg)
     comm.close()
     return out
 
@@ -255,3 +262,397 @@ def small_shm(rank, world):
         return ("data", type(e).__name__, isinstance(e, ringcomm.RingcommError), str(e))
     finally:
         comm.close()
+
+
+def _init_at(rank, world, sub, timeout=60):
+    """A communicator on its own file store under RC_TEST_STORE (several per group of ranks)."""
+    import ringcomm
+    path = os.path.join(os.environ["RC_TEST_STORE"], sub)
+    os.makedirs(path, exist_ok=True)
+    return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=timeout)
+
+
+def _mark(name):
+    path = os.path.join(os.environ["RC_TEST_STORE"], name)
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+
+
+def _wait_mark(name, limit_s=60.0):
+    path = os.path.join(os.environ["RC_TEST_STORE"], name)
+    t_end = time.monotonic() + limit_s
+    while not os.path.exists(path):
+        assert time.monotonic() < t_end, f"mark {name} never appeared"
+        time.sleep(0.005)
+
+
+def close_during_call(rank, world, modes):
+    """For each mode, rank 0 runs a call on a second thread that its peer never joins while the
+    main thread closes the communicator: the call raises ClosedError promptly (nothing crashes,
+    nothing hangs). Modes: barrier, all_reduce (sync, running inline), async (all_reduce with
+    async_op, wait() on the thread), recv (sync p2p), race (async barriers submitted in a loop
+    while close() runs: each is refused or fails, none hangs)."""
+    import threading
+    import ringcomm
+    results = {}
+    for mode in modes:
+        comm = _init_at(rank, world, "close-" + mode, timeout=60)
+        comm.all_reduce(np.ones(4, np.float32))  # connected and in step
+        if rank != 0:
+            _wait_mark("closed-" + mode)
+            comm.close()
+            continue
+        seq0 = comm._c.next_seq()
+        out = {}
+        works = []
+
+        def call():
+            try:
+                if mode == "barrier":
+                    comm.barrier()
+                elif mode == "all_reduce":
+                    comm.all_reduce(np.ones(1 << 16, np.float32))
+                elif mode == "async":
+                    comm.all_reduce(np.ones(1 << 16, np.float32), async_op=True).wait()
+                elif mode == "recv":
+                    comm.recv(np.zeros(16, np.float32), src=1)
+                elif mode == "race":
+                    while True:
+                        works.append(comm.barrier(async_op=True))
+                out["call"] = ("no error", "")
+            except Exception as e:  # noqa: BLE001
+                out["call"] = (type(e).__name__, str(e))
+            out["t_end"] = time.monotonic()
+
+        th = threading.Thread(target=call, daemon=True)
+        th.start()
+        # The call has been issued (collectives take a sequence number; p2p has none).
+        t_end = time.monotonic() + 30
+        while mode != "recv" and comm._c.next_seq() == seq0 and time.monotonic() < t_end:
+            time.sleep(0.001)
+        time.sleep(0.2)  # let it reach its wait (close() before the wait must work as well)
+        t0 = time.monotonic()
+        comm.close()
+        out["close_s"] = time.monotonic() - t0
+        th.join(30)
+        out["joined"] = not th.is_alive()
+        out["call_s"] = out.get("t_end", float("inf")) - t0
+        waits = []
+        for w in works:
+            try:
+                w.wait(10)
+                waits.append("no error")
+            except Exception as e:  # noqa: BLE001
+                waits.append(type(e).__name__)
+        out["waits"] = sorted(set(waits))
+        try:
+            comm.barrier()
+            out["after"] = "no error"
+        except Exception as e:  # noqa: BLE001
+            out["after"] = type(e).__name__
+        _mark("closed-" + mode)
+        results[mode] = out
+    return results
+
+
+def calls_from_threads(rank, world, nthreads, ncalls):
+    """Several threads issue identical all_reduces on one communicator at once: the calls are
+    serialized in issue order (each rank numbers them 1..N in the order they were issued), so
+    every result is the sum over ranks, whatever the interleaving."""
+    import threading
+    comm = _init_at(rank, world, "threads", timeout=60)
+    bad = []
+    seqs = []
+    lock = threading.Lock()
+
+    def worker(t):
+        for i in range(ncalls):
+            x = np.full(257, rank + 1.0, np.float32)
+            w = comm.all_reduce(x, async_op=(i % 2 == 1))
+            if w is not None:
+                w.wait()
+            if not (x == world * (world + 1) / 2).all():
+                with lock:
+                    bad.append((t, i, float(x[0])))
+            with lock:
+                seqs.append(t)
+
+    ths = [threading.Thread(target=worker, args=(t,)) for t in range(nthreads)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(60)
+    alive = sum(th.is_alive() for th in ths)
+    n = comm._c.next_seq()
+    comm.close()
+    return bad, alive, len(seqs), n
+
+
+def fork_after_init(rank, world):
+    """Rank 0 forks twice after init. Each child's call raises ClosedError naming the fork; the
+    first child closes, the second only drops its reference (the destructor runs); both exit 0
+    without touching the parent's shared memory, so the parents' next collectives still work."""
+    import gc
+    import json
+    import ringcomm
+    comm = _init_at(rank, world, "fork", timeout=10)
+    x = np.full(64, rank + 1.0, np.float32)
+    comm.all_reduce(x)
+    out = {"before": float(x[0]), "children": []}
+    if rank == 0:
+        for how in ("close", "destructor"):
+            res_path = os.path.join(os.environ["RC_TEST_STORE"], f"fork-child-{how}.json")
+            pid = os.fork()
+            if pid == 0:  # the child: report through a file, never return into the harness
+                code = 1
+                try:
+                    res = {"closed": comm.closed}
+                    t0 = time.monotonic()
+                    try:
+                        comm.all_reduce(np.ones(64, np.float32))
+                        res["call"] = ("no error", "")
+                    except Exception as e:  # noqa: BLE001
+                        res["call"] = (type(e).__name__, str(e))
+                    res["call_s"] = time.monotonic() - t0
+                    try:
+                        comm._c.barrier(False)  # straight into the core, past the Python checks
+                        res["core"] = "no error"
+                    except Exception as e:  # noqa: BLE001
+                        res["core"] = type(e).__name__
+                    if how == "close":
+                        comm.close()
+                        comm.close()
+                        res["closed_after"] = comm.closed
+                    with open(res_path + ".tmp", "w") as f:
+                        json.dump(res, f)
+                    os.rename(res_path + ".tmp", res_path)
+                    if how == "destructor":
+                        del comm  # the last reference: the core's destructor runs here
+                        gc.collect()
+                    code = 0
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            with open(res_path) as f:
+                child = json.load(f)
+            out["children"].append((how, os.waitstatus_to_exitcode(status), child))
+    y = np.full(1000, rank + 1.0, np.float32)
+    comm.all_reduce(y)
+    comm.barrier()
+    out["after"] = float(y[0]), float(y[-1])
+    comm.close()
+    return out
+
+
+
+def forged_counts(rank, world):
+    """Headers whose per-rank counts are out of range but pass the totals check (a negative
+    count balanced by a larger one): every rank raises MismatchError before any data moves, no
+    buffer is written out of bounds, and the communicator stays usable."""
+    import ringcomm
+    comm = _init_at(rank, world, "forged", timeout=20)
+    out = []
+    guard = 4096
+
+    def attempt(name, fn):
+        try:
+            fn()
+            out.append((name, "no error", ""))
+        except ringcomm.MismatchError as e:
+            out.append((name, "MismatchError", str(e)))
+        except Exception as e:  # noqa: BLE001
+            out.append((name, type(e).__name__, str(e)))
+
+    # all_gather: 2 elements each into 2*world; rank 0 claims -2, rank 1 claims 2 + 2 + 2.
+    buf = np.full(guard + 2 * world + guard, -7.0, np.float32)
+    dst = buf[guard:guard + 2 * world]
+    if rank < 2:
+        comm._c._forge_next_header_for_test(2 * world, -2 if rank == 0 else 6)
+    attempt("all_gather", lambda: comm.all_gather(dst, np.full(2, rank + 1.0, np.float32)))
+    intact = bool((buf == -7.0).all())
+    # all_to_all: inputs total 2*world^2 across ranks and so do the claimed outputs, but rank 0
+    # claims -1 output elements (and rank 1 the difference).
+    if rank < 2:
+        comm._c._forge_next_header_for_test(2 * world, -1 if rank == 0 else 4 * world + 1)
+    attempt("all_to_all", lambda: comm.all_to_all(np.zeros(2 * world, np.float32), np.ones(2 * world, np.float32)))
+    # gather: every rank claims -3 elements (equal, so the equality check alone passes).
+    comm._c._forge_next_header_for_test(-3, 0)
+    gout = np.full(4 * world, -7.0, np.float32) if rank == 0 else None
+    attempt("gather", lambda: comm.gather(gout, np.ones(4, np.float32), root=0))
+    x = np.full(5, rank + 1.0, np.float32)
+    comm.all_reduce(x)
+    comm.close()
+    return out, intact, x.tolist(), (gout == -7.0).all().item() if gout is not None else True
+
+
+def self_split_mismatch(rank, world):
+    """Rank 0's all_to_all sends 2 elements to itself but expects 3 (totals still agree):
+    MismatchError on every rank before any data moves; the communicator stays usable."""
+    import ringcomm
+    comm = _init_at(rank, world, "selfsplit", timeout=20)
+    n = 2 * world
+    out_splits = [3, 1] + [2] * (world - 2) if rank == 0 else None
+    try:
+        comm.all_to_all(np.zeros(n, np.float32), np.ones(n, np.float32), output_splits=out_splits)
+        res = ("no error", "")
+    except Exception as e:  # noqa: BLE001
+        res = (type(e).__name__, str(e))
+    x = np.arange(n, dtype=np.float32) + 100 * rank
+    y = np.zeros(n, np.float32)
+    comm.all_to_all(y, x)
+    comm.close()
+    return res, y.tolist()
+
+
+def abort_and_recover(rank, world):
+    """torchft-style recovery. Communicator A: ranks 1.. wait in an all_reduce that rank 0 never
+    joins; rank 0 has a recv pending on a thread and calls abort() from 4 threads at once. Every
+    pending and later call raises promptly on every rank, each abort reason arrives whole, and
+    errored() reports the first error. Then a new communicator B on the same store works, and
+    set_timeout() bounds its next wait."""
+    import threading
+    import ringcomm
+    out = {}
+    a = _init_at(rank, world, "recover", timeout=60)
+    x = np.full(8, rank + 1.0, np.float32)
+    a.all_reduce(x)
+    out["a_sum"] = float(x[0])
+    out["errored_before"] = a.errored()
+    t0 = time.monotonic()
+    if rank == 0:
+        pending = {}
+
+        def recv():
+            try:
+                a.recv(np.zeros(4, np.float32), src=1)
+                pending["recv"] = ("no error", "")
+            except Exception as e:  # noqa: BLE001
+                pending["recv"] = (type(e).__name__, str(e))
+            pending["recv_s"] = time.monotonic() - t0
+
+        rt = threading.Thread(target=recv)
+        rt.start()
+        _wait_mark("recover-waiting-%d" % (world - 1))
+        time.sleep(0.2)  # the peers are inside their all_reduce, the recv inside the engine
+        go = threading.Barrier(4)
+
+        def abort(letter):
+            go.wait()
+            a.abort(letter * 600)
+
+        ths = [threading.Thread(target=abort, args=(c,)) for c in "WXYZ"]
+        t0 = time.monotonic()
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(10)
+        rt.join(10)
+        out["recv"] = pending.get("recv", ("hung", ""))
+        out["recv_s"] = pending.get("recv_s", float("inf"))
+    else:
+        if rank == world - 1:
+            _mark("recover-waiting-%d" % rank)
+        try:
+            a.all_reduce(np.ones(1 << 10, np.float32))
+            out["pending"] = ("no error", "")
+        except Exception as e:  # noqa: BLE001
+            out["pending"] = (type(e).__name__, str(e))
+        out["pending_s"] = time.monotonic() - t0
+    kind, msg, out["later_s"] = _timed_call(a.barrier)
+    out["later"] = (kind, msg)
+    err = a.errored()
+    out["errored"] = (type(err).__name__, str(err)) if err is not None else None
+    a.close()
+    # A new attempt on the same store.
+    b = _init_at(rank, world, "recover", timeout=60)
+    y = np.full(1000, rank + 1.0, np.float32)
+    b.all_reduce(y)
+    out["b_sum"] = float(y[0]), float(y[-1])
+    out["b_errored"] = b.errored()
+    if rank == 0:
+        b.set_timeout(0.5)
+        out["b_timeout"] = b.timeout
+    else:
+        time.sleep(2.0)  # late: rank 0's barrier times out under its new timeout
+    kind, msg, out["late_s"] = _timed_call(b.barrier)
+    out["late"] = (kind, msg)
+    b.close()
+    return out
+
+
+def init_failure(rank, world):
+    """The last rank fails during init (an invalid slot count): the others raise PeerFailureError
+    naming it within seconds, not after their whole timeout."""
+    if rank == world - 1:
+        os.environ["RINGCOMM_NSLOTS"] = "3"
+    t0 = time.monotonic()
+    try:
+        comm = _init_at(rank, world, "initfail", timeout=60)
+        comm.close()
+        return ("no error", "", time.monotonic() - t0)
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e), time.monotonic() - t0)
+
+
+def p2p_deadline_from_progress(rank, world):
+    """Timeout 2 s. Rank 1 posts two receives at once; rank 0 sends the first after 1.4 s and the
+    second after 2.8 s. Counted from submission the second would expire at 2 s; counted from
+    the last progress (the first message, at 1.4 s) it expires at 3.4 s and completes."""
+    comm = _init_at(rank, world, "p2pdeadline", timeout=2.0)
+    comm.barrier()
+    t0 = time.monotonic()
+    try:
+        if rank == 1:
+            a, b = np.zeros(16, np.float32), np.zeros(16, np.float32)
+            wa = comm.recv(a, src=0, async_op=True)
+            wb = comm.recv(b, src=0, async_op=True)
+            wa.wait()
+            ta = time.monotonic() - t0
+            wb.wait()
+            res = ("ok", ta, time.monotonic() - t0, a.tolist() == [1.0] * 16 and b.tolist() == [2.0] * 16)
+        else:
+            time.sleep(1.4)
+            comm.send(np.ones(16, np.float32), dst=1)
+            time.sleep(1.4)
+            comm.send(np.full(16, 2.0, np.float32), dst=1)
+            res = ("ok", 0.0, time.monotonic() - t0, True)
+    except Exception as e:  # noqa: BLE001
+        res = (type(e).__name__, str(e), time.monotonic() - t0, False)
+    comm.close()
+    return res
+
+
+def tagged_p2p(rank, world, n):
+    """Tag matching: rank 0 sends (synchronously, each larger than the channel) messages with
+    tags 1, 2, 1, 0; rank 1 receives tag 2 first, then tag 1 twice, then tag 0. Each receive
+    gets the message of its tag, in send order per tag."""
+    comm = _init_at(rank, world, "tags", timeout=30)
+    msgs = [(1, np.arange(n, dtype=np.float32)), (2, np.arange(n, dtype=np.float32) + 1e6),
+            (1, np.arange(n, dtype=np.float32) * 2), (0, np.full(n, 7.0, np.float32))]
+    if rank == 0:
+        for tag, x in msgs:
+            comm.send(x, dst=1, tag=tag)
+        res = "sent"
+    else:
+        got = []
+        for tag, want in [(2, msgs[1][1]), (1, msgs[0][1]), (1, msgs[2][1]), (0, msgs[3][1])]:
+            y = np.zeros(n, np.float32)
+            comm.recv(y, src=0, tag=tag)
+            got.append(bool((y == want).all()))
+        # Async receives posted in the opposite order of the sends still match by tag.
+        ys = {t: np.zeros(n, np.float32) for t in (5, 6)}
+        ws = [comm.recv(ys[6], src=0, tag=6, async_op=True), comm.recv(ys[5], src=0, tag=5, async_op=True)]
+        comm.barrier()
+        for w in ws:
+            w.wait()
+        got.append(bool((ys[5] == 5.0).all() and (ys[6] == 6.0).all()))
+        res = got
+    if rank == 0:
+        comm.barrier()
+        comm.send(np.full(n, 5.0, np.float32), dst=1, tag=5)
+        comm.send(np.full(n, 6.0, np.float32), dst=1, tag=6)
+    x = np.ones(4, np.float32)
+    comm.all_reduce(x)
+    comm.close()
+    return res, x.tolist()

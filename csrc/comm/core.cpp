@@ -1,5 +1,10 @@
 #include "comm/core.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "comm/header_exchange.h"
 #include "common/errors.h"
 #include "common/knobs.h"
@@ -8,6 +13,52 @@
 
 namespace rc {
 
+// Every live core of this process, for the fork handlers. The one process-wide state of the
+// core: fork() copies every communicator at once, so only a process-wide list can mark them.
+// Allocated once and never destroyed (handlers and destructors may run during exit).
+struct ForkRegistry {
+  std::mutex mu;
+  std::vector<CommCore*> cores;
+
+  static ForkRegistry& get() {
+    static ForkRegistry* r = [] {
+      auto* reg = new ForkRegistry;
+      pthread_atfork(&prepare, &parent, &child);
+      return reg;
+    }();
+    return *r;
+  }
+  // prepare: hold the registry's and every core's mutexes across fork(), so that no lock the
+  // child inherits is held by a thread that does not exist there. Order: registry, core, p2p
+  // (no code path takes them in another order).
+  static void prepare() {
+    ForkRegistry& r = get();
+    r.mu.lock();
+    for (CommCore* c : r.cores) {
+      c->mu_.lock();
+      c->p2p_.lock_for_fork();
+    }
+  }
+  static void parent() {
+    ForkRegistry& r = get();
+    for (CommCore* c : r.cores) {
+      c->p2p_.unlock_after_fork();
+      c->mu_.unlock();
+    }
+    r.mu.unlock();
+  }
+  static void child() {
+    ForkRegistry& r = get();
+    const int pid = static_cast<int>(getpid());
+    for (CommCore* c : r.cores) {
+      c->p2p_.unlock_after_fork();
+      c->mu_.unlock();
+      c->mark_forked(pid);
+    }
+    r.mu.unlock();
+  }
+};
+
 CommCore::CommCore(int rank, int world, std::unique_ptr<CommDevice> dev)
     : rank_(rank), world_(world), dev_(std::move(dev)), checks_(rank, world, dev_->memory()),
       p2p_(rank, world, dev_.get(), [this](const std::exception_ptr& e) { mark_broken(e); }) {
@@ -15,6 +66,9 @@ CommCore::CommCore(int rank, int world, std::unique_ptr<CommDevice> dev)
   RC_CHECK(keep >= 0 && keep <= (int64_t{1} << 20), InvalidArgument,
            "ringcomm: RINGCOMM_TRACE=" << keep << " must be 0 (off) or the number of calls to keep, at most 1048576");
   tracer_.configure(keep);
+  ForkRegistry& r = ForkRegistry::get();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.cores.push_back(this);
 }
 
 CommCore::~CommCore() {
@@ -22,6 +76,28 @@ CommCore::~CommCore() {
     close();
   } catch (...) {
   }
+  ForkRegistry& r = ForkRegistry::get();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.cores.erase(std::remove(r.cores.begin(), r.cores.end(), this), r.cores.end());
+}
+
+void CommCore::mark_forked(int pid) {
+  // The child is single-threaded here (inside fork()): the core's threads are the parent's.
+  forked_pid_.store(pid);
+  stopping_ = true;
+  queue_.clear();
+  busy_ = false;
+  calls_ = 0;
+  if (progress_.joinable()) new std::thread(std::move(progress_));  // never joined nor destroyed (see p2p)
+  p2p_.forget_after_fork();
+}
+
+std::string CommCore::closed_reason() const {
+  const int pid = forked_pid_.load();
+  if (pid == 0) return {};
+  return "ringcomm: the " + std::string(dev_->name()) + " (rank " + std::to_string(rank_) +
+         ") was created before fork() and is used in a forked child (pid " + std::to_string(pid) +
+         "); create a new communicator in the child";
 }
 
 void CommCore::start() {
@@ -42,7 +118,28 @@ void CommCore::set_last_seq_for_test(uint64_t last) {
   seq_ = last;
 }
 
+CommCore::Call::Call(CommCore* c) : c_(c) {
+  if (c->forked_pid_.load() != 0) throw Closed(c->closed_reason());
+  std::lock_guard<std::mutex> lk(c->mu_);
+  if (c->stopping_)
+    RC_THROW(Closed, "ringcomm: the " << c->dev_->name() << " (rank " << c->rank_ << ") is closed");
+  ++c->calls_;
+}
+
+CommCore::Call::~Call() {
+  std::lock_guard<std::mutex> lk(c_->mu_);
+  if (--c_->calls_ == 0) c_->cv_.notify_all();
+}
+
+void CommCore::forge_next_header_for_test(int64_t count, int64_t count2) {
+  std::lock_guard<std::mutex> lk(mu_);
+  forge_ = true;
+  forge_count_ = count;
+  forge_count2_ = count2;
+}
+
 void CommCore::check_usable() const {
+  if (forked_pid_.load() != 0) throw Closed(closed_reason());
   if (closed_.load()) RC_THROW(Closed, "ringcomm: the " << dev_->name() << " (rank " << rank_ << ") is closed");
   RC_CHECK(connected_, Error, "ringcomm: the " << dev_->name() << " is not connected (call connect())");
   std::lock_guard<std::mutex> lk(mu_);
@@ -58,9 +155,46 @@ void CommCore::mark_broken(const std::exception_ptr& e) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_.empty()) return;
     broken_ = msg;
+    first_error_ = e;
   }
   // Tell the peers: their waits raise with our reason instead of timing out.
   dev_->abort(abort_kind_of(kind), msg);
+}
+
+void CommCore::abort(const std::string& reason) {
+  if (forked_pid_.load() != 0) return;
+  std::unique_ptr<Call> call;
+  try {
+    call = std::make_unique<Call>(this);  // close() keeps the mappings until this returns
+  } catch (const Closed&) {
+    return;  // closed: nothing left to abort
+  }
+  const std::string msg = "the " + std::string(dev_->name()) + " on rank " + std::to_string(rank_) +
+                          " was aborted (abort()): " + (reason.empty() ? std::string("no reason given") : reason);
+  std::deque<Task> dropped;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_.empty()) {
+      broken_ = msg;
+      first_error_ = std::make_exception_ptr(Error("ringcomm: " + msg));
+      first = true;
+    }
+    dropped.swap(queue_);
+  }
+  cv_.notify_all();
+  dev_->control().set_aborting(msg);  // our waits, on every thread, raise
+  if (first) dev_->abort(abort_kind_of(ErrorCode::kError), "ringcomm: " + msg);  // the peers' waits raise
+  dev_->control().ring_doorbell(rank_);  // the p2p thread fails what is pending
+  for (Task& t : dropped) {
+    t.work->fail(std::make_exception_ptr(Error("ringcomm: " + t.work->op() + " (seq " + std::to_string(t.work->seq()) +
+                                               ") on rank " + std::to_string(rank_) + " did not run: " + msg)));
+  }
+}
+
+std::exception_ptr CommCore::errored() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return first_error_;
 }
 
 // ---------------- submission and execution ----------------
@@ -73,7 +207,17 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
   bool inline_run = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    // close() sets stopping_ before it fails the queue: a task is either queued before that (and
+    // failed by close) or refused here, never queued after the progress thread left.
+    if (stopping_)
+      RC_THROW(Closed, "ringcomm: " << coll_name(coll) << " on rank " << rank_ << ": the " << dev_->name()
+                                    << " is closed");
     const uint64_t seq = ++seq_;
+    if (forge_ && coll != Coll::kRejected) {
+      hdr.count = forge_count_;
+      hdr.count2 = forge_count2_;
+      forge_ = false;
+    }
     task.work = std::make_shared<Work>(coll_name(coll), seq);
     WorkPtr work = task.work;
     task.fn = [this, seq, coll, hdr, l, work, entry_ns, body = std::move(body)] {
@@ -127,6 +271,11 @@ void CommCore::run_task(Task& t) {
     t.fn();  // completes the work (with the device's fence)
   } catch (const HeaderMismatch&) {
     t.work->fail(std::current_exception());
+  } catch (const Closed&) {
+    // Our own close() interrupted the wait: the peers see this rank closed (its state word),
+    // not aborted.
+    if (!closed_.load()) mark_broken(std::current_exception());
+    t.work->fail(std::current_exception());
   } catch (...) {
     const std::exception_ptr e = std::current_exception();
     mark_broken(e);
@@ -151,6 +300,11 @@ void CommCore::progress_loop() {
 }
 
 void CommCore::reject(Coll coll) {
+  Call call(this);
+  reject_now(coll);
+}
+
+void CommCore::reject_now(Coll coll) {
   (void)coll;
   try {
     submit(Coll::kRejected, CollHeader{}, [](const AlgoCtx&, const std::vector<CollHeader>&) {}, Launch{});
@@ -162,12 +316,13 @@ void CommCore::reject(Coll coll) {
 template <class Check>
 WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l) {
   const int64_t entry_ns = tracer_.on() ? trace_now_ns() : 0;
+  Call call(this);
   check_usable();
   CollHeader h;
   try {
     h = check();
   } catch (const Error&) {
-    if (!closed_.load()) reject(coll);
+    if (!closed_.load()) reject_now(coll);
     throw;
   }
   return submit(coll, h, std::move(body), l, entry_ns);
@@ -223,6 +378,7 @@ WorkPtr CommCore::reduce(const void* in, void* out, int64_t count, DType dt, Red
 
 WorkPtr CommCore::barrier(Launch l) {
   // The header exchange is itself a barrier: nobody leaves it before every rank has arrived.
+  Call call(this);
   return submit(Coll::kBarrier, CollHeader{}, [](const AlgoCtx&, const std::vector<CollHeader>&) {}, l);
 }
 
@@ -252,6 +408,7 @@ WorkPtr CommCore::scatter(const void* in, void* out, int64_t count, DType dt, in
 // ---------------- point-to-point ----------------
 
 WorkPtr CommCore::send(const void* buf, int64_t bytes, int dst, uint64_t tag, Launch l) {
+  Call call(this);
   check_usable();
   checks_.p2p(buf, bytes, dst, true);
   WorkPtr w = p2p_.submit(true, const_cast<char*>(static_cast<const char*>(buf)), bytes, dst, tag, l.stream);
@@ -260,6 +417,7 @@ WorkPtr CommCore::send(const void* buf, int64_t bytes, int dst, uint64_t tag, La
 }
 
 WorkPtr CommCore::recv(void* buf, int64_t bytes, int src, uint64_t tag, Launch l) {
+  Call call(this);
   check_usable();
   checks_.p2p(buf, bytes, src, false);
   WorkPtr w = p2p_.submit(false, static_cast<char*>(buf), bytes, src, tag, l.stream);
@@ -271,18 +429,55 @@ WorkPtr CommCore::recv(void* buf, int64_t bytes, int src, uint64_t tag, Launch l
 
 void CommCore::close() {
   if (closed_.exchange(true)) return;
+  if (forked_pid_.load() != 0) {
+    dev_->forget_after_fork();  // the parent's shared memory: drop our mappings, write nothing
+    return;
+  }
+  // From here every transport wait of this process raises Closed within a liveness slice.
+  dev_->control().set_closing();
+  std::deque<Task> dropped;
   {
-    std::unique_lock<std::mutex> lk(mu_);
-    stopping_ = true;
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;  // Call and submit() refuse from now on
+    dropped.swap(queue_);
   }
   cv_.notify_all();
-  if (progress_.joinable()) progress_.join();
-  {
-    // A collective running inline on another thread finishes first (its waits are bounded).
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return !busy_; });
+  for (Task& t : dropped) {
+    t.work->fail(std::make_exception_ptr(Closed(
+        "ringcomm: " + t.work->op() + " (seq " + std::to_string(t.work->seq()) + ") on rank " +
+        std::to_string(rank_) + " did not run: the " + dev_->name() + " was closed while it was queued")));
+  }
+  if (progress_.joinable()) {
+    if (progress_.get_id() == std::this_thread::get_id()) {
+      progress_.detach();  // close() from the destructor of work run on that thread
+    } else {
+      progress_.join();
+    }
   }
   p2p_.stop();
+  bool drained;
+  {
+    // Calls still inside the core (a synchronous call running inline, a caller between its
+    // check and its submit) leave promptly: their waits raise Closed.
+    std::unique_lock<std::mutex> lk(mu_);
+    const int64_t deadline = deadline_after(now_ns(), dev_->control().config().timeout_s);
+    drained = true;
+    while (calls_ != 0 || busy_) {
+      const int64_t left = deadline - now_ns();
+      if (left <= 0) {
+        drained = false;
+        break;
+      }
+      cv_.wait_for(lk, std::chrono::nanoseconds(std::min<int64_t>(left, 100'000'000)));
+    }
+  }
+  if (!drained) {
+    // Never unmap under a thread that is still inside: keep the mappings (the process's memory
+    // only; the segments were unlinked at attach).
+    RC_LOG(kWarn, rank_, world_, "close(): calls still inside the " << dev_->name()
+                                 << " after the timeout; its shared memory stays mapped");
+    return;
+  }
   bool broken;
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -16,6 +16,25 @@
 //    before any data moves, so the communicator stays usable after them.
 //  - A rank whose arguments fail the local checks still joins the header exchange, as a
 //    rejection, so that its peers raise too instead of waiting for it.
+//
+// Thread-safety contract (what callers may rely on):
+//  - Calls from several threads on one communicator are allowed and are serialized in issue
+//    order: the order in which they take mu_ in submit() is their sequence number, and they run
+//    one at a time in that order. Every rank must issue the same collectives in the same order,
+//    so threads that issue different collectives concurrently must order them themselves.
+//  - close() may be called from any thread, at any time, more than once. Work queued and not
+//    started fails with Closed; a call waiting inside the transport raises Closed (naming the
+//    operation, rank, peer, step and sequence) within one liveness slice (the transport's
+//    closing flag); a call that starts after close() began raises Closed. The segments are
+//    unmapped only after every call has left the core: calls_ counts the threads inside the
+//    core's public calls and the progress thread counts through busy_; close() waits for both to
+//    drain, bounded by the timeout, and leaves the mappings in place (never unmaps under a
+//    thread) if they do not.
+//  - fork() after init: a pthread_atfork child handler marks every live core of the child as
+//    forked (the handlers hold every core's mutexes across fork(), so the child's copies are
+//    consistent). In the child every call raises Closed ("used in a forked child"), closed() is
+//    true, and close() / the destructor only drop the child's mappings: they never write the
+//    parent's state word, board or channels, never unlink, never join the parent's threads.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -52,12 +71,19 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
 
   int rank() const { return rank_; }
   int world() const { return world_; }
-  double timeout() const { return dev_->control().config().timeout_s; }
-  bool closed() const { return closed_.load(); }
+  double timeout() const { return dev_->control().timeout_s(); }
+  /// Seconds any single wait may take, for waits that start from now on (> 0; inf: no limit).
+  void set_timeout(double seconds) { dev_->control().set_timeout(seconds); }
+  bool closed() const { return closed_.load() || forked_pid_.load() != 0; }
+  /// Why calls raise Closed when that is not close(): the fork message, or empty.
+  std::string closed_reason() const;
   uint64_t next_seq() const;
   /// Test-only: number the next collective `last + 1` (call before the first collective, with
   /// the same value on every rank): exercises the board's counter wrap without 2^32 calls.
   void set_last_seq_for_test(uint64_t last);
+  /// Test-only: the next collective's header carries these counts instead of the checked ones
+  /// (a forged peer header, which the public API cannot produce).
+  void forge_next_header_for_test(int64_t count, int64_t count2);
 
   // Collectives. Pointers must stay valid until the returned Work completes. Without l.async the
   // call returns after the host part completed (and throws on failure).
@@ -79,12 +105,21 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   WorkPtr send(const void* buf, int64_t bytes, int dst, uint64_t tag, Launch l);
   WorkPtr recv(void* buf, int64_t bytes, int src, uint64_t tag, Launch l);
 
-  /// Finish queued work (bounded by the timeout), stop the threads, release the device. Idempotent.
+  /// From any thread: fail queued work and in-flight waits with Closed, stop the threads, wait
+  /// (bounded by the timeout) for every call to leave the core, release the device. Idempotent.
   void close();
   /// Record a data-phase failure (the first one wins) and tell the peers.
   void mark_broken(const std::exception_ptr& e);
   /// The per-phase records of the last RINGCOMM_TRACE collectives, oldest first (comm/trace.h).
   std::vector<TraceRecord> trace() const { return tracer_.snapshot(); }
+  /// From any thread (torchft-style recovery): every pending and future call on this
+  /// communicator raises rc::Error carrying `reason`, promptly: queued work fails, waits in the
+  /// transport raise within a liveness slice, and the peers are told (their waits raise
+  /// PeerFailure naming this rank). No-op once closed. Create a new communicator to go on.
+  void abort(const std::string& reason);
+  /// The first error that made this communicator unusable (a data-phase failure or abort()),
+  /// or null.
+  std::exception_ptr errored() const;
 
  protected:
   CommCore(int rank, int world, std::unique_ptr<CommDevice> dev);
@@ -107,6 +142,20 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   void run_task(Task& t);
   void progress_loop();
   void check_usable() const;
+  void reject_now(Coll coll);
+  friend struct ForkRegistry;
+  void mark_forked(int pid);
+  /// One public call inside the core (RAII): refuses (Closed) once close() began; close() waits
+  /// until none is left before it releases the device.
+  class Call {
+   public:
+    explicit Call(CommCore* c);
+    ~Call();
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+   private:
+    CommCore* c_;
+  };
 
   const int rank_;
   const int world_;
@@ -116,14 +165,19 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   P2PEngine p2p_;
   bool connected_ = false;
   std::atomic<bool> closed_{false};
+  std::atomic<int> forked_pid_{0};  // the child's pid in a forked child, else 0
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
   bool busy_ = false;
   bool stopping_ = false;
+  int calls_ = 0;             // threads inside a public call (see Call)
+  bool forge_ = false;        // forge_next_header_for_test: applies to the next submit
+  int64_t forge_count_ = 0, forge_count2_ = 0;
   uint64_t seq_ = 0;          // last collective sequence number handed out
-  std::string broken_;        // non-empty after a data-phase failure
+  std::string broken_;        // non-empty after a data-phase failure or abort()
+  std::exception_ptr first_error_;  // the failure broken_ describes
   std::thread progress_;
 };
 

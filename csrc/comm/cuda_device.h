@@ -70,6 +70,7 @@ class CudaDevice final : public CommDevice {
   std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
                                        const std::function<void(const AlgoCtx&)>& body) override;
   Channel& p2p_channel() override { return *p2p_ch_; }
+  bool p2p_slots_in_host_memory() const override { return false; }
   void p2p_thread_start() override;
   void* p2p_prepare(void* stream) override;
   void p2p_begin(void* token) override;

@@ -39,6 +39,9 @@ class CommDevice {
   // ---- point-to-point (the core's p2p engine, its thread only, except p2p_prepare) ----
   /// The point-to-point lane's channel.
   virtual Channel& p2p_channel() = 0;
+  /// Whether the p2p lane's slots are host memory the engine may memcpy from (it then buffers
+  /// messages that arrive before a receive with their tag is posted).
+  virtual bool p2p_slots_in_host_memory() const { return true; }
   /// On the p2p thread, before anything else.
   virtual void p2p_thread_start() {}
   /// On the caller's thread when a send/recv is posted: a token ordering the operation after the
@@ -49,6 +52,10 @@ class CommDevice {
   /// After its last piece (ok) or on failure (!ok): releases the token; returns the fence of
   /// the copies still running (nullptr: none).
   virtual std::shared_ptr<DeviceFence> p2p_end(void* token, bool ok) { return nullptr; }
+
+  /// In a forked child (the core's threads do not exist there): drop this process's mappings
+  /// without touching the parent's shared state.
+  virtual void forget_after_fork() { control().drop_mappings_after_fork(); }
 
   /// After the core's threads stopped: release the transport. `broken`: after a data-phase failure
   /// (device work may still run).

@@ -1,6 +1,7 @@
 #include "comm/header_exchange.h"
 
 #include <chrono>
+#include <limits>
 #include <sstream>
 
 #include "comm/coll.h"
@@ -62,6 +63,20 @@ std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, u
   for (int p = 0; p < world; ++p) {
     if (static_cast<Coll>(all[p].coll) == Coll::kRejected) {
       fail("rank " + std::to_string(p) + " rejected its arguments (its own error says why); every rank raises");
+    }
+  }
+  // Range checks of every field a peer sent, before any of them is used: counts non-negative and
+  // small enough that sums and byte sizes cannot overflow, roots within the world. Every rank
+  // checks the same headers, so every rank raises alike.
+  constexpr int64_t kMaxCount = (std::numeric_limits<int64_t>::max() / 16) / 65536;
+  for (int p = 0; p < world; ++p) {
+    const CollHeader& h = all[p];
+    const bool ok = h.count >= 0 && h.count <= kMaxCount && h.count2 >= 0 && h.count2 <= kMaxCount &&
+                    h.root >= -1 && h.root < world;
+    if (!ok) {
+      fail("rank " + std::to_string(p) + "'s header is out of range: " + describe_header(h) +
+           " (counts must be in [0, " + std::to_string(kMaxCount) + "], root in [-1, " + std::to_string(world) +
+           "))");
     }
   }
   const CollHeader& h0 = all[0];

@@ -1,6 +1,8 @@
 #include "comm/p2p_engine.h"
 
 #include <algorithm>
+#include <cstring>
+#include <list>
 #include <vector>
 
 #include "comm/header_exchange.h"
@@ -19,7 +21,16 @@ void P2PEngine::start() {
   thread_ = std::thread([this] { loop(); });
 }
 
+void P2PEngine::forget_after_fork() {
+  forked_ = true;
+  stopping_ = true;
+  // The std::thread object names a thread of the parent: joining it would hang and destroying
+  // it joinable would terminate the child, so it is moved to the heap and never destroyed.
+  if (thread_.joinable()) new std::thread(std::move(thread_));
+}
+
 void P2PEngine::stop() {
+  if (forked_) return;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_) return;
@@ -37,12 +48,19 @@ WorkPtr P2PEngine::submit(bool is_send, char* buf, int64_t bytes, int peer, uint
   op.buf = buf;
   op.bytes = static_cast<uint64_t>(bytes);
   op.tag = tag;
-  op.deadline_ns = deadline_after(now_ns(), dev_->control().config().timeout_s);
+  op.deadline_ns = deadline_after(now_ns(), dev_->control().timeout_s());
   op.work = std::make_shared<Work>(is_send ? "send" : "recv", 0);
   op.token = dev_->p2p_prepare(stream);
   WorkPtr w = op.work;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    // stop() sets stopping_ under mu_ before the thread fails what is queued and exits: an op is
+    // queued before that (and failed) or refused here, never queued for a thread that is gone.
+    if (stopping_) {
+      dev_->p2p_end(op.token, false);
+      RC_THROW(Closed, "ringcomm: " << (is_send ? "send to" : "recv from") << " rank " << peer << " on rank " << rank_
+                                    << ": the communicator is closed");
+    }
     new_.push_back(std::move(op));
   }
   cv_.notify_all();
@@ -102,19 +120,135 @@ void P2PEngine::finish(Op& op, const std::exception_ptr& e) {
   }
 }
 
+// The receive side of one peer: tag matching (see the header). Returns true if anything moved.
+bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, Incoming& in, std::list<Early>& early, size_t& pending) {
+  Channel& ch = dev_->p2p_channel();
+  bool moved = false;
+  auto erase_op = [&](Op* target) {
+    for (auto it = q.begin(); it != q.end(); ++it)
+      if (&*it == target) {
+        q.erase(it);
+        --pending;
+        return;
+      }
+  };
+  auto size_check = [&](const Op& op, uint64_t total) {
+    if (total != op.bytes) {
+      RC_THROW(Mismatch, "ringcomm: recv on rank " << rank_ << " from rank " << peer << " (tag " << op.tag
+                                                   << "): the matching send has " << total
+                                                   << " bytes but the receive buffer has " << op.bytes);
+    }
+  };
+  // Posted receives whose message arrived before them (complete in `early`): copy and finish.
+  if (!early.empty()) {
+    for (auto it = q.begin(); it != q.end();) {
+      Op& op = *it;
+      auto e = std::find_if(early.begin(), early.end(), [&](const Early& x) { return x.tag == op.tag; });
+      if (&op == in.op || e == early.end() || !e->complete) {
+        ++it;
+        continue;
+      }
+      size_check(op, e->total);
+      if (!op.begun) {
+        dev_->p2p_begin(op.token);
+        op.begun = true;
+      }
+      if (e->total > 0) std::memcpy(op.buf, e->data.data(), e->total);
+      op.done = op.bytes;
+      op.started = true;
+      early.erase(e);
+      finish(op, nullptr);
+      it = q.erase(it);
+      --pending;
+      moved = true;
+    }
+  }
+  for (;;) {
+    const SlotMeta* m = nullptr;
+    const char* src = ch.try_recv_slot(peer, PiecePlace{}, &m);
+    if (src == nullptr) break;
+    if (in.op == nullptr && in.early == nullptr) {
+      // A new message starts: the first posted receive with its tag takes it, unless an earlier
+      // message with that tag is still buffered (order per (peer, tag)).
+      const uint64_t tag = m->tag;
+      const bool earlier = std::any_of(early.begin(), early.end(), [&](const Early& x) { return x.tag == tag; });
+      Op* target = nullptr;
+      if (!earlier)
+        for (Op& op : q)
+          if (op.tag == tag) {
+            target = &op;
+            break;
+          }
+      if (target != nullptr) {
+        size_check(*target, m->total);
+        if (!target->begun) {
+          dev_->p2p_begin(target->token);
+          target->begun = true;
+        }
+        in.op = target;
+      } else if (!q.empty() && dev_->p2p_slots_in_host_memory()) {
+        // A posted receive waits behind it: buffer the message so that receive can match.
+        early.push_back(Early{tag, m->total, std::vector<char>(m->total), 0, false});
+        in.early = &early.back();
+      } else {
+        break;  // no receive posted for it yet: it waits in the channel (flow control)
+      }
+    }
+    if (in.op != nullptr) {
+      Op& op = *in.op;
+      RC_CHECK(op.done + m->bytes <= op.bytes, Error, "ringcomm: recv: message overruns the buffer");
+      if (m->bytes > 0) ch.copy(op.buf + op.done, src, m->bytes);
+      op.done += m->bytes;
+      op.started = true;
+      ch.recv_done(peer);
+      moved = true;
+      if (op.done == op.bytes) {
+        in.op = nullptr;
+        finish(op, nullptr);
+        erase_op(&op);
+      }
+    } else {
+      Early& e = *in.early;
+      RC_CHECK(e.got + m->bytes <= e.total, Error, "ringcomm: recv: message overruns its announced size");
+      if (m->bytes > 0) std::memcpy(e.data.data() + e.got, src, m->bytes);
+      e.got += m->bytes;
+      ch.recv_done(peer);
+      moved = true;
+      if (e.got == e.total) {
+        e.complete = true;
+        in.early = nullptr;
+      }
+    }
+  }
+  if (moved) {
+    // Progress with this peer: every receive from it counts its deadline from now.
+    const int64_t d = deadline_after(now_ns(), dev_->control().timeout_s());
+    for (Op& op : q) op.deadline_ns = d;
+  }
+  return moved;
+}
+
 void P2PEngine::loop() {
   dev_->p2p_thread_start();
   ShmTransport& t = dev_->control();
   const ShmConfig& cfg = t.config();
-  std::vector<std::deque<Op>> sendq(world_), recvq(world_);
+  std::vector<std::deque<Op>> sendq(world_);
+  std::vector<std::list<Op>> recvq(world_);
+  std::vector<Incoming> incoming(world_);
+  std::vector<std::list<Early>> early(world_);
   size_t pending = 0;
   int64_t idle_since = 0, next_liveness = 0;
+  auto each_op = [&](const std::function<void(Op&)>& fn) {
+    for (auto& q : sendq)
+      for (auto& op : q) fn(op);
+    for (auto& q : recvq)
+      for (auto& op : q) fn(op);
+  };
   auto fail_all = [&](const std::exception_ptr& e) {
-    for (auto* qs : {&sendq, &recvq})
-      for (auto& q : *qs) {
-        for (auto& op : q) finish(op, e);
-        q.clear();
-      }
+    each_op([&](Op& op) { finish(op, e); });
+    for (auto& q : sendq) q.clear();
+    for (auto& q : recvq) q.clear();
+    for (auto& in : incoming) in = Incoming{};
     pending = 0;
   };
   for (;;) {
@@ -124,39 +258,64 @@ void P2PEngine::loop() {
       while (!new_.empty()) {
         Op op = std::move(new_.front());
         new_.pop_front();
-        (op.is_send ? sendq : recvq)[op.peer].push_back(std::move(op));
+        if (op.is_send) {
+          sendq[op.peer].push_back(std::move(op));
+        } else {
+          recvq[op.peer].push_back(std::move(op));
+        }
         ++pending;
       }
       if (stopping_) {
         lk.unlock();
-        fail_all(std::make_exception_ptr(
-            Closed("ringcomm: the communicator was closed while this send/recv was pending")));
+        each_op([&](Op& op) {
+          finish(op, std::make_exception_ptr(Closed(
+              std::string("ringcomm: ") + (op.is_send ? "send to" : "recv from") + " rank " +
+              std::to_string(op.peer) + " on rank " + std::to_string(rank_) + " (" + std::to_string(op.done) +
+              " of " + std::to_string(op.bytes) + " bytes moved): the communicator was closed while it was pending")));
+        });
         return;
       }
     }
     const uint32_t bell = t.doorbell_value();
     bool progressed = false;
-    for (auto* qs : {&sendq, &recvq}) {
-      for (auto& q : *qs) {
-        while (!q.empty()) {
-          Op& op = q.front();
-          try {
-            progressed |= advance(op);
-          } catch (...) {
-            const std::exception_ptr e = std::current_exception();
-            on_failure_(e);
-            fail_all(e);
-            break;
-          }
-          if (op.started && op.done == op.bytes) {
-            finish(op, nullptr);
-            q.pop_front();
-            --pending;
+    bool failed = false;
+    for (auto& q : sendq) {
+      while (!q.empty() && !failed) {
+        Op& op = q.front();
+        try {
+          // The deadline counts from the operation's last progress: a long message that keeps
+          // moving, or one queued behind others, never times out while the pair is busy.
+          if (advance(op)) {
             progressed = true;
-          } else {
-            break;
+            op.deadline_ns = deadline_after(now_ns(), t.timeout_s());
           }
+        } catch (...) {
+          const std::exception_ptr e = std::current_exception();
+          on_failure_(e);
+          fail_all(e);
+          failed = true;
+          break;
         }
+        if (op.started && op.done == op.bytes) {
+          finish(op, nullptr);
+          q.pop_front();
+          --pending;
+          progressed = true;
+          if (!q.empty()) q.front().deadline_ns = deadline_after(now_ns(), t.timeout_s());
+        } else {
+          break;
+        }
+      }
+    }
+    for (int p = 0; p < world_ && !failed; ++p) {
+      if (recvq[p].empty() && incoming[p].early == nullptr) continue;
+      try {
+        progressed |= progress_recvs(p, recvq[p], incoming[p], early[p], pending);
+      } catch (...) {
+        const std::exception_ptr e = std::current_exception();
+        on_failure_(e);
+        fail_all(e);
+        failed = true;
       }
     }
     if (progressed || pending == 0) {
@@ -170,15 +329,26 @@ void P2PEngine::loop() {
       continue;
     }
     // Idle: check deadlines and peers, then sleep until the doorbell rings (or a slice passes).
+    if (t.aborting()) {
+      // comm.abort(): the core told the peers; pending operations fail with the abort's error.
+      WaitCtx w;
+      w.op = "send/recv";
+      fail_all(t.interrupt_error(w));
+      continue;
+    }
     try {
-      for (auto* qs : {&sendq, &recvq})
-        for (auto& q : *qs)
-          if (!q.empty() && now > q.front().deadline_ns) {
-            const Op& op = q.front();
-            RC_THROW(TimeoutError, "ringcomm: " << (op.is_send ? "send to" : "recv from") << " rank " << op.peer
-                                                << " on rank " << rank_ << " timed out after " << cfg.timeout_s
-                                                << " s (" << op.done << " of " << op.bytes << " bytes moved)");
-          }
+      auto check_deadline = [&](const Op& op) {
+        if (now > op.deadline_ns) {
+          RC_THROW(TimeoutError, "ringcomm: " << (op.is_send ? "send to" : "recv from") << " rank " << op.peer
+                                              << " on rank " << rank_ << " (tag " << op.tag << ") timed out after "
+                                              << t.timeout_s() << " s (" << op.done << " of " << op.bytes
+                                              << " bytes moved)");
+        }
+      };
+      for (auto& q : sendq)
+        if (!q.empty()) check_deadline(q.front());
+      for (auto& q : recvq)
+        if (!q.empty()) check_deadline(q.front());
       WaitCtx w;
       w.op = "send/recv";
       const bool live = now >= next_liveness;

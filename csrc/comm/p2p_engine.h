@@ -1,19 +1,28 @@
-// Point-to-point messages between two ranks, matched in order per pair (tags are carried, not
-// matched), on a thread of their own over the device's point-to-point lane, so that matching
+// Point-to-point messages between two ranks, on a thread of their own over the device's point-to-point lane, so that matching
 // sends and receives posted in any order never deadlock behind each other (or behind
 // collectives, which use the other lane).
 //
 // Threading invariants: submit() may be called from any thread (it only appends to p2p_new_
 // under p2p_mu_ and rings this rank's doorbell); every slot of the point-to-point lane is touched
 // by the engine's thread only. A message is cut into slot-sized pieces; the first piece carries
-// the message's total size, which the receiver checks against its buffer.
+// the message's total size and tag, which the receiver checks against its buffer.
+//
+// Tag matching: a receive with tag t from peer p takes only a message with tag t from p, and
+// messages of one (peer, tag) are taken in the order they were sent. Sends leave in posting
+// order per peer. When the next message in p's channel has a tag no posted receive from p wants
+// while some receive from p is posted, the engine copies that message into a private buffer (on
+// devices whose slots are host memory) so the channel moves on; a later receive with its tag
+// takes it from there. With no receive from p posted, messages wait in the channel (flow
+// control), so programs that use tag 0 only never buffer.
 #pragma once
 #include <condition_variable>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <list>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/device.h"
 #include "comm/work.h"
@@ -32,6 +41,11 @@ class P2PEngine {
   WorkPtr submit(bool is_send, char* buf, int64_t bytes, int peer, uint64_t tag, void* stream);
   /// Fail what is pending with Closed and stop the thread.
   void stop();
+  /// In a forked child: the thread does not exist there; forget it (stop() then does nothing).
+  void forget_after_fork();
+  /// Fork handlers (comm/core.cpp): hold mu_ across fork() so the child's copy is unlocked.
+  void lock_for_fork() { mu_.lock(); }
+  void unlock_after_fork() { mu_.unlock(); }
 
  private:
   struct Op {
@@ -44,11 +58,23 @@ class P2PEngine {
     bool started = false;
     bool begun = false;     // p2p_begin called
     void* token = nullptr;  // the device's ordering token (p2p_prepare)
-    int64_t deadline_ns = 0;
+    int64_t deadline_ns = 0;  // timeout after the last progress (or after reaching its queue's front)
     WorkPtr work;
+  };
+  struct Early {  // a message buffered before a receive with its tag was posted
+    uint64_t tag = 0;
+    uint64_t total = 0;
+    std::vector<char> data;
+    uint64_t got = 0;
+    bool complete = false;
+  };
+  struct Incoming {  // the message of a peer now streaming in: into a receive or a buffer
+    Op* op = nullptr;
+    Early* early = nullptr;
   };
   void loop();
   bool advance(Op& op);
+  bool progress_recvs(int peer, std::list<Op>& q, Incoming& in, std::list<Early>& early, size_t& pending);
   void finish(Op& op, const std::exception_ptr& e);
 
   const int rank_, world_;
@@ -59,6 +85,7 @@ class P2PEngine {
   std::deque<Op> new_;
   bool stopping_ = false;
   bool started_ = false;
+  bool forked_ = false;  // set in a forked child only (single-threaded there)
   std::thread thread_;
 };
 

@@ -126,6 +126,13 @@ CollHeader ArgChecks::all_to_all(const void* in, const void* out, const std::vec
     in_total += send_counts[p];
     out_total += recv_counts[p];
   }
+  // The block to itself is copied locally: its two sizes must agree. Raised as Mismatch before
+  // the header exchange (this rank joins it as a rejection), so every rank raises MismatchError
+  // and no slot moves: the communicator stays usable.
+  RC_CHECK(send_counts[rank_] == recv_counts[rank_], Mismatch,
+           "ringcomm: all_to_all on rank " << rank_ << ": sends " << send_counts[rank_]
+                                           << " elements to itself but expects " << recv_counts[rank_]
+                                           << " (input_splits[rank] must equal output_splits[rank])");
   buffer(in, in_total, "input", Coll::kAllToAll);
   buffer(out, out_total, "output", Coll::kAllToAll);
   RC_CHECK(!overlaps(in, nbytes(in_total, dt), out, nbytes(out_total, dt)), InvalidArgument,

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <thread>
 
 #include "common/knobs.h"
@@ -139,6 +140,7 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
 ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
     : rank_(rank), world_(world), cfg_(cfg), base_(world, nullptr), pids_(world, 0),
       send_head_(kNumLanes * world, 0), recv_tail_(kNumLanes * world, 0), send_off_(kNumLanes * world, 0) {
+  timeout_s_.store(cfg_.timeout_s, std::memory_order_relaxed);
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
   RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
   ctl_offset_ = round_up(sizeof(SegmentHeader), kPage);
@@ -221,7 +223,23 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
                                     << "'s shared memory " << names[p] << ": " << std::strerror(errno)
                                     << " (is every rank on this host, and did rank " << p << " exit?)");
     struct stat st;
-    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != seg_bytes_) {
+    if (fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      RC_THROW(Error, "ringcomm: fstat of rank " << p << "'s shared memory " << names[p]
+                      << " failed: " << std::strerror(err));
+    }
+    // Only a segment this user created for this purpose (0600, as create() makes them) is
+    // mapped: another user's, or one others may write, could be forged or tampered with.
+    if (st.st_uid != geteuid() || (st.st_mode & 07777) != 0600) {
+      ::close(fd);
+      char mode[8];
+      std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      RC_THROW(Error, "ringcomm: rank " << p << "'s shared memory /dev/shm" << names[p] << " is owned by uid "
+                      << st.st_uid << " with mode " << mode << "; rank " << rank_ << " (uid " << geteuid()
+                      << ") maps only segments it owns with mode 0600 (is another user's job using this store?)");
+    }
+    if (static_cast<size_t>(st.st_size) != seg_bytes_) {
       ::close(fd);
       RC_THROW(Mismatch, "ringcomm: rank " << p << "'s segment has " << st.st_size << " bytes, rank "
                          << rank_ << " expects " << seg_bytes_
@@ -284,6 +302,7 @@ void ShmTransport::abort(uint32_t kind, const std::string& msg) {
   if (base_.empty() || base_[rank_] == nullptr) return;
   auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
   if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAlive)) return;
+  if (abort_claimed_.exchange(true, std::memory_order_acq_rel)) return;
   // kind and message first, then the state with release: a peer that acquires kAborted sees them.
   h->abort_kind = kind;
   size_t n = std::min(msg.size(), kAbortMsgBytes - 1);
@@ -293,6 +312,44 @@ void ShmTransport::abort(uint32_t kind, const std::string& msg) {
   // Wake every sleeper in our inbox and board promptly; others notice within a liveness slice.
   futex_wake_all(&h->doorbell.v);
   for (auto& e : h->board) futex_wake_all(&e.seq.v);
+}
+
+void ShmTransport::drop_mappings_after_fork() {
+  own_unlinked_ = true;
+  for (auto& b : base_) {
+    if (b != nullptr) munmap(b, seg_bytes_);
+    b = nullptr;
+  }
+}
+
+void ShmTransport::set_closing() {
+  int none = 0;
+  interrupt_.compare_exchange_strong(none, 1, std::memory_order_acq_rel);
+}
+
+void ShmTransport::set_aborting(const std::string& msg) {
+  if (interrupt_claimed_.exchange(true)) return;
+  interrupt_msg_ = msg;
+  int none = 0;
+  interrupt_.compare_exchange_strong(none, 2, std::memory_order_acq_rel);
+}
+
+void ShmTransport::set_timeout(double seconds) {
+  RC_CHECK(seconds > 0, InvalidArgument, "timeout must be > 0 s, got " << seconds);
+  timeout_s_.store(seconds, std::memory_order_relaxed);
+}
+
+std::exception_ptr ShmTransport::interrupt_error(const WaitCtx& w) const {
+  const int i = interrupt_.load(std::memory_order_acquire);
+  if (i == 0) return nullptr;
+  std::ostringstream o;
+  o << "ringcomm: " << describe(w);
+  if (i == 1) {
+    o << ": the communicator on rank " << rank_ << " was closed while this call waited (close() from another thread)";
+    return std::make_exception_ptr(Closed(o.str()));
+  }
+  o << ": " << interrupt_msg_;
+  return std::make_exception_ptr(Error(o.str()));
 }
 
 std::string ShmTransport::own_abort_message() const {
@@ -357,6 +414,8 @@ void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
                                      << " closed)");
 }
 
+void ShmTransport::fail_closing(const WaitCtx& w) { std::rethrow_exception(interrupt_error(w)); }
+
 void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
@@ -397,9 +456,10 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
       next_yield = now + cfg_.yield_every_ns;
     }
     if (now >= active_end) break;
+    if (closing()) fail_closing(w);
   }
   // Sleep phase: futex in slices, checking peers and the deadline between slices.
-  const int64_t deadline = deadline_after(t0, cfg_.timeout_s);
+  const int64_t deadline = deadline_after(t0, timeout_s());
   int64_t next_liveness = t0;
   for (;;) {
     uint32_t seen = word->load(std::memory_order_acquire);
@@ -411,6 +471,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
     }
     waiters->fetch_sub(1, std::memory_order_seq_cst);
     if (ready()) return;
+    if (closing()) fail_closing(w);
     const int64_t now = now_ns();
     const bool live_check = now >= next_liveness;
     if (live_check) next_liveness = now + cfg_.liveness_ns;
@@ -424,7 +485,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
     check_peers(w, live_check);
     if (now >= deadline) {
       if (ready()) return;
-      RC_THROW(TimeoutError, "ringcomm: " << describe(w) << ": timed out after " << cfg_.timeout_s
+      RC_THROW(TimeoutError, "ringcomm: " << describe(w) << ": timed out after " << timeout_s()
                                           << " s (RINGCOMM_TIMEOUT / timeout=)");
     }
   }

@@ -39,6 +39,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,23 @@ class ShmTransport {
   /// Mark this rank aborted with a reason; peers' waits raise the ErrorCode `kind` (see
   /// abort_kind_of) carrying it.
   void abort(uint32_t kind, const std::string& msg);
+  /// Local (this process only): every wait of this transport, on any thread, raises Closed
+  /// within one liveness slice from now on, naming what it waited for. Set by the core's close()
+  /// before it waits for the calls inside it to leave; the mappings stay until close().
+  void set_closing();
+  /// Local, like set_closing(): every wait raises rc::Error carrying `msg` (comm.abort()).
+  void set_aborting(const std::string& msg);
+  /// The local interrupt (closing or aborting) as the error a wait raises, or null.
+  std::exception_ptr interrupt_error(const WaitCtx& w) const;
+  /// Seconds any single wait may take; set_timeout changes it for waits that start afterwards.
+  double timeout_s() const { return timeout_s_.load(std::memory_order_relaxed); }
+  void set_timeout(double seconds);
+  /// In a forked child: forget the mappings without writing to any segment (they are the
+  /// parent's: its state word, board and channels) and never unlink a name. Idempotent; close()
+  /// afterwards does nothing.
+  void drop_mappings_after_fork();
+  bool closing() const { return interrupt_.load(std::memory_order_acquire) != 0; }
+  bool aborting() const { return interrupt_.load(std::memory_order_acquire) == 2; }
 
   int rank() const { return rank_; }
   int world() const { return world_; }
@@ -166,6 +184,7 @@ class ShmTransport {
   void wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* waiters, Ready ready,
                   const WaitCtx& w);
   [[noreturn]] void fail_peer_state(int peer, const WaitCtx& w);
+  [[noreturn]] void fail_closing(const WaitCtx& w);
   bool peer_dead(int peer) const;
   ChannelCtl* ctl(int owner, Lane lane, int src) const;
   char* slot_data(int owner, Lane lane, int src, uint32_t slot) const;
@@ -186,6 +205,15 @@ class ShmTransport {
   std::vector<uint32_t> send_head_;  // [lane * world + peer]
   std::vector<uint32_t> recv_tail_;  // [lane * world + peer]
   std::vector<uint32_t> send_off_;   // payload offset chosen by send_slot, published by send_post
+  // Local interrupt of every wait: 0 none, 1 closing, 2 aborting (interrupt_msg_ is written
+  // before the release store of 2 and never again). Read by every waiting thread.
+  std::atomic<int> interrupt_{0};
+  std::string interrupt_msg_;
+  std::atomic<bool> interrupt_claimed_{false};  // one writer of interrupt_msg_
+  // One writer of this rank's abort kind and message in its segment: the first abort() wins, a
+  // concurrent one returns without touching them (else two threads could interleave the text).
+  std::atomic<bool> abort_claimed_{false};
+  std::atomic<double> timeout_s_;
 };
 
 }  // namespace rc

@@ -96,6 +96,21 @@ class CommunicatorBase:
         records = getattr(getattr(self, "_c", None), "trace", None)
         return list(records()) if records is not None else []
 
+    # -- recovery (torchft-style); back ends that support it override these -----------------------
+    def abort(self, reason: str = "") -> None:
+        """From any thread: every pending and future call on this communicator raises promptly,
+        here and on every peer that can be reached. Create a new communicator to go on."""
+        raise UnsupportedError(f"ringcomm: {type(self).__name__} does not support abort()")
+
+    def errored(self) -> Optional[RingcommError]:
+        """The first error that made this communicator unusable (a failure while data moved, or
+        abort()), or None."""
+        raise UnsupportedError(f"ringcomm: {type(self).__name__} does not support errored()")
+
+    def set_timeout(self, seconds: float) -> None:
+        """Bound every wait that starts from now on by `seconds` (> 0; inf: no bound)."""
+        raise UnsupportedError(f"ringcomm: {type(self).__name__} does not support set_timeout()")
+
     # -- back-end hooks with defaults ---------------------------------------------------------
     def _route(self, coll, a, b=None) -> "CommunicatorBase":
         return self
@@ -342,7 +357,8 @@ class CoreBackEnd(CommunicatorBase):
 
     def _check_open(self):
         if self._c.closed:
-            raise ClosedError(f"ringcomm: the {self._what} (rank {self.rank}) is closed")
+            raise ClosedError(getattr(self._c, "closed_reason", "")
+                              or f"ringcomm: the {self._what} (rank {self.rank}) is closed")
 
     def _reject(self, coll: str, exc: Exception):
         """Join the header exchange as a rejection (peers raise too), then raise exc here."""

@@ -7,12 +7,13 @@ arrays to the communicator's CUDA twin (``ringcomm.cuda``), created collectively
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
 from . import _C
 from .arrays import as_buf, is_cuda_array, maybe_cuda
-from .errors import InvalidArgumentError, RingcommError
+from .errors import InvalidArgumentError, PeerFailureError, RingcommError, from_code
 from .front import CoreBackEnd
 from .rendezvous import exchange_segment_names, forget_segment_name
 from .work import CoreWork
@@ -134,6 +135,17 @@ class Communicator(CoreBackEnd):
         self._c.close()
         self._inflight = []
 
+    # -- recovery ------------------------------------------------------------------------------
+    def abort(self, reason: str = "") -> None:
+        self._c.abort(str(reason))
+
+    def errored(self):
+        e = self._c.errored()
+        return None if e is None else from_code(*e)
+
+    def set_timeout(self, seconds: float) -> None:
+        self._c.set_timeout(float(seconds))
+
     def __repr__(self):
         state = "closed" if self._c.closed else "open"
         return f"<ringcomm.Communicator rank={self.rank} world_size={self.world_size} {state}>"
@@ -143,18 +155,67 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
     """The shared-memory Communicator of `world_size` ranks on this host: create this rank's
     segment, publish its name under `{prefix}/shm/{rank}`, map every peer's (the segments are
     unlinked as soon as all ranks have mapped them)."""
-    core = _C.Communicator(rank, world_size, timeout)
-    name = core.create()
+    key = f"{prefix}/shm/{rank}"
+    started = time.time()
+    core = None
+    published = False
     try:
+        core = _C.Communicator(rank, world_size, timeout)
+        name = core.create()
         if world_size == 1:
             names = [name]
         else:
-            names = exchange_segment_names(store, prefix, rank, world_size, name, timeout)
+            published = True  # exchange_segment_names publishes first
+            names = exchange_segment_names(_FailureAware(store, started), prefix, rank, world_size, name, timeout)
         core.connect(names)
-    except BaseException:
-        core.close()
+    except BaseException as e:
+        # Tell the peers at once instead of letting them wait out the timeout: a failure marker in
+        # place of the segment name (peers still reading keys raise; the segment is unlinked
+        # below, so a name read earlier reads as stale and is read again), and an abort posted in
+        # the segment (peers that mapped it raise within a liveness slice).
+        reason = f"rank {rank} failed during init: {type(e).__name__}: {e}"
+        if world_size > 1:
+            try:
+                store.set(key, f"{_FAILED}{time.time():.3f} {reason}")
+            except BaseException:  # noqa: BLE001 - the original error is the one to raise
+                pass
+        if core is not None:
+            if published:
+                core.abort(reason)
+            core.close()
         raise
     if world_size > 1:
         # connect() returned: every peer has mapped this rank's segment, so its key is read.
         forget_segment_name(store, prefix, rank)
     return Communicator(core, prefix)
+
+
+_FAILED = "!failed: "
+_MARKER_SLACK_S = 60.0  # ranks of one run start within this of each other
+
+
+class _FailureAware:
+    """The store as exchange_segment_names sees it: a peer's failure marker in place of its
+    segment name raises PeerFailureError at once. A marker written more than _MARKER_SLACK_S
+    before this rank's init started is an earlier run's (a reused store): it reads as a stale
+    name, which the peer's own name replaces."""
+
+    def __init__(self, store, started: float):
+        self._store = store
+        self._since = started - _MARKER_SLACK_S
+
+    def set(self, key, value):
+        self._store.set(key, value)
+
+    def get(self, key):
+        v = self._store.get(key)
+        text = v.decode(errors="replace") if isinstance(v, (bytes, bytearray)) else str(v)
+        if text.startswith(_FAILED):
+            stamp, _, reason = text[len(_FAILED):].partition(" ")
+            try:
+                fresh = float(stamp) >= self._since
+            except ValueError:
+                fresh = False
+            if fresh:
+                raise PeerFailureError(f"ringcomm: init: {reason}")
+        return v

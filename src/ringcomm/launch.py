@@ -177,9 +177,26 @@ def reap(procs, grace: float) -> None:
         p.join(timeout=10)
 
 
-def _launch_entry(rank, world_size, fn, args, init_kwargs):
+def check_store_dir(path: str) -> None:
+    """Raise RingcommError unless `path` is a directory (not a symlink) owned by this user that
+    others cannot write: the file store's keys name shared-memory segments, so a directory
+    others can write lets them redirect every rank."""
+    import stat
+    from .errors import RingcommError
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise RingcommError(
+            f"ringcomm: the file store directory {path} is "
+            f"{'a directory' if stat.S_ISDIR(st.st_mode) else 'not a directory'} owned by uid {st.st_uid} "
+            f"with mode {stat.S_IMODE(st.st_mode):04o}; it must be a directory owned by this user "
+            f"(uid {os.geteuid()}) that no other user can write")
+
+
+def _launch_entry(rank, world_size, fn, args, init_kwargs, store_dir=None):
     # Imported here so that the launcher itself needs no compiled extension.
     from . import api
+    if store_dir is not None:
+        check_store_dir(store_dir)
     with api.init(rank=rank, world_size=world_size, **init_kwargs) as comm:
         return fn(comm, *args)
 
@@ -190,14 +207,14 @@ def launch(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
     communicator, and return the results in rank order. The first failure is re-raised as
     ``LaunchError`` with its rank and traceback; the other ranks are killed."""
     if "init_method" not in init_kwargs and "store" not in init_kwargs:
-        fd, path = tempfile.mkstemp(prefix="ringcomm-rdzv-")
-        os.close(fd)
-        os.unlink(path)
+        # mkdtemp creates the directory atomically, owned by us with mode 0700; every rank checks
+        # it is still so before it trusts the keys in it.
+        path = tempfile.mkdtemp(prefix="ringcomm-rdzv-")
         init_kwargs["init_method"] = "file://" + path
     else:
         path = None
     try:
-        return spawn(_launch_entry, world_size, (fn, tuple(args), init_kwargs), timeout=timeout,
+        return spawn(_launch_entry, world_size, (fn, tuple(args), init_kwargs, path), timeout=timeout,
                      env=env)
     finally:
         if path is not None:
