@@ -41,3 +41,26 @@ def raises_in_rank(rank, world):
     if rank == 1:
         raise KeyError("boom on rank 1")
     return rank
+
+
+def stale_file_store(rank, world, path, stale):
+    """The store directory holds a previous run's keys for this run's default prefix; rank r > 0
+    publishes its segment name only after rank r-1 has, so every rank before it meets a stale
+    key first."""
+    import time
+    import ringcomm
+    from ringcomm.rendezvous import FileStore
+
+    class Ordered(FileStore):
+        def set(self, key, value):
+            if rank > 0 and key == f"ringcomm/0/shm/{rank}":
+                deadline = time.monotonic() + 60
+                while self.get(f"ringcomm/0/shm/{rank - 1}").decode() == stale[rank - 1]:
+                    assert time.monotonic() < deadline, "previous rank never published"
+                    time.sleep(0.01)
+            super().set(key, value)
+
+    with ringcomm.init(rank=rank, world_size=world, store=Ordered(path)) as comm:
+        x = np.full(7, rank + 1.0, np.float32)
+        comm.all_reduce(x)
+        return x.tolist()

@@ -66,3 +66,31 @@ def test_launch_reraises_with_rank_and_traceback():
     with pytest.raises(LaunchError) as ei:
         spawn(init_cases.raises_in_rank, 3, timeout=50)
     assert ei.value.rank == 1 and "boom on rank 1" in ei.value.remote_traceback
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_reused_file_store_with_stale_keys_still_connects(tmp_path, world):
+    """Keys left by an earlier run name segments that no longer exist: each rank waits for the
+    peer's own name instead of failing to open the stale one, and removes its key once mapped."""
+    import urllib.parse
+    from init_cases import stale_file_store
+    d = tmp_path / "store"
+    d.mkdir()
+    stale = [f"/rc-stale-{r}" for r in range(world)]
+    for r in range(world):
+        (d / urllib.parse.quote(f"ringcomm/0/shm/{r}", safe="")).write_text(stale[r])
+    out = spawn(stale_file_store, world, (str(d), stale), timeout=90)
+    want = float(world * (world + 1) // 2)
+    for x in out:
+        assert x == [want] * 7
+    assert not [k for k in os.listdir(d) if "shm" in urllib.parse.unquote(k)], os.listdir(d)
+
+
+def test_default_prefix_names_the_elastic_attempt(monkeypatch):
+    from ringcomm.rendezvous import default_prefix
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    assert default_prefix(3) == "ringcomm/3"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert default_prefix(3) == "ringcomm/a2/3"
+    assert default_prefix(3) != "ringcomm/a1/3"

@@ -12,7 +12,7 @@ from typing import Optional
 from .errors import RingcommError
 from .front import CommunicatorBase, check_splits
 from .host import Communicator, shm_communicator
-from .rendezvous import init_args, resolve_store
+from .rendezvous import default_prefix, init_args, resolve_store
 from .tables import ReduceOp
 from .work import Work
 
@@ -39,7 +39,7 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
     global _default
     rank, world_size, t = init_args("ringcomm.init", rank, world_size, timeout)
     if prefix is None:
-        prefix = f"ringcomm/{next(_counter)}"
+        prefix = default_prefix(next(_counter))
     store = resolve_store(store, init_method, rank, world_size, t)
     comm = None
     if world_size > 1:

@@ -14,6 +14,7 @@ from . import _C
 from .arrays import as_buf, is_cuda_array, maybe_cuda
 from .errors import InvalidArgumentError, RingcommError
 from .front import CoreBackEnd
+from .rendezvous import exchange_segment_names, forget_segment_name
 from .work import CoreWork
 
 __all__ = ["Communicator", "shm_communicator"]
@@ -148,14 +149,12 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
         if world_size == 1:
             names = [name]
         else:
-            store.set(f"{prefix}/shm/{rank}", name)
-            names = [_to_str(store.get(f"{prefix}/shm/{r}")) for r in range(world_size)]
+            names = exchange_segment_names(store, prefix, rank, world_size, name, timeout)
         core.connect(names)
     except BaseException:
         core.close()
         raise
+    if world_size > 1:
+        # connect() returned: every peer has mapped this rank's segment, so its key is read.
+        forget_segment_name(store, prefix, rank)
     return Communicator(core, prefix)
-
-
-def _to_str(v) -> str:
-    return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)

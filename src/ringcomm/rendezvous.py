@@ -13,7 +13,8 @@ import urllib.parse
 from .config import default_timeout
 from .errors import InvalidArgumentError, TimeoutError
 
-__all__ = ["FileStore", "store_from_init_method", "store_from_env"]
+__all__ = ["FileStore", "store_from_init_method", "store_from_env", "exchange_segment_names",
+           "forget_segment_name", "default_prefix"]
 
 
 class FileStore:
@@ -34,6 +35,13 @@ class FileStore:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, self._file(key))
+
+    def delete_key(self, key: str) -> bool:
+        try:
+            os.unlink(self._file(key))
+            return True
+        except FileNotFoundError:
+            return False
 
     def get(self, key: str) -> bytes:
         deadline = time.monotonic() + self.timeout
@@ -87,6 +95,71 @@ def _tcp_store(host, port, rank, world_size, timeout, is_master):
             "init_method='file:///shared/path'") from e
     return dist.TCPStore(host, port, world_size, is_master, timedelta(seconds=timeout),
                          wait_for_workers=False)
+
+
+def default_prefix(counter: int) -> str:
+    """The store namespace of the ``counter``-th communicator this process creates without a
+    prefix. Under torchrun an elastic restart reuses the agent's store, so the attempt number
+    (TORCHELASTIC_RESTART_COUNT) is part of the name: a new attempt never reads the keys of the
+    one before."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    return f"ringcomm/a{attempt}/{counter}" if attempt else f"ringcomm/{counter}"
+
+
+_SHM_DIR = "/dev/shm"
+
+
+def _segment_exists(name: str) -> bool:
+    """Whether the POSIX shared-memory object ``name`` exists now (Linux keeps them as files in
+    /dev/shm; where there is no such directory the check cannot be made and says yes)."""
+    if not os.path.isdir(_SHM_DIR):
+        return True
+    return os.path.exists(os.path.join(_SHM_DIR, name.lstrip("/")))
+
+
+def exchange_segment_names(store, prefix: str, rank: int, world_size: int, name: str,
+                           timeout: float) -> list:
+    """Publish this rank's segment name under ``{prefix}/shm/{rank}`` and return every rank's.
+
+    A store can hold keys of an earlier run under the same prefix (a reused ``file://`` path, a
+    crashed job): their segments are gone, because a segment is unlinked as soon as every peer
+    has mapped it, and a live peer's segment exists until this rank has mapped it. So a name
+    whose segment does not exist is stale, and the key is read again until the peer's own name
+    replaces it (ringcomm.TimeoutError naming the key after ``timeout`` seconds)."""
+    store.set(f"{prefix}/shm/{rank}", name)
+    names = []
+    deadline = time.monotonic() + timeout
+    for r in range(world_size):
+        if r == rank:
+            names.append(name)
+            continue
+        key = f"{prefix}/shm/{r}"
+        delay = 0.0005
+        while True:
+            v = store.get(key)
+            v = v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
+            if _segment_exists(v):
+                names.append(v)
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ringcomm: rank {rank}: the store key {key!r} names shared memory "
+                                f"{v!r} that does not exist (a previous run's key?) and rank {r} did "
+                                f"not replace it within {timeout:.0f} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    return names
+
+
+def forget_segment_name(store, prefix: str, rank: int) -> None:
+    """Remove this rank's key once every peer has mapped its segment (the name is useless from
+    then on), where the store can delete keys; a reused store then starts clean."""
+    delete = getattr(store, "delete_key", None)
+    if delete is None:
+        return
+    try:
+        delete(f"{prefix}/shm/{rank}")
+    except Exception:  # noqa: BLE001 - best effort: a store may refuse deletes
+        pass
 
 
 def init_args(who: str, rank, world_size, timeout):
