@@ -755,14 +755,8 @@ def main(argv=None):
                 sampler.sample()
                 print("\n".join(summary_lines(per_rank, a.world, time.monotonic() - t0, sampler)), flush=True)
     finally:
-        grace = 30.0 if not (excs or hang) else 5.0
-        deadline = time.monotonic() + grace
-        for p in procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
+        from ringcomm.launch import reap
+        reap(procs, grace=30.0 if not (excs or hang) else 5.0)
         q.close()
         sampler.sample()
         sampler.stop()

@@ -1,7 +1,12 @@
 """Shared test fixtures: every test must leave no ringcomm segment in /dev/shm and no child
 process behind."""
+import importlib.util
 import multiprocessing
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 
 import pytest
@@ -12,6 +17,15 @@ def _segments():
         return {f for f in os.listdir("/dev/shm") if f.startswith("ringcomm-")}
     except FileNotFoundError:
         return set()
+
+
+@pytest.fixture
+def store_env():
+    """``{"RC_TEST_STORE": dir}`` for ``spawn(..., env=)``: a fresh directory the spawned ranks
+    rendezvous in (``file://`` + it), removed after the test."""
+    d = tempfile.mkdtemp(prefix="rc-test-store-")
+    yield {"RC_TEST_STORE": d}
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -28,3 +42,21 @@ def no_leaks():
     assert not leaked, f"shared-memory segments left in /dev/shm: {sorted(leaked)}"
     alive = [p for p in multiprocessing.active_children()]
     assert not alive, f"child processes left running: {alive}"
+
+
+def pytest_sessionstart(session):
+    """Build the torch backend's c10d trampoline (or find it cached) once, before any test with a
+    per-test timeout, so no test pays for the build. A failed build is reported here; the tests
+    then see what ``RINGCOMM_TORCH_BACKEND`` makes of it (auto: the fallback, with a warning)."""
+    if os.environ.get("RINGCOMM_TORCH_BACKEND", "auto").strip().lower() == "group":
+        return
+    if importlib.util.find_spec("torch") is None:
+        return
+    try:
+        r = subprocess.run([sys.executable, "-m", "ringcomm.torch", "--build"],
+                           capture_output=True, text=True, timeout=900)
+        line = (r.stdout.strip().splitlines() or [""])[-1] if r.returncode == 0 else (
+            f"ringcomm c10d trampoline: build failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    except subprocess.TimeoutExpired:
+        line = "ringcomm c10d trampoline: build timed out after 900 s"
+    print(f"\n{line}")

@@ -1,8 +1,6 @@
 """Every collective x dtype x op x count, numpy and torch inputs, world sizes 1-4, against numpy.
 One group of ranks per world size runs all cases (spawning is the expensive part)."""
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -10,13 +8,6 @@ from ringcomm.launch import spawn
 from mp_cases import run_collective_cases
 
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture
-def store_env():
-    d = tempfile.mkdtemp(prefix="rc-test-store-")
-    yield {"RC_TEST_STORE": d}
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.timeout(300)

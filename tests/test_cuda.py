@@ -43,13 +43,6 @@ def _gpu_present() -> bool:
     return os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
 
 
-@pytest.fixture
-def store_env():
-    d = tempfile.mkdtemp(prefix="rc-test-store-")
-    yield {"RC_TEST_STORE": d}
-    shutil.rmtree(d, ignore_errors=True)
-
-
 # ================= no GPU needed =================
 
 def test_cpu_module_does_not_need_cuda():

@@ -1,6 +1,4 @@
 """Failures never hang: a killed rank, mismatched calls, a late rank, bad arguments."""
-import shutil
-import tempfile
 
 import pytest
 
@@ -8,17 +6,10 @@ from ringcomm.launch import spawn
 import fault_cases
 
 
-@pytest.fixture
-def env():
-    d = tempfile.mkdtemp(prefix="rc-test-store-")
-    yield {"RC_TEST_STORE": d}
-    shutil.rmtree(d, ignore_errors=True)
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world", [2, 3])
-def test_killed_rank_raises_peer_failure_quickly(world, env):
-    res = spawn(fault_cases.killed_rank, world, timeout=50, env=env, may_die=[1])
+def test_killed_rank_raises_peer_failure_quickly(world, store_env):
+    res = spawn(fault_cases.killed_rank, world, timeout=50, env=store_env, may_die=[1])
     for r, out in enumerate(res):
         if r == 1:
             continue
@@ -30,8 +21,8 @@ def test_killed_rank_raises_peer_failure_quickly(world, env):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world", [2, 3])
-def test_mismatch_raises_on_every_rank_and_recovers(world, env):
-    res = spawn(fault_cases.mismatch, world, timeout=50, env=env)
+def test_mismatch_raises_on_every_rank_and_recovers(world, store_env):
+    res = spawn(fault_cases.mismatch, world, timeout=50, env=store_env)
     for r, out in enumerate(res):
         assert [o[0] for o in out[:3]] == ["MismatchError"] * 3, (r, out)
         assert "count=10" in out[0][1] and "count=11" in out[0][1], out[0][1]
@@ -40,8 +31,8 @@ def test_mismatch_raises_on_every_rank_and_recovers(world, env):
 
 
 @pytest.mark.timeout(60)
-def test_timeout_names_op_rank_peer(env):
-    res = spawn(fault_cases.timeout, 2, timeout=50, env=env)
+def test_timeout_names_op_rank_peer(store_env):
+    res = spawn(fault_cases.timeout, 2, timeout=50, env=store_env)
     kind, dt, msg = res[0]
     assert kind == "TimeoutError", res[0]
     assert dt < 3.0
@@ -52,8 +43,8 @@ def test_timeout_names_op_rank_peer(env):
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("world", [2, 3])
-def test_bad_inputs_raise_everywhere(world, env):
-    res = spawn(fault_cases.bad_inputs, world, timeout=80, env=env)
+def test_bad_inputs_raise_everywhere(world, store_env):
+    res = spawn(fault_cases.bad_inputs, world, timeout=80, env=store_env)
     expected0 = {
         "non-contiguous": "InvalidArgumentError", "read-only": "InvalidArgumentError",
         "wrong output size": "InvalidArgumentError", "dtype mismatch": "InvalidArgumentError",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import time
-import traceback
 
 import pytest
 import torch
@@ -34,7 +33,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import tp_pp_group
-from torch_ranks import BACKENDS
 
 from ringcomm import pp, simulate
 
@@ -233,14 +231,7 @@ def _rank_cases(rank, world_size):
             grp = pair if p == 2 else None
             cases[f"bubble/{p}/{m}/{kind}"] = \
                 lambda g=grp, p=p, m=m, k=kind: _bubble_case(g, p, m, k)
-    out = {}
-    for name, fn in cases.items():
-        try:
-            out[name] = fn()
-        except Exception:  # noqa: BLE001 - reported by the test of that case
-            out[name] = {"error": traceback.format_exc()}
-        dist.barrier()
-    return out
+    return tp_pp_group.run_cases(cases)
 
 
 # ----------------------------------------------------------------------------- pytest side
@@ -253,12 +244,10 @@ def _by_stage(per_rank, p):
     return [per_rank[i:i + p] for i in range(0, WORLD, p)]
 
 
-params_bw = pytest.mark.parametrize("backend", BACKENDS)
 params_kind = pytest.mark.parametrize("kind", pp.SCHEDULES)
 
 
-@pytest.mark.timeout(200)
-@params_bw
+@tp_pp_group.group_test
 @params_kind
 @pytest.mark.parametrize("p", [2, 4])
 @pytest.mark.parametrize("m", MS)
@@ -278,8 +267,7 @@ def test_pipeline_equals_unsplit_model(backend, kind, p, m):
             assert last["loss_exact"]
 
 
-@pytest.mark.timeout(200)
-@params_bw
+@tp_pp_group.group_test
 @pytest.mark.parametrize("p", [2, 4])
 def test_1f1b_holds_at_most_p_microbatches(backend, p):
     m = 8
@@ -295,8 +283,7 @@ def test_1f1b_holds_at_most_p_microbatches(backend, p):
             assert r1["peak_saved_bytes"] * m == rg["peak_saved_bytes"] * min(p - s, m)
 
 
-@pytest.mark.timeout(200)
-@params_bw
+@tp_pp_group.group_test
 @params_kind
 @pytest.mark.parametrize("p,m", BUBBLE_CONFIGS)
 def test_measured_bubble_matches_formula(backend, kind, p, m):

@@ -74,20 +74,20 @@ def bf16_widen(bits):
     return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+# The 16-bit types' conversions (to float32, from float32 rounding to nearest even); every other
+# dtype is computed in its own type.
+_HALF_CONVERSIONS = {
+    F16: (lambda x: x.astype(np.float32), lambda f: f.astype(np.float16)),
+    BF16: (bf16_widen, bf16_round),
+}
+
+
 def widen(dt, x):
-    if dt == F16:
-        return x.astype(np.float32)
-    if dt == BF16:
-        return bf16_widen(x)
-    return x
+    return _HALF_CONVERSIONS[dt][0](x) if dt in _HALF_CONVERSIONS else x
 
 
 def narrow(dt, f):
-    if dt == F16:
-        return f.astype(np.float16)
-    if dt == BF16:
-        return bf16_round(f)
-    return f
+    return _HALF_CONVERSIONS[dt][1](f) if dt in _HALF_CONVERSIONS else f
 
 
 def reference(dt, op, a, b, scale=1.0):

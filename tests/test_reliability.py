@@ -2,7 +2,6 @@
 peers, close() racing a call, attach checks, fork after init. Every case is checked against a
 value computed here (numpy sums) or an expected typed error."""
 import shutil
-import tempfile
 
 import pytest
 
@@ -10,17 +9,10 @@ from ringcomm.launch import spawn
 import fault_cases
 
 
-@pytest.fixture
-def env():
-    d = tempfile.mkdtemp(prefix="rc-test-store-")
-    yield {"RC_TEST_STORE": d}
-    shutil.rmtree(d, ignore_errors=True)
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("timeout", [float("inf"), 1e10, 1e300])
-def test_huge_timeout_waits_for_a_late_peer(timeout, env):
-    res = spawn(fault_cases.huge_timeout, 2, args=(timeout, 0.5), timeout=80, env=env)
+def test_huge_timeout_waits_for_a_late_peer(timeout, store_env):
+    res = spawn(fault_cases.huge_timeout, 2, args=(timeout, 0.5), timeout=80, env=store_env)
     for r, out in enumerate(res):
         assert out[0] == "ok", (r, out)
         assert out[1] == 3.0 and out[2] == [4.0] * 8, (r, out)
@@ -53,8 +45,8 @@ def test_board_word_alternates_entries_across_the_wrap():
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("last_seq", [2**32 - 2, 2 * (2**32 - 2) - 1])
-def test_collectives_across_the_board_wrap(last_seq, env):
-    res = spawn(fault_cases.board_wrap, 2, args=(last_seq,), timeout=80, env=env)
+def test_collectives_across_the_board_wrap(last_seq, store_env):
+    res = spawn(fault_cases.board_wrap, 2, args=(last_seq,), timeout=80, env=store_env)
     want = [[3.0 + 2 * i] * (10 + i) for i in range(4)]
     for r, out in enumerate(res):
         assert out[0] == "ok", (r, out)
@@ -63,9 +55,9 @@ def test_collectives_across_the_board_wrap(last_seq, env):
 
 
 @pytest.mark.timeout(90)
-def test_closed_peer_is_closed_not_dead(env):
+def test_closed_peer_is_closed_not_dead(store_env):
     world = 3
-    res = spawn(fault_cases.closed_peer, world, timeout=80, env=env)
+    res = spawn(fault_cases.closed_peer, world, timeout=80, env=store_env)
     assert res[2] == ("closed", [3.0] * 4), res[2]
     for r in (0, 1):
         out = res[r]
@@ -87,7 +79,7 @@ print("RESULT " + json.dumps([fault_cases.small_shm(0, 1)]))
 
 
 @pytest.mark.timeout(120)
-def test_small_dev_shm_fails_at_init_with_a_clear_error(env, tmp_path):
+def test_small_dev_shm_fails_at_init_with_a_clear_error(store_env, tmp_path):
     import os
     import subprocess
     import sys
@@ -103,7 +95,7 @@ def test_small_dev_shm_fails_at_init_with_a_clear_error(env, tmp_path):
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     cmd = ("mount -t tmpfs -o size=4M tmpfs /dev/shm && exec \"$0\" \"$@\"")
     r = subprocess.run([unshare, "-m", "sh", "-c", cmd, sys.executable, str(script), tests_dir,
-                        env["RC_TEST_STORE"]], capture_output=True, text=True, timeout=100)
+                        store_env["RC_TEST_STORE"]], capture_output=True, text=True, timeout=100)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
     import json

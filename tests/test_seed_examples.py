@@ -20,22 +20,7 @@ from ringcomm.memory import (
     zero_communication_bytes,
     zero_memory_per_device,
 )
-from ringcomm.simulate import (
-    accumulate,
-    all_reduce_mean,
-    data_parallel_gradients,
-    format_gpipe_schedule,
-    format_ring_trace,
-    gelu,
-    gpipe_schedule,
-    mlp,
-    pipeline_bubble_fraction,
-    ring_all_reduce,
-    ring_all_reduce_bytes,
-    ring_trace,
-    single_device_gradient,
-    tensor_parallel_mlp,
-)
+from ringcomm import simulate as sim
 
 GB = 1e9
 
@@ -130,15 +115,24 @@ def test_seed000_exercise2_stage2_bytes():
 # seed 000: data parallelism and the ring all-reduce (torch examples)
 # ---------------------------------------------------------------------------
 
+def _seed_regression_setup(seed: int, d_out: int, d_in: int, shards: int):
+    """Seed 000's setup for its linear-regression examples, verbatim and in its order of random
+    draws: ``torch.manual_seed(seed)``, W (d_out x d_in), then 4 inputs per shard, then 4 targets
+    per shard."""
+    import torch
+    torch.manual_seed(seed)
+    W = torch.randn(d_out, d_in)
+    xs = [torch.randn(4, d_in) for _ in range(shards)]
+    ys = [torch.randn(4, d_out) for _ in range(shards)]
+    return W, xs, ys
+
+
 def test_seed000_data_parallel_equals_single_device():
     torch = pytest.importorskip("torch")
-    # seed 000, "Code: Data Parallelism & Ring All-Reduce", verbatim setup
-    torch.manual_seed(0)
-    W = torch.randn(3, 5)
-    x_shards = [torch.randn(4, 5) for _ in range(4)]
-    y_shards = [torch.randn(4, 3) for _ in range(4)]
-    g_dp = data_parallel_gradients(W, x_shards, y_shards)
-    g_sd = single_device_gradient(W, torch.cat(x_shards), torch.cat(y_shards))
+    # seed 000, "Code: Data Parallelism & Ring All-Reduce"
+    W, x_shards, y_shards = _seed_regression_setup(seed=0, d_out=3, d_in=5, shards=4)
+    g_dp = sim.data_parallel_gradients(W, x_shards, y_shards)
+    g_sd = sim.single_device_gradient(W, torch.cat(x_shards), torch.cat(y_shards))
     assert isinstance(g_dp, torch.Tensor) and g_dp.shape == (3, 5)
     assert (g_dp - g_sd).abs().max().item() < 1e-6
     assert torch.allclose(g_dp, g_sd, atol=1e-5)  # "identical step: True"
@@ -153,11 +147,11 @@ def test_seed000_ring_all_reduce_four_devices():
         torch.tensor([100., 200., 300., 400.]),
         torch.tensor([1000., 2000., 3000., 4000.]),
     ]
-    out = ring_all_reduce(tensors)
+    out = sim.ring_all_reduce(tensors)
     assert out[0].tolist() == [1111.0, 2222.0, 3333.0, 4444.0]
     assert torch.equal(out[0], torch.stack(tensors).sum(0))        # "== naive sum: True"
     assert all(torch.equal(o, out[0]) for o in out)                 # "all devices agree: True"
-    assert ring_all_reduce_bytes(4000, 4) == 6000.0                  # "bytes/device (M=4KB, N=4)"
+    assert sim.ring_all_reduce_bytes(4000, 4) == 6000.0              # "bytes/device (M=4KB, N=4)"
     # inputs untouched
     assert tensors[0].tolist() == [1., 2., 3., 4.]
 
@@ -166,8 +160,8 @@ def test_seed000_step_through_the_ring():
     # seed 000 "Step through the ring": four devices; at the end of reduce-scatter
     # (step 3) exactly one cell per device holds its finished column sum; after the
     # all-gather every row equals the column sums.
-    rows = ring_trace([[1, 2, 3, 4], [10, 20, 30, 40], [100, 200, 300, 400],
-                       [1000, 2000, 3000, 4000]])
+    rows = sim.ring_trace([[1, 2, 3, 4], [10, 20, 30, 40], [100, 200, 300, 400],
+                           [1000, 2000, 3000, 4000]])
     col_sums = [1111, 2222, 3333, 4444]
     assert len(rows) == 1 + 2 * 3
     label, states = rows[3]
@@ -182,25 +176,22 @@ def test_seed000_exercise1_all_reduce_mean():
     torch = pytest.importorskip("torch")
     # seed 000 Exercise 1
     xs = [torch.randn(6) for _ in range(4)]
-    got = all_reduce_mean(xs)[0]
+    got = sim.all_reduce_mean(xs)[0]
     assert torch.allclose(got, torch.stack(xs).mean(0), atol=1e-6)  # "matches mean: True"
 
     def seed_all_reduce_mean(tensors):  # the seed's solution, verbatim
-        summed = ring_all_reduce(tensors)
+        summed = sim.ring_all_reduce(tensors)
         n = len(tensors)
         return [s / n for s in summed]
 
-    for a, b in zip(all_reduce_mean(xs), seed_all_reduce_mean(xs)):
+    for a, b in zip(sim.all_reduce_mean(xs), seed_all_reduce_mean(xs)):
         assert torch.equal(a, b)
 
 
 def test_seed000_exercise3_gradient_accumulation():
     torch = pytest.importorskip("torch")
-    # seed 000 Exercise 3, verbatim setup
-    torch.manual_seed(1)
-    W = torch.randn(2, 3)
-    shards_x = [torch.randn(4, 3) for _ in range(3)]
-    shards_y = [torch.randn(4, 2) for _ in range(3)]
+    # seed 000 Exercise 3
+    W, shards_x, shards_y = _seed_regression_setup(seed=1, d_out=2, d_in=3, shards=3)
 
     def seed_accumulate(W, xs, ys):  # the seed's solution, verbatim
         grads = []
@@ -210,12 +201,12 @@ def test_seed000_exercise3_gradient_accumulation():
             grads.append(torch.autograd.grad(loss, w)[0])
         return sum(grads) / len(grads)
 
-    acc = accumulate(W, shards_x, shards_y)
-    dp = data_parallel_gradients(W, shards_x, shards_y)
+    acc = sim.accumulate(W, shards_x, shards_y)
+    dp = sim.data_parallel_gradients(W, shards_x, shards_y)
     assert torch.allclose(acc, dp, atol=1e-6)  # "accumulation == data parallel: True"
     assert torch.allclose(acc, seed_accumulate(W, shards_x, shards_y), atol=1e-7)
-    assert torch.allclose(acc, single_device_gradient(W, torch.cat(shards_x), torch.cat(shards_y)),
-                          atol=1e-6)
+    assert torch.allclose(
+        acc, sim.single_device_gradient(W, torch.cat(shards_x), torch.cat(shards_y)), atol=1e-6)
 
 
 def test_seed000_uneven_shards_rejected():
@@ -226,19 +217,19 @@ def test_seed000_uneven_shards_rejected():
     xs = [rng.standard_normal((4, 3)), rng.standard_normal((2, 3))]
     ys = [rng.standard_normal((4, 2)), rng.standard_normal((2, 2))]
     with pytest.raises(ValueError, match="mean of means"):
-        data_parallel_gradients(W, xs, ys)
+        sim.data_parallel_gradients(W, xs, ys)
     with pytest.raises(ValueError, match="mean of means"):
-        accumulate(W, xs, ys)
+        sim.accumulate(W, xs, ys)
 
 
 def test_seed000_ring_cost_approaches_2M():
     # seed 000: "moves only 2(N-1)/N * M bytes per device ... approaches 2M"
     M = 4000
-    costs = [ring_all_reduce_bytes(M, n) for n in range(1, 200)]
+    costs = [sim.ring_all_reduce_bytes(M, n) for n in range(1, 200)]
     assert costs[0] == 0.0
     assert all(a < b for a, b in zip(costs, costs[1:]))
     assert all(c < 2 * M for c in costs)
-    assert ring_all_reduce_bytes(M, 10**9) == pytest.approx(2 * M)
+    assert sim.ring_all_reduce_bytes(M, 10**9) == pytest.approx(2 * M)
 
 
 # ---------------------------------------------------------------------------
@@ -258,16 +249,16 @@ SEED001_RING_TABLE = [
 
 
 def test_seed001_ring_table_exact():
-    rows = ring_trace(SEED001_WORKERS)
+    rows = sim.ring_trace(SEED001_WORKERS)
     assert rows == SEED001_RING_TABLE
     # numpy and torch inputs give the same table
-    assert ring_trace([np.array(w) for w in SEED001_WORKERS]) == SEED001_RING_TABLE
+    assert sim.ring_trace([np.array(w) for w in SEED001_WORKERS]) == SEED001_RING_TABLE
     torch = pytest.importorskip("torch")
-    assert ring_trace([torch.tensor(w) for w in SEED001_WORKERS]) == SEED001_RING_TABLE
+    assert sim.ring_trace([torch.tensor(w) for w in SEED001_WORKERS]) == SEED001_RING_TABLE
 
 
 def test_seed001_ring_table_narrative():
-    rows = ring_trace(SEED001_WORKERS)
+    rows = sim.ring_trace(SEED001_WORKERS)
     # "In step 1, worker 0 sends its first chunk (1) to worker 1, which adds it: 10+1=11."
     assert rows[1][1][1][0] == 10 + 1 == 11
     # "After two steps ... worker 0 has 222, worker 1 has 333, worker 2 has 111"
@@ -276,7 +267,7 @@ def test_seed001_ring_table_narrative():
 
 
 def test_seed001_format_ring_trace():
-    text = format_ring_trace(ring_trace(SEED001_WORKERS))
+    text = sim.format_ring_trace(sim.ring_trace(SEED001_WORKERS))
     lines = text.splitlines()
     assert len(lines) == 6
     assert lines[0].split() == ["after", "worker", "0", "worker", "1", "worker", "2"]
@@ -295,9 +286,9 @@ def test_seed001_collectives_example():
     # seed 001 "Collective communication": all-reduce gives [111, 222, 333] everywhere;
     # a reduce-scatter leaves one slice of the sum on each worker (111, 222, 333), and
     # an all-gather of those slices gives everyone [111, 222, 333].
-    out = ring_all_reduce(SEED001_WORKERS)
+    out = sim.ring_all_reduce(SEED001_WORKERS)
     assert out == [[111, 222, 333]] * 3
-    after_reduce_scatter = ring_trace(SEED001_WORKERS)[2][1]
+    after_reduce_scatter = sim.ring_trace(SEED001_WORKERS)[2][1]
     owned = sorted(after_reduce_scatter[r][(r + 1) % 3] for r in range(3))
     assert owned == [111, 222, 333]
 
@@ -305,26 +296,26 @@ def test_seed001_collectives_example():
 def test_seed001_ring_cost_ratios():
     # seed 001: "with 4 workers it is 1.5 times the array, with 64 workers 1.97 times,
     # and it never reaches 2."
-    assert ring_all_reduce_bytes(1, 4) == 1.5
-    assert ring_all_reduce_bytes(1, 64) == 1.96875
-    assert round(ring_all_reduce_bytes(1, 64), 2) == 1.97
-    assert all(ring_all_reduce_bytes(1, n) < 2 for n in (1, 2, 3, 64, 1000, 10**6))
+    assert sim.ring_all_reduce_bytes(1, 4) == 1.5
+    assert sim.ring_all_reduce_bytes(1, 64) == 1.96875
+    assert round(sim.ring_all_reduce_bytes(1, 64), 2) == 1.97
+    assert all(sim.ring_all_reduce_bytes(1, n) < 2 for n in (1, 2, 3, 64, 1000, 10**6))
 
 
 def test_seed001_data_parallel_mean_example():
     # seed 001: "GPU 0 computes the gradient 0.2 and GPU 1 computes 0.4. The all-reduce
     # (here a mean) gives both GPUs 0.3"
-    out = all_reduce_mean([0.2, 0.4])
+    out = sim.all_reduce_mean([0.2, 0.4])
     assert out[0] == out[1] == pytest.approx(0.3)
-    out = all_reduce_mean([np.array([0.2]), np.array([0.4])])
+    out = sim.all_reduce_mean([np.array([0.2]), np.array([0.4])])
     assert np.allclose(out, 0.3)
     # and that is the gradient of the full batch of 8 (two GPUs, 4 texts each)
     rng = np.random.default_rng(8)
     W = rng.standard_normal((1, 2))
     x = rng.standard_normal((8, 2))
     y = rng.standard_normal((8, 1))
-    assert np.allclose(data_parallel_gradients(W, [x[:4], x[4:]], [y[:4], y[4:]]),
-                       single_device_gradient(W, x, y))
+    assert np.allclose(sim.data_parallel_gradients(W, [x[:4], x[4:]], [y[:4], y[4:]]),
+                       sim.single_device_gradient(W, x, y))
 
 
 def test_seed001_zero_7B_on_8_gpus():
@@ -348,7 +339,7 @@ def test_seed001_zero_communication_volume():
     # seed 001: "stages 1 and 2 cost no more communication than plain data parallelism";
     # stage 3: "The communication volume grows to 1.5 times that of plain data parallelism"
     for M, n in ((4000, 4), (2 * 7_000_000_000, 8), (1, 64)):
-        dp = ring_all_reduce_bytes(M, n)
+        dp = sim.ring_all_reduce_bytes(M, n)
         assert zero_communication_bytes(M, n, 0) == dp
         assert zero_communication_bytes(M, n, 1) == dp
         assert zero_communication_bytes(M, n, 2) == dp
@@ -380,22 +371,22 @@ def r3(v):
 def test_seed001_megatron_unsplit():
     XA = np.asarray(SEED_X) @ np.asarray(SEED_A)
     assert XA.tolist() == [1, 2, 1, 0]                              # "XA = (1, 2, 1, 0)"
-    assert r3(gelu(XA)) == [0.841, 1.955, 0.841, 0.0]                # "≈ (0.841, 1.955, 0.841, 0)"
-    assert r3(mlp(SEED_X, SEED_A, SEED_B)) == [1.682, 2.796]         # "(1.682, 2.796)"
+    assert r3(sim.gelu(XA)) == [0.841, 1.955, 0.841, 0.0]            # "≈ (0.841, 1.955, 0.841, 0)"
+    assert r3(sim.mlp(SEED_X, SEED_A, SEED_B)) == [1.682, 2.796]     # "(1.682, 2.796)"
 
 
 def test_seed001_megatron_two_gpus():
-    Y, partials = tensor_parallel_mlp(SEED_X, SEED_A, SEED_B, 2, return_partials=True)
+    Y, partials = sim.tensor_parallel_mlp(SEED_X, SEED_A, SEED_B, 2, return_partials=True)
     assert r3(partials[0]) == [0.841, 1.955]     # GPU 1: columns 0-1 of A, rows 0-1 of B
     assert r3(partials[1]) == [0.841, 0.841]     # GPU 2: columns 2-3, rows 2-3
     assert r3(Y) == [1.682, 2.796]               # "The all-reduce adds them: (1.682, 2.796)"
-    assert np.allclose(Y, mlp(SEED_X, SEED_A, SEED_B), rtol=0, atol=1e-15)
+    assert np.allclose(Y, sim.mlp(SEED_X, SEED_A, SEED_B), rtol=0, atol=1e-15)
 
 
 def test_seed001_megatron_torch():
     torch = pytest.importorskip("torch")
     X = torch.tensor(SEED_X, dtype=torch.float64)
-    Y, partials = tensor_parallel_mlp(X, SEED_A, SEED_B, 2, return_partials=True)
+    Y, partials = sim.tensor_parallel_mlp(X, SEED_A, SEED_B, 2, return_partials=True)
     assert isinstance(Y, torch.Tensor)
     assert r3(Y.numpy()) == [1.682, 2.796]
     assert [r3(p.numpy()) for p in partials] == [[0.841, 1.955], [0.841, 0.841]]
@@ -403,12 +394,12 @@ def test_seed001_megatron_torch():
 
 def test_seed001_gelu_of_sum_is_not_sum_of_gelus():
     # seed 001: "GeLU(1 + 1) ≈ 1.955, while GeLU(1) + GeLU(1) ≈ 1.682"
-    assert round(float(gelu(1.0 + 1.0)), 3) == 1.955
-    assert round(float(gelu(1.0) + gelu(1.0)), 3) == 1.682
+    assert round(float(sim.gelu(1.0 + 1.0)), 3) == 1.955
+    assert round(float(sim.gelu(1.0) + sim.gelu(1.0)), 3) == 1.682
     # The seed's numbers pin down the tanh approximation: the exact erf GeLU would
     # round to 1.954 and 1.683.
-    assert round(float(gelu(2.0, approximate="none")), 3) == 1.954
-    assert round(float(2 * gelu(1.0, approximate="none")), 3) == 1.683
+    assert round(float(sim.gelu(2.0, approximate="none")), 3) == 1.954
+    assert round(float(2 * sim.gelu(1.0, approximate="none")), 3) == 1.683
 
 
 # ---------------------------------------------------------------------------
@@ -417,10 +408,10 @@ def test_seed001_gelu_of_sum_is_not_sum_of_gelus():
 
 def test_seed001_gpipe_table():
     # seed 001: p = 2 stages, m = 3 micro-batches, forward pass; "·" means idle
-    rows = gpipe_schedule(2, 3)
+    rows = sim.gpipe_schedule(2, 3)
     assert rows == [[0, 1, 2, None],
                     [None, 0, 1, 2]]
-    assert format_gpipe_schedule(rows).splitlines() == [
+    assert sim.format_gpipe_schedule(rows).splitlines() == [
         "stage    slot 0  slot 1  slot 2  slot 3",
         "stage 0  0       1       2       ·",
         "stage 1  ·       0       1       2",
@@ -429,19 +420,19 @@ def test_seed001_gpipe_table():
     cells = [c for row in rows for c in row]
     assert (len(cells), cells.count(None)) == (8, 2)
     # "(2 - 1) / (3 + 2 - 1) = 1/4: the 2 idle cells out of 8"
-    assert pipeline_bubble_fraction(2, 3) == 1 / 4 == cells.count(None) / len(cells)
+    assert sim.pipeline_bubble_fraction(2, 3) == 1 / 4 == cells.count(None) / len(cells)
 
 
 def test_seed001_bubble_examples():
     # "With p = 4 stages and m = 8 micro-batches the bubble is 3/11 ≈ 27% of the time;
     # with m = 32 it drops to 3/35 ≈ 8.6%."
-    assert pipeline_bubble_fraction(4, 8) == 3 / 11
-    assert round(100 * pipeline_bubble_fraction(4, 8)) == 27
-    assert pipeline_bubble_fraction(4, 32) == 3 / 35
-    assert round(100 * pipeline_bubble_fraction(4, 32), 1) == 8.6
+    assert sim.pipeline_bubble_fraction(4, 8) == 3 / 11
+    assert round(100 * sim.pipeline_bubble_fraction(4, 8)) == 27
+    assert sim.pipeline_bubble_fraction(4, 32) == 3 / 35
+    assert round(100 * sim.pipeline_bubble_fraction(4, 32), 1) == 8.6
     # "each stage is idle for p - 1 of the m + p - 1 time slots"
     for p, m in ((4, 8), (4, 32), (3, 1), (1, 5)):
-        rows = gpipe_schedule(p, m)
+        rows = sim.gpipe_schedule(p, m)
         assert all(len(row) == m + p - 1 for row in rows)
         assert all(row.count(None) == p - 1 for row in rows)
 

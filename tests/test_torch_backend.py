@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import tempfile
 import time
 import traceback
 
@@ -22,18 +21,14 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from ringcomm.launch import LaunchError, spawn  # noqa: E402
+from torch_battery import (  # noqa: E402
+    fail_on_error, init_world, registry, run_cases, spawn_battery)
 
 WORLD_SIZES = [2, 3]
 CASE_TIMEOUT_S = 30        # ringcomm/gloo group timeout inside the battery: a desync fails fast
 BATTERY_TIMEOUT_S = 200    # the whole spawned battery for one world size
 
-CASES: dict = {}
-
-
-def case(fn):
-    CASES[fn.__name__[len("case_"):]] = fn
-    return fn
+CASES, case = registry()
 
 
 # ---- inputs and references ----------------------------------------------------------------------
@@ -102,11 +97,6 @@ def assert_same(actual, expected, what: str) -> None:
         bad = (actual != expected).nonzero()[:5].flatten().tolist()
         raise AssertionError(f"{what}: differs at {bad}: {actual.flatten()[bad].tolist()} vs "
                              f"{expected.flatten()[bad].tolist()}")
-
-
-class Ctx:
-    def __init__(self, rank, ws, rc, gloo):
-        self.rank, self.ws, self.rc, self.gloo = rank, ws, rc, gloo
 
 
 def run_both(ctx, fn, *, gloo: bool = True):
@@ -642,9 +632,19 @@ def case_subgroups(ctx):
 def case_group_name_and_backend(ctx):
     pg = ctx.rc
     assert dist.get_backend(pg) == "ringcomm"
-    assert pg.name() == "ringcomm"
+    if os.environ.get("RINGCOMM_TORCH_BACKEND", "auto").lower() == "group":
+        assert pg.name() == "ringcomm"
+        assert type(pg).__name__ == "RingcommProcessGroup"
+    else:
+        # per-device c10d Backend: torch's own ProcessGroup (which names every plugin's group
+        # "custom") holds ringcomm's Backend for each device
+        assert type(pg) is dist.ProcessGroup, type(pg)
+        assert pg.name() == "custom", pg.name()
+        for device in ("cpu", "cuda"):
+            be = pg._get_backend(torch.device(device))
+            assert be.name() == "ringcomm"
+            assert type(be).__name__ == "RingcommBackend", type(be)
     assert pg.group_name, "group name not set"
-    assert type(pg).__name__ == "RingcommProcessGroup"
     # functional collectives resolve the group by its name
     import torch.distributed._functional_collectives as funcol
     out = funcol.all_reduce(torch.ones(4), "sum", pg)
@@ -684,13 +684,23 @@ def case_bad_input(ctx):
             raise AssertionError(f"{what}: raised {type(e).__name__}: {e}") from e
         raise AssertionError(f"{what}: no exception")
 
-    # tensors not on the CPU (a CPU-only build has no CUDA tensors; "meta" stands in)
-    expect_error(lambda: dist.all_reduce(torch.empty(4, device="meta"), group=rc),
-                 RuntimeError, ["ringcomm does not support", "meta"], "meta tensor")
+    # tensors not on the CPU (a CPU-only build has no CUDA tensors; "meta" stands in). With the
+    # per-device c10d Backend torch dispatches by device and runs its own meta kernels, so a
+    # meta tensor never reaches a backend: ringcomm's checks are called on the Backend directly.
+    if os.environ.get("RINGCOMM_TORCH_BACKEND", "auto").lower() == "group":
+        meta_all_reduce = lambda: dist.all_reduce(torch.empty(4, device="meta"), group=rc)  # noqa: E731
+        mixed_all_gather = lambda: dist.all_gather_into_tensor(  # noqa: E731
+            torch.empty(4 * ctx.ws, device="meta"), torch.ones(4), group=rc)
+    else:
+        be = rc._get_backend(torch.device("cpu"))
+        meta_all_reduce = lambda: be.allreduce([torch.empty(4, device="meta")],  # noqa: E731
+                                               dist.distributed_c10d.AllreduceOptions())
+        mixed_all_gather = lambda: be._allgather_base(  # noqa: E731
+            torch.empty(4 * ctx.ws, device="meta"), torch.ones(4), dist.distributed_c10d.AllgatherOptions())
+    expect_error(meta_all_reduce, RuntimeError, ["ringcomm does not support", "meta"],
+                 "meta tensor")
     # tensors on different devices
-    expect_error(lambda: dist.all_gather_into_tensor(torch.empty(4 * ctx.ws, device="meta"),
-                                                     torch.ones(4), group=rc),
-                 RuntimeError, ["one device"], "mixed devices")
+    expect_error(mixed_all_gather, RuntimeError, ["one device"], "mixed devices")
     # unsupported dtype
     expect_error(lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16), group=rc),
                  RuntimeError, ["ringcomm does not support", "int16"], "int16")
@@ -770,32 +780,11 @@ def _check_world(ws):
 def _battery(rank, ws, file_path, tcp_port, store_port):
     import ringcomm.torch  # noqa: F401 - registers the backend
     torch.set_num_threads(1)  # ranks outnumber cores: intra-op thread pools would only fight
-    results = {}
-    timeout = datetime.timedelta(seconds=CASE_TIMEOUT_S)
-    dist.init_process_group("ringcomm", init_method=f"file://{file_path}", rank=rank,
-                            world_size=ws, timeout=timeout)
-    gloo = dist.new_group(backend="gloo", timeout=timeout)
-    ctx = Ctx(rank, ws, dist.group.WORLD, gloo)
+    ctx = init_world(rank, ws, file_path, CASE_TIMEOUT_S)
+    timeout = ctx.timeout
     assert dist.get_backend() == "ringcomm"
-    only = [c for c in os.environ.get("RINGCOMM_TEST_CASES", "").split(",") if c]
-    for name, fn in CASES.items():
-        if only and name not in only:
-            results[name] = (None, 0.0)
-            continue
-        t0 = time.perf_counter()
-        try:
-            fn(ctx)
-            err = None
-        except BaseException:  # noqa: BLE001
-            err = f"rank {rank}:\n{traceback.format_exc()}"
-        # Agree on the outcome over gloo; after a failure continue on a fresh ringcomm group,
-        # since the failed one may hold a half-done collective.
-        status = [None] * ws
-        dist.all_gather_object(status, err, group=gloo)
-        errs = [s for s in status if s]
-        results[name] = ("\n".join(errs) if errs else None, time.perf_counter() - t0)
-        if errs:
-            ctx.rc = dist.new_group(backend="ringcomm", timeout=timeout)
+    results = {name: (err, seconds)
+               for name, (err, _, seconds) in run_cases(ctx, CASES).items()}
     threads_before = _ringcomm_threads()
     dist.destroy_process_group()
     left = _ringcomm_threads()
@@ -854,13 +843,8 @@ _results: dict = {}
 def battery_results(ws: int) -> dict:
     if ws not in _results:
         before = _shm_entries()
-        with tempfile.TemporaryDirectory(prefix="ringcomm-torch-test-") as d:
-            try:
-                per_rank = spawn(_battery, ws, (os.path.join(d, "store"), _free_port(),
-                                                _free_port()), timeout=BATTERY_TIMEOUT_S)
-            except LaunchError as e:
-                per_rank = None
-                failure = str(e)
+        per_rank, failure = spawn_battery(_battery, ws, "ringcomm-torch-test-", BATTERY_TIMEOUT_S,
+                                          args=(_free_port(), _free_port()))
         leaked = _shm_entries() - before
         # Another test run on the machine may have a segment in flight (unlinked within
         # milliseconds of creation): only one that stays is a leak.
@@ -886,11 +870,7 @@ def battery_results(ws: int) -> dict:
 @pytest.mark.parametrize("name", list(CASES) + INIT_CASES)
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_backend(ws, name):
-    res = battery_results(ws)
-    if "__launch__" in res:
-        pytest.fail(res["__launch__"])
-    if res[name] is not None:
-        pytest.fail(f"world size {ws}, case {name}:\n{res[name]}")
+    fail_on_error(battery_results(ws), ws, name)
 
 
 @pytest.mark.timeout(BATTERY_TIMEOUT_S + 60)

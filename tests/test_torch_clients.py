@@ -10,13 +10,10 @@ on the full batch.
 """
 from __future__ import annotations
 
-import datetime
 import os
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
 
 import pytest
 
@@ -24,7 +21,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from ringcomm.launch import LaunchError, spawn  # noqa: E402
+from torch_battery import init_world, registry, run_cases, spawn_battery  # noqa: E402
 
 WORLD_SIZES = [2, 3]
 STEPS = 5
@@ -32,12 +29,7 @@ GLOO_TOL = 1e-6          # ringcomm vs gloo, fp32 (the issue's bound)
 SINGLE_TOL = 2e-5        # DDP vs one process on the full batch: other summation order, 5 Adam steps
 TIMEOUT_S = 240
 
-CASES: dict = {}
-
-
-def case(fn):
-    CASES[fn.__name__[len("case_"):]] = fn
-    return fn
+CASES, case = registry()
 
 
 # ---- models and data ----------------------------------------------------------------------------
@@ -165,11 +157,6 @@ def max_diff(a: list, b: list) -> float:
     return max((x - y).abs().max().item() for x, y in zip(a, b))
 
 
-class Ctx:
-    def __init__(self, rank, ws, rc, gloo):
-        self.rank, self.ws, self.rc, self.gloo = rank, ws, rc, gloo
-
-
 def compare(ctx, what: str, single: list | None = None, gloo_tol: float = GLOO_TOL,
             **kw) -> str:
     p_rc = train_ddp(ctx.rc, rank=ctx.rank, ws=ctx.ws, **kw)
@@ -200,44 +187,29 @@ def compare(ctx, what: str, single: list | None = None, gloo_tol: float = GLOO_T
 
 
 # ---- DDP ----------------------------------------------------------------------------------------
-@case
-def case_ddp_mlp(ctx):
-    return compare(ctx, "ddp mlp", train_single("mlp", ctx.ws), kind="mlp")
+# name: (label, model kind, train_single's extra arguments, DDP's keyword arguments). Each
+# trains DDP on ringcomm and on gloo and compares both with one process on the full batch.
+DDP_VS_SINGLE = {
+    "ddp_mlp": ("ddp mlp", "mlp", {}, {}),
+    "ddp_transformer_block": ("ddp block", "block", {}, {}),
+    "ddp_no_sync": ("ddp no_sync", "mlp", {"micro_steps": 2}, {"no_sync": True}),
+    "ddp_find_unused_parameters": ("ddp find_unused", "unused", {},
+                                   {"find_unused_parameters": True}),
+    "ddp_gradient_as_bucket_view": ("ddp bucket view", "block", {},
+                                    {"gradient_as_bucket_view": True}),
+    "ddp_static_graph": ("ddp static_graph", "mlp", {}, {"static_graph": True}),
+    "ddp_small_buckets": ("ddp small buckets", "deep", {}, {"bucket_cap_mb": 0.01}),
+}
 
 
-@case
-def case_ddp_transformer_block(ctx):
-    return compare(ctx, "ddp block", train_single("block", ctx.ws), kind="block")
+def _ddp_vs_single(label, kind, single_kw, ddp_kw):
+    def run(ctx):
+        return compare(ctx, label, train_single(kind, ctx.ws, **single_kw), kind=kind, **ddp_kw)
+    return run
 
 
-@case
-def case_ddp_no_sync(ctx):
-    return compare(ctx, "ddp no_sync", train_single("mlp", ctx.ws, micro_steps=2), kind="mlp",
-                   no_sync=True)
-
-
-@case
-def case_ddp_find_unused_parameters(ctx):
-    return compare(ctx, "ddp find_unused", train_single("unused", ctx.ws), kind="unused",
-                   find_unused_parameters=True)
-
-
-@case
-def case_ddp_gradient_as_bucket_view(ctx):
-    return compare(ctx, "ddp bucket view", train_single("block", ctx.ws), kind="block",
-                   gradient_as_bucket_view=True)
-
-
-@case
-def case_ddp_static_graph(ctx):
-    return compare(ctx, "ddp static_graph", train_single("mlp", ctx.ws), kind="mlp",
-                   static_graph=True)
-
-
-@case
-def case_ddp_small_buckets(ctx):
-    return compare(ctx, "ddp small buckets", train_single("deep", ctx.ws), kind="deep",
-                   bucket_cap_mb=0.01)
+for _name, _spec in DDP_VS_SINGLE.items():
+    CASES[_name] = _ddp_vs_single(*_spec)
 
 
 @case
@@ -358,30 +330,9 @@ def case_device_mesh(ctx):
 def _clients(rank, ws, store_path):
     import ringcomm.torch  # noqa: F401
     torch.set_num_threads(1)
-    timeout = datetime.timedelta(seconds=60)
-    dist.init_process_group("ringcomm", init_method=f"file://{store_path}", rank=rank,
-                            world_size=ws, timeout=timeout)
-    gloo = dist.new_group(backend="gloo", timeout=timeout)
-    ctx = Ctx(rank, ws, dist.group.WORLD, gloo)
-    only = [c for c in os.environ.get("RINGCOMM_TEST_CASES", "").split(",") if c]
-    results = {}
-    for name, fn in CASES.items():
-        if only and name not in only:
-            results[name] = (None, "skipped", 0.0)
-            continue
-        t0 = time.perf_counter()
-        info = ""
-        try:
-            info = fn(ctx) or ""
-            err = None
-        except BaseException:  # noqa: BLE001
-            err = f"rank {rank}:\n{traceback.format_exc()}"
-        status = [None] * ws
-        dist.all_gather_object(status, err, group=gloo)
-        errs = [s for s in status if s]
-        results[name] = ("\n".join(errs) if errs else None, info, time.perf_counter() - t0)
-        if errs:  # continue on a fresh ringcomm group: the failed one may hold a half-done op
-            ctx.rc = dist.new_group(backend="ringcomm", timeout=timeout)
+    ctx = init_world(rank, ws, store_path, 60)
+    results = {name: (err, info or "", seconds)
+               for name, (err, info, seconds) in run_cases(ctx, CASES).items()}
     dist.destroy_process_group()
     return results
 
@@ -391,12 +342,10 @@ _results: dict = {}
 
 def client_results(ws: int) -> dict:
     if ws not in _results:
-        with tempfile.TemporaryDirectory(prefix="ringcomm-torch-clients-") as d:
-            try:
-                per_rank = spawn(_clients, ws, (os.path.join(d, "store"),), timeout=TIMEOUT_S)
-            except LaunchError as e:
-                _results[ws] = {"__launch__": str(e)}
-                return _results[ws]
+        per_rank, failure = spawn_battery(_clients, ws, "ringcomm-torch-clients-", TIMEOUT_S)
+        if per_rank is None:
+            _results[ws] = {"__launch__": failure}
+            return _results[ws]
         merged = {}
         for name in CASES:
             errs = [res[name][0] for res in per_rank if res[name][0]]

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
-import tempfile
 import time
-import traceback
 import warnings
 
 import pytest
@@ -20,18 +18,14 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from ringcomm.launch import LaunchError, spawn  # noqa: E402
+from torch_battery import (  # noqa: E402
+    fail_on_error, init_world, registry, run_cases, spawn_battery)
 
 WORLD_SIZES = [2, 3]
 GROUP_TIMEOUT_S = 30
 BATTERY_TIMEOUT_S = 150
 
-CASES: dict = {}
-
-
-def case(fn):
-    CASES[fn.__name__[len("case_"):]] = fn
-    return fn
+CASES, case = registry()
 
 
 INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
@@ -57,11 +51,6 @@ def assert_equal(got, want, what: str) -> None:
     if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
         raise AssertionError(f"{what}: got {got.dtype}{tuple(got.shape)} {got.flatten()[:8]}, "
                              f"expected {want.dtype}{tuple(want.shape)} {want.flatten()[:8]}")
-
-
-class Ctx:
-    def __init__(self, rank, ws, rc, gloo):
-        self.rank, self.ws, self.rc, self.gloo = rank, ws, rc, gloo
 
 
 def gloo_avg(ctx, t: "torch.Tensor") -> "torch.Tensor":
@@ -357,24 +346,8 @@ def case_preferred_names_no_warnings(ctx):
 def _battery(rank, ws, file_path):
     import ringcomm.torch  # noqa: F401 - registers the backend
     torch.set_num_threads(1)
-    timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
-    dist.init_process_group("ringcomm", init_method=f"file://{file_path}", rank=rank,
-                            world_size=ws, timeout=timeout)
-    gloo = dist.new_group(backend="gloo", timeout=timeout)
-    ctx = Ctx(rank, ws, dist.group.WORLD, gloo)
-    results = {}
-    for name, fn in CASES.items():
-        try:
-            fn(ctx)
-            err = None
-        except BaseException:  # noqa: BLE001
-            err = f"rank {rank}:\n{traceback.format_exc()}"
-        status = [None] * ws
-        dist.all_gather_object(status, err, group=gloo)
-        errs = [s for s in status if s]
-        results[name] = "\n".join(errs) if errs else None
-        if errs:
-            ctx.rc = dist.new_group(backend="ringcomm", timeout=timeout)
+    ctx = init_world(rank, ws, file_path, GROUP_TIMEOUT_S)
+    results = {name: err for name, (err, _, _) in run_cases(ctx, CASES).items()}
     dist.destroy_process_group()
     return results
 
@@ -384,14 +357,13 @@ _results: dict = {}
 
 def battery_results(ws: int) -> dict:
     if ws not in _results:
-        with tempfile.TemporaryDirectory(prefix="ringcomm-dropin-test-") as d:
-            try:
-                per_rank = spawn(_battery, ws, (os.path.join(d, "store"),),
-                                 timeout=BATTERY_TIMEOUT_S)
-                _results[ws] = {name: "\n".join(r[name] for r in per_rank[:1] if r[name]) or None
-                                for name in CASES}
-            except LaunchError as e:
-                _results[ws] = {"__launch__": str(e)}
+        per_rank, failure = spawn_battery(_battery, ws, "ringcomm-dropin-test-",
+                                          BATTERY_TIMEOUT_S)
+        if per_rank is None:
+            _results[ws] = {"__launch__": failure}
+        else:
+            # every rank holds every rank's errors (run_cases agrees on them): rank 0's suffice
+            _results[ws] = {name: per_rank[0][name] for name in CASES}
     return _results[ws]
 
 
@@ -399,8 +371,4 @@ def battery_results(ws: int) -> dict:
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_dropin(ws, name):
-    res = battery_results(ws)
-    if "__launch__" in res:
-        pytest.fail(res["__launch__"])
-    if res[name] is not None:
-        pytest.fail(f"world size {ws}, case {name}:\n{res[name]}")
+    fail_on_error(battery_results(ws), ws, name)

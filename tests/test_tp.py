@@ -16,7 +16,6 @@ Tolerances (relative: max |tp - dense| / max |dense| per tensor):
 from __future__ import annotations
 
 import io
-import traceback
 
 import pytest
 import torch
@@ -25,7 +24,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import tp_pp_group
-from torch_ranks import BACKENDS
 
 WORLD = tp_pp_group.WORLD
 FP32_TOL = 1e-6
@@ -285,15 +283,7 @@ def _rank_cases(rank, world_size):
         cases[f"init/{n}"] = lambda g=grp: _init_case(g)
     cases["seed001/2"] = lambda: _seed001_case(pair)
     cases["dp_tp"] = _dp_tp_case
-    out = {}
-    for name, fn in cases.items():
-        try:
-            out[name] = fn()
-        except Exception:  # noqa: BLE001 - reported by the test of that case
-            out[name] = {"error": traceback.format_exc()}
-        # Keep the ranks in step, so one case's failure cannot desynchronise the next.
-        dist.barrier()
-    return out
+    return tp_pp_group.run_cases(cases)
 
 
 # ----------------------------------------------------------------------------- pytest side
@@ -301,23 +291,27 @@ def _case(backend, name):
     return tp_pp_group.case(backend, "tp/" + name)
 
 
-params_bw = pytest.mark.parametrize("backend", BACKENDS)
 params_n = pytest.mark.parametrize("n", [2, 4])
 params_dt = pytest.mark.parametrize("dt", ["fp32", "bf16"])
 TOL = {"fp32": FP32_TOL, "bf16": BF16_TOL}
 
 
-@pytest.mark.timeout(200)
-@params_bw
+def _within_tol(backend, name, dt) -> list:
+    """Case ``name``'s results, each checked to be within ``dt``'s tolerance of the dense model."""
+    per_rank = _case(backend, name)
+    for r in per_rank:
+        assert max(r["errs"].values()) <= TOL[dt], r["errs"]
+    return per_rank
+
+
+@tp_pp_group.group_test
 @params_n
 @params_dt
 def test_parallel_mlp_equals_dense(backend, n, dt):
-    for r in _case(backend, f"mlp/{n}/{dt}"):
-        assert max(r["errs"].values()) <= TOL[dt], r["errs"]
+    _within_tol(backend, f"mlp/{n}/{dt}", dt)
 
 
-@pytest.mark.timeout(200)
-@params_bw
+@tp_pp_group.group_test
 @params_n
 def test_parallel_mlp_one_all_reduce_each_way(backend, n):
     for r in _case(backend, f"mlp/{n}/fp32"):
@@ -327,25 +321,21 @@ def test_parallel_mlp_one_all_reduce_each_way(backend, n):
                             "broadcast": 0}
 
 
-@pytest.mark.timeout(200)
-@params_bw
+@tp_pp_group.group_test
 @params_n
 @params_dt
 def test_head_parallel_attention_equals_dense(backend, n, dt):
-    for r in _case(backend, f"attn/{n}/{dt}"):
-        assert max(r["errs"].values()) <= TOL[dt], r["errs"]
+    for r in _within_tol(backend, f"attn/{n}/{dt}", dt):
         assert r["fwd"]["all_reduce"] == 1 and r["bwd"]["all_reduce"] == 1
         assert r["fwd"]["all_gather"] == 0 and r["bwd"]["all_gather"] == 0
 
 
-@pytest.mark.timeout(200)
-@params_bw
+@tp_pp_group.group_test
 @params_n
 @params_dt
 @pytest.mark.parametrize("style", ["column", "row"])
 def test_linear_equals_dense(backend, n, dt, style):
-    for r in _case(backend, f"{style}/{n}/{dt}"):
-        assert max(r["errs"].values()) <= TOL[dt], r["errs"]
+    for r in _within_tol(backend, f"{style}/{n}/{dt}", dt):
         if style == "column":
             # gather_output: an all-gather forward (its backward is a local split); the input
             # gradient is all-reduced backward.
@@ -358,8 +348,7 @@ def test_linear_equals_dense(backend, n, dt, style):
             assert (r["bwd"]["all_gather"], r["bwd"]["all_reduce"]) == (1, 0)
 
 
-@pytest.mark.timeout(200)
-@params_bw
+@tp_pp_group.group_test
 @params_n
 def test_dense_checkpoint_loads(backend, n):
     for r in _case(backend, f"checkpoint/{n}"):
@@ -368,8 +357,7 @@ def test_dense_checkpoint_loads(backend, n):
         assert r["dense_err"] <= FP32_TOL
 
 
-@pytest.mark.timeout(200)
-@params_bw
+@tp_pp_group.group_test
 @params_n
 def test_init_is_a_slice_of_the_dense_init(backend, n):
     for r in _case(backend, f"init/{n}"):
@@ -377,8 +365,7 @@ def test_init_is_a_slice_of_the_dense_init(backend, n):
         assert r["col_shape"] == (2 * D // n, D) and r["row_shape"] == (D, 2 * D // n)
 
 
-@pytest.mark.timeout(200)
-@params_bw
+@tp_pp_group.group_test
 def test_seed001_megatron_example_on_two_ranks(backend):
     res = _case(backend, "seed001/2")
     expect_xa = [[1.0, 2.0], [1.0, 0.0]]
@@ -391,8 +378,7 @@ def test_seed001_megatron_example_on_two_ranks(backend):
         assert [round(v, 3) for v in r["y"]] == [1.682, 2.796]
 
 
-@pytest.mark.timeout(200)
-@params_bw
+@tp_pp_group.group_test
 def test_data_x_tensor_parallel_gradients(backend):
     res = _case(backend, "dp_tp")
     assert sorted((r["dp_rank"], r["tp_rank"]) for r in res) == [(0, 0), (0, 1), (1, 0), (1, 1)]

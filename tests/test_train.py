@@ -5,9 +5,6 @@ Select the end-to-end runs with ``-m train`` (or skip them with ``-m "not train"
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 
 import pytest
@@ -15,9 +12,8 @@ import torch
 from torch import nn
 
 from ringcomm import train
+from helpers_cli import run_module
 from torch_ranks import BACKENDS, require_backend
-
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 
 def test_activation_meter_counts_and_releases():
@@ -102,23 +98,7 @@ def test_single_process_main(tmp_path):
 
 
 def _run_cli(args, timeout):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    # Own session, so that a timeout can kill the CLI and every rank it spawned.
-    p = subprocess.Popen([sys.executable, "-m", "ringcomm.train", *args], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"python -m ringcomm.train {' '.join(args)} took over {timeout} s:\n{out}")
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    return p.returncode, out
+    return run_module("ringcomm.train", args, timeout)
 
 
 @pytest.mark.train

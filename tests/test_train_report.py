@@ -14,17 +14,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
 from ringcomm.train import report_model as rm
+from helpers_cli import run_module
 from torch_ranks import require_backend
-
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 
 def test_memory_formulas_match_the_seeds():
@@ -64,22 +59,7 @@ def test_scaling_efficiency_definition():
 
 
 def _run(args, timeout):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.Popen([sys.executable, "-m", "ringcomm.train", *args], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"python -m ringcomm.train {' '.join(args)} took over {timeout} s:\n{out}")
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    return p.returncode, out
+    return run_module("ringcomm.train", args, timeout)
 
 
 def _finite_pos(x) -> bool:

@@ -749,9 +749,17 @@ params_ws = pytest.mark.parametrize("ws", [2, 3])
 params_stage = pytest.mark.parametrize("stage", [1, 2, 3])
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+def per_backend(fn):
+    """A test that reads the groups: the timeout covers starting them, one id per backend."""
+    return pytest.mark.timeout(330)(params_bw(fn))
+
+
+def per_group(fn):
+    """A test that reads every (backend, world size) group."""
+    return per_backend(params_ws(fn))
+
+
+@per_group
 @params_stage
 def test_fp32_matches_single_process_adamw(backend, ws, stage):
     for r in _case(backend, ws, f"fp32/{stage}"):
@@ -763,9 +771,7 @@ def test_fp32_matches_single_process_adamw(backend, ws, stage):
         assert r["collectives"]["all_gather"] == {"native"}
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @pytest.mark.parametrize("stage", [1, 2])
 def test_fp32_several_buckets(backend, ws, stage):
     for r in _case(backend, ws, f"fp32/{stage}/buckets"):
@@ -773,9 +779,7 @@ def test_fp32_several_buckets(backend, ws, stage):
         assert r["master_diff"] <= FP32_TOL and r["param_diff"] <= FP32_TOL
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @params_stage
 def test_bf16_matches_mixed_precision_reference(backend, ws, stage):
     for r in _case(backend, ws, f"bf16/{stage}"):
@@ -785,9 +789,7 @@ def test_bf16_matches_mixed_precision_reference(backend, ws, stage):
         assert r["master_diff"] <= BF16_TOL, r
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @params_stage
 def test_fp16_loss_scaling_skips_inf_step(backend, ws, stage):
     for r in _case(backend, ws, f"fp16-scaling/{stage}"):
@@ -800,9 +802,7 @@ def test_fp16_loss_scaling_skips_inf_step(backend, ws, stage):
         assert r["master_diff"] <= FP16_TOL, r
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @params_stage
 def test_memory_is_sharded(backend, ws, stage):
     for rank, r in enumerate(_case(backend, ws, f"memory/{stage}")):
@@ -837,9 +837,7 @@ def test_memory_is_sharded(backend, ws, stage):
                 assert gathered == [j == i for j in range(ngroups)], (i, gathered)
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @params_stage
 def test_memory_matches_zero_table_bf16(backend, ws, stage):
     """bf16 params/grads + fp32 master/Adam: the seeds' 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N, up to the
@@ -849,9 +847,7 @@ def test_memory_matches_zero_table_bf16(backend, ws, stage):
         assert 0 <= r["measured"] - r["expected"] <= slack, r
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @params_stage
 def test_accumulation_clipping_param_groups_scheduler(backend, ws, stage):
     for r in _case(backend, ws, f"extras/{stage}"):
@@ -860,9 +856,7 @@ def test_accumulation_clipping_param_groups_scheduler(backend, ws, stage):
         assert r["master_diff"] <= FP32_TOL
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @params_stage
 def test_checkpoint_resume_same_world_is_bitwise(backend, ws, stage):
     for r in _case(backend, ws, f"ckpt-save/{stage}"):
@@ -872,16 +866,14 @@ def test_checkpoint_resume_same_world_is_bitwise(backend, ws, stage):
             assert r["model_params_same_world"] == 0.0
 
 
-@pytest.mark.timeout(330)
-@params_bw
+@per_backend
 @pytest.mark.parametrize("name", ["ckpt-save/2/fp16", "ckpt-save/3/bf16"])
 def test_checkpoint_resume_mixed_precision_is_bitwise(backend, name):
     for r in _case(backend, 2, name):
         assert r["resume_same_world_diff"] == 0.0
 
 
-@pytest.mark.timeout(330)
-@params_bw
+@per_backend
 @params_stage
 @pytest.mark.parametrize("direction", ["2to3", "3to2"])
 def test_checkpoint_reshards_across_world_sizes(backend, stage, direction):
@@ -896,9 +888,7 @@ def test_checkpoint_reshards_across_world_sizes(backend, stage, direction):
     assert per_rank[0]["regathered_diff"] == 0.0
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @params_stage
 def test_with_recompute_on_residual_network(backend, ws, stage):
     per_rank = _case(backend, ws, f"recompute/{stage}")
@@ -908,30 +898,30 @@ def test_with_recompute_on_residual_network(backend, ws, stage):
         assert r["master_diff"] <= FP32_TOL
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+def _ran_on_fallback(backend: str, ws: int, name: str) -> list:
+    """Case ``name``'s results, each checked to have used only the fallback collectives and to
+    match the fp32 reference."""
+    per_rank = _case(backend, ws, name)
+    for r in per_rank:
+        assert r["collectives"] == {"reduce_scatter": {"fallback"}, "all_gather": {"fallback"}}
+        assert r["master_diff"] <= FP32_TOL
+    return per_rank
+
+
+@per_group
 @pytest.mark.parametrize("stage", [2, 3])
 def test_fallback_collectives_forced(backend, ws, stage):
-    for r in _case(backend, ws, f"fallback/{stage}"):
-        assert r["collectives"] == {"reduce_scatter": {"fallback"}, "all_gather": {"fallback"}}
-        assert r["master_diff"] <= FP32_TOL
+    _ran_on_fallback(backend, ws, f"fallback/{stage}")
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @pytest.mark.parametrize("stage", [1, 3])
 def test_fallback_used_when_backend_raises(backend, ws, stage):
-    for r in _case(backend, ws, f"auto-fallback/{stage}"):
-        assert r["collectives"] == {"reduce_scatter": {"fallback"}, "all_gather": {"fallback"}}
+    for r in _ran_on_fallback(backend, ws, f"auto-fallback/{stage}"):
         assert r["fallback_warnings"] == 2   # one per collective, then it sticks
-        assert r["master_diff"] <= FP32_TOL
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @params_stage
 @pytest.mark.parametrize("variant", ["no-sync", "no-sync-all"])
 def test_no_sync_accumulation_equals_one_big_batch(backend, ws, stage, variant):
@@ -954,9 +944,7 @@ def test_no_sync_accumulation_equals_one_big_batch(backend, ws, stage, variant):
         assert r["backend_counted"] == (backend == "ringcomm")
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 @pytest.mark.parametrize("name", ["offload/1", "offload/2", "offload/3", "offload/2/bf16",
                                   "offload/3/bf16"])
 def test_cpu_offload_is_bitwise_equal(backend, ws, name):
@@ -972,9 +960,7 @@ def test_cpu_offload_is_bitwise_equal(backend, ws, name):
             assert r["checkpoint_diff"] == 0.0
 
 
-@pytest.mark.timeout(330)
-@params_bw
-@params_ws
+@per_group
 def test_communication_volume_zero2_equals_ddp_zero3_is_1_5x(backend, ws):
     """Per rank, over 2 fp32 steps, ring bytes ((n-1)/n of the full tensor per reduce-scatter or
     all-gather, 2(n-1)/n per all-reduce): ZeRO-1/2 == BucketedDDP's all-reduce, ZeRO-3 == 1.5x,

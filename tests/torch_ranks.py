@@ -24,12 +24,9 @@ calling test (with the import error as the reason) when it does not.
 """
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from typing import Any, Callable, Sequence
 
-from ringcomm.launch import LaunchError, spawn
+from ringcomm.launch import LaunchError, spawn_with_store
 
 __all__ = ["run_ranks", "BACKENDS", "backend_available", "require_backend", "LaunchError"]
 
@@ -108,11 +105,6 @@ def run_ranks(fn: Callable[..., Any], world_size: int, backend: str = "gloo",
     ok, reason = backend_available(backend)
     if not ok:
         raise RuntimeError(reason)
-    tmpdir = tempfile.mkdtemp(prefix="ringcomm-torch-ranks-")
-    store_path = os.path.join(tmpdir, "store")
-    try:
-        return spawn(_rank_entry, world_size,
-                     (fn, backend, store_path, tuple(args), num_threads),
-                     timeout=timeout, env=env)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+    return spawn_with_store(_rank_entry, world_size,
+                            lambda store: (fn, backend, store, tuple(args), num_threads),
+                            timeout=timeout, env=env, prefix="ringcomm-torch-ranks-")

@@ -4,9 +4,11 @@ torch costs seconds on these 2 cores, so the two files share one group instead o
 own. Results are cached for the session, keyed ``"tp/<case>"`` and ``"pp/<case>"``."""
 from __future__ import annotations
 
+import traceback
+
 import pytest
 
-from torch_ranks import require_backend, run_ranks
+from torch_ranks import BACKENDS, require_backend, run_ranks
 
 WORLD = 4
 _GROUPS: dict = {}
@@ -18,6 +20,26 @@ def _rank_cases(rank, world_size):
     out = {f"tp/{k}": v for k, v in test_tp._rank_cases(rank, world_size).items()}
     out.update({f"pp/{k}": v for k, v in test_pp._rank_cases(rank, world_size).items()})
     return out
+
+
+def run_cases(cases: dict) -> dict:
+    """In a rank: every case's result, or ``{"error": traceback}`` (reported by the test that reads
+    that case). A barrier after each case keeps the ranks in step, so that one case's failure
+    cannot desynchronise the next."""
+    import torch.distributed as dist
+    out = {}
+    for name, fn in cases.items():
+        try:
+            out[name] = fn()
+        except Exception:  # noqa: BLE001 - reported by the test of that case
+            out[name] = {"error": traceback.format_exc()}
+        dist.barrier()
+    return out
+
+
+def group_test(fn):
+    """A test that reads the group: one id per backend, a timeout that covers starting the group."""
+    return pytest.mark.timeout(200)(pytest.mark.parametrize("backend", BACKENDS)(fn))
 
 
 def case(backend: str, name: str) -> list:

@@ -48,6 +48,8 @@ const std::vector<KnobInfo>& table() {
       {"RINGCOMM_ZERO_BUCKET_MB", T::kFloat, "25", "", "ZeRO-1/2 bucket size in MiB", false},
       {"RINGCOMM_ZERO_MAX_INFLIGHT", T::kInt, "2", "", "ZeRO-2 reduce-scatters in flight during backward", false},
       {"RINGCOMM_ZERO_COLLECTIVES", T::kChoice, "auto", "auto|native|fallback", "ZeRO collectives: native, fallback (all_reduce + slice) or auto", false},
+      // Python: torch.distributed backend (ringcomm/torch/)
+      {"RINGCOMM_TORCH_BACKEND", T::kChoice, "auto", "auto|c10d|group", "torch backend: c10d (a per-device c10d Backend, JIT-built trampoline), group (one ProcessGroup for every device) or auto (c10d, else group with a warning)", false},
       // build (setup.py / CMakeLists.txt read these; listed so that the registry names every knob)
       {"RINGCOMM_CUDA", T::kChoice, "auto", "auto|on|off|1|0|true|false|yes|no", "build the CUDA sources when a toolkit is found (auto), always (on/1) or never (off/0)", true},
       {"RINGCOMM_BUILD_JOBS", T::kInt, "", "", "parallel build jobs (unset: the CPU count)", true},

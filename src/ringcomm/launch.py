@@ -14,13 +14,14 @@ import faulthandler
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import signal
 import tempfile
 import time
 import traceback
 from typing import Any, Callable, Sequence
 
-__all__ = ["spawn", "launch", "LaunchError"]
+__all__ = ["spawn", "spawn_with_store", "launch", "LaunchError", "reap"]
 
 
 class LaunchError(RuntimeError):
@@ -116,7 +117,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
                                     rank=rank, remote_traceback=tb, exc_type=exc_type)
                 break
     finally:
-        _reap(procs, grace=0.0 if error else 5.0)
+        reap(procs, grace=0.0 if error else 5.0)
         queue.close()
         for path in stack_paths:
             try:
@@ -150,7 +151,21 @@ def _collect_stacks(procs, ranks, stack_paths) -> str:
     return "\n".join(parts)
 
 
-def _reap(procs, grace: float) -> None:
+def spawn_with_store(fn: Callable[..., Any], world_size: int,
+                     args: Callable[[str], Sequence[Any]], *, timeout: float = 300.0,
+                     prefix: str = "ringcomm-store-", env: dict | None = None) -> list:
+    """``spawn(fn, world_size, args(store_path), ...)`` where ``store_path`` names a file in a fresh
+    directory (for a ``file://`` store the ranks rendezvous on); the directory is removed when the
+    ranks are done, whatever happened."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        return spawn(fn, world_size, tuple(args(os.path.join(tmp, "store"))), timeout=timeout,
+                     env=env)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def reap(procs, grace: float) -> None:
     """Wait up to ``grace`` seconds for children to exit, then kill the rest and reap them all."""
     deadline = time.monotonic() + grace
     for p in procs:

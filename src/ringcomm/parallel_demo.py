@@ -32,9 +32,7 @@ import argparse
 import math
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 
 import torch
@@ -324,6 +322,7 @@ def _run_pipeline(rank: int, layout: dict, o: dict) -> dict:
 
 # ============================================================================ driver
 def build_parser() -> argparse.ArgumentParser:
+    from .train.cli import add_model_arguments
     p = argparse.ArgumentParser(
         prog="python -m ringcomm.train --parallel",
         description="Tensor / pipeline / data x tensor parallel training of ringcomm.train's "
@@ -336,14 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b"))
     p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--vocab", type=int, default=None)
-    p.add_argument("--d-model", type=int, default=None)
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
+    add_model_arguments(p)
     p.add_argument("--batch", type=int, default=None, help="global batch (sequences)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the ranks")
@@ -425,18 +417,15 @@ def main(argv=None) -> int:
     ref = train_single(o)
     ref.update(name="single", ranks=1, formula=None)
     rows = [ref]
-    from .launch import LaunchError, spawn
+    from .launch import LaunchError, spawn_with_store
     import ringcomm.parallel_demo as this   # the ranks import this module by name
     for lay in layouts:
-        tmp = tempfile.mkdtemp(prefix="ringcomm-parallel-")
         try:
-            res = spawn(this._rank_main, _world(lay), (lay, o, os.path.join(tmp, "store")),
-                        timeout=args.timeout)[0]
+            res = spawn_with_store(this._rank_main, _world(lay), lambda store: (lay, o, store),
+                                   timeout=args.timeout, prefix="ringcomm-parallel-")[0]
         except LaunchError as e:
             print(f"{_name(lay)}: the distributed run failed: {e}", file=sys.stderr)
             return 2
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         res.update(name=_name(lay), ranks=_world(lay),
                    formula=((lay["pp"] - 1) / (o["microbatches"] + lay["pp"] - 1)
                             if lay["pp"] > 1 else None))

@@ -1,3 +1,3 @@
-"""tests/torch_suite holds harnesses run by hand (torch's DistributedTest driver, the c10d
-Backend prototype), never by the project's pytest run."""
+"""tests/torch_suite holds harnesses run by hand (torch's DistributedTest driver), never by the
+project's pytest run."""
 collect_ignore_glob = ["*.py"]

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 
+from ..machine import cpu_model
 from .harness import (OPS, REDOPS, REDOP_ALIASES, merge_ranks, parse_dtype, parse_size,
                       size_sweep)
 
@@ -134,17 +135,6 @@ def resolve(args) -> dict:
 def _rank_entry(rank: int, world: int, cfg: dict, libs: list[str]) -> dict:
     from .harness import rank_sweep
     return rank_sweep(rank, world, cfg, libs, desc="+".join(libs))
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _cpu_busy(interval: float = 0.5):
@@ -283,7 +273,7 @@ def main(argv=None) -> int:
                                                   (sys.argv[1:] if argv is None else argv))
     meta_lines = [
         f"# ringcomm-bench  {started:%Y-%m-%d %H:%M:%S} UTC  host {platform.node()}  "
-        f"{_cpu_model()} ({os.cpu_count()} cores)  {platform.system()} {platform.release()}",
+        f"{cpu_model()} ({os.cpu_count()} cores)  {platform.system()} {platform.release()}",
         f"# command: {cmdline}",
         f"# python {platform.python_version()}, numpy {numpy.__version__}; libraries: " +
         ("; ".join(f"{k}: {v}" for k, v in described.items()) or "none ran"),
@@ -311,7 +301,7 @@ def main(argv=None) -> int:
     sys.stdout.write(text)
     sys.stdout.flush()
 
-    meta = {"date_utc": started.isoformat(), "host": platform.node(), "cpu": _cpu_model(),
+    meta = {"date_utc": started.isoformat(), "host": platform.node(), "cpu": cpu_model(),
             "cores": os.cpu_count(), "python": platform.python_version(),
             "numpy": numpy.__version__, "libraries": described, "command": cmdline,
             "notices": notices, "world_size": cfg["world_size"], "elapsed_s": elapsed,
@@ -322,7 +312,7 @@ def main(argv=None) -> int:
         print(f"# wrote {args.json}", file=sys.stderr)
     if args.plot:
         report.plot(args.plot, summary_data["tables"], memcpy, cfg["world_size"],
-                    f"ringcomm-bench {started:%Y-%m-%d} - {_cpu_model()}, "
+                    f"ringcomm-bench {started:%Y-%m-%d} - {cpu_model()}, "
                     f"{cfg['world_size']} ranks")
         print(f"# wrote {args.plot}", file=sys.stderr)
     return 1 if summary_data["wrong"] else 0

@@ -48,6 +48,18 @@ class Runner:
     def close(self) -> None:
         pass
 
+    def op_fn(self, op, mode, inp, out, redop, root):
+        """A zero-argument callable that runs ``op`` once on these buffers, in form ``mode``."""
+        calls = self._calls(mode == "ip", inp, out, redop, root)
+        if op not in calls:
+            raise ValueError(op)
+        return calls[op]
+
+    def _calls(self, ip: bool, inp, out, redop, root) -> dict:
+        """{op: zero-argument callable}: every collective this library runs, on these buffers,
+        in place (``ip``) or out of place."""
+        raise NotImplementedError
+
 
 class NumpyBuffers:
     def array(self, count, dtype: DType):
@@ -122,25 +134,16 @@ class RingcommRunner(Runner, NumpyBuffers, TorchBuffers):
             with TorchBuffers.host(self, buf) as h:
                 yield h
 
-    def op_fn(self, op, mode, inp, out, redop, root):
-        c = self.comm
+    def _calls(self, ip, inp, out, redop, root):
+        c, P = self.comm, functools.partial
         rop = getattr(self.rc.ReduceOp, self._ops[redop]) if redop in self._ops else None
-        ip = mode == "ip"
-        if op == "all_reduce":
-            return (functools.partial(c.all_reduce, inp, op=rop) if ip else
-                    functools.partial(c.all_reduce, inp, op=rop, output=out))
-        if op == "reduce_scatter":
-            return functools.partial(c.reduce_scatter, out, inp, op=rop)
-        if op == "all_gather":
-            return functools.partial(c.all_gather, out, inp)
-        if op == "broadcast":
-            return functools.partial(c.broadcast, inp, root=root)
-        if op == "reduce":
-            return (functools.partial(c.reduce, inp, root=root, op=rop) if ip else
-                    functools.partial(c.reduce, inp, root=root, op=rop, output=out))
-        if op == "all_to_all":
-            return functools.partial(c.all_to_all, out, inp)
-        raise ValueError(op)
+        output = {} if ip else {"output": out}
+        return {"all_reduce": P(c.all_reduce, inp, op=rop, **output),
+                "reduce_scatter": P(c.reduce_scatter, out, inp, op=rop),
+                "all_gather": P(c.all_gather, out, inp),
+                "broadcast": P(c.broadcast, inp, root=root),
+                "reduce": P(c.reduce, inp, root=root, op=rop, **output),
+                "all_to_all": P(c.all_to_all, out, inp)}
 
     def barrier(self):
         self.comm.barrier()
@@ -195,24 +198,16 @@ class TorchRunner(Runner, TorchBuffers):
             return f"{self.name}: AVG on {dtype.name} (torch divides into a float result)"
         return None
 
-    def op_fn(self, op, mode, inp, out, redop, root):
-        dist, g = self.dist, self.group
+    def _calls(self, ip, inp, out, redop, root):
+        dist, g, P = self.dist, self.group, functools.partial
         rop = getattr(dist.ReduceOp, _TORCH_OPS[redop]) if redop in _TORCH_OPS else None
-        if op == "all_reduce":
-            f = functools.partial(dist.all_reduce, inp, op=rop, group=g)
-        elif op == "reduce_scatter":
-            f = functools.partial(self._rs, out, inp, op=rop, group=g)
-        elif op == "all_gather":
-            f = functools.partial(self._ag, out, inp, group=g)
-        elif op == "broadcast":
-            f = functools.partial(dist.broadcast, inp, root, group=g)
-        elif op == "reduce":
-            f = functools.partial(dist.reduce, inp, root, op=rop, group=g)
-        elif op == "all_to_all":
-            f = functools.partial(dist.all_to_all_single, out, inp, group=g)
-        else:
-            raise ValueError(op)
-        return self._synced(f)
+        calls = {"all_reduce": P(dist.all_reduce, inp, op=rop, group=g),
+                 "reduce_scatter": P(self._rs, out, inp, op=rop, group=g),
+                 "all_gather": P(self._ag, out, inp, group=g),
+                 "broadcast": P(dist.broadcast, inp, root, group=g),
+                 "reduce": P(dist.reduce, inp, root, op=rop, group=g),
+                 "all_to_all": P(dist.all_to_all_single, out, inp, group=g)}
+        return {op: self._synced(f) for op, f in calls.items()}
 
     def _synced(self, f):
         return f
@@ -298,27 +293,22 @@ class MpiRunner(Runner, NumpyBuffers):
             return f"mpi: {dtype.name} unsupported ({e})"
         return None
 
-    def op_fn(self, op, mode, inp, out, redop, root):
-        c, MPI = self.comm, self.MPI
+    def _calls(self, ip, inp, out, redop, root):
+        c, MPI, P = self.comm, self.MPI, functools.partial
         rop = self._ops.get(redop)
-        ip = mode == "ip"
-        if op == "all_reduce":
-            return (functools.partial(c.Allreduce, MPI.IN_PLACE, inp, rop) if ip else
-                    functools.partial(c.Allreduce, inp, out, rop))
-        if op == "reduce_scatter":
-            return functools.partial(c.Reduce_scatter_block, inp, out, rop)
-        if op == "all_gather":
-            return functools.partial(c.Allgather, inp, out)
-        if op == "broadcast":
-            return functools.partial(c.Bcast, inp, root)
-        if op == "reduce":
-            if ip:
-                return (functools.partial(c.Reduce, MPI.IN_PLACE, inp, rop, root)
-                        if self.rank == root else functools.partial(c.Reduce, inp, None, rop, root))
-            return functools.partial(c.Reduce, inp, out, rop, root)
-        if op == "all_to_all":
-            return functools.partial(c.Alltoall, inp, out)
-        raise ValueError(op)
+        if not ip:
+            reduce = P(c.Reduce, inp, out, rop, root)
+        elif self.rank == root:
+            reduce = P(c.Reduce, MPI.IN_PLACE, inp, rop, root)
+        else:
+            reduce = P(c.Reduce, inp, None, rop, root)
+        return {"all_reduce": (P(c.Allreduce, MPI.IN_PLACE, inp, rop) if ip else
+                               P(c.Allreduce, inp, out, rop)),
+                "reduce_scatter": P(c.Reduce_scatter_block, inp, out, rop),
+                "all_gather": P(c.Allgather, inp, out),
+                "broadcast": P(c.Bcast, inp, root),
+                "reduce": reduce,
+                "all_to_all": P(c.Alltoall, inp, out)}
 
     def barrier(self):
         self.comm.Barrier()

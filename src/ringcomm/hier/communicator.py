@@ -215,25 +215,29 @@ class HierarchicalCommunicator(TwoLevelAlgorithms, CommunicatorBase):
         ob, ib = [v * size for v in rc], [v * size for v in sc]
         return self._submit("all_to_all", lambda: self._inter.all_to_all(dst, src, ob, ib), async_op)
 
+    def _inter_rooted(self, name, out, inp, block, root, async_op):
+        """gather / scatter over the inter-node engine's world group. ``block`` (this rank's
+        part, on every rank) is ``inp`` or ``out``; the other is the root's world_size blocks, None
+        elsewhere. Nothing moves when the block is empty; an input that overlaps the output is
+        copied first (the engine writes the output while it still reads the input)."""
+        call = getattr(self._inter, name)
+
+        def fn():
+            if block.numel():
+                i = inp.clone() if inp is not None and out is not None and overlaps(inp, out) \
+                    else inp
+                call(out, i, root)
+        return self._submit(name, fn, async_op)
+
     def _issue_gather(self, bi, bo, root, async_op, stream):
         src = as_tensor(bi.obj)
         dst = as_tensor(bo.obj) if bo is not None else None
-
-        def fn():
-            if src.numel():
-                s = src.clone() if dst is not None and overlaps(src, dst) else src
-                self._inter.gather(dst, s, root)
-        return self._submit("gather", fn, async_op)
+        return self._inter_rooted("gather", dst, src, src, root, async_op)
 
     def _issue_scatter(self, bi, bo, root, async_op, stream):
         dst = as_tensor(bo.obj)
         full = as_tensor(bi.obj) if bi is not None else None
-
-        def fn():
-            if dst.numel():
-                f = full.clone() if full is not None and overlaps(full, dst) else full
-                self._inter.scatter(dst, f, root)
-        return self._submit("scatter", fn, async_op)
+        return self._inter_rooted("scatter", dst, full, dst, root, async_op)
 
     def _issue_send(self, b, peer, tag, async_op, stream):
         """Same node: shared memory; other node: the inter-node engine."""

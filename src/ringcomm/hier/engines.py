@@ -2,14 +2,50 @@
 from __future__ import annotations
 
 import builtins
+import collections
 
 from ..config import knob
 from ..errors import InvalidArgumentError, PeerFailureError, RingcommError, TimeoutError, UnsupportedError
 from .topology import Topology
 
-__all__ = ["ENV_INTER", "make_engine", "convert_error"]
+__all__ = ["ENV_INTER", "EngineBase", "make_engine", "convert_error"]
 
 ENV_INTER = "RINGCOMM_INTER"
+
+
+class EngineBase:
+    """What every inter-node engine shares, whatever moves its bytes: ``stats`` (per op: calls,
+    bytes handed to the engine), the handles it created (``_handles``: process groups or
+    communicators, released by ``_release``), and ``col`` / ``lead`` / ``world``, the groups of
+    this rank's node column, of the node leaders (None on non-leaders) and of every rank."""
+
+    def __init__(self):
+        self.stats: dict = collections.OrderedDict()
+        self._handles: list = []
+        self.col = self.lead = self.world = None
+
+    def _count(self, op, nbytes):
+        s = self.stats.get(op)
+        if s is None:
+            s = self.stats[op] = [0, 0]
+        s[0] += 1
+        s[1] += int(nbytes)
+
+    @staticmethod
+    def _nbytes(t):
+        return t.numel() * t.element_size()
+
+    def _release(self, release, forget_groups: bool) -> None:
+        """``release(h)`` on every handle (best effort: one that fails must not keep the others
+        open), then forget them, and with ``forget_groups`` the groups too."""
+        for h in self._handles:
+            try:
+                release(h)
+            except Exception:  # noqa: BLE001
+                pass
+        self._handles = []
+        if forget_groups:
+            self.col = self.lead = self.world = None
 
 
 def make_engine(topo: Topology, store, prefix: str, timeout: float):

@@ -1,13 +1,12 @@
 """The gloo inter-node engine: torch.distributed's ProcessGroupGloo groups between the nodes."""
 from __future__ import annotations
 
-import collections
 import datetime
 import os
 import time
 
 from ..work import Work, wait_until
-from .engines import convert_error
+from .engines import EngineBase, convert_error
 from .tensors import as_bytes
 from .topology import Topology
 
@@ -80,7 +79,7 @@ class GlooWork(Work):
         return None
 
 
-class GlooEngine:
+class GlooEngine(EngineBase):
     """torch.distributed gloo process groups, created directly (``ProcessGroupGloo`` on a
     ``PrefixStore`` of the communicator's store): the default process group, if the user has
     one, is neither used nor touched. Every call counts the bytes handed to gloo."""
@@ -89,16 +88,14 @@ class GlooEngine:
 
     def __init__(self, topo: Topology, store, prefix: str, timeout: float):
         import torch.distributed as dist
+        super().__init__()
         self._dist = dist
         self._base = c10d_store(store)   # keep the Python store object alive (pybind trampoline)
         td = datetime.timedelta(seconds=timeout)
         self.topo = topo
         self._timeout = timeout
-        self.stats: dict = collections.OrderedDict()
-        self._groups: list = []
         l = topo.local_rank
         col = topo.column(l)
-        self.col = None
         if len(col) > 1:
             self.col = self._group(f"{prefix}/inter/col{l}", col.index(topo.rank), len(col), td)
         self.lead = self.col if l == 0 else None
@@ -114,19 +111,8 @@ class GlooEngine:
 
     def _group(self, prefix, rank, size, td):
         pg = self._dist.ProcessGroupGloo(self._dist.PrefixStore(prefix, self._base), rank, size, td)
-        self._groups.append(pg)
+        self._handles.append(pg)
         return pg
-
-    def _count(self, op, nbytes):
-        s = self.stats.get(op)
-        if s is None:
-            s = self.stats[op] = [0, 0]
-        s[0] += 1
-        s[1] += int(nbytes)
-
-    @staticmethod
-    def _nbytes(t):
-        return t.numel() * t.element_size()
 
     # collectives (block until done) ----------------------------------------------------------
     def all_reduce(self, g, t, op: str):
@@ -145,11 +131,20 @@ class GlooEngine:
         self._count(what, self._nbytes(inp))
         g._allgather_base(as_bytes(out), as_bytes(inp)).wait()
 
+    def _rooted(self, options, root: int):
+        o = options()
+        o.rootRank = root
+        return o
+
+    def _blocks(self, full) -> list:
+        """The root's flat buffer of world_size blocks as gloo's [[block, ...]]; [] elsewhere."""
+        if full is None:
+            return []
+        return [[as_bytes(t) for t in full.view(self.topo.world_size, -1).unbind(0)]]
+
     def broadcast(self, g, t, root: int):
         self._count("broadcast", self._nbytes(t))
-        o = self._dist.BroadcastOptions()
-        o.rootRank = root
-        g.broadcast([as_bytes(t)], o).wait()
+        g.broadcast([as_bytes(t)], self._rooted(self._dist.BroadcastOptions, root)).wait()
 
     def barrier(self, g):
         self._count("barrier", 0)
@@ -158,20 +153,14 @@ class GlooEngine:
     def gather(self, out, inp, root: int):
         """out: the root's flat output (world_size blocks), None elsewhere."""
         self._count("gather", self._nbytes(inp))
-        o = self._dist.GatherOptions()
-        o.rootRank = root
-        outs = [[as_bytes(t) for t in out.view(self.topo.world_size, -1).unbind(0)]] \
-            if out is not None else []
-        self.world.gather(outs, [as_bytes(inp)], o).wait()
+        self.world.gather(self._blocks(out), [as_bytes(inp)],
+                          self._rooted(self._dist.GatherOptions, root)).wait()
 
     def scatter(self, out, inp, root: int):
         """inp: the root's flat input (world_size blocks), None elsewhere."""
         self._count("scatter", self._nbytes(out))
-        o = self._dist.ScatterOptions()
-        o.rootRank = root
-        ins = [[as_bytes(t) for t in inp.view(self.topo.world_size, -1).unbind(0)]] \
-            if inp is not None else []
-        self.world.scatter([as_bytes(out)], ins, o).wait()
+        self.world.scatter([as_bytes(out)], self._blocks(inp),
+                           self._rooted(self._dist.ScatterOptions, root)).wait()
 
     def all_to_all(self, out, inp, out_splits, in_splits):
         self._count("all_to_all", self._nbytes(inp))
@@ -191,18 +180,7 @@ class GlooEngine:
 
     # lifetime ----------------------------------------------------------------------------------------
     def abort(self):
-        for pg in self._groups:
-            try:
-                pg.abort()
-            except Exception:  # noqa: BLE001 - best effort: the point is to close the sockets
-                pass
-        self._groups = []
+        self._release(lambda pg: pg.abort(), forget_groups=False)   # closes the sockets
 
     def close(self):
-        for pg in self._groups:
-            try:
-                pg.shutdown()
-            except Exception:  # noqa: BLE001
-                pass
-        self._groups = []
-        self.col = self.lead = self.world = None
+        self._release(lambda pg: pg.shutdown(), forget_groups=True)

@@ -1,14 +1,13 @@
 """The MPI inter-node engine (RINGCOMM_INTER=mpi): mpi4py communicators between the nodes."""
 from __future__ import annotations
 
-import collections
 import time
 
 import numpy as np
 
 from ..errors import InvalidArgumentError, TimeoutError, UnsupportedError
 from ..work import Work
-from .gloo_engine import GlooEngine
+from .engines import EngineBase
 from .tensors import as_bytes
 from .topology import Topology
 
@@ -36,7 +35,7 @@ class MPIWork(Work):
         return None
 
 
-class MPIEngine:
+class MPIEngine(EngineBase):
     """mpi4py between the nodes (RINGCOMM_INTER=mpi): for jobs started by mpiexec/mpirun whose
     MPI world contains every rank of this communicator. The groups are built with
     ``MPI_Comm_create_group`` (only their members take part), so sub-communicators work.
@@ -50,6 +49,7 @@ class MPIEngine:
 
     def __init__(self, topo: Topology, store, prefix: str, timeout: float):
         import zlib
+        super().__init__()
         try:
             from mpi4py import MPI
         except ImportError as e:
@@ -57,7 +57,6 @@ class MPIEngine:
                                    "and a job started by mpiexec") from e
         self.MPI = MPI
         self.topo = topo
-        self.stats: dict = collections.OrderedDict()
         self._timeout = timeout
         wc = MPI.COMM_WORLD
         store.set(f"{prefix}/mpi/{topo.rank}", str(wc.Get_rank()))
@@ -67,14 +66,13 @@ class MPIEngine:
                 f"ringcomm: RINGCOMM_INTER=mpi: the ranks map onto MPI ranks {mranks}; start every "
                 f"rank as its own MPI process (mpiexec -n {topo.world_size} ...)")
         wgroup = wc.Get_group()
-        self._comms: list = []
 
         def create(name, members):
             g = wgroup.Incl([mranks[r] for r in members])
             tag = zlib.crc32(f"{prefix}/{name}".encode()) % 32000 + 1
             c = wc.Create_group(g, tag)
             g.Free()
-            self._comms.append(c)
+            self._handles.append(c)
             return c
 
         l = topo.local_rank
@@ -86,9 +84,6 @@ class MPIEngine:
         M = MPI
         self._ops = {"SUM": M.SUM, "AVG": M.SUM, "PRODUCT": M.PROD, "MIN": M.MIN, "MAX": M.MAX,
                      "BAND": M.BAND, "BOR": M.BOR, "BXOR": M.BXOR}
-
-    _count = GlooEngine._count
-    _nbytes = staticmethod(GlooEngine._nbytes)
 
     def _wait(self, req, what, timeout=None):
         t = self._timeout if timeout is None else timeout
@@ -174,13 +169,7 @@ class MPIEngine:
         pass    # see the class docstring: other ranks fail at their timeout
 
     def close(self):
-        for c in self._comms:
-            try:
-                c.Free()
-            except Exception:  # noqa: BLE001
-                pass
-        self._comms = []
-        self.col = self.lead = self.world = None
+        self._release(lambda c: c.Free(), forget_groups=True)
 
 
 def _text(v) -> str:

@@ -5,7 +5,10 @@
     dist.init_process_group("ringcomm")          # torchrun, tcp://, file://, or store=
     dist.new_group([0, 1], backend="ringcomm")
 
-and DDP, FSDP2 and every ``dist.*`` collective run over ringcomm's shared-memory rings.
+and DDP, FSDP2 and every ``dist.*`` collective run over ringcomm's shared-memory rings. The
+backend is a per-device c10d ``Backend`` (``"cpu:ringcomm,cuda:nccl"`` keeps NCCL for CUDA
+tensors); ``RINGCOMM_TORCH_BACKEND`` chooses (see ``backend.py``); ``python -m ringcomm.torch
+--build`` builds its trampoline ahead of time.
 Registering loads nothing heavy: ringcomm's C extension is loaded when the first group is created.
 
 ``add_issue_hook(fn)`` / ``remove_issue_hook(fn)``: ``fn(op, group_name, seq, t)`` is called each
@@ -21,11 +24,12 @@ register()
 def __getattr__(name):
     # The backend module (and with it torch.distributed's ProcessGroup subclass) loads on demand.
     if name in ("RingcommProcessGroup", "RingcommWork", "add_issue_hook", "remove_issue_hook",
-                "create_process_group"):
+                "create_process_group", "create_backend", "backend_class", "backend_mode"):
         from . import backend
         return getattr(backend, name)
     raise AttributeError(f"module 'ringcomm.torch' has no attribute {name!r}")
 
 
 __all__ = ["BACKEND_NAME", "register", "autoload", "RingcommProcessGroup", "RingcommWork",
-           "add_issue_hook", "remove_issue_hook", "create_process_group"]
+           "add_issue_hook", "remove_issue_hook", "create_process_group", "create_backend",
+           "backend_class", "backend_mode"]

@@ -11,8 +11,8 @@ BACKEND_NAME = "ringcomm"
 
 def _create_backend(dist_opts, backend_options=None):
     # Imported here: creating a group is the first moment ringcomm's core is needed.
-    from .backend import create_process_group
-    return create_process_group(dist_opts, backend_options)
+    from .backend import create_backend
+    return create_backend(dist_opts, backend_options)
 
 
 def register() -> bool:
@@ -24,7 +24,9 @@ def register() -> bool:
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return True
     # "cuda": CUDA tensors are routed by ringcomm's Communicator to its CUDA build
-    # (ringcomm.cuda); without a usable CUDA runtime they raise "CUDA unavailable" on use.
+    # (ringcomm.cuda); without a usable CUDA runtime they raise "CUDA unavailable" on use. The
+    # creator returns a per-device c10d Backend (or, RINGCOMM_TORCH_BACKEND=group, one
+    # ProcessGroup for every device): see backend.py.
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
                                   devices=["cpu", "cuda"])
     return True

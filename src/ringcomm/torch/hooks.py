@@ -3,7 +3,6 @@ process groups, shut down at interpreter exit."""
 from __future__ import annotations
 
 import atexit
-import weakref
 from typing import Callable
 
 __all__ = ["add_issue_hook", "remove_issue_hook", "issue_hooks", "live_groups"]
@@ -22,7 +21,9 @@ def remove_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
 
 
 # ---- live groups, shut down at exit -----------------------------------------------------------------
-live_groups: "weakref.WeakSet" = weakref.WeakSet()
+# Strong references: torch holds a per-device Backend from C++ only, and the trampoline finds the
+# Python methods on this object, so it must live until shutdown() removes it.
+live_groups: set = set()
 
 
 @atexit.register

@@ -2,7 +2,7 @@
 
 Life of an asynchronous collective:
 
-1. ``RingcommProcessGroup.<op>`` validates, stages inputs if it must (flattening a list, scaling for
+1. The group's ``<op>`` (``collectives.py``) validates, stages inputs if it must (flattening a list, scaling for
    PREMUL_SUM), calls ringcomm's API with ``async_op=True`` and gets back one or more *handles*,
    and wraps them in a ``RingcommWork``. The call returns.
 2. When somebody asks for the work's future (DDP does at once), the work goes to the group's
@@ -155,6 +155,13 @@ class TorchWork(dist.Work, Work):
     ``_outputs``, ``_source`` and ``_duration_ms`` (and its own ``wait``)."""
 
     _duration_ms = 0.0
+    _exc: BaseException | None = None
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self):
+        return self._exc
 
     def result(self) -> list[torch.Tensor]:
         self.wait()
@@ -300,12 +307,6 @@ class RingcommWork(TorchWork):
     def is_completed(self) -> bool:
         return self._done.is_set()
 
-    def is_success(self) -> bool:
-        return self._done.is_set() and self._exc is None
-
-    def exception(self):
-        return self._exc
-
 
 _WORK_INIT = dist.Work.__init__
 
@@ -340,12 +341,6 @@ class DoneWork(TorchWork):
     def is_completed(self) -> bool:
         return True
 
-    def is_success(self) -> bool:
-        return True
-
-    def exception(self):
-        return None
-
 
 class MultiWork(TorchWork):
     """Several works as one (``_end_coalescing``)."""
@@ -372,9 +367,6 @@ class MultiWork(TorchWork):
 
     def is_completed(self) -> bool:
         return all(w.is_completed() for w in self._works)
-
-    def is_success(self) -> bool:
-        return all(w.is_success() for w in self._works)
 
     def exception(self):
         for w in self._works:

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 
 import torch
@@ -16,6 +13,20 @@ from .runner import _config_name, _progress, run_config
 from .strategies import (PRECISIONS, STRATEGIES, TOLERANCE, _Notices, _zero3_factory,
                          _zero_module)
 from .summary import _formulas, _plot, _table
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The TinyLM's shape (None: the --quick or full default) and its AdamW settings, shared by
+    ``ringcomm.train`` and ``ringcomm.parallel_demo``."""
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--vocab", type=int, default=None)
+    p.add_argument("--d-model", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--heads", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=None)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -38,14 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", default="off,on", help="comma list of off,on")
     p.add_argument("--plot", default="ringcomm_train.png", help="PNG path ('' for none)")
     p.add_argument("--json", default=None, help="write the figures to this JSON file")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--vocab", type=int, default=None)
-    p.add_argument("--d-model", type=int, default=None)
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
+    add_model_arguments(p)
     p.add_argument("--batch-per-rank", type=int, default=None,
                    help="samples per rank; the global batch is world-size times this")
     p.add_argument("--bucket-cap-mb", type=float, default=None)
@@ -165,17 +169,15 @@ def main(argv=None) -> int:
         if pbar is not None:
             pbar.close()
     if dists:
-        from ..launch import LaunchError, spawn
+        from ..launch import LaunchError, spawn_with_store
         from .runner import _rank_main
-        tmp = tempfile.mkdtemp(prefix="ringcomm-train-")
         try:
-            results = spawn(_rank_main, args.world_size,
-                            (o, dists, os.path.join(tmp, "store")), timeout=args.timeout)[0]
+            results = spawn_with_store(_rank_main, args.world_size,
+                                       lambda store: (o, dists, store), timeout=args.timeout,
+                                       prefix="ringcomm-train-")[0]
         except LaunchError as e:
             print(f"ringcomm.train: the distributed run failed: {e}", file=sys.stderr)
             return 2
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         for c, r in zip(dists, results):
             rows.append(dict(c, ranks=args.world_size, **r))
 

@@ -21,12 +21,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
-import shutil
 import sys
-import tempfile
 import time
 
+from ..machine import cpu_model
 from . import report_model as rm
 from .report_rank import baseline, report_rank_main
 
@@ -74,17 +72,6 @@ def _scaling_worlds(args, np_: int) -> list:
     return worlds
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def _log(msg: str, quiet: bool) -> None:
     if not quiet:
         print(f"ringcomm.train --report: {msg}", file=sys.stderr, flush=True)
@@ -92,7 +79,7 @@ def _log(msg: str, quiet: bool) -> None:
 
 def run_report(args, backend: str, notices: list) -> int:
     """Measure, write DIR/report.{md,json} and the figures; returns the exit status."""
-    from ..launch import LaunchError, spawn
+    from ..launch import LaunchError, spawn_with_store
     from .report_page import annotate_trace, write_page
 
     out_dir = os.path.abspath(args.report)
@@ -110,7 +97,7 @@ def run_report(args, backend: str, notices: list) -> int:
     doc = {"command": "python -m ringcomm.train " + " ".join(sys.argv[1:]) if args.argv is None
            else "python -m ringcomm.train " + " ".join(args.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "host": {"cpu": _cpu_name(), "cores": os.cpu_count(),
+           "host": {"cpu": cpu_model(), "cores": os.cpu_count(),
                     "usable_cores": len(os.sched_getaffinity(0))
                     if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                     "load_before": load_before},
@@ -126,17 +113,14 @@ def run_report(args, backend: str, notices: list) -> int:
         sections = list(MAIN_SECTIONS) if world == np_ else ["scaling"]
         ow = dict(o) if world == np_ else dict(o, scaling_configs=o["scaling_configs_other"])
         _log(f"{world} ranks on {backend}: {', '.join(sections)} ...", quiet)
-        tmp = tempfile.mkdtemp(prefix="ringcomm-report-")
+        ranks_trace = trace if world == np_ else None
         try:
-            runs[world] = spawn(report_rank_main, world,
-                                (ow, os.path.join(tmp, "store"), sections,
-                                 trace if world == np_ else None),
-                                timeout=args.timeout)[0]
+            runs[world] = spawn_with_store(report_rank_main, world,
+                                           lambda store: (ow, store, sections, ranks_trace),
+                                           timeout=args.timeout, prefix="ringcomm-report-")[0]
         except LaunchError as e:
             print(f"ringcomm.train --report: the {world}-rank run failed: {e}", file=sys.stderr)
             return 2
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     main = runs[np_]
     doc["cores_per_rank"] = {w: r["cores_per_rank"] for w, r in runs.items()}

@@ -5,16 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-
-def _kib(n) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+from .units import format_bytes
 
 
 def _load(la) -> str:
@@ -48,6 +39,12 @@ def _plots(out_dir: str, doc: dict) -> list:
     import matplotlib.pyplot as plt
     files = []
 
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        files.append(name)
+
     # memory: measured stacked bars, formula totals as ticks
     mem = doc["memory"]
     fig, ax = plt.subplots(figsize=(9, 4.2))
@@ -65,10 +62,7 @@ def _plots(out_dir: str, doc: dict) -> list:
     ax.set_ylabel("MiB per rank")
     ax.set_title(f"model-state memory per rank, N={doc['np']}, Ψ={doc['psi']:,}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "memory.png"), dpi=110)
-    plt.close(fig)
-    files.append("memory.png")
+    save(fig, "memory.png")
 
     # bucket sweep
     rows = doc["buckets"]["rows"]
@@ -93,10 +87,7 @@ def _plots(out_dir: str, doc: dict) -> list:
     ax.set_ylim(bottom=0)
     ax.set_title(f"BucketedDDP bucket sweep, {doc['np']} ranks on {doc['backend']}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "buckets.png"), dpi=110)
-    plt.close(fig)
-    files.append("buckets.png")
+    save(fig, "buckets.png")
 
     # scaling
     sc = [r for r in doc["scaling"] if r.get("efficiency") is not None]
@@ -111,10 +102,7 @@ def _plots(out_dir: str, doc: dict) -> list:
     ax.set_ylabel("weak-scaling efficiency, %")
     ax.set_title("throughput(N) / (N x throughput(1)), fixed per-rank micro-batch")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "scaling.png"), dpi=110)
-    plt.close(fig)
-    files.append("scaling.png")
+    save(fig, "scaling.png")
 
     # the profiled step's timeline
     p = doc["profile"]
@@ -132,10 +120,7 @@ def _plots(out_dir: str, doc: dict) -> list:
     ax.set_xlabel("ms since the step started (rank 0)")
     ax.set_title(f"one BucketedDDP step: {100 * p['overlap_fraction']:.0f}% of the all-reduce "
                  f"time overlaps backward")
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "overlap.png"), dpi=110)
-    plt.close(fig)
-    files.append("overlap.png")
+    save(fig, "overlap.png")
     return files
 
 
@@ -178,11 +163,11 @@ def _memory_part(doc: dict) -> list:
     rows = []
     for r in doc["memory"]:
         f, q = r["formula"], r["ratio"]
-        rows.append([r["precision"], r["strategy"], _kib(r["params"]), _kib(r["grads"]),
-                     _kib(r["optimizer_states"]), _kib(r["total"]), f["text"],
-                     _kib(f["total"]), _x(q["params"]), _x(q["grads"]),
-                     _x(q["optimizer_states"]), _x(q["total"]), _kib(r["activations"]),
-                     _kib(r["formula_activations"]), _x(q["activations"])])
+        rows.append([r["precision"], r["strategy"], format_bytes(r["params"]), format_bytes(r["grads"]),
+                     format_bytes(r["optimizer_states"]), format_bytes(r["total"]), f["text"],
+                     format_bytes(f["total"]), _x(q["params"]), _x(q["grads"]),
+                     _x(q["optimizer_states"]), _x(q["total"]), format_bytes(r["activations"]),
+                     format_bytes(r["formula_activations"]), _x(q["activations"])])
     worst = max(abs(r["ratio"]["total"] - 1) for r in doc["memory"])
     acts = [r["ratio"]["activations"] for r in doc["memory"]]
     lines = [f"## 1. Memory budget per rank (N = {n}, Ψ = {doc['psi']:,} parameters)", ""]
@@ -215,12 +200,12 @@ def _memory_part(doc: dict) -> list:
     if off is not None:
         dev = off["total"] - off["offloaded"]
         lines += [f"`{off['strategy']}` ({off['precision']}, `offload=\"cpu\"`, DeepSpeed's "
-                  f"`offload_optimizer: cpu`): {_kib(off['offloaded'])} of the "
-                  f"{_kib(off['total'])} a rank holds are the fp32 master shard and AdamW "
+                  f"`offload_optimizer: cpu`): {format_bytes(off['offloaded'])} of the "
+                  f"{format_bytes(off['total'])} a rank holds are the fp32 master shard and AdamW "
                   f"moments, kept in host memory (formula 12Ψ/N = "
-                  f"{_kib(off['formula']['offloaded'])}, ratio {_x(off['ratio']['offloaded'])}); "
-                  f"with CUDA parameters the device would keep {_kib(dev)} (2Ψ + 2Ψ/N = "
-                  f"{_kib(off['formula']['params'] + off['formula']['grads'])}). Here "
+                  f"{format_bytes(off['formula']['offloaded'])}, ratio {_x(off['ratio']['offloaded'])}); "
+                  f"with CUDA parameters the device would keep {format_bytes(dev)} (2Ψ + 2Ψ/N = "
+                  f"{format_bytes(off['formula']['params'] + off['formula']['grads'])}). Here "
                   f"the parameters are on the CPU too, so this row shows the split, not a saving.",
                   ""]
     return lines
@@ -264,7 +249,7 @@ def _bucket_part(doc: dict) -> list:
     if len(same) > 1:
         lines += [f"BucketedDDP never splits a parameter (one larger than the cap gets a "
                         f"bucket of its own; the largest here is "
-                        f"{_kib(max(first['bucket_bytes']))}), so the caps up to "
+                        f"{format_bytes(max(first['bucket_bytes']))}), so the caps up to "
                         f"{_cap(same[-1]['cap_mb'])} all give {first['nbuckets']} buckets, about "
                         f"one per parameter: their differences are noise.", ""]
     return lines
@@ -300,11 +285,11 @@ def _model_fit(b: dict) -> str:
 def _recompute_part(doc: dict) -> list:
     r = doc["recompute"]
     rows = [["off", _ms(r["off"]["step_s"]), _ms(r["off"]["forward_s"]),
-             _ms(r["off"]["backward_s"]), _kib(r["off"]["activations"]),
-             _kib(r["off"]["activations_peak"])],
+             _ms(r["off"]["backward_s"]), format_bytes(r["off"]["activations"]),
+             format_bytes(r["off"]["activations_peak"])],
             ["on", _ms(r["on"]["step_s"]), _ms(r["on"]["forward_s"]),
-             _ms(r["on"]["backward_s"]), _kib(r["on"]["activations"]),
-             _kib(r["on"]["activations_peak"])]]
+             _ms(r["on"]["backward_s"]), format_bytes(r["on"]["activations"]),
+             format_bytes(r["on"]["activations_peak"])]]
     lines = ["## 3. Recomputation (every transformer block, BucketedDDP, fp32)", ""]
     lines += _table(["recompute", "step ms", "forward ms", "backward ms",
                      "activations (end of fwd)", "activations (peak)"], rows)
@@ -313,8 +298,8 @@ def _recompute_part(doc: dict) -> list:
                     [["extra time per step", f"{_ms(r['extra_s'])} ms",
                       f"{_ms(r['estimate_s'])} ms (one forward)",
                       _x(r["ratio_extra_to_forward"])],
-                     ["activation bytes saved", _kib(r["saved_bytes"]),
-                      f"{_kib(r['formula_saved_bytes'])} (Korthikanti: none - full)",
+                     ["activation bytes saved", format_bytes(r["saved_bytes"]),
+                      f"{format_bytes(r['formula_saved_bytes'])} (Korthikanti: none - full)",
                       _x(r["ratio_saved_to_formula"])]])
     q = r["ratio_extra_to_forward"]
     if q is None:
@@ -339,9 +324,9 @@ def _recompute_part(doc: dict) -> list:
 def _volume_part(doc: dict) -> list:
     rows = []
     for name, v in doc["volume"].items():
-        rows.append([name, _kib(v["all_reduce"]["wire"]), _kib(v["reduce_scatter"]["wire"]),
-                     _kib(v["all_gather"]["wire"]), _kib(v["wire_total"]),
-                     _x(v["ratio_to_ddp"]), _kib(v["formula_wire"]), _x(v["ratio_to_formula"]),
+        rows.append([name, format_bytes(v["all_reduce"]["wire"]), format_bytes(v["reduce_scatter"]["wire"]),
+                     format_bytes(v["all_gather"]["wire"]), format_bytes(v["wire_total"]),
+                     _x(v["ratio_to_ddp"]), format_bytes(v["formula_wire"]), _x(v["ratio_to_formula"]),
                      v["source"]])
     lines = ["## 4. Communication volume per rank per step (fp32)", ""]
     lines += _table(["strategy", "all-reduce", "reduce-scatter", "all-gather", "total",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .strategies import TOLERANCE
+from .units import format_bytes
 
 def _formulas(row: dict, o: dict, world_size: int) -> dict:
     try:
@@ -23,17 +24,6 @@ def _formulas(row: dict, o: dict, world_size: int) -> dict:
     return out
 
 
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def _table(rows: list, world_size: int) -> str:
     head = ["config", "ranks", "steps/s", "eff", "comm%", "params", "grads", "optim",
             "act fwd", "act peak", "total", "formula states", "formula act", "loss dev", "ok"]
@@ -48,9 +38,9 @@ def _table(rows: list, world_size: int) -> str:
             "-" if r.get("efficiency") is None else f"{100 * r['efficiency']:.0f}%",
             "-" if comm is None or r["strategy"] == "single" else
             f"{100 * comm:.0f}%{'*' if r['strategy'] == 'torch_ddp' else ''}",
-            _fmt_bytes(m["params"]), _fmt_bytes(m["grads"]), _fmt_bytes(m["optimizer_states"]),
-            _fmt_bytes(m["activations_fwd"]), _fmt_bytes(m["activations"]), _fmt_bytes(total),
-            _fmt_bytes(f.get("model_states")), _fmt_bytes(f.get("activations")),
+            format_bytes(m["params"]), format_bytes(m["grads"]), format_bytes(m["optimizer_states"]),
+            format_bytes(m["activations_fwd"]), format_bytes(m["activations"]), format_bytes(total),
+            format_bytes(f.get("model_states")), format_bytes(f.get("activations")),
             f"{r['loss_dev']:.1e}", "yes" if r["loss_ok"] else "NO"])
     widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
     fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w)   # noqa: E731

@@ -70,24 +70,32 @@ class _Collectives:
         if self.policy == "native":
             raise err
         backend = dist.get_backend(self.group)
+        # stacklevel 4: _give_up_native <- _try_native <- reduce_scatter_sum / all_gather <- caller
         warnings.warn(f"ringcomm.zero: backend {backend!r} raised {type(err).__name__}: {err} "
                       f"for {op}; using the all_reduce-based fallback for the rest of this run",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)
         self.native[op] = False
+
+    def _try_native(self, op: str, call) -> _Work | None:
+        """``call()``'s work while ``op`` still runs natively; None once it does not (``call``
+        raised what the policy falls back on, now or earlier): the caller runs the fallback."""
+        if not self.native[op]:
+            return None
+        try:
+            work = call()
+        except self._CATCH as e:
+            self._give_up_native(op, e)
+            return None
+        self.used[op].add("native")
+        return _Work(work)
 
     def reduce_scatter_sum(self, out: torch.Tensor, inp: torch.Tensor,
                            async_op: bool = False) -> _Work:
         """``out`` (S elements) = this rank's slice of the SUM of every rank's ``inp`` (N*S).
         The fallback reduces ``inp`` in place."""
-        if self.native["reduce_scatter"]:
-            try:
-                work = _reduce_scatter_fn(out, inp, op=dist.ReduceOp.SUM, group=self.group,
-                                          async_op=async_op)
-                self.used["reduce_scatter"].add("native")
-                return _Work(work)
-            except self._CATCH as e:
-                self._give_up_native("reduce_scatter", e)
-        return self.reduce_scatter_sum_fallback(out, inp, async_op)
+        work = self._try_native("reduce_scatter", lambda: _reduce_scatter_fn(
+            out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=async_op))
+        return work if work is not None else self.reduce_scatter_sum_fallback(out, inp, async_op)
 
     def reduce_scatter_sum_fallback(self, out, inp, async_op=False) -> _Work:
         """Fallback: all_reduce(SUM) of the whole input, then keep this rank's slice."""
@@ -98,14 +106,9 @@ class _Collectives:
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = False) -> _Work:
         """``out`` (N*S elements) = the concatenation of every rank's ``inp`` (S) in rank order."""
-        if self.native["all_gather"]:
-            try:
-                work = _all_gather_fn(out, inp, group=self.group, async_op=async_op)
-                self.used["all_gather"].add("native")
-                return _Work(work)
-            except self._CATCH as e:
-                self._give_up_native("all_gather", e)
-        return self.all_gather_fallback(out, inp, async_op)
+        work = self._try_native("all_gather", lambda: _all_gather_fn(
+            out, inp, group=self.group, async_op=async_op))
+        return work if work is not None else self.all_gather_fallback(out, inp, async_op)
 
     def all_gather_fallback(self, out, inp, async_op=False) -> _Work:
         """Fallback: zeros everywhere but this rank's slice, then all_reduce(SUM): exact."""

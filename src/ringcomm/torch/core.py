@@ -1,0 +1,253 @@
+"""The core of the ringcomm torch backend shared by both ways torch may hold it (a whole
+``ProcessGroup`` or a per-device c10d ``Backend``, see ``backend.py``): the group's state, issuing
+a torch call as one or more ringcomm calls (``_run``), the step builders several entry points
+share, coalescing blocks and teardown.
+
+Threads per group: one *waiter* that observes completions in issue order, and a small completion
+pool that completes ``torch.futures.Future`` objects (see ``work.py`` for why two). Both are joined
+in ``shutdown()`` (called by ``destroy_process_group``) and at interpreter exit.
+"""
+from __future__ import annotations
+
+import datetime
+import itertools
+import math
+import time
+
+import torch
+
+import ringcomm
+
+from .hooks import issue_hooks, live_groups
+from .staging import (avg_divide, check_tensors, contig, copy_out, flat_view, int_avg, invalid,
+                      reduce_op, reducible, same_dtype, then, writeback)
+from .steps import Step
+from .work import DoneWork, MultiWork, RingcommWork, Waiter, timeout_seconds
+
+__all__ = ["GroupCore", "BACKEND_NAME"]
+
+BACKEND_NAME = "ringcomm"
+
+
+# ---- the group core ------------------------------------------------------------------------------
+class GroupCore:
+    """The state of one ringcomm group (its Communicator, waiter thread, sequence numbers,
+    coalescing block) and how a torch call is issued on it. Mixed in before a torch base that
+    takes ``(rank, size)``: ``dist.ProcessGroup`` or the c10d Backend trampoline."""
+
+    _kind = "RingcommGroup"
+
+    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta | float,
+                 group_name: str = "", group_desc: str = "undefined"):
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        self._timeout_s = timeout_seconds(timeout, 1800.0)
+        self._group_name = str(group_name)
+        self._group_desc = str(group_desc)
+        # A group name restarts after destroy_process_group + re-init on the same store: number
+        # this group's incarnations so that every one gets fresh keys (and shm names).
+        n = int(store.add("ringcomm/incarnations", 1))
+        self._incarnation = (n - 1) // size
+        self._prefix = f"ringcomm/{self._group_name or 'pg'}/{self._incarnation}"
+        self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
+                                   timeout=self._timeout_s, prefix=self._prefix)
+        # allreduce's fast path: the host communicator's sanctioned entry (see
+        # host.Communicator._fast_all_reduce_entry); None for a hierarchical one (several
+        # nodes), which always takes the general path.
+        entry = getattr(self._comm, "_fast_all_reduce_entry", None)
+        self._fast_ar = entry() if entry is not None else None
+        self._waiter = Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
+        self._seq = itertools.count(1)  # next() is atomic under the GIL
+        self._coalescing: list[RingcommWork] | None = None
+        self._closed = False
+        live_groups.add(self)
+
+    # ---- identity ------------------------------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = str(name)
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = str(desc)
+
+    def __repr__(self) -> str:
+        return (f"{self._kind}(name={self._group_name!r}, rank={self._rank}, "
+                f"size={self._size}, incarnation={self._incarnation})")
+
+    @property
+    def communicator(self):
+        """The ringcomm Communicator this group runs on."""
+        return self._comm
+
+    def _reject(self, coll: str, exc: Exception) -> None:
+        """Join collective ``coll``'s header exchange as a refusal; every rank then raises."""
+        reject = getattr(self._comm, "_reject", None)
+        if reject is not None and not self._comm.closed:
+            try:
+                reject(coll, exc)  # raises exc after the exchange
+            except Exception as e:  # noqa: BLE001
+                if e is not exc:
+                    raise exc from e
+        raise exc
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self._timeout_s = timeout_seconds(timeout, self._timeout_s)
+
+    # ---- issuing ------------------------------------------------------------------------------------
+    def _run(self, op: str, opts, steps: list[Step], outputs: list[torch.Tensor],
+             source_rank: int = -1) -> RingcommWork:
+        if self._closed:
+            raise ringcomm.ClosedError(f"ringcomm: {op} on a process group that was shut down")
+        seq = next(self._seq)
+        if issue_hooks:
+            t = time.perf_counter()
+            for hook in list(issue_hooks):
+                hook(op, self._group_name, seq, t)
+        async_op = getattr(opts, "asyncOp", True) if opts is not None else True
+        try:
+            if not async_op and self._coalescing is None:
+                # The caller waits at once (dist.* without async_op=True): run inline, no
+                # thread hop on the latency-critical path.
+                for s in steps:
+                    s.launch(False)
+                for s in steps:
+                    if s.finish is not None:
+                        s.finish()
+                return DoneWork(op, seq, outputs, source_rank)
+            handles = [s.launch(True) for s in steps]
+        except Exception as e:
+            e._ringcomm_issued = True  # ringcomm has told the other ranks (see steps.collective)
+            raise
+        finisher = then(*[s.finish for s in steps])
+        work = RingcommWork(op, seq, handles, outputs, finisher, self._timeout_s, self._waiter,
+                            source_rank)
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    # ---- step builders (one ringcomm call each) -----------------------------------------------------
+    def _allreduce_step(self, t: torch.Tensor, op, coll: str) -> Step:
+        rop, factor = reduce_op(op, t.dtype)
+        buf, staged = contig(t)
+        buf = reducible(buf, rop)
+        if factor is not None:
+            buf.mul_(factor)  # in place: the all-reduce overwrites the tensor anyway
+        comm = self._comm
+        return Step(lambda a: comm.all_reduce(buf, op=rop, async_op=a),
+                     then(avg_divide(buf, self._size) if int_avg(op, t.dtype) else None,
+                          writeback(t, buf) if staged else None))
+
+    def _all_gather_single_step(self, out: torch.Tensor, inp: torch.Tensor, coll: str) -> Step:
+        check_tensors(coll, (out, inp))
+        same_dtype(coll, (out, inp))
+        if out.numel() != inp.numel() * self._size:
+            raise invalid(f"{coll}: output has {out.numel()} elements, expected world_size "
+                           f"({self._size}) x input ({inp.numel()})")
+        obuf, staged = contig(out)
+        ibuf, _ = contig(inp)
+        comm = self._comm
+        return Step(lambda a: comm.all_gather(obuf, ibuf, async_op=a),
+                     writeback(out, obuf) if staged else None)
+
+    def _reduce_scatter_single_step(self, out: torch.Tensor, inp: torch.Tensor, op,
+                                    coll: str) -> Step:
+        check_tensors(coll, (out, inp))
+        same_dtype(coll, (out, inp))
+        if inp.numel() != out.numel() * self._size:
+            raise invalid(f"{coll}: input has {inp.numel()} elements, expected world_size "
+                           f"({self._size}) x output ({out.numel()})")
+        rop, factor = reduce_op(op, inp.dtype)
+        ibuf, _ = contig(inp)
+        if factor is not None:
+            ibuf = ibuf * factor  # a scaled copy: the input must stay unchanged
+        obuf, staged = contig(out)
+        comm = self._comm
+        ri, ro = reducible(ibuf, rop), reducible(obuf, rop)
+        return Step(lambda a: comm.reduce_scatter(ro, ri, op=rop, async_op=a),
+                     then(avg_divide(obuf, self._size) if int_avg(op, inp.dtype) else None,
+                          writeback(out, obuf) if staged else None))
+
+    def _check_per_rank(self, coll: str, single: torch.Tensor, per_rank: list[torch.Tensor],
+                        listed: str, other: str) -> None:
+        """A list of one tensor per rank (the ``listed`` side), each of ``single``'s size."""
+        check_tensors(coll, [single, *per_rank])
+        same_dtype(coll, [single, *per_rank])
+        if len(per_rank) != self._size:
+            raise invalid(f"{coll}: {listed} list has {len(per_rank)} tensors, world size is "
+                           f"{self._size}")
+        for t in per_rank:
+            if t.numel() != single.numel():
+                raise invalid(f"{coll}: every {listed} tensor must have the {other}'s size "
+                               f"({single.numel()} elements); got {t.numel()}")
+
+    def _pairwise(self, coll: str, opts, outputs, inputs, step) -> "RingcommWork":
+        """A coalesced call of single-tensor collectives: ``step(output, input)`` for each pair."""
+        if len(outputs) != len(inputs):
+            raise invalid(f"{coll}: as many outputs as inputs needed")
+        return self._run(coll, opts, [step(o, i) for o, i in zip(outputs, inputs)], list(outputs))
+
+    def _allgather_list_step(self, outs: list[torch.Tensor], inp: torch.Tensor, coll: str) -> Step:
+        self._check_per_rank(coll, inp, outs, "output", "input")
+        ibuf, _ = contig(inp)
+        flat = flat_view(outs)
+        finish = None
+        if flat is None:
+            flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype, device=inp.device)
+            finish = lambda: copy_out(flat, outs)  # noqa: E731
+        comm = self._comm
+        return Step(lambda a: comm.all_gather(flat, ibuf, async_op=a), finish)
+
+    def _split_elements(self, coll: str, which: str, t: torch.Tensor,
+                        splits: list[int]) -> list[int]:
+        """torch's split sizes count rows of dim 0; ringcomm's count elements."""
+        if t.dim() == 0:
+            raise invalid(f"{coll}: {which} must have at least one dimension")
+        row = math.prod(t.shape[1:])
+        if not splits:
+            if t.size(0) % self._size:
+                raise invalid(f"{coll}: {which} dim 0 ({t.size(0)}) is not divisible by the "
+                               f"world size ({self._size}) and no split sizes were given")
+            return [t.size(0) // self._size * row] * self._size
+        if len(splits) != self._size or any(s < 0 for s in splits) or sum(splits) != t.size(0):
+            raise invalid(f"{coll}: {which} split sizes {splits} must be {self._size} "
+                           f"non-negative numbers adding up to dim 0 ({t.size(0)})")
+        return [int(s) * row for s in splits]
+
+    # ---- coalescing (dist._coalescing_manager with a device) ---------------------------------------------
+    def _start_coalescing(self, device=None) -> None:
+        if self._coalescing is not None:
+            raise RuntimeError("ringcomm: coalescing already started on this group")
+        self._coalescing = []
+
+    def _end_coalescing(self, device=None):
+        works, self._coalescing = self._coalescing or [], None
+        return MultiWork(works)
+
+    start_coalescing = _start_coalescing
+    end_coalescing = _end_coalescing
+
+    # ---- teardown ---------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop this group's threads and close its communicator (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        live_groups.discard(self)
+        # Close the communicator first: it fails whatever is still pending, so the waiter thread
+        # (possibly blocked on such a handle) can drain and be joined.
+        try:
+            self._comm.close()
+        finally:
+            self._waiter.close()
+
+    def abort(self) -> None:
+        self.shutdown()
+

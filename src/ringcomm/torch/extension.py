@@ -1,0 +1,70 @@
+"""The c10d Backend trampoline (``trampoline.cpp``, shipped beside this file), built just in time
+with ``torch.utils.cpp_extension`` and cached under ``TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/torch_extensions``). The extension's name carries the torch version, the Python tag
+and a hash of the source and flags, so a torch upgrade or a changed source builds a new one and
+never loads a stale one. Ranks that build at once are serialized by cpp_extension's lock on the
+build directory; once built, loading imports the cached library directly (no compiler needed).
+
+``python -m ringcomm.torch --build`` builds it ahead of time and prints where it is.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import sys
+import threading
+
+__all__ = ["SOURCE", "CFLAGS", "extension_name", "build_directory", "load"]
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trampoline.cpp")
+# -O1 and no debug info keep the first build short (the trampoline only forwards calls).
+CFLAGS = ["-O1", "-g0"]
+
+_lock = threading.Lock()
+_module = None
+
+
+def extension_name() -> str:
+    import torch
+    with open(SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read() + " ".join(CFLAGS).encode()).hexdigest()[:10]
+    version = re.sub(r"[^0-9A-Za-z]+", "_", torch.__version__)
+    return (f"ringcomm_c10d_torch{version}_cp{sys.version_info.major}{sys.version_info.minor}_"
+            f"{digest}")
+
+
+def build_directory() -> str:
+    from torch.utils.cpp_extension import _get_build_directory
+    return _get_build_directory(extension_name(), verbose=False)
+
+
+def _import_built(name: str, directory: str):
+    """The cached library, or None when it has not been built."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+    for suffix in [".so", *EXTENSION_SUFFIXES]:
+        path = os.path.join(directory, name + suffix)
+        if os.path.exists(path):
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    return None
+
+
+def load(verbose: bool = False):
+    """The trampoline module (attribute ``Trampoline``), built first if it is not cached."""
+    global _module
+    with _lock:
+        if _module is None:
+            import torch.distributed  # noqa: F401 - registers the types the module refers to
+            name = extension_name()
+            directory = build_directory()
+            module = _import_built(name, directory)
+            if module is None:
+                from torch.utils.cpp_extension import load as jit_load
+                module = jit_load(name=name, sources=[SOURCE], extra_cflags=CFLAGS,
+                                  build_directory=directory, verbose=verbose)
+            _module = module
+        return _module

@@ -1,0 +1,144 @@
+// ringcomm's torch c10d Backend trampoline: a c10d::Backend that a Python class can subclass.
+// torch 2.13 binds c10d::Backend without a constructor or a trampoline, so this is the only C++
+// ringcomm's torch backend needs; every method forwards to the Python override of the name given
+// below and all behaviour lives in Python (src/ringcomm/torch/). A method the Python class does
+// not define falls back to c10d::Backend's, which raises "not supported".
+//
+// Lifetime: torch holds the backend through an intrusive_ptr from C++ only, so the Python object
+// is kept alive by ringcomm (hooks.live_groups) until shutdown(); the override is looked up on it.
+// A Work returned by Python is wrapped in a WorkRef that owns a reference to the Python object, so
+// the Python work lives as long as torch holds the C++ one, and every Work virtual torch or the
+// user calls (wait, get_future, is_completed, ...) reaches the Python work.
+#include <pybind11/chrono.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+namespace {
+
+namespace py = pybind11;
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+// A Python Work, seen from C++. work_ is the C++ half of the Python object (torch's PyWork
+// trampoline forwards wait and get_future to it); the other virtuals call the Python method.
+class WorkRef : public c10d::Work {
+ public:
+  explicit WorkRef(py::object obj) : work_(obj.cast<WorkPtr>()), obj_(std::move(obj)) {}
+  ~WorkRef() override {
+    py::gil_scoped_acquire gil;  // the Python reference is released under the GIL
+    obj_ = py::object();
+  }
+  bool wait(std::chrono::milliseconds timeout) override { return work_->wait(timeout); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return work_->getFuture(); }
+  bool isCompleted() override { return call<bool>("is_completed"); }
+  bool isSuccess() const override { return call<bool>("is_success"); }
+  int sourceRank() const override { return call<int>("source_rank"); }
+  std::vector<at::Tensor> result() override { return call<std::vector<at::Tensor>>("result"); }
+  void synchronize() override { call<void>("synchronize"); }
+  float getDuration() const override { return call<float>("_get_duration"); }
+  std::exception_ptr exception() const override {
+    py::gil_scoped_acquire gil;
+    py::object e = obj_.attr("exception")();
+    if (e.is_none()) return nullptr;
+    return std::make_exception_ptr(std::runtime_error(py::str(e).cast<std::string>()));
+  }
+
+ private:
+  template <typename R>
+  R call(const char* name) const {
+    py::gil_scoped_acquire gil;
+    if constexpr (std::is_void_v<R>) {
+      obj_.attr(name)();
+    } else {
+      return obj_.attr(name)().template cast<R>();
+    }
+  }
+  WorkPtr work_;
+  py::object obj_;
+};
+
+// The override is looked up with Trampoline's own type info: typeid(c10d::Backend) taken in this
+// extension need not match torch's registration of it, and PYBIND11_OVERRIDE (which looks up the
+// base class) would then never find the Python method.
+#define RC_OVERRIDE(pyname, base_call, on_result, ...)                                         \
+  do {                                                                                         \
+    py::gil_scoped_acquire gil;                                                                \
+    py::function fn = py::get_override(static_cast<const Trampoline*>(this), pyname);          \
+    if (fn) {                                                                                  \
+      py::object r = fn(__VA_ARGS__);                                                          \
+      on_result;                                                                               \
+    }                                                                                          \
+  } while (0);                                                                                 \
+  return base_call
+
+#define RC_WORK(pyname, base, ...)                                                 \
+  RC_OVERRIDE(pyname, c10d::Backend::base(__VA_ARGS__),                            \
+              return c10::make_intrusive<WorkRef>(r), __VA_ARGS__)
+
+// One tensor list and the options; an output and an input argument and the options.
+#define RC_OP1(name, Opts)                                        \
+  WorkPtr name(Tensors& t, const c10d::Opts& o) override {        \
+    RC_WORK(#name, name, t, o);                                   \
+  }
+#define RC_OP2(name, Out, In, Opts)                                      \
+  WorkPtr name(Out& out, In& in, const c10d::Opts& o) override {         \
+    RC_WORK(#name, name, out, in, o);                                    \
+  }
+
+using Tensors = std::vector<at::Tensor>;
+using TensorLists = std::vector<std::vector<at::Tensor>>;
+
+class Trampoline : public c10d::Backend {
+ public:
+  Trampoline(int rank, int size) : c10d::Backend(rank, size) {}
+
+  const std::string getBackendName() const override {
+    RC_OVERRIDE("getBackendName", c10d::Backend::getBackendName(), return r.cast<std::string>());
+  }
+  bool supportsCoalescing() const override { return true; }
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    RC_OVERRIDE("set_timeout", c10d::Backend::setTimeout(timeout), return, timeout);
+  }
+  void startCoalescing() override {
+    RC_OVERRIDE("start_coalescing", c10d::Backend::startCoalescing(), return);
+  }
+  WorkPtr endCoalescing() override {
+    RC_OVERRIDE("end_coalescing", c10d::Backend::endCoalescing(),
+                return c10::make_intrusive<WorkRef>(r));
+  }
+  void abort() override { RC_OVERRIDE("abort", c10d::Backend::abort(), return); }
+  void shutdown() override { RC_OVERRIDE("shutdown", c10d::Backend::shutdown(), return); }
+
+  // Collectives by argument shape; the Python method has the C++ name.
+  RC_OP1(broadcast, BroadcastOptions)
+  RC_OP1(allreduce, AllreduceOptions)
+  RC_OP1(allreduce_coalesced, AllreduceCoalescedOptions)
+  RC_OP1(reduce, ReduceOptions)
+  RC_OP2(allgather, TensorLists, Tensors, AllgatherOptions)
+  RC_OP2(allgather_coalesced, TensorLists, Tensors, AllgatherOptions)
+  RC_OP2(gather, TensorLists, Tensors, GatherOptions)
+  RC_OP2(scatter, Tensors, TensorLists, ScatterOptions)
+  RC_OP2(reduce_scatter, Tensors, TensorLists, ReduceScatterOptions)
+  RC_OP2(_allgather_base, at::Tensor, at::Tensor, AllgatherOptions)
+  RC_OP2(_reduce_scatter_base, at::Tensor, at::Tensor, ReduceScatterOptions)
+  RC_OP2(allgather_into_tensor_coalesced, Tensors, Tensors, AllgatherOptions)
+  RC_OP2(reduce_scatter_tensor_coalesced, Tensors, Tensors, ReduceScatterOptions)
+  RC_OP2(alltoall, Tensors, Tensors, AllToAllOptions)
+  WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                        std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) override {
+    RC_WORK("alltoall_base", alltoall_base, out, in, out_splits, in_splits, o);
+  }
+  WorkPtr send(Tensors& t, int dst, int tag) override { RC_WORK("send", send, t, dst, tag); }
+  WorkPtr recv(Tensors& t, int src, int tag) override { RC_WORK("recv", recv, t, src, tag); }
+  WorkPtr recvAnysource(Tensors& t, int tag) override {
+    RC_WORK("recv_anysource", recvAnysource, t, tag);
+  }
+  WorkPtr barrier(const c10d::BarrierOptions& o) override { RC_WORK("barrier", barrier, o); }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::module_::import("torch.distributed");  // registers c10d::Backend, Work and the options
+  py::class_<Trampoline, c10d::Backend, c10::intrusive_ptr<Trampoline>>(m, "Trampoline")
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("size"));
+}

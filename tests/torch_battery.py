@@ -1,0 +1,98 @@
+"""A battery of torch.distributed cases run in one spawned group of ranks per world size.
+
+Spawning a rank that imports torch costs seconds here, so a test module registers its cases
+(``registry``), spawns ONE group per world size (``spawn_battery``) whose ranks call
+``init_world`` then ``run_cases``, and its pytest tests only look the outcomes up
+(``fail_on_error``). Each rank holds a ringcomm world group and a gloo group over the same ranks.
+
+After every case all ranks agree on its outcome over gloo (so every rank reports every rank's
+error); after a failure the battery goes on on a fresh ringcomm group, since the failed one may
+hold a half-done collective. ``RINGCOMM_TEST_CASES=a,b`` runs only those cases (a debugging aid).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import traceback
+from typing import Callable
+
+import pytest
+
+from ringcomm.launch import LaunchError, spawn_with_store
+
+SKIPPED = "skipped"
+
+
+def registry() -> tuple[dict, Callable]:
+    """``(CASES, case)``: ``@case`` on ``def case_<name>(ctx)`` registers it as ``CASES[name]``."""
+    cases: dict = {}
+
+    def case(fn):
+        cases[fn.__name__[len("case_"):]] = fn
+        return fn
+    return cases, case
+
+
+class Ctx:
+    """What a case gets: its rank, the world size, the ringcomm group (replaced after a failed
+    case), the gloo group over the same ranks, and the groups' timeout."""
+
+    def __init__(self, rank, ws, rc, gloo, timeout):
+        self.rank, self.ws, self.rc, self.gloo, self.timeout = rank, ws, rc, gloo, timeout
+
+
+def init_world(rank: int, ws: int, store_path: str, timeout_s: float) -> Ctx:
+    """In a rank: the ringcomm default group on a file store, and a gloo group beside it."""
+    import torch.distributed as dist
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("ringcomm", init_method=f"file://{store_path}", rank=rank,
+                            world_size=ws, timeout=timeout)
+    gloo = dist.new_group(backend="gloo", timeout=timeout)
+    return Ctx(rank, ws, dist.group.WORLD, gloo, timeout)
+
+
+def run_cases(ctx: Ctx, cases: dict) -> dict:
+    """In a rank: ``{name: (error, returned value, seconds)}`` for every case, in order. ``error``
+    is None or every failing rank's traceback; a case left out by RINGCOMM_TEST_CASES gets
+    ``(None, SKIPPED, 0.0)``."""
+    import torch.distributed as dist
+    only = [c for c in os.environ.get("RINGCOMM_TEST_CASES", "").split(",") if c]
+    results = {}
+    for name, fn in cases.items():
+        if only and name not in only:
+            results[name] = (None, SKIPPED, 0.0)
+            continue
+        t0 = time.perf_counter()
+        value = None
+        try:
+            value = fn(ctx)
+            err = None
+        except BaseException:  # noqa: BLE001
+            err = f"rank {ctx.rank}:\n{traceback.format_exc()}"
+        status = [None] * ctx.ws
+        dist.all_gather_object(status, err, group=ctx.gloo)
+        errs = [s for s in status if s]
+        results[name] = ("\n".join(errs) if errs else None, value, time.perf_counter() - t0)
+        if errs:
+            ctx.rc = dist.new_group(backend="ringcomm", timeout=ctx.timeout)
+    return results
+
+
+def spawn_battery(entry: Callable, ws: int, prefix: str, timeout: float,
+                  args: tuple = ()) -> tuple[list | None, str | None]:
+    """Run ``entry(rank, ws, store_path, *args)`` on ``ws`` ranks with a fresh file store:
+    ``(per-rank results, None)``, or ``(None, the launch failure)``."""
+    try:
+        return spawn_with_store(entry, ws, lambda store: (store, *args), timeout=timeout,
+                                prefix=prefix), None
+    except LaunchError as e:
+        return None, str(e)
+
+
+def fail_on_error(res: dict, ws: int, name: str) -> None:
+    """Fail the calling test if the battery did not start, or if case ``name`` failed."""
+    if "__launch__" in res:
+        pytest.fail(res["__launch__"])
+    if res[name] is not None:
+        pytest.fail(f"world size {ws}, case {name}:\n{res[name]}")
