@@ -1,8 +1,9 @@
-// Communicator and Work bindings. Buffers arrive as integer addresses (the Python layer owns
-// validation and keeps the arrays alive until the work completes); every call that may wait
-// releases the GIL.
+// Communicator and Work bindings of ringcomm._C (what both communicators share:
+// bindings/comm_methods_py.h), the pure ring schedule and the collective codes.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include "comm_methods_py.h"
 
 #include "algo/ring_schedule.h"
 #include "comm/communicator.h"
@@ -11,16 +12,15 @@
 
 namespace py = pybind11;
 using rc::Communicator;
-using rc::DType;
-using rc::ReduceOp;
 
 namespace {
 
-inline void* P(uintptr_t a) { return reinterpret_cast<void*>(a); }
-inline DType D(int d) { return static_cast<DType>(d); }
-inline ReduceOp O(int o) { return static_cast<ReduceOp>(o); }
-using GIL = py::call_guard<py::gil_scoped_release>;
-inline rc::Launch A(bool async) { return rc::Launch{async, nullptr}; }
+// The host communicator's launch argument: async_op (collectives and send/recv alike).
+struct HostLaunches {
+  using Arg = bool;
+  static rc::Launch coll(bool async) { return rc::Launch{async, nullptr}; }
+  static rc::Launch p2p(bool async) { return rc::Launch{async, nullptr}; }
+};
 
 // One dict per record: seq, collective, algorithm, bytes, ok, and each phase's ns (None: did not happen).
 py::list trace_list(const std::vector<rc::TraceRecord>& recs) {
@@ -43,64 +43,19 @@ py::list trace_list(const std::vector<rc::TraceRecord>& recs) {
 }  // namespace
 
 void bind_comm(py::module_& m) {
-  py::class_<rc::Work, std::shared_ptr<rc::Work>>(m, "Work")
-      .def("wait", &rc::Work::wait, py::arg("timeout") = -1.0, GIL())
-      .def("is_completed", &rc::Work::is_completed, GIL())
-      .def("error_code", &rc::Work::error_code)
-      .def("error_message", &rc::Work::error_message)
-      .def_property_readonly("op", &rc::Work::op)
-      .def_property_readonly("seq", &rc::Work::seq);
+  rc_py::bind_work(m, false);
 
-  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
-      .def(py::init<int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("timeout") = 0.0)
-      .def("create", &Communicator::create, GIL())
-      .def("connect", &Communicator::connect, GIL())
-      .def_property_readonly("rank", &Communicator::rank)
-      .def_property_readonly("world_size", &Communicator::world)
-      .def_property_readonly("timeout", &Communicator::timeout)
-      .def_property_readonly("closed", &Communicator::closed)
+  py::class_<Communicator, std::shared_ptr<Communicator>> comm(m, "Communicator");
+  comm.def(py::init<int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("timeout") = 0.0)
+      .def("create", &Communicator::create, rc_py::ReleaseGil())
+      .def("connect", &Communicator::connect, rc_py::ReleaseGil())
       .def_property_readonly("closed_reason", &Communicator::closed_reason)
-      .def("next_seq", &Communicator::next_seq)
       .def("_set_last_seq_for_test", &Communicator::set_last_seq_for_test)
       .def("_forge_next_header_for_test", &Communicator::forge_next_header_for_test, py::arg("count"),
            py::arg("count2"))
-      .def("all_reduce", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, bool a) {
-             return c.all_reduce(P(in), P(out), n, D(d), O(o), A(a));
-           }, GIL())
-      .def("reduce_scatter", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, bool a) {
-             return c.reduce_scatter(P(in), P(out), n, D(d), O(o), A(a));
-           }, GIL())
-      .def("all_gather", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t nin, int64_t nout, int d, bool a) {
-             return c.all_gather(P(in), P(out), nin, nout, D(d), A(a));
-           }, GIL())
-      .def("broadcast", [](Communicator& c, uintptr_t buf, int64_t n, int d, int root, bool a) {
-             return c.broadcast(P(buf), n, D(d), root, A(a));
-           }, GIL())
-      .def("reduce", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, int root, bool a) {
-             return c.reduce(P(in), P(out), n, D(d), O(o), root, A(a));
-           }, GIL())
-      .def("barrier", [](Communicator& c, bool a) { return c.barrier(A(a)); }, GIL())
-      .def("all_to_all", [](Communicator& c, uintptr_t in, uintptr_t out, std::vector<int64_t> sc,
-                            std::vector<int64_t> rcn, int d, bool a) {
-             return c.all_to_all(P(in), P(out), std::move(sc), std::move(rcn), D(d), A(a));
-           }, GIL())
-      .def("gather", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, bool a) {
-             return c.gather(P(in), P(out), n, D(d), root, A(a));
-           }, GIL())
-      .def("scatter", [](Communicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, bool a) {
-             return c.scatter(P(in), P(out), n, D(d), root, A(a));
-           }, GIL())
-      .def("reject", [](Communicator& c, int coll) { c.reject(static_cast<rc::Coll>(coll)); }, GIL())
-      .def("send", [](Communicator& c, uintptr_t buf, int64_t bytes, int dst, uint64_t tag, bool a) {
-             return c.send(P(buf), bytes, dst, tag, A(a));
-           }, GIL())
-      .def("recv", [](Communicator& c, uintptr_t buf, int64_t bytes, int src, uint64_t tag, bool a) {
-             return c.recv(P(buf), bytes, src, tag, A(a));
-           }, GIL())
-      .def("close", &Communicator::close, GIL())
       .def("trace", [](const Communicator& c) { return trace_list(c.trace()); },
            "The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.")
-      .def("abort", &Communicator::abort, py::arg("reason") = "", GIL())
+      .def("abort", &Communicator::abort, py::arg("reason") = "", rc_py::ReleaseGil())
       .def("set_timeout", &Communicator::set_timeout, py::arg("seconds"))
       .def("errored", [](Communicator& c) -> py::object {
              // (ErrorCode, message) of the first error that made the communicator unusable, or None.
@@ -110,6 +65,7 @@ void bind_comm(py::module_& m) {
              const rc::ErrorCode code = rc::error_code_of(e, &msg);
              return py::make_tuple(static_cast<int>(code), msg);
            });
+  rc_py::def_core_methods<HostLaunches>(comm);
 
   // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
   // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than
@@ -159,10 +115,11 @@ void bind_comm(py::module_& m) {
     return v;
   }, py::arg("count"), py::arg("world_size"), py::arg("esize"),
      "all_reduce's chunks (offset, count) per rank: gloo's ring segmentation (ring_schedule.h).");
-  m.attr("COLL_CODES") = py::dict(
-      py::arg("all_reduce") = 1, py::arg("reduce_scatter") = 2, py::arg("all_gather") = 3, py::arg("broadcast") = 4,
-      py::arg("reduce") = 5, py::arg("barrier") = 6, py::arg("all_to_all") = 7, py::arg("gather") = 8,
-      py::arg("scatter") = 9);
+  py::dict coll_codes;
+#define RC_COLL_CODE_(name, code, str, reduces) coll_codes[str] = code;
+  RC_COLLECTIVES(RC_COLL_CODE_)
+#undef RC_COLL_CODE_
+  m.attr("COLL_CODES") = coll_codes;
 
   // Tests only: the policy that picks cached or streaming stores per size class.
   py::class_<rc::StorePolicy>(m, "_StorePolicy")

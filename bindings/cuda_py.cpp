@@ -3,14 +3,17 @@
 // no libcudart and no driver; without a driver or GPU, runtime_status() says so and every CUDA
 // call raises ringcomm.UnsupportedError ("CUDA unavailable: ...").
 //
-// Thin, like bindings/comm_py.cpp: buffers and streams arrive as integer addresses (the Python
+// Thin, like bindings/comm_py.cpp (the methods both communicators share are bound once, in
+// bindings/comm_methods_py.h): buffers and streams arrive as integer addresses (the Python
 // layer, ringcomm/cuda.py, owns validation and keeps arrays alive); calls that may wait release
 // the GIL; C++ error classes map to ringcomm's Python exceptions.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include "errors_py.h"
 #include <pybind11/stl.h>
+
+#include "comm_methods_py.h"
+#include "errors_py.h"
 
 #include <chrono>
 #include <cstring>
@@ -33,15 +36,18 @@ using rc::ReduceOp;
 
 namespace {
 
-inline void* P(uintptr_t a) { return reinterpret_cast<void*>(a); }
+using rc_py::dtype_of;
+using rc_py::op_of;
+using rc_py::ptr_of;
 inline cudaStream_t S(uintptr_t a) { return reinterpret_cast<cudaStream_t>(a); }
-inline DType D(int d) { return static_cast<DType>(d); }
-inline ReduceOp O(int o) { return static_cast<ReduceOp>(o); }
-using GIL = py::call_guard<py::gil_scoped_release>;
-// Collectives are enqueued before the call returns (host part synchronous); send/recv return at once.
-inline rc::Launch K(uintptr_t s) { return rc::Launch{false, P(s)}; }
-inline rc::Launch Q(uintptr_t s) { return rc::Launch{true, P(s)}; }
 
+// The CUDA communicator's launch argument: the stream. Collectives are enqueued before the call
+// returns (host part synchronous); send/recv return at once.
+struct StreamLaunches {
+  using Arg = uintptr_t;
+  static rc::Launch coll(uintptr_t s) { return rc::Launch{false, ptr_of(s)}; }
+  static rc::Launch p2p(uintptr_t s) { return rc::Launch{true, ptr_of(s)}; }
+};
 
 // Never throws: whether a CUDA device can be used here, and why not.
 py::dict runtime_status() {
@@ -63,9 +69,10 @@ py::dict runtime_status() {
 void reduce_py(uintptr_t dst, uintptr_t a, uintptr_t b, int64_t n, int dt, int op, double scale, uintptr_t stream,
                int device, bool sync) {
   RC_CHECK(n >= 0, InvalidArgument, "_reduce: negative count");
-  rc::check_reduce_supported(D(dt), O(op));  // the same table as the GPU switch (tests compare them)
+  rc::check_reduce_supported(dtype_of(dt), op_of(op));  // the same table as the GPU switch (tests compare them)
   rc::CudaDeviceGuard g(device);
-  rc::reduce_cuda(P(dst), P(a), P(b), static_cast<size_t>(n), D(dt), O(op), scale, S(stream), 0);
+  rc::reduce_cuda(ptr_of(dst), ptr_of(a), ptr_of(b), static_cast<size_t>(n), dtype_of(dt), op_of(op), scale,
+                  S(stream), 0);
   if (sync) RC_CUDA(cudaStreamSynchronize(S(stream)), "");
 }
 
@@ -73,14 +80,14 @@ void reduce_py(uintptr_t dst, uintptr_t a, uintptr_t b, int64_t n, int dt, int o
 // bit for bit with the CPU kernels, on every dtype x op, alignment and thread count, without a GPU.
 void reduce_emulated_py(py::array dst, py::array a, py::array b, int dt, int op, double scale, int64_t nthreads) {
   const size_t n = static_cast<size_t>(dst.size());
-  const size_t es = rc::dtype_size(D(dt));
+  const size_t es = rc::dtype_size(dtype_of(dt));
   for (const py::array* x : {&dst, &a, &b}) {
     RC_CHECK(static_cast<size_t>(x->size()) == n && static_cast<size_t>(x->itemsize()) == es &&
                  (x->flags() & py::array::c_style),
              InvalidArgument, "_reduce_emulated: arrays must be C-contiguous, of one length and the dtype's itemsize");
   }
   RC_CHECK(nthreads >= 1, InvalidArgument, "_reduce_emulated: nthreads must be >= 1");
-  rc::reduce_cuda_emulate(dst.mutable_data(), a.data(), b.data(), n, D(dt), O(op), scale,
+  rc::reduce_cuda_emulate(dst.mutable_data(), a.data(), b.data(), n, dtype_of(dt), op_of(op), scale,
                           static_cast<size_t>(nthreads));
 }
 
@@ -90,7 +97,7 @@ void reduce_emulated_py(py::array dst, py::array a, py::array b, int dt, int op,
 std::pair<double, double> bench_reduce(int device, int64_t nbytes, int dt, int op, int iters) {
   RC_CHECK(nbytes > 0 && iters > 0, InvalidArgument, "_bench_reduce: nbytes and iters must be > 0");
   rc::CudaDeviceGuard g(device);
-  const size_t es = rc::dtype_size(D(dt));
+  const size_t es = rc::dtype_size(dtype_of(dt));
   const size_t n = static_cast<size_t>(nbytes) / es;
   void *a = nullptr, *b = nullptr, *c = nullptr;
   cudaStream_t s = nullptr;
@@ -125,7 +132,7 @@ std::pair<double, double> bench_reduce(int device, int64_t nbytes, int dt, int o
       RC_CUDA(cudaEventElapsedTime(&ms, e0, e1), "");
       return static_cast<double>(ms) / 1e3 / iters;
     };
-    t_reduce = time([&] { rc::reduce_cuda(c, a, b, n, D(dt), O(op), 1.0, s, 0); });
+    t_reduce = time([&] { rc::reduce_cuda(c, a, b, n, dtype_of(dt), op_of(op), 1.0, s, 0); });
     t_copy = time([&] { RC_CUDA(cudaMemcpyAsync(c, a, n * es, cudaMemcpyDeviceToDevice, s), ""); });
   } catch (...) {
     cleanup();
@@ -141,7 +148,7 @@ py::dict bench_reduce_py(int device, int64_t nbytes, int dt, int op, int iters) 
     py::gil_scoped_release nogil;
     t = bench_reduce(device, nbytes, dt, op, iters);
   }
-  const int64_t es = static_cast<int64_t>(rc::dtype_size(D(dt)));
+  const int64_t es = static_cast<int64_t>(rc::dtype_size(dtype_of(dt)));
   py::dict out;
   out["elements"] = nbytes / es;
   out["bytes"] = nbytes / es * es;
@@ -174,11 +181,11 @@ PYBIND11_MODULE(_C_cuda, m) {
   m.def("runtime_status", &runtime_status, "Whether CUDA is usable here: available, device_count, error, versions.");
   m.def("reduce_supported", [](int dt, int op) {
     if (dt < 0 || dt >= static_cast<int>(DType::kCount) || op < 0 || op >= static_cast<int>(ReduceOp::kCount)) return false;
-    return rc::reduce_cuda_supported(D(dt), O(op));
+    return rc::reduce_cuda_supported(dtype_of(dt), op_of(op));
   }, py::arg("dtype"), py::arg("op"), "True when the CUDA switch has a kernel for the (dtype, op) codes (no GPU needed).");
   m.def("_reduce", &reduce_py, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"),
         py::arg("op"), py::arg("scale") = 1.0, py::arg("stream") = 0, py::arg("device") = 0, py::arg("sync") = true,
-        GIL(), "dst = a (op) b on device pointers with the CUDA reduce kernels (tests/benchmarks).");
+        rc_py::ReleaseGil(), "dst = a (op) b on device pointers with the CUDA reduce kernels (tests/benchmarks).");
   m.def("_reduce_emulated", &reduce_emulated_py, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("dtype"),
         py::arg("op"), py::arg("scale") = 1.0, py::arg("nthreads") = 64,
         "The CUDA reduce kernel's body run on the host over numpy arrays (tests; no GPU needed).");
@@ -197,19 +204,11 @@ PYBIND11_MODULE(_C_cuda, m) {
   }, py::arg("infos"), py::arg("mode") = 0,
      "Channel kinds ('ipc'/'host'/'hostsync') for every (src, dst), row-major, from device descriptions (no GPU needed).");
 
-  // The one Work type (comm/work.h), bound again here, module-locally, with stream_wait: this
-  // module does not depend on ringcomm._C being imported first.
-  py::class_<rc::Work, std::shared_ptr<rc::Work>>(m, "Work", py::module_local())
-      .def("wait", &rc::Work::wait, py::arg("timeout") = -1.0, GIL())
-      .def("is_completed", &rc::Work::is_completed, GIL())
-      .def("stream_wait", [](rc::Work& w, uintptr_t s) { w.stream_wait(P(s)); }, GIL())
-      .def("error_code", &rc::Work::error_code)
-      .def("error_message", &rc::Work::error_message)
-      .def_property_readonly("op", &rc::Work::op)
-      .def_property_readonly("seq", &rc::Work::seq);
+  rc_py::bind_work(m, true).def("stream_wait", [](rc::Work& w, uintptr_t s) { w.stream_wait(ptr_of(s)); },
+                                rc_py::ReleaseGil());
 
-  py::class_<CudaCommunicator, std::shared_ptr<CudaCommunicator>>(m, "Communicator")
-      .def(py::init<int, int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("device"),
+  py::class_<CudaCommunicator, std::shared_ptr<CudaCommunicator>> comm(m, "Communicator");
+  comm.def(py::init<int, int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("device"),
            py::arg("timeout") = 0.0)
       .def("local_info", [](CudaCommunicator& c) {
              std::string s;
@@ -235,43 +234,7 @@ PYBIND11_MODULE(_C_cuda, m) {
              py::gil_scoped_release nogil;
              c.connect(v);
            })
-      .def_property_readonly("rank", &CudaCommunicator::rank)
-      .def_property_readonly("world_size", &CudaCommunicator::world)
       .def_property_readonly("device", &CudaCommunicator::device)
-      .def_property_readonly("timeout", &CudaCommunicator::timeout)
-      .def_property_readonly("closed", &CudaCommunicator::closed)
-      .def("channels", &CudaCommunicator::channels)
-      .def("next_seq", &CudaCommunicator::next_seq)
-      .def("all_reduce", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, uintptr_t s) {
-             return c.all_reduce(P(in), P(out), n, D(d), O(o), K(s));
-           }, GIL())
-      .def("reduce_scatter", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, uintptr_t s) {
-             return c.reduce_scatter(P(in), P(out), n, D(d), O(o), K(s));
-           }, GIL())
-      .def("all_gather", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t nin, int64_t nout, int d,
-                            uintptr_t s) { return c.all_gather(P(in), P(out), nin, nout, D(d), K(s)); }, GIL())
-      .def("broadcast", [](CudaCommunicator& c, uintptr_t buf, int64_t n, int d, int root, uintptr_t s) {
-             return c.broadcast(P(buf), n, D(d), root, K(s));
-           }, GIL())
-      .def("reduce", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, int root,
-                        uintptr_t s) { return c.reduce(P(in), P(out), n, D(d), O(o), root, K(s)); }, GIL())
-      .def("barrier", [](CudaCommunicator& c, uintptr_t s) { return c.barrier(K(s)); }, GIL())
-      .def("all_to_all", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, std::vector<int64_t> sc,
-                            std::vector<int64_t> rcn, int d, uintptr_t s) {
-             return c.all_to_all(P(in), P(out), std::move(sc), std::move(rcn), D(d), K(s));
-           }, GIL())
-      .def("gather", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, uintptr_t s) {
-             return c.gather(P(in), P(out), n, D(d), root, K(s));
-           }, GIL())
-      .def("scatter", [](CudaCommunicator& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, uintptr_t s) {
-             return c.scatter(P(in), P(out), n, D(d), root, K(s));
-           }, GIL())
-      .def("reject", [](CudaCommunicator& c, int coll) { c.reject(static_cast<rc::Coll>(coll)); }, GIL())
-      .def("send", [](CudaCommunicator& c, uintptr_t buf, int64_t bytes, int dst, uint64_t tag, uintptr_t s) {
-             return c.send(P(buf), bytes, dst, tag, Q(s));
-           }, GIL())
-      .def("recv", [](CudaCommunicator& c, uintptr_t buf, int64_t bytes, int src, uint64_t tag, uintptr_t s) {
-             return c.recv(P(buf), bytes, src, tag, Q(s));
-           }, GIL())
-      .def("close", &CudaCommunicator::close, GIL());
+      .def("channels", &CudaCommunicator::channels);
+  rc_py::def_core_methods<StreamLaunches>(comm);
 }

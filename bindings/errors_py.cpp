@@ -1,5 +1,6 @@
-// ONE table maps an rc::ErrorCode to its Python class in ringcomm/errors.py (which holds the
-// same table the other way, BY_CODE; tests/test_errors.py checks that they agree). Compiled into
+// rc::ErrorCode -> its Python class in ringcomm/errors.py, from the one table of error kinds
+// (RC_ERROR_KINDS, common/errors.h; ringcomm/errors.py holds the same table the other way,
+// BY_CODE, and tests/test_errors.py checks that they agree). Compiled into
 // both extension modules (ringcomm._C registers the translator globally, ringcomm._C_cuda
 // module-locally), so the mapping exists once.
 #include "errors_py.h"
@@ -12,15 +13,11 @@ namespace py = pybind11;
 
 namespace {
 
-// code -> Python class name in ringcomm.errors; indexed by the ErrorCode value.
+// code -> Python class name in ringcomm.errors; indexed by the ErrorCode value (dense: errors.h).
 constexpr std::array<const char*, rc::kNumErrorCodes> kClassNames = {
-    "RingcommError",         // kError
-    "InvalidArgumentError",  // kInvalidArgument
-    "TimeoutError",          // kTimeout
-    "PeerFailureError",      // kPeerFailure
-    "MismatchError",         // kMismatch
-    "UnsupportedError",      // kUnsupported
-    "ClosedError",           // kClosed
+#define RC_PY_CLASS_NAME_(name, value, Kind, py_class) #py_class,
+    RC_ERROR_KINDS(RC_PY_CLASS_NAME_)
+#undef RC_PY_CLASS_NAME_
 };
 
 // Module-lifetime references (never destroyed: the interpreter owns the classes).

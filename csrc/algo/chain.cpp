@@ -8,10 +8,15 @@
 
 namespace rc {
 
-void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root) {
+namespace {
+
+// The chain's piece loop: at position 0 (the head) each piece is sent on from head_src; every
+// other position receives it from its left neighbour and hands it, with its WaitCtx, to
+// at_link(src, o, m, w), which consumes the slot (and releases it) and sends on where the chain
+// goes on.
+template <class AtLink>
+void chain_pieces(const AlgoCtx& c, int64_t count, int pos, const char* head_src, AtLink at_link) {
   const int n = c.world, r = c.rank;
-  if (n == 1 || count == 0) return;
-  const int pos = static_cast<int>(ring::mod(r - root, n));
   const int L = ring::left(r, n), R = ring::right(r, n);
   const int64_t pe = c.piece_elems();
   const int64_t npieces = (count + pe - 1) / pe;
@@ -21,12 +26,23 @@ void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root) {
     piece_bounds(0, count, j, pe, &o, &m);
     const WaitCtx w = wait_ctx(c, pos, n - 1);
     if (pos == 0) {
-      send_copy(c, R, buf + o * es, o, m, w);
+      send_copy(c, R, head_src + o * es, o, m, w);
       continue;
     }
-    const char* src = recv_expect(c, L, o, m, w);
-    deliver(c, L, src, buf + o * es, o, m, pos < n - 1, R, w);
+    at_link(recv_expect(c, L, o, m, w), o, m, w);
   }
+}
+
+}  // namespace
+
+void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root) {
+  const int n = c.world, r = c.rank;
+  if (n == 1 || count == 0) return;
+  const int pos = static_cast<int>(ring::mod(r - root, n));
+  const int L = ring::left(r, n), R = ring::right(r, n);
+  chain_pieces(c, count, pos, buf, [&](const char* src, int64_t o, int64_t m, const WaitCtx& w) {
+    deliver(c, L, src, buf + o * c.esize, o, m, pos < n - 1, R, w);
+  });
 }
 
 void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root) {
@@ -41,25 +57,15 @@ void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, Re
   // Position along the chain: root+1 is first (0), root is last (n-1).
   const int pos = static_cast<int>(ring::mod(r - root - 1, n));
   const int L = ring::left(r, n), R = ring::right(r, n);
-  const int64_t pe = c.piece_elems();
-  const int64_t npieces = (count + pe - 1) / pe;
   const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
-  for (int64_t j = 0; j < npieces; ++j) {
-    int64_t o, m;
-    piece_bounds(0, count, j, pe, &o, &m);
-    const WaitCtx w = wait_ctx(c, pos, n - 1);
-    if (pos == 0) {
-      send_copy(c, R, in + o * es, o, m, w);
-      continue;
-    }
-    const char* src = recv_expect(c, L, o, m, w);
+  chain_pieces(c, count, pos, in, [&](const char* src, int64_t o, int64_t m, const WaitCtx& w) {
     if (pos < n - 1) {
       send_reduced(c, R, in + o * es, src, o, m, op, w);
     } else {
       c.ch->reduce(out + o * es, in + o * es, src, static_cast<size_t>(m), c.dtype, op, scale);
     }
     c.ch->recv_done(L);
-  }
+  });
 }
 
 }  // namespace rc

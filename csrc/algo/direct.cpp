@@ -113,59 +113,55 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
   }
 }
 
-void direct_gather(const AlgoCtx& c, const char* in, char* out, int64_t count, int root) {
+namespace {
+
+// Gather (kGather) and scatter: each non-root rank exchanges its `count` elements with the root,
+// piece by piece; the root exchanges block p of its full buffer with every rank p, interleaving
+// the peers piece by piece so that every peer streams at once. Pieces flow to the root in a
+// gather and from it in a scatter; the root's own block is copied locally (a gather copies it
+// first, a scatter after its sends, so that the peers start sooner).
+template <bool kGather>
+void direct_rooted(const AlgoCtx& c, const char* in, char* out, int64_t count, int root) {
   const int n = c.world, r = c.rank;
   const size_t es = c.esize;
   if (count == 0) return;
   const int64_t pe = c.piece_elems();
   const int64_t np = (count + pe - 1) / pe;
-  if (r != root) {
-    for (int64_t j = 0; j < np; ++j) {
-      int64_t o, m;
-      piece_bounds(0, count, j, pe, &o, &m);
-      send_copy(c, root, in + o * es, -1, m, wait_ctx(c, 0, 1));
+  const bool sends = kGather == (r != root);
+  // Piece j of the block that starts at element `base` of this rank's in (sending) or out.
+  auto piece = [&](int peer, int64_t base, int64_t j) {
+    int64_t o, m;
+    piece_bounds(base, count, j, pe, &o, &m);
+    if (sends) {
+      send_copy(c, peer, in + o * es, -1, m, wait_ctx(c, 0, 1));
+    } else {
+      const char* p = recv_expect(c, peer, -1, m, wait_ctx(c, 0, 1));
+      copy_elems(c, out + o * es, p, m);
+      c.ch->recv_done(peer);
     }
+  };
+  if (r != root) {
+    for (int64_t j = 0; j < np; ++j) piece(root, 0, j);
     return;
   }
-  copy_elems(c, out + r * count * es, in, count);
-  // Interleave the sources piece by piece so every sender streams at once.
+  if (kGather) copy_elems(c, out + r * count * es, in, count);
   for (int64_t j = 0; j < np; ++j) {
     for (int s = 1; s < n; ++s) {
-      const int src = static_cast<int>(ring::mod(root + s, n));
-      int64_t o, m;
-      piece_bounds(src * count, count, j, pe, &o, &m);
-      const char* p = recv_expect(c, src, -1, m, wait_ctx(c, 0, 1));
-      copy_elems(c, out + o * es, p, m);
-      c.ch->recv_done(src);
+      const int peer = static_cast<int>(ring::mod(root + s, n));
+      piece(peer, peer * count, j);
     }
   }
+  if (!kGather) copy_elems(c, out, in + r * count * es, count);
+}
+
+}  // namespace
+
+void direct_gather(const AlgoCtx& c, const char* in, char* out, int64_t count, int root) {
+  direct_rooted<true>(c, in, out, count, root);
 }
 
 void direct_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, int root) {
-  const int n = c.world, r = c.rank;
-  const size_t es = c.esize;
-  if (count == 0) return;
-  const int64_t pe = c.piece_elems();
-  const int64_t np = (count + pe - 1) / pe;
-  if (r != root) {
-    for (int64_t j = 0; j < np; ++j) {
-      int64_t o, m;
-      piece_bounds(0, count, j, pe, &o, &m);
-      const char* p = recv_expect(c, root, -1, m, wait_ctx(c, 0, 1));
-      copy_elems(c, out + o * es, p, m);
-      c.ch->recv_done(root);
-    }
-    return;
-  }
-  for (int64_t j = 0; j < np; ++j) {
-    for (int s = 1; s < n; ++s) {
-      const int dst = static_cast<int>(ring::mod(root + s, n));
-      int64_t o, m;
-      piece_bounds(dst * count, count, j, pe, &o, &m);
-      send_copy(c, dst, in + o * es, -1, m, wait_ctx(c, 0, 1));
-    }
-  }
-  copy_elems(c, out, in + r * count * es, count);
+  direct_rooted<false>(c, in, out, count, root);
 }
 
 }  // namespace rc

@@ -183,9 +183,11 @@ void CommCore::abort(const std::string& reason) {
     dropped.swap(queue_);
   }
   cv_.notify_all();
-  dev_->control().set_aborting(msg);  // our waits, on every thread, raise
-  if (first) dev_->abort(abort_kind_of(ErrorCode::kError), "ringcomm: " + msg);  // the peers' waits raise
-  dev_->control().ring_doorbell(rank_);  // the p2p thread fails what is pending
+  if (dev_->has_control()) {
+    dev_->control().set_aborting(msg);  // our waits, on every thread, raise
+    if (first) dev_->abort(abort_kind_of(ErrorCode::kError), "ringcomm: " + msg);  // the peers' waits raise
+    dev_->control().ring_doorbell(rank_);  // the p2p thread fails what is pending
+  }
   for (Task& t : dropped) {
     t.work->fail(std::make_exception_ptr(Error("ringcomm: " + t.work->op() + " (seq " + std::to_string(t.work->seq()) +
                                                ") on rank " + std::to_string(rank_) + " did not run: " + msg)));
@@ -434,7 +436,7 @@ void CommCore::close() {
     return;
   }
   // From here every transport wait of this process raises Closed within a liveness slice.
-  dev_->control().set_closing();
+  if (dev_->has_control()) dev_->control().set_closing();
   std::deque<Task> dropped;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -460,7 +462,8 @@ void CommCore::close() {
     // Calls still inside the core (a synchronous call running inline, a caller between its
     // check and its submit) leave promptly: their waits raise Closed.
     std::unique_lock<std::mutex> lk(mu_);
-    const int64_t deadline = deadline_after(now_ns(), dev_->control().config().timeout_s);
+    const double wait_s = dev_->has_control() ? dev_->control().config().timeout_s : 0.0;
+    const int64_t deadline = deadline_after(now_ns(), wait_s);
     drained = true;
     while (calls_ != 0 || busy_) {
       const int64_t left = deadline - now_ns();

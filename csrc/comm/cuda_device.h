@@ -64,6 +64,7 @@ class CudaDevice final : public CommDevice {
 
   const char* name() const override { return "CUDA communicator"; }
   ShmTransport& control() override { return transport_.ctl(); }
+  bool has_control() const override { return transport_.created(); }
   const MemoryCheck* memory() const override { return &memcheck_; }
   bool use_direct(int64_t) const override { return false; }  // the ring only (direct needs host scratch)
   void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }

@@ -23,6 +23,8 @@ class CommDevice {
   virtual const char* name() const = 0;
   /// The host control plane: header board, abort flags, doorbell, liveness, timeouts.
   virtual ShmTransport& control() = 0;
+  /// Whether control() exists yet (a CUDA device creates it in create(); the host's always is).
+  virtual bool has_control() const { return true; }
   /// Where buffers must live (nullptr: host memory, not checkable).
   virtual const MemoryCheck* memory() const = 0;
   /// Whether all_reduce of `bytes` takes the direct algorithm (the choice travels in the header).
@@ -55,7 +57,9 @@ class CommDevice {
 
   /// In a forked child (the core's threads do not exist there): drop this process's mappings
   /// without touching the parent's shared state.
-  virtual void forget_after_fork() { control().drop_mappings_after_fork(); }
+  virtual void forget_after_fork() {
+    if (has_control()) control().drop_mappings_after_fork();
+  }
 
   /// After the core's threads stopped: release the transport. `broken`: after a data-phase failure
   /// (device work may still run).

@@ -31,8 +31,7 @@ std::string describe_header(const CollHeader& h) {
   if (c == Coll::kAllGather || c == Coll::kAllToAll) o << ", count2=" << h.count2;
   if (c == Coll::kAllReduce) o << ", algo=" << (h.count2 ? "direct" : "ring");
   o << ", dtype=" << dtype_name(static_cast<DType>(h.dtype));
-  if (c == Coll::kAllReduce || c == Coll::kReduceScatter || c == Coll::kReduce)
-    o << ", op=" << op_name(static_cast<ReduceOp>(h.op));
+  if (coll_reduces(c)) o << ", op=" << op_name(static_cast<ReduceOp>(h.op));
   if (h.root >= 0) o << ", root=" << h.root;
   o << ")";
   return o.str();

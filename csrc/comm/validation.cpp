@@ -23,18 +23,21 @@ CollHeader header(Coll coll, DType dt, uint32_t op, int root, int64_t count, int
 
 const char* coll_name(Coll c) {
   switch (c) {
-    case Coll::kAllReduce: return "all_reduce";
-    case Coll::kReduceScatter: return "reduce_scatter";
-    case Coll::kAllGather: return "all_gather";
-    case Coll::kBroadcast: return "broadcast";
-    case Coll::kReduce: return "reduce";
-    case Coll::kBarrier: return "barrier";
-    case Coll::kAllToAll: return "all_to_all";
-    case Coll::kGather: return "gather";
-    case Coll::kScatter: return "scatter";
+#define RC_COLL_NAME_CASE_(name, code, str, reduces) \
+  case Coll::k##name:                               \
+    return str;
+    RC_COLLECTIVES(RC_COLL_NAME_CASE_)
+#undef RC_COLL_NAME_CASE_
     case Coll::kRejected: return "rejected call";
   }
   return "unknown collective";
+}
+
+bool coll_reduces(Coll c) {
+  // false || (reduces_1 && c == k1) || ... over the list.
+#define RC_COLL_REDUCES_(name, code, str, reduces) || (reduces && c == Coll::k##name)
+  return false RC_COLLECTIVES(RC_COLL_REDUCES_);
+#undef RC_COLL_REDUCES_
 }
 
 void ArgChecks::buffer(const void* p, int64_t count, const char* what, Coll coll) const {
@@ -140,32 +143,28 @@ CollHeader ArgChecks::all_to_all(const void* in, const void* out, const std::vec
   return header(Coll::kAllToAll, dt, 0, -1, in_total, out_total);
 }
 
-CollHeader ArgChecks::gather(const void* in, const void* out, int64_t count, DType dt, int root) const {
+CollHeader ArgChecks::rooted(Coll coll, const void* block, const char* block_what, const void* all,
+                             const char* all_what, int64_t count, DType dt, int root) const {
   dtype_size(dt);
-  buffer(in, count, "input", Coll::kGather);
-  this->root(root, Coll::kGather);
+  buffer(block, count, block_what, coll);
+  this->root(root, coll);
   if (rank_ == root) {
-    buffer(out, count * world_, "output", Coll::kGather);
+    buffer(all, count * world_, all_what, coll);
     const size_t b = nbytes(count, dt);
-    const char* own = static_cast<const char*>(out) + rank_ * b;
-    RC_CHECK(in == own || !overlaps(in, b, out, b * world_), InvalidArgument,
-             "ringcomm: gather: the input overlaps the output without being the root's own block");
+    const char* own = static_cast<const char*>(all) + rank_ * b;
+    RC_CHECK(block == own || !overlaps(block, b, all, b * world_), InvalidArgument,
+             "ringcomm: " << coll_name(coll) << ": the " << block_what << " overlaps the " << all_what
+                          << " without being the root's own block");
   }
-  return header(Coll::kGather, dt, 0, root, count, 0);
+  return header(coll, dt, 0, root, count, 0);
+}
+
+CollHeader ArgChecks::gather(const void* in, const void* out, int64_t count, DType dt, int root) const {
+  return rooted(Coll::kGather, in, "input", out, "output", count, dt, root);
 }
 
 CollHeader ArgChecks::scatter(const void* in, const void* out, int64_t count, DType dt, int root) const {
-  dtype_size(dt);
-  buffer(out, count, "output", Coll::kScatter);
-  this->root(root, Coll::kScatter);
-  if (rank_ == root) {
-    buffer(in, count * world_, "input", Coll::kScatter);
-    const size_t b = nbytes(count, dt);
-    const char* own = static_cast<const char*>(in) + rank_ * b;
-    RC_CHECK(out == own || !overlaps(in, b * world_, out, b), InvalidArgument,
-             "ringcomm: scatter: the output overlaps the input without being the root's own block");
-  }
-  return header(Coll::kScatter, dt, 0, root, count, 0);
+  return rooted(Coll::kScatter, out, "output", in, "input", count, dt, root);
 }
 
 void ArgChecks::p2p(const void* buf, int64_t bytes, int peer, bool is_send) const {

@@ -48,6 +48,10 @@ class ArgChecks {
  private:
   void buffer(const void* p, int64_t count, const char* what, Coll coll) const;
   void root(int root, Coll coll) const;
+  /// gather / scatter: `block` (count elements, every rank) is this rank's own block; `all`
+  /// (count * world elements, the root only) holds every rank's block in rank order.
+  CollHeader rooted(Coll coll, const void* block, const char* block_what, const void* all, const char* all_what,
+                    int64_t count, DType dt, int root) const;
   int rank_, world_;
   const MemoryCheck* mem_;
 };

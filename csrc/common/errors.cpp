@@ -4,30 +4,30 @@
 
 namespace rc {
 
+namespace {
+
+// Indexed by the ErrorCode value (dense: errors.h).
+constexpr const char* kCodeNames[] = {
+#define RC_ERROR_CODE_NAME_(name, value, Kind, py_class) #name,
+    RC_ERROR_KINDS(RC_ERROR_CODE_NAME_)
+#undef RC_ERROR_CODE_NAME_
+};
+
+}  // namespace
+
 const char* error_code_name(ErrorCode c) {
-  switch (c) {
-    case ErrorCode::kError: return "Error";
-    case ErrorCode::kInvalidArgument: return "InvalidArgument";
-    case ErrorCode::kTimeout: return "Timeout";
-    case ErrorCode::kPeerFailure: return "PeerFailure";
-    case ErrorCode::kMismatch: return "Mismatch";
-    case ErrorCode::kUnsupported: return "Unsupported";
-    case ErrorCode::kClosed: return "Closed";
-  }
-  return "Error";
+  return valid_error_code(static_cast<int>(c)) ? kCodeNames[static_cast<int>(c)] : "Error";
 }
 
 bool valid_error_code(int v) { return v >= 0 && v < kNumErrorCodes; }
 
 void throw_error(ErrorCode code, const std::string& msg) {
   switch (code) {
-    case ErrorCode::kInvalidArgument: throw InvalidArgument(msg);
-    case ErrorCode::kTimeout: throw TimeoutError(msg);
-    case ErrorCode::kPeerFailure: throw PeerFailure(msg);
-    case ErrorCode::kMismatch: throw Mismatch(msg);
-    case ErrorCode::kUnsupported: throw Unsupported(msg);
-    case ErrorCode::kClosed: throw Closed(msg);
-    case ErrorCode::kError: break;
+#define RC_THROW_KIND_CASE_(name, value, Kind, py_class) \
+  case ErrorCode::k##name:                              \
+    throw Kind(msg);
+    RC_ERROR_KINDS(RC_THROW_KIND_CASE_)
+#undef RC_THROW_KIND_CASE_
   }
   throw Error(msg);
 }

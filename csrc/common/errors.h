@@ -1,12 +1,7 @@
-// Typed errors. Every error carries an ErrorCode; the code maps through ONE table to a Python
-// exception class (bindings/errors_py.cpp, mirrored by ringcomm/errors.py's BY_CODE):
-//   kError            Error            -> ringcomm.RingcommError
-//   kInvalidArgument  InvalidArgument  -> ringcomm.InvalidArgumentError (a ValueError)
-//   kTimeout          TimeoutError     -> ringcomm.TimeoutError
-//   kPeerFailure      PeerFailure      -> ringcomm.PeerFailureError
-//   kMismatch         Mismatch         -> ringcomm.MismatchError
-//   kUnsupported      Unsupported      -> ringcomm.UnsupportedError (a TypeError)
-//   kClosed           Closed           -> ringcomm.ClosedError
+// Typed errors. Every error carries an ErrorCode; RC_ERROR_KINDS below is the one table of the
+// kinds: code, C++ class and the Python exception class the bindings map it to
+// (bindings/errors_py.cpp; ringcomm/errors.py's BY_CODE mirrors it, tests/test_errors.py checks).
+// InvalidArgumentError is a ValueError and UnsupportedError a TypeError on the Python side.
 // The subclasses exist so that C++ code can catch one kind; code() is what crosses process and
 // language boundaries (abort flags in shared memory, Work handles, the bindings).
 // Messages carry the context needed to act on them: op, rank, peer, step, sequence, file:line.
@@ -16,19 +11,27 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/enum_table.h"
+
 namespace rc {
 
-/// Error kinds. The numeric values travel through shared memory and into Python: append only.
-enum class ErrorCode : int {
-  kError = 0,
-  kInvalidArgument = 1,
-  kTimeout = 2,
-  kPeerFailure = 3,
-  kMismatch = 4,
-  kUnsupported = 5,
-  kClosed = 6,
-};
-constexpr int kNumErrorCodes = 7;
+/// The error kinds: X(code name, value, C++ class, ringcomm.errors class). The numeric values
+/// travel through shared memory and into Python: append only. rc::Error is the base class (kError);
+/// RC_ERROR_SUBKINDS are its subclasses, one per other code.
+#define RC_ERROR_SUBKINDS(X)                                   \
+  X(InvalidArgument, 1, InvalidArgument, InvalidArgumentError) \
+  X(Timeout, 2, TimeoutError, TimeoutError)                    \
+  X(PeerFailure, 3, PeerFailure, PeerFailureError)             \
+  X(Mismatch, 4, Mismatch, MismatchError)                      \
+  X(Unsupported, 5, Unsupported, UnsupportedError)             \
+  X(Closed, 6, Closed, ClosedError)
+#define RC_ERROR_KINDS(X) X(Error, 0, Error, RingcommError) RC_ERROR_SUBKINDS(X)
+
+enum class ErrorCode : int { RC_ERROR_KINDS(RC_ENUM_ENUMERATOR) };
+/// The values are 0..kNumErrorCodes-1 in list order (tables indexed by the code rely on it).
+constexpr int kNumErrorCodes = 0 RC_ERROR_KINDS(RC_ENUM_COUNT);
+static_assert(enum_codes_dense<kNumErrorCodes>({RC_ERROR_KINDS(RC_ENUM_CODE)}),
+              "RC_ERROR_KINDS: the values are 0..kNumErrorCodes-1 in list order");
 
 /// "Error", "InvalidArgument", "Timeout", ... (the enumerator without its k).
 const char* error_code_name(ErrorCode c);
@@ -47,18 +50,13 @@ class Error : public std::runtime_error {
   ErrorCode code_;
 };
 
-#define RC_DEFINE_ERROR_KIND(Kind, Code)                                      \
+#define RC_DEFINE_ERROR_KIND_(name, value, Kind, py_class)                   \
   class Kind : public Error {                                                 \
    public:                                                                    \
-    explicit Kind(const std::string& msg) : Error(ErrorCode::Code, msg) {}    \
+    explicit Kind(const std::string& msg) : Error(ErrorCode::k##name, msg) {} \
   };
-RC_DEFINE_ERROR_KIND(InvalidArgument, kInvalidArgument)
-RC_DEFINE_ERROR_KIND(TimeoutError, kTimeout)
-RC_DEFINE_ERROR_KIND(PeerFailure, kPeerFailure)
-RC_DEFINE_ERROR_KIND(Mismatch, kMismatch)
-RC_DEFINE_ERROR_KIND(Unsupported, kUnsupported)
-RC_DEFINE_ERROR_KIND(Closed, kClosed)
-#undef RC_DEFINE_ERROR_KIND
+RC_ERROR_SUBKINDS(RC_DEFINE_ERROR_KIND_)
+#undef RC_DEFINE_ERROR_KIND_
 
 /// Throw the rc:: class of `code` with `msg` (an out-of-range code throws rc::Error). The one
 /// place where a stored kind becomes an exception again.

@@ -32,33 +32,38 @@ struct PiecePlace {
   int64_t off_bytes = -1;
 };
 
+// The primitives every channel implements, declared once: RC_CHANNEL_PRIMITIVES(virtual, = 0)
+// in Channel, RC_CHANNEL_PRIMITIVES(, override) in an implementation.
+//  - piece_bytes: payload bytes one slot carries at any placement.
+//  - send_slot / try_send_slot: the next slot to `peer` (try_: non-blocking, nullptr when no slot
+//    is free; the point-to-point engine polls); send_post publishes it.
+//  - recv_slot / try_recv_slot: the next filled slot from `peer` (try_: nullptr when nothing
+//    arrived); recv_done releases it.
+//  - reduce: dst = a (op) b over n elements in local memory (scale for AVG; see
+//    kernels/reduce_cpu.h). reduce_into_slot: slot (from send_slot) = a (op) b over n elements.
+//  - copy: dst = src in local memory; the ranges are equal (nothing to do) or disjoint.
+//    copy_into_slot: slot (from send_slot) = src.
+#define RC_CHANNEL_PRIMITIVES(virt, spec)                                                                    \
+  virt size_t piece_bytes() const spec;                                                                      \
+  virt char* send_slot(int peer, const WaitCtx& w, const PiecePlace& at) spec;                               \
+  virt char* try_send_slot(int peer, const PiecePlace& at) spec;                                             \
+  virt void send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) spec;                          \
+  virt const char* recv_slot(int peer, const WaitCtx& w, const PiecePlace& at, const SlotMeta** meta) spec;  \
+  virt const char* try_recv_slot(int peer, const PiecePlace& at, const SlotMeta** meta) spec;                \
+  virt void recv_done(int peer) spec;                                                                        \
+  virt void reduce(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale) spec; \
+  virt void reduce_into_slot(char* slot, const void* a, const void* b, size_t n, DType dt, ReduceOp op) spec; \
+  virt void copy(void* dst, const void* src, size_t bytes) spec;                                             \
+  virt void copy_into_slot(char* slot, const void* src, size_t bytes) spec;
+
 class Channel {
  public:
   virtual ~Channel() = default;
-  /// Payload bytes one slot carries at any placement.
-  virtual size_t piece_bytes() const = 0;
   /// true: a received piece is forwarded from its slot before it is copied out (the slot is
   /// cache-hot local memory: the next link starts sooner). false: it is copied to its place
   /// first and forwarded from there (stream order; a host-staged slot is read once).
   virtual bool forward_from_slot() const = 0;
-
-  virtual char* send_slot(int peer, const WaitCtx& w, const PiecePlace& at) = 0;
-  /// Non-blocking send_slot: nullptr when no slot is free (the point-to-point engine polls).
-  virtual char* try_send_slot(int peer, const PiecePlace& at) = 0;
-  virtual void send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) = 0;
-  virtual const char* recv_slot(int peer, const WaitCtx& w, const PiecePlace& at, const SlotMeta** meta) = 0;
-  /// Non-blocking recv_slot: nullptr when nothing arrived.
-  virtual const char* try_recv_slot(int peer, const PiecePlace& at, const SlotMeta** meta) = 0;
-  virtual void recv_done(int peer) = 0;
-
-  /// dst = a (op) b over n elements in local memory (scale for AVG; see kernels/reduce_cpu.h).
-  virtual void reduce(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale) = 0;
-  /// slot (from send_slot) = a (op) b over n elements.
-  virtual void reduce_into_slot(char* slot, const void* a, const void* b, size_t n, DType dt, ReduceOp op) = 0;
-  /// dst = src in local memory; the ranges are equal (nothing to do) or disjoint.
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-  /// slot (from send_slot) = src.
-  virtual void copy_into_slot(char* slot, const void* src, size_t bytes) = 0;
+  RC_CHANNEL_PRIMITIVES(virtual, = 0)
 };
 
 }  // namespace rc

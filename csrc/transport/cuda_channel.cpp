@@ -49,4 +49,8 @@ void CudaChannel::copy(void* dst, const void* src, size_t bytes) {
   RC_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s_), " (" << bytes << " bytes)");
 }
 
+// A peer's slot (device memory over NVLink/PCIe, or mapped host staging) is written like any
+// other destination: one cudaMemcpyAsync on the stream.
+void CudaChannel::copy_into_slot(char* slot, const void* src, size_t bytes) { copy(slot, src, bytes); }
+
 }  // namespace rc

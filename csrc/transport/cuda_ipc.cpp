@@ -22,6 +22,18 @@ namespace rc {
 
 using namespace cuda_ipc_wire;
 
+namespace {
+
+// Destroy the created or imported events of *v (null entries: never created) and empty it.
+void destroy_events(std::vector<cudaEvent_t>* v) {
+  for (cudaEvent_t e : *v) {
+    if (e) (void)cudaEventDestroy(e);
+  }
+  v->clear();
+}
+
+}  // namespace
+
 // ---------------- per-channel state ----------------
 
 struct CudaIpcTransport::Chan {
@@ -312,21 +324,30 @@ char* CudaIpcTransport::try_send_slot(int peer, Lane lane, cudaStream_t s) {
   return finish_send(peer, lane, s, host);
 }
 
+void CudaIpcTransport::end_slot_work(Chan& c, int peer, bool outgoing, cudaStream_t s, const char* wait_op,
+                                     uint64_t seq) {
+  const uint32_t k = static_cast<uint32_t>((outgoing ? c.sent : c.received) % cfg_.nslots);
+  if ((outgoing ? c.out : c.in) != ChannelKind::kHostSync) {
+    // The peer's GPU binds to this record (finish_recv / finish_send on its side).
+    cudaEvent_t ev = outgoing ? c.ready[k] : c.consumed[k];
+    const int src = outgoing ? rank_ : peer, dst = outgoing ? peer : rank_;
+    RC_CUDA(cudaEventRecord(ev, s), " (rank " << src << " -> " << dst << ")");
+    return;
+  }
+  // No IPC events: the GPU's writes must be in host memory before the slot is published, and
+  // its reads done before the slot is released.
+  RC_CUDA(cudaEventRecord(c.scratch, s), "");
+  WaitCtx w;
+  w.op = wait_op;
+  w.seq = seq;
+  w.peer = peer;
+  wait_event(c.scratch, w);
+}
+
 void CudaIpcTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag, cudaStream_t s) {
   Chan& c = chan(lane, peer);
-  const uint32_t k = static_cast<uint32_t>(c.sent % cfg_.nslots);
   CudaDeviceGuard g(device_);
-  if (c.out != ChannelKind::kHostSync) {
-    RC_CUDA(cudaEventRecord(c.ready[k], s), " (rank " << rank_ << " -> " << peer << ")");
-  } else {
-    // No IPC events: the bytes must be in host memory before the slot is published.
-    RC_CUDA(cudaEventRecord(c.scratch, s), "");
-    WaitCtx w;
-    w.op = "send (host-synchronous staging)";
-    w.seq = tag;
-    w.peer = peer;
-    wait_event(c.scratch, w);
-  }
+  end_slot_work(c, peer, true, s, "send (host-synchronous staging)", tag);
   ctl_->send_post(peer, lane, bytes, total, tag);
   ++c.sent;
 }
@@ -358,17 +379,8 @@ const char* CudaIpcTransport::try_recv_slot(int peer, Lane lane, cudaStream_t s,
 
 void CudaIpcTransport::recv_done(int peer, Lane lane, cudaStream_t s) {
   Chan& c = chan(lane, peer);
-  const uint32_t k = static_cast<uint32_t>(c.received % cfg_.nslots);
   CudaDeviceGuard g(device_);
-  if (c.in != ChannelKind::kHostSync) {
-    RC_CUDA(cudaEventRecord(c.consumed[k], s), " (rank " << peer << " -> " << rank_ << ")");
-  } else {
-    RC_CUDA(cudaEventRecord(c.scratch, s), "");
-    WaitCtx w;
-    w.op = "recv (host-synchronous staging)";
-    w.peer = peer;
-    wait_event(c.scratch, w);
-  }
+  end_slot_work(c, peer, false, s, "recv (host-synchronous staging)", 0);
   ctl_->recv_done(peer, lane);
   ++c.received;
 }
@@ -500,11 +512,8 @@ void CudaIpcTransport::close(bool drained) {
       peer_inbox_[p] = nullptr;
     }
     for (auto& c : chans_) {
-      for (auto* v : {&c->peer_consumed, &c->peer_ready})
-        for (auto& e : *v)
-          if (e) (void)cudaEventDestroy(e);
-      c->peer_consumed.clear();
-      c->peer_ready.clear();
+      destroy_events(&c->peer_consumed);
+      destroy_events(&c->peer_ready);
     }
     bool byes = false;
     try {
@@ -518,11 +527,8 @@ void CudaIpcTransport::close(bool drained) {
       for (char* h : registered_) (void)cudaHostUnregister(h);
       registered_.clear();
       for (auto& c : chans_) {
-        for (auto* v : {&c->ready, &c->consumed})
-          for (auto& e : *v)
-            if (e) (void)cudaEventDestroy(e);
-        c->ready.clear();
-        c->consumed.clear();
+        destroy_events(&c->ready);
+        destroy_events(&c->consumed);
         if (c->scratch) (void)cudaEventDestroy(c->scratch);
         c->scratch = nullptr;
       }

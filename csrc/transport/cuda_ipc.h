@@ -58,6 +58,7 @@
 #include <string>
 #include <vector>
 
+#include "common/errors.h"
 #include "transport/shm.h"
 
 namespace rc {
@@ -115,7 +116,11 @@ class CudaIpcTransport {
   int world() const { return world_; }
   int device() const { return device_; }
   const CudaIpcConfig& config() const { return cfg_; }
-  ShmTransport& ctl() { return *ctl_; }
+  ShmTransport& ctl() {
+    RC_CHECK(ctl_ != nullptr, Error, "ringcomm: the CUDA transport is not created yet (create() first)");
+    return *ctl_;
+  }
+  bool created() const { return ctl_ != nullptr; }
   ChannelKind kind(int src, int dst) const { return kinds_[static_cast<size_t>(src) * world_ + dst]; }
   /// Human-readable channel table (for logs and tests).
   std::string describe_channels() const;
@@ -143,6 +148,11 @@ class CudaIpcTransport {
   Chan& chan(Lane lane, int peer);
   char* finish_send(int peer, Lane lane, cudaStream_t s, char* host_ptr);
   const char* finish_recv(int peer, Lane lane, cudaStream_t s, const char* host_ptr);
+  /// The end of this rank's GPU work (enqueued on s) on its current slot with `peer`: the writes
+  /// before send_post (outgoing) or the reads before recv_done. With IPC events it records the
+  /// slot's ready / consumed event on s; a host-synchronous channel instead waits on the host
+  /// until the work is done (wait_op and seq name that wait).
+  void end_slot_work(Chan& c, int peer, bool outgoing, cudaStream_t s, const char* wait_op, uint64_t seq);
   char* map_host_slot(char* host_ptr);
   size_t inbox_offset(Lane lane, int src, uint32_t slot) const;
   bool peer_process_dead(int peer) const;

@@ -12,15 +12,18 @@ namespace rc {
 
 namespace cuda_ipc_wire {
 
-const char* mode_name(int m) {
-  switch (m) {
-    case 0: return "auto";
-    case 1: return "ipc";
-    case 2: return "host";
-    case 3: return "hostsync";
-  }
-  return "?";
-}
+namespace {
+
+// RINGCOMM_CUDA_P2P's names, indexed by the mode number. A forced mode m >= 1 makes every
+// channel ChannelKind(m - 1) where that kind is possible, so kind k shares mode k+1's name.
+constexpr const char* kModeNames[] = {"auto", "ipc", "host", "hostsync"};
+constexpr int kNumModes = static_cast<int>(sizeof(kModeNames) / sizeof(kModeNames[0]));
+static_assert(static_cast<int>(ChannelKind::kHostSync) + 1 == kNumModes - 1,
+              "every ChannelKind k is named by mode k+1");
+
+}  // namespace
+
+const char* mode_name(int m) { return m >= 0 && m < kNumModes ? kModeNames[m] : "?"; }
 
 }  // namespace cuda_ipc_wire
 
@@ -39,10 +42,9 @@ std::string hex(const std::string& b) {
 }
 
 int parse_mode(const std::string& m) {
-  if (m == "auto") return 0;
-  if (m == "ipc") return 1;
-  if (m == "host") return 2;
-  if (m == "hostsync") return 3;
+  for (int i = 0; i < kNumModes; ++i) {
+    if (m == kModeNames[i]) return i;
+  }
   RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P='" << m << "' (expected auto, ipc, host or hostsync)");
 }
 
@@ -57,12 +59,8 @@ bool can_reach(const CudaPeerInfo& a, const CudaPeerInfo& b) {
 }  // namespace
 
 const char* channel_kind_name(ChannelKind k) {
-  switch (k) {
-    case ChannelKind::kIpc: return "ipc";
-    case ChannelKind::kHost: return "host";
-    case ChannelKind::kHostSync: return "hostsync";
-  }
-  return "?";
+  const int m = static_cast<int>(k) + 1;
+  return m >= 1 && m < kNumModes ? kModeNames[m] : "?";
 }
 
 CudaIpcConfig CudaIpcConfig::from_env(int world, double timeout_s) {

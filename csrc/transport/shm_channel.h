@@ -36,18 +36,8 @@ class ShmChannel final : public Channel {
   void set_streaming(bool on) { stream_ = on; }
   bool streaming() const { return stream_; }
 
-  size_t piece_bytes() const override;
   bool forward_from_slot() const override { return opt_.forward_from_slot; }
-  char* send_slot(int peer, const WaitCtx& w, const PiecePlace& at) override;
-  char* try_send_slot(int peer, const PiecePlace& at) override;
-  void send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) override;
-  const char* recv_slot(int peer, const WaitCtx& w, const PiecePlace& at, const SlotMeta** meta) override;
-  const char* try_recv_slot(int peer, const PiecePlace& at, const SlotMeta** meta) override;
-  void recv_done(int peer) override;
-  void reduce(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op, double scale) override;
-  void reduce_into_slot(char* slot, const void* a, const void* b, size_t n, DType dt, ReduceOp op) override;
-  void copy(void* dst, const void* src, size_t bytes) override;
-  void copy_into_slot(char* slot, const void* src, size_t bytes) override;
+  RC_CHANNEL_PRIMITIVES(, override)
 
  private:
   uint32_t offset_of(const PiecePlace& at) const;
