@@ -342,9 +342,8 @@ class Collectives(GroupCore):
     def _check_p2p(self, coll: str, tensors, peer: int, tag: int) -> torch.Tensor:
         t = one(coll, tensors)
         check_tensors(coll, (t,))
-        if tag != 0:
-            raise unsupported(f"message tags ({coll} with tag={tag}); messages between two "
-                               f"ranks match in the order they are issued")
+        if tag < 0:
+            raise invalid(f"{coll}: tag must be >= 0, got {tag}")
         if not 0 <= peer < self._size or peer == self._rank:
             raise invalid(f"{coll}: invalid peer rank {peer} (group rank {self._rank} of "
                            f"{self._size})")
@@ -354,14 +353,14 @@ class Collectives(GroupCore):
         t = self._check_p2p("send", tensors, dstRank, tag)
         buf, _ = contig(t)
         comm = self._comm
-        return self._run("send", None, [Step(lambda a: comm.send(buf, dstRank, async_op=a))],
+        return self._run("send", None, [Step(lambda a: comm.send(buf, dstRank, async_op=a, tag=tag))],
                          [t])
 
     def recv(self, tensors, srcRank: int, tag: int = 0):
         t = self._check_p2p("recv", tensors, srcRank, tag)
         buf, staged = contig(t)
         comm = self._comm
-        step = Step(lambda a: comm.recv(buf, srcRank, async_op=a),
+        step = Step(lambda a: comm.recv(buf, srcRank, async_op=a, tag=tag),
                      writeback(t, buf) if staged else None)
         return self._run("recv", None, [step], [t], source_rank=srcRank)
 
