@@ -34,6 +34,7 @@ inline WorkClass bind_work(py::module_& m, bool module_local) {
   w.def("wait", &rc::Work::wait, py::arg("timeout") = -1.0, ReleaseGil())
       .def("is_completed", &rc::Work::is_completed, ReleaseGil())
       .def("error_code", &rc::Work::error_code)
+      .def("source", &rc::Work::source)
       .def("error_message", &rc::Work::error_message)
       .def_property_readonly("op", &rc::Work::op)
       .def_property_readonly("seq", &rc::Work::seq);

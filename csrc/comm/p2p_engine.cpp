@@ -50,6 +50,7 @@ WorkPtr P2PEngine::submit(bool is_send, char* buf, int64_t bytes, int peer, uint
   op.tag = tag;
   op.deadline_ns = deadline_after(now_ns(), dev_->control().timeout_s());
   op.work = std::make_shared<Work>(is_send ? "send" : "recv", 0);
+  if (!is_send && peer != kAnySource) op.work->set_source(peer);
   op.token = dev_->p2p_prepare(stream);
   WorkPtr w = op.work;
   {
@@ -121,16 +122,24 @@ void P2PEngine::finish(Op& op, const std::exception_ptr& e) {
 }
 
 // The receive side of one peer: tag matching (see the header). Returns true if anything moved.
-bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, Incoming& in, std::list<Early>& early, size_t& pending) {
+bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, Incoming& in, std::list<Early>& early,
+                               size_t& pending) {
   Channel& ch = dev_->p2p_channel();
   bool moved = false;
   auto erase_op = [&](Op* target) {
-    for (auto it = q.begin(); it != q.end(); ++it)
-      if (&*it == target) {
-        q.erase(it);
-        --pending;
-        return;
-      }
+    for (std::list<Op>* l : {&q, &anyq})
+      for (auto it = l->begin(); it != l->end(); ++it)
+        if (&*it == target) {
+          l->erase(it);
+          --pending;
+          return;
+        }
+  };
+  // An any-source receive not yet matched to a peer's message (its peer is still kAnySource).
+  auto unmatched_any = [&](uint64_t tag, bool any_tag) -> Op* {
+    for (Op& op : anyq)
+      if (op.peer == kAnySource && (any_tag || op.tag == tag)) return &op;
+    return nullptr;
   };
   auto size_check = [&](const Op& op, uint64_t total) {
     if (total != op.bytes) {
@@ -149,15 +158,8 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, Incoming& in, std::li
         continue;
       }
       size_check(op, e->total);
-      if (!op.begun) {
-        dev_->p2p_begin(op.token);
-        op.begun = true;
-      }
-      if (e->total > 0) std::memcpy(op.buf, e->data.data(), e->total);
-      op.done = op.bytes;
-      op.started = true;
+      take_early(op, *e);
       early.erase(e);
-      finish(op, nullptr);
       it = q.erase(it);
       --pending;
       moved = true;
@@ -179,6 +181,13 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, Incoming& in, std::li
             target = &op;
             break;
           }
+      if (target == nullptr && !earlier) {
+        target = unmatched_any(tag, false);
+        if (target != nullptr) {
+          target->peer = peer;
+          target->work->set_source(peer);
+        }
+      }
       if (target != nullptr) {
         size_check(*target, m->total);
         if (!target->begun) {
@@ -186,9 +195,9 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, Incoming& in, std::li
           target->begun = true;
         }
         in.op = target;
-      } else if (!q.empty() && dev_->p2p_slots_in_host_memory()) {
+      } else if ((!q.empty() || unmatched_any(0, true) != nullptr) && dev_->p2p_slots_in_host_memory()) {
         // A posted receive waits behind it: buffer the message so that receive can match.
-        early.push_back(Early{tag, m->total, std::vector<char>(m->total), 0, false});
+        early.push_back(Early{tag, m->total, std::vector<char>(m->total), 0, false, arrivals_++});
         in.early = &early.back();
       } else {
         break;  // no receive posted for it yet: it waits in the channel (flow control)
@@ -224,6 +233,61 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, Incoming& in, std::li
     // Progress with this peer: every receive from it counts its deadline from now.
     const int64_t d = deadline_after(now_ns(), dev_->control().timeout_s());
     for (Op& op : q) op.deadline_ns = d;
+    for (Op& op : anyq) op.deadline_ns = d;
+  }
+  return moved;
+}
+
+void P2PEngine::take_early(Op& op, const Early& e) {
+  if (!op.begun) {
+    dev_->p2p_begin(op.token);
+    op.begun = true;
+  }
+  if (e.total > 0) std::memcpy(op.buf, e.data.data(), e.total);
+  op.done = op.bytes;
+  op.started = true;
+  finish(op, nullptr);
+}
+
+bool P2PEngine::match_any_early(std::list<Op>& anyq, std::vector<std::list<Early>>& early,
+                                const std::vector<std::list<Op>>& recvq, size_t& pending) {
+  bool moved = false;
+  for (auto it = anyq.begin(); it != anyq.end();) {
+    Op& op = *it;
+    if (op.peer != kAnySource) {  // matched: its message streams in through progress_recvs
+      ++it;
+      continue;
+    }
+    // The buffered message with this tag that began to arrive first, over every peer. Within one
+    // peer, the first with the tag is also the oldest (order per (peer, tag)).
+    int from = -1;
+    std::list<Early>::iterator best;
+    for (int p = 0; p < world_; ++p) {
+      auto e = std::find_if(early[p].begin(), early[p].end(), [&](const Early& x) { return x.tag == op.tag; });
+      if (e == early[p].end() || !e->complete) continue;
+      // A posted receive from p with this tag takes it first (progress_recvs, rule 2).
+      if (std::any_of(recvq[p].begin(), recvq[p].end(), [&](const Op& x) { return x.tag == op.tag; })) continue;
+      if (from < 0 || e->stamp < best->stamp) {
+        from = p;
+        best = e;
+      }
+    }
+    if (from < 0) {
+      ++it;
+      continue;
+    }
+    if (best->total != op.bytes) {
+      RC_THROW(Mismatch, "ringcomm: recv (any source) on rank " << rank_ << " matched a message from rank " << from
+                                                                << " (tag " << op.tag << ") of " << best->total
+                                                                << " bytes but the receive buffer has " << op.bytes);
+    }
+    op.peer = from;
+    op.work->set_source(from);
+    take_early(op, *best);
+    early[from].erase(best);
+    it = anyq.erase(it);
+    --pending;
+    moved = true;
   }
   return moved;
 }
@@ -234,6 +298,7 @@ void P2PEngine::loop() {
   const ShmConfig& cfg = t.config();
   std::vector<std::deque<Op>> sendq(world_);
   std::vector<std::list<Op>> recvq(world_);
+  std::list<Op> anyq;  // any-source receives, in posting order
   std::vector<Incoming> incoming(world_);
   std::vector<std::list<Early>> early(world_);
   size_t pending = 0;
@@ -243,11 +308,13 @@ void P2PEngine::loop() {
       for (auto& op : q) fn(op);
     for (auto& q : recvq)
       for (auto& op : q) fn(op);
+    for (auto& op : anyq) fn(op);
   };
   auto fail_all = [&](const std::exception_ptr& e) {
     each_op([&](Op& op) { finish(op, e); });
     for (auto& q : sendq) q.clear();
     for (auto& q : recvq) q.clear();
+    anyq.clear();
     for (auto& in : incoming) in = Incoming{};
     pending = 0;
   };
@@ -260,6 +327,8 @@ void P2PEngine::loop() {
         new_.pop_front();
         if (op.is_send) {
           sendq[op.peer].push_back(std::move(op));
+        } else if (op.peer == kAnySource) {
+          anyq.push_back(std::move(op));
         } else {
           recvq[op.peer].push_back(std::move(op));
         }
@@ -270,7 +339,7 @@ void P2PEngine::loop() {
         each_op([&](Op& op) {
           finish(op, std::make_exception_ptr(Closed(
               std::string("ringcomm: ") + (op.is_send ? "send to" : "recv from") + " rank " +
-              std::to_string(op.peer) + " on rank " + std::to_string(rank_) + " (" + std::to_string(op.done) +
+              (op.peer == kAnySource ? std::string("(any)") : std::to_string(op.peer)) + " on rank " + std::to_string(rank_) + " (" + std::to_string(op.done) +
               " of " + std::to_string(op.bytes) + " bytes moved): the communicator was closed while it was pending")));
         });
         return;
@@ -307,10 +376,10 @@ void P2PEngine::loop() {
         }
       }
     }
-    for (int p = 0; p < world_ && !failed; ++p) {
-      if (recvq[p].empty() && incoming[p].early == nullptr) continue;
+    // Buffered messages first (arrival order), then the channels (see the header's order rule).
+    if (!anyq.empty() && !failed) {
       try {
-        progressed |= progress_recvs(p, recvq[p], incoming[p], early[p], pending);
+        progressed |= match_any_early(anyq, early, recvq, pending);
       } catch (...) {
         const std::exception_ptr e = std::current_exception();
         on_failure_(e);
@@ -318,6 +387,18 @@ void P2PEngine::loop() {
         failed = true;
       }
     }
+    for (int p = 0; p < world_ && !failed; ++p) {
+      if (recvq[p].empty() && incoming[p].early == nullptr && incoming[p].op == nullptr && anyq.empty()) continue;
+      try {
+        progressed |= progress_recvs(p, recvq[p], anyq, incoming[p], early[p], pending);
+      } catch (...) {
+        const std::exception_ptr e = std::current_exception();
+        on_failure_(e);
+        fail_all(e);
+        failed = true;
+      }
+    }
+
     if (progressed || pending == 0) {
       idle_since = 0;
       continue;
@@ -349,6 +430,7 @@ void P2PEngine::loop() {
         if (!q.empty()) check_deadline(q.front());
       for (auto& q : recvq)
         if (!q.empty()) check_deadline(q.front());
+      if (!anyq.empty()) check_deadline(anyq.front());
       WaitCtx w;
       w.op = "send/recv";
       const bool live = now >= next_liveness;

@@ -14,6 +14,19 @@
 // devices whose slots are host memory) so the channel moves on; a later receive with its tag
 // takes it from there. With no receive from p posted, messages wait in the channel (flow
 // control), so programs that use tag 0 only never buffer.
+//
+// Any source: a receive submitted with peer kAnySource takes the first message with its tag that
+// arrives from any peer, and records that peer as its Work's source() before it completes.
+// Order rule, per message from peer p with tag t, in this order of precedence: (1) an earlier
+// message of (p, t) still buffered goes first (order per (peer, tag) holds for any-source
+// receives too); (2) the first posted receive from p with tag t takes it; (3) else the first
+// posted, still unmatched any-source receive with tag t takes it. "First to arrive" is as the
+// engine's thread sees messages: on each pass, messages it already buffered are offered first,
+// in the order their first pieces came (across peers); then the channels' next messages, in
+// peer order (lowest rank first). While an unmatched any-source receive is posted, every peer's
+// channel is drained into buffers (host-memory slots) as if a receive from that peer were
+// posted; on devices whose slots are not host memory, an any-source receive takes only a
+// channel's next message.
 #pragma once
 #include <condition_variable>
 #include <deque>
@@ -28,6 +41,9 @@
 #include "comm/work.h"
 
 namespace rc {
+
+/// submit()'s peer for a receive from any source.
+constexpr int kAnySource = -1;
 
 class P2PEngine {
  public:
@@ -67,6 +83,7 @@ class P2PEngine {
     std::vector<char> data;
     uint64_t got = 0;
     bool complete = false;
+    uint64_t stamp = 0;  // arrival order across peers (the engine's counter when its first piece came)
   };
   struct Incoming {  // the message of a peer now streaming in: into a receive or a buffer
     Op* op = nullptr;
@@ -74,7 +91,13 @@ class P2PEngine {
   };
   void loop();
   bool advance(Op& op);
-  bool progress_recvs(int peer, std::list<Op>& q, Incoming& in, std::list<Early>& early, size_t& pending);
+  bool progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, Incoming& in, std::list<Early>& early,
+                      size_t& pending);
+  /// Any-source receives (not yet matched) whose message is buffered: copy and finish.
+  bool match_any_early(std::list<Op>& anyq, std::vector<std::list<Early>>& early,
+                       const std::vector<std::list<Op>>& recvq, size_t& pending);
+  /// Posts a begun receive's buffered message: copy it and finish the receive.
+  void take_early(Op& op, const Early& e);
   void finish(Op& op, const std::exception_ptr& e);
 
   const int rank_, world_;
@@ -87,6 +110,7 @@ class P2PEngine {
   bool started_ = false;
   bool forked_ = false;  // set in a forked child only (single-threaded there)
   std::thread thread_;
+  uint64_t arrivals_ = 0;  // engine thread only: stamps Early messages in arrival order
 };
 
 }  // namespace rc

@@ -169,7 +169,8 @@ CollHeader ArgChecks::scatter(const void* in, const void* out, int64_t count, DT
 
 void ArgChecks::p2p(const void* buf, int64_t bytes, int peer, bool is_send) const {
   const char* name = is_send ? "send" : "recv";
-  RC_CHECK(peer >= 0 && peer < world_ && peer != rank_, InvalidArgument,
+  // A receive may name peer -1: any source (P2PEngine's kAnySource).
+  RC_CHECK((peer >= 0 && peer < world_ && peer != rank_) || (!is_send && peer == -1), InvalidArgument,
            "ringcomm: " << name << ": peer " << peer << " is not another rank of this communicator (rank " << rank_
                         << ", world size " << world_ << ")");
   RC_CHECK(bytes >= 0 && (bytes == 0 || buf != nullptr), InvalidArgument, "ringcomm: " << name << ": bad buffer");

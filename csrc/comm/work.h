@@ -8,6 +8,7 @@
 //    raise TimeoutError / PeerFailure / a device error of its own).
 #pragma once
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <memory>
@@ -49,6 +50,10 @@ class Work {
   std::string error_message();
   const std::string& op() const { return op_; }
   uint64_t seq() const { return seq_; }
+  /// A receive's source rank: set when its message is matched (before complete()), -1 before
+  /// that and for every other operation.
+  int source() const { return source_.load(std::memory_order_acquire); }
+  void set_source(int r) { source_.store(r, std::memory_order_release); }
 
   void complete(std::shared_ptr<DeviceFence> fence = nullptr);
   void fail(std::exception_ptr e);
@@ -61,6 +66,7 @@ class Work {
   bool done_ = false;
   std::exception_ptr error_;
   std::shared_ptr<DeviceFence> fence_;
+  std::atomic<int> source_{-1};
 };
 
 using WorkPtr = std::shared_ptr<Work>;

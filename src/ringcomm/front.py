@@ -74,6 +74,7 @@ class CommunicatorBase:
     rank: int
     world_size: int
     _streams = False     # whether the back end takes stream= (CUDA)
+    _any_source_recv = False   # whether recv(src=None) is supported
 
     # -- attributes -------------------------------------------------------------------------
     @property
@@ -332,18 +333,32 @@ class CommunicatorBase:
         h = be._issue_send(b, be._peer("send", dst), int(tag), async_op, stream)
         return be._finish(h, (x,), None) if async_op else None
 
-    def recv(self, x, src: int, async_op: bool = False, tag: int = 0, stream=None):
-        """Receive into x from rank src."""
+    def recv(self, x, src: Optional[int], async_op: bool = False, tag: int = 0, stream=None):
+        """Receive into x from rank src. ``src=None``: from any rank; the first message with this
+        tag to arrive from any peer matches (order rule: csrc/comm/p2p_engine.h), and the call
+        returns the sender's rank (async: the handle's ``source()`` after ``wait()``)."""
         be, b = self._p2p_args("recv", x, stream)
         if not b.writeable:
             raise InvalidArgumentError("ringcomm: recv buffer is read-only")
-        h = be._issue_recv(b, be._peer("recv", src), int(tag), async_op, stream)
-        return be._finish(h, (x,), x) if async_op else None
+        if src is None:
+            if not be._any_source_recv:
+                raise UnsupportedError(f"ringcomm: recv from any source (src=None) is not "
+                                       f"supported by {type(be).__name__}; pass src=")
+            peer = -1
+        else:
+            peer = be._peer("recv", src)
+        h = be._issue_recv(b, peer, int(tag), async_op, stream)
+        if async_op:
+            return be._finish(h, (x,), x)
+        return h.source() if src is None else None
 
 
 class CoreBackEnd(CommunicatorBase):
     """A back end over one C++ core communicator ``self._c`` (host shared memory or CUDA): the
     core exchanges a header before every collective, so a refusal is a header of its own."""
+
+    # recv(src=None): the core's point-to-point engine matches receives from any source
+    _any_source_recv = True
 
     _what = "communicator"
 

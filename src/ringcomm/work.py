@@ -69,6 +69,10 @@ class CoreWork(Work):
     def seq(self) -> int:
         return self._w.seq
 
+    def source(self) -> int:
+        """A receive's source rank once its message is matched (-1 before; -1 for other ops)."""
+        return self._w.source()
+
 
 class WrappedWork(Work):
     """A handle around another one (``inner``: any handle with ``wait``; None for an operation

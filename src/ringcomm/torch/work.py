@@ -168,10 +168,12 @@ class TorchWork(dist.Work, Work):
         return self._outputs
 
     def source_rank(self) -> int:
-        return self._source
+        # ``_source``: a rank, or (a receive from any source) a callable giving it once matched
+        s = self._source
+        return s() if callable(s) else s
 
     def _source_rank(self) -> int:
-        return self._source
+        return self.source_rank()
 
     def synchronize(self) -> None:
         self.wait()
