@@ -11,6 +11,9 @@ tensors); ``RINGCOMM_TORCH_BACKEND`` chooses (see ``backend.py``); ``python -m r
 --build`` builds its trampoline ahead of time.
 Registering loads nothing heavy: ringcomm's C extension is loaded when the first group is created.
 
+``monitored_barrier(group=None, timeout=None, wait_all_ranks=False)``: gloo's monitored barrier
+for ringcomm groups (torch's ``dist.monitored_barrier`` accepts gloo groups only).
+
 ``add_issue_hook(fn)`` / ``remove_issue_hook(fn)``: ``fn(op, group_name, seq, t)`` is called each
 time the backend issues a collective (``t`` = ``time.perf_counter()``), for tests and tracing.
 """
@@ -23,6 +26,9 @@ register()
 
 def __getattr__(name):
     # The backend module (and with it torch.distributed's ProcessGroup subclass) loads on demand.
+    if name == "monitored_barrier":
+        from .monitored import monitored_barrier
+        return monitored_barrier
     if name in ("RingcommProcessGroup", "RingcommWork", "add_issue_hook", "remove_issue_hook",
                 "create_process_group", "create_backend", "backend_class", "backend_mode"):
         from . import backend
@@ -32,4 +38,4 @@ def __getattr__(name):
 
 __all__ = ["BACKEND_NAME", "register", "autoload", "RingcommProcessGroup", "RingcommWork",
            "add_issue_hook", "remove_issue_hook", "create_process_group", "create_backend",
-           "backend_class", "backend_mode"]
+           "backend_class", "backend_mode", "monitored_barrier"]

@@ -17,7 +17,8 @@ from .core import GroupCore
 from .hooks import issue_hooks
 from .staging import (avg_divide, cat, check_tensors, contig, copy_out, flat_view, int_avg,
                       invalid, one, reduce_op, reducible, same_dtype, then, unsupported, writeback)
-from .steps import BarrierHandle, Step, collective
+from .sparse import check_sparse, sparse_all_reduce
+from .steps import BarrierHandle, DoneHandle, Step, collective
 from .work import DoneWork, timeout_seconds
 
 __all__ = ["Collectives"]
@@ -60,6 +61,8 @@ class Collectives(GroupCore):
                         e._ringcomm_issued = True  # raised by the core: every rank has been told
                         raise
                     return DoneWork("allreduce", seq, [t])
+        if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
+            return self.allreduce_sparse(tensors, opts)  # the whole-group ProcessGroup's route
         return self._allreduce_general(tensors, opts)
 
     @collective("all_reduce")
@@ -69,6 +72,20 @@ class Collectives(GroupCore):
         check_tensors("allreduce", (t,))
         return self._run("allreduce", opts, [self._allreduce_step(t, opts.reduceOp, "allreduce")],
                          [t])
+
+    @collective("all_gather")
+    def allreduce_sparse(self, tensors, opts=None):
+        # Three dependent all_gathers (sparse.py): run where it is issued, also for async_op
+        # (the returned work is then already complete).
+        opts = opts if opts is not None else _c10d.AllreduceOptions()
+        t = one("allreduce_sparse", tensors)
+        check_sparse(t, opts.reduceOp)
+        comm, world = self._comm, self._size
+
+        def launch(async_op):
+            sparse_all_reduce(comm, t, world)
+            return DoneHandle() if async_op else None
+        return self._run("allreduce_sparse", opts, [Step(launch)], [t])
 
     @collective("all_reduce")
     def allreduce_coalesced(self, tensors, opts=None):
@@ -336,15 +353,17 @@ class Collectives(GroupCore):
         return self._run("barrier", opts, [Step(launch)], [])
 
     def monitored_barrier(self, *args, **kwargs):
-        raise unsupported("monitored_barrier (torch implements it for gloo only); use barrier()")
+        raise unsupported("monitored_barrier as a group method (torch implements it for gloo "
+                          "only); use ringcomm.torch.monitored_barrier(group, timeout)")
 
     # ---- point to point ---------------------------------------------------------------------------------
-    def _check_p2p(self, coll: str, tensors, peer: int, tag: int) -> torch.Tensor:
+    def _check_p2p(self, coll: str, tensors, peer: int | None, tag: int) -> torch.Tensor:
+        """The one tensor of a point-to-point call; peer None: a receive from any source."""
         t = one(coll, tensors)
         check_tensors(coll, (t,))
         if tag < 0:
             raise invalid(f"{coll}: tag must be >= 0, got {tag}")
-        if not 0 <= peer < self._size or peer == self._rank:
+        if peer is not None and (not 0 <= peer < self._size or peer == self._rank):
             raise invalid(f"{coll}: invalid peer rank {peer} (group rank {self._rank} of "
                            f"{self._size})")
         return t
@@ -365,5 +384,23 @@ class Collectives(GroupCore):
         return self._run("recv", None, [step], [t], source_rank=srcRank)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        raise unsupported("recv from any source (pass src=)")
+        # The sender is known once the message is matched: the work's source rank is read from
+        # the ringcomm handle (async) or the call's return value (sync) after the wait.
+        t = self._check_p2p("recv_anysource", tensors, None, tag)
+        buf, staged = contig(t)
+        comm = self._comm
+        got: list = []
+
+        def launch(a):
+            r = comm.recv(buf, None, async_op=a, tag=tag)
+            got.append(r)
+            return r if a else None
+
+        def source() -> int:
+            if not got:
+                return -1
+            r = got[0]
+            return r if isinstance(r, int) else r.source()
+        step = Step(launch, writeback(t, buf) if staged else None)
+        return self._run("recv_anysource", None, [step], [t], source_rank=source)
 

@@ -7,7 +7,7 @@ from typing import Callable
 
 import ringcomm
 
-__all__ = ["collective", "Step", "BarrierHandle"]
+__all__ = ["collective", "Step", "BarrierHandle", "DoneHandle"]
 
 
 def collective(coll: str):
@@ -40,6 +40,20 @@ class Step:
     def __init__(self, launch: Callable[[bool], object], finish: Callable[[], None] | None = None):
         self.launch = launch   # launch(async_op) -> handle (async) / None (sync)
         self.finish = finish   # run after success (copy a staged result out)
+
+
+class DoneHandle:
+    """The handle of a step that ran to completion inside its launch (nothing left to wait for)."""
+    __slots__ = ()
+
+    def wait(self, timeout: float | None = None):
+        return None
+
+    def is_completed(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
 
 
 class BarrierHandle:

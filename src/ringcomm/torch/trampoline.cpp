@@ -112,6 +112,7 @@ class Trampoline : public c10d::Backend {
   RC_OP1(broadcast, BroadcastOptions)
   RC_OP1(allreduce, AllreduceOptions)
   RC_OP1(allreduce_coalesced, AllreduceCoalescedOptions)
+  RC_OP1(allreduce_sparse, AllreduceOptions)
   RC_OP1(reduce, ReduceOptions)
   RC_OP2(allgather, TensorLists, Tensors, AllgatherOptions)
   RC_OP2(allgather_coalesced, TensorLists, Tensors, AllgatherOptions)

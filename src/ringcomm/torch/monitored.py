@@ -1,0 +1,96 @@
+"""``monitored_barrier`` for ringcomm groups: torch 2.13's ``dist.monitored_barrier`` refuses every
+backend but gloo (torch/distributed/distributed_c10d.py, in ``monitored_barrier``:
+``if get_backend(group) != Backend.GLOO: raise ValueError("monitored_barrier is only implemented
+for GLOO backend.")``), so ringcomm provides the same barrier, with gloo's protocol and messages.
+
+Protocol (gloo's): every rank but 0 sends a message to group rank 0 and waits for rank 0's
+reply; rank 0 receives from ranks 1..n-1 in rank order, each wait bounded by what is left of the
+timeout, and replies to all once every rank arrived. A rank that did not arrive in time makes
+rank 0 raise naming it (the first such rank in rank order, or with ``wait_all_ranks=True`` every
+such rank); the other ranks then time out waiting for the reply. The messages carry a tag no
+torch call can carry (torch's tags are 32-bit), so they never match a user's send or recv.
+"""
+from __future__ import annotations
+
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+
+import ringcomm
+
+__all__ = ["monitored_barrier", "MONITORED_BARRIER_TAG"]
+
+MONITORED_BARRIER_TAG = 1 << 40
+
+
+def _backend_of(group):
+    """The ringcomm backend object of a torch group (per-device Backend or whole-group PG)."""
+    from .collectives import Collectives
+    pg = group if group is not None else dist.group.WORLD
+    if isinstance(pg, Collectives):
+        return pg
+    try:
+        be = pg._get_backend(torch.device("cpu"))
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"ringcomm.torch.monitored_barrier: the group has no CPU backend ({e})") from e
+    if not isinstance(be, Collectives):
+        raise ValueError("ringcomm.torch.monitored_barrier: the group's CPU backend is "
+                         f"{type(be).__name__}, not ringcomm (use dist.monitored_barrier for gloo)")
+    return be
+
+
+def _seconds(timeout, default_s: float) -> float:
+    if timeout is None:
+        return float(default_s)
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """A barrier that names the ranks that did not reach it within ``timeout`` (a timedelta or
+    seconds; default the group's timeout). Raises ``ringcomm.TimeoutError`` (a RuntimeError) on
+    group rank 0 with gloo's message, ``"[Rank 0]: Rank 1 failed to pass monitoredBarrier in
+    1000 ms"`` (``"Ranks 1, 2 ..."`` with ``wait_all_ranks=True``); the other ranks raise
+    ``ringcomm.TimeoutError`` when rank 0 does not release them in time."""
+    be = _backend_of(group)
+    comm, rank, size = be._comm, be._rank, be._size
+    limit = _seconds(timeout, be._timeout_s)
+    ms = int(round(limit * 1000))
+    if size == 1:
+        return
+    deadline = time.monotonic() + limit
+    token = torch.zeros(1, dtype=torch.uint8)
+    tag = MONITORED_BARRIER_TAG
+    if rank != 0:
+        reply = torch.zeros(1, dtype=torch.uint8)
+        r = comm.recv(reply, 0, async_op=True, tag=tag)
+        comm.send(token, 0, async_op=True, tag=tag).wait(max(limit, 0.0))
+        try:
+            r.wait(max(deadline - time.monotonic(), 0.0))
+        except ringcomm.TimeoutError as e:
+            raise ringcomm.TimeoutError(
+                f"[Rank {rank}]: monitored_barrier: rank 0 did not release this rank within "
+                f"{ms} ms (a rank failed to pass monitoredBarrier; rank 0 names it)") from e
+        return
+    bufs = {p: torch.zeros(1, dtype=torch.uint8) for p in range(1, size)}
+    recvs = {p: comm.recv(bufs[p], p, async_op=True, tag=tag) for p in range(1, size)}
+    missing = []
+    for p in range(1, size):
+        try:
+            recvs[p].wait(max(deadline - time.monotonic(), 0.0))
+        except ringcomm.TimeoutError:
+            if recvs[p].is_completed():
+                raise
+            missing.append(p)
+            if not wait_all_ranks:
+                raise ringcomm.TimeoutError(
+                    f"[Rank 0]: Rank {p} failed to pass monitoredBarrier in {ms} ms") from None
+    if missing:
+        raise ringcomm.TimeoutError(
+            f"[Rank 0]: Ranks {', '.join(map(str, missing))} failed to pass monitoredBarrier in "
+            f"{ms} ms")
+    for w in [comm.send(token, p, async_op=True, tag=tag) for p in range(1, size)]:
+        w.wait()
