@@ -299,3 +299,18 @@ def test_p2p_tags_match_per_peer_and_tag_in_order(store_env):
     res = spawn(fault_cases.tagged_p2p, 2, args=(1 << 20,), timeout=80, env=store_env)
     assert res[0] == ("sent", [2.0] * 4), res[0]
     assert res[1] == ([True] * 5, [2.0] * 4), res[1]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("set_after", [False, True], ids=["at_init", "set_timeout"])
+def test_torch_work_wait_honours_the_group_timeout(set_after, store_env):
+    group_timeout = 2.0
+    res = spawn(fault_cases.torch_work_group_timeout, 2, args=(group_timeout, set_after), timeout=80,
+                env=store_env)
+    kind, msg, dt = res[0]
+    assert kind != "no error", res[0]
+    assert kind == "TimeoutError", res[0]
+    assert "all_reduce" in msg, res[0]
+    assert dt < group_timeout + 1.5, f"work.wait() took {dt:.1f} s under a {group_timeout} s group timeout"
+    assert dt >= group_timeout * 0.5, res[0]
+    assert res[1] == "idle", res[1]
