@@ -268,15 +268,34 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
   w.op = "init";
   w.what = "peers to map this rank's shared memory";
   const uint32_t want = static_cast<uint32_t>(world_ - 1);
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
-    w.peer = p;
-    wait_until(&own->attached.v, &own->attached.waiters,
-               [&] { return own->attached.v.load(std::memory_order_acquire) >= want; }, w);
-    break;  // one wait covers all: the counter counts every peer
+  try {
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      w.peer = p;
+      wait_until(&own->attached.v, &own->attached.waiters,
+                 [&] { return own->attached.v.load(std::memory_order_acquire) >= want; }, w);
+      break;  // one wait covers all: the counter counts every peer
+    }
+  } catch (...) {
+    unlink_dead_peers(names);
+    throw;
   }
   shm_unlink(own_name_.c_str());
   own_unlinked_ = true;
+}
+
+// A peer that died during init, before unlinking its segment, never will. Its `attached`
+// counter counts the ranks that mapped it: once that is every other rank, nobody needs the name
+// any more and a rank that finds the owner dead unlinks it (the last mapper does; a second
+// unlink of the same name fails with ENOENT, harmlessly). Before that, a rank still reading the
+// name from the store would take a missing segment for a stale key, so the name stays.
+void ShmTransport::unlink_dead_peers(const std::vector<std::string>& names) {
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_ || base_[p] == nullptr || !peer_dead(p)) continue;
+    auto* h = reinterpret_cast<SegmentHeader*>(base_[p]);
+    if (h->attached.v.load(std::memory_order_acquire) >= static_cast<uint32_t>(world_ - 1))
+      shm_unlink(names[p].c_str());
+  }
 }
 
 void ShmTransport::close() {

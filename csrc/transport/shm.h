@@ -185,6 +185,9 @@ class ShmTransport {
                   const WaitCtx& w);
   [[noreturn]] void fail_peer_state(int peer, const WaitCtx& w);
   [[noreturn]] void fail_closing(const WaitCtx& w);
+  /// In a failed attach(): unlink the names of peers that died before unlinking their own,
+  /// once every other rank has mapped them.
+  void unlink_dead_peers(const std::vector<std::string>& names);
   bool peer_dead(int peer) const;
   ChannelCtl* ctl(int owner, Lane lane, int src) const;
   char* slot_data(int owner, Lane lane, int src, uint32_t slot) const;
