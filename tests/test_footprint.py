@@ -25,14 +25,12 @@ def default_knobs(monkeypatch):
 def reference_bytes(world, slot, nslots, far_slot, far_nslots_max=4):
     """The segment layout computed independently: a header page, control words (two cache lines
     plus one meta line per slot) for every lane and source, then the slots (each with a page of
-    slack), none for the rank itself."""
+    slack): with two geometries, none for the rank itself."""
     far_slot, far_nslots = min(far_slot, slot), min(far_nslots_max, nslots)
-    if world <= 2:
-        far_slot, far_nslots = slot, nslots
     ctl = (128 + 64 * nslots) * 2 * world
     data = -(-(PAGE + ctl) // PAGE) * PAGE
-    if world == 1:
-        return data
+    if world <= 2 or (far_slot, far_nslots) == (slot, nslots):  # uniform: every source index, own too
+        return data + 2 * world * nslots * (slot + PAGE)
     return data + nslots * (slot + PAGE) + (2 * world - 3) * far_nslots * (far_slot + PAGE)
 
 
@@ -45,8 +43,8 @@ def test_footprint_is_linear_and_fits_64mib(default_knobs):
     steps = [got[w + 1] - got[w] for w in range(3, 8)]
     assert max(steps) - min(steps) <= PAGE, steps
     assert max(steps) <= 2 * 4 * (32 * 1024 + PAGE) + PAGE, steps
-    # Two ranks keep the full geometry on their one channel per lane.
-    assert got[2] == reference_bytes(2, 256 * 1024, 8, 256 * 1024)
+    # Up to two ranks the layout is the uniform one: every lane and source index, full slots.
+    assert got[2] == reference_bytes(2, 256 * 1024, 8, 256 * 1024) > got[3], got
     assert got[8] * 8 <= 48 * 2**20 < 64 * 2**20, got[8] * 8
 
 

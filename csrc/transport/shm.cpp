@@ -167,15 +167,24 @@ size_t ctl_stride(const ShmConfig& c) { return sizeof(ChannelCtl) + sizeof(SlotM
 size_t data_offset(int world, const ShmConfig& c) {
   return round_up(ctl_offset() + ctl_stride(c) * kNumLanes * static_cast<size_t>(world), kPage);
 }
-// Channel (lane, src) of `owner`'s segment has the full geometry iff it is the collective
-// channel from owner's ring predecessor (every channel, when the geometry is uniform).
+// Uniform geometry (far = full: up to 2 ranks, the CUDA control plane, the simulation) keeps the
+// plain layout: every source index, the owner's own included, has nslots full slots. Otherwise
+// channel (lane, src) of `owner`'s segment has the full geometry iff it is the collective channel
+// from owner's ring predecessor, and the owner's own index has no slots (nobody sends to itself).
+bool uniform(const ShmConfig& c) { return c.far_slot_bytes == c.slot_bytes && c.far_nslots == c.nslots; }
 bool full_channel(int world, int owner, Lane lane, int src) {
   return lane == Lane::kColl && src == (owner + world - 1) % world;
 }
-size_t chan_bytes(int world, int owner, Lane lane, int src, const ShmConfig& c) {
+uint32_t chan_nslots(int world, int owner, Lane lane, int src, const ShmConfig& c) {
+  if (uniform(c)) return c.nslots;
   if (src == owner) return 0;
-  return full_channel(world, owner, lane, src) ? c.nslots * (c.slot_bytes + kPage)
-                                               : c.far_nslots * (c.far_slot_bytes + kPage);
+  return full_channel(world, owner, lane, src) ? c.nslots : c.far_nslots;
+}
+size_t chan_slot_stride(int world, int owner, Lane lane, int src, const ShmConfig& c) {
+  return (uniform(c) || full_channel(world, owner, lane, src) ? c.slot_bytes : c.far_slot_bytes) + kPage;
+}
+size_t chan_bytes(int world, int owner, Lane lane, int src, const ShmConfig& c) {
+  return chan_nslots(world, owner, lane, src, c) * chan_slot_stride(world, owner, lane, src, c);
 }
 
 }  // namespace
@@ -186,7 +195,7 @@ size_t footprint_bytes(int world, const ShmConfig& cfg) {
   size_t b = data_offset(world, c);
   for (int l = 0; l < kNumLanes; ++l)
     for (int s = 0; s < world; ++s) b += chan_bytes(world, 0, static_cast<Lane>(l), s, c);
-  return b;  // the same for every owner: one full channel, the rest far
+  return b;  // the same for every owner: uniform, or one full channel and the rest far
 }
 
 ShmTransport::ChanGeom ShmTransport::geom_of(int owner, Lane lane, int src) const {
@@ -195,10 +204,9 @@ ShmTransport::ChanGeom ShmTransport::geom_of(int owner, Lane lane, int src) cons
   for (int l = 0; l < kNumLanes; ++l)
     for (int s = 0; s < world_; ++s) {
       if (l == static_cast<int>(lane) && s == src) {
-        const bool full = full_channel(world_, owner, lane, src);
         g.data_off = off;
-        g.stride = (full ? cfg_.slot_bytes : cfg_.far_slot_bytes) + kPage;
-        g.nslots = src == owner ? 0 : (full ? cfg_.nslots : cfg_.far_nslots);
+        g.stride = chan_slot_stride(world_, owner, lane, src, cfg_);
+        g.nslots = chan_nslots(world_, owner, lane, src, cfg_);
         return g;
       }
       off += chan_bytes(world_, owner, static_cast<Lane>(l), s, cfg_);
@@ -208,7 +216,7 @@ ShmTransport::ChanGeom ShmTransport::geom_of(int owner, Lane lane, int src) cons
 
 std::string ShmTransport::describe_geometry() const {
   std::ostringstream o;
-  if (cfg_.far_slot_bytes == cfg_.slot_bytes && cfg_.far_nslots == cfg_.nslots) {
+  if (uniform(cfg_)) {
     o << "slots " << cfg_.slot_bytes << " B x " << cfg_.nslots << " x " << kNumLanes << " lanes per peer";
   } else {
     o << "slots " << cfg_.slot_bytes << " B x " << cfg_.nslots << " from the ring predecessor (collectives), "
@@ -277,7 +285,8 @@ std::string ShmTransport::create() {
       << " bytes from the ring predecessor, " << cfg_.far_nslots << " slots of " << cfg_.far_slot_bytes
       << " bytes on each of the other " << std::max(0, 2 * world_ - 3)
       << " channels). Fixes: a larger /dev/shm (docker run --shm-size=1g, or remount "
-      << "/dev/shm with a larger size=), or smaller slots (RINGCOMM_SLOT_BYTES) or fewer of them (RINGCOMM_NSLOTS)";
+      << "/dev/shm with a larger size=), or smaller slots (RINGCOMM_SLOT_BYTES, RINGCOMM_FAR_SLOT_BYTES) or fewer of them "
+      << "(RINGCOMM_NSLOTS)";
     throw Error(o.str());
   }
   void* p = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -336,7 +345,7 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
       ::close(fd);
       RC_THROW(Mismatch, "ringcomm: rank " << p << "'s segment has " << st.st_size << " bytes, rank "
                          << rank_ << " expects " << seg_bytes_
-                         << " (RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS must be equal on every rank)");
+                         << " (RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES must be equal on every rank)");
     }
     void* m = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);

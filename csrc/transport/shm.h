@@ -2,14 +2,14 @@
 // memory in fixed-size slots, with flow control by atomic sequence counters.
 //
 // Layout. Every rank owns ONE segment: its inbox. For each lane (collectives, point-to-point)
-// and each other source rank it holds a channel of slots plus the channel's control words (the
-// rank's own source index has control words and no slots). A sender writes into the RECEIVER's
+// and each source rank it holds a channel of slots plus the channel's control words. A sender writes into the RECEIVER's
 // segment ("push"). Two geometries: the collective channel from the ring predecessor (rank-1),
 // which carries every ring and chain hand-off, has `nslots` slots of `slot_bytes`; every other
 // channel (direct exchanges, point-to-point) has `far_nslots` slots of `far_slot_bytes`. So a
 // segment holds one full channel and 2*world-3 small ones: its size grows linearly with the
 // world size (see footprint_bytes), never with the message size. With a uniform geometry
-// (far = full: world <= 2, and the CUDA control plane) every channel has the full one.
+// (far = full: world <= 2, the CUDA control plane) every source index, the rank's own included,
+// has `nslots` slots of `slot_bytes`.
 //
 // Channel protocol (one writer per word):
 //   head  - written only by the sender: number of slots it has filled (wrapping uint32).
