@@ -72,6 +72,11 @@ void bind_comm(py::module_& m) {
   // ndarray.ctypes.data; the caller keeps the object alive.
   // Test-only: the header board's 32-bit word for collective `seq` (its entry is word & 1).
   m.def("_board_seq_of", &rc::board_seq_of, py::arg("seq"));
+  // Test-only: bytes of one rank's shared-memory segment for world_size ranks with the current
+  // knobs (the host communicator's geometry); computes only, creates nothing.
+  m.def("_shm_segment_bytes", [](int world_size) {
+    return rc::footprint_bytes(world_size, rc::ShmConfig::host_from_env(world_size, 0));
+  }, py::arg("world_size"));
   m.def("buffer_address", [](py::handle obj, bool writable) -> py::object {
     Py_buffer view;
     int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);

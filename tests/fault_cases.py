@@ -656,3 +656,36 @@ def tagged_p2p(rank, world, n):
     comm.all_reduce(x)
     comm.close()
     return res, x.tolist()
+
+
+def torch_work_group_timeout(rank, world, group_timeout_s, set_after):
+    """torch backend, group timeout ``group_timeout_s`` (given to ``init_process_group``, or when
+    ``set_after`` set on the group's backend after a 120 s init, as a watchdog does): rank 0 issues an async all_reduce and
+    calls ``work.wait()`` with no timeout; rank 1 joined the group but never issues the collective
+    (it waits for rank 0's outcome on a file). Rank 0's wait must raise within about the group
+    timeout. Returns rank 0: (exception class, its text, seconds); rank 1: "idle"."""
+    import datetime
+    import torch
+    import torch.distributed as dist
+    import ringcomm.torch  # noqa: F401 - registers the backend
+    store = os.environ["RC_TEST_STORE"]
+    dist.init_process_group("ringcomm", init_method="file://" + os.path.join(store, "pg"),
+                            rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120 if set_after else group_timeout_s))
+    if set_after:
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+        backend.set_timeout(datetime.timedelta(seconds=group_timeout_s))
+    done_path = os.path.join(store, "rank0.done")
+    try:
+        if rank == 0:
+            work = dist.all_reduce(torch.ones(8), async_op=True)
+            out = _timed_call(work.wait)
+            with open(done_path, "w") as f:
+                f.write("done")
+            return out
+        limit = time.monotonic() + 10 * group_timeout_s + 30
+        while not os.path.exists(done_path) and time.monotonic() < limit:
+            time.sleep(0.05)
+        return "idle"
+    finally:
+        dist.destroy_process_group()

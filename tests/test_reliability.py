@@ -69,17 +69,55 @@ def test_closed_peer_is_closed_not_dead(store_env):
         assert out["coll_s"] < 10.0, (r, out)
 
 
+# Runs inside the private mount namespace, whose /dev/shm is the tiny tmpfs. The ranks are
+# fork()ed children, not multiprocessing's spawn: spawn's result queue and its semaphores live in
+# /dev/shm too, so in a full /dev/shm the harness itself fails before any rank reports. Each rank
+# writes its result to a file under a directory outside /dev/shm; the parent collects the files
+# and every child's exit status (a signal, e.g. SIGBUS, is reported as such).
 _SMALL_SHM_SCRIPT = r"""
-import json, os, sys
-sys.path.insert(0, sys.argv[1])
-os.environ["RC_TEST_STORE"] = sys.argv[2]
+import json, os, signal, sys, time
+tests_dir, store, out_dir, world = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sys.path.insert(0, tests_dir)
+os.environ["RC_TEST_STORE"] = store
 import fault_cases
-print("RESULT " + json.dumps([fault_cases.small_shm(0, 1)]))
+pids = {}
+for rank in range(world):
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            res = fault_cases.small_shm(rank, world)
+            with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
+                json.dump(res, f)
+            code = 0
+        finally:
+            os._exit(code)
+    pids[pid] = rank
+status = {}
+t_end = time.monotonic() + 60
+while pids and time.monotonic() < t_end:
+    pid, st = os.waitpid(-1, os.WNOHANG)
+    if pid == 0:
+        time.sleep(0.05)
+        continue
+    rank = pids.pop(pid)
+    status[rank] = ("signal %d" % os.WTERMSIG(st)) if os.WIFSIGNALED(st) else "exit %d" % os.WEXITSTATUS(st)
+for pid, rank in pids.items():
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    status[rank] = "hung"
+results = []
+for rank in range(world):
+    path = os.path.join(out_dir, "rank%d.json" % rank)
+    results.append(json.load(open(path)) if os.path.exists(path) else None)
+print("RESULT " + json.dumps({"status": [status[r] for r in range(world)], "results": results}))
 """
 
 
 @pytest.mark.timeout(120)
-def test_small_dev_shm_fails_at_init_with_a_clear_error(store_env, tmp_path):
+@pytest.mark.parametrize("world", [1, 4])
+def test_small_dev_shm_fails_at_init_with_a_clear_error(world, store_env, tmp_path):
+    import json
     import os
     import subprocess
     import sys
@@ -92,17 +130,19 @@ def test_small_dev_shm_fails_at_init_with_a_clear_error(store_env, tmp_path):
         pytest.skip("private mount namespaces are not permitted here: " + probe.stderr.decode(errors="replace"))
     script = tmp_path / "small_shm.py"
     script.write_text(_SMALL_SHM_SCRIPT)
+    out_dir = tmp_path / "results"
+    out_dir.mkdir()
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     cmd = ("mount -t tmpfs -o size=4M tmpfs /dev/shm && exec \"$0\" \"$@\"")
     r = subprocess.run([unshare, "-m", "sh", "-c", cmd, sys.executable, str(script), tests_dir,
-                        store_env["RC_TEST_STORE"]], capture_output=True, text=True, timeout=100)
+                        store_env["RC_TEST_STORE"], str(out_dir), str(world)],
+                       capture_output=True, text=True, timeout=100)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
-    import json
-    res = json.loads(lines[-1][len("RESULT "):])
-    assert isinstance(res, list), res  # a string: a rank died (SIGBUS) or hung
-    failed_init = [out for out in res if out[0] == "init"]
-    assert failed_init, res
+    got = json.loads(lines[-1][len("RESULT "):])
+    # Every rank exited normally (no SIGBUS, no hang) and reported.
+    assert got["status"] == ["exit 0"] * world, (got, r.stderr[-3000:])
+    res = got["results"]
     for out in res:
         phase, kind, typed, msg = out
         assert phase == "init" and typed, res
@@ -299,3 +339,18 @@ def test_p2p_tags_match_per_peer_and_tag_in_order(store_env):
     res = spawn(fault_cases.tagged_p2p, 2, args=(1 << 20,), timeout=80, env=store_env)
     assert res[0] == ("sent", [2.0] * 4), res[0]
     assert res[1] == ([True] * 5, [2.0] * 4), res[1]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("set_after", [False, True], ids=["at_init", "set_timeout"])
+def test_torch_work_wait_honours_the_group_timeout(set_after, store_env):
+    group_timeout = 2.0
+    res = spawn(fault_cases.torch_work_group_timeout, 2, args=(group_timeout, set_after), timeout=80,
+                env=store_env)
+    kind, msg, dt = res[0]
+    assert kind != "no error", res[0]
+    assert kind == "TimeoutError", res[0]
+    assert "all_reduce" in msg, res[0]
+    assert dt < group_timeout + 1.5, f"work.wait() took {dt:.1f} s under a {group_timeout} s group timeout"
+    assert dt >= group_timeout * 0.5, res[0]
+    assert res[1] == "idle", res[1]

@@ -27,8 +27,11 @@ struct AlgoCtx {
   /// The collective's per-phase record (comm/trace.h) when RINGCOMM_TRACE is on, else nullptr.
   TraceRecord* trace = nullptr;
   /// Elements per piece: one slot's payload (at least 1).
-  int64_t piece_elems() const {
-    const int64_t p = static_cast<int64_t>(ch->piece_bytes() / esize);
+  int64_t piece_elems() const { return elems_of(ch->piece_bytes()); }
+  /// Elements per piece of the direct exchanges, whose channels may be smaller (at least 1).
+  int64_t far_piece_elems() const { return elems_of(ch->far_piece_bytes()); }
+  int64_t elems_of(size_t bytes) const {
+    const int64_t p = static_cast<int64_t>(bytes / esize);
     return p > 0 ? p : 1;
   }
 };

@@ -1,6 +1,7 @@
 // Direct exchanges: all-to-all, gather, scatter, and the direct all-reduce; one implementation
 // for every transport. Each pair of ranks uses its own channel; the two ends of a message place
-// it at different offsets of their buffers, so pieces carry no common offset (place -1).
+// it at different offsets of their buffers, so pieces carry no common offset (place -1). Pieces
+// have the far geometry's size (Channel::far_piece_bytes), which every channel carries.
 // all-to-all runs N-1 rounds; in round s rank r sends to r+s and receives from r-s, alternating
 // one piece out and one piece in. Receiving never waits on sending, so rounds cannot deadlock
 // (a chain of full channels around a cycle would need every rank to be ahead of its successor).
@@ -31,7 +32,7 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
            "ringcomm: all_to_all on rank " << r << ": sends " << send_counts[r] << " elements to itself but expects "
                                            << recv_counts[r]);
   copy_elems(c, out + recv_offs[r] * es, in + send_offs[r] * es, send_counts[r]);
-  const int64_t pe = c.piece_elems();
+  const int64_t pe = c.far_piece_elems();
   for (int s = 1; s < n; ++s) {
     const int dst = static_cast<int>(ring::mod(r + s, n));
     const int src = static_cast<int>(ring::mod(r - s, n));
@@ -75,7 +76,7 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
   if (n == 1) return copy_elems(c, out, in, count);
   RC_CHECK(n == 2 || c.scratch != nullptr, Unsupported,
            "ringcomm: the direct all_reduce with more than 2 ranks needs the channel's scratch memory");
-  const int64_t pe = c.piece_elems();
+  const int64_t pe = c.far_piece_elems();
   const int64_t np = (count + pe - 1) / pe;
   const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
   // The ring's order of operations, so that both algorithms give bit-identical results (and
@@ -125,7 +126,7 @@ void direct_rooted(const AlgoCtx& c, const char* in, char* out, int64_t count, i
   const int n = c.world, r = c.rank;
   const size_t es = c.esize;
   if (count == 0) return;
-  const int64_t pe = c.piece_elems();
+  const int64_t pe = c.far_piece_elems();
   const int64_t np = (count + pe - 1) / pe;
   const bool sends = kGather == (r != root);
   // Piece j of the block that starts at element `base` of this rank's in (sending) or out.

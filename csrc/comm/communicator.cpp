@@ -31,7 +31,7 @@ uint64_t policy_bytes(Coll coll, const CollHeader& h) {
 
 HostDevice::HostDevice(int rank, int world, double timeout_s)
     : rank_(rank), world_(world),
-      transport_(rank, world, ((void)refresh_log_level(), ShmConfig::from_env(world, timeout_s))),
+      transport_(rank, world, ((void)refresh_log_level(), ShmConfig::host_from_env(world, timeout_s))),
       scratch_(transport_.config().slot_bytes), coll_(&transport_, Lane::kColl, scratch_.data()),
       p2p_(&transport_, Lane::kP2P, nullptr) {
   const std::string algo = knob_str("RINGCOMM_ALGO");
@@ -72,8 +72,7 @@ Communicator::Communicator(int rank, int world, double timeout_s)
 void HostDevice::log_connected() {
   const ShmConfig& sc = transport_.config();
   RC_LOG(kInfo, rank_, world_,
-         "transport shm; slots " << sc.slot_bytes << " B x " << sc.nslots << " x " << kNumLanes << " lanes per peer; "
-         << "shared memory " << transport_.segment_bytes() << " B per rank; all_reduce "
+         "transport shm; " << transport_.describe_geometry() << "; all_reduce "
          << (algo_ == Algo::kRing ? "ring" : algo_ == Algo::kDirect ? "direct" : "auto") << " (direct while bytes x "
          << "(world-1) <= " << direct_max_bytes_ << " B); store policy " << store_policy_.describe()
          << "; reduce ISA " << cpu_isa_name(reduce_cpu_isa()) << "; timeout " << sc.timeout_s << " s");

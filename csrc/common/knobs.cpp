@@ -20,6 +20,7 @@ const std::vector<KnobInfo>& table() {
       // shared-memory transport (csrc/transport/shm.cpp)
       {"RINGCOMM_SLOT_BYTES", T::kBytes, "256K", "", "size of one shared-memory slot (pieces stream through slots)", false},
       {"RINGCOMM_NSLOTS", T::kInt, "8", "", "slots per channel, a power of two in 2..1024 (the ring's deadlock-freedom argument needs two)", false},
+      {"RINGCOMM_FAR_SLOT_BYTES", T::kBytes, "32K", "", "slot size of the channels other than the one from the ring predecessor (direct exchanges, point-to-point; min(RINGCOMM_NSLOTS, 4) slots each; 3 or more ranks)", false},
       {"RINGCOMM_TIMEOUT", T::kFloat, "300", "", "seconds any single wait may take (timeout= per communicator overrides)", false},
       {"RINGCOMM_SPIN_US", T::kInt, "50", "", "microseconds a waiter spins before yielding/sleeping (unset: 2 when ranks outnumber cores)", false},
       {"RINGCOMM_YIELD_US", T::kInt, "200", "", "then microseconds of sched_yield before sleeping on a futex", false},

@@ -63,6 +63,11 @@ class Channel {
   /// cache-hot local memory: the next link starts sooner). false: it is copied to its place
   /// first and forwarded from there (stream order; a host-staged slot is read once).
   virtual bool forward_from_slot() const = 0;
+  /// Payload bytes one slot carries on every channel, to or from any peer: the piece size of the
+  /// direct exchanges (all_to_all, gather, scatter, direct all-reduce) and of point-to-point.
+  /// piece_bytes() is the ring neighbours' (ring and chains), which may be larger. Asked once per
+  /// collective, never per piece.
+  virtual size_t far_piece_bytes() const { return piece_bytes(); }
   RC_CHANNEL_PRIMITIVES(virtual, = 0)
 };
 

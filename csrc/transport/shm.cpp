@@ -27,7 +27,7 @@ namespace rc {
 namespace {
 
 constexpr uint64_t kMagic = 0x52494e47434f4d4dULL;  // "RINGCOMM"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kPage = 4096;
 constexpr size_t kAbortMsgBytes = 1024;
 
@@ -92,6 +92,8 @@ struct SegmentHeader {
   int32_t pid;
   uint64_t slot_bytes;
   uint32_t nslots;
+  uint32_t far_nslots;
+  uint64_t far_slot_bytes;
   alignas(64) Word attached;   // peers that have mapped this segment
   alignas(64) Word state;      // PeerState; kind/msg written before state (release)
   uint32_t abort_kind;
@@ -137,17 +139,112 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   return c;
 }
 
+ShmConfig ShmConfig::host_from_env(int world_size, double timeout_s) {
+  ShmConfig c = from_env(world_size, timeout_s);
+  const int64_t far = knob_bytes("RINGCOMM_FAR_SLOT_BYTES");
+  RC_CHECK(far >= 64, InvalidArgument, "RINGCOMM_FAR_SLOT_BYTES must be >= 64, got " << far);
+  c.far_slot_bytes = round_up(static_cast<size_t>(far), 64);
+  c.far_nslots = kFarMaxSlots;
+  return c;
+}
+
+namespace {
+
+// The geometry every rank applies to every segment: the far one clamped to the full one, and
+// uniform (far = full) up to 2 ranks, where the only peer is the ring neighbour on both sides.
+ShmConfig normalized(int world, ShmConfig c) {
+  if (world <= 2 || c.far_slot_bytes == 0 || c.far_nslots == 0) {
+    c.far_slot_bytes = c.slot_bytes;
+    c.far_nslots = c.nslots;
+  }
+  c.far_slot_bytes = std::min(c.far_slot_bytes, c.slot_bytes);
+  c.far_nslots = std::min(c.far_nslots, c.nslots);  // both powers of two: so is the minimum
+  return c;
+}
+
+size_t ctl_offset() { return round_up(sizeof(SegmentHeader), kPage); }
+size_t ctl_stride(const ShmConfig& c) { return sizeof(ChannelCtl) + sizeof(SlotMeta) * c.nslots; }
+size_t data_offset(int world, const ShmConfig& c) {
+  return round_up(ctl_offset() + ctl_stride(c) * kNumLanes * static_cast<size_t>(world), kPage);
+}
+// Uniform geometry (far = full: up to 2 ranks, the CUDA control plane, the simulation) keeps the
+// plain layout: every source index, the owner's own included, has nslots full slots. Otherwise
+// channel (lane, src) of `owner`'s segment has the full geometry iff it is the collective channel
+// from owner's ring predecessor, and the owner's own index has no slots (nobody sends to itself).
+bool uniform(const ShmConfig& c) { return c.far_slot_bytes == c.slot_bytes && c.far_nslots == c.nslots; }
+bool full_channel(int world, int owner, Lane lane, int src) {
+  return lane == Lane::kColl && src == (owner + world - 1) % world;
+}
+uint32_t chan_nslots(int world, int owner, Lane lane, int src, const ShmConfig& c) {
+  if (uniform(c)) return c.nslots;
+  if (src == owner) return 0;
+  return full_channel(world, owner, lane, src) ? c.nslots : c.far_nslots;
+}
+size_t chan_slot_stride(int world, int owner, Lane lane, int src, const ShmConfig& c) {
+  return (uniform(c) || full_channel(world, owner, lane, src) ? c.slot_bytes : c.far_slot_bytes) + kPage;
+}
+size_t chan_bytes(int world, int owner, Lane lane, int src, const ShmConfig& c) {
+  return chan_nslots(world, owner, lane, src, c) * chan_slot_stride(world, owner, lane, src, c);
+}
+
+}  // namespace
+
+size_t footprint_bytes(int world, const ShmConfig& cfg) {
+  RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
+  const ShmConfig c = normalized(world, cfg);
+  size_t b = data_offset(world, c);
+  for (int l = 0; l < kNumLanes; ++l)
+    for (int s = 0; s < world; ++s) b += chan_bytes(world, 0, static_cast<Lane>(l), s, c);
+  return b;  // the same for every owner: uniform, or one full channel and the rest far
+}
+
+ShmTransport::ChanGeom ShmTransport::geom_of(int owner, Lane lane, int src) const {
+  ChanGeom g;
+  size_t off = data_offset_;
+  for (int l = 0; l < kNumLanes; ++l)
+    for (int s = 0; s < world_; ++s) {
+      if (l == static_cast<int>(lane) && s == src) {
+        g.data_off = off;
+        g.stride = chan_slot_stride(world_, owner, lane, src, cfg_);
+        g.nslots = chan_nslots(world_, owner, lane, src, cfg_);
+        return g;
+      }
+      off += chan_bytes(world_, owner, static_cast<Lane>(l), s, cfg_);
+    }
+  return g;
+}
+
+std::string ShmTransport::describe_geometry() const {
+  std::ostringstream o;
+  if (uniform(cfg_)) {
+    o << "slots " << cfg_.slot_bytes << " B x " << cfg_.nslots << " x " << kNumLanes << " lanes per peer";
+  } else {
+    o << "slots " << cfg_.slot_bytes << " B x " << cfg_.nslots << " from the ring predecessor (collectives), "
+      << cfg_.far_slot_bytes << " B x " << cfg_.far_nslots << " on each of the other " << std::max(0, 2 * world_ - 3)
+      << " channels";
+  }
+  o << "; shared memory " << seg_bytes_ << " B per rank, " << seg_bytes_ * world_
+    << " B for " << world_ << " ranks";
+  return o.str();
+}
+
 ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
-    : rank_(rank), world_(world), cfg_(cfg), base_(world, nullptr), pids_(world, 0),
+    : rank_(rank), world_(world), cfg_(normalized(world, cfg)), base_(world, nullptr), pids_(world, 0),
       send_head_(kNumLanes * world, 0), recv_tail_(kNumLanes * world, 0), send_off_(kNumLanes * world, 0) {
   timeout_s_.store(cfg_.timeout_s, std::memory_order_relaxed);
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
   RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
-  ctl_offset_ = round_up(sizeof(SegmentHeader), kPage);
-  ctl_stride_ = sizeof(ChannelCtl) + sizeof(SlotMeta) * cfg_.nslots;
-  data_offset_ = round_up(ctl_offset_ + ctl_stride_ * kNumLanes * world_, kPage);
-  slot_stride_ = cfg_.slot_bytes + kPage;
-  seg_bytes_ = data_offset_ + slot_stride_ * cfg_.nslots * kNumLanes * world_;
+  ctl_offset_ = ctl_offset();
+  ctl_stride_ = ctl_stride(cfg_);
+  data_offset_ = data_offset(world_, cfg_);
+  seg_bytes_ = footprint_bytes(world_, cfg_);
+  send_geom_.resize(kNumLanes * world_);
+  recv_geom_.resize(kNumLanes * world_);
+  for (int l = 0; l < kNumLanes; ++l)
+    for (int p = 0; p < world_; ++p) {
+      send_geom_[l * world_ + p] = geom_of(p, static_cast<Lane>(l), rank_);
+      recv_geom_[l * world_ + p] = geom_of(rank_, static_cast<Lane>(l), p);
+    }
 }
 
 ShmTransport::~ShmTransport() { close(); }
@@ -184,9 +281,12 @@ std::string ShmTransport::create() {
       o << "an unknown amount free";
     }
     o << ", and " << world_ << " ranks need about " << static_cast<uint64_t>(seg_bytes_) * world_
-      << " bytes in all (" << kNumLanes << " lanes x " << world_ << " peers x " << cfg_.nslots << " slots of "
-      << cfg_.slot_bytes << " bytes per rank). Fixes: a larger /dev/shm (docker run --shm-size=1g, or remount "
-      << "/dev/shm with a larger size=), or smaller slots (RINGCOMM_SLOT_BYTES) or fewer of them (RINGCOMM_NSLOTS)";
+      << " bytes in all (per rank: " << cfg_.nslots << " slots of " << cfg_.slot_bytes
+      << " bytes from the ring predecessor, " << cfg_.far_nslots << " slots of " << cfg_.far_slot_bytes
+      << " bytes on each of the other " << std::max(0, 2 * world_ - 3)
+      << " channels). Fixes: a larger /dev/shm (docker run --shm-size=1g, or remount "
+      << "/dev/shm with a larger size=), or smaller slots (RINGCOMM_SLOT_BYTES, RINGCOMM_FAR_SLOT_BYTES) or fewer of them "
+      << "(RINGCOMM_NSLOTS)";
     throw Error(o.str());
   }
   void* p = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -206,6 +306,8 @@ std::string ShmTransport::create() {
   h->pid = static_cast<int32_t>(getpid());
   h->slot_bytes = cfg_.slot_bytes;
   h->nslots = cfg_.nslots;
+  h->far_slot_bytes = cfg_.far_slot_bytes;
+  h->far_nslots = cfg_.far_nslots;
   std::atomic_thread_fence(std::memory_order_release);
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
   pids_[rank_] = getpid();
@@ -243,7 +345,7 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
       ::close(fd);
       RC_THROW(Mismatch, "ringcomm: rank " << p << "'s segment has " << st.st_size << " bytes, rank "
                          << rank_ << " expects " << seg_bytes_
-                         << " (RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS must be equal on every rank)");
+                         << " (RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES must be equal on every rank)");
     }
     void* m = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
@@ -254,10 +356,15 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
     RC_CHECK(magic == kMagic && h->version == kVersion && h->world == world_ && h->rank == p, Mismatch,
              "ringcomm: rank " << p << "'s segment header does not match (world " << h->world << ", rank "
                                << h->rank << ", version " << h->version << ")");
-    RC_CHECK(h->slot_bytes == cfg_.slot_bytes && h->nslots == cfg_.nslots, Mismatch,
-             "ringcomm: rank " << p << " uses " << h->nslots << " slots of " << h->slot_bytes
-                               << " bytes, rank " << rank_ << " uses " << cfg_.nslots << " of " << cfg_.slot_bytes
-                               << " (set RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS equally on every rank)");
+    RC_CHECK(h->slot_bytes == cfg_.slot_bytes && h->nslots == cfg_.nslots &&
+                 h->far_slot_bytes == cfg_.far_slot_bytes && h->far_nslots == cfg_.far_nslots,
+             Mismatch,
+             "ringcomm: rank " << p << " uses " << h->nslots << " slots of " << h->slot_bytes << " bytes ("
+                               << h->far_nslots << " of " << h->far_slot_bytes << " on other channels), rank "
+                               << rank_ << " uses " << cfg_.nslots << " of " << cfg_.slot_bytes << " ("
+                               << cfg_.far_nslots << " of " << cfg_.far_slot_bytes
+                               << ") (set RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES "
+                               << "equally on every rank)");
     pids_[p] = h->pid;
     publish_add(&h->attached.v, &h->attached.waiters, 1);
   }
@@ -268,15 +375,34 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
   w.op = "init";
   w.what = "peers to map this rank's shared memory";
   const uint32_t want = static_cast<uint32_t>(world_ - 1);
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
-    w.peer = p;
-    wait_until(&own->attached.v, &own->attached.waiters,
-               [&] { return own->attached.v.load(std::memory_order_acquire) >= want; }, w);
-    break;  // one wait covers all: the counter counts every peer
+  try {
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      w.peer = p;
+      wait_until(&own->attached.v, &own->attached.waiters,
+                 [&] { return own->attached.v.load(std::memory_order_acquire) >= want; }, w);
+      break;  // one wait covers all: the counter counts every peer
+    }
+  } catch (...) {
+    unlink_dead_peers(names);
+    throw;
   }
   shm_unlink(own_name_.c_str());
   own_unlinked_ = true;
+}
+
+// A peer that died during init, before unlinking its segment, never will. Its `attached`
+// counter counts the ranks that mapped it: once that is every other rank, nobody needs the name
+// any more and a rank that finds the owner dead unlinks it (the last mapper does; a second
+// unlink of the same name fails with ENOENT, harmlessly). Before that, a rank still reading the
+// name from the store would take a missing segment for a stale key, so the name stays.
+void ShmTransport::unlink_dead_peers(const std::vector<std::string>& names) {
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_ || base_[p] == nullptr || !peer_dead(p)) continue;
+    auto* h = reinterpret_cast<SegmentHeader*>(base_[p]);
+    if (h->attached.v.load(std::memory_order_acquire) >= static_cast<uint32_t>(world_ - 1))
+      shm_unlink(names[p].c_str());
+  }
 }
 
 void ShmTransport::close() {
@@ -368,10 +494,6 @@ SlotMeta* ShmTransport::slot_meta(int owner, Lane lane, int src, uint32_t slot) 
   return reinterpret_cast<SlotMeta*>(reinterpret_cast<char*>(ctl(owner, lane, src)) + sizeof(ChannelCtl)) + slot;
 }
 
-char* ShmTransport::slot_data(int owner, Lane lane, int src, uint32_t slot) const {
-  size_t idx = (static_cast<size_t>(lane) * world_ + src) * cfg_.nslots + slot;
-  return base_[owner] + data_offset_ + idx * slot_stride_;
-}
 
 std::string ShmTransport::describe(const WaitCtx& w) const {
   std::ostringstream o;
@@ -502,12 +624,13 @@ char* ShmTransport::try_send_slot_at(int peer, Lane lane, uint32_t offset) {
   RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
   const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
+  const ChanGeom& g = send_geom_[ch];
   uint32_t head = send_head_[ch];
   // acquire: the receiver's reads of the slot happen-before our writes into it.
   uint32_t tail = c->tail.v.load(std::memory_order_acquire);
-  if (head - tail >= cfg_.nslots) return nullptr;
+  if (head - tail >= g.nslots) return nullptr;
   send_off_[ch] = offset;
-  return slot_data(peer, lane, rank_, head % cfg_.nslots) + send_off_[ch];
+  return base_[peer] + g.data_off + (head % g.nslots) * g.stride + send_off_[ch];
 }
 
 char* ShmTransport::send_slot(int peer, Lane lane, const WaitCtx& w, const void* like) {
@@ -518,20 +641,22 @@ char* ShmTransport::send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t
   RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
   const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
+  const ChanGeom& g = send_geom_[ch];
+  RC_CHECK(g.nslots > 0, InvalidArgument, "ringcomm: rank " << rank_ << " has no channel to itself");
   const uint32_t head = send_head_[ch];
   WaitCtx ww = w;
   ww.peer = peer;
   ww.what = "a free slot";
   wait_until(&c->tail.v, &c->tail.waiters,
-             [&] { return head - c->tail.v.load(std::memory_order_acquire) < cfg_.nslots; }, ww);
+             [&] { return head - c->tail.v.load(std::memory_order_acquire) < g.nslots; }, ww);
   send_off_[ch] = offset;
-  return slot_data(peer, lane, rank_, head % cfg_.nslots) + send_off_[ch];
+  return base_[peer] + g.data_off + (head % g.nslots) * g.stride + send_off_[ch];
 }
 
 void ShmTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag) {
   ChannelCtl* c = ctl(peer, lane, rank_);
   uint32_t& head = send_head_[static_cast<size_t>(lane) * world_ + peer];
-  SlotMeta* m = slot_meta(peer, lane, rank_, head % cfg_.nslots);
+  SlotMeta* m = slot_meta(peer, lane, rank_, head % send_geom_[static_cast<size_t>(lane) * world_ + peer].nslots);
   m->bytes = bytes;
   m->total = total;
   m->tag = tag;
@@ -545,24 +670,27 @@ void ShmTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total
 
 const char* ShmTransport::try_recv_slot(int peer, Lane lane, const SlotMeta** meta) {
   ChannelCtl* c = ctl(rank_, lane, peer);
+  const ChanGeom& g = recv_geom_[static_cast<size_t>(lane) * world_ + peer];
   uint32_t tail = recv_tail_[static_cast<size_t>(lane) * world_ + peer];
   if (c->head.v.load(std::memory_order_acquire) == tail) return nullptr;
-  uint32_t slot = tail % cfg_.nslots;
+  uint32_t slot = tail % g.nslots;
   *meta = slot_meta(rank_, lane, peer, slot);
-  return slot_data(rank_, lane, peer, slot) + (*meta)->offset;
+  return base_[rank_] + g.data_off + slot * g.stride + (*meta)->offset;
 }
 
 const char* ShmTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, const SlotMeta** meta) {
   ChannelCtl* c = ctl(rank_, lane, peer);
+  const ChanGeom& g = recv_geom_[static_cast<size_t>(lane) * world_ + peer];
+  RC_CHECK(g.nslots > 0, InvalidArgument, "ringcomm: rank " << rank_ << " has no channel from itself");
   const uint32_t tail = recv_tail_[static_cast<size_t>(lane) * world_ + peer];
   WaitCtx ww = w;
   ww.peer = peer;
   ww.what = "data";
   wait_until(&c->head.v, &c->head.waiters,
              [&] { return c->head.v.load(std::memory_order_acquire) != tail; }, ww);
-  uint32_t slot = tail % cfg_.nslots;
+  uint32_t slot = tail % g.nslots;
   *meta = slot_meta(rank_, lane, peer, slot);
-  return slot_data(rank_, lane, peer, slot) + (*meta)->offset;
+  return base_[rank_] + g.data_off + slot * g.stride + (*meta)->offset;
 }
 
 void ShmTransport::recv_done(int peer, Lane lane) {

@@ -2,10 +2,14 @@
 // memory in fixed-size slots, with flow control by atomic sequence counters.
 //
 // Layout. Every rank owns ONE segment: its inbox. For each lane (collectives, point-to-point)
-// and each source rank it holds a channel of `nslots` slots of `slot_bytes` bytes, plus the
-// channel's control words. A sender writes into the RECEIVER's segment ("push"). The segment's
-// size depends on world size, slot size and slot count, never on message size: a message of any
-// size streams through the slots.
+// and each source rank it holds a channel of slots plus the channel's control words. A sender writes into the RECEIVER's
+// segment ("push"). Two geometries: the collective channel from the ring predecessor (rank-1),
+// which carries every ring and chain hand-off, has `nslots` slots of `slot_bytes`; every other
+// channel (direct exchanges, point-to-point) has `far_nslots` slots of `far_slot_bytes`. So a
+// segment holds one full channel and 2*world-3 small ones: its size grows linearly with the
+// world size (see footprint_bytes), never with the message size. With a uniform geometry
+// (far = full: world <= 2, the CUDA control plane) every source index, the rank's own included,
+// has `nslots` slots of `slot_bytes`.
 //
 // Channel protocol (one writer per word):
 //   head  - written only by the sender: number of slots it has filled (wrapping uint32).
@@ -66,8 +70,19 @@ struct ShmConfig {
   int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: after spinning, yield the CPU this long before sleeping
   int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: while spinning, yield the CPU this often
   int64_t liveness_ns = 0;   // RINGCOMM_LIVENESS_MS: how often a sleeping waiter checks peers
+  // Geometry of the channels other than the collective one from the ring predecessor; 0: the
+  // full geometry (slot_bytes, nslots). The transport clamps them to at most the full one.
+  size_t far_slot_bytes = 0;   // RINGCOMM_FAR_SLOT_BYTES
+  uint32_t far_nslots = 0;     // min(nslots, kFarMaxSlots)
+  static constexpr uint32_t kFarMaxSlots = 4;
+  /// Uniform geometry (far = full): what the CUDA control plane and the simulation use.
   static ShmConfig from_env(int world_size, double timeout_s);
+  /// from_env plus the small far geometry (world >= 3): the host communicator's transport.
+  static ShmConfig host_from_env(int world_size, double timeout_s);
 };
+
+/// Bytes of one rank's segment for `world` ranks with configuration `cfg` (computes only).
+size_t footprint_bytes(int world, const ShmConfig& cfg);
 
 /// Header posted before each collective (compared across ranks).
 struct CollHeader {
@@ -135,12 +150,15 @@ class ShmTransport {
   int rank() const { return rank_; }
   int world() const { return world_; }
   const ShmConfig& config() const { return cfg_; }
-  /// Bytes of this rank's shared-memory segment (its inbox: kNumLanes x world x nslots slots).
+  /// Bytes of this rank's shared-memory segment (its inbox; the same on every rank).
   size_t segment_bytes() const { return seg_bytes_; }
+  /// One line describing the channel geometry and the footprint (RINGCOMM_DEBUG=INFO).
+  std::string describe_geometry() const;
 
   // ---- channel, sender side ----
-  /// Wait for a free slot in `peer`'s inbox; returns where to write the payload (slot_bytes
-  /// bytes). With `like` the payload gets like's offset within a 4 KiB page: copies between the
+  /// Wait for a free slot in `peer`'s inbox; returns where to write the payload (the channel's
+  /// slot bytes: config().slot_bytes to the ring successor on the collective lane, else
+  /// config().far_slot_bytes). With `like` the payload gets like's offset within a 4 KiB page: copies between the
   /// slot and user buffers (which numpy/torch place at small in-page offsets) then never have a
   /// small destination-minus-source skew, which costs 4K-aliasing stalls (~3x slower copies).
   char* send_slot(int peer, Lane lane, const WaitCtx& w, const void* like = nullptr);
@@ -185,9 +203,18 @@ class ShmTransport {
                   const WaitCtx& w);
   [[noreturn]] void fail_peer_state(int peer, const WaitCtx& w);
   [[noreturn]] void fail_closing(const WaitCtx& w);
+  /// In a failed attach(): unlink the names of peers that died before unlinking their own,
+  /// once every other rank has mapped them.
+  void unlink_dead_peers(const std::vector<std::string>& names);
   bool peer_dead(int peer) const;
+  // Where one channel's slots sit in its owner's segment.
+  struct ChanGeom {
+    size_t data_off = 0;   // first slot, from the segment's base
+    size_t stride = 0;     // slot bytes + one page of slack for the payload offset
+    uint32_t nslots = 0;   // a power of two (0: the owner's own source index)
+  };
+  ChanGeom geom_of(int owner, Lane lane, int src) const;
   ChannelCtl* ctl(int owner, Lane lane, int src) const;
-  char* slot_data(int owner, Lane lane, int src, uint32_t slot) const;
   SlotMeta* slot_meta(int owner, Lane lane, int src, uint32_t slot) const;
   std::string describe(const WaitCtx& w) const;
 
@@ -196,7 +223,9 @@ class ShmTransport {
   ShmConfig cfg_;
   size_t seg_bytes_ = 0;
   size_t ctl_offset_ = 0, ctl_stride_ = 0, data_offset_ = 0;
-  size_t slot_stride_ = 0;           // slot_bytes + one page of slack for the payload offset
+  // The channels this rank uses, [lane * world + peer]: sending into peer's segment, receiving
+  // in its own. Fixed at construction.
+  std::vector<ChanGeom> send_geom_, recv_geom_;
   std::string own_name_;
   bool own_unlinked_ = true;
   std::vector<char*> base_;          // mapped segments, by owner rank

@@ -10,11 +10,21 @@ namespace rc {
 ShmChannel::ShmChannel(ShmTransport* t, Lane lane, char* scratch, ShmChannelOptions opt)
     : t_(t), lane_(lane), scratch_(scratch), opt_(opt) {}
 
-size_t ShmChannel::piece_bytes() const {
-  const size_t slot = t_->config().slot_bytes;
-  if (opt_.placement == ShmChannelOptions::Placement::kPageOffset) return slot;
-  return slot > kResidue ? slot - kResidue : 0;
+namespace {
+size_t payload_of(size_t slot, ShmChannelOptions::Placement placement) {
+  if (placement == ShmChannelOptions::Placement::kPageOffset) return slot;
+  return slot > ShmChannel::kResidue ? slot - ShmChannel::kResidue : 0;
 }
+}  // namespace
+
+// The collective lane's full geometry sits on the ring neighbours' channel; every point-to-point
+// channel has the far geometry (shm.h, Layout).
+size_t ShmChannel::piece_bytes() const {
+  const ShmConfig& c = t_->config();
+  return payload_of(lane_ == Lane::kColl ? c.slot_bytes : c.far_slot_bytes, opt_.placement);
+}
+
+size_t ShmChannel::far_piece_bytes() const { return payload_of(t_->config().far_slot_bytes, opt_.placement); }
 
 uint32_t ShmChannel::offset_of(const PiecePlace& at) const {
   if (opt_.placement == ShmChannelOptions::Placement::kPageOffset) return ShmTransport::page_offset(at.like);

@@ -37,6 +37,8 @@ class ShmChannel final : public Channel {
   bool streaming() const { return stream_; }
 
   bool forward_from_slot() const override { return opt_.forward_from_slot; }
+  /// The far geometry's payload (ShmConfig::far_slot_bytes).
+  size_t far_piece_bytes() const override;
   RC_CHANNEL_PRIMITIVES(, override)
 
  private:

@@ -130,7 +130,8 @@ def render(results: list[dict], world: int) -> list[str]:
 
 def main_trace(cfg: dict, calls: int = 100) -> int:
     from ringcomm.launch import LaunchError, spawn
-    from .cli import _cpu_model, _loadavg
+    from ..machine import cpu_model
+    from .cli import _loadavg
     world = cfg["world_size"]
     if world < 2:
         print("ringcomm-bench --trace: needs -np >= 2", file=sys.stderr)
@@ -151,7 +152,7 @@ def main_trace(cfg: dict, calls: int = 100) -> int:
     load1 = _loadavg()
     cmd = "python -m ringcomm.bench " + " ".join(sys.argv[1:])
     head = [f"# ringcomm-bench --trace  {started:%Y-%m-%d %H:%M:%S} UTC  host {platform.node()}  "
-            f"{_cpu_model()} ({os.cpu_count()} cores)  {platform.system()} {platform.release()}",
+            f"{cpu_model()} ({os.cpu_count()} cores)  {platform.system()} {platform.release()}",
             f"# command: {cmd}",
             f"# {world} local ranks; float32 sum all_reduce (in place) and broadcast (root 0); "
             f"{WARMUP} warm-up + {calls} traced calls per case; medians per rank of each segment",

@@ -230,16 +230,21 @@ class RingcommWork(TorchWork):
 
     # ---- completion -------------------------------------------------------------------------
     def _wait_and_finish(self, timeout_s: float | None) -> None:
-        """Wait on every handle, then finish. Never raises except a caller-requested timeout."""
+        """Wait on every handle, then finish. Never raises except when ``timeout_s`` (one deadline
+        for all the handles together) expires first."""
         if self._done.is_set():
             return
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         exc = None
         for h in self._handles:
             try:
-                h.wait(timeout_s) if timeout_s is not None else h.wait()
+                if deadline is None:
+                    h.wait()
+                else:
+                    h.wait(max(0.0, deadline - time.monotonic()))
             except BaseException as e:  # noqa: BLE001 - recorded, re-raised by wait()
-                if timeout_s is not None and not h.is_completed():
-                    # The caller's own (shorter) timeout expired; the collective is still running.
+                if deadline is not None and not h.is_completed():
+                    # The wait's deadline expired; the collective is still running.
                     raise
                 exc = exc or e
         self._finish(exc)
@@ -277,10 +282,11 @@ class RingcommWork(TorchWork):
 
     # ---- torch.distributed.Work API -----------------------------------------------------------
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        """Block until done (the group's timeout unless a shorter one is given); raise on failure."""
+        """Block until done, at most ``timeout`` or, when none is given, the group's timeout at
+        issue; raise on failure (ringcomm.TimeoutError when the deadline expires first)."""
         if not self._done.is_set():
-            t = timeout_seconds(timeout, 0.0)
-            self._wait_and_finish(t if t > 0 else None)
+            t = timeout_seconds(timeout, self._timeout_s)
+            self._wait_and_finish(t if 0 < t < float("inf") else None)
             if not self._done.is_set():  # another thread is finishing it right now
                 self._done.wait()
         if self._exc is not None:
