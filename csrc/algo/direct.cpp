@@ -68,7 +68,15 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
   }
 }
 
-void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
+void direct_all_reduce_first(const AlgoCtx& c, const char* in, int64_t count) {
+  const int n = c.world, r = c.rank;
+  if (count == 0 || n == 1) return;
+  int64_t o, m;
+  piece_bounds(0, count, 0, c.far_piece_elems(), &o, &m);
+  for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * c.esize, o, m, wait_ctx(c, 0, 1));
+}
+
+void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, bool first_sent) {
   check_reduce_supported(c.dtype, op);
   const int n = c.world, r = c.rank;
   const size_t es = c.esize;
@@ -85,13 +93,16 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
   // last step. Every rank computes every element the same way: bit-identical on all ranks.
   // Piece j: send it to every peer, take piece j from every peer, combine, release the slots. A
   // rank sends piece j only after it consumed piece j-1 from every peer, and consuming never
-  // waits on sending: no cycle, any slot count.
+  // waits on sending: no cycle, any slot count. With first_sent, piece 0 went out before the
+  // header exchange (direct_all_reduce_first, the same sends in the same order).
   const int64_t ce = ring::ar_chunk_elems(count, n, es);
   std::vector<const char*> src(n, nullptr);
   for (int64_t j = 0; j < np; ++j) {
     int64_t o, m;
     piece_bounds(0, count, j, pe, &o, &m);
-    for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * es, o, m, wait_ctx(c, 0, 1));
+    if (j > 0 || !first_sent) {
+      for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * es, o, m, wait_ctx(c, 0, 1));
+    }
     for (int p = 0; p < n; ++p) src[p] = (p == r) ? in + o * es : recv_expect(c, p, o, m, wait_ctx(c, 0, 1));
     for (int64_t a = o; a < o + m;) {
       const int k = static_cast<int>(std::min<int64_t>(a / ce, n - 1));

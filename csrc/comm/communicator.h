@@ -25,6 +25,7 @@ class HostDevice final : public CommDevice {
   ShmTransport& control() override { return transport_; }
   const MemoryCheck* memory() const override { return nullptr; }
   bool use_direct(int64_t bytes) const override;
+  Channel* header_slot_channel() override { return &coll_; }
   void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }
   std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
                                        const std::function<void(const AlgoCtx&)>& body) override;

@@ -66,6 +66,7 @@ CommCore::CommCore(int rank, int world, std::unique_ptr<CommDevice> dev)
   RC_CHECK(keep >= 0 && keep <= (int64_t{1} << 20), InvalidArgument,
            "ringcomm: RINGCOMM_TRACE=" << keep << " must be 0 (off) or the number of calls to keep, at most 1048576");
   tracer_.configure(keep);
+  header_in_slot_ = knob_str("RINGCOMM_HEADER_IN_SLOT") == "on" && dev_->header_slot_channel() != nullptr;
   ForkRegistry& r = ForkRegistry::get();
   std::lock_guard<std::mutex> lk(r.mu);
   r.cores.push_back(this);
@@ -201,7 +202,7 @@ std::exception_ptr CommCore::errored() const {
 
 // ---------------- submission and execution ----------------
 
-WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t entry_ns) {
+WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t entry_ns, First first) {
   check_usable();
   if (tracer_.on() && entry_ns == 0) entry_ns = trace_now_ns();
   hdr.coll = static_cast<uint32_t>(coll);
@@ -222,12 +223,12 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
     }
     task.work = std::make_shared<Work>(coll_name(coll), seq);
     WorkPtr work = task.work;
-    task.fn = [this, seq, coll, hdr, l, work, entry_ns, body = std::move(body)] {
+    task.fn = [this, seq, coll, hdr, l, work, entry_ns, body = std::move(body), first = std::move(first)] {
       TraceRecord* tr = tracer_.on() ? tracer_.begin(entry_ns) : nullptr;
       TraceCommit trace_guard(tracer_, tr);
       if (tr) trace_begin(*tr, seq, coll, hdr);
-      const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr);
-      if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
+      HeaderHooks hooks;
+      hooks.on_mismatch = [&](const std::vector<CollHeader>& all) { drain_in_slot(all, seq, coll); };
       AlgoCtx c;
       c.trace = tr;
       c.rank = rank_;
@@ -236,7 +237,32 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
       c.op = coll_name(coll);
       c.dtype = static_cast<DType>(hdr.dtype);
       c.esize = dtype_size(c.dtype);
-      auto fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { body(cc, headers); });
+      std::shared_ptr<DeviceFence> fence;
+      // The in-slot path decides from the header this rank posts (forged or not), exactly as its
+      // peers decide from that header whether to drain a slot from it.
+      if (world_ > 1 && header_in_slot(hdr) && first) {
+        // Header phases collapse (comm/trace.h): header_posted is stamped once the first piece
+        // is in every peer's slot, and first_slot equals header_seen (that piece travelled with
+        // the header).
+        fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) {
+          hooks.before_post = [&] {
+            AlgoCtx quiet = cc;
+            quiet.trace = nullptr;
+            first(quiet);
+            if (tr) tr->mark(kTraceHeaderPosted);
+          };
+          const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
+          if (tr) {
+            trace_headers_seen(*tr, coll, headers[rank_]);
+            tr->t[kTraceFirstSlot] = tr->t[kTraceHeaderSeen];
+          }
+          body(cc, headers);
+        });
+      } else {
+        const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
+        if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
+        fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { body(cc, headers); });
+      }
       trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
       work->complete(fence);
     };
@@ -257,6 +283,28 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
   cv_.notify_all();
   if (!l.async) task.work->wait_host(-1.0);
   return task.work;
+}
+
+void CommCore::drain_in_slot(const std::vector<CollHeader>& all, uint64_t seq, Coll coll) {
+  Channel* ch = nullptr;
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_ || !header_in_slot(all[p])) continue;
+    if (ch == nullptr) ch = dev_->header_slot_channel();
+    RC_CHECK(ch != nullptr, Error, "ringcomm: " << coll_name(coll) << " (seq " << seq << ") on rank " << rank_
+                                   << ": rank " << p << " handed off its first piece with its header, but the "
+                                   << dev_->name() << " has no channel for it");
+    WaitCtx w;
+    w.op = coll_name(coll);
+    w.seq = seq;
+    const SlotMeta* meta = nullptr;
+    ch->recv_slot(p, w, PiecePlace{}, &meta);
+    if (meta->tag != seq) {
+      RC_THROW(Error, "ringcomm: " << coll_name(coll) << " (seq " << seq << ") on rank " << rank_
+                      << ": the slot rank " << p << " handed off with its header is tagged seq " << meta->tag
+                      << " (the ranks' slot streams diverged)");
+    }
+    ch->recv_done(p);
+  }
 }
 
 void CommCore::run_task(Task& t) {
@@ -316,7 +364,7 @@ void CommCore::reject_now(Coll coll) {
 }
 
 template <class Check>
-WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l) {
+WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l, First first) {
   const int64_t entry_ns = tracer_.on() ? trace_now_ns() : 0;
   Call call(this);
   check_usable();
@@ -327,7 +375,7 @@ WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l)
     if (!closed_.load()) reject_now(coll);
     throw;
   }
-  return submit(coll, h, std::move(body), l, entry_ns);
+  return submit(coll, h, std::move(body), l, entry_ns, std::move(first));
 }
 
 // ---------------- collectives ----------------
@@ -335,15 +383,20 @@ WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l)
 WorkPtr CommCore::all_reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, Launch l) {
   return collective(Coll::kAllReduce, [&] {
     const bool direct = dev_->use_direct(count * static_cast<int64_t>(dtype_size(dt)));
-    return checks_.all_reduce(in, out, count, dt, op, direct);
+    CollHeader h = checks_.all_reduce(in, out, count, dt, op, direct);
+    // The small-message path: the first piece travels with the header (comm/header_exchange.h).
+    if (h.count2 == kArDirect && header_in_slot_ && world_ > 1 && count > 0) h.count2 = kArDirectInSlot;
+    return h;
   }, [=](const AlgoCtx& c, const std::vector<CollHeader>& hs) {
     // The algorithm this rank chose is in its header (count2); the exchange checked all agree.
-    if (hs[rank_].count2 != 0) {
-      direct_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
+    const int64_t algo = hs[rank_].count2;
+    if (algo != kArRing) {
+      direct_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op,
+                        /*first_sent=*/algo == kArDirectInSlot);
     } else {
       ring_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
     }
-  }, l);
+  }, l, [=](const AlgoCtx& c) { direct_all_reduce_first(c, static_cast<const char*>(in), count); });
 }
 
 WorkPtr CommCore::reduce_scatter(const void* in, void* out, int64_t in_count, DType dt, ReduceOp op, Launch l) {

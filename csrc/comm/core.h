@@ -130,6 +130,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
 
  private:
   using Body = std::function<void(const AlgoCtx&, const std::vector<CollHeader>&)>;
+  /// The in-slot path's first hand-off (comm/header_exchange.h): run inside the device's data
+  /// phase, before this rank's header is posted, when the posted header says header_in_slot.
+  using First = std::function<void(const AlgoCtx&)>;
   struct Task {
     std::function<void()> fn;
     WorkPtr work;
@@ -137,8 +140,10 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   /// Local checks (`check` returns this rank's header or throws; a throw rejects the call on
   /// every rank), then submit.
   template <class Check>
-  WorkPtr collective(Coll coll, const Check& check, Body body, Launch l);
-  WorkPtr submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t entry_ns = 0);
+  WorkPtr collective(Coll coll, const Check& check, Body body, Launch l, First first = nullptr);
+  WorkPtr submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t entry_ns = 0, First first = nullptr);
+  /// On a header mismatch: take and release the one slot each in-slot peer handed us first.
+  void drain_in_slot(const std::vector<CollHeader>& all, uint64_t seq, Coll coll);
   void run_task(Task& t);
   void progress_loop();
   void check_usable() const;
@@ -162,6 +167,7 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   std::unique_ptr<CommDevice> dev_;
   ArgChecks checks_;
   Tracer tracer_;  // configured once from RINGCOMM_TRACE; written only by the executing thread
+  bool header_in_slot_ = false;  // RINGCOMM_HEADER_IN_SLOT and a device with a header slot channel
   P2PEngine p2p_;
   bool connected_ = false;
   std::atomic<bool> closed_{false};

@@ -29,6 +29,10 @@ class CommDevice {
   virtual const MemoryCheck* memory() const = 0;
   /// Whether all_reduce of `bytes` takes the direct algorithm (the choice travels in the header).
   virtual bool use_direct(int64_t bytes) const = 0;
+  /// The channel a small all_reduce hands its first piece off on before its header is posted
+  /// (comm/header_exchange.h: the control plane's collective lane), or nullptr where there is
+  /// none (the path is then never taken). The core uses it outside execute() only to drain it.
+  virtual Channel* header_slot_channel() { return nullptr; }
   /// Post this rank's abort on the control plane (kind: abort_kind_of).
   virtual void abort(uint32_t kind, const std::string& msg) = 0;
 

@@ -29,7 +29,8 @@ std::string describe_header(const CollHeader& h) {
   if (c == Coll::kBarrier || c == Coll::kRejected) return o.str();
   o << "(count=" << h.count;
   if (c == Coll::kAllGather || c == Coll::kAllToAll) o << ", count2=" << h.count2;
-  if (c == Coll::kAllReduce) o << ", algo=" << (h.count2 ? "direct" : "ring");
+  if (c == Coll::kAllReduce)
+    o << ", algo=" << (h.count2 == kArRing ? "ring" : h.count2 == kArDirectInSlot ? "direct, header in slot" : "direct");
   o << ", dtype=" << dtype_name(static_cast<DType>(h.dtype));
   if (coll_reduces(c)) o << ", op=" << op_name(static_cast<ReduceOp>(h.op));
   if (h.root >= 0) o << ", root=" << h.root;
@@ -39,7 +40,7 @@ std::string describe_header(const CollHeader& h) {
 
 
 std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, uint64_t seq, Coll coll,
-                                         const CollHeader& mine) {
+                                         const CollHeader& mine, const HeaderHooks& hooks) {
   std::vector<CollHeader> all(world);
   all[rank] = mine;
   if (world == 1) {
@@ -47,6 +48,7 @@ std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, u
     return all;
   }
   const uint32_t bs = board_seq_of(seq);
+  if (hooks.before_post) hooks.before_post();
   t.post_header(bs, mine);
   WaitCtx w;
   w.op = coll_name(coll);
@@ -57,6 +59,7 @@ std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, u
   auto fail = [&](const std::string& why) {
     std::ostringstream o;
     o << "ringcomm: " << coll_name(coll) << " (seq " << seq << ") on rank " << rank << ": " << why;
+    if (hooks.on_mismatch) hooks.on_mismatch(all);  // a failure here is a data-phase failure
     throw HeaderMismatch(o.str());
   };
   for (int p = 0; p < world; ++p) {

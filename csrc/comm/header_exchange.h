@@ -1,19 +1,50 @@
 // The collective header exchange shared by every communicator (host and CUDA): before a
 // collective each rank posts its header on the shared-memory board and reads every peer's; the
 // ranks then check, identically, that they called the same collective with consistent arguments.
-// A HeaderMismatch is raised on every rank before any data moves, so the communicator stays in
-// step and usable after it.
+// A HeaderMismatch is raised on every rank before any result is written, so the communicator
+// stays in step and usable after it.
+//
+// Header in the first data slot (small all-reduces, RINGCOMM_HEADER_IN_SLOT): a rank whose
+// all_reduce header says kArDirectInSlot hands its first piece to every peer (the direct
+// algorithm's piece 0, one slot per peer on the collective lane) BEFORE it posts its header, so
+// one wake-up of a waiting peer delivers both: the peer's acquire of the board word orders the
+// slot's publication (an earlier seq_cst RMW of head) before it, so the piece is there when the
+// header is seen. The header itself stays on the board: that is where a peer on any other path
+// (another collective, the ring, a rejection) posts, so the check stays exact against every
+// kind of peer. When the check fails every rank drains exactly one slot from each peer whose
+// header says kArDirectInSlot (HeaderHooks::on_mismatch), before it raises: the slot streams stay
+// in step and no result buffer has been touched.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "comm/coll.h"
 #include "common/errors.h"
 #include "transport/shm.h"
 
 namespace rc {
 
-enum class Coll : uint32_t;
+/// all_reduce's algorithm, carried in its header's count2 (compared across ranks).
+enum : int64_t {
+  kArRing = 0,
+  kArDirect = 1,          // header exchange, then the direct algorithm's pieces
+  kArDirectInSlot = 2,    // the direct algorithm's piece 0 handed off before the header (above)
+};
+
+/// True when the rank that posted `h` handed one slot to every peer before posting it.
+inline bool header_in_slot(const CollHeader& h) {
+  return static_cast<Coll>(h.coll) == Coll::kAllReduce && h.count2 == kArDirectInSlot && h.count > 0;
+}
+
+/// Optional steps around the exchange: before_post runs after nothing has been posted for this
+/// collective (the in-slot path hands its first piece off there); on_mismatch gets every rank's
+/// header when the check fails, before HeaderMismatch is thrown (the in-slot drain).
+struct HeaderHooks {
+  std::function<void()> before_post;
+  std::function<void(const std::vector<CollHeader>&)> on_mismatch;
+};
 
 class HeaderMismatch : public Mismatch {
   using Mismatch::Mismatch;
@@ -22,7 +53,7 @@ class HeaderMismatch : public Mismatch {
 /// Post `mine` (with mine.coll already set) for collective `seq`, read every rank's header, and
 /// validate them. Returns all headers in rank order. Throws HeaderMismatch.
 std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, uint64_t seq, Coll coll,
-                                         const CollHeader& mine);
+                                         const CollHeader& mine, const HeaderHooks& hooks = {});
 
 /// "all_reduce(count=.., dtype=.., op=..)" for messages.
 std::string describe_header(const CollHeader& h);

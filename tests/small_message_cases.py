@@ -1,0 +1,221 @@
+"""Cases of tests/test_small_message.py that run INSIDE spawned ranks (module-level so that spawn
+can pickle them; no torch import here: only the bfloat16 cases load it, through mp_cases)."""
+import os
+import traceback
+
+import numpy as np
+import ringcomm
+from mp_cases import close_enough, make, pairs, reference, to_lib, to_np
+from order_ref import ordered_sum
+
+SENTINEL = -7
+
+
+def _init(rank, world, sub, env):
+    """A communicator created under `env` (knobs are read at creation) on its own file store."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        path = os.path.join(os.environ["RC_TEST_STORE"], sub)
+        os.makedirs(path, exist_ok=True)
+        return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=60)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# The communicators every correctness case runs on: the default small-message path (header in
+# the first slot), the same without it (header exchange first), the ring (the reference order),
+# and the in-slot path with 256-byte slots (many pieces: only piece 0 travels with the header).
+CONFIGS = {
+    "inslot": {"RINGCOMM_HEADER_IN_SLOT": "on", "RINGCOMM_TRACE": "4"},
+    "board": {"RINGCOMM_HEADER_IN_SLOT": "off", "RINGCOMM_TRACE": "4"},
+    "ring": {"RINGCOMM_ALGO": "ring"},
+    "tiny": {"RINGCOMM_ALGO": "direct", "RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "256",
+             "RINGCOMM_NSLOTS": "2", "RINGCOMM_TRACE": "4"},
+}
+
+
+def _thresholds(world, esize):
+    """Element counts at and around the direct threshold (bytes x (world-1) <= DIRECT_MAX) and the
+    far piece size (world >= 3), plus the tiny config's piece size."""
+    out = set()
+    if world > 1:
+        thr = int(ringcomm.config.knob("RINGCOMM_DIRECT_MAX_BYTES")) // (esize * (world - 1))
+        out |= {thr - 1, thr, thr + 1}
+        if world >= 3:
+            pe = int(ringcomm.config.knob("RINGCOMM_FAR_SLOT_BYTES")) // esize
+            out |= {c for c in (pe - 1, pe, pe + 1) if c <= thr + 1}
+    tiny_pe = 256 // esize
+    out |= {tiny_pe - 1, tiny_pe, tiny_pe + 1, 3 * tiny_pe + 1}
+    return sorted(c for c in out if c > 0)
+
+
+def _direct_expected(world, count, esize, cfg):
+    """Whether `cfg` runs all_reduce of `count` elements with the direct algorithm (world > 1)."""
+    if cfg == "tiny":
+        return True
+    return count * esize * (world - 1) <= int(ringcomm.config.knob("RINGCOMM_DIRECT_MAX_BYTES"))
+
+
+def correctness_cases(rank, world):
+    fails, digests = [], []
+    comms = {name: _init(rank, world, name, env) for name, env in CONFIGS.items()}
+
+    def check(what, cond):
+        if not cond:
+            fails.append(f"rank {rank}: {what}")
+
+    try:
+        esizes = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
+                  "int32": 4, "int64": 8, "bool": 1}
+        for dt, op in pairs():
+            lib = "torch" if dt == "bfloat16" else "numpy"
+            es = esizes[dt]
+            counts = sorted({0, 1, 7, 5 * world + 1, *_thresholds(world, es)})
+            for count in counts:
+                tag = f"{dt} {op} n={count}"
+                ins = [make(dt, count, r, 11, op) for r in range(world)]
+                ref = reference(ins, dt, op, world)
+                got = {}
+                for name, comm in comms.items():
+                    out_of_place = count % 2 == 1
+                    x = to_lib(ins[rank], dt, lib)
+                    if out_of_place:
+                        y = to_lib(np.full_like(ins[rank], 3), dt, lib)
+                        comm.all_reduce(x, op=op, output=y)
+                        check(f"{name} input untouched {tag}", np.array_equal(to_np(x), to_np(to_lib(ins[rank], dt, lib))))
+                    else:
+                        comm.all_reduce(x, op=op)
+                        y = x
+                    check(f"{name} all_reduce {tag}", close_enough(y, ref, dt, op))
+                    got[name] = np.ascontiguousarray(to_np(y)).tobytes()
+                    if name != "ring" and world > 1 and count > 0:
+                        rec = comm.trace()[-1]
+                        direct = _direct_expected(world, count, es, name)
+                        check(f"{name} algorithm {tag}: {rec['algorithm']}",
+                              rec["algorithm"] == ("direct" if direct else "ring"))
+                        if direct:
+                            # in-slot: the first piece travelled with the header (trace.h)
+                            inslot = name != "board"
+                            check(f"{name} trace phases {tag}: {rec}",
+                                  (rec["first_slot"] == rec["header_seen"]) == inslot
+                                  and rec["header_posted"] <= rec["header_seen"])
+                # every algorithm combines in the one promised order: bit-identical to the ring
+                for name in comms:
+                    check(f"{name} differs bitwise from the ring, {tag}", got[name] == got["ring"])
+                digests.append(got["inslot"])
+        # Order-sensitive floating sums: bit for bit the order model (order_ref) on every path.
+        for dt in (np.float16, np.float32, np.float64):
+            for count in sorted({1, 7, 13, 5 * world + 1, *_thresholds(world, np.dtype(dt).itemsize)}):
+                xs = []
+                for p in range(world):
+                    rng = np.random.default_rng(31 * count + p)
+                    xs.append((rng.standard_normal(count) * 10.0 ** rng.uniform(-3, 3, count)).astype(dt))
+                want = ordered_sum(xs).tobytes()
+                for name, comm in comms.items():
+                    y = xs[rank].copy()
+                    comm.all_reduce(y)
+                    check(f"{name} order model {np.dtype(dt).name} n={count}", y.tobytes() == want)
+    except Exception:  # noqa: BLE001
+        fails.append(f"rank {rank}: " + traceback.format_exc())
+    finally:
+        for c in comms.values():
+            c.close()
+    return fails, digests
+
+
+# ---------------- mismatches through the in-slot path ----------------
+
+def _attempt(fn):
+    try:
+        fn()
+        return ("no error", "")
+    except ringcomm.MismatchError as e:
+        return ("MismatchError", str(e))
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e))
+
+
+def mismatch_cases(rank, world):
+    """Each scenario: rank 0 (or the last rank) calls something that differs from the others'
+    small all_reduce. Returns per scenario (name, outcome, message, outputs untouched, the
+    all_reduce after it correct)."""
+    out = []
+    comms = {
+        "inslot": _init(rank, world, "inslot", {}),
+        "tiny": _init(rank, world, "tiny", CONFIGS["tiny"]),
+        # rank 0 without the in-slot path, the others with it: the headers say so and differ
+        "mixed": _init(rank, world, "mixed", {"RINGCOMM_HEADER_IN_SLOT": "off" if rank == 0 else "on"}),
+    }
+    thr = int(ringcomm.config.knob("RINGCOMM_DIRECT_MAX_BYTES")) // (4 * (world - 1))
+    last = world - 1
+
+    def after_ok(comm, n=9):
+        x = np.full(n, rank + 1.0, np.float32)
+        comm.all_reduce(x)
+        return bool((x == world * (world + 1) / 2).all())
+
+    def scenario(name, comm_name, call):
+        comm = comms[comm_name]
+        guard = np.full(1 << 16, SENTINEL, np.float32)
+        res = _attempt(lambda: call(comm, guard))
+        untouched = bool((guard == SENTINEL).all())
+        if comm_name == "mixed":
+            # every small all_reduce of this communicator mismatches (its ranks' headers say they
+            # take different paths); it stays usable for everything else
+            again = _attempt(lambda: ar(6)(comm, guard))[0] == "MismatchError"
+            comm.barrier()
+            x = np.full(thr + 1, rank + 1.0, np.float32)   # the ring: the same on every rank
+            comm.all_reduce(x)
+            after = again and bool((x == world * (world + 1) / 2).all())
+        else:
+            after = after_ok(comm)
+        out.append((name, rank, res[0], res[1], untouched, after))
+
+    def ar(count, dtype=np.float32, op="SUM"):
+        # out of place into a guarded buffer: nothing may be written there
+        def call(comm, guard):
+            x = np.full(count, rank + 1, dtype)
+            keep = x.copy()
+            y = guard[:count].view(np.float32) if dtype == np.float32 else np.full(count, SENTINEL, dtype)
+            try:
+                comm.all_reduce(x, op=op, output=y)
+            finally:
+                if not np.array_equal(x, keep):
+                    guard[0] = 0  # the input changed: reported as "written"
+                if dtype != np.float32 and not (y == SENTINEL).all():
+                    guard[0] = 0
+        return call
+
+    def by_rank(fns):
+        return lambda comm, guard: fns(rank)(comm, guard)
+
+    scenario("counts differ", "inslot", by_rank(lambda r: ar(5 if r == 0 else 6)))
+    scenario("dtypes differ", "inslot", by_rank(lambda r: ar(6, np.float64 if r == 0 else np.float32)))
+    scenario("ops differ", "inslot", by_rank(lambda r: ar(6, op="MAX" if r == 0 else "SUM")))
+    scenario("in-slot vs ring", "inslot", by_rank(lambda r: ar(thr + 1 if r == 0 else 6)))
+    scenario("in-slot vs empty", "inslot", by_rank(lambda r: ar(0 if r == 0 else 6)))
+
+    def bcast(comm, guard):
+        comm.broadcast(guard[:6], root=0)
+    scenario("in-slot vs broadcast", "inslot", lambda comm, guard: (bcast if rank == last else ar(6))(comm, guard))
+    scenario("in-slot vs barrier", "inslot",
+             lambda comm, guard: comm.barrier() if rank == last else ar(6)(comm, guard))
+
+    def bad_args(comm, guard):
+        buf = np.zeros(16, np.float32)
+        comm.all_reduce(buf[0:8], output=buf[4:12])  # partial overlap: refused on this rank
+    scenario("in-slot vs rejected arguments", "inslot",
+             lambda comm, guard: bad_args(comm, guard) if rank == last else ar(6)(comm, guard))
+    scenario("in-slot vs header exchange first (knob differs)", "mixed", ar(6))
+    scenario("counts differ, many pieces", "tiny", by_rank(lambda r: ar(300 if r == 0 else 301)))
+    scenario("in-slot many pieces vs broadcast", "tiny",
+             lambda comm, guard: (bcast if rank == last else ar(300))(comm, guard))
+    ok = all(after_ok(comms[c], 300) for c in ("inslot", "tiny"))
+    for c in comms.values():
+        c.close()
+    return out, ok
