@@ -384,7 +384,18 @@ WorkPtr CommCore::all_reduce(const void* in, void* out, int64_t count, DType dt,
   return collective(Coll::kAllReduce, [&] {
     const bool direct = dev_->use_direct(count * static_cast<int64_t>(dtype_size(dt)));
     CollHeader h = checks_.all_reduce(in, out, count, dt, op, direct);
-    // The small-message path: the first piece travels with the header (comm/header_exchange.h).
+    // The small-message path: the first piece travels with the header (comm/header_exchange.h),
+    // wherever the direct algorithm runs (RINGCOMM_DIRECT_MAX_BYTES); RINGCOMM_HEADER_IN_SLOT=off
+    // restores the header exchange first. Measured (docs/latency.md section 5: float32 SUM, in
+    // place, time on / time off, geometric mean of 2-3 interleaved runs, SCHED_FIFO on the busy
+    // 2-core machine, load 17-31):
+    //   ranks arrival   1 KiB  4 KiB  16 KiB  64 KiB
+    //     2   b2b       0.74   0.64   1.06    1.09
+    //     2   apart     0.95   0.89   1.16    1.46
+    //     4   b2b       0.93   0.60   0.95    0.76
+    //     4   apart     1.02   0.96   1.19    0.95
+    // The per-phase trace shows the hand-off it removes (the `first` segment is 0); whether the
+    // 2-rank 16-64 KiB rows above 1 are the path or the machine needs a quiet re-run.
     if (h.count2 == kArDirect && header_in_slot_ && world_ > 1 && count > 0) h.count2 = kArDirectInSlot;
     return h;
   }, [=](const AlgoCtx& c, const std::vector<CollHeader>& hs) {

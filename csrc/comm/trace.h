@@ -10,6 +10,10 @@
 //                 a caller that waited on the Work finds the record)
 // A phase that did not happen is 0: no slot moves in a barrier, a world of one or an empty buffer,
 // and a rank that only receives (the end of a broadcast chain) hands off no first slot.
+// The header-in-slot all_reduce (comm/header_exchange.h) hands its first slot off before it posts
+// its header: there header_posted is stamped when that slot is in every peer's inbox (just before
+// the header store), and first_slot equals header_seen (the first piece travelled with the
+// header; the phases collapse, and the stamps stay in order).
 //
 // Threading invariants: collectives execute one at a time (CommCore's busy_), so exactly one
 // thread writes `cur_` between begin() and commit(); the algorithms reach it through
