@@ -59,7 +59,7 @@ std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, u
   auto fail = [&](const std::string& why) {
     std::ostringstream o;
     o << "ringcomm: " << coll_name(coll) << " (seq " << seq << ") on rank " << rank << ": " << why;
-    if (hooks.on_mismatch) hooks.on_mismatch(all);  // a failure here is a data-phase failure
+    if (hooks.on_mismatch) hooks.on_mismatch(all);
     throw HeaderMismatch(o.str());
   };
   for (int p = 0; p < world; ++p) {

@@ -38,9 +38,10 @@ inline bool header_in_slot(const CollHeader& h) {
   return static_cast<Coll>(h.coll) == Coll::kAllReduce && h.count2 == kArDirectInSlot && h.count > 0;
 }
 
-/// Optional steps around the exchange: before_post runs after nothing has been posted for this
-/// collective (the in-slot path hands its first piece off there); on_mismatch gets every rank's
-/// header when the check fails, before HeaderMismatch is thrown (the in-slot drain).
+/// Optional steps around the exchange: before_post runs just before this rank's header is
+/// posted (the in-slot path hands its first piece off there); on_mismatch gets every rank's
+/// header when the check fails, before HeaderMismatch is thrown (the in-slot drain). What
+/// on_mismatch throws propagates instead of the HeaderMismatch (a data-phase failure).
 struct HeaderHooks {
   std::function<void()> before_post;
   std::function<void(const std::vector<CollHeader>&)> on_mismatch;
