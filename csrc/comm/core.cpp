@@ -252,6 +252,12 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
             if (tr) tr->mark(kTraceHeaderPosted);
           };
           const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
+          // A peer whose wait for our header ran out has raised and posted its abort, but its
+          // header and piece 0 are here, so none of our waits would block (and see it): ask once.
+          WaitCtx w;
+          w.op = coll_name(coll);
+          w.seq = seq;
+          dev_->control().check_peers(w, false);
           if (tr) {
             trace_headers_seen(*tr, coll, headers[rank_]);
             tr->t[kTraceFirstSlot] = tr->t[kTraceHeaderSeen];
