@@ -552,7 +552,7 @@ std::string ShmTransport::describe(const WaitCtx& w) const {
   return o.str();
 }
 
-bool ShmTransport::heartbeat_stale(int peer, int64_t* still_ns) const {
+bool ShmTransport::heartbeat_stale(int peer) const {
   auto* h = reinterpret_cast<SegmentHeader*>(base_[peer]);
   const uint64_t v = h->heartbeat.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lk(hb_mu_);
@@ -562,12 +562,11 @@ bool ShmTransport::heartbeat_stale(int peer, int64_t* still_ns) const {
     hb_seen_at_[peer] = now;
     return false;
   }
-  if (still_ns) *still_ns = now - hb_seen_at_[peer];
   return now - hb_seen_at_[peer] > hb_bound_ns_[peer];
 }
 
 bool ShmTransport::peer_dead(int peer) const {
-  if (by_heartbeat_[peer]) return heartbeat_stale(peer, nullptr);
+  if (by_heartbeat_[peer]) return heartbeat_stale(peer);
   pid_t pid = pids_[peer];
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
@@ -605,7 +604,10 @@ void ShmTransport::fail_dead(int peer, const WaitCtx& w) const {
     RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer << " (pid " << pids_[peer] << ") died");
   }
   int64_t still = 0;
-  heartbeat_stale(peer, &still);
+  {
+    std::lock_guard<std::mutex> lk(hb_mu_);
+    still = now_ns() - hb_seen_at_[peer];
+  }
   RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer << " (pid " << pids_[peer]
                                      << " in PID namespace " << (pidns_[peer].empty() ? "unknown" : pidns_[peer])
                                      << ") died: its heartbeat has not moved for " << still / 1000000

@@ -222,7 +222,7 @@ class ShmTransport {
   bool peer_dead(int peer) const;
   // The heartbeat half of peer_dead: whether `peer`'s heartbeat word has stayed at one value for
   // longer than its bound since this rank first saw that value.
-  bool heartbeat_stale(int peer, int64_t* still_ns) const;
+  bool heartbeat_stale(int peer) const;
   [[noreturn]] void fail_dead(int peer, const WaitCtx& w) const;
   // Where one channel's slots sit in its owner's segment.
   struct ChanGeom {
