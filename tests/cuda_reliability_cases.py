@@ -7,8 +7,8 @@ import time
 
 from cuda_cases import _gpu_device
 
-# GPU clock cycles of torch.cuda._sleep that keep a GPU busy for about a second or more.
-BUSY_CYCLES = int(os.environ.get("RC_TEST_GPU_BUSY_CYCLES", str(3 * 10 ** 9)))
+# GPU clock cycles of torch.cuda._sleep that keep an H100/H200-class GPU busy for about 3 s.
+BUSY_CYCLES = int(os.environ.get("RC_TEST_GPU_BUSY_CYCLES", str(6 * 10 ** 9)))
 
 
 def _init(rank, world, dev, name, timeout=60):

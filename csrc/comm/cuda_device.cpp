@@ -67,6 +67,8 @@ class EventFence final : public DeviceFence {
   }
 
   void stream_wait(void* stream) override {
+    // ev_ is this process's own event, recorded after work that depends on no peer (every peer
+    // dependency was a host wait, transport/cuda_ipc.h): the stream cannot be blocked forever.
     CudaDeviceGuard g(device_);
     RC_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev_->ev, 0), " (stream_wait)");
   }

@@ -454,7 +454,7 @@ void CudaIpcTransport::wait_peer_event(cudaEvent_t ev, const WaitCtx& w0) {
   cudaError_t e = cudaEventQuery(ev);
   if (e == cudaSuccess) return;
   WaitCtx w = w0;
-  w.what = "its GPU's work on the slot";
+  w.what = "the GPU work on its slot";
   const int64_t t0 = now_ns();
   const double limit_s = ctl_->timeout_s();
   const int64_t deadline = deadline_after(t0, limit_s);
