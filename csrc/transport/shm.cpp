@@ -450,7 +450,7 @@ void ShmTransport::unlink_dead_peers(const std::vector<std::string>& names) {
   }
 }
 
-void ShmTransport::close() {
+void ShmTransport::close(bool keep_mappings) {
   if (!own_unlinked_) {
     shm_unlink(own_name_.c_str());
     own_unlinked_ = true;
@@ -467,7 +467,7 @@ void ShmTransport::close() {
   // the unmap (the thread writes our segment).
   heartbeat_.stop();
   for (auto& b : base_) {
-    if (b != nullptr) munmap(b, seg_bytes_);
+    if (b != nullptr && !keep_mappings) munmap(b, seg_bytes_);
     b = nullptr;
   }
 }

@@ -133,7 +133,10 @@ class ShmTransport {
   /// wait until every peer attached ours, then unlink ours. Bounded by the timeout.
   void attach(const std::vector<std::string>& names);
   /// Mark this rank closed (peers waiting on it get PeerFailure) and unmap everything.
-  void close();
+  /// keep_mappings: forget the segments but leave them mapped until exit, so that their
+  /// addresses are never mapped again (device copies still in flight may use them through host
+  /// registrations: transport/cuda_ipc.cpp, transport/pin_registry.h).
+  void close(bool keep_mappings = false);
   /// Mark this rank aborted with a reason; peers' waits raise the ErrorCode `kind` (see
   /// abort_kind_of) carrying it.
   void abort(uint32_t kind, const std::string& msg);
