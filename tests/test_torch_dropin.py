@@ -18,8 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from torch_battery import (  # noqa: E402
-    fail_on_error, init_world, registry, run_cases, spawn_battery)
+from torch_battery import battery_results, fail_on_error, registry  # noqa: E402
 
 WORLD_SIZES = [2, 3]
 GROUP_TIMEOUT_S = 30
@@ -343,32 +342,9 @@ def case_preferred_names_no_warnings(ctx):
 
 
 # ---- the spawned battery ----------------------------------------------------------------------
-def _battery(rank, ws, file_path):
-    import ringcomm.torch  # noqa: F401 - registers the backend
-    torch.set_num_threads(1)
-    ctx = init_world(rank, ws, file_path, GROUP_TIMEOUT_S)
-    results = {name: err for name, (err, _, _) in run_cases(ctx, CASES).items()}
-    dist.destroy_process_group()
-    return results
-
-
-_results: dict = {}
-
-
-def battery_results(ws: int) -> dict:
-    if ws not in _results:
-        per_rank, failure = spawn_battery(_battery, ws, "ringcomm-dropin-test-",
-                                          BATTERY_TIMEOUT_S)
-        if per_rank is None:
-            _results[ws] = {"__launch__": failure}
-        else:
-            # every rank holds every rank's errors (run_cases agrees on them): rank 0's suffice
-            _results[ws] = {name: per_rank[0][name] for name in CASES}
-    return _results[ws]
-
-
 @pytest.mark.timeout(BATTERY_TIMEOUT_S + 60)
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_dropin(ws, name):
-    fail_on_error(battery_results(ws), ws, name)
+    fail_on_error(battery_results(__name__, CASES, ws, "ringcomm-dropin-test-", BATTERY_TIMEOUT_S,
+                                  GROUP_TIMEOUT_S), ws, name)
