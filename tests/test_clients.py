@@ -112,11 +112,14 @@ def dataset(n=32):
 
 
 # ---- PyTorch Lightning ----------------------------------------------------------------------------
-def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = None):
+def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = None,
+                   fsdp2: bool = False):
     """Fit; with ``sync_dist``, put the logged metrics and the same values computed by hand
-    from every rank's local losses into ``logged``."""
+    from every rank's local losses into ``logged``. ``fsdp2``: ModelParallelStrategy with the
+    whole mesh as its data-parallel dimension, the model sharded by ``fully_shard`` in
+    ``configure_model``; the parameters returned are the gathered full tensors."""
     import lightning.pytorch as pl
-    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
     class Module(pl.LightningModule):
         def __init__(self):
@@ -146,6 +149,14 @@ def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = Non
                 self.val_sum += loss.detach() * x.shape[0]
                 self.val_count += x.shape[0]
 
+        def configure_model(self):
+            if fsdp2:
+                from torch.distributed.fsdp import fully_shard
+                mesh = self.device_mesh["data_parallel"]
+                assert dist.get_backend(mesh.get_group()) == backend, dist.get_backend(mesh.get_group())
+                fully_shard(self.net[0], mesh=mesh)
+                fully_shard(self.net, mesh=mesh)
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -153,7 +164,10 @@ def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = Non
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
     module = Module()
     trainer = pl.Trainer(accelerator="cpu", devices=ctx.ws, num_nodes=1,
-                         strategy=DDPStrategy(process_group_backend=backend),
+                         strategy=(ModelParallelStrategy(data_parallel_size=ctx.ws,
+                                                         tensor_parallel_size=1,
+                                                         process_group_backend=backend)
+                                   if fsdp2 else DDPStrategy(process_group_backend=backend)),
                          max_steps=STEPS, limit_val_batches=2, val_check_interval=2,
                          num_sanity_val_steps=2 if sync_dist else 0, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
@@ -174,12 +188,50 @@ def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = Non
         logged.update(train_logged=trainer.callback_metrics["train_loss"].clone(),
                       val_logged=trainer.callback_metrics["val_loss"].clone(),
                       train_by_hand=train, val_by_hand=val)
+    if fsdp2:
+        from torch.distributed.tensor import DTensor
+        # the root module keeps its parameters unsharded after a forward without backward (the
+        # last validation): shard them again before reading the DTensors
+        module.net.reshard()
+        params = list(module.net.parameters())
+        assert all(isinstance(p, DTensor) for p in params), [type(p) for p in params]
+        return [p.full_tensor() for p in params]
     return list(module.net.parameters())
 
 
 @case("lightning")
 def case_lightning_ddp(ctx):
     return both(ctx, lambda b: _lightning_fit(ctx, b, sync_dist=False))
+
+
+def _check_logged(logged: dict) -> str:
+    """The logged metrics of the ringcomm run equal gloo's and the values by hand, exactly."""
+    rc, gl = logged["ringcomm"], logged["gloo"]
+    for key in ("train", "val"):
+        a, g, hand = rc[f"{key}_logged"], gl[f"{key}_logged"], rc[f"{key}_by_hand"]
+        assert torch.equal(a, g), f"{key}_loss: ringcomm logged {a.item()!r}, gloo {g.item()!r}"
+        assert torch.equal(a, hand), f"{key}_loss: logged {a.item()!r}, by hand {hand.item()!r}"
+        assert torch.equal(g, gl[f"{key}_by_hand"]), f"{key}_loss: gloo run's own hand value"
+    return f"train_loss {rc['train_logged'].item():.6g}, val_loss " \
+           f"{rc['val_logged'].item():.6g} equal to gloo's and by hand"
+
+
+@case("lightning")
+def case_lightning_fsdp2(ctx):
+    """ModelParallelStrategy (FSDP2: reduce-scatter of the gradients with ReduceOp.AVG, all-gather
+    of the parameters): at 2 ranks every sum has two terms, and a + b rounds the same in any
+    order, so the parameters equal gloo's bit for bit."""
+    return both(ctx, lambda b: _lightning_fit(ctx, b, sync_dist=False, fsdp2=True))
+
+
+@case("lightning")
+def case_lightning_fsdp2_sync_dist(ctx):
+    """ModelParallelStrategy with ``self.log(..., sync_dist=True)``: Lightning's reduction goes
+    through the same ``_sync_ddp_if_available`` as DDP's (AVG on ringcomm, SUM / world on gloo)."""
+    logged = {"ringcomm": {}, "gloo": {}}
+    info = both(ctx, lambda b: _lightning_fit(ctx, b, sync_dist=True, logged=logged[b],
+                                              fsdp2=True))
+    return f"{info}; {_check_logged(logged)}"
 
 
 @case("lightning")
@@ -190,14 +242,7 @@ def case_lightning_sync_dist(ctx):
     float is exact either way)."""
     logged = {"ringcomm": {}, "gloo": {}}
     info = both(ctx, lambda b: _lightning_fit(ctx, b, sync_dist=True, logged=logged[b]))
-    rc, gl = logged["ringcomm"], logged["gloo"]
-    for key in ("train", "val"):
-        a, g, hand = rc[f"{key}_logged"], gl[f"{key}_logged"], rc[f"{key}_by_hand"]
-        assert torch.equal(a, g), f"{key}_loss: ringcomm logged {a.item()!r}, gloo {g.item()!r}"
-        assert torch.equal(a, hand), f"{key}_loss: logged {a.item()!r}, by hand {hand.item()!r}"
-        assert torch.equal(g, gl[f"{key}_by_hand"]), f"{key}_loss: gloo run's own hand value"
-    return f"{info}; train_loss {rc['train_logged'].item():.6g}, val_loss " \
-           f"{rc['val_logged'].item():.6g} equal to gloo's and by hand"
+    return f"{info}; {_check_logged(logged)}"
 
 
 # ---- accelerate -----------------------------------------------------------------------------------
