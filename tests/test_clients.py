@@ -281,6 +281,169 @@ def case_accelerate(ctx):
     return both(ctx, lambda b: _accelerate_fit(ctx, b))
 
 
+# ---- accelerate's bundled test scripts -----------------------------------------------------------
+# Each script runs on 2 fresh processes (ranks set up as torchrun does), once per backend, through
+# the documented one-line setup: ``init_process_group(backend)`` before accelerate creates its
+# state. ``ACCELERATE_USE_CPU=1`` is what ``accelerate launch --cpu`` sets; it turns the scripts'
+# ``Accelerator()`` into ``DistributedType.MULTI_CPU`` on the group that exists.
+ACCELERATE_RUN = {
+    # script -> create PartialState(cpu=True) before the script: test_ops.py builds its state with
+    # a bare ``PartialState()``, which reads no ACCELERATE_USE_CPU and, without an accelerator,
+    # resolves to DistributedType.NO (one process) under any launcher (accelerate/state.py,
+    # PartialState._prepare_backend: the MULTI_CPU branch needs ``cpu``)
+    "test_ops.py": True,
+    "test_sync.py": False,
+    "test_script.py": False,
+}
+# The other scripts 1.15.0 ships, and the accelerate code that keeps each from running on CPU
+# ranks whatever the backend (gloo fails the same way, or the script has no group to put ringcomm
+# under); tried by hand on both backends.
+ACCELERATE_NOT_RUN = {
+    "test_distributed_data_loop.py":
+        "gloo fails too: accelerate/accelerator.py join_uneven_inputs runs Join only `if "
+        "self.multi_device:` (MULTI_GPU, MULTI_XPU, ..., not MULTI_CPU), else warns 'Joining "
+        "uneven inputs is only supported for multi-GPU training'; test_can_join_uneven_inputs "
+        "then leaves rank 0 in DDP's forward and rank 1 in wait_for_everyone (gloo: send timeout "
+        "after the group timeout; ringcomm: MismatchError broadcast vs barrier at once)",
+    "test_ddp_comm_hook.py":
+        "gloo fails too: test_ddp_comm_hook builds its reference as DistributedDataParallel("
+        "model, device_ids=[accelerator.local_process_index], ...), which torch refuses for CPU "
+        "modules (ValueError: device_ids and output_device arguments only work with "
+        "single-device/multiple-device GPU modules)",
+    "test_merge_weights.py":
+        "gloo fails too: accelerate/utils/fsdp_utils.py save_fsdp_model enters "
+        "FSDP.state_dict_type(...), whose exit restores a None state_dict_type (torch 2.13 "
+        "fully_sharded_data_parallel.py set_state_dict_type: KeyError: None)",
+    "test_notebook.py":
+        "starts its own processes (accelerate/launchers.py notebook_launcher), in which "
+        "PartialState creates the group with accelerate's own backend choice: there is no "
+        "point before accelerate's state where the one-line setup could run",
+    "test_cli.py": "no process group: prints the number of GPUs (0 here)",
+}
+ACCELERATE_TIMEOUT_S = 150
+
+_ACCELERATE_RUNNER = r"""
+import datetime, json, runpy, sys
+import torch
+import torch.distributed as dist
+backend, script, cpu_state = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+calls = []
+if backend == "ringcomm":
+    import ringcomm.torch as rct
+    rct.add_issue_hook(lambda op, group, seq, t: calls.append(op))
+torch.set_num_threads(1)
+dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))   # the one-line setup
+assert dist.get_backend() == backend, dist.get_backend()
+later = []
+init = dist.init_process_group
+def recorded_init(*args, **kwargs):
+    later.append(str(kwargs.get("backend", args[0] if args else None)))
+    return init(*args, **kwargs)
+dist.init_process_group = dist.distributed_c10d.init_process_group = recorded_init
+if cpu_state:
+    from accelerate.state import PartialState
+    PartialState(cpu=True)
+sys.argv = [script]
+runpy.run_path(script, run_name="__main__")
+print("RUNNER-RESULT " + json.dumps({"ringcomm_ops": calls, "later_inits": later}), flush=True)
+if dist.is_initialized():
+    dist.destroy_process_group()
+"""
+
+
+def _accelerate_scripts_dir() -> str | None:
+    """Where the installed accelerate keeps its test scripts (found without importing it)."""
+    import importlib.util
+    spec = importlib.util.find_spec("accelerate")
+    if spec is None or not spec.origin:
+        return None
+    return os.path.join(os.path.dirname(spec.origin), "test_utils", "scripts")
+
+
+def _run_accelerate_script(script: str, backend: str, cpu_state: bool, tmpdir: str) -> list:
+    """Both ranks' (exit status, output) of one script on one backend."""
+    import subprocess
+    import sys
+    port = _free_port()
+    procs = []
+    for rank in range(WS):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WS),
+                   LOCAL_WORLD_SIZE=str(WS), NODE_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
+        log = open(os.path.join(tmpdir, f"{backend}-{rank}.log"), "w+")
+        procs.append((subprocess.Popen(
+            [sys.executable, "-c", _ACCELERATE_RUNNER, backend,
+             os.path.join(_accelerate_scripts_dir(), script), "1" if cpu_state else "0"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=tmpdir, env=env,
+            start_new_session=True), log))
+    out = []
+    deadline = time.monotonic() + ACCELERATE_TIMEOUT_S
+    for proc, log in procs:
+        try:
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p, _ in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                    p.wait()
+            rc = "timeout"
+        log.seek(0)
+        out.append((rc, log.read()))
+        log.close()
+    return out
+
+
+def _headers(output: str) -> list:
+    """The script's section titles (``**Test ...**``, test_ops.py's ``testing ...``), in order."""
+    return [line.strip() for line in output.splitlines()
+            if line.strip().startswith(("**", "testing "))]
+
+
+def _accelerate_params():
+    where = _accelerate_scripts_dir()
+    shipped = sorted(f for f in os.listdir(where) if f.startswith("test_") and f.endswith(".py")) \
+        if where and os.path.isdir(where) else sorted([*ACCELERATE_RUN, *ACCELERATE_NOT_RUN])
+    out = []
+    for f in shipped:
+        marks = [pytest.mark.skip(reason=ACCELERATE_NOT_RUN[f])] if f in ACCELERATE_NOT_RUN else []
+        out.append(pytest.param(f, marks=marks, id=f[:-3]))
+    return out
+
+
+@pytest.mark.timeout(2 * ACCELERATE_TIMEOUT_S + 60)
+@pytest.mark.parametrize("script", _accelerate_params())
+def test_accelerate_script(script, tmp_path):
+    """One of accelerate's own test scripts on ringcomm and on gloo: both pass, run the same
+    sections, and on ringcomm the script's collectives reached ringcomm (an issue hook counts
+    them) and accelerate created no group of its own."""
+    ok, why = importable("accelerate")
+    if not ok:
+        pytest.skip(why)
+    assert script in ACCELERATE_RUN, \
+        f"{script}: shipped by this accelerate but neither run nor explained here"
+    results = {}
+    for backend in ("gloo", "ringcomm"):
+        d = tmp_path / backend
+        d.mkdir()
+        ranks = _run_accelerate_script(script, backend, ACCELERATE_RUN[script], str(d))
+        for rank, (rc, output) in enumerate(ranks):
+            assert rc == 0, f"{script} on {backend}, rank {rank}: exit {rc}\n{output[-6000:]}"
+        runner = [json.loads(line.split(" ", 1)[1]) for _, output in ranks
+                  for line in output.splitlines() if line.startswith("RUNNER-RESULT ")]
+        assert len(runner) == WS, f"{script} on {backend}: the runner did not finish on every rank"
+        assert all(not r["later_inits"] for r in runner), \
+            f"{script} on {backend}: accelerate created its own group: {runner}"
+        results[backend] = (ranks[0][1], runner)
+    rc_out, rc_runner = results["ringcomm"]
+    gl_out = results["gloo"][0]
+    assert _headers(rc_out) == _headers(gl_out), (_headers(rc_out), _headers(gl_out))
+    for rank, r in enumerate(rc_runner):
+        assert r["ringcomm_ops"], f"{script}: no collective reached ringcomm on rank {rank}"
+    ops = sorted(set(rc_runner[0]["ringcomm_ops"]))
+    print(f"[{script}] {len(_headers(rc_out))} sections as on gloo; "
+          f"{len(rc_runner[0]['ringcomm_ops'])} collectives on ringcomm ({', '.join(ops)})")
+
+
 # ---- DeepSpeed ------------------------------------------------------------------------------------
 def _deepspeed_fit(ctx, backend: str, stage: int):
     import sys
