@@ -1,6 +1,8 @@
 """The training libraries people put on torch.distributed, on "ringcomm" and on gloo: PyTorch
-Lightning (DDP; ``self.log(..., sync_dist=True)``), Hugging Face accelerate (the documented setup:
-``init_process_group("ringcomm")`` before ``Accelerator(cpu=True)``), DeepSpeed ZeRO 1/2/3
+Lightning (DDP and ModelParallelStrategy / FSDP2, each with and without
+``self.log(..., sync_dist=True)``), Hugging Face accelerate (the documented setup:
+``init_process_group("ringcomm")`` before ``Accelerator(cpu=True)``; and accelerate's own bundled
+test scripts, ``test_accelerate_script``), DeepSpeed ZeRO 1/2/3
 (``deepspeed.init_distributed(dist_backend=...)``, ``DS_ACCELERATOR=cpu``), and torch DDP with
 torch.distributed.checkpoint save/load.
 
@@ -9,6 +11,8 @@ on the same data twice in that process, once with the default group on ringcomm 
 (a fresh default group each time), and the final parameters must be EQUAL: at 2 ranks ringcomm's
 all_reduce sums in gloo's order, so the results are bit for bit the same. A library that is not
 importable skips its cases with the import error as the reason (``pip install -e ".[clients]"``).
+accelerate's scripts run in processes of their own (``_run_accelerate_script``), one pair per
+script and backend.
 """
 from __future__ import annotations
 
@@ -153,7 +157,8 @@ def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = Non
             if fsdp2:
                 from torch.distributed.fsdp import fully_shard
                 mesh = self.device_mesh["data_parallel"]
-                assert dist.get_backend(mesh.get_group()) == backend, dist.get_backend(mesh.get_group())
+                got = dist.get_backend(mesh.get_group())
+                assert got == backend, got
                 fully_shard(self.net[0], mesh=mesh)
                 fully_shard(self.net, mesh=mesh)
 
