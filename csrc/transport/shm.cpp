@@ -97,8 +97,9 @@ long thread_nivcsw() {
 // switch count before and after its spin (two getrusage calls, ~1 us: only waits already this
 // long pay it).
 constexpr int64_t kProbeAfterNs = 5000;
-// WaitMode::kAdaptive: after a preempted spin this many waits yield (about 30 small
-// collectives: header and data waits); each unpreempted probe counts one down.
+// WaitMode::kAdaptive: after a miss (a spin that ran out, or was preempted) this many waits
+// yield (about 30 small collectives: header and data waits); each wait that ends within its
+// spin unpreempted counts one down.
 constexpr int kYieldCreditWaits = 64;
 
 }  // namespace
@@ -269,9 +270,9 @@ std::string ShmTransport::describe_wait() const {
   }
   o << " (" << world_ << " ranks, " << cfg_.cpus << " CPUs): spin " << cfg_.spin_ns / 1000 << " us";
   if (cfg_.wait_mode != WaitMode::kSpin) {
-    o << (cfg_.wait_mode == WaitMode::kAdaptive ? ", after a preempted spin " : ", ") << "+" << cfg_.yield_ns / 1000
+    o << (cfg_.wait_mode == WaitMode::kAdaptive ? "; yielding " : ", ") << "+" << cfg_.yield_ns / 1000
       << " us with a sched_yield every " << cfg_.yield_every_ns << " ns";
-    if (cfg_.wait_mode == WaitMode::kAdaptive) o << " for " << kYieldCreditWaits << " waits";
+    if (cfg_.wait_mode == WaitMode::kAdaptive) o << " for " << kYieldCreditWaits << " waits after a miss";
   }
   o << ", then futex";
   return o.str();
@@ -656,10 +657,13 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
     if (closing()) fail_closing(w);
     if (adaptive && nivcsw0 < 0 && now - t0 >= kProbeAfterNs) nivcsw0 = thread_nivcsw();
   }
-  if (nivcsw0 >= 0) {
-    // A switch during our spin: our CPU is shared right now, so yield for the next waits; a spin
-    // that kept its CPU counts the credit down (back to pure spinning once the sharing stops).
-    if (thread_nivcsw() > nivcsw0) {
+  if (adaptive) {
+    // A miss: the spin ran out (the peer did not get to run within our budget: on a shared CPU it
+    // may be queued behind us), or this thread was preempted while spinning (its CPU is shared
+    // right now). Then the next waits yield while they spin. A wait that ended within its spin
+    // unpreempted counts the credit down: back to pure spinning once the sharing stops.
+    const bool preempted = nivcsw0 >= 0 && thread_nivcsw() > nivcsw0;
+    if (!done || preempted) {
       yield_credit_.store(kYieldCreditWaits, std::memory_order_relaxed);
     } else if (yield_credit_.load(std::memory_order_relaxed) > 0) {
       yield_credit_.fetch_sub(1, std::memory_order_relaxed);

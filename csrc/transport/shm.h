@@ -66,7 +66,7 @@ struct WaitCtx {
 enum class WaitMode : int {
   kSpin = 0,      // pause-spin spin_ns, then sleep: never sched_yield
   kYield = 1,     // spin spin_ns + yield_ns with a sched_yield every yield_every_ns, then sleep
-  kAdaptive = 2,  // kSpin; after a spin in which this thread was preempted, kYield for a while
+  kAdaptive = 2,  // kSpin; after a miss (the spin ran out, or was preempted) kYield for a while
 };
 
 struct ShmConfig {
@@ -254,8 +254,8 @@ class ShmTransport {
   // concurrent one returns without touching them (else two threads could interleave the text).
   std::atomic<bool> abort_claimed_{false};
   std::atomic<double> timeout_s_;
-  // WaitMode::kAdaptive: how many more waits yield while spinning. Set by a waiter that was
-  // preempted during its spin, counted down by waits that spun without being preempted. Any
+  // WaitMode::kAdaptive: how many more waits yield while spinning. Set by a waiter whose spin
+  // ran out or was preempted, counted down by waits that ended within their spin unpreempted. Any
   // waiting thread reads and writes it (relaxed: a hint, it orders nothing).
   std::atomic<int> yield_credit_{0};
 };
