@@ -164,7 +164,7 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   // waits for is often runnable on the waiter's own CPU: only yielding (or sleeping) lets it run,
   // and a spinning waiter steals its core, so the spin is short and yields. With a CPU per rank,
   // a sched_yield only helps when another process shares the waiter's CPU right now; kAdaptive
-  // measures that (the waiter was preempted while spinning) instead of yielding on every wait.
+  // detects that (a spin that ran out or was preempted: a miss) instead of yielding on every wait.
   c.cpus = affinity_cpus();
   const bool oversubscribed = world_size > c.cpus;
   const std::string mode = knob_str("RINGCOMM_WAIT");
@@ -624,7 +624,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
   if (ready()) return;
   const int64_t t0 = now_ns();
   // Spin phase: poll the word with `pause`. A yielding wait (WaitMode::kYield, or kAdaptive after
-  // a preempted spin) also hands the CPU to whoever else is runnable on it every yield_every_ns,
+  // a miss) also hands the CPU to whoever else is runnable on it every yield_every_ns,
   // and spins yield_ns longer: when the peer sits runnable on OUR CPU (ranks outnumber CPUs, or
   // another process shares the CPU) only that lets it run before our spin budget is gone.
   const WaitMode mode = cfg_.wait_mode;
