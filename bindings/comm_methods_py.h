@@ -3,8 +3,11 @@
 // written once. Buffers arrive as integer addresses (the Python layer owns validation and keeps
 // the arrays alive until the work completes); every call that may wait releases the GIL. The
 // last argument of every collective and of send/recv says how it is launched; a Launches policy
-// turns it into an rc::Launch:
-//   struct Launches { using Arg = ...; static rc::Launch coll(Arg); static rc::Launch p2p(Arg); };
+// turns it into an rc::Launch, and says whether a collective hands its Work back to Python:
+//   struct Launches { using Arg = ...; static rc::Launch coll(Arg); static rc::Launch p2p(Arg);
+//                     static bool hands_back(Arg); };
+// A collective that does not hand it back returns None: the call has completed (or raised) and
+// the caller has no use for a handle, so no Python object is made for it.
 #pragma once
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -41,6 +44,12 @@ inline WorkClass bind_work(py::module_& m, bool module_local) {
   return w;
 }
 
+/// `w`, or None (nullptr) when the launch `a` does not hand collectives' Work back.
+template <class Launches>
+std::shared_ptr<rc::Work> handed_back(typename Launches::Arg a, std::shared_ptr<rc::Work> w) {
+  return Launches::hands_back(a) ? std::move(w) : nullptr;
+}
+
 /// The core's properties, collectives, point-to-point calls and close() on a communicator class.
 template <class Launches, class Comm>
 void def_core_methods(py::class_<Comm, std::shared_ptr<Comm>>& cls) {
@@ -51,31 +60,31 @@ void def_core_methods(py::class_<Comm, std::shared_ptr<Comm>>& cls) {
       .def_property_readonly("closed", &Comm::closed)
       .def("next_seq", &Comm::next_seq)
       .def("all_reduce", [](Comm& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, A a) {
-             return c.all_reduce(ptr_of(in), ptr_of(out), n, dtype_of(d), op_of(o), Launches::coll(a));
+             return handed_back<Launches>(a, c.all_reduce(ptr_of(in), ptr_of(out), n, dtype_of(d), op_of(o), Launches::coll(a)));
            }, ReleaseGil())
       .def("reduce_scatter", [](Comm& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, A a) {
-             return c.reduce_scatter(ptr_of(in), ptr_of(out), n, dtype_of(d), op_of(o), Launches::coll(a));
+             return handed_back<Launches>(a, c.reduce_scatter(ptr_of(in), ptr_of(out), n, dtype_of(d), op_of(o), Launches::coll(a)));
            }, ReleaseGil())
       .def("all_gather", [](Comm& c, uintptr_t in, uintptr_t out, int64_t nin, int64_t nout, int d, A a) {
-             return c.all_gather(ptr_of(in), ptr_of(out), nin, nout, dtype_of(d), Launches::coll(a));
+             return handed_back<Launches>(a, c.all_gather(ptr_of(in), ptr_of(out), nin, nout, dtype_of(d), Launches::coll(a)));
            }, ReleaseGil())
       .def("broadcast", [](Comm& c, uintptr_t buf, int64_t n, int d, int root, A a) {
-             return c.broadcast(ptr_of(buf), n, dtype_of(d), root, Launches::coll(a));
+             return handed_back<Launches>(a, c.broadcast(ptr_of(buf), n, dtype_of(d), root, Launches::coll(a)));
            }, ReleaseGil())
       .def("reduce", [](Comm& c, uintptr_t in, uintptr_t out, int64_t n, int d, int o, int root, A a) {
-             return c.reduce(ptr_of(in), ptr_of(out), n, dtype_of(d), op_of(o), root, Launches::coll(a));
+             return handed_back<Launches>(a, c.reduce(ptr_of(in), ptr_of(out), n, dtype_of(d), op_of(o), root, Launches::coll(a)));
            }, ReleaseGil())
-      .def("barrier", [](Comm& c, A a) { return c.barrier(Launches::coll(a)); }, ReleaseGil())
+      .def("barrier", [](Comm& c, A a) { return handed_back<Launches>(a, c.barrier(Launches::coll(a))); }, ReleaseGil())
       .def("all_to_all", [](Comm& c, uintptr_t in, uintptr_t out, std::vector<int64_t> sc, std::vector<int64_t> rcn,
                             int d, A a) {
-             return c.all_to_all(ptr_of(in), ptr_of(out), std::move(sc), std::move(rcn), dtype_of(d),
-                                 Launches::coll(a));
+             return handed_back<Launches>(a, c.all_to_all(ptr_of(in), ptr_of(out), std::move(sc), std::move(rcn), dtype_of(d),
+                                 Launches::coll(a)));
            }, ReleaseGil())
       .def("gather", [](Comm& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, A a) {
-             return c.gather(ptr_of(in), ptr_of(out), n, dtype_of(d), root, Launches::coll(a));
+             return handed_back<Launches>(a, c.gather(ptr_of(in), ptr_of(out), n, dtype_of(d), root, Launches::coll(a)));
            }, ReleaseGil())
       .def("scatter", [](Comm& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, A a) {
-             return c.scatter(ptr_of(in), ptr_of(out), n, dtype_of(d), root, Launches::coll(a));
+             return handed_back<Launches>(a, c.scatter(ptr_of(in), ptr_of(out), n, dtype_of(d), root, Launches::coll(a)));
            }, ReleaseGil())
       .def("reject", [](Comm& c, int coll) { c.reject(static_cast<rc::Coll>(coll)); }, ReleaseGil())
       .def("send", [](Comm& c, uintptr_t buf, int64_t bytes, int dst, uint64_t tag, A a) {

@@ -20,6 +20,7 @@ struct HostLaunches {
   using Arg = bool;
   static rc::Launch coll(bool async) { return rc::Launch{async, nullptr}; }
   static rc::Launch p2p(bool async) { return rc::Launch{async, nullptr}; }
+  static bool hands_back(bool async) { return async; }  // a synchronous call has completed
 };
 
 // One dict per record: seq, collective, algorithm, bytes, ok, and each phase's ns (None: did not happen).

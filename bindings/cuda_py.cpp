@@ -47,6 +47,7 @@ struct StreamLaunches {
   using Arg = uintptr_t;
   static rc::Launch coll(uintptr_t s) { return rc::Launch{false, ptr_of(s)}; }
   static rc::Launch p2p(uintptr_t s) { return rc::Launch{true, ptr_of(s)}; }
+  static bool hands_back(uintptr_t) { return true; }  // the Work is the stream's fence
 };
 
 // Never throws: whether a CUDA device can be used here, and why not.
