@@ -24,6 +24,7 @@
 #include "kernels/reduce_cpu.h"
 #include "kernels/reduce_cuda.h"
 #include "transport/cuda_ipc.h"
+#include "transport/pin_registry.h"
 
 namespace py = pybind11;
 using rc::CudaCommunicator;
@@ -236,6 +237,32 @@ PYBIND11_MODULE(_C_cuda, m) {
              c.connect(v);
            })
       .def_property_readonly("device", &CudaCommunicator::device)
-      .def("channels", &CudaCommunicator::channels);
+      .def("channels", &CudaCommunicator::channels)
+      .def_property_readonly("p2p_stream", &CudaCommunicator::p2p_stream)
+      .def("p2p_idle", &CudaCommunicator::p2p_idle, rc_py::ReleaseGil())
+      .def_property_readonly("pin_owner", &CudaCommunicator::pin_owner);
+  m.def("_stream_idle", [](uintptr_t stream, int device) {
+    rc::CudaDeviceGuard g(device);
+    const cudaError_t e = cudaStreamQuery(S(stream));
+    if (e == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    return false;  // not ready, or a failed stream: nothing proves its work is over
+  }, py::arg("stream"), py::arg("device"), rc_py::ReleaseGil(),
+     "True when every piece of work enqueued on the stream so far has finished (cudaStreamQuery).");
+  // The process's pinned / IPC-mapped ranges (transport/pin_registry.h): tests check that a
+  // non-drained close retires its ranges and that later communicators never overlap them.
+  m.def("_pinned_ranges", [] {
+    py::list out;
+    for (const rc::PinRange& r : rc::PinRegistry::process().ranges()) {
+      py::dict d;
+      d["begin"] = static_cast<uint64_t>(r.begin);
+      d["bytes"] = static_cast<uint64_t>(r.bytes);
+      d["kind"] = r.kind == rc::PinKind::kHostRegistered ? "host" : "ipc";
+      d["owner"] = r.owner;
+      d["state"] = r.state == rc::PinState::kLive ? "live" : "retired";
+      out.append(d);
+    }
+    return out;
+  });
   rc_py::def_core_methods<StreamLaunches>(comm);
 }

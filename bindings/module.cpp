@@ -9,6 +9,7 @@ void bind_config(py::module_& m);
 void bind_comm(py::module_& m);
 void bind_kernels(py::module_& m);
 void bind_algo_sim(py::module_& m);
+void bind_pin_registry(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringcomm C++ core: shared-memory ring collectives";
@@ -17,4 +18,5 @@ PYBIND11_MODULE(_C, m) {
   bind_comm(m);
   bind_kernels(m);
   bind_algo_sim(m);
+  bind_pin_registry(m);
 }

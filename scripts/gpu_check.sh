@@ -5,7 +5,8 @@
 #     OUT=/some/dir scripts/gpu_check.sh
 #
 # It builds ringcomm with the CUDA module (RINGCOMM_CUDA=1), records the environment, runs
-# tests/test_cuda.py and benchmarks/cuda_bench.py, and leaves every log in $OUT:
+# tests/test_cuda.py, tests/test_cuda_reliability.py (dead peer, retired pins, send/recv memory;
+# first in stage B) and benchmarks/cuda_bench.py, and leaves every log in $OUT:
 #   env.txt  build.log  status.txt  tests_a.log  cuda_bench.log  cuda_bench.json  tests_b.log
 #   summary.txt  (also printed at the end; 8 files at most, what a device session brings back)
 # Knobs: STAGE_A_TIMEOUT (s, default 150), TEST_TIMEOUT (stage B, s, default 300), BENCH_TIMEOUT
@@ -78,10 +79,11 @@ fi
 # ---- tests and benchmark, most decisive first ----
 # Stage A: the kernels bit for bit, the module's report, one full collective sweep (2 ranks, every
 # channel picked automatically). Then the benchmark. Then stage B: everything else on the GPU.
-run_tests() {  # name, time limit, pytest -k expression
-  local name=$1 limit=$2 expr=$3 t0 rc
+run_tests() {  # name, time limit, pytest -k expression, test files (default tests/test_cuda.py)
+  local name=$1 limit=$2 expr=$3 files=${4:-tests/test_cuda.py} t0 rc
   t0=$(date +%s)
-  timeout -k 10 "$limit" $PY -m pytest tests/test_cuda.py -v -rs -p no:cacheprovider --durations=15 \
+  # shellcheck disable=SC2086
+  timeout -k 10 "$limit" $PY -m pytest $files -v -rs -p no:cacheprovider --durations=15 \
       -k "$expr" > "$OUT/$name.log" 2>&1
   rc=$?
   note "$name: pytest exit $rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/$name.log")"
@@ -92,7 +94,10 @@ run_tests() {  # name, time limit, pytest -k expression
 export RC_TEST_GPU_COMM_TIMEOUT="${RC_TEST_GPU_COMM_TIMEOUT:-30}"
 export RC_TEST_GPU_CASE_TIMEOUT="${RC_TEST_GPU_CASE_TIMEOUT:-100}"
 STAGE_A='reduce_kernels_match or imports_or_reports or compiled_archs or gpu_all_reduce_order or (gpu_all_collectives and 2-auto-tiny)'
-run_tests tests_a "${STAGE_A_TIMEOUT:-150}" "${GPU_CHECK_K:-$STAGE_A}"
+# The reliability tests (GPU) and their host-side bookkeeping tests run with stage B, first.
+RELIABILITY="tests/test_cuda_reliability.py tests/test_cuda_bookkeeping.py"
+run_tests tests_a "${STAGE_A_TIMEOUT:-150}" "${GPU_CHECK_K:-$STAGE_A}" \
+    "tests/test_cuda.py${GPU_CHECK_K:+ $RELIABILITY}"
 
 t0=$(date +%s)
 # shellcheck disable=SC2086
@@ -103,7 +108,9 @@ note "benchmarks/cuda_bench.py exit $brc in $(( $(date +%s) - t0 )) s"
 cat "$OUT/cuda_bench.log" >> "$OUT/summary.txt"
 
 if [ -z "${GPU_CHECK_K:-}" ]; then
-  run_tests tests_b "$TEST_TIMEOUT" "test_gpu_ and not reduce_kernels_match and not gpu_all_reduce_order and not 2-auto-tiny"
+  run_tests tests_b "$TEST_TIMEOUT" \
+      "(test_gpu_ and not reduce_kernels_match and not gpu_all_reduce_order and not 2-auto-tiny) or bookkeeping" \
+      "$RELIABILITY tests/test_cuda.py"
 fi
 
 note "done in $(( $(date +%s) - t_start )) s, status $status"

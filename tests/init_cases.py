@@ -64,3 +64,67 @@ def stale_file_store(rank, world, path, stale):
         x = np.full(7, rank + 1.0, np.float32)
         comm.all_reduce(x)
         return x.tolist()
+
+
+def sub_communicators(rank, world, store_kind, where):
+    """Job rank `rank` of 4 is member `rank % 2` of group `rank // 2` ({0,1} and {2,3}), both
+    groups on one store. The default prefix is refused (RANK / WORLD_SIZE say it is a
+    sub-communicator); the prefix every member derives from its group's job ranks works."""
+    import ringcomm
+    if store_kind == "file":
+        from ringcomm.rendezvous import FileStore
+        store = FileStore(where, timeout=60)
+    else:
+        from datetime import timedelta
+        import torch.distributed as dist
+        store = dist.TCPStore("127.0.0.1", where, world, rank == 0, timedelta(seconds=60), wait_for_workers=False)
+    group, member = divmod(rank, 2)
+    try:
+        ringcomm.init(rank=member, world_size=2, store=store, timeout=60)
+        refused = None
+    except ringcomm.InvalidArgumentError as e:
+        refused = str(e)
+    members = [2 * group, 2 * group + 1]
+    with ringcomm.init(rank=member, world_size=2, store=store, timeout=60,
+                       prefix="ringcomm/ranks-" + "-".join(map(str, members))) as comm:
+        x = np.full(5, rank + 1.0, np.float32)
+        comm.all_reduce(x)
+        y = np.zeros(2, np.int64)
+        comm.all_gather(y, np.array([rank], np.int64))
+        out = (x.tolist(), y.tolist())
+    if store_kind == "tcp":
+        # The master serves the others' keys: it leaves after every rank is done with them.
+        store.add("done", 1)
+        if rank == 0:
+            import time
+            deadline = time.monotonic() + 60
+            while int(store.add("done", 0)) < world and time.monotonic() < deadline:
+                time.sleep(0.01)
+    return refused, out
+
+
+def successive_communicators(rank, world, path):
+    """Two communicators over the same ranks open at once on one store with default prefixes,
+    then a third after both closed; in between rank 0 alone creates a 1-rank communicator, which
+    takes no number, so the third still gets the same prefix on every rank."""
+    import ringcomm
+    from ringcomm.rendezvous import FileStore
+    store = FileStore(path, timeout=30)
+    a = ringcomm.init(rank=rank, world_size=world, store=store, timeout=30)
+    b = ringcomm.init(rank=rank, world_size=world, store=store, timeout=30)
+    x = np.full(6, rank + 1.0, np.float64)
+    y = np.full(6, 10.0 * (rank + 1), np.float64)
+    ha = a.all_reduce(x, async_op=True)
+    b.all_reduce(y, op=ringcomm.ReduceOp.MAX)
+    ha.wait()
+    prefixes = [a.prefix, b.prefix]
+    a.close()
+    b.close()
+    if rank == 0:
+        with ringcomm.init(rank=0, world_size=1) as single:
+            single.barrier()
+    with ringcomm.init(rank=rank, world_size=world, store=store, timeout=30) as c:
+        z = np.full(3, rank + 1, np.int32)
+        c.all_reduce(z, op=ringcomm.ReduceOp.PRODUCT)
+        prefixes.append(c.prefix)
+    return x.tolist(), y.tolist(), z.tolist(), prefixes

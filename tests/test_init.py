@@ -94,3 +94,53 @@ def test_default_prefix_names_the_elastic_attempt(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     assert default_prefix(3) == "ringcomm/a2/3"
     assert default_prefix(3) != "ringcomm/a1/3"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("store_kind", ["file", "tcp"])
+def test_sub_communicators_sharing_a_store_refuse_the_default_prefix(tmp_path, store_kind):
+    """4 processes of one job, two 2-rank communicators ({0,1} and {2,3}) on one store: with the
+    default prefix both would take the same keys, so every rank gets InvalidArgumentError telling
+    it to pass prefix=; with a prefix from the group's job ranks both groups connect and compute
+    their own sums (checked against numpy)."""
+    if store_kind == "tcp":
+        pytest.importorskip("torch")
+    where = str(tmp_path / "store") if store_kind == "file" else _free_port()
+    out = spawn(init_cases.sub_communicators, 4, (store_kind, where), timeout=170)
+    inputs = [np.full(5, r + 1.0, np.float32) for r in range(4)]
+    for r, (refused, (x, y)) in enumerate(out):
+        assert refused is not None, f"rank {r}: the default prefix was accepted for a sub-communicator"
+        assert "sub-communicator" in refused and "prefix=" in refused and f"rank {r} of a 4-process job" in refused
+        g = r // 2
+        assert x == (inputs[2 * g] + inputs[2 * g + 1]).tolist(), (r, x)
+        assert y == [2 * g, 2 * g + 1], (r, y)
+    if store_kind == "file":
+        assert not [k for k in os.listdir(where) if "shm" in k], os.listdir(where)  # keys removed once read
+
+
+@pytest.mark.timeout(120)
+def test_successive_communicators_over_the_same_ranks_on_one_store(tmp_path):
+    """Two default-prefix communicators over the same 2 ranks open at once on one store, then a
+    third after a 1-rank communicator that only rank 0 created: each pair reads its own keys
+    (results against numpy) and every rank derives the same prefixes."""
+    out = spawn(init_cases.successive_communicators, 2, (str(tmp_path / "store"),), timeout=110)
+    sums = (np.full(6, 1.0) + np.full(6, 2.0)).tolist()
+    maxes = np.maximum(np.full(6, 10.0), np.full(6, 20.0)).tolist()
+    prods = (np.full(3, 1, np.int32) * np.full(3, 2, np.int32)).tolist()
+    for x, y, z, prefixes in out:
+        assert (x, y, z) == (sums, maxes, prods)
+        assert len(set(prefixes)) == 3, prefixes
+    assert out[0][3] == out[1][3]
+
+
+def test_default_prefix_refuses_a_sub_communicator_of_a_launched_job(monkeypatch):
+    from ringcomm.rendezvous import default_prefix
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ringcomm.InvalidArgumentError, match=r"rank 3 of a 4-process job.*prefix="):
+        default_prefix(0, 1, 2)
+    assert default_prefix(0, 3, 4) == "ringcomm/0"      # the whole job: the counter suffices
+    assert default_prefix(5, 0, 1) == "ringcomm/5"      # one rank meets nobody through the store
+    monkeypatch.delenv("WORLD_SIZE")
+    assert default_prefix(2, 1, 2) == "ringcomm/2"      # no launcher environment to tell by

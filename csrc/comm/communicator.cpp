@@ -72,7 +72,7 @@ Communicator::Communicator(int rank, int world, double timeout_s)
 void HostDevice::log_connected() {
   const ShmConfig& sc = transport_.config();
   RC_LOG(kInfo, rank_, world_,
-         "transport shm; " << transport_.describe_geometry() << "; all_reduce "
+         "transport shm; " << transport_.describe_geometry() << "; " << transport_.describe_liveness() << "; all_reduce "
          << (algo_ == Algo::kRing ? "ring" : algo_ == Algo::kDirect ? "direct" : "auto") << " (direct while bytes x "
          << "(world-1) <= " << direct_max_bytes_ << " B); store policy " << store_policy_.describe()
          << "; reduce ISA " << cpu_isa_name(reduce_cpu_isa()) << "; " << transport_.describe_wait() << "; timeout "

@@ -26,6 +26,11 @@ class CudaCommunicator final : public CommCore {
 
   int device() const { return cuda_->device(); }
   std::string channels() const { return cuda_->transport().describe_channels(); }
+  /// The internal stream send/recv run on, and whether its enqueued copies are all done.
+  uintptr_t p2p_stream() const { return cuda_->p2p_stream_handle(); }
+  bool p2p_idle() { return cuda_->p2p_idle(); }
+  /// The transport's owner id in the process's PinRegistry (tests).
+  uint64_t pin_owner() const { return cuda_->transport().pin_owner(); }
 
  private:
   CudaDevice* cuda_;  // owned by the core

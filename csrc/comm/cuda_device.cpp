@@ -1,5 +1,6 @@
 #include "comm/cuda_device.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -66,6 +67,8 @@ class EventFence final : public DeviceFence {
   }
 
   void stream_wait(void* stream) override {
+    // ev_ is this process's own event, recorded after work that depends on no peer (every peer
+    // dependency was a host wait, transport/cuda_ipc.h): the stream cannot be blocked forever.
     CudaDeviceGuard g(device_);
     RC_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), ev_->ev, 0), " (stream_wait)");
   }
@@ -180,28 +183,66 @@ std::shared_ptr<DeviceFence> CudaDevice::p2p_end(void* token, bool ok) {
   return fence(std::move(ev));
 }
 
+bool CudaDevice::p2p_idle() {
+  if (p2p_stream_ == nullptr) return true;  // never created: nothing ran on it
+  CudaDeviceGuard g(device_);
+  const cudaError_t e = cudaStreamQuery(p2p_stream_);
+  if (e == cudaErrorNotReady) return false;
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;  // a failed stream: nothing proves its copies are over
+  }
+  return true;
+}
+
 void CudaDevice::close(bool broken) {
+  // Let the GPU finish what this communicator enqueued (bounded by RINGCOMM_CUDA_CLOSE_WAIT),
+  // broken or not: only then may the inbox, events and staging registrations go (transport
+  // close). The drain checks no peer: no stream of ours waits on a peer's event
+  // (transport/cuda_ipc.h), so our work completes whether the peers live or not. A GPU error or
+  // a kernel outliving the bound leaves the work undrained: the transport then retires its
+  // memory instead of freeing it.
   bool drained = false;
-  if (!broken) {
-    // Let the GPU finish what this communicator enqueued (bounded): only then may the inbox,
-    // events and staging registrations go (transport close).
-    try {
-      CudaDeviceGuard g(device_);
-      const double wait_s = transport_.config().close_wait_s;
-      std::deque<std::shared_ptr<GpuEvent>> pending;
-      {
-        std::lock_guard<std::mutex> lk(pending_mu_);
-        pending.swap(pending_);
-      }
-      WaitCtx w;
-      w.op = "close";
-      for (auto& e : pending) transport_.wait_event(e->ev, w, wait_s);
-      drained = true;
-      if (p2p_stream_) (void)cudaStreamDestroy(p2p_stream_);
-      p2p_stream_ = nullptr;
-    } catch (...) {
-      drained = false;
+  try {
+    CudaDeviceGuard g(device_);
+    const double wait_s = transport_.config().close_wait_s;
+    std::deque<std::shared_ptr<GpuEvent>> pending;
+    {
+      std::lock_guard<std::mutex> lk(pending_mu_);
+      pending.swap(pending_);
     }
+    WaitCtx w;
+    w.op = broken ? "close (after a failure)" : "close";
+    const int64_t t0 = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now().time_since_epoch()).count();
+    auto left_s = [&] {
+      const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch()).count();
+      return std::max(0.0, wait_s - static_cast<double>(now - t0) * 1e-9);
+    };
+    for (auto& e : pending) transport_.wait_event(e->ev, w, left_s(), /*check_peers=*/false);
+    if (p2p_stream_) {
+      // Copies of failed point-to-point operations have no fence in pending_: drain the stream.
+      cudaEvent_t tail = nullptr;
+      RC_CUDA(cudaEventCreateWithFlags(&tail, cudaEventDisableTiming), "");
+      const cudaError_t er = cudaEventRecord(tail, p2p_stream_);
+      if (er == cudaSuccess) {
+        try {
+          transport_.wait_event(tail, w, left_s(), /*check_peers=*/false);
+        } catch (...) {
+          (void)cudaEventDestroy(tail);
+          throw;
+        }
+      }
+      (void)cudaEventDestroy(tail);
+      RC_CUDA(er, " (draining the point-to-point stream)");
+      // The stream itself is never destroyed: torch tensors marked with record_stream for it
+      // (ringcomm/cuda/inflight.py) may be freed after close, and the allocator then records an
+      // event on it. An idle stream until exit costs next to nothing.
+    }
+    drained = true;
+  } catch (...) {
+    drained = false;
   }
   transport_.close(drained);
 }

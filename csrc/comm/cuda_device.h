@@ -12,10 +12,12 @@
 // send/recv run on an internal stream that first waits for the caller's stream (an event
 // recorded at the call); their fence is recorded after the copies.
 // Every fence's event is also kept in pending_ until seen complete, so that close() can let the
-// GPU finish before the transport's memory, events and registrations go.
+// GPU finish (bounded, whether or not the communicator broke) before the transport's memory,
+// events and registrations go; what it could not drain the transport retires instead.
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -77,6 +79,12 @@ class CudaDevice final : public CommDevice {
   void p2p_begin(void* token) override;
   std::shared_ptr<DeviceFence> p2p_end(void* token, bool ok) override;
   void close(bool broken) override;
+  /// The internal stream send/recv run on (0 before connect; it lives until exit, see close()):
+  /// the Python layer marks tensors used there (record_stream) and keeps the others alive.
+  uintptr_t p2p_stream_handle() const { return reinterpret_cast<uintptr_t>(p2p_stream_); }
+  /// True when every copy enqueued on the internal stream so far has finished (cudaStreamQuery):
+  /// the arrays of completed or failed point-to-point operations may then be let go.
+  bool p2p_idle();
 
  private:
   /// A fence for `ev`, recorded after this device's work, and tracked in pending_.

@@ -27,6 +27,8 @@ const std::vector<KnobInfo>& table() {
       {"RINGCOMM_YIELD_US", T::kInt, "200", "", "while yielding: microseconds more of spinning with yields before the futex sleep", false},
       {"RINGCOMM_YIELD_EVERY_NS", T::kInt, "2000", "", "while yielding: sched_yield this often during the spin (min 100)", false},
       {"RINGCOMM_LIVENESS_MS", T::kInt, "100", "", "how often a sleeping waiter checks that its peers are alive", false},
+      {"RINGCOMM_HEARTBEAT_TIMEOUT_MS", T::kInt, "5000", "", "a peer in another PID namespace (containers sharing /dev/shm) is dead when its heartbeat has not moved for this long (the larger of both ranks' values); its background thread bumps it every 1/8 of this", false},
+      {"RINGCOMM_TEST_PIDNS", T::kStr, "", "", "test hook: replaces this process's PID-namespace identity (ranks with different values use the heartbeat, not the pid probe)", false},
       // communicator (csrc/comm/)
       {"RINGCOMM_ALGO", T::kChoice, "auto", "auto|ring|direct", "all-reduce algorithm: ring, direct (one hand-off, every rank combines all inputs) or auto", false},
       {"RINGCOMM_DIRECT_MAX_BYTES", T::kBytes, "64K", "", "auto takes direct while bytes x (world - 1) is at most this", false},

@@ -15,6 +15,7 @@
 
 #include "common/cuda_check.h"
 #include "common/errors.h"
+#include "common/log.h"
 #include "transport/cuda_ipc_wire.h"
 #include "transport/futex.h"
 
@@ -53,7 +54,7 @@ struct CudaIpcTransport::Chan {
 
 CudaIpcTransport::CudaIpcTransport(int rank, int world, int device, double timeout_s)
     : rank_(rank), world_(world), device_(device), cfg_(CudaIpcConfig::from_env(world, timeout_s)),
-      peer_inbox_(world, nullptr) {
+      peer_inbox_(world, nullptr), pins_(&PinRegistry::process()), pin_owner_(pins_->new_owner()) {
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
   RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
   RC_CHECK(device >= 0, InvalidArgument, "ringcomm: CUDA device " << device << " is invalid");
@@ -245,6 +246,14 @@ void CudaIpcTransport::attach(const std::vector<std::string>& blobs) {
       RC_CUDA(cudaIpcOpenMemHandle(&ptr, peers[p].mh, cudaIpcMemLazyEnablePeerAccess),
               " opening rank " << p << "'s CUDA IPC inbox on rank " << rank_
                                << " (RINGCOMM_CUDA_P2P=host stages through host memory instead)");
+      // Every rank's inbox has this rank's geometry (create() checked the slot knobs agree).
+      const size_t peer_bytes = static_cast<size_t>(kNumLanes) * world_ * cfg_.nslots * cfg_.slot_bytes;
+      try {
+        pins_->claim(pin_owner_, ptr, peer_bytes, PinKind::kIpcMapped);
+      } catch (...) {
+        (void)cudaIpcCloseMemHandle(ptr);
+        throw;
+      }
       peer_inbox_[p] = static_cast<char*>(ptr);
     }
     for (int l = 0; l < kNumLanes; ++l) {
@@ -283,28 +292,31 @@ std::string CudaIpcTransport::describe_channels() const {
 // ---------------- data-plane pointers ----------------
 
 // Pin and map one host shared-memory slot (lazily, once per slot per process): the GPU writes
-// (sender) or reads (receiver) it through the returned device pointer.
+// (sender) or reads (receiver) it through the returned device pointer. The range is claimed in
+// the PinRegistry first: pages pinned by anyone else (another transport, a retired one, or code
+// outside ringcomm) are refused, never reused.
 char* CudaIpcTransport::map_host_slot(char* host) {
-  std::lock_guard<std::mutex> lk(reg_mu_);
-  cudaError_t e = cudaHostRegister(host, cfg_.slot_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
-  if (e == cudaErrorHostMemoryAlreadyRegistered) {
-    (void)cudaGetLastError();
-  } else {
+  if (pins_->claim(pin_owner_, host, cfg_.slot_bytes, PinKind::kHostRegistered) == PinRegistry::Claim::kFresh) {
+    const cudaError_t e = cudaHostRegister(host, cfg_.slot_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) {
+      (void)cudaGetLastError();
+      pins_->reject_foreign(pin_owner_, host, cfg_.slot_bytes);
+    }
+    if (e != cudaSuccess) pins_->drop(pin_owner_, host);
     RC_CUDA(e, " pinning a " << cfg_.slot_bytes << "-byte host staging slot");
-    registered_.push_back(host);
   }
   void* d = nullptr;
   RC_CUDA(cudaHostGetDevicePointer(&d, host, 0), " mapping a host staging slot");
   return static_cast<char*>(d);
 }
 
-char* CudaIpcTransport::finish_send(int peer, Lane lane, cudaStream_t s, char* host) {
+char* CudaIpcTransport::finish_send(int peer, Lane lane, const WaitCtx& w, char* host) {
   Chan& c = chan(lane, peer);
   const uint32_t k = static_cast<uint32_t>(c.sent % cfg_.nslots);
   if (c.out != ChannelKind::kHostSync && c.sent >= cfg_.nslots) {
     // The GPU must not overwrite the slot before the receiver's GPU has read it: its consumed
     // record for this slot was made before it released the slot, which send_slot observed.
-    RC_CUDA(cudaStreamWaitEvent(s, c.peer_consumed[k], 0), " (rank " << rank_ << " -> " << peer << ")");
+    wait_peer_event(c.peer_consumed[k], w);
   }
   if (c.out == ChannelKind::kIpc) return peer_inbox_[peer] + inbox_offset(lane, rank_, k);
   if (c.out_dev[k] == nullptr) c.out_dev[k] = map_host_slot(host);
@@ -314,14 +326,24 @@ char* CudaIpcTransport::finish_send(int peer, Lane lane, cudaStream_t s, char* h
 char* CudaIpcTransport::send_slot(int peer, Lane lane, const WaitCtx& w, cudaStream_t s) {
   char* host = ctl_->send_slot(peer, lane, w);
   CudaDeviceGuard g(device_);
-  return finish_send(peer, lane, s, host);
+  return finish_send(peer, lane, w, host);
 }
+
+namespace {
+// The context of a point-to-point slot (the non-blocking slot calls are the p2p engine's).
+WaitCtx p2p_ctx(int peer, const char* op) {
+  WaitCtx w;
+  w.op = op;
+  w.peer = peer;
+  return w;
+}
+}  // namespace
 
 char* CudaIpcTransport::try_send_slot(int peer, Lane lane, cudaStream_t s) {
   char* host = ctl_->try_send_slot(peer, lane);
   if (host == nullptr) return nullptr;
   CudaDeviceGuard g(device_);
-  return finish_send(peer, lane, s, host);
+  return finish_send(peer, lane, p2p_ctx(peer, "send"), host);
 }
 
 void CudaIpcTransport::end_slot_work(Chan& c, int peer, bool outgoing, cudaStream_t s, const char* wait_op,
@@ -352,12 +374,12 @@ void CudaIpcTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t t
   ++c.sent;
 }
 
-const char* CudaIpcTransport::finish_recv(int peer, Lane lane, cudaStream_t s, const char* host) {
+const char* CudaIpcTransport::finish_recv(int peer, Lane lane, const WaitCtx& w, const char* host) {
   Chan& c = chan(lane, peer);
   const uint32_t k = static_cast<uint32_t>(c.received % cfg_.nslots);
   if (c.in != ChannelKind::kHostSync) {
-    // The sender recorded ready[k] after its writes and before publishing: bind to that record.
-    RC_CUDA(cudaStreamWaitEvent(s, c.peer_ready[k], 0), " (rank " << peer << " -> " << rank_ << ")");
+    // The sender recorded ready[k] after its writes and before publishing: wait for that record.
+    wait_peer_event(c.peer_ready[k], w);
   }
   if (c.in == ChannelKind::kIpc) return inbox_ + inbox_offset(lane, peer, k);
   if (c.in_dev[k] == nullptr) c.in_dev[k] = map_host_slot(const_cast<char*>(host));
@@ -367,14 +389,14 @@ const char* CudaIpcTransport::finish_recv(int peer, Lane lane, cudaStream_t s, c
 const char* CudaIpcTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, cudaStream_t s, const SlotMeta** meta) {
   const char* host = ctl_->recv_slot(peer, lane, w, meta);
   CudaDeviceGuard g(device_);
-  return finish_recv(peer, lane, s, host);
+  return finish_recv(peer, lane, w, host);
 }
 
 const char* CudaIpcTransport::try_recv_slot(int peer, Lane lane, cudaStream_t s, const SlotMeta** meta) {
   const char* host = ctl_->try_recv_slot(peer, lane, meta);
   if (host == nullptr) return nullptr;
   CudaDeviceGuard g(device_);
-  return finish_recv(peer, lane, s, host);
+  return finish_recv(peer, lane, p2p_ctx(peer, "recv"), host);
 }
 
 void CudaIpcTransport::recv_done(int peer, Lane lane, cudaStream_t s) {
@@ -387,7 +409,7 @@ void CudaIpcTransport::recv_done(int peer, Lane lane, cudaStream_t s) {
 
 // ---------------- bounded host waits on the GPU ----------------
 
-void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeout_s) {
+void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeout_s, bool check_peers) {
   const bool own_timeout = timeout_s < 0;
   const double limit_s = own_timeout ? cfg_.shm.timeout_s : timeout_s;
   const int64_t t0 = now_ns();
@@ -405,7 +427,7 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeo
       cpu_relax();
       continue;
     }
-    if (ctl_ && !closed_ && now >= next_liveness) {  // after close the segments are unmapped
+    if (check_peers && ctl_ && !closed_ && now >= next_liveness) {  // after close the segments are unmapped
       next_liveness = now + cfg_.shm.liveness_ns;
       ctl_->check_peers(w, true);
     }
@@ -422,6 +444,52 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeo
     }
     std::this_thread::sleep_for(std::chrono::nanoseconds(sleep_ns));
     sleep_ns = std::min<int64_t>(sleep_ns * 2, 1000000);
+  }
+}
+
+// Called on the thread that is about to enqueue work depending on the peer's record (the
+// collective's or the p2p engine's); the control segments are mapped (the core's close() lets
+// every call inside the transport leave before closing it).
+void CudaIpcTransport::wait_peer_event(cudaEvent_t ev, const WaitCtx& w0) {
+  cudaError_t e = cudaEventQuery(ev);
+  if (e == cudaSuccess) return;
+  WaitCtx w = w0;
+  w.what = "the GPU work on its slot";
+  const int64_t t0 = now_ns();
+  const double limit_s = ctl_->timeout_s();
+  const int64_t deadline = deadline_after(t0, limit_s);
+  int64_t next_liveness = t0 + cfg_.shm.liveness_ns;
+  int64_t sleep_ns = 1000;
+  for (;;) {
+    if (e != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      ctl_->check_peers(w, true);  // a dead or aborted peer is the cause: raise its typed error
+      RC_CUDA(e, " while rank " << rank_ << " waited for rank " << w.peer << "'s GPU (" << w.op << ", seq " << w.seq
+                                << ")");
+    }
+    const int64_t now = now_ns();
+    if (ctl_->closing()) {
+      std::exception_ptr x = ctl_->interrupt_error(w);
+      if (x) std::rethrow_exception(x);
+    }
+    if (now >= next_liveness) {
+      next_liveness = now + cfg_.shm.liveness_ns;
+      ctl_->check_peers(w, true);
+    } else {
+      ctl_->check_peers(w, false);  // abort flags: a word in each peer's segment
+    }
+    if (now >= deadline) {
+      RC_THROW(TimeoutError, "ringcomm: " << w.op << " (seq " << w.seq << ") on rank " << rank_ << ": rank " << w.peer
+                                          << "'s GPU did not finish its work on a shared slot within " << limit_s
+                                          << " s (RINGCOMM_TIMEOUT / timeout=)");
+    }
+    if (now - t0 < cfg_.shm.spin_ns) {
+      cpu_relax();
+    } else {
+      std::this_thread::sleep_for(std::chrono::nanoseconds(sleep_ns));
+      sleep_ns = std::min<int64_t>(sleep_ns * 2, 50000);
+    }
+    e = cudaEventQuery(ev);
   }
 }
 
@@ -500,17 +568,21 @@ void CudaIpcTransport::close(bool drained) {
   // Device resources are released only when no GPU work of ours can still touch them (drained)
   // and, for exported ones, when every importer has let go (byes). Otherwise they are left
   // allocated on purpose: freeing memory a stuck stream or a peer may still access is undefined
-  // behaviour, a leak until process exit is not. cudaFree also synchronises the device, which
-  // would hang behind a stream blocked on a dead peer.
-  bool safe = drained && attached_;
+  // behaviour, a leak until process exit is not. cudaFree also synchronises the device.
+  const bool safe = drained && attached_;
+  bool keep_mappings = false;
   if (safe) {
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
     (void)cudaSetDevice(device_);
-    for (int p = 0; p < world_; ++p) {
-      if (peer_inbox_[p] != nullptr) (void)cudaIpcCloseMemHandle(peer_inbox_[p]);
-      peer_inbox_[p] = nullptr;
+    // What this process pinned or opened is used by this process's GPU only, and that is
+    // drained: it goes whatever the peers do (their own registrations pin the pages they use).
+    for (const PinRange& r : pins_->settle(pin_owner_, true)) {
+      void* p = reinterpret_cast<void*>(r.begin);
+      if (r.kind == PinKind::kHostRegistered) (void)cudaHostUnregister(p);
+      else (void)cudaIpcCloseMemHandle(p);
     }
+    for (int p = 0; p < world_; ++p) peer_inbox_[p] = nullptr;
     for (auto& c : chans_) {
       destroy_events(&c->peer_consumed);
       destroy_events(&c->peer_ready);
@@ -523,9 +595,6 @@ void CudaIpcTransport::close(bool drained) {
       byes = false;
     }
     if (byes) {
-      std::lock_guard<std::mutex> lk(reg_mu_);
-      for (char* h : registered_) (void)cudaHostUnregister(h);
-      registered_.clear();
       for (auto& c : chans_) {
         destroy_events(&c->ready);
         destroy_events(&c->consumed);
@@ -537,8 +606,19 @@ void CudaIpcTransport::close(bool drained) {
     }
     (void)cudaGetLastError();
     if (prev >= 0 && prev != device_) (void)cudaSetDevice(prev);
+  } else {
+    // Copies may still run: the registrations and opened inboxes are retired (recorded until
+    // exit, never handed out again) and the control segments stay mapped, so that no later mmap
+    // (a later communicator's segment) can land on pages CUDA still has registered.
+    const size_t n = pins_->retire(pin_owner_);
+    keep_mappings = n > 0;
+    if (n > 0) {
+      RC_LOG(kWarn, rank_, world_,
+             "CUDA close did not drain the GPU work: " << n << " pinned / IPC-mapped ranges and the control "
+             "segments stay until exit (" << pins_->retired_bytes() << " B retired in this process)");
+    }
   }
-  if (ctl_) ctl_->close();
+  if (ctl_) ctl_->close(keep_mappings);
 }
 
 void CudaIpcTransport::abort(uint32_t kind, const std::string& msg) {

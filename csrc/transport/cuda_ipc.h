@@ -7,7 +7,8 @@
 //    transport its bounded waits (spin, futex, deadline, peer liveness, abort flags) and the
 //    header board. Host-side, a channel behaves exactly like a shm channel: send_slot() waits for
 //    a free slot, send_post() publishes it, recv_slot() waits for a filled one, recv_done()
-//    releases it. The host never waits for the GPU on the normal paths.
+//    releases it. The host never waits for its own GPU on the normal paths; it waits (bounded)
+//    for a peer's GPU where its next step depends on the peer's slot work (below).
 //  - Data plane: the slot's bytes live in one of three places, per channel (src -> dst), chosen
 //    at setup identically by every rank from the device information all ranks exchanged:
 //      kIpc      the receiver's device memory (one cudaMalloc "inbox" exported with
@@ -18,25 +19,39 @@
 //                peer access is impossible.
 //      kHostSync like kHost, for devices without IPC event support: the host waits for the GPU
 //                (bounded polling) before publishing and before releasing a slot.
-//    GPU-side ordering (kIpc, kHost) uses CUDA IPC events, one "ready" event per slot created by
-//    the sender and one "consumed" event per slot created by the receiver:
-//      sender   send_slot:  host waits for the slot to be free (tail), then enqueues
-//                           cudaStreamWaitEvent(consumed[slot]) so the GPU writes the slot only
-//                           after the receiver's GPU finished reading its previous content;
+//    Ordering (kIpc, kHost) uses CUDA IPC events, one "ready" event per slot created by the
+//    sender and one "consumed" event per slot created by the receiver. Every dependency on a
+//    peer's GPU work is a bounded HOST wait: no stream of this process ever waits on a peer's
+//    event, so a peer that dies before its GPU recorded (or finished) its work can never leave
+//    a stream of ours blocked (a later cudaStreamSynchronize / torch.cuda.synchronize returns).
+//      sender   send_slot:  host waits for the slot to be free (tail), then polls (bounded)
+//                           consumed[slot] until the receiver's GPU finished reading the slot's
+//                           previous content, then returns the slot to write;
 //               send_post:  enqueues cudaEventRecord(ready[slot]) after the writes, then
 //                           publishes the slot (head, release).
-//      receiver recv_slot:  host waits for the slot (head, acquire), then enqueues
-//                           cudaStreamWaitEvent(ready[slot]);
+//      receiver recv_slot:  host waits for the slot (head, acquire), then polls (bounded)
+//                           ready[slot] until the sender's GPU finished writing it;
 //               recv_done:  enqueues cudaEventRecord(consumed[slot]) after the reads, then
 //                           releases the slot (tail, release).
-//    Why each wait sees the right record: a stream wait binds to the event's most recent record
-//    at the time of the call. A ready record is made before head is published and the receiver
-//    waits only after acquiring head; it is re-recorded for the slot's next use only after the
-//    receiver released the slot (tail), i.e. after its wait call. Symmetrically for consumed.
-//    GPU deadlock freedom: every stream wait is enqueued after the record it binds to, so every
-//    GPU dependency points to work enqueued earlier in (host) time; the host protocol itself is
-//    the shm ring's, whose deadlock freedom is argued in algo/ring.cpp.
-//
+//    Each poll (wait_peer_event) spins, then sleeps, and checks this communicator's timeout,
+//    the peers' liveness and abort flags and the local close/abort: a dead peer raises
+//    PeerFailure naming the operation, the rank and the peer, before anything that depends on
+//    the dead peer is enqueued. What the stream already holds depends only on this process's
+//    own earlier work, so the stream stays usable.
+//    Why each poll sees the right record: a query reports the event's most recent record at the
+//    time of the call. A ready record is made before head is published and the receiver polls
+//    only after acquiring head; it is re-recorded for the slot's next use only after the
+//    receiver released the slot (tail), i.e. after its poll returned. Symmetrically for consumed.
+//    Deadlock freedom: a stream's work depends on nothing outside its own process, so every
+//    recorded event completes in bounded GPU time; every host poll waits for a record made
+//    earlier in (host) time; the host protocol itself is the shm ring's, whose deadlock freedom
+//    is argued in algo/ring.cpp.
+//    Memory: host staging slots are pinned with cudaHostRegister and peer inboxes opened with
+//    cudaIpcOpenMemHandle only after a claim in the process's PinRegistry
+//    (transport/pin_registry.h). close(drained) unregisters / closes them; a close that could not
+//    drain retires them: they stay registered, opened and mapped (the control segments too) until
+//    exit, and no later communicator can be handed their addresses.
+
 // Slot size and count: RINGCOMM_CUDA_SLOT_BYTES (default 2 MiB, a multiple of 4096) and
 // RINGCOMM_CUDA_NSLOTS (default 4, >= 2). Device memory per rank: 2 lanes x world x nslots x
 // slot_bytes when any channel into it is kIpc. RINGCOMM_CUDA_P2P = auto | ipc | host | hostsync
@@ -59,6 +74,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "transport/pin_registry.h"
 #include "transport/shm.h"
 
 namespace rc {
@@ -138,16 +154,21 @@ class CudaIpcTransport {
   /// Release the slot after the reads enqueued on `s`.
   void recv_done(int peer, Lane lane, cudaStream_t s);
 
-  /// Poll a local event until it completes, checking peers; bounded by timeout_s (< 0: the
-  /// transport's timeout). Throws TimeoutError / PeerFailure / Error (a CUDA failure) with `w`'s
-  /// context.
-  void wait_event(cudaEvent_t ev, const WaitCtx& w, double timeout_s = -1.0);
+  /// Poll a local event until it completes, checking peers (unless !check_peers: work that
+  /// depends on no peer, such as close()'s drain); bounded by timeout_s (< 0: the transport's
+  /// timeout). Throws TimeoutError / PeerFailure / Error (a CUDA failure) with `w`'s context.
+  void wait_event(cudaEvent_t ev, const WaitCtx& w, double timeout_s = -1.0, bool check_peers = true);
+  /// This transport's owner id in the PinRegistry (tests, logs).
+  uint64_t pin_owner() const { return pin_owner_; }
 
  private:
   struct Chan;  // per (lane, peer) state, in cuda_ipc.cpp
   Chan& chan(Lane lane, int peer);
-  char* finish_send(int peer, Lane lane, cudaStream_t s, char* host_ptr);
-  const char* finish_recv(int peer, Lane lane, cudaStream_t s, const char* host_ptr);
+  char* finish_send(int peer, Lane lane, const WaitCtx& w, char* host_ptr);
+  const char* finish_recv(int peer, Lane lane, const WaitCtx& w, const char* host_ptr);
+  /// Bounded host wait for a peer's IPC event (its GPU work on a slot) before anything that
+  /// depends on it is enqueued; see the protocol above.
+  void wait_peer_event(cudaEvent_t ev, const WaitCtx& w);
   /// The end of this rank's GPU work (enqueued on s) on its current slot with `peer`: the writes
   /// before send_post (outgoing) or the reads before recv_done. With IPC events it records the
   /// slot's ready / consumed event on s; a host-synchronous channel instead waits on the host
@@ -169,8 +190,8 @@ class CudaIpcTransport {
   size_t inbox_bytes_ = 0;
   std::vector<char*> peer_inbox_;         // opened peers' inboxes (kIpc channels out)
   std::vector<std::unique_ptr<Chan>> chans_;  // [lane * world + peer]
-  std::mutex reg_mu_;                     // registered_ (both lanes' threads pin slots)
-  std::vector<char*> registered_;         // host slots pinned with cudaHostRegister (kHost*)
+  PinRegistry* pins_;                     // the process's registry: what this transport pinned / opened
+  uint64_t pin_owner_;                    // this transport's owner id there
   std::vector<int32_t> pids_;             // every rank's pid (from the infos)
   bool attached_ = false;
   bool closed_ = false;

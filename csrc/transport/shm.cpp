@@ -28,7 +28,7 @@ namespace rc {
 namespace {
 
 constexpr uint64_t kMagic = 0x52494e47434f4d4dULL;  // "RINGCOMM"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr size_t kPage = 4096;
 constexpr size_t kAbortMsgBytes = 1024;
 
@@ -128,6 +128,12 @@ struct SegmentHeader {
   uint32_t nslots;
   uint32_t far_nslots;
   uint64_t far_slot_bytes;
+  char pidns[kPidNsBytes];     // the owner's PID-namespace identity (pid_namespace_id(); "" unknown)
+  int64_t hb_timeout_ns;       // the owner's RINGCOMM_HEARTBEAT_TIMEOUT_MS
+  int64_t hb_period_ns;        // how often the owner's heartbeat thread bumps `heartbeat`
+  // Written only by the owner's heartbeat thread (relaxed increments), read by peers in other PID
+  // namespaces; on a line of its own so the bumps never share a line with hot words.
+  alignas(64) std::atomic<uint64_t> heartbeat;
   alignas(64) Word attached;   // peers that have mapped this segment
   alignas(64) Word state;      // PeerState; kind/msg written before state (release)
   uint32_t abort_kind;
@@ -182,6 +188,8 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   c.yield_every_ns = std::max<int64_t>(100, knob_int("RINGCOMM_YIELD_EVERY_NS"));
   c.liveness_ns = knob_int("RINGCOMM_LIVENESS_MS") * 1000000;
   RC_CHECK(c.liveness_ns > 0, InvalidArgument, "RINGCOMM_LIVENESS_MS must be > 0");
+  c.heartbeat_timeout_ns = knob_int("RINGCOMM_HEARTBEAT_TIMEOUT_MS") * 1000000;
+  RC_CHECK(c.heartbeat_timeout_ns > 0, InvalidArgument, "RINGCOMM_HEARTBEAT_TIMEOUT_MS must be > 0");
   return c;
 }
 
@@ -292,8 +300,27 @@ std::string ShmTransport::describe_geometry() const {
   return o.str();
 }
 
+std::string ShmTransport::describe_liveness() const {
+  std::ostringstream o;
+  o << "liveness";
+  if (world_ <= 1) o << " -";
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    o << (p == (rank_ == 0 ? 1 : 0) ? ": " : ", ") << "rank " << p;
+    if (!by_heartbeat_[p]) {
+      o << " pid probe (same PID namespace)";
+    } else {
+      o << " heartbeat (PID namespace " << (pidns_[p].empty() ? "unknown" : pidns_[p]) << ", ours "
+        << (pidns_[rank_].empty() ? "unknown" : pidns_[rank_]) << "; dead after " << hb_bound_ns_[p] / 1000000
+        << " ms still)";
+    }
+  }
+  return o.str();
+}
+
 ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
     : rank_(rank), world_(world), cfg_(normalized(world, cfg)), base_(world, nullptr), pids_(world, 0),
+      by_heartbeat_(world, 0), pidns_(world), hb_bound_ns_(world, 0), hb_seen_(world, 0), hb_seen_at_(world, 0),
       send_head_(kNumLanes * world, 0), recv_tail_(kNumLanes * world, 0), send_off_(kNumLanes * world, 0) {
   timeout_s_.store(cfg_.timeout_s, std::memory_order_relaxed);
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
@@ -372,9 +399,16 @@ std::string ShmTransport::create() {
   h->nslots = cfg_.nslots;
   h->far_slot_bytes = cfg_.far_slot_bytes;
   h->far_nslots = cfg_.far_nslots;
+  pidns_[rank_] = pid_namespace_id();
+  std::memcpy(h->pidns, pidns_[rank_].c_str(), pidns_[rank_].size() + 1);
+  h->hb_timeout_ns = cfg_.heartbeat_timeout_ns;
+  h->hb_period_ns = std::max<int64_t>(1000000, cfg_.heartbeat_timeout_ns / 8);
   std::atomic_thread_fence(std::memory_order_release);
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
   pids_[rank_] = getpid();
+  // Peers learn whether they share our PID namespace only when they map this segment, and may
+  // check our heartbeat from then on: it beats from now until attach() has seen every peer.
+  heartbeat_.start(&h->heartbeat, h->hb_period_ns);
   return name;
 }
 
@@ -430,8 +464,19 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
                                << ") (set RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES "
                                << "equally on every rank)");
     pids_[p] = h->pid;
+    pidns_[p] = std::string(h->pidns, strnlen(h->pidns, kPidNsBytes - 1));
+    by_heartbeat_[p] = same_pid_namespace(pidns_[rank_], pidns_[p]) ? 0 : 1;
+    hb_bound_ns_[p] = std::max<int64_t>(cfg_.heartbeat_timeout_ns, h->hb_timeout_ns);
+    {
+      std::lock_guard<std::mutex> lk(hb_mu_);
+      hb_seen_[p] = h->heartbeat.load(std::memory_order_relaxed);
+      hb_seen_at_[p] = now_ns();
+    }
     publish_add(&h->attached.v, &h->attached.waiters, 1);
   }
+  // The relation is symmetric (same_pid_namespace), so when every peer shares our namespace no
+  // peer reads our heartbeat: stop it, and collectives run with no thread besides the core's.
+  if (std::none_of(by_heartbeat_.begin(), by_heartbeat_.end(), [](char b) { return b != 0; })) heartbeat_.stop();
   // Every peer maps our segment before we unlink it; after that the name is gone and the memory
   // lives exactly as long as the mappings.
   auto* own = reinterpret_cast<SegmentHeader*>(base_[rank_]);
@@ -469,7 +514,7 @@ void ShmTransport::unlink_dead_peers(const std::vector<std::string>& names) {
   }
 }
 
-void ShmTransport::close() {
+void ShmTransport::close(bool keep_mappings) {
   if (!own_unlinked_) {
     shm_unlink(own_name_.c_str());
     own_unlinked_ = true;
@@ -482,8 +527,11 @@ void ShmTransport::close() {
                                        std::memory_order_seq_cst);
     if (h->state.waiters.load()) futex_wake_all(&h->state.v);
   }
+  // After the state word says closed (peers then never judge us by the heartbeat), and before
+  // the unmap (the thread writes our segment).
+  heartbeat_.stop();
   for (auto& b : base_) {
-    if (b != nullptr) munmap(b, seg_bytes_);
+    if (b != nullptr && !keep_mappings) munmap(b, seg_bytes_);
     b = nullptr;
   }
 }
@@ -505,6 +553,7 @@ void ShmTransport::abort(uint32_t kind, const std::string& msg) {
 }
 
 void ShmTransport::drop_mappings_after_fork() {
+  heartbeat_.forget_after_fork();
   own_unlinked_ = true;
   for (auto& b : base_) {
     if (b != nullptr) munmap(b, seg_bytes_);
@@ -567,7 +616,21 @@ std::string ShmTransport::describe(const WaitCtx& w) const {
   return o.str();
 }
 
+bool ShmTransport::heartbeat_stale(int peer) const {
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[peer]);
+  const uint64_t v = h->heartbeat.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(hb_mu_);
+  const int64_t now = now_ns();
+  if (v != hb_seen_[peer]) {
+    hb_seen_[peer] = v;
+    hb_seen_at_[peer] = now;
+    return false;
+  }
+  return now - hb_seen_at_[peer] > hb_bound_ns_[peer];
+}
+
 bool ShmTransport::peer_dead(int peer) const {
+  if (by_heartbeat_[peer]) return heartbeat_stale(peer);
   pid_t pid = pids_[peer];
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
@@ -600,6 +663,22 @@ void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
                                      << " closed)");
 }
 
+void ShmTransport::fail_dead(int peer, const WaitCtx& w) const {
+  if (!by_heartbeat_[peer]) {
+    RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer << " (pid " << pids_[peer] << ") died");
+  }
+  int64_t still = 0;
+  {
+    std::lock_guard<std::mutex> lk(hb_mu_);
+    still = now_ns() - hb_seen_at_[peer];
+  }
+  RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer << " (pid " << pids_[peer]
+                                     << " in PID namespace " << (pidns_[peer].empty() ? "unknown" : pidns_[peer])
+                                     << ") died: its heartbeat has not moved for " << still / 1000000
+                                     << " ms (RINGCOMM_HEARTBEAT_TIMEOUT_MS: " << hb_bound_ns_[peer] / 1000000
+                                     << " ms)");
+}
+
 void ShmTransport::fail_closing(const WaitCtx& w) { std::rethrow_exception(interrupt_error(w)); }
 
 void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
@@ -611,10 +690,7 @@ void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
     // A peer that closed cleanly may have exited: it is closed, never dead. A wait on it raises
     // "closed" (wait_until's state check); other waits go on.
     if (st == static_cast<uint32_t>(PeerState::kClosed)) continue;
-    if (check_liveness && peer_dead(p)) {
-      RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << p << " (pid " << pids_[p]
-                                         << ") died");
-    }
+    if (check_liveness && peer_dead(p)) fail_dead(p, w);
   }
 }
 

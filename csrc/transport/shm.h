@@ -30,10 +30,14 @@
 // for seq+2 after it has read every peer's header for seq+1, which every peer posts only after
 // finishing its reads of seq.
 //
-// Liveness: each segment records its owner's pid and a state word (alive / closed / aborted +
-// message). Every wait has a deadline; while waiting (after a short spin) a rank sleeps in slices
-// and checks that every peer process is alive (kill(pid, 0) and /proc/<pid>/stat zombie state)
-// and that no peer aborted. A failure throws PeerFailure / TimeoutError naming op, rank, peer,
+// Liveness: each segment records its owner's pid, its PID-namespace identity, a heartbeat word
+// and a state word (alive / closed / aborted + message). Every wait has a deadline; while waiting
+// (after a short spin) a rank sleeps in slices and checks that no peer aborted and that every
+// peer that has not closed is alive: a peer in this rank's PID namespace by its pid (kill(pid, 0)
+// and /proc/<pid>/stat zombie state), a peer in another namespace (or an unknown one) by its
+// heartbeat word, which that peer's background thread bumps (transport/heartbeat.h): a heartbeat
+// that has not moved for the larger of both ranks' RINGCOMM_HEARTBEAT_TIMEOUT_MS means dead. A
+// closed peer is never dead. A failure throws PeerFailure / TimeoutError naming op, rank, peer,
 // step and sequence number.
 //
 // Lifetime: a segment is created with a random name (O_EXCL, mode 0600), mapped by every peer,
@@ -44,8 +48,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
+
+#include "transport/heartbeat.h"
 
 namespace rc {
 
@@ -79,6 +86,7 @@ struct ShmConfig {
   int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: yielding waits spin this much longer
   int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: yielding waits sched_yield this often
   int64_t liveness_ns = 0;   // RINGCOMM_LIVENESS_MS: how often a sleeping waiter checks peers
+  int64_t heartbeat_timeout_ns = 0;  // RINGCOMM_HEARTBEAT_TIMEOUT_MS: a still heartbeat means dead
   // Geometry of the channels other than the collective one from the ring predecessor; 0: the
   // full geometry (slot_bytes, nslots). The transport clamps them to at most the full one.
   size_t far_slot_bytes = 0;   // RINGCOMM_FAR_SLOT_BYTES
@@ -134,7 +142,10 @@ class ShmTransport {
   /// wait until every peer attached ours, then unlink ours. Bounded by the timeout.
   void attach(const std::vector<std::string>& names);
   /// Mark this rank closed (peers waiting on it get PeerFailure) and unmap everything.
-  void close();
+  /// keep_mappings: forget the segments but leave them mapped until exit, so that their
+  /// addresses are never mapped again (device copies still in flight may use them through host
+  /// registrations: transport/cuda_ipc.cpp, transport/pin_registry.h).
+  void close(bool keep_mappings = false);
   /// Mark this rank aborted with a reason; peers' waits raise the ErrorCode `kind` (see
   /// abort_kind_of) carrying it.
   void abort(uint32_t kind, const std::string& msg);
@@ -165,6 +176,11 @@ class ShmTransport {
   std::string describe_geometry() const;
   /// The resolved wait policy in words: mode, spin/yield budgets, ranks vs CPUs.
   std::string describe_wait() const;
+  /// How each peer's liveness is checked, after attach(): "liveness: rank 1 pid probe (same PID
+  /// namespace), rank 2 heartbeat (PID namespace ... differs; dead after N ms still)".
+  std::string describe_liveness() const;
+  /// Whether this rank's heartbeat thread runs (some peer is in another or an unknown namespace).
+  bool heartbeat_running() const { return heartbeat_.running(); }
 
   // ---- channel, sender side ----
   /// Wait for a free slot in `peer`'s inbox; returns where to write the payload (the channel's
@@ -218,6 +234,10 @@ class ShmTransport {
   /// once every other rank has mapped them.
   void unlink_dead_peers(const std::vector<std::string>& names);
   bool peer_dead(int peer) const;
+  // The heartbeat half of peer_dead: whether `peer`'s heartbeat word has stayed at one value for
+  // longer than its bound since this rank first saw that value.
+  bool heartbeat_stale(int peer) const;
+  [[noreturn]] void fail_dead(int peer, const WaitCtx& w) const;
   // Where one channel's slots sit in its owner's segment.
   struct ChanGeom {
     size_t data_off = 0;   // first slot, from the segment's base
@@ -241,6 +261,17 @@ class ShmTransport {
   bool own_unlinked_ = true;
   std::vector<char*> base_;          // mapped segments, by owner rank
   std::vector<pid_t> pids_;
+  // Liveness mode per peer, fixed when attach() maps the peer: true = heartbeat (another or an
+  // unknown PID namespace), false = pid probe. Read-only afterwards.
+  std::vector<char> by_heartbeat_;
+  std::vector<std::string> pidns_;        // every rank's PID-namespace identity (own included)
+  std::vector<int64_t> hb_bound_ns_;      // max(own, peer's) heartbeat timeout
+  // What this rank last saw of each peer's heartbeat and when (steady clock): written by any
+  // thread that checks liveness (waiters, the p2p thread), under hb_mu_.
+  mutable std::mutex hb_mu_;
+  mutable std::vector<uint64_t> hb_seen_;
+  mutable std::vector<int64_t> hb_seen_at_;
+  Heartbeat heartbeat_;  // bumps this rank's own heartbeat word (see transport/heartbeat.h)
   // Sender-local head and receiver-local tail copies (each word has exactly one writer).
   std::vector<uint32_t> send_head_;  // [lane * world + peer]
   std::vector<uint32_t> recv_tail_;  // [lane * world + peer]

@@ -32,14 +32,17 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
     - ``init(rank=r, world_size=n, store=store)``: any store with set/get (torch's stores work).
     - ``init(rank=r, world_size=n, init_method="file:///tmp/rdzv")``: no torch needed.
     ``timeout`` (seconds) bounds every wait (default RINGCOMM_TIMEOUT or 300). ``prefix``
-    namespaces the store keys (default: one per communicator created in this process, so every
-    rank must create its communicators in the same order).
+    namespaces the store keys (default: one per multi-rank communicator created in this process,
+    so every rank must create its communicators in the same order; a sub-communicator of a larger
+    launched job must pass one, see ``rendezvous.default_prefix``).
     The first communicator created becomes the default one used by ringcomm.all_reduce(...).
     """
     global _default
     rank, world_size, t = init_args("ringcomm.init", rank, world_size, timeout)
     if prefix is None:
-        prefix = default_prefix(next(_counter))
+        # A single rank meets nobody through the store: it takes no number, so that processes
+        # which create different numbers of 1-rank communicators still number the others alike.
+        prefix = "ringcomm/single" if world_size == 1 else default_prefix(next(_counter), rank, world_size)
     store = resolve_store(store, init_method, rank, world_size, t)
     comm = None
     if world_size > 1:

@@ -9,6 +9,7 @@ import os
 import tempfile
 import time
 import urllib.parse
+from typing import Optional
 
 from .config import default_timeout
 from .errors import InvalidArgumentError, TimeoutError
@@ -97,13 +98,42 @@ def _tcp_store(host, port, rank, world_size, timeout, is_master):
                          wait_for_workers=False)
 
 
-def default_prefix(counter: int) -> str:
-    """The store namespace of the ``counter``-th communicator this process creates without a
-    prefix. Under torchrun an elastic restart reuses the agent's store, so the attempt number
-    (TORCHELASTIC_RESTART_COUNT) is part of the name: a new attempt never reads the keys of the
-    one before."""
+def default_prefix(counter: int, rank: Optional[int] = None, world_size: Optional[int] = None) -> str:
+    """The store namespace of the ``counter``-th multi-rank communicator this process creates
+    without a prefix. Under torchrun an elastic restart reuses the agent's store, so the attempt
+    number (TORCHELASTIC_RESTART_COUNT) is part of the name: a new attempt never reads the keys of
+    the one before.
+
+    Every member of a communicator must derive the same name, and no other communicator on the
+    store may: the counter gives both for the communicators of one group of processes (each member
+    creates them in the same order). It cannot tell apart two groups that share a store (ranks
+    {0,1} and {2,3} of one job each creating a 2-rank communicator): both would take the same keys
+    and pair up across the groups. So when the launcher's environment (RANK / WORLD_SIZE, set by
+    torchrun and ringcomm.launch) says this process belongs to a larger job than ``world_size``,
+    a default prefix is refused with InvalidArgumentError saying what to pass."""
+    if world_size is not None and world_size > 1:
+        _refuse_sub_communicator_default(rank, world_size)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     return f"ringcomm/a{attempt}/{counter}" if attempt else f"ringcomm/{counter}"
+
+
+def _refuse_sub_communicator_default(rank: Optional[int], world_size: int) -> None:
+    job_size = os.environ.get("WORLD_SIZE", "").strip()
+    try:
+        job = int(job_size)
+    except ValueError:
+        return  # no launcher environment: nothing tells a sub-communicator apart
+    if job <= world_size:
+        return
+    job_rank = os.environ.get("RANK", "?").strip() or "?"
+    raise InvalidArgumentError(
+        f"ringcomm.init(rank={rank}, world_size={world_size}): this process is rank {job_rank} of a "
+        f"{job}-process job (RANK / WORLD_SIZE), so this communicator is a sub-communicator, and "
+        f"sub-communicators that share a store cannot be told apart by a default key prefix (ranks "
+        f"of different groups would read each other's keys). Pass prefix= with a value that every "
+        f"member of this communicator passes and no other communicator on the store uses, e.g. "
+        f"prefix='ringcomm/ranks-' + '-'.join(map(str, member_job_ranks)), or give each communicator "
+        f"its own store (torch.distributed.PrefixStore(name, store))")
 
 
 _SHM_DIR = "/dev/shm"

@@ -18,14 +18,20 @@ Semantics (the CUDA communicator, csrc/comm/communicator_cuda.h):
   done (bounded by the timeout, checking that peers are alive) and whose ``wait_stream()`` makes a
   stream wait for it. ``async_op=False`` returns None.
 - send/recv progress on a helper stream; they complete (host-side) in ``wait()``; with
-  ``async_op=False`` the call returns when the transfer is done.
+  ``async_op=False`` the call returns when the transfer is done. Arrays used on the helper
+  stream, or on a ``stream=`` other than the current one, are kept from the allocator until the
+  GPU is done with them (``record_stream`` on torch tensors, a reference for every array:
+  ``inflight``), even when the caller drops them at once.
+- A peer's death never blocks a stream: every dependency on a peer's GPU work is a bounded host
+  wait (csrc/transport/cuda_ipc.h), so the call raises PeerFailureError and the stream stays usable.
 - Buffers: contiguous, on the communicator's device. Dtypes: float32, float64, float16, bfloat16,
   int8, uint8, int32, int64, bool; reduce ops as on the CPU (ringcomm.ReduceOp).
 
 Importing this package creates nothing and loads no CUDA library; ``is_available()`` loads the
 ``ringcomm._C_cuda`` extension (statically linked CUDA runtime) and asks the driver for devices.
 Modules: ``runtime`` (availability, loading), ``buffers`` (CUDA array adapters, streams),
-``communicator`` (CudaCommunicator, its Work, init / from_communicator).
+``inflight`` (arrays in use on another stream), ``communicator`` (CudaCommunicator, its Work,
+init / from_communicator).
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from ..front import CoreBackEnd
 from ..rendezvous import init_args, resolve_store
 from ..work import CoreWork
 from .buffers import CudaBuf, as_cuda_buf, current_stream, stream_handle
+from .inflight import StreamGuard
 from .runtime import default_device, require
 
 __all__ = ["CudaCommunicator", "Work", "init", "from_communicator"]
@@ -46,7 +47,13 @@ class CudaCommunicator(CoreBackEnd):
     are enqueued on that stream (default: the array library's current stream) and return without
     synchronising the host; ``async_op=True`` returns a Work whose ``wait()`` blocks the host and
     whose ``wait_stream()`` makes a stream wait. send/recv with ``async_op=False`` return once the
-    transfer is done."""
+    transfer is done.
+
+    Arrays used on a stream other than the caller's current one — send/recv (the internal
+    stream) and collectives given ``stream=`` — are guarded until the GPU is done with them
+    (``inflight.StreamGuard``): torch tensors are marked with ``record_stream`` for that stream,
+    and every array stays referenced here, so no allocator hands their memory out early even
+    when the caller drops the array and the Work at once."""
 
     _streams = True
     _what = "CUDA communicator"
@@ -58,6 +65,7 @@ class CudaCommunicator(CoreBackEnd):
         self.device: int = core.device
         self.prefix = prefix
         self._last_lib = "torch"
+        self._guard = StreamGuard(self.device)
 
     def channels(self) -> str:
         """The transport's channel kinds ('0->1:ipc 1->0:ipc ...')."""
@@ -72,7 +80,7 @@ class CudaCommunicator(CoreBackEnd):
                                        f"communicator uses device {self.device}")
         return b
 
-    def _stream(self, coll, stream, buf: Optional[CudaBuf], objs=()) -> int:
+    def _stream(self, coll, stream, buf: Optional[CudaBuf]) -> int:
         """The stream handle a call is enqueued on."""
         try:
             s = stream_handle(stream)
@@ -82,14 +90,23 @@ class CudaCommunicator(CoreBackEnd):
             self._last_lib = buf.lib
         if s is None:
             s = current_stream(buf, self.device) if buf is not None else self._default_stream()
-        elif stream is not None and not isinstance(stream, int):
-            # The caller's stream differs from the allocation stream: tell torch's caching
-            # allocator not to reuse the tensors' memory before that stream is done with them.
-            for o in objs:
-                rs = getattr(o, "record_stream", None)
-                if rs is not None and type(stream).__module__.startswith("torch"):
-                    rs(stream)
         return s
+
+    def _on_stream(self, w, objs, s: int, stream):
+        """A collective's core handle ``w``: when the caller chose the stream (``stream=``, handle
+        ``s``), its arrays are guarded until the GPU is done with them there."""
+        if stream is not None:
+            self._guard.guard(w, objs, s, lambda: self._stream_idle(s), given=stream)
+        return w
+
+    def _stream_idle(self, s: int) -> bool:
+        """Every piece of work enqueued on stream ``s`` so far has finished."""
+        return bool(require()._stream_idle(s, self.device))
+
+    def _on_p2p_stream(self, w, b):
+        """A send/recv handle: its copies run on the internal stream, enqueued by the p2p thread."""
+        self._guard.guard(w, (b.obj,), self._c.p2p_stream, self._c.p2p_idle)
+        return w
 
     def _default_stream(self) -> int:
         if self._last_lib == "cupy":
@@ -111,53 +128,61 @@ class CudaCommunicator(CoreBackEnd):
 
     # -- issuing (arguments validated by CommunicatorBase) ----------------------------------------
     def _issue_all_reduce(self, bi, bo, opc, async_op, stream):
-        s = self._stream("all_reduce", stream, bi, (bi.obj, bo.obj))
-        return self._c.all_reduce(bi.addr, bo.addr, bi.count, bi.code, opc, s)
+        s = self._stream("all_reduce", stream, bi)
+        return self._on_stream(self._c.all_reduce(bi.addr, bo.addr, bi.count, bi.code, opc, s),
+                               (bi.obj, bo.obj), s, stream)
 
     def _issue_reduce_scatter(self, bi, bo, opc, async_op, stream):
-        s = self._stream("reduce_scatter", stream, bi, (bi.obj, bo.obj))
-        return self._c.reduce_scatter(bi.addr, bo.addr, bi.count, bi.code, opc, s)
+        s = self._stream("reduce_scatter", stream, bi)
+        return self._on_stream(self._c.reduce_scatter(bi.addr, bo.addr, bi.count, bi.code, opc, s),
+                               (bi.obj, bo.obj), s, stream)
 
     def _issue_all_gather(self, bi, bo, async_op, stream):
-        s = self._stream("all_gather", stream, bi, (bi.obj, bo.obj))
-        return self._c.all_gather(bi.addr, bo.addr, bi.count, bo.count, bi.code, s)
+        s = self._stream("all_gather", stream, bi)
+        return self._on_stream(self._c.all_gather(bi.addr, bo.addr, bi.count, bo.count, bi.code, s),
+                               (bi.obj, bo.obj), s, stream)
 
     def _issue_broadcast(self, b, root, async_op, stream):
-        s = self._stream("broadcast", stream, b, (b.obj,))
-        return self._c.broadcast(b.addr, b.count, b.code, root, s)
+        s = self._stream("broadcast", stream, b)
+        return self._on_stream(self._c.broadcast(b.addr, b.count, b.code, root, s), (b.obj,), s, stream)
 
     def _issue_reduce(self, bi, bo, opc, root, async_op, stream):
-        s = self._stream("reduce", stream, bi, (bi.obj,) if bo is None else (bi.obj, bo.obj))
-        return self._c.reduce(bi.addr, bo.addr if bo is not None else 0, bi.count, bi.code, opc, root, s)
+        s = self._stream("reduce", stream, bi)
+        return self._on_stream(self._c.reduce(bi.addr, bo.addr if bo is not None else 0, bi.count, bi.code, opc,
+                                              root, s),
+                               (bi.obj,) if bo is None else (bi.obj, bo.obj), s, stream)
 
     def _issue_barrier(self, async_op, stream):
         """A host barrier; the Work's event follows the work enqueued on ``stream`` before it."""
         return self._c.barrier(self._stream("barrier", stream, None))
 
     def _issue_all_to_all(self, bi, bo, sc, rc, async_op, stream):
-        s = self._stream("all_to_all", stream, bi, (bi.obj, bo.obj))
-        return self._c.all_to_all(bi.addr, bo.addr, sc, rc, bi.code, s)
+        s = self._stream("all_to_all", stream, bi)
+        return self._on_stream(self._c.all_to_all(bi.addr, bo.addr, sc, rc, bi.code, s), (bi.obj, bo.obj), s,
+                               stream)
 
     def _issue_gather(self, bi, bo, root, async_op, stream):
-        s = self._stream("gather", stream, bi, (bi.obj,) if bo is None else (bi.obj, bo.obj))
-        return self._c.gather(bi.addr, bo.addr if bo is not None else 0, bi.count, bi.code, root, s)
+        s = self._stream("gather", stream, bi)
+        return self._on_stream(self._c.gather(bi.addr, bo.addr if bo is not None else 0, bi.count, bi.code, root, s),
+                               (bi.obj,) if bo is None else (bi.obj, bo.obj), s, stream)
 
     def _issue_scatter(self, bi, bo, root, async_op, stream):
-        s = self._stream("scatter", stream, bo, (bo.obj,) if bi is None else (bi.obj, bo.obj))
-        return self._c.scatter(bi.addr if bi is not None else 0, bo.addr, bo.count, bo.code, root, s)
+        s = self._stream("scatter", stream, bo)
+        return self._on_stream(self._c.scatter(bi.addr if bi is not None else 0, bo.addr, bo.count, bo.code, root, s),
+                               (bo.obj,) if bi is None else (bi.obj, bo.obj), s, stream)
 
     def _p2p_stream(self, b, stream) -> int:
         s = stream_handle(stream)
         return current_stream(b, self.device) if s is None else s
 
     def _issue_send(self, b, peer, tag, async_op, stream):
-        w = self._c.send(b.addr, b.nbytes, peer, tag, self._p2p_stream(b, stream))
+        w = self._on_p2p_stream(self._c.send(b.addr, b.nbytes, peer, tag, self._p2p_stream(b, stream)), b)
         if not async_op:
             Work(w, (b.obj,), None, self).wait()
         return w
 
     def _issue_recv(self, b, peer, tag, async_op, stream):
-        w = self._c.recv(b.addr, b.nbytes, peer, tag, self._p2p_stream(b, stream))
+        w = self._on_p2p_stream(self._c.recv(b.addr, b.nbytes, peer, tag, self._p2p_stream(b, stream)), b)
         if not async_op:
             Work(w, (b.obj,), None, self).wait()
         return w
@@ -165,8 +190,9 @@ class CudaCommunicator(CoreBackEnd):
     # -- lifetime --------------------------------------------------------------------------------
     def close(self):
         """Let enqueued work finish (bounded), then release the device memory and IPC handles.
-        Idempotent."""
+        Idempotent. Arrays of work the drain could not finish stay referenced by this object."""
         self._c.close()
+        self._guard.refs.prune()
 
     def __repr__(self):
         state = "closed" if self._c.closed else "open"
