@@ -113,6 +113,17 @@ if [ -z "${GPU_CHECK_K:-}" ]; then
       "$RELIABILITY tests/test_cuda.py"
 fi
 
+# Mixed device strings on 2 GPUs: CUDA tensors to NCCL under "cpu:ringcomm,cuda:nccl", to ringcomm
+# under "cpu:gloo,cuda:ringcomm" (skips with fewer than 2 GPUs)
+if [ -z "${GPU_CHECK_K:-}" ]; then
+  t0=$(date +%s)
+  timeout -k 10 "${MIXED_TIMEOUT:-200}" $PY -m pytest tests/test_torch_fsdp_mesh.py -v -rs \
+      -p no:cacheprovider -k gpu_mixed_devices >> "$OUT/tests_b.log" 2>&1
+  rc=$?
+  note "test_torch_fsdp_mesh.py -k gpu_mixed_devices: pytest exit $rc in $(( $(date +%s) - t0 )) s"
+  [ $rc -ne 0 ] && status=1
+fi
+
 note "done in $(( $(date +%s) - t_start )) s, status $status"
 cat "$OUT/summary.txt"
 exit $status

@@ -1,6 +1,8 @@
 """The training libraries people put on torch.distributed, on "ringcomm" and on gloo: PyTorch
-Lightning (DDP; ``self.log(..., sync_dist=True)``), Hugging Face accelerate (the documented setup:
-``init_process_group("ringcomm")`` before ``Accelerator(cpu=True)``), DeepSpeed ZeRO 1/2/3
+Lightning (DDP and ModelParallelStrategy / FSDP2, each with and without
+``self.log(..., sync_dist=True)``), Hugging Face accelerate (the documented setup:
+``init_process_group("ringcomm")`` before ``Accelerator(cpu=True)``; and accelerate's own bundled
+test scripts, ``test_accelerate_script``), DeepSpeed ZeRO 1/2/3
 (``deepspeed.init_distributed(dist_backend=...)``, ``DS_ACCELERATOR=cpu``), and torch DDP with
 torch.distributed.checkpoint save/load.
 
@@ -9,6 +11,8 @@ on the same data twice in that process, once with the default group on ringcomm 
 (a fresh default group each time), and the final parameters must be EQUAL: at 2 ranks ringcomm's
 all_reduce sums in gloo's order, so the results are bit for bit the same. A library that is not
 importable skips its cases with the import error as the reason (``pip install -e ".[clients]"``).
+accelerate's scripts run in processes of their own (``_run_accelerate_script``), one pair per
+script and backend.
 """
 from __future__ import annotations
 
@@ -112,11 +116,14 @@ def dataset(n=32):
 
 
 # ---- PyTorch Lightning ----------------------------------------------------------------------------
-def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = None):
+def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = None,
+                   fsdp2: bool = False):
     """Fit; with ``sync_dist``, put the logged metrics and the same values computed by hand
-    from every rank's local losses into ``logged``."""
+    from every rank's local losses into ``logged``. ``fsdp2``: ModelParallelStrategy with the
+    whole mesh as its data-parallel dimension, the model sharded by ``fully_shard`` in
+    ``configure_model``; the parameters returned are the gathered full tensors."""
     import lightning.pytorch as pl
-    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
     class Module(pl.LightningModule):
         def __init__(self):
@@ -146,6 +153,15 @@ def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = Non
                 self.val_sum += loss.detach() * x.shape[0]
                 self.val_count += x.shape[0]
 
+        def configure_model(self):
+            if fsdp2:
+                from torch.distributed.fsdp import fully_shard
+                mesh = self.device_mesh["data_parallel"]
+                got = dist.get_backend(mesh.get_group())
+                assert got == backend, got
+                fully_shard(self.net[0], mesh=mesh)
+                fully_shard(self.net, mesh=mesh)
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -153,7 +169,10 @@ def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = Non
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
     module = Module()
     trainer = pl.Trainer(accelerator="cpu", devices=ctx.ws, num_nodes=1,
-                         strategy=DDPStrategy(process_group_backend=backend),
+                         strategy=(ModelParallelStrategy(data_parallel_size=ctx.ws,
+                                                         tensor_parallel_size=1,
+                                                         process_group_backend=backend)
+                                   if fsdp2 else DDPStrategy(process_group_backend=backend)),
                          max_steps=STEPS, limit_val_batches=2, val_check_interval=2,
                          num_sanity_val_steps=2 if sync_dist else 0, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
@@ -174,12 +193,50 @@ def _lightning_fit(ctx, backend: str, sync_dist: bool, logged: dict | None = Non
         logged.update(train_logged=trainer.callback_metrics["train_loss"].clone(),
                       val_logged=trainer.callback_metrics["val_loss"].clone(),
                       train_by_hand=train, val_by_hand=val)
+    if fsdp2:
+        from torch.distributed.tensor import DTensor
+        # the root module keeps its parameters unsharded after a forward without backward (the
+        # last validation): shard them again before reading the DTensors
+        module.net.reshard()
+        params = list(module.net.parameters())
+        assert all(isinstance(p, DTensor) for p in params), [type(p) for p in params]
+        return [p.full_tensor() for p in params]
     return list(module.net.parameters())
 
 
 @case("lightning")
 def case_lightning_ddp(ctx):
     return both(ctx, lambda b: _lightning_fit(ctx, b, sync_dist=False))
+
+
+def _check_logged(logged: dict) -> str:
+    """The logged metrics of the ringcomm run equal gloo's and the values by hand, exactly."""
+    rc, gl = logged["ringcomm"], logged["gloo"]
+    for key in ("train", "val"):
+        a, g, hand = rc[f"{key}_logged"], gl[f"{key}_logged"], rc[f"{key}_by_hand"]
+        assert torch.equal(a, g), f"{key}_loss: ringcomm logged {a.item()!r}, gloo {g.item()!r}"
+        assert torch.equal(a, hand), f"{key}_loss: logged {a.item()!r}, by hand {hand.item()!r}"
+        assert torch.equal(g, gl[f"{key}_by_hand"]), f"{key}_loss: gloo run's own hand value"
+    return f"train_loss {rc['train_logged'].item():.6g}, val_loss " \
+           f"{rc['val_logged'].item():.6g} equal to gloo's and by hand"
+
+
+@case("lightning")
+def case_lightning_fsdp2(ctx):
+    """ModelParallelStrategy (FSDP2: reduce-scatter of the gradients with ReduceOp.AVG, all-gather
+    of the parameters): at 2 ranks every sum has two terms, and a + b rounds the same in any
+    order, so the parameters equal gloo's bit for bit."""
+    return both(ctx, lambda b: _lightning_fit(ctx, b, sync_dist=False, fsdp2=True))
+
+
+@case("lightning")
+def case_lightning_fsdp2_sync_dist(ctx):
+    """ModelParallelStrategy with ``self.log(..., sync_dist=True)``: Lightning's reduction goes
+    through the same ``_sync_ddp_if_available`` as DDP's (AVG on ringcomm, SUM / world on gloo)."""
+    logged = {"ringcomm": {}, "gloo": {}}
+    info = both(ctx, lambda b: _lightning_fit(ctx, b, sync_dist=True, logged=logged[b],
+                                              fsdp2=True))
+    return f"{info}; {_check_logged(logged)}"
 
 
 @case("lightning")
@@ -190,14 +247,7 @@ def case_lightning_sync_dist(ctx):
     float is exact either way)."""
     logged = {"ringcomm": {}, "gloo": {}}
     info = both(ctx, lambda b: _lightning_fit(ctx, b, sync_dist=True, logged=logged[b]))
-    rc, gl = logged["ringcomm"], logged["gloo"]
-    for key in ("train", "val"):
-        a, g, hand = rc[f"{key}_logged"], gl[f"{key}_logged"], rc[f"{key}_by_hand"]
-        assert torch.equal(a, g), f"{key}_loss: ringcomm logged {a.item()!r}, gloo {g.item()!r}"
-        assert torch.equal(a, hand), f"{key}_loss: logged {a.item()!r}, by hand {hand.item()!r}"
-        assert torch.equal(g, gl[f"{key}_by_hand"]), f"{key}_loss: gloo run's own hand value"
-    return f"{info}; train_loss {rc['train_logged'].item():.6g}, val_loss " \
-           f"{rc['val_logged'].item():.6g} equal to gloo's and by hand"
+    return f"{info}; {_check_logged(logged)}"
 
 
 # ---- accelerate -----------------------------------------------------------------------------------
@@ -234,6 +284,169 @@ def _accelerate_fit(ctx, backend: str):
 @case("accelerate")
 def case_accelerate(ctx):
     return both(ctx, lambda b: _accelerate_fit(ctx, b))
+
+
+# ---- accelerate's bundled test scripts -----------------------------------------------------------
+# Each script runs on 2 fresh processes (ranks set up as torchrun does), once per backend, through
+# the documented one-line setup: ``init_process_group(backend)`` before accelerate creates its
+# state. ``ACCELERATE_USE_CPU=1`` is what ``accelerate launch --cpu`` sets; it turns the scripts'
+# ``Accelerator()`` into ``DistributedType.MULTI_CPU`` on the group that exists.
+ACCELERATE_RUN = {
+    # script -> create PartialState(cpu=True) before the script: test_ops.py builds its state with
+    # a bare ``PartialState()``, which reads no ACCELERATE_USE_CPU and, without an accelerator,
+    # resolves to DistributedType.NO (one process) under any launcher (accelerate/state.py,
+    # PartialState._prepare_backend: the MULTI_CPU branch needs ``cpu``)
+    "test_ops.py": True,
+    "test_sync.py": False,
+    "test_script.py": False,
+}
+# The other scripts 1.15.0 ships, and the accelerate code that keeps each from running on CPU
+# ranks whatever the backend (gloo fails the same way, or the script has no group to put ringcomm
+# under); tried by hand on both backends.
+ACCELERATE_NOT_RUN = {
+    "test_distributed_data_loop.py":
+        "gloo fails too: accelerate/accelerator.py join_uneven_inputs runs Join only `if "
+        "self.multi_device:` (MULTI_GPU, MULTI_XPU, ..., not MULTI_CPU), else warns 'Joining "
+        "uneven inputs is only supported for multi-GPU training'; test_can_join_uneven_inputs "
+        "then leaves rank 0 in DDP's forward and rank 1 in wait_for_everyone (gloo: send timeout "
+        "after the group timeout; ringcomm: MismatchError broadcast vs barrier at once)",
+    "test_ddp_comm_hook.py":
+        "gloo fails too: test_ddp_comm_hook builds its reference as DistributedDataParallel("
+        "model, device_ids=[accelerator.local_process_index], ...), which torch refuses for CPU "
+        "modules (ValueError: device_ids and output_device arguments only work with "
+        "single-device/multiple-device GPU modules)",
+    "test_merge_weights.py":
+        "gloo fails too: accelerate/utils/fsdp_utils.py save_fsdp_model enters "
+        "FSDP.state_dict_type(...), whose exit restores a None state_dict_type (torch 2.13 "
+        "fully_sharded_data_parallel.py set_state_dict_type: KeyError: None)",
+    "test_notebook.py":
+        "starts its own processes (accelerate/launchers.py notebook_launcher), in which "
+        "PartialState creates the group with accelerate's own backend choice: there is no "
+        "point before accelerate's state where the one-line setup could run",
+    "test_cli.py": "no process group: prints the number of GPUs (0 here)",
+}
+ACCELERATE_TIMEOUT_S = 150
+
+_ACCELERATE_RUNNER = r"""
+import datetime, json, runpy, sys
+import torch
+import torch.distributed as dist
+backend, script, cpu_state = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+calls = []
+if backend == "ringcomm":
+    import ringcomm.torch as rct
+    rct.add_issue_hook(lambda op, group, seq, t: calls.append(op))
+torch.set_num_threads(1)
+dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))   # the one-line setup
+assert dist.get_backend() == backend, dist.get_backend()
+later = []
+init = dist.init_process_group
+def recorded_init(*args, **kwargs):
+    later.append(str(kwargs.get("backend", args[0] if args else None)))
+    return init(*args, **kwargs)
+dist.init_process_group = dist.distributed_c10d.init_process_group = recorded_init
+if cpu_state:
+    from accelerate.state import PartialState
+    PartialState(cpu=True)
+sys.argv = [script]
+runpy.run_path(script, run_name="__main__")
+print("RUNNER-RESULT " + json.dumps({"ringcomm_ops": calls, "later_inits": later}), flush=True)
+if dist.is_initialized():
+    dist.destroy_process_group()
+"""
+
+
+def _accelerate_scripts_dir() -> str | None:
+    """Where the installed accelerate keeps its test scripts (found without importing it)."""
+    import importlib.util
+    spec = importlib.util.find_spec("accelerate")
+    if spec is None or not spec.origin:
+        return None
+    return os.path.join(os.path.dirname(spec.origin), "test_utils", "scripts")
+
+
+def _run_accelerate_script(script: str, backend: str, cpu_state: bool, tmpdir: str) -> list:
+    """Both ranks' (exit status, output) of one script on one backend."""
+    import subprocess
+    import sys
+    port = _free_port()
+    procs = []
+    for rank in range(WS):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WS),
+                   LOCAL_WORLD_SIZE=str(WS), NODE_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
+        log = open(os.path.join(tmpdir, f"{backend}-{rank}.log"), "w+")
+        procs.append((subprocess.Popen(
+            [sys.executable, "-c", _ACCELERATE_RUNNER, backend,
+             os.path.join(_accelerate_scripts_dir(), script), "1" if cpu_state else "0"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=tmpdir, env=env,
+            start_new_session=True), log))
+    out = []
+    deadline = time.monotonic() + ACCELERATE_TIMEOUT_S
+    for proc, log in procs:
+        try:
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p, _ in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                    p.wait()
+            rc = "timeout"
+        log.seek(0)
+        out.append((rc, log.read()))
+        log.close()
+    return out
+
+
+def _headers(output: str) -> list:
+    """The script's section titles (``**Test ...**``, test_ops.py's ``testing ...``), in order."""
+    return [line.strip() for line in output.splitlines()
+            if line.strip().startswith(("**", "testing "))]
+
+
+def _accelerate_params():
+    where = _accelerate_scripts_dir()
+    shipped = sorted(f for f in os.listdir(where) if f.startswith("test_") and f.endswith(".py")) \
+        if where and os.path.isdir(where) else sorted([*ACCELERATE_RUN, *ACCELERATE_NOT_RUN])
+    out = []
+    for f in shipped:
+        marks = [pytest.mark.skip(reason=ACCELERATE_NOT_RUN[f])] if f in ACCELERATE_NOT_RUN else []
+        out.append(pytest.param(f, marks=marks, id=f[:-3]))
+    return out
+
+
+@pytest.mark.timeout(2 * ACCELERATE_TIMEOUT_S + 60)
+@pytest.mark.parametrize("script", _accelerate_params())
+def test_accelerate_script(script, tmp_path):
+    """One of accelerate's own test scripts on ringcomm and on gloo: both pass, run the same
+    sections, and on ringcomm the script's collectives reached ringcomm (an issue hook counts
+    them) and accelerate created no group of its own."""
+    ok, why = importable("accelerate")
+    if not ok:
+        pytest.skip(why)
+    assert script in ACCELERATE_RUN, \
+        f"{script}: shipped by this accelerate but neither run nor explained here"
+    results = {}
+    for backend in ("gloo", "ringcomm"):
+        d = tmp_path / backend
+        d.mkdir()
+        ranks = _run_accelerate_script(script, backend, ACCELERATE_RUN[script], str(d))
+        for rank, (rc, output) in enumerate(ranks):
+            assert rc == 0, f"{script} on {backend}, rank {rank}: exit {rc}\n{output[-6000:]}"
+        runner = [json.loads(line.split(" ", 1)[1]) for _, output in ranks
+                  for line in output.splitlines() if line.startswith("RUNNER-RESULT ")]
+        assert len(runner) == WS, f"{script} on {backend}: the runner did not finish on every rank"
+        assert all(not r["later_inits"] for r in runner), \
+            f"{script} on {backend}: accelerate created its own group: {runner}"
+        results[backend] = (ranks[0][1], runner)
+    rc_out, rc_runner = results["ringcomm"]
+    gl_out = results["gloo"][0]
+    assert _headers(rc_out) == _headers(gl_out), (_headers(rc_out), _headers(gl_out))
+    for rank, r in enumerate(rc_runner):
+        assert r["ringcomm_ops"], f"{script}: no collective reached ringcomm on rank {rank}"
+    ops = sorted(set(rc_runner[0]["ringcomm_ops"]))
+    print(f"[{script}] {len(_headers(rc_out))} sections as on gloo; "
+          f"{len(rc_runner[0]['ringcomm_ops'])} collectives on ringcomm ({', '.join(ops)})")
 
 
 # ---- DeepSpeed ------------------------------------------------------------------------------------

@@ -18,8 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from torch_battery import (  # noqa: E402
-    fail_on_error, init_world, registry, run_cases, spawn_battery)
+from torch_battery import battery_results, fail_on_error, registry  # noqa: E402
 
 WORLD_SIZES = [2, 3]
 GROUP_TIMEOUT_S = 30
@@ -342,33 +341,222 @@ def case_preferred_names_no_warnings(ctx):
         assert torch.equal(a, p.grad), (a, p.grad)
 
 
-# ---- the spawned battery ----------------------------------------------------------------------
-def _battery(rank, ws, file_path):
-    import ringcomm.torch  # noqa: F401 - registers the backend
-    torch.set_num_threads(1)
-    ctx = init_world(rank, ws, file_path, GROUP_TIMEOUT_S)
-    results = {name: err for name, (err, _, _) in run_cases(ctx, CASES).items()}
-    dist.destroy_process_group()
-    return results
+# ---- no deprecation warning whose origin is ringcomm's code --------------------------------------
+def _ringcomm_dir() -> str:
+    import ringcomm
+    return os.path.dirname(os.path.abspath(ringcomm.__file__)) + os.sep
 
 
-_results: dict = {}
+class RingcommDeprecations:
+    """Inside: a deprecation warning attributed to a ringcomm module (the warning's own location)
+    raises at once (``simplefilter("error")`` filtered by module), and every other one is recorded
+    with the Python stack at the point it was issued; ``found`` lists those issued while one of
+    ringcomm's files was on that stack, i.e. from a call ringcomm's code made (torch's
+    ``@deprecated`` wrappers attribute the warning to their own file, so the location alone
+    cannot tell whose call it was)."""
+
+    def __enter__(self):
+        import traceback
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        root = _ringcomm_dir()
+        tests = os.path.dirname(os.path.abspath(__file__)) + os.sep
+        self.found = []
+        warnings.simplefilter("always")
+        for category in _DEPRECATIONS:
+            warnings.filterwarnings("error", category=category, module=r"ringcomm(\.|$)")
+        previous = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, _DEPRECATIONS):
+                # the innermost frame of this project's code (ringcomm's or the tests') on the
+                # stack made the call that warned; ringcomm's launcher sits at the bottom of
+                # every spawned rank's stack, so "any ringcomm frame" would not do
+                stack = [os.path.abspath(f.filename) for f in traceback.extract_stack()[:-1]]
+                ours = [f for f in stack if f.startswith((root, tests))]
+                caller = ours[-1] if ours else ""
+                if caller.startswith(root) or os.path.abspath(filename).startswith(root):
+                    self.found.append(f"{category.__name__} {filename}:{lineno}: {message} "
+                                      f"[called from {caller}]")
+                    return
+            if not issubclass(category, _DEPRECATIONS):
+                previous(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        return self
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
 
 
-def battery_results(ws: int) -> dict:
-    if ws not in _results:
-        per_rank, failure = spawn_battery(_battery, ws, "ringcomm-dropin-test-",
-                                          BATTERY_TIMEOUT_S)
-        if per_rank is None:
-            _results[ws] = {"__launch__": failure}
+def _control_checks() -> None:
+    """The detector itself: a deprecation warning from code whose file is one of ringcomm's is
+    caught both ways (raised when its module is ringcomm's, recorded when only its file is)."""
+    path = os.path.join(_ringcomm_dir(), "torch", "backend.py")
+    code = compile("import warnings\nwarnings.warn('old name', DeprecationWarning)\n", path, "exec")
+    with RingcommDeprecations() as probe:
+        try:
+            exec(code, {"__name__": "ringcomm.torch.backend"})
+        except DeprecationWarning:
+            pass
         else:
-            # every rank holds every rank's errors (run_cases agrees on them): rank 0's suffice
-            _results[ws] = {name: per_rank[0][name] for name in CASES}
-    return _results[ws]
+            raise AssertionError("a DeprecationWarning from a ringcomm module did not raise")
+        exec(code, {"__name__": "elsewhere"})
+        warnings.warn("not ringcomm's", FutureWarning)     # from the test's own file
+    assert len(probe.found) == 1 and "old name" in probe.found[0], probe.found
 
 
+@case
+def case_no_deprecation_from_ringcomm(ctx):
+    """Every kind of call torch makes into ringcomm, and the training wrappers of ringcomm's own
+    that call torch.distributed (BucketedDDP, ZeRO 1/2 and 3), with deprecation warnings from
+    ringcomm's files turned into errors; every result checked against a local value."""
+    import ringcomm.torch as rct
+    from ringcomm.ddp import BucketedDDP
+    from ringcomm.zero import ZeroOptimizer, ZeroStage3
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    _control_checks()
+    ws, r, g = ctx.ws, ctx.rank, ctx.rc
+    total = float(ws * (ws + 1) // 2)
+    with RingcommDeprecations() as probe:
+        for async_op in (False, True):
+            for dtype in (torch.float32, torch.int64, torch.bfloat16):
+                t = torch.full((1000,), r + 1, dtype=dtype)
+                wait(dist.all_reduce(t, group=g, async_op=async_op), async_op)
+                assert_equal(t, torch.full((1000,), total, dtype=dtype), f"all_reduce {dtype}")
+            t = torch.full((5,), float(r))
+            wait(dist.all_reduce(t, op=dist.ReduceOp.AVG, group=g, async_op=async_op), async_op)
+            assert_equal(t, torch.full((5,), (total - ws) / ws), "all_reduce AVG")
+            t = torch.full((3,), float(r))
+            wait(dist.broadcast(t, src=ws - 1, group=g, async_op=async_op), async_op)
+            assert_equal(t, torch.full((3,), float(ws - 1)), "broadcast")
+            t = torch.full((3,), float(r + 1))
+            wait(dist.reduce(t, dst=0, group=g, async_op=async_op), async_op)
+            if r == 0:
+                assert_equal(t, torch.full((3,), total), "reduce")
+            outs = [torch.empty(2) for _ in range(ws)]
+            wait(dist.all_gather(outs, torch.full((2,), float(r)), group=g, async_op=async_op),
+                 async_op)
+            assert_equal(torch.stack(outs), torch.arange(ws, dtype=torch.float32)[:, None]
+                         .expand(ws, 2), "all_gather")
+            flat = torch.empty(2 * ws)
+            wait(dist.all_gather_into_tensor(flat, torch.full((2,), float(r)), group=g,
+                                             async_op=async_op), async_op)
+            assert_equal(flat, torch.arange(ws, dtype=torch.float32).repeat_interleave(2),
+                         "all_gather_into_tensor")
+            rs = torch.empty(2)
+            wait(dist.reduce_scatter(rs, [torch.full((2,), float(q + r)) for q in range(ws)],
+                                     group=g, async_op=async_op), async_op)
+            assert_equal(rs, torch.full((2,), float(ws * r) + total - ws), "reduce_scatter")
+            wait(dist.reduce_scatter_tensor(rs, torch.ones(2 * ws), group=g, async_op=async_op),
+                 async_op)
+            assert_equal(rs, torch.full((2,), float(ws)), "reduce_scatter_tensor")
+            a2a = torch.empty(ws)
+            wait(dist.all_to_all_single(a2a, torch.full((ws,), float(r)), group=g,
+                                        async_op=async_op), async_op)
+            assert_equal(a2a, torch.arange(ws, dtype=torch.float32), "all_to_all_single")
+            outs = [torch.empty(1) for _ in range(ws)]
+            wait(dist.all_to_all(outs, [torch.full((1,), float(10 * r + q)) for q in range(ws)],
+                                 group=g, async_op=async_op), async_op)
+            assert_equal(torch.cat(outs), torch.tensor([10.0 * q + r for q in range(ws)]),
+                         "all_to_all")
+            gl = [torch.empty(1) for _ in range(ws)] if r == 0 else None
+            wait(dist.gather(torch.full((1,), float(r)), gl, dst=0, group=g, async_op=async_op),
+                 async_op)
+            if r == 0:
+                assert_equal(torch.cat(gl), torch.arange(ws, dtype=torch.float32), "gather")
+            sc = torch.empty(1)
+            wait(dist.scatter(sc, [torch.full((1,), float(q)) for q in range(ws)] if r == 0
+                              else None, src=0, group=g, async_op=async_op), async_op)
+            assert_equal(sc, torch.full((1,), float(r)), "scatter")
+            wait(dist.barrier(group=g, async_op=async_op), async_op)
+        # torch 2.13's preferred single-tensor spellings
+        out = torch.empty(ws * 3)
+        dist.all_gather_single(out, torch.full((3,), float(r)), group=g)
+        assert_equal(out, torch.arange(ws, dtype=torch.float32).repeat_interleave(3),
+                     "all_gather_single")
+        rs = torch.empty(2)
+        dist.reduce_scatter_single(rs, torch.ones(2 * ws), group=g)
+        assert_equal(rs, torch.full((2,), float(ws)), "reduce_scatter_single")
+        # point-to-point, tags and any source
+        nxt, prv = (r + 1) % ws, (r - 1) % ws
+        got = torch.empty(4)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((4,), float(r)), nxt,
+                                                  group=g, tag=2),
+                                       dist.P2POp(dist.irecv, got, prv, group=g, tag=2)])
+        for w in reqs:
+            w.wait()
+        assert_equal(got, torch.full((4,), float(prv)), "batch_isend_irecv")
+        if r == 0:
+            srcs = sorted(dist.recv(torch.empty(1), group=g, tag=4) for _ in range(ws - 1))
+            assert srcs == list(range(1, ws)), srcs
+        else:
+            dist.send(torch.full((1,), float(r)), dst=0, group=g, tag=4)
+        # sparse all-reduce, object collectives, monitored barrier, a sub-group
+        sp = torch.sparse_coo_tensor(torch.tensor([[r]]), torch.tensor([1.0]), [ws])
+        dist.all_reduce(sp, group=g)
+        assert_equal(sp.to_dense(), torch.ones(ws), "sparse all_reduce")
+        objs = [None] * ws
+        dist.all_gather_object(objs, ("r", r), group=g)
+        assert objs == [("r", q) for q in range(ws)], objs
+        lst = [r]
+        dist.broadcast_object_list(lst, src=0, group=g)
+        assert lst == [0], lst
+        rct.monitored_barrier(g, timeout=20)
+        sub = dist.new_group([0, 1], backend="ringcomm")
+        if r < 2:
+            t = torch.full((2,), float(r + 1))
+            dist.all_reduce(t, group=sub)
+            assert_equal(t, torch.full((2,), 3.0), "sub-group all_reduce")
+        dist.destroy_process_group(sub)
+        # torch's DDP and FSDP2, DTensor, and ringcomm's own wrappers, one step each
+        x = torch.full((3, 4), float(r))
+        torch.manual_seed(0)
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2), process_group=g)
+        ddp(x).sum().backward()
+        mesh = init_device_mesh("cpu", (ws,))
+        torch.manual_seed(0)
+        fs = torch.nn.Linear(4, 2)
+        fully_shard(fs, mesh=mesh)
+        fs(x).sum().backward()
+        dt = distribute_tensor(torch.arange(2.0 * ws), mesh, [Shard(0)])
+        assert_equal(dt.redistribute(mesh, [Replicate()]).to_local(), torch.arange(2.0 * ws),
+                     "DTensor redistribute")
+        torch.manual_seed(0)
+        bd = BucketedDDP(torch.nn.Linear(4, 2), process_group=g)
+        bd(x).sum().backward()
+        bd.finish_gradient_synchronization()
+        for stage in (1, 2):
+            torch.manual_seed(0)
+            m = torch.nn.Linear(4, 2)
+            zo = ZeroOptimizer(m.parameters(), torch.optim.SGD, stage=stage, process_group=g,
+                               lr=0.1)
+            m(x).sum().backward()
+            zo.step()
+        torch.manual_seed(0)
+        z3 = ZeroStage3(torch.nn.Linear(4, 2), torch.optim.SGD, process_group=g, lr=0.1)
+        z3(x).sum().backward()
+        z3.step()
+    assert not probe.found, "deprecation warnings from ringcomm's code:\n" + "\n".join(probe.found)
+    # the gradients of one step: the mean over ranks of each rank's (equal by construction)
+    # gradient, the same in torch's DDP, FSDP2 and ringcomm's BucketedDDP
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 2)
+    sum(ref(torch.full((3, 4), float(q))).sum() for q in range(ws)).backward()
+    for name, params in (("DDP", list(ddp.parameters())),
+                         ("BucketedDDP", list(bd.module.parameters()))):
+        for p, q in zip(params, ref.parameters()):
+            assert torch.allclose(p.grad, q.grad / ws, atol=1e-6), (name, p.grad, q.grad / ws)
+    for p, q in zip(fs.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad.full_tensor(), q.grad / ws, atol=1e-6), ("FSDP2", p.grad)
+
+
+# ---- the spawned battery ----------------------------------------------------------------------
 @pytest.mark.timeout(BATTERY_TIMEOUT_S + 60)
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_dropin(ws, name):
-    fail_on_error(battery_results(ws), ws, name)
+    fail_on_error(battery_results(__name__, CASES, ws, "ringcomm-dropin-test-", BATTERY_TIMEOUT_S,
+                                  GROUP_TIMEOUT_S), ws, name)

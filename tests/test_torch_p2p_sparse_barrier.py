@@ -15,8 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from torch_battery import (  # noqa: E402
-    fail_on_error, init_world, registry, run_cases, spawn_battery)
+from torch_battery import battery_results, fail_on_error, registry  # noqa: E402
 
 WORLD_SIZES = [2, 3]
 CASE_TIMEOUT_S = 30
@@ -277,31 +276,9 @@ def case_monitored_barrier(ctx):
 
 
 # ---- the battery ----------------------------------------------------------------------------------
-def _battery(rank, ws, file_path):
-    import ringcomm.torch  # noqa: F401 - registers the backend
-    torch.set_num_threads(1)
-    ctx = init_world(rank, ws, file_path, CASE_TIMEOUT_S)
-    results = {name: err for name, (err, _, _) in run_cases(ctx, CASES).items()}
-    dist.destroy_process_group()
-    return results
-
-
-_results: dict = {}
-
-
-def battery_results(ws: int) -> dict:
-    if ws not in _results:
-        per_rank, failure = spawn_battery(_battery, ws, "ringcomm-torch-p2p-", BATTERY_TIMEOUT_S)
-        if per_rank is None:
-            _results[ws] = {"__launch__": failure}
-        else:
-            _results[ws] = {name: "\n".join(e for e in (res[name] for res in per_rank) if e) or None
-                            for name in CASES}
-    return _results[ws]
-
-
 @pytest.mark.timeout(BATTERY_TIMEOUT_S + 60)
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_torch_extras(ws, name):
-    fail_on_error(battery_results(ws), ws, name)
+    fail_on_error(battery_results(__name__, CASES, ws, "ringcomm-torch-p2p-", BATTERY_TIMEOUT_S,
+                                  CASE_TIMEOUT_S), ws, name)

@@ -96,3 +96,40 @@ def fail_on_error(res: dict, ws: int, name: str) -> None:
         pytest.fail(res["__launch__"])
     if res[name] is not None:
         pytest.fail(f"world size {ws}, case {name}:\n{res[name]}")
+
+
+def battery_entry(rank: int, ws: int, store_path: str, module: str, case_timeout_s: float) -> dict:
+    """In a rank: the ringcomm default group, then every case of ``module``'s ``CASES`` in turn;
+    ``{name: error or None}``. Top-level (not a closure) so that a spawned rank can import it."""
+    import importlib
+
+    import torch
+    import torch.distributed as dist
+
+    import ringcomm.torch  # noqa: F401 - registers the backend
+    torch.set_num_threads(1)
+    cases = importlib.import_module(module).CASES
+    ctx = init_world(rank, ws, store_path, case_timeout_s)
+    results = {name: err for name, (err, _, _) in run_cases(ctx, cases).items()}
+    dist.destroy_process_group()
+    return results
+
+
+_battery_cache: dict = {}
+
+
+def battery_results(module: str, cases: dict, ws: int, prefix: str, timeout: float,
+                    case_timeout_s: float) -> dict:
+    """``{name: error or None}`` for every case of ``module`` at world size ``ws``, from ONE
+    spawned group (``battery_entry``), cached per (module, ws); ``{"__launch__": why}`` when the
+    group did not start or finish. Every rank holds every rank's errors (``run_cases`` agrees on
+    them), so rank 0's suffice."""
+    key = (module, ws)
+    if key not in _battery_cache:
+        per_rank, failure = spawn_battery(battery_entry, ws, prefix, timeout,
+                                          (module, case_timeout_s))
+        if per_rank is None:
+            _battery_cache[key] = {"__launch__": failure}
+        else:
+            _battery_cache[key] = {name: per_rank[0][name] for name in cases}
+    return _battery_cache[key]
