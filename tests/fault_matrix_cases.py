@@ -337,4 +337,18 @@ def run_matrix(rank, world, cases, limit_s):
     one record per case: the case, each rank's exit status, each rank's outcome."""
     import ringcomm  # noqa: F401 - imported once here, before the forks
     root = os.environ["RC_TEST_STORE"]
-    return [_run_case(root, i, case, limit_s) for i, case in enumerate(cases)]
+    return [_run_case_until_injected(root, i, case, limit_s) for i, case in enumerate(cases)]
+
+
+def _run_case_until_injected(root, idx, case, limit_s, attempts=3):
+    """_run_case, again (up to ``attempts`` times) while the victim reports that its fault missed
+    the window it aims at (say, the collective completed between two polls of a descheduled
+    poller): such an attempt injected nothing, so it says nothing about the library. The record
+    says how many attempts it took."""
+    for a in range(attempts):
+        rec = _run_case(root, f"{idx}-{a}", case, limit_s)
+        victim_out = rec["results"][case["world"] - 1]
+        if not (isinstance(victim_out, dict) and "missed" in victim_out):
+            break
+    rec["attempts"] = a + 1
+    return rec

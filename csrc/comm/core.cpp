@@ -392,7 +392,7 @@ WorkPtr CommCore::all_reduce(const void* in, void* out, int64_t count, DType dt,
     CollHeader h = checks_.all_reduce(in, out, count, dt, op, direct);
     // The small-message path: the first piece travels with the header (comm/header_exchange.h),
     // wherever the direct algorithm runs (RINGCOMM_DIRECT_MAX_BYTES); RINGCOMM_HEADER_IN_SLOT=off
-    // restores the header exchange first. Measured (docs/latency.md section 5: float32 SUM, in
+    // restores the header exchange first. Measured (docs/latency.md section 6: float32 SUM, in
     // place, time on / time off, geometric mean of 2-3 interleaved runs, SCHED_FIFO on the busy
     // 2-core machine, load 17-31):
     //   ranks arrival   1 KiB  4 KiB  16 KiB  64 KiB

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -67,6 +68,39 @@ std::string random_name() {
   for (int i = 0; i < 16; ++i) std::snprintf(hex + 2 * i, 3, "%02x", buf[i]);
   return std::string("/ringcomm-") + hex;
 }
+
+// CPUs this process may run on (its affinity mask), at least 1.
+int affinity_cpus() {
+  for (int n = 1024; n <= (1 << 20); n *= 4) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (set == nullptr) break;
+    const size_t bytes = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(bytes, set);
+    const int rc = sched_getaffinity(0, bytes, set);
+    const int count = rc == 0 ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (rc == 0) return std::max(1, count);
+    if (errno != EINVAL) break;  // EINVAL: the kernel's mask is larger than ours; retry larger
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// Involuntary context switches of the calling thread so far: the scheduler took its CPU while it
+// was runnable (preemption, or a sched_yield that ran another task).
+long thread_nivcsw() {
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
+  return ru.ru_nivcsw;
+}
+
+// WaitMode::kAdaptive: a wait that spun at least this long reads the thread's involuntary
+// switch count before and after its spin (two getrusage calls, ~1 us: only waits already this
+// long pay it).
+constexpr int64_t kProbeAfterNs = 5000;
+// WaitMode::kAdaptive: after a miss (a spin that ran out, or was preempted) this many waits
+// yield (about 30 small collectives: header and data waits); each wait that ends within its
+// spin unpreempted counts one down.
+constexpr int kYieldCreditWaits = 64;
 
 }  // namespace
 
@@ -131,14 +165,26 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   c.nslots = static_cast<uint32_t>(nslots);
   c.timeout_s = timeout_s > 0 ? timeout_s : knob_double("RINGCOMM_TIMEOUT");
   RC_CHECK(c.timeout_s > 0, InvalidArgument, "timeout must be > 0 s, got " << c.timeout_s);
-  // Spin before sleeping. With more ranks than cores a spinning waiter steals the core from the
-  // rank it waits for, so the default spin is short then.
-  unsigned ncpu = std::max(1u, std::thread::hardware_concurrency());
-  int64_t spin_default_us = (static_cast<unsigned>(world_size) <= ncpu) ? 50 : 2;
+  // Wait policy. world_size is the number of ranks on this node (the transport spans one node);
+  // against it, the CPUs this process may run on. With more ranks than CPUs the rank a waiter
+  // waits for is often runnable on the waiter's own CPU: only yielding (or sleeping) lets it run,
+  // and a spinning waiter steals its core, so the spin is short and yields. With a CPU per rank,
+  // a sched_yield only helps when another process shares the waiter's CPU right now; kAdaptive
+  // detects that (a spin that ran out or was preempted: a miss) instead of yielding on every wait.
+  c.cpus = affinity_cpus();
+  const bool oversubscribed = world_size > c.cpus;
+  const std::string mode = knob_str("RINGCOMM_WAIT");
+  c.wait_mode = mode == "spin"    ? WaitMode::kSpin
+                : mode == "yield" ? WaitMode::kYield
+                : oversubscribed  ? WaitMode::kYield
+                                  : WaitMode::kAdaptive;
+  const int64_t spin_default_us = oversubscribed ? 2 : 50;
   c.spin_ns = (knob_is_set("RINGCOMM_SPIN_US") ? knob_int("RINGCOMM_SPIN_US") : spin_default_us) * 1000;
-  // Then yield: when ranks outnumber cores the rank we wait for is usually runnable on our core,
-  // and sched_yield hands it the CPU for a fraction of a futex sleep/wake's cost (~40 us here).
+  RC_CHECK(c.spin_ns >= 0, InvalidArgument, "RINGCOMM_SPIN_US must be >= 0, got " << c.spin_ns / 1000);
+  // Yielding waits spin yield_ns longer: sched_yield hands a runnable peer on our CPU the core
+  // for a fraction of a futex sleep/wake's cost (~40 us here).
   c.yield_ns = knob_int("RINGCOMM_YIELD_US") * 1000;
+  RC_CHECK(c.yield_ns >= 0, InvalidArgument, "RINGCOMM_YIELD_US must be >= 0, got " << c.yield_ns / 1000);
   c.yield_every_ns = std::max<int64_t>(100, knob_int("RINGCOMM_YIELD_EVERY_NS"));
   c.liveness_ns = knob_int("RINGCOMM_LIVENESS_MS") * 1000000;
   RC_CHECK(c.liveness_ns > 0, InvalidArgument, "RINGCOMM_LIVENESS_MS must be > 0");
@@ -220,6 +266,24 @@ ShmTransport::ChanGeom ShmTransport::geom_of(int owner, Lane lane, int src) cons
       off += chan_bytes(world_, owner, static_cast<Lane>(l), s, cfg_);
     }
   return g;
+}
+
+std::string ShmTransport::describe_wait() const {
+  std::ostringstream o;
+  o << "wait ";
+  switch (cfg_.wait_mode) {
+    case WaitMode::kSpin: o << "spin"; break;
+    case WaitMode::kYield: o << "yield"; break;
+    case WaitMode::kAdaptive: o << "adaptive"; break;
+  }
+  o << " (" << world_ << " ranks, " << cfg_.cpus << " CPUs): spin " << cfg_.spin_ns / 1000 << " us";
+  if (cfg_.wait_mode != WaitMode::kSpin) {
+    o << (cfg_.wait_mode == WaitMode::kAdaptive ? "; yielding " : ", ") << "+" << cfg_.yield_ns / 1000
+      << " us with a sched_yield every " << cfg_.yield_every_ns << " ns";
+    if (cfg_.wait_mode == WaitMode::kAdaptive) o << " for " << kYieldCreditWaits << " waits after a miss";
+  }
+  o << ", then futex";
+  return o.str();
 }
 
 std::string ShmTransport::describe_geometry() const {
@@ -635,27 +699,53 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
                               const WaitCtx& w) {
   if (ready()) return;
   const int64_t t0 = now_ns();
-  // Active phase (spin_ns + yield_ns): spin on the word, and every yield_every_ns hand the CPU to
-  // whoever else is runnable here. When the peer runs on another core the flag flips within the
-  // spin; when the scheduler has put the peer on OUR core (it happens even with fewer ranks than
-  // cores), only yielding lets it run - without the periodic yield every hand-off would cost a
-  // whole spin budget.
-  const int64_t active_end = t0 + cfg_.spin_ns + cfg_.yield_ns;
+  // Spin phase: poll the word with `pause`. A yielding wait (WaitMode::kYield, or kAdaptive after
+  // a miss) also hands the CPU to whoever else is runnable on it every yield_every_ns,
+  // and spins yield_ns longer: when the peer sits runnable on OUR CPU (ranks outnumber CPUs, or
+  // another process shares the CPU) only that lets it run before our spin budget is gone.
+  const WaitMode mode = cfg_.wait_mode;
+  const bool adaptive = mode == WaitMode::kAdaptive;
+  const bool yielding = mode == WaitMode::kYield ||
+                        (adaptive && yield_credit_.load(std::memory_order_relaxed) > 0);
+  const int64_t active_end = t0 + cfg_.spin_ns + (yielding ? cfg_.yield_ns : 0);
   int64_t next_yield = t0 + cfg_.yield_every_ns;
+  long nivcsw0 = -1;  // kAdaptive: involuntary switches when the probe started (-1: not yet)
+  bool done = false;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       cpu_relax();
-      if (ready()) return;
+      if (ready()) {
+        done = true;
+        break;
+      }
     }
+    if (done) break;
     const int64_t now = now_ns();
-    if (now >= next_yield) {
+    if (yielding && now >= next_yield) {
       sched_yield();
-      if (ready()) return;
+      if (ready()) {
+        done = true;
+        break;
+      }
       next_yield = now + cfg_.yield_every_ns;
     }
     if (now >= active_end) break;
     if (closing()) fail_closing(w);
+    if (adaptive && nivcsw0 < 0 && now - t0 >= kProbeAfterNs) nivcsw0 = thread_nivcsw();
   }
+  if (adaptive) {
+    // A miss: the spin ran out (the peer did not get to run within our budget: on a shared CPU it
+    // may be queued behind us), or this thread was preempted while spinning (its CPU is shared
+    // right now). Then the next waits yield while they spin. A wait that ended within its spin
+    // unpreempted counts the credit down: back to pure spinning once the sharing stops.
+    const bool preempted = nivcsw0 >= 0 && thread_nivcsw() > nivcsw0;
+    if (!done || preempted) {
+      yield_credit_.store(kYieldCreditWaits, std::memory_order_relaxed);
+    } else if (yield_credit_.load(std::memory_order_relaxed) > 0) {
+      yield_credit_.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+  if (done) return;
   // Sleep phase: futex in slices, checking peers and the deadline between slices.
   const int64_t deadline = deadline_after(t0, timeout_s());
   int64_t next_liveness = t0;

@@ -69,13 +69,22 @@ struct WaitCtx {
   const char* what = "";   // what is awaited: "data", "free slot", "header", ...
 };
 
+/// How a waiter spends the time before it sleeps on the futex (RINGCOMM_WAIT, resolved).
+enum class WaitMode : int {
+  kSpin = 0,      // pause-spin spin_ns, then sleep: never sched_yield
+  kYield = 1,     // spin spin_ns + yield_ns with a sched_yield every yield_every_ns, then sleep
+  kAdaptive = 2,  // kSpin; after a miss (the spin ran out, or was preempted) kYield for a while
+};
+
 struct ShmConfig {
   size_t slot_bytes = 0;     // RINGCOMM_SLOT_BYTES
   uint32_t nslots = 0;       // RINGCOMM_NSLOTS
   double timeout_s = 300;    // RINGCOMM_TIMEOUT (per communicator override)
+  WaitMode wait_mode = WaitMode::kAdaptive;  // RINGCOMM_WAIT (auto resolved, see from_env)
+  int cpus = 1;              // CPUs this process may run on (sched_getaffinity) when configured
   int64_t spin_ns = 0;       // RINGCOMM_SPIN_US
-  int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: after spinning, yield the CPU this long before sleeping
-  int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: while spinning, yield the CPU this often
+  int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: yielding waits spin this much longer
+  int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: yielding waits sched_yield this often
   int64_t liveness_ns = 0;   // RINGCOMM_LIVENESS_MS: how often a sleeping waiter checks peers
   int64_t heartbeat_timeout_ns = 0;  // RINGCOMM_HEARTBEAT_TIMEOUT_MS: a still heartbeat means dead
   // Geometry of the channels other than the collective one from the ring predecessor; 0: the
@@ -165,6 +174,8 @@ class ShmTransport {
   size_t segment_bytes() const { return seg_bytes_; }
   /// One line describing the channel geometry and the footprint (RINGCOMM_DEBUG=INFO).
   std::string describe_geometry() const;
+  /// The resolved wait policy in words: mode, spin/yield budgets, ranks vs CPUs.
+  std::string describe_wait() const;
   /// How each peer's liveness is checked, after attach(): "liveness: rank 1 pid probe (same PID
   /// namespace), rank 2 heartbeat (PID namespace ... differs; dead after N ms still)".
   std::string describe_liveness() const;
@@ -274,6 +285,10 @@ class ShmTransport {
   // concurrent one returns without touching them (else two threads could interleave the text).
   std::atomic<bool> abort_claimed_{false};
   std::atomic<double> timeout_s_;
+  // WaitMode::kAdaptive: how many more waits yield while spinning. Set by a waiter whose spin
+  // ran out or was preempted, counted down by waits that ended within their spin unpreempted. Any
+  // waiting thread reads and writes it (relaxed: a hint, it orders nothing).
+  std::atomic<int> yield_credit_{0};
 };
 
 }  // namespace rc

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", action="store_true",
                    help="instead of the sweep: the per-phase table (RINGCOMM_TRACE) of 1 KiB and "
                         "64 KiB all_reduce and broadcast, back to back and apart (-np ranks)")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="run N busy processes (pure compute, not pinned, normal priority) beside "
+                        "the ranks during the timed phases; reaped afterwards (default 0)")
     p.add_argument("--no-inplace", dest="inplace", action="store_false",
                    help="skip ringcomm's in-place variants (broadcast keeps its only, in-place, form)")
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
@@ -106,6 +109,8 @@ def resolve(args) -> dict:
     """Validated run configuration (JSON-serialisable: it travels to every rank)."""
     if args.world_size < 1:
         raise ValueError(f"-np must be >= 1, got {args.world_size}")
+    if args.load < 0:
+        raise ValueError(f"--load must be >= 0, got {args.load}")
     if args.nodes < 1 or args.nodes > args.world_size:
         raise ValueError(f"--nodes must be in 1..{args.world_size}, got {args.nodes}")
     if args.nodes > 1 and not NODES_SUPPORTED:
@@ -139,7 +144,8 @@ def resolve(args) -> dict:
         raise ValueError("-n must be >= 1 and -w >= 0")
     return {"world_size": args.world_size, "ops": ops, "dtypes": dtypes, "redops": redops,
             "sizes": sizes, "policy": policy, "peers": peers, "inplace": args.inplace,
-            "nodes": args.nodes, "op_timeout": args.op_timeout, "timeout": args.timeout}
+            "nodes": args.nodes, "load": args.load, "op_timeout": args.op_timeout,
+            "timeout": args.timeout}
 
 
 def pol_arrival(cfg: dict) -> str:
@@ -229,9 +235,10 @@ def main(argv=None) -> int:
         parser.error("--plot needs matplotlib (pip install matplotlib, or 'ringcomm[bench]')")
     from ringcomm.launch import LaunchError, spawn
 
+    from .load import BusyLoad
     if args.trace:
         from .trace_table import main_trace
-        return main_trace(cfg, args.iters or 100)
+        return main_trace(cfg, args.iters or 100, BusyLoad(cfg["load"]))
 
     from . import report
     from .memcpy import measure_memcpy
@@ -266,7 +273,11 @@ def main(argv=None) -> int:
     results: list[dict] = []
     described: dict[str, str] = {}
     tmp = tempfile.mkdtemp(prefix="ringcomm-bench-")
+    load = BusyLoad(cfg["load"])
+    if load.n:
+        print(f"# ringcomm-bench: starting {load.n} busy processes ...", file=sys.stderr)
     try:
+        load.__enter__()
         cfg["rc_init"] = "file://" + os.path.join(tmp, "rc_rdzv")
         cfg["torch_store"] = os.path.join(tmp, "torch_store")
         if torch_libs:
@@ -285,6 +296,7 @@ def main(argv=None) -> int:
             if res:
                 results.extend(res)
     finally:
+        load.__exit__(None, None, None)
         shutil.rmtree(tmp, ignore_errors=True)
 
     for res in results:
@@ -316,6 +328,7 @@ def main(argv=None) -> int:
         "# time = median over timed calls of the max over ranks (min also shown for ringcomm); "
         "algbw = size/time, busbw = algbw x factor; GB/s = 1e9 B/s",
         "# arrival: " + arrival_text(pol),
+        "# load: " + load.summary,
     ]
     load_end = _loadavg()
     if load_start is not None:
@@ -337,6 +350,7 @@ def main(argv=None) -> int:
             "numpy": numpy.__version__, "libraries": described, "command": cmdline,
             "notices": notices, "world_size": cfg["world_size"], "elapsed_s": elapsed,
             "loadavg_start": load_start, "loadavg_end": load_end, "cpu_busy_start": busy_start,
+            "load": load.as_dict(),
             "config": {k: v for k, v in cfg.items() if k not in ("rc_init", "torch_store")}}
     if args.json:
         report.write_json(args.json, meta, records, memcpy, summary_data)

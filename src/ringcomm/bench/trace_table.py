@@ -128,7 +128,9 @@ def render(results: list[dict], world: int) -> list[str]:
     return lines
 
 
-def main_trace(cfg: dict, calls: int = 100) -> int:
+def main_trace(cfg: dict, calls: int = 100, load=None) -> int:
+    """The per-phase table on stdout; `load` (a BusyLoad or None) runs around the ranks."""
+    from .load import BusyLoad
     from ringcomm.launch import LaunchError, spawn
     from ..machine import cpu_model
     from .cli import _loadavg
@@ -140,10 +142,12 @@ def main_trace(cfg: dict, calls: int = 100) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     load0 = _loadavg()
     tmp = tempfile.mkdtemp(prefix="ringcomm-trace-")
+    load = load if load is not None else BusyLoad(0)
     try:
         env = {"RINGCOMM_TRACE": str(calls + WARMUP)}
-        results = spawn(_rank, world, ("file://" + os.path.join(tmp, "rc"), os.path.join(tmp, "ts"),
-                                       calls), timeout=cfg["timeout"], env=env)
+        with load:
+            results = spawn(_rank, world, ("file://" + os.path.join(tmp, "rc"), os.path.join(tmp, "ts"),
+                                           calls), timeout=cfg["timeout"], env=env)
     except LaunchError as e:
         print(f"ringcomm-bench --trace: the ranks failed: {e}", file=sys.stderr)
         return 3
@@ -166,7 +170,8 @@ def main_trace(cfg: dict, calls: int = 100) -> int:
             "#   finish = last slot -> exit (Work complete), py_out = exit -> Python, total = the "
             "Python call; call = median of the max over ranks of total",
             (f"# load average before/after {load0[0]:.2f} / {load1[0]:.2f} ({os.cpu_count()} cores)"
-             if load0 and load1 else "# load average: unavailable")]
+             if load0 and load1 else "# load average: unavailable"),
+            "# load: " + load.summary]
     wrong = sum(r["wrong"] for r in results)
     lines = head + render(results, world)
     lines.append(f"# check: {'ok' if wrong == 0 else f'FAIL ({wrong} wrong elements)'}")

@@ -1,0 +1,86 @@
+"""The wait policy (RINGCOMM_WAIT, csrc/transport/shm.cpp): which one a rank resolves, and that
+collectives stay exact under each one.
+
+Resolution is checked against the kernel's own answer (os.sched_getaffinity in the rank):
+`auto` yields when the node's ranks outnumber the CPUs the rank may run on, else it is
+`adaptive`; `spin` and `yield` are taken as given. The INFO line every communicator logs names
+the resolved policy. Results are checked against numpy under every policy, on one CPU (ranks
+sharing it: every wait needs the other rank to be scheduled) and with ranks arriving at random
+times and a 1 us spin (so adaptive waits miss, switch to yielding and back)."""
+import os
+import random
+import re
+import tempfile
+
+import numpy as np
+import pytest
+
+import ringcomm
+from ringcomm.launch import spawn_with_store
+
+
+def _rank(rank, world, store, cpus, arrivals):
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    ncpu = len(os.sched_getaffinity(0))
+    # The INFO line goes to fd 2 when the communicator connects: capture it in a file.
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    try:
+        comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + store)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    log.seek(0)
+    text = log.read().decode(errors="replace")
+    rng = random.Random(1000 + rank)
+    wrong = 0
+    with comm:
+        for i in range(60):
+            if arrivals:
+                t = rng.choice((0.0, 0.0, 2e-5, 2e-4, 2e-3))   # 0..2 ms late
+                if t:
+                    import time
+                    time.sleep(t)
+            n = (1, 7, 1000, 70000)[i % 4]
+            x = (np.arange(n, dtype=np.float64) + 1) * (rank + 1) + i
+            comm.all_reduce(x)
+            want = (np.arange(n, dtype=np.float64) + 1) * sum(r + 1 for r in range(world)) + i * world
+            wrong += int(np.count_nonzero(x != want))
+            y = np.full(n, float(rank * 100 + i), dtype=np.float32)
+            comm.broadcast(y, root=i % world)
+            wrong += int(np.count_nonzero(y != np.float32((i % world) * 100 + i)))
+    return {"ncpu": ncpu, "log": text, "wrong": wrong}
+
+
+def _wait_line(log):
+    m = re.search(r"wait (\w+) \((\d+) ranks, (\d+) CPUs\)", log)
+    assert m, log
+    return m.group(1), int(m.group(2)), int(m.group(3))
+
+
+ALL = None
+
+
+@pytest.mark.parametrize("world,cpus,knob", [
+    (2, {0}, "auto"),            # 2 ranks on 1 CPU: yield
+    (2, ALL, "auto"),            # as many CPUs as ranks (this machine has 2): adaptive
+    (3, ALL, "auto"),
+    (2, {0}, "spin"),
+    (2, ALL, "yield"),
+])
+def test_resolved_policy_and_exact_results(world, cpus, knob):
+    env = {"RINGCOMM_WAIT": knob, "RINGCOMM_DEBUG": "INFO", "RINGCOMM_SLOT_BYTES": "4K",
+           "RINGCOMM_TIMEOUT": "60"}
+    if knob == "auto" and cpus is ALL:
+        env["RINGCOMM_SPIN_US"] = "1"          # misses: adaptive switches to yielding and back
+    res = spawn_with_store(_rank, world, lambda s: (s, cpus, True), timeout=240, env=env)
+    for r in res:
+        assert r["wrong"] == 0
+        mode, ranks, ncpu = _wait_line(r["log"])
+        assert ranks == world and ncpu == r["ncpu"], r["log"]
+        if knob == "auto":
+            assert mode == ("yield" if world > r["ncpu"] else "adaptive"), (mode, r["ncpu"])
+        else:
+            assert mode == knob
