@@ -2,8 +2,8 @@
 collectives stay exact under each one.
 
 Resolution is checked against the kernel's own answer (os.sched_getaffinity in the rank):
-`auto` yields when the node's ranks outnumber the CPUs the rank may run on, else it is
-`adaptive`; `spin` and `yield` are taken as given. The INFO line every communicator logs names
+`auto` is `yield` (with a 2 us spin when the node's ranks outnumber the CPUs the rank may run
+on); `spin`, `yield` and `adaptive` are taken as given. The INFO line every communicator logs names
 the resolved policy. Results are checked against numpy under every policy, on one CPU (ranks
 sharing it: every wait needs the other rank to be scheduled) and with ranks arriving at random
 times and a 1 us spin (so adaptive waits miss, switch to yielding and back)."""
@@ -65,15 +65,16 @@ ALL = None
 
 @pytest.mark.parametrize("world,cpus,knob", [
     (2, {0}, "auto"),            # 2 ranks on 1 CPU: yield
-    (2, ALL, "auto"),            # as many CPUs as ranks (this machine has 2): adaptive
+    (2, ALL, "auto"),            # as many CPUs as ranks (this machine has 2): yield
     (3, ALL, "auto"),
+    (2, ALL, "adaptive"),
     (2, {0}, "spin"),
     (2, ALL, "yield"),
 ])
 def test_resolved_policy_and_exact_results(world, cpus, knob):
     env = {"RINGCOMM_WAIT": knob, "RINGCOMM_DEBUG": "INFO", "RINGCOMM_SLOT_BYTES": "4K",
            "RINGCOMM_TIMEOUT": "60"}
-    if knob == "auto" and cpus is ALL:
+    if knob == "adaptive":
         env["RINGCOMM_SPIN_US"] = "1"          # misses: adaptive switches to yielding and back
     res = spawn_with_store(_rank, world, lambda s: (s, cpus, True), timeout=240, env=env)
     for r in res:
@@ -81,6 +82,6 @@ def test_resolved_policy_and_exact_results(world, cpus, knob):
         mode, ranks, ncpu = _wait_line(r["log"])
         assert ranks == world and ncpu == r["ncpu"], r["log"]
         if knob == "auto":
-            assert mode == ("yield" if world > r["ncpu"] else "adaptive"), (mode, r["ncpu"])
+            assert mode == "yield", (mode, r["ncpu"])
         else:
             assert mode == knob

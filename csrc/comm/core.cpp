@@ -129,7 +129,9 @@ CommCore::Call::Call(CommCore* c) : c_(c) {
 
 CommCore::Call::~Call() {
   std::lock_guard<std::mutex> lk(c_->mu_);
-  if (--c_->calls_ == 0) c_->cv_.notify_all();
+  // Only close() waits for calls_ to reach 0 (draining_ set, under mu_, before it checks): a
+  // notify otherwise would wake the progress thread for nothing on every call.
+  if (--c_->calls_ == 0 && c_->draining_) c_->cv_.notify_all();
 }
 
 void CommCore::forge_next_header_for_test(int64_t count, int64_t count2) {
@@ -279,14 +281,18 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
       queue_.push_back(task);
     }
   }
+  bool wake = true;  // queued: the progress thread runs it
   if (inline_run) {
     run_task(task);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      busy_ = false;
-    }
+    std::lock_guard<std::mutex> lk(mu_);
+    busy_ = false;
+    // Clearing busy_ matters to the progress thread only when work is queued (or it is told to
+    // stop), and to close() only while it drains; both read it under mu_, so a later change of
+    // either notifies by itself. Otherwise a notify is a futex wake and a pointless wake-up of
+    // the progress thread on every synchronous call.
+    wake = !queue_.empty() || stopping_ || draining_;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
   if (!l.async) task.work->wait_host(-1.0);
   return task.work;
 }
@@ -532,6 +538,7 @@ void CommCore::close() {
     // Calls still inside the core (a synchronous call running inline, a caller between its
     // check and its submit) leave promptly: their waits raise Closed.
     std::unique_lock<std::mutex> lk(mu_);
+    draining_ = true;  // from now on the last call out, and busy_ clearing, notify
     const double wait_s = dev_->has_control() ? dev_->control().config().timeout_s : 0.0;
     const int64_t deadline = deadline_after(now_ns(), wait_s);
     drained = true;

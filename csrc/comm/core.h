@@ -179,6 +179,7 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   bool busy_ = false;
   bool stopping_ = false;
   int calls_ = 0;             // threads inside a public call (see Call)
+  bool draining_ = false;     // close() waits for calls_ == 0 and !busy_ (cv_ notified then)
   bool forge_ = false;        // forge_next_header_for_test: applies to the next submit
   int64_t forge_count_ = 0, forge_count2_ = 0;
   uint64_t seq_ = 0;          // last collective sequence number handed out

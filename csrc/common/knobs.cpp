@@ -22,7 +22,7 @@ const std::vector<KnobInfo>& table() {
       {"RINGCOMM_NSLOTS", T::kInt, "8", "", "slots per channel, a power of two in 2..1024 (the ring's deadlock-freedom argument needs two)", false},
       {"RINGCOMM_FAR_SLOT_BYTES", T::kBytes, "32K", "", "slot size of the channels other than the one from the ring predecessor (direct exchanges, point-to-point; min(RINGCOMM_NSLOTS, 4) slots each; 3 or more ranks)", false},
       {"RINGCOMM_TIMEOUT", T::kFloat, "300", "", "seconds any single wait may take (timeout= per communicator overrides)", false},
-      {"RINGCOMM_WAIT", T::kChoice, "auto", "auto|spin|yield", "wait policy: spin (pause-spin, then futex sleep), yield (spin with a sched_yield every RINGCOMM_YIELD_EVERY_NS, then futex) or auto (yield when this node's ranks outnumber the CPUs they may run on, else spin, switching to yield for the next 64 waits after a spin ran out or was preempted)", false},
+      {"RINGCOMM_WAIT", T::kChoice, "auto", "auto|spin|yield|adaptive", "wait policy: spin (pause-spin, then futex sleep), yield (spin with a sched_yield every RINGCOMM_YIELD_EVERY_NS, then futex), adaptive (spin, switching to yield for the next 64 waits after a spin ran out or was preempted) or auto (yield: measured fastest; the spin is 2 us instead of 50 when this node's ranks outnumber the CPUs they may run on)", false},
       {"RINGCOMM_SPIN_US", T::kInt, "50", "", "microseconds a waiter spins before sleeping on a futex (unset: 2 when ranks outnumber CPUs)", false},
       {"RINGCOMM_YIELD_US", T::kInt, "200", "", "while yielding: microseconds more of spinning with yields before the futex sleep", false},
       {"RINGCOMM_YIELD_EVERY_NS", T::kInt, "2000", "", "while yielding: sched_yield this often during the spin (min 100)", false},

@@ -169,15 +169,16 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   // against it, the CPUs this process may run on. With more ranks than CPUs the rank a waiter
   // waits for is often runnable on the waiter's own CPU: only yielding (or sleeping) lets it run,
   // and a spinning waiter steals its core, so the spin is short and yields. With a CPU per rank,
-  // a sched_yield only helps when another process shares the waiter's CPU right now; kAdaptive
-  // detects that (a spin that ran out or was preempted: a miss) instead of yielding on every wait.
+  // kAdaptive (yield only after a miss: a spin that ran out or was preempted) was meant to save
+  // the sched_yield calls, but measured without SCHED_FIFO on a quiet 2-vCPU VM it made back-to-
+  // back calls of 1-64 KiB 1.1-3.6x slower than kYield (docs/latency.md): auto is kYield, and
+  // kAdaptive stays selectable.
   c.cpus = affinity_cpus();
   const bool oversubscribed = world_size > c.cpus;
   const std::string mode = knob_str("RINGCOMM_WAIT");
-  c.wait_mode = mode == "spin"    ? WaitMode::kSpin
-                : mode == "yield" ? WaitMode::kYield
-                : oversubscribed  ? WaitMode::kYield
-                                  : WaitMode::kAdaptive;
+  c.wait_mode = mode == "spin"       ? WaitMode::kSpin
+                : mode == "adaptive" ? WaitMode::kAdaptive
+                                     : WaitMode::kYield;  // yield, and auto
   const int64_t spin_default_us = oversubscribed ? 2 : 50;
   c.spin_ns = (knob_is_set("RINGCOMM_SPIN_US") ? knob_int("RINGCOMM_SPIN_US") : spin_default_us) * 1000;
   RC_CHECK(c.spin_ns >= 0, InvalidArgument, "RINGCOMM_SPIN_US must be >= 0, got " << c.spin_ns / 1000);
