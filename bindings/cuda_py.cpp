@@ -14,6 +14,7 @@
 
 #include "comm_methods_py.h"
 #include "errors_py.h"
+#include "pin_range_py.h"
 
 #include <chrono>
 #include <cstring>
@@ -251,18 +252,6 @@ PYBIND11_MODULE(_C_cuda, m) {
      "True when every piece of work enqueued on the stream so far has finished (cudaStreamQuery).");
   // The process's pinned / IPC-mapped ranges (transport/pin_registry.h): tests check that a
   // non-drained close retires its ranges and that later communicators never overlap them.
-  m.def("_pinned_ranges", [] {
-    py::list out;
-    for (const rc::PinRange& r : rc::PinRegistry::process().ranges()) {
-      py::dict d;
-      d["begin"] = static_cast<uint64_t>(r.begin);
-      d["bytes"] = static_cast<uint64_t>(r.bytes);
-      d["kind"] = r.kind == rc::PinKind::kHostRegistered ? "host" : "ipc";
-      d["owner"] = r.owner;
-      d["state"] = r.state == rc::PinState::kLive ? "live" : "retired";
-      out.append(d);
-    }
-    return out;
-  });
+  m.def("_pinned_ranges", [] { return rc_py::pin_range_list(rc::PinRegistry::process().ranges()); });
   rc_py::def_core_methods<StreamLaunches>(comm);
 }

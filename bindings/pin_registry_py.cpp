@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "pin_range_py.h"
 #include "transport/pin_registry.h"
 
 namespace py = pybind11;
@@ -22,22 +23,6 @@ rc::PinKind kind_of(const std::string& k) {
 }
 
 const void* addr_of(uintptr_t a) { return reinterpret_cast<const void*>(a); }
-
-py::dict range_dict(const rc::PinRange& r) {
-  py::dict d;
-  d["begin"] = static_cast<uint64_t>(r.begin);
-  d["bytes"] = static_cast<uint64_t>(r.bytes);
-  d["kind"] = r.kind == rc::PinKind::kHostRegistered ? "host" : "ipc";
-  d["owner"] = r.owner;
-  d["state"] = r.state == rc::PinState::kLive ? "live" : "retired";
-  return d;
-}
-
-py::list range_list(const std::vector<rc::PinRange>& v) {
-  py::list out;
-  for (const auto& r : v) out.append(range_dict(r));
-  return out;
-}
 
 }  // namespace
 
@@ -54,11 +39,11 @@ void bind_pin_registry(py::module_& m) {
       .def("reject_foreign", [](rc::PinRegistry& r, uint64_t owner, uintptr_t addr, size_t bytes) {
              r.reject_foreign(owner, addr_of(addr), bytes);
            })
-      .def("release", [](rc::PinRegistry& r, uint64_t owner) { return range_list(r.release(owner)); })
+      .def("release", [](rc::PinRegistry& r, uint64_t owner) { return rc_py::pin_range_list(r.release(owner)); })
       .def("retire", &rc::PinRegistry::retire)
       .def("settle", [](rc::PinRegistry& r, uint64_t owner, bool drained) {
-             return range_list(r.settle(owner, drained));
+             return rc_py::pin_range_list(r.settle(owner, drained));
            }, py::arg("owner"), py::arg("drained"))
-      .def("ranges", [](const rc::PinRegistry& r) { return range_list(r.ranges()); })
+      .def("ranges", [](const rc::PinRegistry& r) { return rc_py::pin_range_list(r.ranges()); })
       .def("retired_bytes", &rc::PinRegistry::retired_bytes);
 }
