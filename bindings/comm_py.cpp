@@ -56,6 +56,17 @@ void bind_comm(py::module_& m) {
            py::arg("count2"))
       .def("trace", [](const Communicator& c) { return trace_list(c.trace()); },
            "The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.")
+      .def("wait_stats",
+           [](const Communicator& c) {
+             const auto st = c.wait_stats();
+             py::dict d;
+             d["slept"] = st.slept;
+             d["yields_lost"] = st.yields_lost;
+             d["colocated"] = st.colocated;
+             return d;
+           },
+           "Counters of this rank's waits' slow paths: futex sleeps, sched_yields that lost the CPU, "
+           "waits that found their peer on their own CPU.")
       .def("abort", &Communicator::abort, py::arg("reason") = "", rc_py::ReleaseGil())
       .def("set_timeout", &Communicator::set_timeout, py::arg("seconds"))
       .def("errored", [](Communicator& c) -> py::object {

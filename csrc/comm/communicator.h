@@ -57,6 +57,8 @@ class Communicator final : public CommCore {
   std::string create() { return host_->transport().create(); }
   /// Rendezvous, step 2: names of every rank's segment in rank order. Starts the threads.
   void connect(const std::vector<std::string>& names);
+  /// The shm transport's wait counters (see ShmTransport::WaitStats).
+  ShmTransport::WaitStats wait_stats() const { return host_->transport().wait_stats(); }
 
  private:
   HostDevice* host_;  // owned by the core

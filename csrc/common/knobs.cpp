@@ -26,6 +26,8 @@ const std::vector<KnobInfo>& table() {
       {"RINGCOMM_SPIN_US", T::kInt, "50", "", "microseconds a waiter spins before sleeping on a futex (unset: 2 when ranks outnumber CPUs)", false},
       {"RINGCOMM_YIELD_US", T::kInt, "200", "", "while yielding: microseconds more of spinning with yields before the futex sleep", false},
       {"RINGCOMM_YIELD_EVERY_NS", T::kInt, "2000", "", "while yielding: sched_yield this often during the spin (min 100)", false},
+      {"RINGCOMM_YIELD_LOST_US", T::kInt, "300", "", "while yielding: a sched_yield that kept the CPU away this long (a whole scheduler slice: another process's task ran, not a rank) with the awaited word still unset ends the wait's spin (it sleeps on the futex) and starts the back-off", false},
+      {"RINGCOMM_YIELD_BACKOFF_MS", T::kInt, "50", "", "after such a lost yield, waits spin and sleep without sched_yield for this long (0: never back off)", false},
       {"RINGCOMM_LIVENESS_MS", T::kInt, "100", "", "how often a sleeping waiter checks that its peers are alive", false},
       {"RINGCOMM_HEARTBEAT_TIMEOUT_MS", T::kInt, "5000", "", "a peer in another PID namespace (containers sharing /dev/shm) is dead when its heartbeat has not moved for this long (the larger of both ranks' values); its background thread bumps it every 1/8 of this", false},
       {"RINGCOMM_TEST_PIDNS", T::kStr, "", "", "test hook: replaces this process's PID-namespace identity (ranks with different values use the heartbeat, not the pid probe)", false},

@@ -28,7 +28,7 @@ namespace rc {
 namespace {
 
 constexpr uint64_t kMagic = 0x52494e47434f4d4dULL;  // "RINGCOMM"
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 constexpr size_t kPage = 4096;
 constexpr size_t kAbortMsgBytes = 1024;
 
@@ -138,6 +138,10 @@ struct SegmentHeader {
   alignas(64) Word state;      // PeerState; kind/msg written before state (release)
   uint32_t abort_kind;
   char abort_msg[kAbortMsgBytes];
+  // 1 + the CPU the owner's last wait began on (0: none yet). Stored by the owner's waiting
+  // threads only when it changed (relaxed), read by peers' waits as a placement hint: a peer
+  // that waits for us on our own CPU cannot see us move while it spins (see wait_until).
+  alignas(64) std::atomic<int32_t> on_cpu;
   alignas(64) Word doorbell;   // p2p activity counter (see ring_doorbell)
   alignas(64) BoardEntry board[2];
 };
@@ -187,6 +191,19 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   c.yield_ns = knob_int("RINGCOMM_YIELD_US") * 1000;
   RC_CHECK(c.yield_ns >= 0, InvalidArgument, "RINGCOMM_YIELD_US must be >= 0, got " << c.yield_ns / 1000);
   c.yield_every_ns = std::max<int64_t>(100, knob_int("RINGCOMM_YIELD_EVERY_NS"));
+  // A lost yield: under the kernel's EEVDF scheduler every sched_yield that finds another task
+  // runnable moves the yielder's virtual deadline a whole slice later, so a waiter that yields
+  // every few microseconds beside a CPU-bound process of another job hands it slice after slice
+  // (calls of milliseconds, measured in docs/latency.md). A fellow rank given our CPU runs only
+  // until it waits itself (microseconds); a yield that kept the CPU away for a slice-sized time
+  // with our word still unset means such a process. Then waits stop yielding for the back-off:
+  // they spin and sleep on the futex (a sleep resets the deadline; the waker's futex_wake
+  // preempts the other process's task).
+  c.yield_lost_ns = knob_int("RINGCOMM_YIELD_LOST_US") * 1000;
+  RC_CHECK(c.yield_lost_ns > 0, InvalidArgument, "RINGCOMM_YIELD_LOST_US must be > 0, got " << c.yield_lost_ns / 1000);
+  c.yield_backoff_ns = knob_int("RINGCOMM_YIELD_BACKOFF_MS") * 1000000;
+  RC_CHECK(c.yield_backoff_ns >= 0, InvalidArgument,
+           "RINGCOMM_YIELD_BACKOFF_MS must be >= 0, got " << c.yield_backoff_ns / 1000000);
   c.liveness_ns = knob_int("RINGCOMM_LIVENESS_MS") * 1000000;
   RC_CHECK(c.liveness_ns > 0, InvalidArgument, "RINGCOMM_LIVENESS_MS must be > 0");
   c.heartbeat_timeout_ns = knob_int("RINGCOMM_HEARTBEAT_TIMEOUT_MS") * 1000000;
@@ -269,6 +286,14 @@ ShmTransport::ChanGeom ShmTransport::geom_of(int owner, Lane lane, int src) cons
   return g;
 }
 
+ShmTransport::WaitStats ShmTransport::wait_stats() const {
+  WaitStats st;
+  st.slept = n_slept_.load(std::memory_order_relaxed);
+  st.yields_lost = n_yields_lost_.load(std::memory_order_relaxed);
+  st.colocated = n_colocated_.load(std::memory_order_relaxed);
+  return st;
+}
+
 std::string ShmTransport::describe_wait() const {
   std::ostringstream o;
   o << "wait ";
@@ -282,6 +307,8 @@ std::string ShmTransport::describe_wait() const {
     o << (cfg_.wait_mode == WaitMode::kAdaptive ? "; yielding " : ", ") << "+" << cfg_.yield_ns / 1000
       << " us with a sched_yield every " << cfg_.yield_every_ns << " ns";
     if (cfg_.wait_mode == WaitMode::kAdaptive) o << " for " << kYieldCreditWaits << " waits after a miss";
+    o << " (none for " << cfg_.yield_backoff_ns / 1000000 << " ms after a yield lost the CPU "
+      << cfg_.yield_lost_ns / 1000 << " us)";
   }
   o << ", then futex";
   return o.str();
@@ -700,19 +727,39 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
                               const WaitCtx& w) {
   if (ready()) return;
   const int64_t t0 = now_ns();
+  // Placement: publish the CPU this wait runs on, and read the awaited peer's. When the peer last
+  // waited on this same CPU it is (almost always: migrations are rare) queued behind us, and no
+  // spin of ours can end before the scheduler runs it: give the CPU up at once (a yield, or the
+  // futex sleep; the peer's store's futex_wake wakes us).
+  // Only where sharing is expected (ranks outnumber CPUs, or another process's load was seen):
+  // with a CPU per rank, the load balancer separates two ranks that meet on one CPU only if both
+  // stay runnable there, which a spinning waiter does and one that gives the CPU up does not.
+  const int64_t no_yield_until = no_yield_until_.load(std::memory_order_relaxed);
+  bool colocated = false;
+  if (const int cpu = sched_getcpu(); cpu >= 0) {
+    auto* own = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+    if (own->on_cpu.load(std::memory_order_relaxed) != cpu + 1) own->on_cpu.store(cpu + 1, std::memory_order_relaxed);
+    if ((world_ > cfg_.cpus || t0 < no_yield_until) && w.peer >= 0 && w.peer != rank_ && base_[w.peer] != nullptr)
+      colocated = reinterpret_cast<SegmentHeader*>(base_[w.peer])->on_cpu.load(std::memory_order_relaxed) == cpu + 1;
+    if (colocated) n_colocated_.fetch_add(1, std::memory_order_relaxed);
+  }
   // Spin phase: poll the word with `pause`. A yielding wait (WaitMode::kYield, or kAdaptive after
   // a miss) also hands the CPU to whoever else is runnable on it every yield_every_ns,
   // and spins yield_ns longer: when the peer sits runnable on OUR CPU (ranks outnumber CPUs, or
   // another process shares the CPU) only that lets it run before our spin budget is gone.
   const WaitMode mode = cfg_.wait_mode;
   const bool adaptive = mode == WaitMode::kAdaptive;
-  const bool yielding = mode == WaitMode::kYield ||
-                        (adaptive && yield_credit_.load(std::memory_order_relaxed) > 0);
-  const int64_t active_end = t0 + cfg_.spin_ns + (yielding ? cfg_.yield_ns : 0);
-  int64_t next_yield = t0 + cfg_.yield_every_ns;
+  const bool yielding = (mode == WaitMode::kYield ||
+                         (adaptive && yield_credit_.load(std::memory_order_relaxed) > 0)) &&
+                        t0 >= no_yield_until;
+  // Co-located with the peer: no pure spin. A yielding wait yields at once (the cheapest way to
+  // hand the peer our CPU while no other process competes for it); any other sleeps at once.
+  const int64_t active_end =
+      colocated ? t0 + (yielding ? cfg_.yield_ns : 0) : t0 + cfg_.spin_ns + (yielding ? cfg_.yield_ns : 0);
+  int64_t next_yield = colocated ? t0 : t0 + cfg_.yield_every_ns;
   long nivcsw0 = -1;  // kAdaptive: involuntary switches when the probe started (-1: not yet)
   bool done = false;
-  for (;;) {
+  for (; !colocated || yielding;) {
     for (int i = 0; i < 64; ++i) {
       cpu_relax();
       if (ready()) {
@@ -728,13 +775,20 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
         done = true;
         break;
       }
-      next_yield = now + cfg_.yield_every_ns;
+      const int64_t back = now_ns();
+      if (back - now >= cfg_.yield_lost_ns) {
+        // A lost yield (see ShmConfig::from_env): stop yielding, and sleep now.
+        n_yields_lost_.fetch_add(1, std::memory_order_relaxed);
+        if (cfg_.yield_backoff_ns > 0) no_yield_until_.store(back + cfg_.yield_backoff_ns, std::memory_order_relaxed);
+        break;
+      }
+      next_yield = back + cfg_.yield_every_ns;
     }
     if (now >= active_end) break;
     if (closing()) fail_closing(w);
     if (adaptive && nivcsw0 < 0 && now - t0 >= kProbeAfterNs) nivcsw0 = thread_nivcsw();
   }
-  if (adaptive) {
+  if (adaptive && !(colocated && !yielding)) {
     // A miss: the spin ran out (the peer did not get to run within our budget: on a shared CPU it
     // may be queued behind us), or this thread was preempted while spinning (its CPU is shared
     // right now). Then the next waits yield while they spin. A wait that ended within its spin
@@ -747,6 +801,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
     }
   }
   if (done) return;
+  n_slept_.fetch_add(1, std::memory_order_relaxed);
   // Sleep phase: futex in slices, checking peers and the deadline between slices.
   const int64_t deadline = deadline_after(t0, timeout_s());
   int64_t next_liveness = t0;

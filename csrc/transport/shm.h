@@ -85,6 +85,8 @@ struct ShmConfig {
   int64_t spin_ns = 0;       // RINGCOMM_SPIN_US
   int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: yielding waits spin this much longer
   int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: yielding waits sched_yield this often
+  int64_t yield_lost_ns = 0;   // RINGCOMM_YIELD_LOST_US: a sched_yield this long lost the CPU
+  int64_t yield_backoff_ns = 0;  // RINGCOMM_YIELD_BACKOFF_MS: then no yields for this long (0: never)
   int64_t liveness_ns = 0;   // RINGCOMM_LIVENESS_MS: how often a sleeping waiter checks peers
   int64_t heartbeat_timeout_ns = 0;  // RINGCOMM_HEARTBEAT_TIMEOUT_MS: a still heartbeat means dead
   // Geometry of the channels other than the collective one from the ring predecessor; 0: the
@@ -176,6 +178,13 @@ class ShmTransport {
   std::string describe_geometry() const;
   /// The resolved wait policy in words: mode, spin/yield budgets, ranks vs CPUs.
   std::string describe_wait() const;
+  /// Counters of the waits' slow paths since creation (any thread; relaxed reads).
+  struct WaitStats {
+    uint64_t slept = 0;      ///< waits that went to the futex sleep
+    uint64_t yields_lost = 0;  ///< sched_yields that lost the CPU (each starts the back-off)
+    uint64_t colocated = 0;  ///< waits that found their peer on their own CPU (no pure spin)
+  };
+  WaitStats wait_stats() const;
   /// How each peer's liveness is checked, after attach(): "liveness: rank 1 pid probe (same PID
   /// namespace), rank 2 heartbeat (PID namespace ... differs; dead after N ms still)".
   std::string describe_liveness() const;
@@ -289,6 +298,13 @@ class ShmTransport {
   // ran out or was preempted, counted down by waits that ended within their spin unpreempted. Any
   // waiting thread reads and writes it (relaxed: a hint, it orders nothing).
   std::atomic<int> yield_credit_{0};
+  // Yielding waits: until this CLOCK_MONOTONIC time no wait calls sched_yield (it spins, then
+  // sleeps). Set by a waiter whose sched_yield lost the CPU for yield_lost_ns or more without its
+  // word becoming ready: another process's task, not a rank, ran a whole slice on our CPU. Any
+  // waiting thread reads and writes it (relaxed: a hint, it orders nothing).
+  std::atomic<int64_t> no_yield_until_{0};
+  // WaitStats, bumped (relaxed) by waiting threads on the slow paths only.
+  std::atomic<uint64_t> n_slept_{0}, n_yields_lost_{0}, n_colocated_{0};
 };
 
 }  // namespace rc

@@ -97,6 +97,15 @@ class CommunicatorBase:
         records = getattr(getattr(self, "_c", None), "trace", None)
         return list(records()) if records is not None else []
 
+    def wait_stats(self) -> dict:
+        """Counters of this rank's waits on shared memory since it connected: ``slept`` (waits
+        that went to the futex sleep), ``yields_lost`` (sched_yields that lost the CPU to another
+        process's task for a scheduler slice; each stops the yielding for
+        ``RINGCOMM_YIELD_BACKOFF_MS``), ``colocated`` (waits that found the awaited peer on their own
+        CPU and gave it up at once). Empty for back ends without a shared-memory wait."""
+        stats = getattr(getattr(self, "_c", None), "wait_stats", None)
+        return dict(stats()) if stats is not None else {}
+
     # -- recovery (torchft-style); back ends that support it override these -----------------------
     def abort(self, reason: str = "") -> None:
         """From any thread: every pending and future call on this communicator raises promptly,
