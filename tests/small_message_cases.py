@@ -108,6 +108,24 @@ def correctness_cases(rank, world):
                 for name in comms:
                     check(f"{name} differs bitwise from the ring, {tag}", got[name] == got["ring"])
                 digests.append(got["inslot"])
+        # broadcast: direct with the header in the root's first slot where the direct all_reduce
+        # would run, the chain above (and with the knob off, or the ring config's auto choice).
+        for dt, es in esizes.items():
+            lib = "torch" if dt == "bfloat16" else "numpy"
+            for count in sorted({0, 1, 7, *_thresholds(world, es)}):
+                for root in range(world):
+                    src = make(dt, count, root, 5, "sum")
+                    for name, comm in comms.items():
+                        x = to_lib(src if rank == root else np.zeros_like(src), dt, lib)
+                        comm.broadcast(x, root=root)
+                        tag = f"{name} broadcast {dt} n={count} root={root}"
+                        check(tag, np.array_equal(np.ascontiguousarray(to_np(x)).view(np.uint8),
+                                                  np.ascontiguousarray(src).view(np.uint8)))
+                        if name != "ring" and world > 1 and count > 0:
+                            rec = comm.trace()[-1]
+                            direct = name != "board" and _direct_expected(world, count, es, name)
+                            check(f"{tag}: algorithm {rec['algorithm']}",
+                                  rec["algorithm"] == ("direct" if direct else "chain"))
         # Order-sensitive floating sums: bit for bit the order model (order_ref) on every path.
         for dt in (np.float16, np.float32, np.float64):
             for count in sorted({1, 7, 13, 5 * world + 1, *_thresholds(world, np.dtype(dt).itemsize)}):
@@ -215,6 +233,19 @@ def mismatch_cases(rank, world):
     scenario("counts differ, many pieces", "tiny", by_rank(lambda r: ar(300 if r == 0 else 301)))
     scenario("in-slot many pieces vs broadcast", "tiny",
              lambda comm, guard: (bcast if rank == last else ar(300))(comm, guard))
+    def bc(count, root, dtype=np.float32):
+        # non-roots receive into the guarded buffer; the root sends ones (never the sentinel)
+        def call(comm, guard):
+            buf = np.ones(count, dtype) if rank == root else guard[:count].view(np.float32)
+            comm.broadcast(buf, root=root)
+        return call
+
+    scenario("broadcast counts differ", "inslot", by_rank(lambda r: bc(5 if r == 0 else 6, 0)))
+    scenario("broadcast roots differ", "inslot", by_rank(lambda r: bc(6, 0 if r == 0 else 1)))
+    scenario("broadcast in-slot vs chain", "inslot", by_rank(lambda r: bc(thr + 1 if r == 0 else 6, 0)))
+    scenario("broadcast in-slot vs all_reduce", "inslot",
+             lambda comm, guard: (bc(6, last) if rank == last else ar(6))(comm, guard))
+    scenario("broadcast counts differ, many pieces", "tiny", by_rank(lambda r: bc(300 if r == 0 else 301, last)))
     ok = all(after_ok(comms[c], 300) for c in ("inslot", "tiny"))
     for c in comms.values():
         c.close()

@@ -1,4 +1,4 @@
-"""The small-message all_reduce path (csrc/comm/header_exchange.h, "header in the first data
+"""The small-message all_reduce and broadcast paths (csrc/comm/header_exchange.h, "header in the first data
 slot"; csrc/algo/direct.cpp): results against numpy and against the ring, bit for bit, at worlds
 1-4, every dtype x op, counts 0, 1, odd, and at and around the direct threshold and the piece
 size; mismatches detected through the in-slot path raise MismatchError on every rank before any
@@ -40,7 +40,8 @@ def test_mismatch_through_the_in_slot_path_raises_everywhere(world, store_env):
                 assert kind == "MismatchError", (name, rank, kind, msg)
             assert untouched, f"{name}: rank {rank} wrote a result before the mismatch was raised"
             assert after, f"{name}: rank {rank}'s next all_reduce was wrong"
-        if name in ("counts differ", "counts differ, many pieces"):
+        if name in ("counts differ", "counts differ, many pieces", "broadcast counts differ",
+                    "broadcast counts differ, many pieces"):
             # the headers named the path they took
             assert all("header in slot" in row[3] for row in rows), rows
         if name == "in-slot vs header exchange first (knob differs)":

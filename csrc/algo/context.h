@@ -47,13 +47,18 @@ void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vec
 /// Direct all-reduce (algo/direct.cpp): every rank sends its input to every peer and combines
 /// all contributions itself, in the ring's order (so every rank computes bit-identical results,
 /// equal to the ring's). One hand-off instead of the ring's 2(N-1): the small-message algorithm.
-/// first_sent: direct_all_reduce_first already handed piece 0 to every peer (the header-in-slot
+/// first_sent: direct_send_first already handed piece 0 to every peer (the header-in-slot
 /// path, comm/header_exchange.h).
 void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op,
                        bool first_sent = false);
-/// Piece 0 of direct_all_reduce's input to every peer (one slot each; nothing for count 0 or a
-/// world of one).
-void direct_all_reduce_first(const AlgoCtx& c, const char* in, int64_t count);
+/// Piece 0 of `in` to every peer (one slot each; nothing for count 0 or a world of one): the
+/// first sends of direct_all_reduce, and of direct_broadcast's root, made before the header.
+void direct_send_first(const AlgoCtx& c, const char* in, int64_t count);
+/// Direct broadcast (algo/direct.cpp): the root sends every piece to every peer, each peer reads
+/// its pieces from the root's slots. One hand-off instead of the chain's N-1; the root copies
+/// the message N-1 times (the small-message algorithm). first_sent (the root only):
+/// direct_send_first already handed piece 0 to every peer.
+void direct_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root, bool first_sent);
 
 /// Pipelined chains (algo/chain.cpp).
 void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);

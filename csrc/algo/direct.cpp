@@ -68,7 +68,7 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
   }
 }
 
-void direct_all_reduce_first(const AlgoCtx& c, const char* in, int64_t count) {
+void direct_send_first(const AlgoCtx& c, const char* in, int64_t count) {
   const int n = c.world, r = c.rank;
   if (count == 0 || n == 1) return;
   int64_t o, m;
@@ -94,7 +94,7 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
   // Piece j: send it to every peer, take piece j from every peer, combine, release the slots. A
   // rank sends piece j only after it consumed piece j-1 from every peer, and consuming never
   // waits on sending: no cycle, any slot count. With first_sent, piece 0 went out before the
-  // header exchange (direct_all_reduce_first, the same sends in the same order).
+  // header exchange (direct_send_first, the same sends in the same order).
   const int64_t ce = ring::ar_chunk_elems(count, n, es);
   std::vector<const char*> src(n, nullptr);
   for (int64_t j = 0; j < np; ++j) {
@@ -122,6 +122,28 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
     }
     for (int p = 0; p < n; ++p)
       if (p != r) c.ch->recv_done(p);
+  }
+}
+
+void direct_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root, bool first_sent) {
+  const int n = c.world, r = c.rank;
+  const size_t es = c.esize;
+  if (count == 0 || n == 1) return;
+  const int64_t pe = c.far_piece_elems();
+  const int64_t np = (count + pe - 1) / pe;
+  // The root sends piece j to every peer, in the order direct_send_first does for piece 0; a
+  // peer consumes the root's pieces in order. Nothing waits on the root's receiving: no cycle.
+  for (int64_t j = 0; j < np; ++j) {
+    int64_t o, m;
+    piece_bounds(0, count, j, pe, &o, &m);
+    if (r == root) {
+      if (j > 0 || !first_sent) {
+        for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), buf + o * es, o, m, wait_ctx(c, 0, 1));
+      }
+    } else {
+      copy_elems(c, buf + o * es, recv_expect(c, root, o, m, wait_ctx(c, 0, 1)), m);
+      c.ch->recv_done(root);
+    }
   }
 }
 

@@ -242,7 +242,7 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
       std::shared_ptr<DeviceFence> fence;
       // The in-slot path decides from the header this rank posts (forged or not), exactly as its
       // peers decide from that header whether to drain a slot from it.
-      if (world_ > 1 && header_in_slot(hdr) && first) {
+      if (world_ > 1 && header_in_slot(hdr, rank_) && first) {
         // Header phases collapse (comm/trace.h): header_posted is stamped once the first piece
         // is in every peer's slot, and first_slot equals header_seen (that piece travelled with
         // the header).
@@ -265,6 +265,8 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
             tr->t[kTraceFirstSlot] = tr->t[kTraceHeaderSeen];
           }
           body(cc, headers);
+          // A root whose whole broadcast went with the header moved no slot after it.
+          if (tr && tr->t[kTraceLastSlot] == 0) tr->t[kTraceLastSlot] = tr->t[kTraceFirstSlot];
         });
       } else {
         const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
@@ -300,7 +302,7 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
 void CommCore::drain_in_slot(const std::vector<CollHeader>& all, uint64_t seq, Coll coll) {
   Channel* ch = nullptr;
   for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || !header_in_slot(all[p])) continue;
+    if (p == rank_ || !header_in_slot(all[p], p)) continue;
     if (ch == nullptr) ch = dev_->header_slot_channel();
     RC_CHECK(ch != nullptr, Error, "ringcomm: " << coll_name(coll) << " (seq " << seq << ") on rank " << rank_
                                    << ": rank " << p << " handed off its first piece with its header, but the "
@@ -419,7 +421,7 @@ WorkPtr CommCore::all_reduce(const void* in, void* out, int64_t count, DType dt,
     } else {
       ring_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
     }
-  }, l, [=](const AlgoCtx& c) { direct_all_reduce_first(c, static_cast<const char*>(in), count); });
+  }, l, [=](const AlgoCtx& c) { direct_send_first(c, static_cast<const char*>(in), count); });
 }
 
 WorkPtr CommCore::reduce_scatter(const void* in, void* out, int64_t in_count, DType dt, ReduceOp op, Launch l) {
@@ -441,10 +443,21 @@ WorkPtr CommCore::all_gather(const void* in, void* out, int64_t in_count, int64_
 }
 
 WorkPtr CommCore::broadcast(void* buf, int64_t count, DType dt, int root, Launch l) {
-  return collective(Coll::kBroadcast, [&] { return checks_.broadcast(buf, count, dt, root); },
-                    [=](const AlgoCtx& c, const std::vector<CollHeader>&) {
-    chain_broadcast(c, static_cast<char*>(buf), count, root);
-  }, l);
+  return collective(Coll::kBroadcast, [&] {
+    CollHeader h = checks_.broadcast(buf, count, dt, root);
+    // Small broadcasts: the root hands every peer the data with its header (one hand-off, as the
+    // small all_reduce), where the direct all_reduce would run (RINGCOMM_DIRECT_MAX_BYTES: the
+    // root copies the message once per peer); the pipelined chain (a hand-off per link) above.
+    if (header_in_slot_ && world_ > 1 && count > 0 && dev_->use_direct(count * static_cast<int64_t>(dtype_size(dt))))
+      h.count2 = kBcDirectInSlot;
+    return h;
+  }, [=](const AlgoCtx& c, const std::vector<CollHeader>& hs) {
+    if (hs[rank_].count2 == kBcDirectInSlot) {
+      direct_broadcast(c, static_cast<char*>(buf), count, root, /*first_sent=*/rank_ == root);
+    } else {
+      chain_broadcast(c, static_cast<char*>(buf), count, root);
+    }
+  }, l, [=](const AlgoCtx& c) { direct_send_first(c, static_cast<const char*>(buf), count); });
 }
 
 WorkPtr CommCore::reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root, Launch l) {

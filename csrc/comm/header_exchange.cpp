@@ -31,6 +31,7 @@ std::string describe_header(const CollHeader& h) {
   if (c == Coll::kAllGather || c == Coll::kAllToAll) o << ", count2=" << h.count2;
   if (c == Coll::kAllReduce)
     o << ", algo=" << (h.count2 == kArRing ? "ring" : h.count2 == kArDirectInSlot ? "direct, header in slot" : "direct");
+  if (c == Coll::kBroadcast) o << ", algo=" << (h.count2 == kBcDirectInSlot ? "direct, header in slot" : "chain");
   o << ", dtype=" << dtype_name(static_cast<DType>(h.dtype));
   if (coll_reduces(c)) o << ", op=" << op_name(static_cast<ReduceOp>(h.op));
   if (h.root >= 0) o << ", root=" << h.root;
@@ -87,7 +88,7 @@ std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, u
     const CollHeader& h = all[p];
     bool same = h.coll == h0.coll && h.dtype == h0.dtype && h.op == h0.op && h.root == h0.root;
     if (same && c0 != Coll::kAllToAll) same = h.count == h0.count;
-    if (same && c0 == Coll::kAllReduce) same = h.count2 == h0.count2;
+    if (same && (c0 == Coll::kAllReduce || c0 == Coll::kBroadcast)) same = h.count2 == h0.count2;
     if (!same) {
       fail("ranks called different collectives or arguments: rank 0 called " + describe_header(h0) + ", rank " +
            std::to_string(p) + " called " + describe_header(h));

@@ -4,15 +4,16 @@
 // A HeaderMismatch is raised on every rank before any result is written, so the communicator
 // stays in step and usable after it.
 //
-// Header in the first data slot (small all-reduces, RINGCOMM_HEADER_IN_SLOT): a rank whose
-// all_reduce header says kArDirectInSlot hands its first piece to every peer (the direct
-// algorithm's piece 0, one slot per peer on the collective lane) BEFORE it posts its header, so
+// Header in the first data slot (small all-reduces and broadcasts, RINGCOMM_HEADER_IN_SLOT): a
+// rank whose all_reduce header says kArDirectInSlot, or the root of a broadcast whose header says
+// kBcDirectInSlot, hands its first piece to every peer (the direct algorithm's piece 0, one slot
+// per peer on the collective lane) BEFORE it posts its header, so
 // one wake-up of a waiting peer delivers both: the peer's acquire of the board word orders the
 // slot's publication (an earlier seq_cst RMW of head) before it, so the piece is there when the
 // header is seen. The header itself stays on the board: that is where a peer on any other path
 // (another collective, the ring, a rejection) posts, so the check stays exact against every
 // kind of peer. When the check fails every rank drains exactly one slot from each peer whose
-// header says kArDirectInSlot (HeaderHooks::on_mismatch), before it raises: the slot streams stay
+// header says it did so (header_in_slot; HeaderHooks::on_mismatch), before it raises: the slot streams stay
 // in step and no result buffer has been touched.
 #pragma once
 #include <cstdint>
@@ -33,9 +34,21 @@ enum : int64_t {
   kArDirectInSlot = 2,    // the direct algorithm's piece 0 handed off before the header (above)
 };
 
-/// True when the rank that posted `h` handed one slot to every peer before posting it.
-inline bool header_in_slot(const CollHeader& h) {
-  return static_cast<Coll>(h.coll) == Coll::kAllReduce && h.count2 == kArDirectInSlot && h.count > 0;
+/// broadcast's algorithm, carried in its header's count2 (compared across ranks).
+enum : int64_t {
+  kBcChain = 0,
+  kBcDirectInSlot = 2,    // the root hands piece 0 to every peer before its header; peers read the root's slots
+};
+
+/// True when rank `poster`, which posted `h`, handed one slot to every peer before posting it:
+/// every rank of an in-slot all_reduce, the root of an in-slot broadcast.
+inline bool header_in_slot(const CollHeader& h, int poster) {
+  if (h.count <= 0) return false;
+  switch (static_cast<Coll>(h.coll)) {
+    case Coll::kAllReduce: return h.count2 == kArDirectInSlot;
+    case Coll::kBroadcast: return h.count2 == kBcDirectInSlot && h.root == poster;
+    default: return false;
+  }
 }
 
 /// Optional steps around the exchange: before_post runs just before this rank's header is

@@ -145,14 +145,15 @@ inline void trace_begin(TraceRecord& r, uint64_t seq, Coll coll, const CollHeade
 }
 
 /// Stamps header_seen and names the algorithm the core will run (all_reduce: the choice carried
-/// in this rank's header, count2 != 0 meaning direct; the exchange checked that all ranks agree).
+/// in this rank's header, count2 != 0 meaning direct, and broadcast's likewise; the exchange
+/// checked that all ranks agree).
 inline void trace_headers_seen(TraceRecord& r, Coll coll, const CollHeader& mine) {
   r.mark(kTraceHeaderSeen);
   switch (coll) {
     case Coll::kAllReduce: r.algo = mine.count2 != 0 ? "direct" : "ring"; break;
     case Coll::kReduceScatter:
     case Coll::kAllGather: r.algo = "ring"; break;
-    case Coll::kBroadcast:
+    case Coll::kBroadcast: r.algo = mine.count2 != 0 ? "direct" : "chain"; break;
     case Coll::kReduce: r.algo = "chain"; break;
     case Coll::kAllToAll:
     case Coll::kGather:
