@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -47,6 +48,8 @@ def _rank(rank, world, store, cpus, hog, calls):
         with comm:
             before = comm.wait_stats()
             for i in range(calls):
+                if hog and rank == world - 1 and i % 10 == 0:
+                    time.sleep(0.003)   # the others wait, yielding, while only the busy process can run
                 n = (1, 300, 5000)[i % 3]
                 x = np.arange(n, dtype=np.float32) * (rank + 1) + i
                 comm.all_reduce(x)
@@ -74,8 +77,9 @@ def _sum(res, key):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_ranks_sharing_a_cpu_with_a_busy_process(world):
-    # Every rank and a busy process on CPU 0. RINGCOMM_YIELD_LOST_US=1: any yield that ran another
-    # task while the word stayed unset counts, which this placement makes certain over 120 calls.
+    # Every rank and a busy process on CPU 0; every 10th call the last rank sleeps 3 ms first, so
+    # the others' waits yield while the busy process is the only other runnable task on the CPU.
+    # RINGCOMM_YIELD_LOST_US=1: any yield that ran it while the word stayed unset counts.
     res = _run(world, [{0}], True, 120, {"RINGCOMM_WAIT": "yield", "RINGCOMM_YIELD_LOST_US": "1"})
     for r in res:
         assert r["wrong"] == 0
