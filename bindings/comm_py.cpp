@@ -3,12 +3,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <memory>
+
+#include "array_view_py.h"
 #include "comm_methods_py.h"
 
 #include "algo/ring_schedule.h"
 #include "comm/communicator.h"
 #include "comm/header_exchange.h"
 #include "comm/store_policy.h"
+#include "kernels/reduce_cpu.h"
 
 namespace py = pybind11;
 using rc::Communicator;
@@ -56,6 +60,48 @@ void bind_comm(py::module_& m) {
            py::arg("count2"))
       .def("trace", [](const Communicator& c) { return trace_list(c.trace()); },
            "The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.")
+      .def("all_reduce_array",
+           [](Communicator& c, py::handle x, py::handle out, int op) -> bool {
+             // A synchronous all_reduce of a numpy array, in place (out None) or into another
+             // one of the same dtype and size (bindings/array_view_py.h); False, having done
+             // nothing, when an array or the op is not one it takes.
+             rc_py::ArrayView v(x.ptr());
+             if (!v.ok() || op < 0 || op >= static_cast<int>(rc::ReduceOp::kCount) ||
+                 !rc::reduce_supported(v.dtype(), static_cast<rc::ReduceOp>(op)))
+               return false;
+             void* dst = v.ptr();
+             std::unique_ptr<rc_py::ArrayView> o;
+             if (!out.is_none()) {
+               o = std::make_unique<rc_py::ArrayView>(out.ptr());
+               if (!o->ok() || o->dtype() != v.dtype() || o->count() != v.count()) return false;
+               dst = o->ptr();
+             }
+             {
+               py::gil_scoped_release nogil;
+               c.all_reduce(v.ptr(), dst, v.count(), v.dtype(), static_cast<rc::ReduceOp>(op), HostLaunches::coll(false));
+             }
+             return true;
+           },
+           py::arg("x"), py::arg("out"), py::arg("op"))
+      .def("broadcast_array",
+           [](Communicator& c, py::handle x, py::handle root) -> bool {
+             // A synchronous broadcast of a numpy array (bindings/array_view_py.h); False, having
+             // done nothing, when the array is not one it takes or root is not a rank.
+             if (!PyLong_CheckExact(root.ptr())) return false;
+             const long r = PyLong_AsLong(root.ptr());
+             if (r < 0 || r >= c.world()) {
+               PyErr_Clear();
+               return false;
+             }
+             rc_py::ArrayView v(x.ptr());
+             if (!v.ok()) return false;
+             {
+               py::gil_scoped_release nogil;
+               c.broadcast(v.ptr(), v.count(), v.dtype(), static_cast<int>(r), HostLaunches::coll(false));
+             }
+             return true;
+           },
+           py::arg("x"), py::arg("root"))
       .def("wait_stats",
            [](const Communicator& c) {
              const auto st = c.wait_stats();

@@ -3,12 +3,12 @@
 # ranks, calls back to back and apart (a gloo barrier before every call), ringcomm beside gloo,
 # MPICH and DeepSpeed's shared-memory op; then the same 2-rank runs beside LOAD busy processes.
 # Usage: scripts/bench_tables.sh OUTDIR [LOAD]   (LOAD default 2; 0 skips the loaded runs)
-# Each run writes OUTDIR/<name>.txt (the full report) and OUTDIR/<name>.json.
+# Every cell is the median of 20-30 timed calls. Each run writes OUTDIR/<name>.txt (the full report) and OUTDIR/<name>.json.
 set -u
 out=${1:?usage: scripts/bench_tables.sh OUTDIR [LOAD]}
 load=${2:-2}
 mkdir -p "$out"
-common=(--quick --ops all_reduce -d float32,bfloat16 --peers gloo,mpi,deepspeed)
+common=(--quick --ops all_reduce -d float32,bfloat16 --peers gloo,mpi,deepspeed -n 30 --min-iters 20 --time-budget 0.5)
 run() {
   local name=$1; shift
   echo "# $(date -u '+%F %T') UTC: $name: python -m ringcomm.bench $*" >&2

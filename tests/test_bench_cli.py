@@ -133,3 +133,16 @@ def test_cli_rejects_bad_arguments():
     assert r.returncode == 2 and "unknown collective" in r.stderr
     r = run_bench("--peers", "nonesuch", timeout=30)
     assert r.returncode == 2 and "unknown peer" in r.stderr
+
+
+def test_cli_min_iters_times_that_many_calls(tmp_path):
+    """--min-iters overrides the time budget: a 1e-9 s budget still times 4 calls per cell."""
+    jpath = tmp_path / "min.json"
+    r = run_bench("-np", "2", "-b", "64K", "-e", "256K", "-w", "0", "-n", "6", "--min-iters", "4",
+                  "--time-budget", "1e-9", "--peers", "none", "--ops", "all_reduce", "--json", str(jpath))
+    assert r.returncode == 0, r.stdout + r.stderr
+    cells = [c for t in json.loads(jpath.read_text())["tables"] for row in t["rows"] for c in row["libs"].values()
+             if "na" not in c]
+    assert cells and all(c["iters"] == 4 for c in cells), [c["iters"] for c in cells]
+    r = run_bench("--min-iters", "0", timeout=30)
+    assert r.returncode == 2 and "--min-iters" in r.stderr

@@ -14,13 +14,20 @@ import numpy as np
 from . import _C
 from .arrays import as_buf, is_cuda_array, maybe_cuda
 from .errors import InvalidArgumentError, PeerFailureError, RingcommError, from_code
-from .front import CoreBackEnd
+from .front import _SUM, CoreBackEnd
+from .tables import OPS_FOR_DTYPE
 from .rendezvous import exchange_segment_names, forget_segment_name
 from .work import CoreWork
 
 __all__ = ["Communicator", "shm_communicator"]
 
 _NDARRAY = np.ndarray
+
+
+_NDARRAY = np.ndarray
+# Reduce op (as the API accepts it) -> code, for the dtypes' common ops; the C++ fast path
+# checks the pair against the dtype itself.
+_OP_CODES = dict(OPS_FOR_DTYPE[0])
 
 
 class Communicator(CoreBackEnd):
@@ -53,6 +60,24 @@ class Communicator(CoreBackEnd):
         raise MismatchError) and raises ClosedError once the communicator is closed. Fetched
         once per process group; the caller validates every call itself."""
         return self._c.all_reduce
+
+    def all_reduce(self, x, op=_SUM, async_op: bool = False, output=None, stream=None):
+        # A synchronous all_reduce of numpy arrays takes one C++ call that converts the arrays
+        # and runs the collective (bindings/array_view_py.h): the per-call Python layer is
+        # most of a small message's time. What that call does not take (another layout, dtype or
+        # op, read-only memory) goes the general way, which explains the refusal.
+        if (type(x) is _NDARRAY and (output is None or type(output) is _NDARRAY) and not async_op
+                and stream is None):
+            opc = _OP_CODES.get(op)
+            if opc is not None and (output is None or output is not x) and self._c.all_reduce_array(x, output, opc):
+                return None
+        return CoreBackEnd.all_reduce(self, x, op, async_op, output, stream)
+
+    def broadcast(self, x, root: int = 0, async_op: bool = False, stream=None):
+        # The synchronous numpy broadcast's fast path, as all_reduce's.
+        if type(x) is _NDARRAY and not async_op and stream is None and self._c.broadcast_array(x, root):
+            return None
+        return CoreBackEnd.broadcast(self, x, root, async_op, stream)
 
     # -- issuing (arguments validated by CommunicatorBase) ------------------------------------
     def _issue_all_reduce(self, bi, bo, opc, async_op, stream):

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="timed seconds per measurement that size the iteration count "
                         "(default 0.25, --quick 0.04); at least 3 (--quick 2) calls are timed")
+    p.add_argument("--min-iters", type=int, default=None, metavar="N",
+                   help="at least this many timed calls per measurement, whatever the time budget "
+                        "(default 3, --quick 2; capped by -n)")
     p.add_argument("--quick", action="store_true",
                    help="1 KiB to 64 MiB, fewer iterations: the whole run in under a minute")
     p.add_argument("--peers", default=DEFAULT_PEERS,
@@ -138,10 +141,11 @@ def resolve(args) -> dict:
     policy = {"warmup": base["warmup_iters"] if args.warmup_iters is None else args.warmup_iters,
               "iters": base["iters"] if args.iters is None else args.iters,
               "budget": base["budget"] if args.time_budget is None else args.time_budget,
-              "min_iters": base["min_iters"], "inject_wrong": args.inject_wrong,
+              "min_iters": base["min_iters"] if args.min_iters is None else args.min_iters,
+              "inject_wrong": args.inject_wrong,
               "arrival": arrival, "arrival_us": arrival_us}
-    if policy["iters"] < 1 or policy["warmup"] < 0:
-        raise ValueError("-n must be >= 1 and -w >= 0")
+    if policy["iters"] < 1 or policy["warmup"] < 0 or policy["min_iters"] < 1:
+        raise ValueError("-n and --min-iters must be >= 1 and -w >= 0")
     return {"world_size": args.world_size, "ops": ops, "dtypes": dtypes, "redops": redops,
             "sizes": sizes, "policy": policy, "peers": peers, "inplace": args.inplace,
             "nodes": args.nodes, "load": args.load, "op_timeout": args.op_timeout,

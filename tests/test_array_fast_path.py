@@ -1,0 +1,165 @@
+"""The synchronous in-place numpy all_reduce's fast path (bindings/array_view_py.h, host.py):
+one C++ call converts the array and runs the collective. What it takes must give exactly the
+general path's results; what it does not take must reach the general path, which refuses or runs
+it as before. Checked on a world of one (the binding's answer itself) and across processes
+against numpy, with ranks on different paths in the same collective."""
+import numpy as np
+import pytest
+
+import ringcomm
+from ringcomm.launch import launch
+
+torch = pytest.importorskip("torch")   # the general path's second array type
+
+TAKEN = [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int32, np.int64, np.bool_]
+
+
+@pytest.fixture
+def comm1():
+    c = ringcomm.init(rank=0, world_size=1)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("dt", TAKEN)
+def test_binding_takes_native_contiguous_writable_arrays(comm1, dt):
+    for n in (0, 1, 1000):
+        x = np.ones(n, dt)
+        assert comm1._c.all_reduce_array(x, None, 0 if dt is not np.bool_ else 3) is True
+        assert np.array_equal(x, np.ones(n, dt))
+        y = np.zeros(n, dt)
+        assert comm1._c.all_reduce_array(x, y, 3) is True                  # MAX, out of place
+        assert np.array_equal(y, np.ones(n, dt))
+        assert comm1._c.broadcast_array(x, 0) is True
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.ones(10, np.float32)[::2],                       # not contiguous
+    lambda: np.ones(10, np.dtype(">f4")),                       # big-endian
+    lambda: np.ones(10, np.int16),                              # a dtype ringcomm does not reduce
+    lambda: np.ones(10, np.uint32),
+    lambda: np.ones(10, np.complex64),
+    lambda: np.ones((4, 4), np.float32).T,                      # Fortran order
+])
+def test_binding_declines_other_arrays(comm1, make):
+    x = make()
+    assert comm1._c.all_reduce_array(x, None, 0) is False
+    assert comm1._c.all_reduce_array(np.ones(x.size, np.float32), x, 0) is False
+    assert comm1._c.broadcast_array(x, 0) is False
+
+
+def test_binding_declines_read_only_and_unsupported_ops(comm1):
+    x = np.ones(10, np.float32)
+    x.flags.writeable = False
+    assert comm1._c.all_reduce_array(x, None, 0) is False
+    assert comm1._c.broadcast_array(x, 0) is False
+    f = np.ones(4, np.float32)
+    assert comm1._c.all_reduce_array(f, None, 5) is False                  # BAND on float
+    assert comm1._c.all_reduce_array(f, None, 99) is False
+    assert comm1._c.all_reduce_array(f, None, -1) is False
+    assert comm1._c.all_reduce_array([1.0, 2.0], None, 0) is False         # not a buffer
+    assert comm1._c.all_reduce_array(f, np.ones(4, np.float64), 0) is False  # dtypes differ
+    assert comm1._c.all_reduce_array(f, np.ones(5, np.float32), 0) is False  # sizes differ
+    for root in (1, -1, 2 ** 70, True, 0.0, "0"):                          # not a rank of one
+        assert comm1._c.broadcast_array(f, root) is False
+
+
+def test_declined_arrays_get_the_general_paths_errors(comm1):
+    with pytest.raises(ringcomm.InvalidArgumentError, match="not contiguous"):
+        comm1.all_reduce(np.ones(10, np.float32)[::2])
+    ro = np.ones(10, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ringcomm.InvalidArgumentError, match="read-only"):
+        comm1.all_reduce(ro)
+    with pytest.raises(ringcomm.UnsupportedError, match="int16"):
+        comm1.all_reduce(np.ones(3, np.int16))
+    x = np.arange(6, dtype=np.int32)
+    comm1.all_reduce(x, op=ringcomm.ReduceOp.BAND)                        # general path, bitwise op
+    assert np.array_equal(x, np.arange(6, dtype=np.int32))
+    buf = np.zeros(16, np.float32)
+    with pytest.raises(ringcomm.InvalidArgumentError, match="overlap partially"):
+        comm1.all_reduce(buf[0:8], output=buf[4:12])                      # taken, refused by the core
+    with pytest.raises(ringcomm.InvalidArgumentError, match="root"):
+        comm1.broadcast(np.ones(3, np.float32), root=1)
+    with pytest.raises(ringcomm.InvalidArgumentError, match="root"):
+        comm1.broadcast(np.ones(3, np.float32), root=True)
+
+
+def test_closed_raises(comm1):
+    comm1.close()
+    with pytest.raises(ringcomm.ClosedError):
+        comm1.all_reduce(np.ones(4, np.float32))
+
+
+def _ranks_mixed_paths(comm):
+    import torch
+    r, n = comm.rank, comm.world_size
+    wrong = []
+    ops = [("SUM", np.add.reduce), ("MAX", np.maximum.reduce), ("MIN", np.minimum.reduce),
+           ("PRODUCT", np.multiply.reduce), ("AVG", None)]
+    for dt in TAKEN:
+        for name, ref in ops:
+            if dt is np.bool_ and name in ("AVG", "SUM", "PRODUCT"):
+                continue
+            if name == "AVG" and not np.issubdtype(dt, np.floating):
+                continue
+            for count in (0, 1, 7 * n + 3, 70000):
+                ins = [((np.arange(count) * (p + 3) + count) % 5 + 1).astype(dt) for p in range(n)]
+                if dt is np.bool_:
+                    ins = [(np.arange(count) + p) % 3 == 0 for p in range(n)]
+                want = (np.add.reduce([i.astype(np.float64) for i in ins]) / n).astype(dt) if ref is None \
+                    else ref(np.stack(ins)) if count else ins[0]
+                fast = np.array(ins[r])
+                op = getattr(ringcomm.ReduceOp, name)
+                if r % 3 == 0:
+                    comm.all_reduce(fast, op=op)                 # the fast path, in place
+                elif r % 3 == 1:
+                    out = np.empty_like(fast)
+                    comm.all_reduce(fast, op=op, output=out)     # the fast path, out of place
+                    fast = out
+                else:
+                    t = torch.from_numpy(fast)                   # the general path (torch)
+                    comm.all_reduce(t, op=op)
+                want = np.asarray(want, dtype=dt)
+                if name == "AVG":   # scaled by 1/n in the dtype: within rounding of numpy's mean
+                    tol = 2e-3 if dt is np.float16 else 1e-6
+                    ok = np.allclose(fast.astype(np.float64), want.astype(np.float64), rtol=tol, atol=0)
+                else:
+                    ok = fast.tobytes() == want.tobytes()
+                if not ok:
+                    wrong.append((np.dtype(dt).name, name, count))
+    for dt in TAKEN:
+        for count in (0, 1, 7 * n + 3, 70000):
+            for root in range(n):
+                src = (np.arange(count) % 7 + root).astype(dt)
+                x = src.copy() if r == root else np.zeros(count, dt)
+                if r % 2:
+                    comm.broadcast(torch.from_numpy(x), root=root)   # the general path
+                else:
+                    comm.broadcast(x, root=root)                     # the fast path
+                if x.tobytes() != src.tobytes():
+                    wrong.append(("broadcast", np.dtype(dt).name, count, root))
+    # A rank whose array the fast path declines and the general path rejects, beside ranks on
+    # the fast path: every rank raises, nothing hangs, the communicator stays usable.
+    x = np.ones(12, np.float32)
+    arg = x[::2] if r == n - 1 else x[:6]
+    try:
+        comm.all_reduce(arg)
+        outcome = "no error"
+    except ringcomm.InvalidArgumentError:
+        outcome = "own error"
+    except ringcomm.MismatchError:
+        outcome = "mismatch"
+    y = np.full(5, r + 1.0, np.float32)
+    comm.all_reduce(y)
+    return wrong, outcome, bool((y == n * (n + 1) / 2).all())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_fast_and_general_paths_agree_across_ranks(world):
+    res = launch(_ranks_mixed_paths, world, timeout=280)
+    for r, (wrong, outcome, after) in enumerate(res):
+        assert not wrong, (r, wrong[:10])
+        assert outcome == ("own error" if r == world - 1 else "mismatch"), (r, outcome)
+        assert after
