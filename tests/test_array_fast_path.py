@@ -1,5 +1,6 @@
-"""The synchronous in-place numpy all_reduce's fast path (bindings/array_view_py.h, host.py):
-one C++ call converts the array and runs the collective. What it takes must give exactly the
+"""The synchronous all_reduce and broadcast fast paths (host.py): numpy arrays take one C++ call
+that converts them and runs the collective (bindings/array_view_py.h), dense contiguous CPU torch
+tensors go straight to the core call. What it takes must give exactly the
 general path's results; what it does not take must reach the general path, which refuses or runs
 it as before. Checked on a world of one (the binding's answer itself) and across processes
 against numpy, with ranks on different paths in the same collective."""
@@ -111,15 +112,16 @@ def _ranks_mixed_paths(comm):
                     else ref(np.stack(ins)) if count else ins[0]
                 fast = np.array(ins[r])
                 op = getattr(ringcomm.ReduceOp, name)
-                if r % 3 == 0:
-                    comm.all_reduce(fast, op=op)                 # the fast path, in place
-                elif r % 3 == 1:
+                if r == 0:
+                    comm.all_reduce(fast, op=op)                 # the numpy fast path, in place
+                elif r == 1:
                     out = np.empty_like(fast)
-                    comm.all_reduce(fast, op=op, output=out)     # the fast path, out of place
+                    comm.all_reduce(fast, op=op, output=out)     # the numpy fast path, out of place
                     fast = out
+                elif r == 2:
+                    comm.all_reduce(torch.from_numpy(fast), op=op)   # the torch fast path
                 else:
-                    t = torch.from_numpy(fast)                   # the general path (torch)
-                    comm.all_reduce(t, op=op)
+                    comm.all_reduce(fast, op=op, async_op=True).wait()   # the general path
                 want = np.asarray(want, dtype=dt)
                 if name == "AVG":   # scaled by 1/n in the dtype: within rounding of numpy's mean
                     tol = 2e-3 if dt is np.float16 else 1e-6
@@ -133,10 +135,12 @@ def _ranks_mixed_paths(comm):
             for root in range(n):
                 src = (np.arange(count) % 7 + root).astype(dt)
                 x = src.copy() if r == root else np.zeros(count, dt)
-                if r % 2:
-                    comm.broadcast(torch.from_numpy(x), root=root)   # the general path
+                if r == 0:
+                    comm.broadcast(x, root=root)                     # the numpy fast path
+                elif r == 1:
+                    comm.broadcast(torch.from_numpy(x), root=root)   # the torch fast path
                 else:
-                    comm.broadcast(x, root=root)                     # the fast path
+                    comm.broadcast(x, root=root, async_op=True).wait()   # the general path
                 if x.tobytes() != src.tobytes():
                     wrong.append(("broadcast", np.dtype(dt).name, count, root))
     # A rank whose array the fast path declines and the general path rejects, beside ranks on
@@ -163,3 +167,42 @@ def test_fast_and_general_paths_agree_across_ranks(world):
         assert not wrong, (r, wrong[:10])
         assert outcome == ("own error" if r == world - 1 else "mismatch"), (r, outcome)
         assert after
+
+
+TORCH_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+                torch.int32, torch.int64, torch.bool]
+
+
+@pytest.mark.parametrize("dt", TORCH_DTYPES)
+def test_torch_tensors_in_place(comm1, dt):
+    for n in (0, 1, 1000):
+        t = torch.ones(n, dtype=dt)
+        comm1.all_reduce(t, op=ringcomm.ReduceOp.MAX)
+        assert torch.equal(t, torch.ones(n, dtype=dt))
+        comm1.broadcast(t, root=0)
+        assert torch.equal(t, torch.ones(n, dtype=dt))
+
+
+def test_torch_tensors_the_fast_path_declines(comm1):
+    comm1.all_reduce(torch.ones(2))       # the adapter has seen torch: the fast path is armed
+    with pytest.raises(ringcomm.InvalidArgumentError, match="not contiguous"):
+        comm1.all_reduce(torch.ones(10)[::2])
+    with pytest.raises(ringcomm.InvalidArgumentError, match="not contiguous"):
+        comm1.broadcast(torch.ones(4, 4).t(), root=0)
+    with pytest.raises(ringcomm.UnsupportedError, match="int16"):
+        comm1.all_reduce(torch.ones(3, dtype=torch.int16))
+    with pytest.raises((ringcomm.UnsupportedError, ringcomm.InvalidArgumentError), match="layout|contiguous"):
+        comm1.all_reduce(torch.ones(3).to_sparse())
+    with pytest.raises(ringcomm.InvalidArgumentError, match="root"):
+        comm1.broadcast(torch.ones(3), root=1)
+    with pytest.raises(ringcomm.InvalidArgumentError, match="root"):
+        comm1.broadcast(torch.ones(3), root=True)
+    t = torch.arange(6, dtype=torch.int32)
+    comm1.all_reduce(t, op=ringcomm.ReduceOp.BXOR)                    # a bitwise op: general path
+    assert torch.equal(t, torch.arange(6, dtype=torch.int32))
+    p = torch.nn.Parameter(torch.ones(4), requires_grad=False)        # a subclass: general path
+    comm1.all_reduce(p)
+    assert torch.equal(p.data, torch.ones(4))
+    comm1.close()
+    with pytest.raises(ringcomm.ClosedError):
+        comm1.all_reduce(torch.ones(4))

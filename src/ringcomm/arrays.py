@@ -56,8 +56,15 @@ def _numpy_buf(x: np.ndarray, what: str, writeable: bool) -> Buf:
     return Buf(x, addr, nbytes // _ESIZE[code], _NAMES[code], code, nbytes, True if writeable else x.flags.writeable)
 
 
+# The host communicator's torch fast path (host.py): (torch.Tensor, torch.strided, {dtype: code})
+# once the first tensor went through the adapter (torch is never imported eagerly), else Nones.
+TORCH_FAST = [None, None, _TORCH_CODES]
+
+
 def _torch_codes():
     _TORCH_CODES.update(torch_dtype_codes())
+    torch = sys.modules["torch"]
+    TORCH_FAST[0], TORCH_FAST[1] = torch.Tensor, torch.strided
     return _TORCH_CODES
 
 

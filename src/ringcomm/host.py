@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from . import _C
-from .arrays import as_buf, is_cuda_array, maybe_cuda
+from .arrays import TORCH_FAST, as_buf, is_cuda_array, maybe_cuda
 from .errors import InvalidArgumentError, PeerFailureError, RingcommError, from_code
 from .front import _SUM, CoreBackEnd
 from .tables import OPS_FOR_DTYPE
@@ -22,6 +22,17 @@ from .work import CoreWork
 __all__ = ["Communicator", "shm_communicator"]
 
 _NDARRAY = np.ndarray
+_TORCH = TORCH_FAST   # [torch.Tensor, torch.strided, {dtype: code}] once torch is in use
+
+
+def _torch_in_place(x):
+    """(address, count, dtype code) of a dense, contiguous CPU tensor of a ringcomm dtype, else
+    None (the general adapter then refuses it with the reason)."""
+    code = _TORCH[2].get(x.dtype)
+    if code is None or x.layout is not _TORCH[1] or not x.is_cpu or not x.is_contiguous():
+        return None
+    n = x.numel()
+    return (x.data_ptr() if n else 0, n, code)
 
 
 _NDARRAY = np.ndarray
@@ -66,17 +77,35 @@ class Communicator(CoreBackEnd):
         # and runs the collective (bindings/array_view_py.h): the per-call Python layer is
         # most of a small message's time. What that call does not take (another layout, dtype or
         # op, read-only memory) goes the general way, which explains the refusal.
-        if (type(x) is _NDARRAY and (output is None or type(output) is _NDARRAY) and not async_op
-                and stream is None):
-            opc = _OP_CODES.get(op)
-            if opc is not None and (output is None or output is not x) and self._c.all_reduce_array(x, output, opc):
-                return None
+        # A dense contiguous CPU torch tensor in place takes the core call directly (its checks
+        # are a few attribute reads; the core checks the rest and exchanges the header).
+        if not async_op and stream is None:
+            tx = type(x)
+            if tx is _NDARRAY and (output is None or type(output) is _NDARRAY):
+                opc = _OP_CODES.get(op)
+                if opc is not None and output is not x and self._c.all_reduce_array(x, output, opc):
+                    return None
+            elif tx is _TORCH[0] and output is None:
+                p = _torch_in_place(x)
+                if p is not None:
+                    opc = OPS_FOR_DTYPE[p[2]].get(op)
+                    if opc is not None:
+                        self._c.all_reduce(p[0], p[0], p[1], p[2], opc, False)
+                        return None
         return CoreBackEnd.all_reduce(self, x, op, async_op, output, stream)
 
     def broadcast(self, x, root: int = 0, async_op: bool = False, stream=None):
-        # The synchronous numpy broadcast's fast path, as all_reduce's.
-        if type(x) is _NDARRAY and not async_op and stream is None and self._c.broadcast_array(x, root):
-            return None
+        # The synchronous broadcast's fast paths, as all_reduce's.
+        if not async_op and stream is None:
+            tx = type(x)
+            if tx is _NDARRAY:
+                if self._c.broadcast_array(x, root):
+                    return None
+            elif tx is _TORCH[0] and type(root) is int and 0 <= root < self.world_size:
+                p = _torch_in_place(x)
+                if p is not None:
+                    self._c.broadcast(p[0], p[1], p[2], root, False)
+                    return None
         return CoreBackEnd.broadcast(self, x, root, async_op, stream)
 
     # -- issuing (arguments validated by CommunicatorBase) ------------------------------------
