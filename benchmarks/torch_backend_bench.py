@@ -60,7 +60,7 @@ def _worker(rank: int, world: int, store_path: str, sizes: list, rounds: int, mi
                             world_size=world)
     rc = dist.group.WORLD
     gloo = dist.new_group(backend="gloo")
-    comm = rc.communicator
+    comm = rc._get_backend(torch.device("cpu")).communicator
 
     def sync():
         dist.barrier(group=gloo)

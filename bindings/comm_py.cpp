@@ -3,9 +3,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdio>
 #include <memory>
 
 #include "array_view_py.h"
+#include "fast_api.h"
 #include "comm_methods_py.h"
 
 #include "algo/ring_schedule.h"
@@ -26,6 +28,36 @@ struct HostLaunches {
   static rc::Launch p2p(bool async) { return rc::Launch{async, nullptr}; }
   static bool hands_back(bool async) { return async; }  // a synchronous call has completed
 };
+
+// The fast C ABI (fast_api.h). A handle owns a reference to its communicator, so a call made
+// through it never outlives the object, whatever Python closes or drops meanwhile (a closed
+// communicator raises ClosedError).
+struct FastHandle {
+  std::shared_ptr<Communicator> comm;
+};
+
+void fast_release(void* h) { delete static_cast<FastHandle*>(h); }
+
+int fast_all_reduce(void* h, void* buf, int64_t count, int dtype, int op, char* msg, size_t msg_len) {
+  auto put = [&](const std::string& m) {
+    if (msg_len > 0) std::snprintf(msg, msg_len, "%s", m.c_str());
+  };
+  try {
+    if (dtype < 0 || dtype >= static_cast<int>(rc::DType::kCount) || op < 0 ||
+        op >= static_cast<int>(rc::ReduceOp::kCount))
+      RC_THROW(InvalidArgument, "ringcomm: all_reduce: dtype code " << dtype << " / op code " << op << " out of range");
+    static_cast<FastHandle*>(h)->comm->all_reduce(buf, buf, count, static_cast<rc::DType>(dtype),
+                                                   static_cast<rc::ReduceOp>(op), HostLaunches::coll(false));
+    return 0;
+  } catch (...) {
+    std::string m;
+    const rc::ErrorCode code = rc::error_code_of(std::current_exception(), &m);
+    put(m);
+    return 1 + static_cast<int>(code);
+  }
+}
+
+const RcFastApi kFastApi = {kRcFastApiVersion, sizeof(RcFastApi), &fast_release, &fast_all_reduce};
 
 // One dict per record: seq, collective, algorithm, bytes, ok, and each phase's ns (None: did not happen).
 py::list trace_list(const std::vector<rc::TraceRecord>& recs) {
@@ -102,6 +134,9 @@ void bind_comm(py::module_& m) {
              return true;
            },
            py::arg("x"), py::arg("root"))
+      .def("_fast_handle",
+           [](std::shared_ptr<Communicator> c) { return reinterpret_cast<uintptr_t>(new FastHandle{std::move(c)}); },
+           "A new handle of this communicator for RcFastApi (bindings/fast_api.h); the receiver releases it.")
       .def("wait_stats",
            [](const Communicator& c) {
              const auto st = c.wait_stats();
@@ -135,6 +170,8 @@ void bind_comm(py::module_& m) {
   m.def("_shm_segment_bytes", [](int world_size) {
     return rc::footprint_bytes(world_size, rc::ShmConfig::host_from_env(world_size, 0));
   }, py::arg("world_size"));
+  m.def("_fast_api", [] { return reinterpret_cast<uintptr_t>(&kFastApi); },
+        "Address of the RcFastApi table (bindings/fast_api.h), valid while the process lives.");
   m.def("buffer_address", [](py::handle obj, bool writable) -> py::object {
     Py_buffer view;
     int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);

@@ -60,7 +60,9 @@ class GroupCore:
         self._seq = itertools.count(1)  # next() is atomic under the GIL
         self._coalescing: list[RingcommWork] | None = None
         self._closed = False
+        self._fast_native = False   # the trampoline's own allreduce fast path is on
         live_groups.add(self)
+        self._refresh_fast()
 
     # ---- identity ------------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -221,14 +223,35 @@ class GroupCore:
                            f"non-negative numbers adding up to dim 0 ({t.size(0)})")
         return [int(s) * row for s in splits]
 
+    # ---- the trampoline's allreduce fast path (trampoline.cpp) -----------------------------------------
+    def _refresh_fast(self) -> None:
+        """Turn the c10d trampoline's own allreduce fast path on exactly while the Python fast path
+        in Collectives.allreduce would take every call it takes: a host communicator, not
+        coalescing, no issue hooks, not shut down. Called whenever one of those changes."""
+        setter = getattr(self, "_set_fast_all_reduce", None)
+        if setter is None:   # the whole-group ProcessGroup shape: no trampoline
+            return
+        want = (self._fast_ar is not None and not self._closed and self._coalescing is None
+                and not issue_hooks)
+        if want == self._fast_native:
+            return
+        if want:
+            from .. import _C
+            self._fast_native = bool(setter(_C._fast_api(), self._comm._c._fast_handle()))
+        else:
+            setter(0, 0)
+            self._fast_native = False
+
     # ---- coalescing (dist._coalescing_manager with a device) ---------------------------------------------
     def _start_coalescing(self, device=None) -> None:
         if self._coalescing is not None:
             raise RuntimeError("ringcomm: coalescing already started on this group")
         self._coalescing = []
+        self._refresh_fast()
 
     def _end_coalescing(self, device=None):
         works, self._coalescing = self._coalescing or [], None
+        self._refresh_fast()
         return MultiWork(works)
 
     start_coalescing = _start_coalescing
@@ -241,6 +264,7 @@ class GroupCore:
             return
         self._closed = True
         live_groups.discard(self)
+        self._refresh_fast()
         # Close the communicator first: it fails whatever is still pending, so the waiter thread
         # (possibly blocked on such a handle) can drain and be joined.
         try:

@@ -14,10 +14,20 @@ issue_hooks: list[Callable[[str, str, int, float], None]] = []
 def add_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
     """Call ``fn(op, group_name, seq, time.perf_counter())`` whenever a collective is issued."""
     issue_hooks.append(fn)
+    _refresh_groups()
 
 
 def remove_issue_hook(fn: Callable[[str, str, int, float], None]) -> None:
     issue_hooks.remove(fn)
+    _refresh_groups()
+
+
+def _refresh_groups() -> None:
+    # The trampoline's C++ allreduce fast path bypasses the hooks: it is on only while there are none.
+    for g in list(live_groups):
+        refresh = getattr(g, "_refresh_fast", None)
+        if refresh is not None:
+            refresh()
 
 
 # ---- live groups, shut down at exit -----------------------------------------------------------------

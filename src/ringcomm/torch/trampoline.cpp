@@ -4,6 +4,12 @@
 // below and all behaviour lives in Python (src/ringcomm/torch/). A method the Python class does
 // not define falls back to c10d::Backend's, which raises "not supported".
 //
+// One exception, the latency-critical call: a synchronous SUM allreduce of one dense contiguous
+// CPU tensor runs straight on the ringcomm communicator through RcFastApi (ringcomm._C's C ABI,
+// bindings/fast_api.h), without the GIL or Python, while the Python half has it enabled
+// (_set_fast_all_reduce: not coalescing, no issue hooks, not shut down); anything else, or a
+// disabled fast path, goes to the Python override as every other call.
+//
 // Lifetime: torch holds the backend through an intrusive_ptr from C++ only, so the Python object
 // is kept alive by ringcomm (hooks.live_groups) until shutdown(); the override is looked up on it.
 // A Work returned by Python is wrapped in a WorkRef that owns a reference to the Python object, so
@@ -13,10 +19,78 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
 namespace {
 
 namespace py = pybind11;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+// The same struct as bindings/fast_api.h (version 1). Its version and size are checked before
+// any field is used: a ringcomm._C of another layout leaves the fast path off.
+extern "C" struct RcFastApi {
+  uint32_t version;
+  uint32_t size;
+  void (*release)(void* handle);
+  int (*all_reduce)(void* handle, void* buf, int64_t count, int dtype, int op, char* msg, size_t msg_len);
+};
+constexpr uint32_t kRcFastApiVersion = 1;
+
+// ringcomm's dtype codes (ringcomm.tables / common/dtype.h) of the tensors the fast path takes;
+// -1: not taken (bool goes the Python way, as the Python fast path does).
+int fast_dtype_code(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float: return 0;
+    case c10::ScalarType::Double: return 1;
+    case c10::ScalarType::Half: return 2;
+    case c10::ScalarType::BFloat16: return 3;
+    case c10::ScalarType::Char: return 4;
+    case c10::ScalarType::Byte: return 5;
+    case c10::ScalarType::Int: return 6;
+    case c10::ScalarType::Long: return 7;
+    default: return -1;
+  }
+}
+
+// A handle (a reference to the communicator, from Communicator._fast_handle()) and the table
+// that releases it; shared by the calls in flight, so disabling never frees it under them.
+struct FastPath {
+  const RcFastApi* api;
+  void* handle;
+  ~FastPath() { api->release(handle); }
+};
+
+// The work of an allreduce the fast path ran: complete, successful, its tensor the result.
+class FastDoneWork : public c10d::Work {
+ public:
+  FastDoneWork(int rank, const at::Tensor& t) : c10d::Work(rank, c10d::OpType::ALLREDUCE), outputs_{t} {
+    finish();
+  }
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds) override { return true; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    auto f = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    f->markCompleted(c10::IValue(outputs_));
+    return f;
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+};
+
+// Raise ringcomm's exception for ErrorCode `code` (ringcomm.errors.from_code), marked as raised
+// by the core (every rank has been told: see ringcomm/torch/steps.py).
+[[noreturn]] void raise_ringcomm(int code, const char* msg) {
+  py::gil_scoped_acquire gil;
+  py::object exc = py::module_::import("ringcomm.errors").attr("from_code")(code, msg);
+  exc.attr("_ringcomm_issued") = true;
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  throw py::error_already_set();
+}
 
 // A Python Work, seen from C++. work_ is the C++ half of the Python object (torch's PyWork
 // trampoline forwards wait and get_future to it); the other virtuals call the Python method.
@@ -110,7 +184,26 @@ class Trampoline : public c10d::Backend {
 
   // Collectives by argument shape; the Python method has the C++ name.
   RC_OP1(broadcast, BroadcastOptions)
-  RC_OP1(allreduce, AllreduceOptions)
+  WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
+    if (!o.asyncOp && t.size() == 1 && o.reduceOp == c10d::ReduceOp::SUM && !o.sparseIndices) {
+      std::shared_ptr<const FastPath> fast;
+      {
+        std::lock_guard<std::mutex> lk(fast_mu_);
+        fast = fast_;
+      }
+      const at::Tensor& x = t[0];
+      const int code = fast ? fast_dtype_code(x.scalar_type()) : -1;
+      if (code >= 0 && x.device().is_cpu() && x.layout() == c10::kStrided && x.has_storage() &&
+          x.is_contiguous()) {
+        const int64_t n = x.numel();
+        char msg[2048];
+        const int rc = fast->api->all_reduce(fast->handle, n ? x.data_ptr() : nullptr, n, code, 0, msg, sizeof msg);
+        if (rc != 0) raise_ringcomm(rc - 1, msg);
+        return c10::make_intrusive<FastDoneWork>(getRank(), x);
+      }
+    }
+    RC_WORK("allreduce", allreduce, t, o);
+  }
   RC_OP1(allreduce_coalesced, AllreduceCoalescedOptions)
   RC_OP1(allreduce_sparse, AllreduceOptions)
   RC_OP1(reduce, ReduceOptions)
@@ -134,6 +227,28 @@ class Trampoline : public c10d::Backend {
     RC_WORK("recv_anysource", recvAnysource, t, tag);
   }
   WorkPtr barrier(const c10d::BarrierOptions& o) override { RC_WORK("barrier", barrier, o); }
+
+  /// Enable the allreduce fast path on ringcomm._C's RcFastApi table at `api` with `handle` (this
+  /// object takes it over), or disable it (api 0, handle 0). Returns whether the fast path is now
+  /// on (a table of another version or size leaves it off, and its handle unreleased).
+  bool set_fast_all_reduce(uintptr_t api, uintptr_t handle) {
+    const auto* a = reinterpret_cast<const RcFastApi*>(api);
+    std::shared_ptr<const FastPath> next;
+    // Built in place: a FastPath releases its handle when destroyed.
+    if (a != nullptr && a->version == kRcFastApiVersion && a->size >= sizeof(RcFastApi) && handle != 0)
+      next.reset(new FastPath{a, reinterpret_cast<void*>(handle)});
+    std::shared_ptr<const FastPath> old;
+    {
+      std::lock_guard<std::mutex> lk(fast_mu_);
+      old = std::move(fast_);
+      fast_ = next;
+    }
+    return next != nullptr;  // `old` is released here, outside the lock
+  }
+
+ private:
+  std::mutex fast_mu_;
+  std::shared_ptr<const FastPath> fast_;  // null: the fast path is off
 };
 
 }  // namespace
@@ -141,5 +256,6 @@ class Trampoline : public c10d::Backend {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch.distributed");  // registers c10d::Backend, Work and the options
   py::class_<Trampoline, c10d::Backend, c10::intrusive_ptr<Trampoline>>(m, "Trampoline")
-      .def(py::init<int, int>(), py::arg("rank"), py::arg("size"));
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
+      .def("_set_fast_all_reduce", &Trampoline::set_fast_all_reduce, py::arg("api"), py::arg("handle"));
 }
