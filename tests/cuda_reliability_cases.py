@@ -188,3 +188,19 @@ def p2p_memory_not_reused_early(rank, world):
     torch.cuda.synchronize()
     comm.close()
     return out
+
+
+def info_line_names_liveness_and_wait(rank, world):
+    """The INFO line a CUDA communicator logs when it connects (captured from fd 2)."""
+    import tempfile
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    try:
+        comm = _init(rank, world, _gpu_device(rank), "info")
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    comm.close()
+    log.seek(0)
+    return log.read().decode(errors="replace")

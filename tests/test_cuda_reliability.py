@@ -62,3 +62,13 @@ def test_gpu_send_recv_memory_not_reused_early(mode, store_env):
     assert res[0] == {"send_reused": False}, res[0]
     assert res[1] == {"send_bytes_ok": True, "recv_reused": False, "recv_released": True,
                       "recv_no_stray_write": True}, res[1]
+
+
+@needs_gpu
+@pytest.mark.timeout(120)
+def test_gpu_info_line_names_the_control_planes_liveness_and_wait(store_env):
+    env = dict(store_env, RINGCOMM_DEBUG="INFO")
+    for rank, text in enumerate(spawn(cases.info_line_names_liveness_and_wait, 2, timeout=100, env=env)):
+        line = next((ln for ln in text.splitlines() if "transport cuda_ipc" in ln), "")
+        assert "control plane: liveness: rank" in line and "pid probe" in line, text
+        assert "wait " in line and "then futex" in line, text

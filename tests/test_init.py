@@ -142,5 +142,12 @@ def test_default_prefix_refuses_a_sub_communicator_of_a_launched_job(monkeypatch
         default_prefix(0, 1, 2)
     assert default_prefix(0, 3, 4) == "ringcomm/0"      # the whole job: the counter suffices
     assert default_prefix(5, 0, 1) == "ringcomm/5"      # one rank meets nobody through the store
+    # ringcomm.cuda.init's default prefix: the same refusal, its own namespace
+    with pytest.raises(ringcomm.InvalidArgumentError, match=r"rank 3 of a 4-process job"):
+        default_prefix(0, 1, 2, root="ringcomm-cuda")
+    assert default_prefix(1, 3, 4, root="ringcomm-cuda") == "ringcomm-cuda/1"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert default_prefix(1, 3, 4, root="ringcomm-cuda") == "ringcomm-cuda/a2/1"
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
     monkeypatch.delenv("WORLD_SIZE")
     assert default_prefix(2, 1, 2) == "ringcomm/2"      # no launcher environment to tell by

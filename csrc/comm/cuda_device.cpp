@@ -118,7 +118,8 @@ void CudaDevice::connect(const std::vector<std::string>& blobs) {
          "transport cuda_ipc (GPU " << device_ << ", channel to the next rank "
          << (world_ > 1 ? channel_kind_name(transport_.kind(rank_, (rank_ + 1) % world_)) : "none") << "); slots "
          << cc.slot_bytes << " B x " << cc.nslots << " x 2 lanes per peer; all_reduce ring; reduce grid cap "
-         << cc.max_blocks << " blocks; timeout " << cc.shm.timeout_s << " s");
+         << cc.max_blocks << " blocks; control plane: " << transport_.ctl().describe_liveness() << "; "
+         << transport_.ctl().describe_wait() << "; timeout " << cc.shm.timeout_s << " s");
 }
 
 void CudaDevice::wait_gpu(cudaEvent_t ev, const std::string& op, uint64_t seq, double timeout_s) {

@@ -98,7 +98,8 @@ def _tcp_store(host, port, rank, world_size, timeout, is_master):
                          wait_for_workers=False)
 
 
-def default_prefix(counter: int, rank: Optional[int] = None, world_size: Optional[int] = None) -> str:
+def default_prefix(counter: int, rank: Optional[int] = None, world_size: Optional[int] = None,
+                   root: str = "ringcomm") -> str:
     """The store namespace of the ``counter``-th multi-rank communicator this process creates
     without a prefix. Under torchrun an elastic restart reuses the agent's store, so the attempt
     number (TORCHELASTIC_RESTART_COUNT) is part of the name: a new attempt never reads the keys of
@@ -110,11 +111,12 @@ def default_prefix(counter: int, rank: Optional[int] = None, world_size: Optiona
     {0,1} and {2,3} of one job each creating a 2-rank communicator): both would take the same keys
     and pair up across the groups. So when the launcher's environment (RANK / WORLD_SIZE, set by
     torchrun and ringcomm.launch) says this process belongs to a larger job than ``world_size``,
-    a default prefix is refused with InvalidArgumentError saying what to pass."""
+    a default prefix is refused with InvalidArgumentError saying what to pass. ``root`` names the
+    kind of communicator (``ringcomm-cuda`` for ringcomm.cuda.init's own)."""
     if world_size is not None and world_size > 1:
         _refuse_sub_communicator_default(rank, world_size)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    return f"ringcomm/a{attempt}/{counter}" if attempt else f"ringcomm/{counter}"
+    return f"{root}/a{attempt}/{counter}" if attempt else f"{root}/{counter}"
 
 
 def _refuse_sub_communicator_default(rank: Optional[int], world_size: int) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..front import CoreBackEnd
-from ..rendezvous import init_args, resolve_store
+from ..rendezvous import default_prefix, init_args, resolve_store
 from ..work import CoreWork
 from .buffers import CudaBuf, as_cuda_buf, current_stream, stream_handle
 from .inflight import StreamGuard
@@ -254,8 +254,8 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
     LOCAL_RANK modulo the device count). Raises UnsupportedError when CUDA is unavailable."""
     require()
     rank, world_size, t = init_args("ringcomm.cuda.init", rank, world_size, timeout)
-    if prefix is None:
-        prefix = f"ringcomm-cuda/{next(_counter)}"
+    if prefix is None:   # refused for a sub-communicator of a larger job, as ringcomm.init's
+        prefix = default_prefix(next(_counter), rank, world_size, root="ringcomm-cuda")
     dev = default_device() if device is None else int(device)
     store = resolve_store(store, init_method, rank, world_size, t)
     return _connect(rank, world_size, dev, t, prefix, _store_exchange(store, prefix, rank, world_size))
