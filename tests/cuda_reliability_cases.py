@@ -192,15 +192,7 @@ def p2p_memory_not_reused_early(rank, world):
 
 def info_line_names_liveness_and_wait(rank, world):
     """The INFO line a CUDA communicator logs when it connects (captured from fd 2)."""
-    import tempfile
-    log = tempfile.TemporaryFile()
-    saved = os.dup(2)
-    os.dup2(log.fileno(), 2)
-    try:
-        comm = _init(rank, world, _gpu_device(rank), "info")
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    from fd2_capture import capture_fd2
+    comm, text = capture_fd2(lambda: _init(rank, world, _gpu_device(rank), "info"))
     comm.close()
-    log.seek(0)
-    return log.read().decode(errors="replace")
+    return text

@@ -14,13 +14,13 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 import pytest
 
 import ringcomm
+from fd2_capture import capture_fd2
 from ringcomm.launch import spawn_with_store
 
 _BUSY = "import os,sys\nparent=int(sys.argv[1])\nx=0\nwhile os.getppid()==parent:\n" \
@@ -34,16 +34,7 @@ def _rank(rank, world, store, cpus, hog, calls):
         busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(os.getpid())],
                                 preexec_fn=lambda: os.sched_setaffinity(0, cpus[0]))
     try:
-        log = tempfile.TemporaryFile()
-        saved = os.dup(2)
-        os.dup2(log.fileno(), 2)
-        try:
-            comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + store)
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        log.seek(0)
-        text = log.read().decode(errors="replace")
+        comm, text = capture_fd2(lambda: ringcomm.init(rank=rank, world_size=world, init_method="file://" + store))
         wrong = 0
         with comm:
             before = comm.wait_stats()

@@ -10,12 +10,12 @@ times and a 1 us spin (so adaptive waits miss, switch to yielding and back)."""
 import os
 import random
 import re
-import tempfile
 
 import numpy as np
 import pytest
 
 import ringcomm
+from fd2_capture import capture_fd2
 from ringcomm.launch import spawn_with_store
 
 
@@ -23,17 +23,8 @@ def _rank(rank, world, store, cpus, arrivals):
     if cpus is not None:
         os.sched_setaffinity(0, cpus)
     ncpu = len(os.sched_getaffinity(0))
-    # The INFO line goes to fd 2 when the communicator connects: capture it in a file.
-    log = tempfile.TemporaryFile()
-    saved = os.dup(2)
-    os.dup2(log.fileno(), 2)
-    try:
-        comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + store)
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-    log.seek(0)
-    text = log.read().decode(errors="replace")
+    # The INFO line goes to fd 2 when the communicator connects.
+    comm, text = capture_fd2(lambda: ringcomm.init(rank=rank, world_size=world, init_method="file://" + store))
     rng = random.Random(1000 + rank)
     wrong = 0
     with comm:
