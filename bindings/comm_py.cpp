@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include "array_view_py.h"
 #include "fast_api.h"
@@ -101,13 +102,12 @@ void bind_comm(py::module_& m) {
              if (!v.ok() || op < 0 || op >= static_cast<int>(rc::ReduceOp::kCount) ||
                  !rc::reduce_supported(v.dtype(), static_cast<rc::ReduceOp>(op)))
                return false;
-             void* dst = v.ptr();
-             std::unique_ptr<rc_py::ArrayView> o;
+             std::optional<rc_py::ArrayView> o;
              if (!out.is_none()) {
-               o = std::make_unique<rc_py::ArrayView>(out.ptr());
+               o.emplace(out.ptr());
                if (!o->ok() || o->dtype() != v.dtype() || o->count() != v.count()) return false;
-               dst = o->ptr();
              }
+             void* dst = o ? o->ptr() : v.ptr();
              {
                py::gil_scoped_release nogil;
                c.all_reduce(v.ptr(), dst, v.count(), v.dtype(), static_cast<rc::ReduceOp>(op), HostLaunches::coll(false));

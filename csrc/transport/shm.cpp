@@ -754,12 +754,12 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
                         t0 >= no_yield_until;
   // Co-located with the peer: no pure spin. A yielding wait yields at once (the cheapest way to
   // hand the peer our CPU while no other process competes for it); any other sleeps at once.
-  const int64_t active_end =
-      colocated ? t0 + (yielding ? cfg_.yield_ns : 0) : t0 + cfg_.spin_ns + (yielding ? cfg_.yield_ns : 0);
-  int64_t next_yield = colocated ? t0 : t0 + cfg_.yield_every_ns;
+  const bool active = !colocated || yielding;
+  const int64_t active_end = t0 + (colocated ? 0 : cfg_.spin_ns) + (yielding ? cfg_.yield_ns : 0);
+  int64_t next_yield = t0 + (colocated ? 0 : cfg_.yield_every_ns);
   long nivcsw0 = -1;  // kAdaptive: involuntary switches when the probe started (-1: not yet)
   bool done = false;
-  for (; !colocated || yielding;) {
+  while (active) {
     for (int i = 0; i < 64; ++i) {
       cpu_relax();
       if (ready()) {
@@ -788,7 +788,7 @@ void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>
     if (closing()) fail_closing(w);
     if (adaptive && nivcsw0 < 0 && now - t0 >= kProbeAfterNs) nivcsw0 = thread_nivcsw();
   }
-  if (adaptive && !(colocated && !yielding)) {
+  if (adaptive && active) {
     // A miss: the spin ran out (the peer did not get to run within our budget: on a shared CPU it
     // may be queued behind us), or this thread was preempted while spinning (its CPU is shared
     // right now). Then the next waits yield while they spin. A wait that ended within its spin

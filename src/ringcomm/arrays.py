@@ -56,8 +56,9 @@ def _numpy_buf(x: np.ndarray, what: str, writeable: bool) -> Buf:
     return Buf(x, addr, nbytes // _ESIZE[code], _NAMES[code], code, nbytes, True if writeable else x.flags.writeable)
 
 
-# The host communicator's torch fast path (host.py): (torch.Tensor, torch.strided, {dtype: code})
-# once the first tensor went through the adapter (torch is never imported eagerly), else Nones.
+# The synchronous fast paths' view of torch (host.py, ringcomm/torch/collectives.py):
+# [torch.Tensor, torch.strided, {dtype: code}] once the first tensor went through the adapter or
+# the torch backend armed it (torch is never imported eagerly), else Nones and an empty dict.
 TORCH_FAST = [None, None, _TORCH_CODES]
 
 
@@ -66,6 +67,24 @@ def _torch_codes():
     torch = sys.modules["torch"]
     TORCH_FAST[0], TORCH_FAST[1] = torch.Tensor, torch.strided
     return _TORCH_CODES
+
+
+arm_torch_fast_path = _torch_codes
+
+
+def torch_in_place(x):
+    """(address, count, dtype code) of a dense, contiguous CPU tensor of a ringcomm dtype with
+    storage, else None (the general path then refuses it with the reason)."""
+    code = _TORCH_CODES.get(x.dtype)
+    if code is None or x.layout is not TORCH_FAST[1] or not x.is_cpu or not x.is_contiguous():
+        return None
+    n = x.numel()
+    if not n:
+        return (0, 0, code)
+    try:
+        return (x.data_ptr(), n, code)
+    except Exception:  # noqa: BLE001 - no storage
+        return None
 
 
 def _torch_buf(x, what: str) -> Buf:

@@ -12,30 +12,17 @@ import time
 import numpy as np
 
 from . import _C
-from .arrays import TORCH_FAST, as_buf, is_cuda_array, maybe_cuda
+from .arrays import TORCH_FAST, as_buf, is_cuda_array, maybe_cuda, torch_in_place
 from .errors import InvalidArgumentError, PeerFailureError, RingcommError, from_code
 from .front import _SUM, CoreBackEnd
-from .tables import OPS_FOR_DTYPE
 from .rendezvous import exchange_segment_names, forget_segment_name
+from .tables import OPS_FOR_DTYPE
 from .work import CoreWork
 
 __all__ = ["Communicator", "shm_communicator"]
 
 _NDARRAY = np.ndarray
-_TORCH = TORCH_FAST   # [torch.Tensor, torch.strided, {dtype: code}] once torch is in use
-
-
-def _torch_in_place(x):
-    """(address, count, dtype code) of a dense, contiguous CPU tensor of a ringcomm dtype, else
-    None (the general adapter then refuses it with the reason)."""
-    code = _TORCH[2].get(x.dtype)
-    if code is None or x.layout is not _TORCH[1] or not x.is_cpu or not x.is_contiguous():
-        return None
-    n = x.numel()
-    return (x.data_ptr() if n else 0, n, code)
-
-
-_NDARRAY = np.ndarray
+_TORCH = TORCH_FAST   # [torch.Tensor, ...] once torch is in use (arrays.py)
 # Reduce op (as the API accepts it) -> code, for the dtypes' common ops; the C++ fast path
 # checks the pair against the dtype itself.
 _OP_CODES = dict(OPS_FOR_DTYPE[0])
@@ -86,7 +73,7 @@ class Communicator(CoreBackEnd):
                 if opc is not None and output is not x and self._c.all_reduce_array(x, output, opc):
                     return None
             elif tx is _TORCH[0] and output is None:
-                p = _torch_in_place(x)
+                p = torch_in_place(x)
                 if p is not None:
                     opc = OPS_FOR_DTYPE[p[2]].get(op)
                     if opc is not None:
@@ -102,7 +89,7 @@ class Communicator(CoreBackEnd):
                 if self._c.broadcast_array(x, root):
                     return None
             elif tx is _TORCH[0] and type(root) is int and 0 <= root < self.world_size:
-                p = _torch_in_place(x)
+                p = torch_in_place(x)
                 if p is not None:
                     self._c.broadcast(p[0], p[1], p[2], root, False)
                     return None

@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from ringcomm.tables import DTYPE_CODES, torch_dtype_codes
+from ringcomm.arrays import arm_torch_fast_path, torch_in_place
+from ringcomm.tables import DTYPE_CODES
 
 from .core import GroupCore
 from .hooks import issue_hooks
@@ -25,9 +26,9 @@ __all__ = ["Collectives"]
 
 # The allreduce fast path's table: torch dtype -> core dtype code (bool excluded: its bitwise ops
 # need the uint8 view of the general path).
-_FAST_CODES = {t: c for t, c in torch_dtype_codes().items() if c != DTYPE_CODES["bool"]}
+arm_torch_fast_path()
+_BOOL = DTYPE_CODES["bool"]   # bool goes the general way (as the trampoline's C++ path)
 _SUM = dist.ReduceOp.SUM
-_STRIDED = torch.strided
 
 
 class Collectives(GroupCore):
@@ -44,23 +45,17 @@ class Collectives(GroupCore):
                 and len(tensors) == 1 and self._coalescing is None and not issue_hooks
                 and not self._closed):
             t = tensors[0]
-            code = _FAST_CODES.get(t.dtype)
-            # SUM only: comparing with the ReduceOp constant costs a third of reading .op.value
-            if (code is not None and opts.reduceOp == _SUM and t.is_cpu and t.layout is _STRIDED
-                    and t.is_contiguous()):
-                n = t.numel()
+            # SUM only: comparing with the ReduceOp constant costs a third of reading .op.value.
+            # No storage, another layout or dtype: None, and the general path rejects it for all ranks.
+            p = torch_in_place(t) if opts.reduceOp == _SUM else None
+            if p is not None and p[2] != _BOOL:
+                seq = next(self._seq)
                 try:
-                    addr = t.data_ptr() if n else 0
-                except Exception:  # noqa: BLE001 - no storage: the general path rejects it for all ranks
-                    addr = None
-                if addr is not None:
-                    seq = next(self._seq)
-                    try:
-                        fast_ar(addr, addr, n, code, 0, False)  # 0: SUM
-                    except Exception as e:
-                        e._ringcomm_issued = True  # raised by the core: every rank has been told
-                        raise
-                    return DoneWork("allreduce", seq, [t])
+                    fast_ar(p[0], p[0], p[1], p[2], 0, False)  # 0: SUM
+                except Exception as e:
+                    e._ringcomm_issued = True  # raised by the core: every rank has been told
+                    raise
+                return DoneWork("allreduce", seq, [t])
         if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
             return self.allreduce_sparse(tensors, opts)  # the whole-group ProcessGroup's route
         return self._allreduce_general(tensors, opts)
