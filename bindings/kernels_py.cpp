@@ -73,7 +73,12 @@ void bind_kernels(py::module_& m) {
         py::arg("scale") = 1.0, py::arg("isa") = "auto",
         "dst[:] = a (op) b elementwise with the CPU reduce kernels (tests/benchmarks).\n"
         "dtype/op are rc::DType / rc::ReduceOp codes; scale applies to AVG only; isa is 'auto' (the\n"
-        "RINGCOMM_CPU_ISA choice), 'generic' or 'avx2'. Runs with the GIL released.");
+        "RINGCOMM_CPU_ISA choice for dtype), 'generic', 'avx2' or 'avx512'. Runs with the GIL released.");
+  m.def("_reduce_isa", [](int64_t dtype_code) {
+    RC_CHECK(dtype_code >= 0 && dtype_code < static_cast<int64_t>(rc::DType::kCount), InvalidArgument,
+             "_reduce_isa: unknown dtype code " << dtype_code);
+    return std::string(rc::cpu_isa_name(rc::reduce_cpu_isa(static_cast<rc::DType>(dtype_code))));
+  }, py::arg("dtype"), "Name of the kernel copy isa='auto' runs for this dtype code (RINGCOMM_CPU_ISA, read once).");
   m.def("_reduce_supported", &reduce_supported_py, py::arg("dtype"), py::arg("op"),
         "True when the (dtype code, op code) pair is a supported reduction.");
 

@@ -477,3 +477,28 @@ def test_isa_knob():
                              timeout=120)
         assert out.returncode == 0, out.stderr
         assert want in out.stdout, (value, out.stdout)
+
+
+def test_isa_auto_choice_per_dtype():
+    """auto runs bfloat16 on AVX-512 where the CPU has it and every other dtype on AVX2 (else
+    generic); a forced RINGCOMM_CPU_ISA applies to every dtype."""
+    import os
+    import subprocess
+    import sys
+    import ringcomm._C
+
+    code = ("from ringcomm._C import _reduce_isa\n"
+            f"print(','.join(_reduce_isa(c) for c in {sorted(DT_NAME)!r}))\n")
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(ringcomm._C.__file__)))
+    path = os.pathsep.join([pkg_root] + [p for p in sys.path if p])
+    base = "avx2" if "avx2" in ISAS else "generic"
+    want_auto = ["avx512" if (c == BF16 and "avx512" in ISAS) else base for c in sorted(DT_NAME)]
+    cases = [("auto", want_auto)] + [(isa, [isa] * len(DT_NAME)) for isa in ISAS]
+    for value, want in cases:
+        env = dict(os.environ, RINGCOMM_CPU_ISA=value, PYTHONPATH=path)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().split(",") == want, (value, out.stdout)
+    with pytest.raises(ValueError, match="dtype code"):
+        ringcomm._C._reduce_isa(len(DT_NAME))

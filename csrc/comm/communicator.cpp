@@ -75,7 +75,7 @@ void HostDevice::log_connected() {
          "transport shm; " << transport_.describe_geometry() << "; " << transport_.describe_liveness() << "; all_reduce "
          << (algo_ == Algo::kRing ? "ring" : algo_ == Algo::kDirect ? "direct" : "auto") << " (direct while bytes x "
          << "(world-1) <= " << direct_max_bytes_ << " B); store policy " << store_policy_.describe()
-         << "; reduce ISA " << cpu_isa_name(reduce_cpu_isa()) << "; " << transport_.describe_wait() << "; timeout "
+         << "; reduce ISA " << describe_reduce_cpu_isa() << "; " << transport_.describe_wait() << "; timeout "
          << sc.timeout_s << " s");
 }
 

@@ -41,7 +41,7 @@ const std::vector<KnobInfo>& table() {
       {"RINGCOMM_TRACE", T::kInt, "0", "", "keep the last N collectives' phase timestamps per communicator (comm.trace()); 0: off", false},
       {"RINGCOMM_DEBUG", T::kChoice, "WARN", "WARN|INFO|TRACE", "logging to stderr: INFO one line per communicator, TRACE also one per collective", false},
       // reduce kernels (csrc/kernels/reduce_cpu.cpp)
-      {"RINGCOMM_CPU_ISA", T::kChoice, "auto", "auto|avx512|avx2|generic", "CPU reduce kernels: auto (AVX2 where present, else generic), avx512, avx2 or generic", false},
+      {"RINGCOMM_CPU_ISA", T::kChoice, "auto", "auto|avx512|avx2|generic", "CPU reduce kernels: auto (bfloat16 AVX-512 where present; other dtypes AVX2 where present; else generic), or one of avx512, avx2, generic for every dtype", false},
       // CUDA transport and communicator
       {"RINGCOMM_CUDA_SLOT_BYTES", T::kBytes, "2M", "", "CUDA slot size (a multiple of 4096)", false},
       {"RINGCOMM_CUDA_NSLOTS", T::kInt, "4", "", "CUDA slots per channel, 2..64", false},

@@ -209,8 +209,8 @@ bool cpu_has_avx512() {
 #endif
 }
 
-CpuIsa resolve(CpuIsa isa) {
-  if (isa == CpuIsa::kAuto) return reduce_cpu_isa();
+CpuIsa resolve(CpuIsa isa, DType dt) {
+  if (isa == CpuIsa::kAuto) return reduce_cpu_isa(dt);
   RC_CHECK(cpu_isa_available(isa), InvalidArgument,
            "ringcomm: CPU reduce kernels for " << cpu_isa_name(isa)
                                                << " are not available on this CPU/build");
@@ -312,19 +312,34 @@ bool cpu_isa_available(CpuIsa isa) {
   return false;
 }
 
-CpuIsa reduce_cpu_isa() {
-  // Knob RINGCOMM_CPU_ISA (auto|avx512|avx2|generic), read once; the static is immutable afterwards.
+namespace {
+// Knob RINGCOMM_CPU_ISA (auto|avx512|avx2|generic), read once; the static is immutable afterwards.
+CpuIsa knob_cpu_isa() {
   static const CpuIsa isa = [] {
     const std::string v = knob_str("RINGCOMM_CPU_ISA");
     RC_CHECK(v == "auto" || v == "generic" || v == "avx2" || v == "avx512", InvalidArgument,
              "ringcomm: RINGCOMM_CPU_ISA='" << v << "' is not one of auto, generic, avx2, avx512");
     const CpuIsa want = parse_cpu_isa(v.c_str());
-    if (want == CpuIsa::kAuto) return cpu_has_avx2_f16c() ? CpuIsa::kAvx2 : CpuIsa::kGeneric;
     RC_CHECK(cpu_isa_available(want), InvalidArgument,
              "ringcomm: RINGCOMM_CPU_ISA=" << cpu_isa_name(want) << " is not available on this CPU/build");
     return want;
   }();
   return isa;
+}
+}  // namespace
+
+CpuIsa reduce_cpu_isa(DType dt) {
+  const CpuIsa knob = knob_cpu_isa();
+  if (knob != CpuIsa::kAuto) return knob;
+  if (dt == DType::kBFloat16 && cpu_has_avx512()) return CpuIsa::kAvx512;
+  return cpu_has_avx2_f16c() ? CpuIsa::kAvx2 : CpuIsa::kGeneric;
+}
+
+std::string describe_reduce_cpu_isa() {
+  const std::string base = cpu_isa_name(reduce_cpu_isa(DType::kFloat32));
+  const CpuIsa bf16 = reduce_cpu_isa(DType::kBFloat16);
+  if (bf16 == reduce_cpu_isa(DType::kFloat32)) return base;
+  return base + " (bfloat16 " + cpu_isa_name(bf16) + ")";
 }
 
 void reduce_cpu_with_isa(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op,
@@ -333,7 +348,7 @@ void reduce_cpu_with_isa(void* dst, const void* a, const void* b, size_t n, DTyp
   RC_CHECK(op == ReduceOp::kAvg || scale == 1.0, InvalidArgument,
            "ringcomm: scale " << scale << " given for reduce op " << op_name(op)
                                << " (only AVG takes a scale)");
-  const CpuIsa use = resolve(isa);
+  const CpuIsa use = resolve(isa, dt);
   if (n == 0) return;
   RC_CHECK(dst != nullptr && a != nullptr && b != nullptr, InvalidArgument,
            "ringcomm: reduce_cpu got a null buffer for " << n << " elements");
@@ -351,7 +366,7 @@ void scale_cpu_with_isa(void* dst, const void* src, size_t n, DType dt, double s
     RC_THROW(Unsupported,
              "ringcomm: scale is not supported for dtype " << dtype_name(dt) << " (floating dtypes only)");
   }
-  const CpuIsa use = resolve(isa);
+  const CpuIsa use = resolve(isa, dt);
   if (n == 0) return;
   RC_CHECK(dst != nullptr && src != nullptr, InvalidArgument,
            "ringcomm: scale_cpu got a null buffer for " << n << " elements");

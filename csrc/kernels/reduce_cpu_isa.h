@@ -2,6 +2,7 @@
 // else uses; this header is for tests, benchmarks and logging).
 #pragma once
 #include <cstddef>
+#include <string>
 
 #include "common/dtype.h"
 
@@ -14,10 +15,16 @@ namespace rc {
 ///            Bit-identical to the other copies.
 enum class CpuIsa : int { kAuto = 0, kGeneric = 1, kAvx2 = 2, kAvx512 = 3 };
 
-/// The copy reduce_cpu()/scale_cpu() use: picked once, at first use, from knob
-/// RINGCOMM_CPU_ISA = auto (default: AVX2 where the CPU has it, else generic) | avx512 | avx2 | generic.
-/// Throws InvalidArgument for a malformed knob or for avx2 on a CPU without AVX2+F16C.
-CpuIsa reduce_cpu_isa();
+/// The copy reduce_cpu()/scale_cpu() use for dtype `dt`. Knob RINGCOMM_CPU_ISA (read once, at
+/// first use) = avx512 | avx2 | generic forces one copy for every dtype; auto (default) takes
+/// AVX-512 for bfloat16 where the CPU has it (its integer widen/round/narrow is compute bound on
+/// 32-byte vectors), else AVX2 where present, else generic (float32/float16/integers gain nothing
+/// measurable from 64-byte vectors: memory bound). Throws InvalidArgument for a malformed knob or
+/// a forced copy this CPU/build cannot run.
+CpuIsa reduce_cpu_isa(DType dt);
+
+/// The auto choice in words for the INFO line, e.g. "avx2 (bfloat16 avx512)" or "generic".
+std::string describe_reduce_cpu_isa();
 
 /// "generic" / "avx2" / "avx512" / "auto".
 const char* cpu_isa_name(CpuIsa isa);
@@ -28,7 +35,7 @@ CpuIsa parse_cpu_isa(const char* name);
 /// True when this build and this CPU can run `isa` (kAuto and kGeneric: always).
 bool cpu_isa_available(CpuIsa isa);
 
-/// reduce_cpu / scale_cpu on an explicit copy (kAuto = reduce_cpu_isa()). Same validation and
+/// reduce_cpu / scale_cpu on an explicit copy (kAuto = reduce_cpu_isa(dt)). Same validation and
 /// errors as the plain entry points; InvalidArgument when `isa` is not available.
 void reduce_cpu_with_isa(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op,
                          double scale, CpuIsa isa);
