@@ -39,26 +39,45 @@ struct FastHandle {
 
 void fast_release(void* h) { delete static_cast<FastHandle*>(h); }
 
-int fast_all_reduce(void* h, void* buf, int64_t count, int dtype, int op, char* msg, size_t msg_len) {
-  auto put = [&](const std::string& m) {
-    if (msg_len > 0) std::snprintf(msg, msg_len, "%s", m.c_str());
-  };
+// Runs `call` and reports as RcFastApi does: 0, or 1 + the ErrorCode with the message in msg.
+template <class F>
+int fast_call(char* msg, size_t msg_len, F&& call) {
   try {
-    if (dtype < 0 || dtype >= static_cast<int>(rc::DType::kCount) || op < 0 ||
-        op >= static_cast<int>(rc::ReduceOp::kCount))
-      RC_THROW(InvalidArgument, "ringcomm: all_reduce: dtype code " << dtype << " / op code " << op << " out of range");
-    static_cast<FastHandle*>(h)->comm->all_reduce(buf, buf, count, static_cast<rc::DType>(dtype),
-                                                   static_cast<rc::ReduceOp>(op), HostLaunches::coll(false));
+    call();
     return 0;
   } catch (...) {
     std::string m;
     const rc::ErrorCode code = rc::error_code_of(std::current_exception(), &m);
-    put(m);
+    if (msg_len > 0) std::snprintf(msg, msg_len, "%s", m.c_str());
     return 1 + static_cast<int>(code);
   }
 }
 
-const RcFastApi kFastApi = {kRcFastApiVersion, sizeof(RcFastApi), &fast_release, &fast_all_reduce};
+void check_fast_dtype(int dtype) {
+  RC_CHECK(dtype >= 0 && dtype < static_cast<int>(rc::DType::kCount), InvalidArgument,
+           "ringcomm: dtype code " << dtype << " out of range");
+}
+
+int fast_all_reduce(void* h, const void* in, void* out, int64_t count, int dtype, int op, char* msg,
+                    size_t msg_len) {
+  return fast_call(msg, msg_len, [&] {
+    check_fast_dtype(dtype);
+    RC_CHECK(op >= 0 && op < static_cast<int>(rc::ReduceOp::kCount), InvalidArgument,
+             "ringcomm: all_reduce: op code " << op << " out of range");
+    static_cast<FastHandle*>(h)->comm->all_reduce(in, out, count, static_cast<rc::DType>(dtype),
+                                                   static_cast<rc::ReduceOp>(op), HostLaunches::coll(false));
+  });
+}
+
+int fast_broadcast(void* h, void* buf, int64_t count, int dtype, int root, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] {
+    check_fast_dtype(dtype);
+    static_cast<FastHandle*>(h)->comm->broadcast(buf, count, static_cast<rc::DType>(dtype), root,
+                                                  HostLaunches::coll(false));
+  });
+}
+
+const RcFastApi kFastApi = {kRcFastApiVersion, sizeof(RcFastApi), &fast_release, &fast_all_reduce, &fast_broadcast};
 
 // One dict per record: seq, collective, algorithm, bytes, ok, and each phase's ns (None: did not happen).
 py::list trace_list(const std::vector<rc::TraceRecord>& recs) {

@@ -92,9 +92,15 @@ def test_closed_raises(comm1):
         comm1.all_reduce(np.ones(4, np.float32))
 
 
-def _ranks_mixed_paths(comm):
+def _ranks_mixed_paths(comm, tensor_calls=False):
     import torch
     r, n = comm.rank, comm.world_size
+    if tensor_calls:   # torch tensors through the c10d extension's TensorCalls (built by the test)
+        from ringcomm.torch import extension
+        extension.load()
+        assert comm._load_tensor_calls()
+    else:              # torch tensors through the Python attribute reads
+        comm._tensor_calls = False
     wrong = []
     ops = [("SUM", np.add.reduce), ("MAX", np.maximum.reduce), ("MIN", np.minimum.reduce),
            ("PRODUCT", np.multiply.reduce), ("AVG", None)]
@@ -118,8 +124,12 @@ def _ranks_mixed_paths(comm):
                     out = np.empty_like(fast)
                     comm.all_reduce(fast, op=op, output=out)     # the numpy fast path, out of place
                     fast = out
+                elif r == 2 and count % 2:
+                    comm.all_reduce(torch.from_numpy(fast), op=op)   # the torch fast path, in place
                 elif r == 2:
-                    comm.all_reduce(torch.from_numpy(fast), op=op)   # the torch fast path
+                    out = torch.empty(count, dtype=torch.from_numpy(fast).dtype)
+                    comm.all_reduce(torch.from_numpy(fast), op=op, output=out)   # out of place
+                    fast = out.numpy()
                 else:
                     comm.all_reduce(fast, op=op, async_op=True).wait()   # the general path
                 want = np.asarray(want, dtype=dt)
@@ -159,10 +169,18 @@ def _ranks_mixed_paths(comm):
     return wrong, outcome, bool((y == n * (n + 1) / 2).all())
 
 
+@pytest.fixture(scope="module")
+def built_extension():
+    from ringcomm.torch import extension
+    return extension.load()
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_fast_and_general_paths_agree_across_ranks(world):
-    res = launch(_ranks_mixed_paths, world, timeout=280)
+@pytest.mark.parametrize("world,tensor_calls", [(2, False), (3, False), (4, False), (3, True), (4, True)])
+def test_fast_and_general_paths_agree_across_ranks(world, tensor_calls, request):
+    if tensor_calls:
+        request.getfixturevalue("built_extension")
+    res = launch(_ranks_mixed_paths, world, args=(tensor_calls,), timeout=280)
     for r, (wrong, outcome, after) in enumerate(res):
         assert not wrong, (r, wrong[:10])
         assert outcome == ("own error" if r == world - 1 else "mismatch"), (r, outcome)
@@ -206,3 +224,62 @@ def test_torch_tensors_the_fast_path_declines(comm1):
     comm1.close()
     with pytest.raises(ringcomm.ClosedError):
         comm1.all_reduce(torch.ones(4))
+
+
+def test_tensor_calls_take_plain_cpu_tensors_and_decline_the_rest(comm1, built_extension):
+    """The c10d extension's TensorCalls (the host API's torch path once it is built): takes dense
+    contiguous CPU tensors of every reduced dtype but bool with SUM/PRODUCT/MIN/MAX (AVG: floats),
+    declines everything else having done nothing; its results are the general path's."""
+    tc = comm1._load_tensor_calls()
+    assert tc and tc.on and comm1._tensor_calls is tc
+    for dt in TORCH_DTYPES[:-1]:
+        for n in (0, 1, 1000):
+            t = torch.arange(n).to(dt)
+            for op in (0, 1, 2, 3) + ((4,) if dt.is_floating_point else ()):
+                assert tc.all_reduce(t, None, op) is True
+                assert torch.equal(t, torch.arange(n).to(dt)), (dt, n, op)
+                o = torch.empty(n, dtype=dt)
+                assert tc.all_reduce(t, o, op) is True                     # out of place
+                assert torch.equal(o, torch.arange(n).to(dt)), (dt, n, op)
+            assert tc.broadcast(t, 0) is True
+            assert torch.equal(t, torch.arange(n).to(dt))
+    declined = [torch.ones(3, dtype=torch.bool), torch.ones(10)[::2], torch.ones(4, 4).t(),
+                torch.ones(3).to_sparse(), torch.ones(3, dtype=torch.int16), torch.empty(3, device="meta"),
+                np.ones(3, np.float32), [1.0], None]
+    f, i = torch.ones(4), torch.ones(4, dtype=torch.int32)
+    for x in declined:
+        assert tc.all_reduce(x, None, 0) is False, x
+        assert tc.broadcast(x, 0) is False, x
+        if x is not None:
+            assert tc.all_reduce(f, x, 0) is False, x                  # not an output it takes
+    for out in (torch.ones(5), torch.ones(4, dtype=torch.float64)):   # another size or dtype
+        assert tc.all_reduce(f, out, 0) is False
+    for op in (-1, 5, 6, 7, 8, 99):
+        assert tc.all_reduce(f, None, op) is False
+    assert tc.all_reduce(i, None, 4) is False                          # AVG on an integer dtype
+    buf = torch.zeros(16)
+    with pytest.raises(ringcomm.InvalidArgumentError, match="overlap partially"):
+        tc.all_reduce(buf[0:8], buf[4:12], 0)                          # taken, refused by the core
+    with pytest.raises(ringcomm.InvalidArgumentError, match="root"):   # the core checks the root
+        tc.broadcast(f, 1)
+    # The general path's refusals are unchanged with TensorCalls in use.
+    with pytest.raises(ringcomm.UnsupportedError, match="AVG"):
+        comm1.all_reduce(i, op=ringcomm.ReduceOp.AVG)
+    b = torch.tensor([True, False])
+    comm1.all_reduce(b, op=ringcomm.ReduceOp.MAX)                      # bool: the Python path
+    assert torch.equal(b, torch.tensor([True, False]))
+    comm1.close()
+    assert comm1._tensor_calls is False                                # the handle is dropped
+    with pytest.raises(ringcomm.ClosedError):
+        tc.all_reduce(f, None, 0)                                      # a kept reference raises
+    with pytest.raises(ringcomm.ClosedError):
+        comm1.all_reduce(torch.ones(4))
+
+
+def test_tensor_calls_refuse_a_foreign_table(built_extension):
+    """A table of another version, or none, leaves TensorCalls off (it then takes nothing)."""
+    bogus = np.zeros(8, np.uint32)                                     # version 0
+    tc = built_extension.TensorCalls(bogus.ctypes.data, 0)
+    assert not tc.on
+    assert tc.all_reduce(torch.ones(2), None, 0) is False
+    assert built_extension.TensorCalls(0, 0).on is False

@@ -41,6 +41,22 @@ class Communicator(CoreBackEnd):
         self._inflight: list = []
         self._lock = threading.Lock()
         self._cuda_comm = None
+        # The torch extension's TensorCalls on this communicator (trampoline.cpp), False where
+        # it is not built or the communicator closed, None until the first torch tensor asks.
+        self._tensor_calls = None
+
+    def _load_tensor_calls(self):
+        """TensorCalls of the c10d trampoline if that is built (``python -m ringcomm.torch
+        --build``, or any torch backend use, builds it; this never does), else False."""
+        tc = False
+        if not self._c.closed:
+            from .torch import extension
+            mod = extension.load_built()
+            if mod is not None and hasattr(mod, "TensorCalls"):
+                tc = mod.TensorCalls(_C._fast_api(), self._c._fast_handle())
+                tc = tc if tc.on else False
+        self._tensor_calls = tc
+        return tc
 
     def _finish(self, w, refs, result):
         work = CoreWork(w, refs, result)
@@ -64,16 +80,25 @@ class Communicator(CoreBackEnd):
         # and runs the collective (bindings/array_view_py.h): the per-call Python layer is
         # most of a small message's time. What that call does not take (another layout, dtype or
         # op, read-only memory) goes the general way, which explains the refusal.
-        # A dense contiguous CPU torch tensor in place takes the core call directly (its checks
-        # are a few attribute reads; the core checks the rest and exchanges the header).
+        # A dense contiguous CPU torch tensor in place takes the core call directly: through the
+        # torch extension's TensorCalls where it is built (the tensor's attributes read in C++,
+        # see _load_tensor_calls), else after a few Python attribute reads; the core checks the
+        # rest and exchanges the header.
         if not async_op and stream is None:
             tx = type(x)
             if tx is _NDARRAY and (output is None or type(output) is _NDARRAY):
                 opc = _OP_CODES.get(op)
                 if opc is not None and output is not x and self._c.all_reduce_array(x, output, opc):
                     return None
-            elif tx is _TORCH[0] and output is None:
-                p = torch_in_place(x)
+            elif tx is _TORCH[0] and (output is None or (type(output) is tx and output is not x)):
+                tc = self._tensor_calls
+                if tc is None:
+                    tc = self._load_tensor_calls()
+                if tc:
+                    opc = _OP_CODES.get(op)
+                    if opc is not None and tc.all_reduce(x, output, opc):
+                        return None
+                p = torch_in_place(x) if output is None else None
                 if p is not None:
                     opc = OPS_FOR_DTYPE[p[2]].get(op)
                     if opc is not None:
@@ -89,6 +114,11 @@ class Communicator(CoreBackEnd):
                 if self._c.broadcast_array(x, root):
                     return None
             elif tx is _TORCH[0] and type(root) is int and 0 <= root < self.world_size:
+                tc = self._tensor_calls
+                if tc is None:
+                    tc = self._load_tensor_calls()
+                if tc and tc.broadcast(x, root):
+                    return None
                 p = torch_in_place(x)
                 if p is not None:
                     self._c.broadcast(p[0], p[1], p[2], root, False)
@@ -173,6 +203,7 @@ class Communicator(CoreBackEnd):
         """Finish queued work, release the shared memory (and the CUDA twin's). Idempotent."""
         if self._cuda_comm is not None:
             self._cuda_comm.close()
+        self._tensor_calls = False   # drops its handle (a reference to the core communicator)
         self._c.close()
         self._inflight = []
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 from datetime import timedelta
 
 import numpy as np
@@ -115,7 +116,12 @@ class RingcommRunner(Runner, NumpyBuffers, TorchBuffers):
         self._flag = np.zeros(1, dtype=np.float64)
 
     def describe(self) -> str:
-        return f"ringcomm {getattr(self.rc, '__version__', '?')}"
+        version = f"ringcomm {getattr(self.rc, '__version__', '?')}"
+        if "torch" not in sys.modules:
+            return version
+        from ringcomm.torch import extension
+        path = "C++ (torch extension built)" if extension.load_built() is not None else "Python attribute reads"
+        return f"{version}, torch tensors: {path}"
 
     def modes(self, op, inplace=True):
         if op == "broadcast":            # the API's broadcast is in place only

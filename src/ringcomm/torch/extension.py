@@ -16,7 +16,7 @@ import re
 import sys
 import threading
 
-__all__ = ["SOURCE", "CFLAGS", "extension_name", "build_directory", "load"]
+__all__ = ["SOURCE", "CFLAGS", "extension_name", "build_directory", "load", "load_built"]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trampoline.cpp")
 # -O1 and no debug info keep the first build short (the trampoline only forwards calls).
@@ -67,4 +67,18 @@ def load(verbose: bool = False):
                 module = jit_load(name=name, sources=[SOURCE], extra_cflags=CFLAGS,
                                   build_directory=directory, verbose=verbose)
             _module = module
+        return _module
+
+
+def load_built():
+    """The trampoline module if it is loaded or already built (imported from the cache), else
+    None; never builds. Failures to import read as not built."""
+    global _module
+    with _lock:
+        if _module is None:
+            try:
+                import torch.distributed  # noqa: F401
+                _module = _import_built(extension_name(), build_directory())
+            except Exception:  # noqa: BLE001 - a broken cache or torch: the Python path serves
+                return None
         return _module

@@ -8,7 +8,9 @@
 // CPU tensor runs straight on the ringcomm communicator through RcFastApi (ringcomm._C's C ABI,
 // bindings/fast_api.h), without the GIL or Python, while the Python half has it enabled
 // (_set_fast_all_reduce: not coalescing, no issue hooks, not shut down); anything else, or a
-// disabled fast path, goes to the Python override as every other call.
+// disabled fast path, goes to the Python override as every other call. The same table serves the
+// host API's torch tensors (TensorCalls, used by ringcomm.host once this module is built): their
+// attributes are read here, in C++, instead of by a chain of Python attribute calls.
 //
 // Lifetime: torch holds the backend through an intrusive_ptr from C++ only, so the Python object
 // is kept alive by ringcomm (hooks.live_groups) until shutdown(); the override is looked up on it.
@@ -16,6 +18,7 @@
 // the Python work lives as long as torch holds the C++ one, and every Work virtual torch or the
 // user calls (wait, get_future, is_completed, ...) reaches the Python work.
 #include <pybind11/chrono.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
@@ -28,15 +31,21 @@ namespace {
 namespace py = pybind11;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-// The same struct as bindings/fast_api.h (version 1). Its version and size are checked before
+// The same struct as bindings/fast_api.h (version 2). Its version and size are checked before
 // any field is used: a ringcomm._C of another layout leaves the fast path off.
 extern "C" struct RcFastApi {
   uint32_t version;
   uint32_t size;
   void (*release)(void* handle);
-  int (*all_reduce)(void* handle, void* buf, int64_t count, int dtype, int op, char* msg, size_t msg_len);
+  int (*all_reduce)(void* handle, const void* in, void* out, int64_t count, int dtype, int op, char* msg,
+                    size_t msg_len);
+  int (*broadcast)(void* handle, void* buf, int64_t count, int dtype, int root, char* msg, size_t msg_len);
 };
-constexpr uint32_t kRcFastApiVersion = 1;
+constexpr uint32_t kRcFastApiVersion = 2;
+
+bool fast_api_ok(const RcFastApi* a) {
+  return a != nullptr && a->version == kRcFastApiVersion && a->size >= sizeof(RcFastApi);
+}
 
 // ringcomm's dtype codes (ringcomm.tables / common/dtype.h) of the tensors the fast path takes;
 // -1: not taken (bool goes the Python way, as the Python fast path does).
@@ -52,6 +61,15 @@ int fast_dtype_code(c10::ScalarType t) {
     case c10::ScalarType::Long: return 7;
     default: return -1;
   }
+}
+
+// The dtype code of a dense, contiguous CPU tensor with storage of a dtype fast_dtype_code takes;
+// -1 for any other tensor.
+int plain_cpu_code(const at::Tensor& x) {
+  const int code = fast_dtype_code(x.scalar_type());
+  if (code < 0 || !x.device().is_cpu() || x.layout() != c10::kStrided || !x.has_storage() || !x.is_contiguous())
+    return -1;
+  return code;
 }
 
 // A handle (a reference to the communicator, from Communicator._fast_handle()) and the table
@@ -82,12 +100,12 @@ class FastDoneWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
 };
 
-// Raise ringcomm's exception for ErrorCode `code` (ringcomm.errors.from_code), marked as raised
-// by the core (every rank has been told: see ringcomm/torch/steps.py).
-[[noreturn]] void raise_ringcomm(int code, const char* msg) {
+// Raise ringcomm's exception for ErrorCode `code` (ringcomm.errors.from_code); `issued`: marked
+// as raised by the core (every rank has been told: see ringcomm/torch/steps.py).
+[[noreturn]] void raise_ringcomm(int code, const char* msg, bool issued = true) {
   py::gil_scoped_acquire gil;
   py::object exc = py::module_::import("ringcomm.errors").attr("from_code")(code, msg);
-  exc.attr("_ringcomm_issued") = true;
+  if (issued) exc.attr("_ringcomm_issued") = true;
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
 }
@@ -192,12 +210,12 @@ class Trampoline : public c10d::Backend {
         fast = fast_;
       }
       const at::Tensor& x = t[0];
-      const int code = fast ? fast_dtype_code(x.scalar_type()) : -1;
-      if (code >= 0 && x.device().is_cpu() && x.layout() == c10::kStrided && x.has_storage() &&
-          x.is_contiguous()) {
+      const int code = fast ? plain_cpu_code(x) : -1;
+      if (code >= 0) {
         const int64_t n = x.numel();
+        void* p = n ? x.data_ptr() : nullptr;
         char msg[2048];
-        const int rc = fast->api->all_reduce(fast->handle, n ? x.data_ptr() : nullptr, n, code, 0, msg, sizeof msg);
+        const int rc = fast->api->all_reduce(fast->handle, p, p, n, code, 0, msg, sizeof msg);
         if (rc != 0) raise_ringcomm(rc - 1, msg);
         return c10::make_intrusive<FastDoneWork>(getRank(), x);
       }
@@ -235,7 +253,7 @@ class Trampoline : public c10d::Backend {
     const auto* a = reinterpret_cast<const RcFastApi*>(api);
     std::shared_ptr<const FastPath> next;
     // Built in place: a FastPath releases its handle when destroyed.
-    if (a != nullptr && a->version == kRcFastApiVersion && a->size >= sizeof(RcFastApi) && handle != 0)
+    if (fast_api_ok(a) && handle != 0)
       next.reset(new FastPath{a, reinterpret_cast<void*>(handle)});
     std::shared_ptr<const FastPath> old;
     {
@@ -251,6 +269,72 @@ class Trampoline : public c10d::Backend {
   std::shared_ptr<const FastPath> fast_;  // null: the fast path is off
 };
 
+// The host API's torch-tensor fast path (ringcomm.host.Communicator.all_reduce / broadcast): the
+// tensor's dtype, device, layout, contiguity, pointer and size read in C++ (each is a Python
+// attribute call of ~0.15 us otherwise), then one RcFastApi call with the GIL released. A call
+// returns false, having done nothing, for a tensor or op it does not take; the caller then goes
+// the general way, which explains a refusal. Owns its handle (released with the object).
+class TensorCalls {
+ public:
+  TensorCalls(uintptr_t api, uintptr_t handle) {
+    const auto* a = reinterpret_cast<const RcFastApi*>(api);
+    if (fast_api_ok(a) && handle != 0) fast_.reset(new FastPath{a, reinterpret_cast<void*>(handle)});
+  }
+  bool on() const { return fast_ != nullptr; }
+
+  // op: a ReduceOp code (common/dtype.h); SUM, PRODUCT, MIN and MAX reduce every dtype taken
+  // here, AVG the floating ones (codes 0-3); anything else is not taken. out: None (in place) or
+  // a tensor taken here of x's dtype and size (the core refuses a partial overlap).
+  bool all_reduce(py::handle obj, py::handle out_obj, int op) {
+    const at::Tensor* x = unpack(obj);
+    const int code = x ? plain_cpu_code(*x) : -1;
+    if (code < 0 || op < 0 || op > 4 || (op == 4 && code > 3)) return false;
+    const at::Tensor* out = x;
+    if (!out_obj.is_none()) {
+      out = unpack(out_obj);
+      if (out == nullptr || plain_cpu_code(*out) != code || out->numel() != x->numel()) return false;
+    }
+    void* dst = out->numel() ? out->data_ptr() : nullptr;
+    run(*x, [&](void* p, int64_t n, char* msg, size_t len) {
+      return fast_->api->all_reduce(fast_->handle, p, dst, n, code, op, msg, len);
+    });
+    return true;
+  }
+
+  // root: already checked to be a rank by the caller (the core checks it again).
+  bool broadcast(py::handle obj, int root) {
+    const at::Tensor* x = unpack(obj);
+    const int code = x ? plain_cpu_code(*x) : -1;
+    if (code < 0) return false;
+    run(*x, [&](void* p, int64_t n, char* msg, size_t len) {
+      return fast_->api->broadcast(fast_->handle, p, n, code, root, msg, len);
+    });
+    return true;
+  }
+
+ private:
+  // A plain torch.Tensor (the caller checked the exact type), or null.
+  const at::Tensor* unpack(py::handle obj) const {
+    if (!fast_ || !THPVariable_Check(obj.ptr())) return nullptr;
+    return &THPVariable_Unpack(obj.ptr());
+  }
+  // The tensors stay alive: the caller's references to them outlive this call.
+  template <class F>
+  void run(const at::Tensor& x, F&& call) {
+    const int64_t n = x.numel();
+    void* p = n ? x.data_ptr() : nullptr;
+    char msg[2048];
+    int rc;
+    {
+      py::gil_scoped_release nogil;
+      rc = call(p, n, msg, sizeof msg);
+    }
+    if (rc != 0) raise_ringcomm(rc - 1, msg, false);
+  }
+
+  std::shared_ptr<const FastPath> fast_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -258,4 +342,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Trampoline, c10d::Backend, c10::intrusive_ptr<Trampoline>>(m, "Trampoline")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
       .def("_set_fast_all_reduce", &Trampoline::set_fast_all_reduce, py::arg("api"), py::arg("handle"));
+  py::class_<TensorCalls>(m, "TensorCalls")
+      .def(py::init<uintptr_t, uintptr_t>(), py::arg("api"), py::arg("handle"))
+      .def_property_readonly("on", &TensorCalls::on)
+      .def("all_reduce", &TensorCalls::all_reduce, py::arg("x"), py::arg("out"), py::arg("op"))
+      .def("broadcast", &TensorCalls::broadcast, py::arg("x"), py::arg("root"));
 }
