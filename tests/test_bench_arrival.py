@@ -156,3 +156,24 @@ def test_cli_deepspeed_peer(tmp_path):
         else:
             assert c["wrong"] == 0 and c["iters"] >= 1 and c["time_us"] > 0, (op, d, c)
     assert "deepspeed (in-place)" in r.stdout
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="the separator is a gloo barrier (torch)")
+def test_cli_mpi_apart_uses_the_gloo_separator(tmp_path):
+    """Under mpiexec the calls follow the same gloo barrier as the other libraries' (no notice
+    of MPI_Barrier), and the MPI rows are measured and checked."""
+    from ringcomm.bench.peers import probe
+    reason = probe("mpi")
+    if reason:
+        pytest.skip(f"mpi peer unavailable: {reason}")
+    jpath = tmp_path / "mpi.json"
+    r = run_bench("-np", "2", "-b", "1K", "-e", "4K", "-w", "1", "-n", "3", "--time-budget", "0.01",
+                  "--ops", "all_reduce", "-d", "float32", "--peers", "mpi", "--arrival", "apart",
+                  "--json", str(jpath), timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(jpath.read_text())
+    assert not [n for n in doc["meta"]["notices"] if "MPI_Barrier" in n or n.startswith("mpi: skipped")], \
+        doc["meta"]["notices"]
+    assert doc["wrong"] == 0 and doc["errors"] == 0
+    mpi = [c for n, c in _cells(doc) if n.startswith("mpi")]
+    assert mpi and all("na" not in c and c["wrong"] == 0 and c["time_us"] > 0 for c in mpi), mpi

@@ -8,7 +8,8 @@ every rank's records and writes them to OUT.pickle for the parent to merge into 
 
 MPI runs in its own processes because mpi4py's world only exists under its launcher; the
 phases run one after the other, never at the same time, so neither disturbs the other's timing.
-Imports neither torch nor the ringcomm extension.
+Imports neither torch nor the ringcomm extension, except torch.distributed's gloo for the
+separator of ``--arrival apart|skew`` (the same barrier the other libraries' calls follow).
 """
 from __future__ import annotations
 

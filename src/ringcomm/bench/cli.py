@@ -163,7 +163,7 @@ def arrival_text(pol: dict) -> str:
     what = (f"then {us:g} us of compute" if kind == "apart" else
             f"then rank r computes r x {us:g} us (arrives that late)")
     return (f"{kind} (before every call: a torch.distributed gloo barrier in the same processes "
-            f"(MPI's own barrier under mpiexec), {what}; only the call is timed)")
+            f"(under mpiexec too), {what}; only the call is timed)")
 
 
 def _rank_entry(rank: int, world: int, cfg: dict, libs: list[str]) -> dict:

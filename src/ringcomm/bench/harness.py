@@ -18,8 +18,9 @@ One *measurement* is (library, mode, collective, dtype, reduce op, size) on ever
 
 Arrival (``--arrival``): ``b2b`` times calls back to back. ``apart[:US]`` precedes every warm-up
 and timed call with a *separator*: a barrier on another library (torch.distributed gloo in the
-same processes; under mpiexec, MPI's own barrier) and then US µs of compute (a spin on the
-clock), as compute separates the collectives of a training or inference step; only the call
+same processes, under mpiexec too, so every library's calls arrive as a gloo barrier releases
+them; MPI's own barrier only where torch is missing there) and then US µs of compute (a spin on
+the clock), as compute separates the collectives of a training or inference step; only the call
 itself is timed. ``skew:US`` is the same with rank r computing r*US µs, so rank r arrives r*US µs
 after rank 0 (the early ranks' times include the wait for the late ones).
 
@@ -513,10 +514,16 @@ def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "b
     runners, notices, described = [], [], {}
     separator = None
     if policy.arrival != "b2b":
-        if libs == ["mpi"]:       # mpiexec's processes have no gloo: MPI's own barrier separates
-            barrier = None
+        from .peers import gloo_barrier
+        if libs == ["mpi"]:
+            # mpiexec's processes: a gloo group of their own (its own store), the same separator
+            # as the spawned ranks'; MPI's barrier where torch is not importable.
+            try:
+                barrier = gloo_barrier(rank, world, dict(cfg, torch_store=cfg["torch_store"] + ".mpi"))
+            except ImportError as e:
+                barrier = None
+                notices.append(f"mpi: calls separated by MPI_Barrier, not gloo ({short_error(e)})")
         else:
-            from .peers import gloo_barrier
             barrier = gloo_barrier(rank, world, cfg)
     for lib in libs:
         try:
