@@ -145,6 +145,7 @@ void CommCore::check_usable() const {
   if (forked_pid_.load() != 0) throw Closed(closed_reason());
   if (closed_.load()) RC_THROW(Closed, "ringcomm: the " << dev_->name() << " (rank " << rank_ << ") is closed");
   RC_CHECK(connected_, Error, "ringcomm: the " << dev_->name() << " is not connected (call connect())");
+  if (!broken_flag_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lk(mu_);
   if (!broken_.empty())
     RC_THROW(Error, "ringcomm: the " << dev_->name() << " on rank " << rank_
@@ -158,6 +159,7 @@ void CommCore::mark_broken(const std::exception_ptr& e) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_.empty()) return;
     broken_ = msg;
+    broken_flag_.store(true, std::memory_order_release);
     first_error_ = e;
   }
   // Tell the peers: their waits raise with our reason instead of timing out.
@@ -180,6 +182,7 @@ void CommCore::abort(const std::string& reason) {
     std::lock_guard<std::mutex> lk(mu_);
     if (broken_.empty()) {
       broken_ = msg;
+      broken_flag_.store(true, std::memory_order_release);
       first_error_ = std::make_exception_ptr(Error("ringcomm: " + msg));
       first = true;
     }
@@ -209,6 +212,7 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
   if (tracer_.on() && entry_ns == 0) entry_ns = trace_now_ns();
   hdr.coll = static_cast<uint32_t>(coll);
   Task task;
+  WorkPtr work;  // task.work, which moves with a queued task
   bool inline_run = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -224,68 +228,25 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
       forge_ = false;
     }
     task.work = std::make_shared<Work>(coll_name(coll), seq);
-    WorkPtr work = task.work;
-    task.fn = [this, seq, coll, hdr, l, work, entry_ns, body = std::move(body), first = std::move(first)] {
-      TraceRecord* tr = tracer_.on() ? tracer_.begin(entry_ns) : nullptr;
-      TraceCommit trace_guard(tracer_, tr);
-      if (tr) trace_begin(*tr, seq, coll, hdr);
-      HeaderHooks hooks;
-      hooks.on_mismatch = [&](const std::vector<CollHeader>& all) { drain_in_slot(all, seq, coll); };
-      AlgoCtx c;
-      c.trace = tr;
-      c.rank = rank_;
-      c.world = world_;
-      c.seq = seq;
-      c.op = coll_name(coll);
-      c.dtype = static_cast<DType>(hdr.dtype);
-      c.esize = dtype_size(c.dtype);
-      std::shared_ptr<DeviceFence> fence;
-      // The in-slot path decides from the header this rank posts (forged or not), exactly as its
-      // peers decide from that header whether to drain a slot from it.
-      if (world_ > 1 && header_in_slot(hdr, rank_) && first) {
-        // Header phases collapse (comm/trace.h): header_posted is stamped once the first piece
-        // is in every peer's slot, and first_slot equals header_seen (that piece travelled with
-        // the header).
-        fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) {
-          hooks.before_post = [&] {
-            AlgoCtx quiet = cc;
-            quiet.trace = nullptr;
-            first(quiet);
-            if (tr) tr->mark(kTraceHeaderPosted);
-          };
-          const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
-          // A peer whose wait for our header ran out has raised and posted its abort, but its
-          // header and piece 0 are here, so none of our waits would block (and see it): ask once.
-          WaitCtx w;
-          w.op = coll_name(coll);
-          w.seq = seq;
-          dev_->control().check_peers(w, false);
-          if (tr) {
-            trace_headers_seen(*tr, coll, headers[rank_]);
-            tr->t[kTraceFirstSlot] = tr->t[kTraceHeaderSeen];
-          }
-          body(cc, headers);
-          // A root whose whole broadcast went with the header moved no slot after it.
-          if (tr && tr->t[kTraceLastSlot] == 0) tr->t[kTraceLastSlot] = tr->t[kTraceFirstSlot];
-        });
-      } else {
-        const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
-        if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
-        fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { body(cc, headers); });
-      }
-      trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
-      work->complete(fence);
-    };
+    task.seq = seq;
+    task.coll = coll;
+    task.hdr = hdr;
+    task.l = l;
+    task.entry_ns = entry_ns;
+    task.body = std::move(body);
+    task.first = std::move(first);
     if (!l.async && queue_.empty() && !busy_) {
       busy_ = true;  // we execute it on this thread; the progress thread waits for busy_ to clear
       inline_run = true;
     } else {
-      queue_.push_back(task);
+      work = task.work;
+      queue_.push_back(std::move(task));
     }
   }
   bool wake = true;  // queued: the progress thread runs it
   if (inline_run) {
     run_task(task);
+    work = std::move(task.work);
     std::lock_guard<std::mutex> lk(mu_);
     busy_ = false;
     // Clearing busy_ matters to the progress thread only when work is queued (or it is told to
@@ -295,8 +256,8 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
     wake = !queue_.empty() || stopping_ || draining_;
   }
   if (wake) cv_.notify_all();
-  if (!l.async) task.work->wait_host(-1.0);
-  return task.work;
+  if (!l.async) work->wait_host(-1.0);
+  return work;
 }
 
 void CommCore::drain_in_slot(const std::vector<CollHeader>& all, uint64_t seq, Coll coll) {
@@ -321,8 +282,64 @@ void CommCore::drain_in_slot(const std::vector<CollHeader>& all, uint64_t seq, C
   }
 }
 
+void CommCore::execute(Task& t) {
+  const uint64_t seq = t.seq;
+  const Coll coll = t.coll;
+  const CollHeader& hdr = t.hdr;
+  const Launch& l = t.l;
+  TraceRecord* tr = tracer_.on() ? tracer_.begin(t.entry_ns) : nullptr;
+  TraceCommit trace_guard(tracer_, tr);
+  if (tr) trace_begin(*tr, seq, coll, hdr);
+  HeaderHooks hooks;
+  hooks.on_mismatch = [&](const std::vector<CollHeader>& all) { drain_in_slot(all, seq, coll); };
+  AlgoCtx c;
+  c.trace = tr;
+  c.rank = rank_;
+  c.world = world_;
+  c.seq = seq;
+  c.op = coll_name(coll);
+  c.dtype = static_cast<DType>(hdr.dtype);
+  c.esize = dtype_size(c.dtype);
+  std::shared_ptr<DeviceFence> fence;
+  // The in-slot path decides from the header this rank posts (forged or not), exactly as its
+  // peers decide from that header whether to drain a slot from it.
+  if (world_ > 1 && header_in_slot(hdr, rank_) && t.first) {
+    // Header phases collapse (comm/trace.h): header_posted is stamped once the first piece
+    // is in every peer's slot, and first_slot equals header_seen (that piece travelled with
+    // the header).
+    fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) {
+      hooks.before_post = [&] {
+        AlgoCtx quiet = cc;
+        quiet.trace = nullptr;
+        t.first(quiet);
+        if (tr) tr->mark(kTraceHeaderPosted);
+      };
+      const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
+      // A peer whose wait for our header ran out has raised and posted its abort, but its
+      // header and piece 0 are here, so none of our waits would block (and see it): ask once.
+      WaitCtx w;
+      w.op = coll_name(coll);
+      w.seq = seq;
+      dev_->control().check_peers(w, false);
+      if (tr) {
+        trace_headers_seen(*tr, coll, headers[rank_]);
+        tr->t[kTraceFirstSlot] = tr->t[kTraceHeaderSeen];
+      }
+      t.body(cc, headers);
+      // A root whose whole broadcast went with the header moved no slot after it.
+      if (tr && tr->t[kTraceLastSlot] == 0) tr->t[kTraceLastSlot] = tr->t[kTraceFirstSlot];
+    });
+  } else {
+    const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
+    if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
+    fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { t.body(cc, headers); });
+  }
+  trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
+  t.work->complete(fence);
+}
+
 void CommCore::run_task(Task& t) {
-  {
+  if (broken_flag_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lk(mu_);
     if (!broken_.empty()) {
       std::string msg = "ringcomm: " + t.work->op() + " (seq " + std::to_string(t.work->seq()) +
@@ -332,7 +349,7 @@ void CommCore::run_task(Task& t) {
     }
   }
   try {
-    t.fn();  // completes the work (with the device's fence)
+    execute(t);  // completes the work (with the device's fence)
   } catch (const HeaderMismatch&) {
     t.work->fail(std::current_exception());
   } catch (const Closed&) {

@@ -133,9 +133,16 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   /// The in-slot path's first hand-off (comm/header_exchange.h): run inside the device's data
   /// phase, before this rank's header is posted, when the posted header says header_in_slot.
   using First = std::function<void(const AlgoCtx&)>;
+  /// One collective as submitted: what execute() runs (inline on the caller's thread, or queued).
   struct Task {
-    std::function<void()> fn;
     WorkPtr work;
+    uint64_t seq = 0;
+    Coll coll = Coll::kRejected;
+    CollHeader hdr;
+    Launch l;
+    int64_t entry_ns = 0;
+    Body body;
+    First first;
   };
   /// Local checks (`check` returns this rank's header or throws; a throw rejects the call on
   /// every rank), then submit.
@@ -145,6 +152,8 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   /// On a header mismatch: take and release the one slot each in-slot peer handed us first.
   void drain_in_slot(const std::vector<CollHeader>& all, uint64_t seq, Coll coll);
   void run_task(Task& t);
+  /// The header exchange and the data phase of t; completes t.work (with the device's fence).
+  void execute(Task& t);
   void progress_loop();
   void check_usable() const;
   void reject_now(Coll coll);
@@ -184,6 +193,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   int64_t forge_count_ = 0, forge_count2_ = 0;
   uint64_t seq_ = 0;          // last collective sequence number handed out
   std::string broken_;        // non-empty after a data-phase failure or abort()
+  // Set (release, under mu_) right after broken_ first becomes non-empty and never cleared: the
+  // per-call checks read it without mu_ and take the lock only to build the error.
+  std::atomic<bool> broken_flag_{false};
   std::exception_ptr first_error_;  // the failure broken_ describes
   std::thread progress_;
 };

@@ -5,12 +5,17 @@
 namespace rc {
 
 void Work::wait_host(double timeout_s) {
+  if (done_.load(std::memory_order_acquire)) {  // a synchronous call's own work: already done
+    if (error_) std::rethrow_exception(error_);
+    return;
+  }
   std::unique_lock<std::mutex> lk(mu_);
   // A timeout beyond ~30 years (or infinite) waits without one: converting it to the clock's
   // nanosecond duration would overflow into the past.
   if (timeout_s < 0 || !(timeout_s < 1e9)) {
-    cv_.wait(lk, [&] { return done_; });
-  } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return done_; })) {
+    cv_.wait(lk, [&] { return done_.load(std::memory_order_relaxed); });
+  } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s),
+                           [&] { return done_.load(std::memory_order_relaxed); })) {
     RC_THROW(TimeoutError, "ringcomm: wait() on " << op_ << " (seq " << seq_ << ") timed out after " << timeout_s
                                                   << " s; the operation is still running");
   }
@@ -31,7 +36,7 @@ bool Work::is_completed() {
   std::shared_ptr<DeviceFence> f;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!done_) return false;
+    if (!done_.load(std::memory_order_relaxed)) return false;
     if (error_ || !fence_) return true;
     f = fence_;
   }
@@ -50,23 +55,25 @@ void Work::stream_wait(void* stream) {
 
 int Work::error_code() {
   std::lock_guard<std::mutex> lk(mu_);
-  if (!done_ || !error_) return -1;
+  if (!done_.load(std::memory_order_relaxed) || !error_) return -1;
   return static_cast<int>(error_code_of(error_, nullptr));
 }
 
 std::string Work::error_message() {
   std::lock_guard<std::mutex> lk(mu_);
-  if (!done_ || !error_) return {};
+  if (!done_.load(std::memory_order_relaxed) || !error_) return {};
   std::string msg;
   error_code_of(error_, &msg);
   return msg;
 }
 
+// The first of complete() / fail() decides the outcome; a later call changes nothing.
 void Work::complete(std::shared_ptr<DeviceFence> fence) {
   {
     std::lock_guard<std::mutex> lk(mu_);
+    if (done_.load(std::memory_order_relaxed)) return;
     fence_ = std::move(fence);
-    done_ = true;
+    done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -74,8 +81,9 @@ void Work::complete(std::shared_ptr<DeviceFence> fence) {
 void Work::fail(std::exception_ptr e) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    done_ = true;
+    if (done_.load(std::memory_order_relaxed)) return;
     error_ = e;
+    done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }

@@ -63,7 +63,9 @@ class Work {
   uint64_t seq_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;
+  // done_ is written once, under mu_, after error_ and fence_ (release), and neither changes
+  // afterwards: a reader that sees done_ set (acquire) may read them without the lock.
+  std::atomic<bool> done_{false};
   std::exception_ptr error_;
   std::shared_ptr<DeviceFence> fence_;
   std::atomic<int> source_{-1};
