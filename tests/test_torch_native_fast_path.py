@@ -1,6 +1,6 @@
-"""The c10d trampoline's own allreduce fast path (src/ringcomm/torch/trampoline.cpp, through
-ringcomm._C's C ABI, bindings/fast_api.h): a synchronous SUM ``dist.all_reduce`` of one dense
-contiguous CPU tensor runs without Python. Checked in real ranks through ``torch.distributed``:
+"""The c10d trampoline's own fast path (src/ringcomm/torch/trampoline.cpp, through ringcomm._C's
+C ABI, bindings/fast_api.h): a synchronous SUM ``dist.all_reduce`` or a synchronous
+``dist.broadcast`` of one dense contiguous CPU tensor runs without Python. Checked in real ranks through ``torch.distributed``:
 results against the exact sum for every dtype it takes and for what it leaves to Python (other
 ops, async, bool, non-contiguous); that the C++ path really ran (the Python half's call counter
 does not move) and is off while coalescing or issue hooks need Python, and after shutdown; a
@@ -42,6 +42,14 @@ def _cases(rank, world):
                 if n else x
             if not torch.equal(x, want):
                 out["wrong"].append(("fast", str(dt), n))
+    # broadcast: every dtype it takes, every root, the same counts
+    for dt in FAST:
+        for n in (0, 1, 7 * world + 3, 300_000):
+            for root in range(world):
+                x = (((torch.arange(n) % 7) + root) if rank == root else torch.zeros(n)).to(dt)
+                dist.broadcast(x, src=root)
+                if not torch.equal(x, ((torch.arange(n) % 7) + root).to(dt)):
+                    out["wrong"].append(("fast broadcast", str(dt), n, root))
     out["python_calls_on_fast_path"] = _seq_next(be) - before
     # what it leaves to Python: still right, and counted by the Python half
     before = _seq_next(be)
@@ -62,6 +70,19 @@ def _cases(rank, world):
     dist.all_reduce(col)
     if not torch.equal(col, torch.full((4,), world * (world + 1) / 2)):
         out["wrong"].append(("strided",))
+    x = torch.full((5,), float(rank))
+    dist.broadcast(x, src=world - 1, async_op=True).wait()      # async: Python
+    if not torch.equal(x, torch.full((5,), float(world - 1))):
+        out["wrong"].append(("async broadcast",))
+    big = torch.full((4, 6), float(rank))
+    col = big[:, 2]                                   # not contiguous: Python
+    dist.broadcast(col, src=0)
+    if not torch.equal(col, torch.zeros(4)):
+        out["wrong"].append(("strided broadcast",))
+    b = torch.tensor([rank == 0, rank == 1])
+    dist.broadcast(b, src=0)                          # bool: Python
+    if not torch.equal(b, torch.tensor([True, False])):
+        out["wrong"].append(("bool broadcast",))
     out["python_calls_off_path"] = _seq_next(be) - before
     # issue hooks need Python: the fast path is off while one is installed
     seen = []
@@ -91,6 +112,17 @@ def _cases(rank, world):
     y = torch.ones(8) * (rank + 1)
     dist.all_reduce(y)
     out["after_mismatch"] = bool(torch.equal(y, torch.full((8,), world * (world + 1) / 2)))
+    # a broadcast mismatch (sizes differ) through the C++ path: the same on every rank
+    try:
+        dist.broadcast(torch.ones(5 if rank == 0 else 6), src=0)
+        out["bcast_mismatch"] = "no error"
+    except ringcomm.MismatchError as e:
+        out["bcast_mismatch"] = "MismatchError" if getattr(e, "_ringcomm_issued", False) else "unmarked"
+    except Exception as e:  # noqa: BLE001
+        out["bcast_mismatch"] = type(e).__name__
+    z = torch.full((3,), float(rank))
+    dist.broadcast(z, src=world - 1)
+    out["after_bcast_mismatch"] = bool(torch.equal(z, torch.full((3,), float(world - 1))))
     # a table of another version: refused, the fast path stays off
     fake = ctypes.create_string_buffer(struct.pack("II", 99, 64) + bytes(56))
     out["fake_table"] = be._set_fast_all_reduce(ctypes.addressof(fake), 0)
@@ -104,18 +136,19 @@ def _cases(rank, world):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 3])
-def test_native_allreduce_fast_path(world):
+def test_native_allreduce_and_broadcast_fast_path(world):
     require_backend("ringcomm")
     res = run_ranks(_cases, world, backend="ringcomm")
     for r, out in enumerate(res):
         assert out["wrong"] == [], (r, out["wrong"])
         assert out["native_on"] is True, out
         assert out["python_calls_on_fast_path"] == 0, out    # the C++ path ran every one
-        assert out["python_calls_off_path"] == 4, out
+        assert out["python_calls_off_path"] == 7, out
         assert out["native_with_hook"] is False and out["hook_saw"] == ["allreduce"], out
         assert out["native_after_hook"] is True, out
         assert out["native_coalescing"] is False and out["native_after_coalescing"] is True, out
         assert out["mismatch"] == "MismatchError", out
         assert out["after_mismatch"] is True, out
+        assert out["bcast_mismatch"] == "MismatchError" and out["after_bcast_mismatch"] is True, out
         assert out["fake_table"] is False and out["native_restored"] is True, out
         assert out["native_after_shutdown"] is False, out

@@ -4,9 +4,9 @@
 // below and all behaviour lives in Python (src/ringcomm/torch/). A method the Python class does
 // not define falls back to c10d::Backend's, which raises "not supported".
 //
-// One exception, the latency-critical call: a synchronous SUM allreduce of one dense contiguous
-// CPU tensor runs straight on the ringcomm communicator through RcFastApi (ringcomm._C's C ABI,
-// bindings/fast_api.h), without the GIL or Python, while the Python half has it enabled
+// One exception, the latency-critical calls: a synchronous SUM allreduce or broadcast of one
+// dense contiguous CPU tensor runs straight on the ringcomm communicator through RcFastApi
+// (ringcomm._C's C ABI, bindings/fast_api.h), without the GIL or Python, while the Python half has it enabled
 // (_set_fast_all_reduce: not coalescing, no issue hooks, not shut down); anything else, or a
 // disabled fast path, goes to the Python override as every other call. The same table serves the
 // host API's torch tensors (TensorCalls, used by ringcomm.host once this module is built): their
@@ -80,10 +80,10 @@ struct FastPath {
   ~FastPath() { api->release(handle); }
 };
 
-// The work of an allreduce the fast path ran: complete, successful, its tensor the result.
+// The work of a collective the fast path ran: complete, successful, its tensor the result.
 class FastDoneWork : public c10d::Work {
  public:
-  FastDoneWork(int rank, const at::Tensor& t) : c10d::Work(rank, c10d::OpType::ALLREDUCE), outputs_{t} {
+  FastDoneWork(int rank, c10d::OpType op, const at::Tensor& t) : c10d::Work(rank, op), outputs_{t} {
     finish();
   }
   bool isCompleted() override { return true; }
@@ -201,14 +201,26 @@ class Trampoline : public c10d::Backend {
   void shutdown() override { RC_OVERRIDE("shutdown", c10d::Backend::shutdown(), return); }
 
   // Collectives by argument shape; the Python method has the C++ name.
-  RC_OP1(broadcast, BroadcastOptions)
+  WorkPtr broadcast(Tensors& t, const c10d::BroadcastOptions& o) override {
+    // The root is a rank of this group (torch translated it); the core checks it again.
+    if (!o.asyncOp && t.size() == 1 && o.rootTensor == 0 && o.rootRank >= 0 && o.rootRank < getSize()) {
+      const std::shared_ptr<const FastPath> fast = fast_path();
+      const at::Tensor& x = t[0];
+      const int code = fast ? plain_cpu_code(x) : -1;
+      if (code >= 0) {
+        const int64_t n = x.numel();
+        char msg[2048];
+        const int rc = fast->api->broadcast(fast->handle, n ? x.data_ptr() : nullptr, n, code,
+                                            static_cast<int>(o.rootRank), msg, sizeof msg);
+        if (rc != 0) raise_ringcomm(rc - 1, msg);
+        return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::BROADCAST, x);
+      }
+    }
+    RC_WORK("broadcast", broadcast, t, o);
+  }
   WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
     if (!o.asyncOp && t.size() == 1 && o.reduceOp == c10d::ReduceOp::SUM && !o.sparseIndices) {
-      std::shared_ptr<const FastPath> fast;
-      {
-        std::lock_guard<std::mutex> lk(fast_mu_);
-        fast = fast_;
-      }
+      const std::shared_ptr<const FastPath> fast = fast_path();
       const at::Tensor& x = t[0];
       const int code = fast ? plain_cpu_code(x) : -1;
       if (code >= 0) {
@@ -217,7 +229,7 @@ class Trampoline : public c10d::Backend {
         char msg[2048];
         const int rc = fast->api->all_reduce(fast->handle, p, p, n, code, 0, msg, sizeof msg);
         if (rc != 0) raise_ringcomm(rc - 1, msg);
-        return c10::make_intrusive<FastDoneWork>(getRank(), x);
+        return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, x);
       }
     }
     RC_WORK("allreduce", allreduce, t, o);
@@ -246,7 +258,13 @@ class Trampoline : public c10d::Backend {
   }
   WorkPtr barrier(const c10d::BarrierOptions& o) override { RC_WORK("barrier", barrier, o); }
 
-  /// Enable the allreduce fast path on ringcomm._C's RcFastApi table at `api` with `handle` (this
+  /// The fast path's table and handle while it is on, else null (held by the call in flight).
+  std::shared_ptr<const FastPath> fast_path() {
+    std::lock_guard<std::mutex> lk(fast_mu_);
+    return fast_;
+  }
+
+  /// Enable the allreduce and broadcast fast path on ringcomm._C's RcFastApi table at `api` with `handle` (this
   /// object takes it over), or disable it (api 0, handle 0). Returns whether the fast path is now
   /// on (a table of another version or size leaves it off, and its handle unreleased).
   bool set_fast_all_reduce(uintptr_t api, uintptr_t handle) {
