@@ -4,7 +4,7 @@ slower rank's, two alternations of each mode per size.
 
     python benchmarks/torch_fast_path_rate.py
 
-"off" disables the trampoline's fast path (``_set_fast_all_reduce(0, 0)``), so every call takes
+"off" disables the trampoline's fast path (``_set_fast_path(0, 0)``), so every call takes
 the Python half (src/ringcomm/torch/collectives.py), as before the C++ path existed.
 """
 import os
@@ -28,7 +28,7 @@ def _rank(rank, world):
         x = torch.ones(nb // 4)
         for mode in ("on", "off", "on", "off"):
             if mode == "off":
-                be._set_fast_all_reduce(0, 0)
+                be._set_fast_path(0, 0)
                 be._fast_native = False
             else:
                 be._refresh_fast()

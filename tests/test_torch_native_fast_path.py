@@ -125,7 +125,7 @@ def _cases(rank, world):
     out["after_bcast_mismatch"] = bool(torch.equal(z, torch.full((3,), float(world - 1))))
     # a table of another version: refused, the fast path stays off
     fake = ctypes.create_string_buffer(struct.pack("II", 99, 64) + bytes(56))
-    out["fake_table"] = be._set_fast_all_reduce(ctypes.addressof(fake), 0)
+    out["fake_table"] = be._set_fast_path(ctypes.addressof(fake), 0)
     be._fast_native = False
     be._refresh_fast()   # back on
     out["native_restored"] = be._fast_native

@@ -336,10 +336,9 @@ CpuIsa reduce_cpu_isa(DType dt) {
 }
 
 std::string describe_reduce_cpu_isa() {
-  const std::string base = cpu_isa_name(reduce_cpu_isa(DType::kFloat32));
-  const CpuIsa bf16 = reduce_cpu_isa(DType::kBFloat16);
-  if (bf16 == reduce_cpu_isa(DType::kFloat32)) return base;
-  return base + " (bfloat16 " + cpu_isa_name(bf16) + ")";
+  const CpuIsa base = reduce_cpu_isa(DType::kFloat32), bf16 = reduce_cpu_isa(DType::kBFloat16);
+  if (bf16 == base) return cpu_isa_name(base);
+  return std::string(cpu_isa_name(base)) + " (bfloat16 " + cpu_isa_name(bf16) + ")";
 }
 
 void reduce_cpu_with_isa(void* dst, const void* a, const void* b, size_t n, DType dt, ReduceOp op,

@@ -223,12 +223,13 @@ class GroupCore:
                            f"non-negative numbers adding up to dim 0 ({t.size(0)})")
         return [int(s) * row for s in splits]
 
-    # ---- the trampoline's allreduce fast path (trampoline.cpp) -----------------------------------------
+    # ---- the trampoline's allreduce / broadcast fast path (trampoline.cpp) -----------------------------
     def _refresh_fast(self) -> None:
-        """Turn the c10d trampoline's own allreduce fast path on exactly while the Python fast path
-        in Collectives.allreduce would take every call it takes: a host communicator, not
-        coalescing, no issue hooks, not shut down. Called whenever one of those changes."""
-        setter = getattr(self, "_set_fast_all_reduce", None)
+        """Turn the c10d trampoline's own fast path (synchronous SUM allreduce and broadcast of
+        one plain CPU tensor) on exactly while nothing needs the Python half: a host
+        communicator, not coalescing, no issue hooks, not shut down. Called whenever one of
+        those changes."""
+        setter = getattr(self, "_set_fast_path", None)
         if setter is None:   # the whole-group ProcessGroup shape: no trampoline
             return
         want = (self._fast_ar is not None and not self._closed and self._coalescing is None

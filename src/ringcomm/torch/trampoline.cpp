@@ -6,8 +6,8 @@
 //
 // One exception, the latency-critical calls: a synchronous SUM allreduce or broadcast of one
 // dense contiguous CPU tensor runs straight on the ringcomm communicator through RcFastApi
-// (ringcomm._C's C ABI, bindings/fast_api.h), without the GIL or Python, while the Python half has it enabled
-// (_set_fast_all_reduce: not coalescing, no issue hooks, not shut down); anything else, or a
+// (ringcomm._C's C ABI, bindings/fast_api.h), without the GIL or Python, while the Python half has
+// it enabled (_set_fast_path: not coalescing, no issue hooks, not shut down); anything else, or a
 // disabled fast path, goes to the Python override as every other call. The same table serves the
 // host API's torch tensors (TensorCalls, used by ringcomm.host once this module is built): their
 // attributes are read here, in C++, instead of by a chain of Python attribute calls.
@@ -80,6 +80,14 @@ struct FastPath {
   ~FastPath() { api->release(handle); }
 };
 
+// The fast path over the table at `api` with `handle` (taken over), or null for a table of another
+// version or size, or no handle (the handle is then left unreleased: its table cannot be trusted).
+std::shared_ptr<const FastPath> make_fast_path(uintptr_t api, uintptr_t handle) {
+  const auto* a = reinterpret_cast<const RcFastApi*>(api);
+  if (!fast_api_ok(a) || handle == 0) return nullptr;
+  return std::shared_ptr<const FastPath>(new FastPath{a, reinterpret_cast<void*>(handle)});
+}
+
 // The work of a collective the fast path ran: complete, successful, its tensor the result.
 class FastDoneWork : public c10d::Work {
  public:
@@ -108,6 +116,16 @@ class FastDoneWork : public c10d::Work {
   if (issued) exc.attr("_ringcomm_issued") = true;
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
+}
+
+// Run one RcFastApi call on tensor x (its pointer, null when empty, and element count) and raise
+// ringcomm's exception for a failure (`issued`: see raise_ringcomm). The caller holds x.
+template <class F>
+void run_fast(const at::Tensor& x, bool issued, F&& call) {
+  const int64_t n = x.numel();
+  char msg[2048];
+  const int rc = call(n ? x.data_ptr() : nullptr, n, msg, sizeof msg);
+  if (rc != 0) raise_ringcomm(rc - 1, msg, issued);
 }
 
 // A Python Work, seen from C++. work_ is the C++ half of the Python object (torch's PyWork
@@ -208,11 +226,9 @@ class Trampoline : public c10d::Backend {
       const at::Tensor& x = t[0];
       const int code = fast ? plain_cpu_code(x) : -1;
       if (code >= 0) {
-        const int64_t n = x.numel();
-        char msg[2048];
-        const int rc = fast->api->broadcast(fast->handle, n ? x.data_ptr() : nullptr, n, code,
-                                            static_cast<int>(o.rootRank), msg, sizeof msg);
-        if (rc != 0) raise_ringcomm(rc - 1, msg);
+        run_fast(x, true, [&](void* p, int64_t n, char* msg, size_t len) {
+          return fast->api->broadcast(fast->handle, p, n, code, static_cast<int>(o.rootRank), msg, len);
+        });
         return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::BROADCAST, x);
       }
     }
@@ -224,11 +240,9 @@ class Trampoline : public c10d::Backend {
       const at::Tensor& x = t[0];
       const int code = fast ? plain_cpu_code(x) : -1;
       if (code >= 0) {
-        const int64_t n = x.numel();
-        void* p = n ? x.data_ptr() : nullptr;
-        char msg[2048];
-        const int rc = fast->api->all_reduce(fast->handle, p, p, n, code, 0, msg, sizeof msg);
-        if (rc != 0) raise_ringcomm(rc - 1, msg);
+        run_fast(x, true, [&](void* p, int64_t n, char* msg, size_t len) {
+          return fast->api->all_reduce(fast->handle, p, p, n, code, 0, msg, len);
+        });
         return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, x);
       }
     }
@@ -264,15 +278,11 @@ class Trampoline : public c10d::Backend {
     return fast_;
   }
 
-  /// Enable the allreduce and broadcast fast path on ringcomm._C's RcFastApi table at `api` with `handle` (this
-  /// object takes it over), or disable it (api 0, handle 0). Returns whether the fast path is now
-  /// on (a table of another version or size leaves it off, and its handle unreleased).
-  bool set_fast_all_reduce(uintptr_t api, uintptr_t handle) {
-    const auto* a = reinterpret_cast<const RcFastApi*>(api);
-    std::shared_ptr<const FastPath> next;
-    // Built in place: a FastPath releases its handle when destroyed.
-    if (fast_api_ok(a) && handle != 0)
-      next.reset(new FastPath{a, reinterpret_cast<void*>(handle)});
+  /// Enable the allreduce and broadcast fast path on ringcomm._C's RcFastApi table at `api` with
+  /// `handle` (this object takes it over), or disable it (api 0, handle 0). Returns whether the
+  /// fast path is now on (a table of another version or size leaves it off).
+  bool set_fast_path(uintptr_t api, uintptr_t handle) {
+    std::shared_ptr<const FastPath> next = make_fast_path(api, handle);
     std::shared_ptr<const FastPath> old;
     {
       std::lock_guard<std::mutex> lk(fast_mu_);
@@ -294,10 +304,7 @@ class Trampoline : public c10d::Backend {
 // the general way, which explains a refusal. Owns its handle (released with the object).
 class TensorCalls {
  public:
-  TensorCalls(uintptr_t api, uintptr_t handle) {
-    const auto* a = reinterpret_cast<const RcFastApi*>(api);
-    if (fast_api_ok(a) && handle != 0) fast_.reset(new FastPath{a, reinterpret_cast<void*>(handle)});
-  }
+  TensorCalls(uintptr_t api, uintptr_t handle) : fast_(make_fast_path(api, handle)) {}
   bool on() const { return fast_ != nullptr; }
 
   // op: a ReduceOp code (common/dtype.h); SUM, PRODUCT, MIN and MAX reduce every dtype taken
@@ -313,7 +320,8 @@ class TensorCalls {
       if (out == nullptr || plain_cpu_code(*out) != code || out->numel() != x->numel()) return false;
     }
     void* dst = out->numel() ? out->data_ptr() : nullptr;
-    run(*x, [&](void* p, int64_t n, char* msg, size_t len) {
+    run_fast(*x, false, [&](void* p, int64_t n, char* msg, size_t len) {
+      py::gil_scoped_release nogil;
       return fast_->api->all_reduce(fast_->handle, p, dst, n, code, op, msg, len);
     });
     return true;
@@ -324,32 +332,20 @@ class TensorCalls {
     const at::Tensor* x = unpack(obj);
     const int code = x ? plain_cpu_code(*x) : -1;
     if (code < 0) return false;
-    run(*x, [&](void* p, int64_t n, char* msg, size_t len) {
+    run_fast(*x, false, [&](void* p, int64_t n, char* msg, size_t len) {
+      py::gil_scoped_release nogil;
       return fast_->api->broadcast(fast_->handle, p, n, code, root, msg, len);
     });
     return true;
   }
 
  private:
-  // A plain torch.Tensor (the caller checked the exact type), or null.
+  // A plain torch.Tensor (the caller checked the exact type), or null. The tensors stay alive:
+  // the caller's references to them outlive the call.
   const at::Tensor* unpack(py::handle obj) const {
     if (!fast_ || !THPVariable_Check(obj.ptr())) return nullptr;
     return &THPVariable_Unpack(obj.ptr());
   }
-  // The tensors stay alive: the caller's references to them outlive this call.
-  template <class F>
-  void run(const at::Tensor& x, F&& call) {
-    const int64_t n = x.numel();
-    void* p = n ? x.data_ptr() : nullptr;
-    char msg[2048];
-    int rc;
-    {
-      py::gil_scoped_release nogil;
-      rc = call(p, n, msg, sizeof msg);
-    }
-    if (rc != 0) raise_ringcomm(rc - 1, msg, false);
-  }
-
   std::shared_ptr<const FastPath> fast_;
 };
 
@@ -359,7 +355,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch.distributed");  // registers c10d::Backend, Work and the options
   py::class_<Trampoline, c10d::Backend, c10::intrusive_ptr<Trampoline>>(m, "Trampoline")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
-      .def("_set_fast_all_reduce", &Trampoline::set_fast_all_reduce, py::arg("api"), py::arg("handle"));
+      .def("_set_fast_path", &Trampoline::set_fast_path, py::arg("api"), py::arg("handle"));
   py::class_<TensorCalls>(m, "TensorCalls")
       .def(py::init<uintptr_t, uintptr_t>(), py::arg("api"), py::arg("handle"))
       .def_property_readonly("on", &TensorCalls::on)
