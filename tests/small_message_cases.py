@@ -27,15 +27,18 @@ def _init(rank, world, sub, env):
                 os.environ[k] = v
 
 
-# The communicators every correctness case runs on: the default small-message path (header in
-# the first slot), the same without it (header exchange first), the ring (the reference order),
-# and the in-slot path with 256-byte slots (many pieces: only piece 0 travels with the header).
+# The communicators every correctness case runs on: the LL outbox up to 64 KiB (algo/ll.cpp),
+# the in-slot path (header in the first slot) without it, the same with the header exchange
+# first, the ring (the reference order), and the in-slot path with 256-byte slots (many pieces:
+# only piece 0 travels with the header).
+LL_BYTES = {"ll": 65536}
 CONFIGS = {
-    "inslot": {"RINGCOMM_HEADER_IN_SLOT": "on", "RINGCOMM_TRACE": "4"},
-    "board": {"RINGCOMM_HEADER_IN_SLOT": "off", "RINGCOMM_TRACE": "4"},
+    "ll": {"RINGCOMM_LL_MAX_BYTES": str(LL_BYTES["ll"]), "RINGCOMM_TRACE": "4"},
+    "inslot": {"RINGCOMM_HEADER_IN_SLOT": "on", "RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_TRACE": "4"},
+    "board": {"RINGCOMM_HEADER_IN_SLOT": "off", "RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_TRACE": "4"},
     "ring": {"RINGCOMM_ALGO": "ring"},
     "tiny": {"RINGCOMM_ALGO": "direct", "RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "256",
-             "RINGCOMM_NSLOTS": "2", "RINGCOMM_TRACE": "4"},
+             "RINGCOMM_NSLOTS": "2", "RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_TRACE": "4"},
 }
 
 
@@ -49,6 +52,8 @@ def _thresholds(world, esize):
         if world >= 3:
             pe = int(ringcomm.config.knob("RINGCOMM_FAR_SLOT_BYTES")) // esize
             out |= {c for c in (pe - 1, pe, pe + 1) if c <= thr + 1}
+        ll = LL_BYTES["ll"] // esize
+        out |= {ll - 1, ll, ll + 1, (56 - 32) // esize, (56 - 32) // esize + 1, 56 // esize + 1}
     tiny_pe = 256 // esize
     out |= {tiny_pe - 1, tiny_pe, tiny_pe + 1, 3 * tiny_pe + 1}
     return sorted(c for c in out if c > 0)
@@ -59,6 +64,15 @@ def _direct_expected(world, count, esize, cfg):
     if cfg == "tiny":
         return True
     return count * esize * (world - 1) <= int(ringcomm.config.knob("RINGCOMM_DIRECT_MAX_BYTES"))
+
+
+def _algo_expected(world, count, esize, cfg, coll):
+    """The algorithm the trace names for `coll` of `count` elements under `cfg` (world > 1)."""
+    if count * esize <= LL_BYTES.get(cfg, 0):
+        return "ll"
+    if coll == "all_reduce":
+        return "direct" if _direct_expected(world, count, esize, cfg) else "ring"
+    return "direct" if cfg != "board" and _direct_expected(world, count, esize, cfg) else "chain"
 
 
 def correctness_cases(rank, world):
@@ -95,11 +109,10 @@ def correctness_cases(rank, world):
                     got[name] = np.ascontiguousarray(to_np(y)).tobytes()
                     if name != "ring" and world > 1 and count > 0:
                         rec = comm.trace()[-1]
-                        direct = _direct_expected(world, count, es, name)
-                        check(f"{name} algorithm {tag}: {rec['algorithm']}",
-                              rec["algorithm"] == ("direct" if direct else "ring"))
-                        if direct:
-                            # in-slot: the first piece travelled with the header (trace.h)
+                        algo = _algo_expected(world, count, es, name, "all_reduce")
+                        check(f"{name} algorithm {tag}: {rec['algorithm']}", rec["algorithm"] == algo)
+                        if algo != "ring":
+                            # in-slot and LL: the first piece travelled with the header (trace.h)
                             inslot = name != "board"
                             check(f"{name} trace phases {tag}: {rec}",
                                   (rec["first_slot"] == rec["header_seen"]) == inslot
@@ -123,9 +136,8 @@ def correctness_cases(rank, world):
                                                   np.ascontiguousarray(src).view(np.uint8)))
                         if name != "ring" and world > 1 and count > 0:
                             rec = comm.trace()[-1]
-                            direct = name != "board" and _direct_expected(world, count, es, name)
-                            check(f"{tag}: algorithm {rec['algorithm']}",
-                                  rec["algorithm"] == ("direct" if direct else "chain"))
+                            algo = _algo_expected(world, count, es, name, "broadcast")
+                            check(f"{tag}: algorithm {rec['algorithm']}", rec["algorithm"] == algo)
         # Order-sensitive floating sums: bit for bit the order model (order_ref) on every path.
         for dt in (np.float16, np.float32, np.float64):
             for count in sorted({1, 7, 13, 5 * world + 1, *_thresholds(world, np.dtype(dt).itemsize)}):
@@ -164,10 +176,14 @@ def mismatch_cases(rank, world):
     all_reduce after it correct)."""
     out = []
     comms = {
-        "inslot": _init(rank, world, "inslot", {}),
+        "inslot": _init(rank, world, "inslot", {"RINGCOMM_LL_MAX_BYTES": "0"}),
+        "ll": _init(rank, world, "ll", {}),
         "tiny": _init(rank, world, "tiny", CONFIGS["tiny"]),
         # rank 0 without the in-slot path, the others with it: the headers say so and differ
-        "mixed": _init(rank, world, "mixed", {"RINGCOMM_HEADER_IN_SLOT": "off" if rank == 0 else "on"}),
+        "mixed": _init(rank, world, "mixed", {"RINGCOMM_HEADER_IN_SLOT": "off" if rank == 0 else "on",
+                                               "RINGCOMM_LL_MAX_BYTES": "0"}),
+        # rank 0's all_reduce forced direct (in slot), the others' auto (the LL outbox)
+        "mixed_ll": _init(rank, world, "mixed_ll", {"RINGCOMM_ALGO": "direct" if rank == 0 else "auto"}),
     }
     thr = int(ringcomm.config.knob("RINGCOMM_DIRECT_MAX_BYTES")) // (4 * (world - 1))
     last = world - 1
@@ -178,16 +194,24 @@ def mismatch_cases(rank, world):
         return bool((x == world * (world + 1) / 2).all())
 
     def scenario(name, comm_name, call):
+        # every scenario of the in-slot communicator runs again on the LL outbox's
+        if comm_name == "inslot":
+            one_scenario(name + " (ll)", "ll", call)
+        one_scenario(name, comm_name, call)
+
+    def one_scenario(name, comm_name, call):
         comm = comms[comm_name]
         guard = np.full(1 << 16, SENTINEL, np.float32)
         res = _attempt(lambda: call(comm, guard))
         untouched = bool((guard == SENTINEL).all())
-        if comm_name == "mixed":
+        if comm_name in ("mixed", "mixed_ll"):
             # every small all_reduce of this communicator mismatches (its ranks' headers say they
             # take different paths); it stays usable for everything else
             again = _attempt(lambda: ar(6)(comm, guard))[0] == "MismatchError"
             comm.barrier()
-            x = np.full(thr + 1, rank + 1.0, np.float32)   # the ring: the same on every rank
+            # the same algorithm on every rank: the ring, or (mixed_ll) the direct all_reduce above
+            # the LL outbox's size
+            x = np.full(thr + 1 if comm_name == "mixed" else thr, rank + 1.0, np.float32)
             comm.all_reduce(x)
             after = again and bool((x == world * (world + 1) / 2).all())
         else:
@@ -230,6 +254,7 @@ def mismatch_cases(rank, world):
     scenario("in-slot vs rejected arguments", "inslot",
              lambda comm, guard: bad_args(comm, guard) if rank == last else ar(6)(comm, guard))
     scenario("in-slot vs header exchange first (knob differs)", "mixed", ar(6))
+    scenario("ll vs in-slot (knob differs)", "mixed_ll", ar(6))
     scenario("counts differ, many pieces", "tiny", by_rank(lambda r: ar(300 if r == 0 else 301)))
     scenario("in-slot many pieces vs broadcast", "tiny",
              lambda comm, guard: (bcast if rank == last else ar(300))(comm, guard))
@@ -246,7 +271,7 @@ def mismatch_cases(rank, world):
     scenario("broadcast in-slot vs all_reduce", "inslot",
              lambda comm, guard: (bc(6, last) if rank == last else ar(6))(comm, guard))
     scenario("broadcast counts differ, many pieces", "tiny", by_rank(lambda r: bc(300 if r == 0 else 301, last)))
-    ok = all(after_ok(comms[c], 300) for c in ("inslot", "tiny"))
+    ok = all(after_ok(comms[c], 300) for c in ("inslot", "ll", "tiny"))
     for c in comms.values():
         c.close()
     return out, ok

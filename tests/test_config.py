@@ -278,7 +278,7 @@ def test_log_trace_one_line_per_collective(tmp_path):
         ar = [ln for ln in mine if " all_reduce(" in ln]
         bc = [ln for ln in mine if " broadcast(" in ln]
         assert len(ar) == 1 and len(bc) == 1, mine
-        assert "count=10" in ar[0] and "dtype=float32" in ar[0] and "algo=direct" in ar[0] and "seq 1" in ar[0]
+        assert "count=10" in ar[0] and "dtype=float32" in ar[0] and "algo=ll" in ar[0] and "seq 1" in ar[0]
         assert "count=3" in bc[0] and "dtype=int64" in bc[0] and "root=1" in bc[0] and "seq 2" in bc[0]
         assert re.search(r" [0-9.e+-]+ us$", ar[0]) and re.search(r" [0-9.e+-]+ us$", bc[0])
 

@@ -12,7 +12,7 @@ from footprint_cases import eight_rank_cases, info_rank
 from mp_cases import run_collective_cases
 
 PAGE = 4096
-KNOBS = ("RINGCOMM_SLOT_BYTES", "RINGCOMM_NSLOTS", "RINGCOMM_FAR_SLOT_BYTES")
+KNOBS = ("RINGCOMM_SLOT_BYTES", "RINGCOMM_NSLOTS", "RINGCOMM_FAR_SLOT_BYTES", "RINGCOMM_LL_MAX_BYTES")
 
 
 @pytest.fixture
@@ -22,13 +22,15 @@ def default_knobs(monkeypatch):
     return monkeypatch
 
 
-def reference_bytes(world, slot, nslots, far_slot, far_nslots_max=4):
-    """The segment layout computed independently: a header page, control words (two cache lines
-    plus one meta line per slot) for every lane and source, then the slots (each with a page of
-    slack): with two geometries, none for the rank itself."""
+def reference_bytes(world, slot, nslots, far_slot, far_nslots_max=4, ll_bytes=4096):
+    """The segment layout computed independently: a header page, the two LL outboxes (the 32-byte
+    header and ll_bytes of data in 56-byte payloads of 64-byte lines, page-rounded), control words
+    (two cache lines plus one meta line per slot) for every lane and source, then the slots (each
+    with a page of slack): with two geometries, none for the rank itself."""
     far_slot, far_nslots = min(far_slot, slot), min(far_nslots_max, nslots)
     ctl = (128 + 64 * nslots) * 2 * world
-    data = -(-(PAGE + ctl) // PAGE) * PAGE
+    ll = -(-(2 * 64 * -(-(32 + ll_bytes) // 56)) // PAGE) * PAGE
+    data = -(-(PAGE + ll + ctl) // PAGE) * PAGE
     if world <= 2 or (far_slot, far_nslots) == (slot, nslots):  # uniform: every source index, own too
         return data + 2 * world * nslots * (slot + PAGE)
     return data + nslots * (slot + PAGE) + (2 * world - 3) * far_nslots * (far_slot + PAGE)
@@ -58,6 +60,11 @@ def test_footprint_follows_the_knobs(default_knobs):
     default_knobs.setenv("RINGCOMM_FAR_SLOT_BYTES", "16")
     with pytest.raises(ValueError, match="RINGCOMM_FAR_SLOT_BYTES"):
         _C._shm_segment_bytes(4)
+    default_knobs.delenv("RINGCOMM_FAR_SLOT_BYTES")
+    for ll in (0, 1000, 64 * 1024):
+        default_knobs.setenv("RINGCOMM_LL_MAX_BYTES", str(ll))
+        for w in (2, 3):
+            assert _C._shm_segment_bytes(w) == reference_bytes(w, 256 * 1024, 2, 32 * 1024, ll_bytes=ll), (w, ll)
 
 
 @pytest.mark.timeout(300)

@@ -33,7 +33,7 @@ def test_mismatch_through_the_in_slot_path_raises_everywhere(world, store_env):
     for i, name in enumerate(names):
         rows = [res[0][i] for res in results]
         for _, rank, kind, msg, untouched, after in rows:
-            own_error = name == "in-slot vs rejected arguments" and rank == world - 1
+            own_error = name.startswith("in-slot vs rejected arguments") and rank == world - 1
             if own_error:
                 assert kind == "InvalidArgumentError", (name, rank, kind, msg)
             else:
@@ -44,6 +44,10 @@ def test_mismatch_through_the_in_slot_path_raises_everywhere(world, store_env):
                     "broadcast counts differ, many pieces"):
             # the headers named the path they took
             assert all("header in slot" in row[3] for row in rows), rows
+        if name in ("counts differ (ll)", "broadcast counts differ (ll)"):
+            assert all("algo=ll" in row[3] for row in rows), rows
+        if name == "ll vs in-slot (knob differs)":
+            assert all("algo=direct, header in slot" in row[3] and "algo=ll" in row[3] for row in rows), rows
         if name == "in-slot vs header exchange first (knob differs)":
             assert all("algo=direct, header in slot" in row[3] and "algo=direct, dtype" in row[3] for row in rows), rows
 

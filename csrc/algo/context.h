@@ -60,6 +60,15 @@ void direct_send_first(const AlgoCtx& c, const char* in, int64_t count);
 /// direct_send_first already handed piece 0 to every peer.
 void direct_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root, bool first_sent);
 
+/// Low-latency collectives (algo/ll.cpp), for messages of at most ch->ll_max_bytes(): the first
+/// phase, ll_send_first, writes this rank's header `h` and `count` elements of `data` into its
+/// LL outbox before the header is posted (the all_reduce's input on every rank, the broadcast's
+/// message on its root, nothing on the other ranks); then every rank reads what it needs from its
+/// peers' outboxes. Results bit-identical to the ring's and the direct all-reduce's.
+void ll_send_first(const AlgoCtx& c, const CollHeader& h, const void* data, int64_t count);
+void ll_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
+void ll_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
+
 /// Pipelined chains (algo/chain.cpp).
 void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
 void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root);

@@ -76,6 +76,31 @@ void direct_send_first(const AlgoCtx& c, const char* in, int64_t count) {
   for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * c.esize, o, m, wait_ctx(c, 0, 1));
 }
 
+void combine_in_ring_order(const AlgoCtx& c, const char* const* src, char* out, int64_t o, int64_t m,
+                           int64_t count, ReduceOp op, char* acc) {
+  const int n = c.world;
+  const size_t es = c.esize;
+  const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
+  const int64_t ce = ring::ar_chunk_elems(count, n, es);
+  for (int64_t a = o; a < o + m;) {
+    const int k = static_cast<int>(std::min<int64_t>(a / ce, n - 1));
+    const int64_t b = std::min<int64_t>(o + m, (k + 1) * ce);
+    const size_t rel = static_cast<size_t>(a - o) * es;
+    const size_t len = static_cast<size_t>(b - a);
+    auto x = [&](int p) { return src[ring::mod(p, n)] + rel; };
+    char* dst = out + a * es;
+    if (n == 2) {
+      c.ch->reduce(dst, x(k), x(k + 1), len, c.dtype, op, scale);
+    } else {
+      char* at = acc + rel;
+      c.ch->reduce(at, x(k + 2), x(k + 1), len, c.dtype, op, 1.0);
+      for (int t = 3; t < n; ++t) c.ch->reduce(at, x(k + t), at, len, c.dtype, op, 1.0);
+      c.ch->reduce(dst, x(k), at, len, c.dtype, op, scale);
+    }
+    a = b;
+  }
+}
+
 void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, bool first_sent) {
   check_reduce_supported(c.dtype, op);
   const int n = c.world, r = c.rank;
@@ -86,16 +111,11 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
            "ringcomm: the direct all_reduce with more than 2 ranks needs the channel's scratch memory");
   const int64_t pe = c.far_piece_elems();
   const int64_t np = (count + pe - 1) / pe;
-  const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
-  // The ring's order of operations, so that both algorithms give bit-identical results (and
-  // gloo's, at world sizes 2 and 3): an element of all-reduce chunk k (ring::ar_chunk_*) is
-  // combined as x[k+1], then x[k+2] (op) that, ..., then x[k] (op) that, scaled for AVG at that
-  // last step. Every rank computes every element the same way: bit-identical on all ranks.
-  // Piece j: send it to every peer, take piece j from every peer, combine, release the slots. A
-  // rank sends piece j only after it consumed piece j-1 from every peer, and consuming never
-  // waits on sending: no cycle, any slot count. With first_sent, piece 0 went out before the
-  // header exchange (direct_send_first, the same sends in the same order).
-  const int64_t ce = ring::ar_chunk_elems(count, n, es);
+  // Piece j: send it to every peer, take piece j from every peer, combine (in the ring's order,
+  // combine_in_ring_order), release the slots. A rank sends piece j only after it consumed
+  // piece j-1 from every peer, and consuming never waits on sending: no cycle, any slot count.
+  // With first_sent, piece 0 went out before the header exchange (direct_send_first, the same
+  // sends in the same order).
   std::vector<const char*> src(n, nullptr);
   for (int64_t j = 0; j < np; ++j) {
     int64_t o, m;
@@ -104,22 +124,8 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
       for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * es, o, m, wait_ctx(c, 0, 1));
     }
     for (int p = 0; p < n; ++p) src[p] = (p == r) ? in + o * es : recv_expect(c, p, o, m, wait_ctx(c, 0, 1));
-    for (int64_t a = o; a < o + m;) {
-      const int k = static_cast<int>(std::min<int64_t>(a / ce, n - 1));
-      const int64_t b = std::min<int64_t>(o + m, (k + 1) * ce);
-      const size_t rel = static_cast<size_t>(a - o) * es;
-      const size_t len = static_cast<size_t>(b - a);
-      auto x = [&](int p) { return src[ring::mod(p, n)] + rel; };
-      char* dst = out + a * es;
-      if (n == 2) {
-        c.ch->reduce(dst, x(k), x(k + 1), len, c.dtype, op, scale);
-      } else {
-        c.ch->reduce(c.scratch, x(k + 2), x(k + 1), len, c.dtype, op, 1.0);
-        for (int t = 3; t < n; ++t) c.ch->reduce(c.scratch, x(k + t), c.scratch, len, c.dtype, op, 1.0);
-        c.ch->reduce(dst, x(k), c.scratch, len, c.dtype, op, scale);
-      }
-      a = b;
-    }
+    // The accumulator (3+ ranks) is the scratch, one piece; it starts at the piece's element o.
+    combine_in_ring_order(c, src.data(), out, o, m, count, op, c.scratch);
     for (int p = 0; p < n; ++p)
       if (p != r) c.ch->recv_done(p);
   }

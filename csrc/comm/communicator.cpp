@@ -46,6 +46,12 @@ bool HostDevice::use_direct(int64_t bytes) const {
   return algo_ == Algo::kDirect || (algo_ == Algo::kAuto && bytes * (world_ - 1) <= direct_max_bytes_);
 }
 
+bool HostDevice::use_ll(Coll coll, int64_t bytes) const {
+  // RINGCOMM_ALGO=ring|direct forces the all-reduce's algorithm; broadcast does not read it.
+  if (world_ < 2 || bytes <= 0 || bytes > static_cast<int64_t>(transport_.ll_max_bytes())) return false;
+  return coll == Coll::kBroadcast || (coll == Coll::kAllReduce && algo_ == Algo::kAuto);
+}
+
 std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h, void*, AlgoCtx& c,
                                                  const std::function<void(const AlgoCtx&)>& body) {
   const uint64_t bytes = policy_bytes(coll, h);

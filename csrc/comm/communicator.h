@@ -25,6 +25,7 @@ class HostDevice final : public CommDevice {
   ShmTransport& control() override { return transport_; }
   const MemoryCheck* memory() const override { return nullptr; }
   bool use_direct(int64_t bytes) const override;
+  bool use_ll(Coll coll, int64_t bytes) const override;
   Channel* header_slot_channel() override { return &coll_; }
   void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }
   std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
@@ -36,8 +37,9 @@ class HostDevice final : public CommDevice {
   int rank_, world_;
   ShmTransport transport_;
   // All-reduce algorithm choice: RINGCOMM_ALGO = ring | direct | auto (default). auto takes the
-  // direct exchange (one hand-off) while its extra copies are cheap - message bytes times
-  // (world-1) at most RINGCOMM_DIRECT_MAX_BYTES - and the bandwidth-optimal ring above that.
+  // LL outbox (algo/ll.cpp) for messages of at most RINGCOMM_LL_MAX_BYTES, the direct exchange
+  // (one hand-off) while its extra copies are cheap - message bytes times (world-1) at most
+  // RINGCOMM_DIRECT_MAX_BYTES - and the bandwidth-optimal ring above that.
   enum class Algo { kRing, kDirect, kAuto } algo_ = Algo::kAuto;
   int64_t direct_max_bytes_ = 0;
   std::vector<char> scratch_;  // one slot of private memory (direct all-reduce, streamed fused reductions)

@@ -303,7 +303,7 @@ void CommCore::execute(Task& t) {
   std::shared_ptr<DeviceFence> fence;
   // The in-slot path decides from the header this rank posts (forged or not), exactly as its
   // peers decide from that header whether to drain a slot from it.
-  if (world_ > 1 && header_in_slot(hdr, rank_) && t.first) {
+  if (world_ > 1 && (header_in_slot(hdr, rank_) || header_ll(hdr)) && t.first) {
     // Header phases collapse (comm/trace.h): header_posted is stamped once the first piece
     // is in every peer's slot, and first_slot equals header_seen (that piece travelled with
     // the header).
@@ -311,7 +311,7 @@ void CommCore::execute(Task& t) {
       hooks.before_post = [&] {
         AlgoCtx quiet = cc;
         quiet.trace = nullptr;
-        t.first(quiet);
+        t.first(quiet, hdr);
         if (tr) tr->mark(kTraceHeaderPosted);
       };
       const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
@@ -428,17 +428,28 @@ WorkPtr CommCore::all_reduce(const void* in, void* out, int64_t count, DType dt,
     // The per-phase trace shows the hand-off it removes (the `first` segment is 0); whether the
     // 2-rank 16-64 KiB rows above 1 are the path or the machine needs a quiet re-run.
     if (h.count2 == kArDirect && header_in_slot_ && world_ > 1 && count > 0) h.count2 = kArDirectInSlot;
+    // Smaller still, the LL outbox (algo/ll.cpp): the data travels with the header in the
+    // poster's own lines, read by every peer in place.
+    if (dev_->use_ll(Coll::kAllReduce, count * static_cast<int64_t>(dtype_size(dt)))) h.count2 = kArLL;
     return h;
   }, [=](const AlgoCtx& c, const std::vector<CollHeader>& hs) {
     // The algorithm this rank chose is in its header (count2); the exchange checked all agree.
     const int64_t algo = hs[rank_].count2;
-    if (algo != kArRing) {
+    if (algo == kArLL) {
+      ll_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
+    } else if (algo != kArRing) {
       direct_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op,
                         /*first_sent=*/algo == kArDirectInSlot);
     } else {
       ring_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
     }
-  }, l, [=](const AlgoCtx& c) { direct_send_first(c, static_cast<const char*>(in), count); });
+  }, l, [=](const AlgoCtx& c, const CollHeader& h) {
+    if (h.count2 == kArLL) {
+      ll_send_first(c, h, in, count);
+    } else {
+      direct_send_first(c, static_cast<const char*>(in), count);
+    }
+  });
 }
 
 WorkPtr CommCore::reduce_scatter(const void* in, void* out, int64_t in_count, DType dt, ReduceOp op, Launch l) {
@@ -467,14 +478,25 @@ WorkPtr CommCore::broadcast(void* buf, int64_t count, DType dt, int root, Launch
     // root copies the message once per peer); the pipelined chain (a hand-off per link) above.
     if (header_in_slot_ && world_ > 1 && count > 0 && dev_->use_direct(count * static_cast<int64_t>(dtype_size(dt))))
       h.count2 = kBcDirectInSlot;
+    // Smaller still, the LL outbox (algo/ll.cpp): the root's message with its header in its own
+    // lines, read by every peer in place; every rank's header in its own line 0.
+    if (dev_->use_ll(Coll::kBroadcast, count * static_cast<int64_t>(dtype_size(dt)))) h.count2 = kBcLL;
     return h;
   }, [=](const AlgoCtx& c, const std::vector<CollHeader>& hs) {
-    if (hs[rank_].count2 == kBcDirectInSlot) {
+    if (hs[rank_].count2 == kBcLL) {
+      ll_broadcast(c, static_cast<char*>(buf), count, root);
+    } else if (hs[rank_].count2 == kBcDirectInSlot) {
       direct_broadcast(c, static_cast<char*>(buf), count, root, /*first_sent=*/rank_ == root);
     } else {
       chain_broadcast(c, static_cast<char*>(buf), count, root);
     }
-  }, l, [=](const AlgoCtx& c) { direct_send_first(c, static_cast<const char*>(buf), count); });
+  }, l, [=](const AlgoCtx& c, const CollHeader& h) {
+    if (h.count2 == kBcLL) {
+      ll_send_first(c, h, buf, rank_ == root ? count : 0);
+    } else {
+      direct_send_first(c, static_cast<const char*>(buf), count);
+    }
+  });
 }
 
 WorkPtr CommCore::reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root, Launch l) {

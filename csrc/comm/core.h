@@ -130,9 +130,10 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
 
  private:
   using Body = std::function<void(const AlgoCtx&, const std::vector<CollHeader>&)>;
-  /// The in-slot path's first hand-off (comm/header_exchange.h): run inside the device's data
-  /// phase, before this rank's header is posted, when the posted header says header_in_slot.
-  using First = std::function<void(const AlgoCtx&)>;
+  /// The first hand-off of the in-slot and LL paths (comm/header_exchange.h): run inside the
+  /// device's data phase, before this rank's header (the argument) is posted, when that header
+  /// says header_in_slot or header_ll.
+  using First = std::function<void(const AlgoCtx&, const CollHeader&)>;
   /// One collective as submitted: what execute() runs (inline on the caller's thread, or queued).
   struct Task {
     WorkPtr work;

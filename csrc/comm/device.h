@@ -29,6 +29,9 @@ class CommDevice {
   virtual const MemoryCheck* memory() const = 0;
   /// Whether all_reduce of `bytes` takes the direct algorithm (the choice travels in the header).
   virtual bool use_direct(int64_t bytes) const = 0;
+  /// Whether a `coll` (all_reduce or broadcast) of `bytes` takes the LL algorithms (algo/ll.cpp;
+  /// the choice travels in the header): only where the collective lane has an LL outbox.
+  virtual bool use_ll(Coll, int64_t) const { return false; }
   /// The channel a small all_reduce hands its first piece off on before its header is posted
   /// (comm/header_exchange.h: the control plane's collective lane), or nullptr where there is
   /// none (the path is then never taken). The core uses it outside execute() only to drain it.

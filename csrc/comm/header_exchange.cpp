@@ -30,8 +30,12 @@ std::string describe_header(const CollHeader& h) {
   o << "(count=" << h.count;
   if (c == Coll::kAllGather || c == Coll::kAllToAll) o << ", count2=" << h.count2;
   if (c == Coll::kAllReduce)
-    o << ", algo=" << (h.count2 == kArRing ? "ring" : h.count2 == kArDirectInSlot ? "direct, header in slot" : "direct");
-  if (c == Coll::kBroadcast) o << ", algo=" << (h.count2 == kBcDirectInSlot ? "direct, header in slot" : "chain");
+    o << ", algo="
+      << (h.count2 == kArRing ? "ring" : h.count2 == kArDirectInSlot ? "direct, header in slot"
+                                        : h.count2 == kArLL           ? "ll"
+                                                                      : "direct");
+  if (c == Coll::kBroadcast)
+    o << ", algo=" << (h.count2 == kBcDirectInSlot ? "direct, header in slot" : h.count2 == kBcLL ? "ll" : "chain");
   o << ", dtype=" << dtype_name(static_cast<DType>(h.dtype));
   if (coll_reduces(c)) o << ", op=" << op_name(static_cast<ReduceOp>(h.op));
   if (h.root >= 0) o << ", root=" << h.root;
@@ -48,14 +52,13 @@ std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, u
     if (coll == Coll::kRejected) throw HeaderMismatch("ringcomm: rejected call");
     return all;
   }
-  const uint32_t bs = board_seq_of(seq);
   if (hooks.before_post) hooks.before_post();
-  t.post_header(bs, mine);
+  t.post_header(seq, mine);
   WaitCtx w;
   w.op = coll_name(coll);
   w.seq = seq;
   for (int p = 0; p < world; ++p) {
-    if (p != rank) all[p] = t.wait_header(p, bs, w);
+    if (p != rank) all[p] = t.wait_header(p, seq, w);
   }
   auto fail = [&](const std::string& why) {
     std::ostringstream o;

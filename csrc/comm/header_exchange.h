@@ -32,12 +32,14 @@ enum : int64_t {
   kArRing = 0,
   kArDirect = 1,          // header exchange, then the direct algorithm's pieces
   kArDirectInSlot = 2,    // the direct algorithm's piece 0 handed off before the header (above)
+  kArLL = 4,              // every rank's input in its LL outbox with its header (below)
 };
 
 /// broadcast's algorithm, carried in its header's count2 (compared across ranks).
 enum : int64_t {
   kBcChain = 0,
   kBcDirectInSlot = 2,    // the root hands piece 0 to every peer before its header; peers read the root's slots
+  kBcLL = 4,              // the root's message in its LL outbox with its header; every rank's header in its own
 };
 
 /// True when rank `poster`, which posted `h`, handed one slot to every peer before posting it:
@@ -47,6 +49,19 @@ inline bool header_in_slot(const CollHeader& h, int poster) {
   switch (static_cast<Coll>(h.coll)) {
     case Coll::kAllReduce: return h.count2 == kArDirectInSlot;
     case Coll::kBroadcast: return h.count2 == kBcDirectInSlot && h.root == poster;
+    default: return false;
+  }
+}
+
+/// True when the rank that posted `h` wrote it, with its data, into its LL outbox first
+/// (transport/shm.h): every rank of an LL all_reduce or broadcast (algo/ll.cpp). Its header then
+/// reaches the peers from the outbox's line 0 as well as the board, and a mismatch leaves
+/// nothing to drain: the outbox is rewritten, never consumed.
+inline bool header_ll(const CollHeader& h) {
+  if (h.count <= 0) return false;
+  switch (static_cast<Coll>(h.coll)) {
+    case Coll::kAllReduce: return h.count2 == kArLL;
+    case Coll::kBroadcast: return h.count2 == kBcLL;
     default: return false;
   }
 }
@@ -75,11 +90,6 @@ std::string describe_header(const CollHeader& h);
 /// The ErrorCode (as stored in the abort flag) that peers' waits raise when this rank fails with
 /// `code`: kMismatch and kTimeout as they are, anything else kPeerFailure.
 uint32_t abort_kind_of(ErrorCode code);
-
-/// The board's 32-bit sequence word for collective `seq` (seq >= 1): in [1, 2^32 - 2], never 0
-/// (0 means "no header yet"). The period 2^32 - 2 is even, so the word has the parity of seq and
-/// consecutive collectives alternate between the board's two entries (`word & 1`) across the wrap.
-inline uint32_t board_seq_of(uint64_t seq) { return static_cast<uint32_t>((seq - 1) % 0xFFFFFFFEull) + 1; }
 
 /// Monotonic nanoseconds.
 int64_t now_ns();

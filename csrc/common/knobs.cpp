@@ -34,6 +34,7 @@ const std::vector<KnobInfo>& table() {
       // communicator (csrc/comm/)
       {"RINGCOMM_ALGO", T::kChoice, "auto", "auto|ring|direct", "all-reduce algorithm: ring, direct (one hand-off, every rank combines all inputs) or auto", false},
       {"RINGCOMM_DIRECT_MAX_BYTES", T::kBytes, "64K", "", "auto takes direct while bytes x (world - 1) is at most this", false},
+      {"RINGCOMM_LL_MAX_BYTES", T::kBytes, "4K", "", "all-reduces (under RINGCOMM_ALGO=auto) and broadcasts of at most this many bytes use the low-latency outbox: each rank writes header and data into 64-byte lines of its own shared memory (56 data bytes and a flag each) and its peers read them in place; the outbox's size, so equal on every rank (0: off)", false},
       {"RINGCOMM_HEADER_IN_SLOT", T::kChoice, "on", "on|off", "direct all-reduces hand their first piece to every peer before posting the header, so header and data take one hand-off (a mismatch drains it and raises MismatchError on every rank); off: header exchange first", false},
       {"RINGCOMM_STREAM", T::kChoice, "auto", "auto|on|off", "stores into peers' slots: auto (measured per collective kind and size class), on (non-temporal), off (cached)", false},
       {"RINGCOMM_STREAM_MIN_BYTES", T::kBytes, "512K", "", "smallest collective RINGCOMM_STREAM=auto measures (smaller ones use cached stores)", false},

@@ -28,7 +28,7 @@ namespace rc {
 namespace {
 
 constexpr uint64_t kMagic = 0x52494e47434f4d4dULL;  // "RINGCOMM"
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 constexpr size_t kPage = 4096;
 constexpr size_t kAbortMsgBytes = 1024;
 
@@ -128,6 +128,7 @@ struct SegmentHeader {
   uint32_t nslots;
   uint32_t far_nslots;
   uint64_t far_slot_bytes;
+  uint64_t ll_bytes;
   char pidns[kPidNsBytes];     // the owner's PID-namespace identity (pid_namespace_id(); "" unknown)
   int64_t hb_timeout_ns;       // the owner's RINGCOMM_HEARTBEAT_TIMEOUT_MS
   int64_t hb_period_ns;        // how often the owner's heartbeat thread bumps `heartbeat`
@@ -145,6 +146,17 @@ struct SegmentHeader {
   alignas(64) Word doorbell;   // p2p activity counter (see ring_doorbell)
   alignas(64) BoardEntry board[2];
 };
+
+// One line of an LL outbox: payload first, the flag last. The owner writes the payload, then
+// stores the flag (release); a reader that loads the flag equal to the collective's sequence
+// (acquire) may read the payload. Only the owner writes, and only while no reader may still
+// read the line's previous contents (see shm.h).
+struct alignas(64) LLLine {
+  static constexpr size_t kPayload = 56;
+  char payload[kPayload];
+  std::atomic<uint64_t> flag;
+};
+static_assert(sizeof(LLLine) == 64, "an LL line is one cache line");
 
 struct ChannelCtl {
   Word head;  // written by the sender only
@@ -217,6 +229,10 @@ ShmConfig ShmConfig::host_from_env(int world_size, double timeout_s) {
   RC_CHECK(far >= 64, InvalidArgument, "RINGCOMM_FAR_SLOT_BYTES must be >= 64, got " << far);
   c.far_slot_bytes = round_up(static_cast<size_t>(far), 64);
   c.far_nslots = kFarMaxSlots;
+  const int64_t ll = knob_bytes("RINGCOMM_LL_MAX_BYTES");
+  RC_CHECK(ll >= 0 && ll <= (int64_t{1} << 20), InvalidArgument,
+           "RINGCOMM_LL_MAX_BYTES must be in [0, 1M], got " << ll);
+  c.ll_bytes = static_cast<size_t>(ll);
   return c;
 }
 
@@ -234,10 +250,15 @@ ShmConfig normalized(int world, ShmConfig c) {
   return c;
 }
 
-size_t ctl_offset() { return round_up(sizeof(SegmentHeader), kPage); }
+// The two LL outboxes follow the segment header's pages; each holds the header and ll_bytes of data.
+size_t ll_offset() { return round_up(sizeof(SegmentHeader), kPage); }
+size_t ll_lines(const ShmConfig& c) {
+  return (sizeof(CollHeader) + c.ll_bytes + LLLine::kPayload - 1) / LLLine::kPayload;
+}
+size_t ctl_offset(const ShmConfig& c) { return ll_offset() + round_up(2 * ll_lines(c) * sizeof(LLLine), kPage); }
 size_t ctl_stride(const ShmConfig& c) { return sizeof(ChannelCtl) + sizeof(SlotMeta) * c.nslots; }
 size_t data_offset(int world, const ShmConfig& c) {
-  return round_up(ctl_offset() + ctl_stride(c) * kNumLanes * static_cast<size_t>(world), kPage);
+  return round_up(ctl_offset(c) + ctl_stride(c) * kNumLanes * static_cast<size_t>(world), kPage);
 }
 // Uniform geometry (far = full: up to 2 ranks, the CUDA control plane, the simulation) keeps the
 // plain layout: every source index, the owner's own included, has nslots full slots. Otherwise
@@ -323,6 +344,7 @@ std::string ShmTransport::describe_geometry() const {
       << cfg_.far_slot_bytes << " B x " << cfg_.far_nslots << " on each of the other " << std::max(0, 2 * world_ - 3)
       << " channels";
   }
+  o << "; LL outboxes " << cfg_.ll_bytes << " B";
   o << "; shared memory " << seg_bytes_ << " B per rank, " << seg_bytes_ * world_
     << " B for " << world_ << " ranks";
   return o.str();
@@ -353,7 +375,8 @@ ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
   timeout_s_.store(cfg_.timeout_s, std::memory_order_relaxed);
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
   RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
-  ctl_offset_ = ctl_offset();
+  ctl_offset_ = ctl_offset(cfg_);
+  ll_lines_ = ll_lines(cfg_);
   ctl_stride_ = ctl_stride(cfg_);
   data_offset_ = data_offset(world_, cfg_);
   seg_bytes_ = footprint_bytes(world_, cfg_);
@@ -403,7 +426,7 @@ std::string ShmTransport::create() {
       << " bytes in all (per rank: " << cfg_.nslots << " slots of " << cfg_.slot_bytes
       << " bytes from the ring predecessor, " << cfg_.far_nslots << " slots of " << cfg_.far_slot_bytes
       << " bytes on each of the other " << std::max(0, 2 * world_ - 3)
-      << " channels). Fixes: a larger /dev/shm (docker run --shm-size=1g, or remount "
+      << " channels, and two LL outboxes of " << cfg_.ll_bytes << " bytes). Fixes: a larger /dev/shm (docker run --shm-size=1g, or remount "
       << "/dev/shm with a larger size=), or smaller slots (RINGCOMM_SLOT_BYTES, RINGCOMM_FAR_SLOT_BYTES) or fewer of them "
       << "(RINGCOMM_NSLOTS)";
     throw Error(o.str());
@@ -427,6 +450,7 @@ std::string ShmTransport::create() {
   h->nslots = cfg_.nslots;
   h->far_slot_bytes = cfg_.far_slot_bytes;
   h->far_nslots = cfg_.far_nslots;
+  h->ll_bytes = cfg_.ll_bytes;
   pidns_[rank_] = pid_namespace_id();
   std::memcpy(h->pidns, pidns_[rank_].c_str(), pidns_[rank_].size() + 1);
   h->hb_timeout_ns = cfg_.heartbeat_timeout_ns;
@@ -471,7 +495,7 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
       ::close(fd);
       RC_THROW(Mismatch, "ringcomm: rank " << p << "'s segment has " << st.st_size << " bytes, rank "
                          << rank_ << " expects " << seg_bytes_
-                         << " (RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES must be equal on every rank)");
+                         << " (RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES / RINGCOMM_LL_MAX_BYTES must be equal on every rank)");
     }
     void* m = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
@@ -491,6 +515,9 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
                                << cfg_.far_nslots << " of " << cfg_.far_slot_bytes
                                << ") (set RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES "
                                << "equally on every rank)");
+    RC_CHECK(h->ll_bytes == cfg_.ll_bytes, Mismatch,
+             "ringcomm: rank " << p << "'s LL outbox carries " << h->ll_bytes << " bytes, rank " << rank_ << "'s "
+                               << cfg_.ll_bytes << " (set RINGCOMM_LL_MAX_BYTES equally on every rank)");
     pids_[p] = h->pid;
     pidns_[p] = std::string(h->pidns, strnlen(h->pidns, kPidNsBytes - 1));
     by_heartbeat_[p] = same_pid_namespace(pidns_[rank_], pidns_[p]) ? 0 : 1;
@@ -925,22 +952,109 @@ void ShmTransport::recv_done(int peer, Lane lane) {
 
 // ---------------- header board ----------------
 
-void ShmTransport::post_header(uint32_t seq, const CollHeader& h) {
+void ShmTransport::post_header(uint64_t seq, const CollHeader& h) {
+  const uint32_t bs = board_seq_of(seq);
   auto* sh = reinterpret_cast<SegmentHeader*>(base_[rank_]);
-  BoardEntry& e = sh->board[seq & 1u];
+  BoardEntry& e = sh->board[bs & 1u];
   e.h = h;
-  e.seq.v.store(seq, std::memory_order_seq_cst);
+  e.seq.v.store(bs, std::memory_order_seq_cst);
   if (e.seq.waiters.load(std::memory_order_seq_cst) != 0) futex_wake_all(&e.seq.v);
 }
 
-CollHeader ShmTransport::wait_header(int peer, uint32_t seq, const WaitCtx& w) {
+CollHeader ShmTransport::wait_header(int peer, uint64_t seq, const WaitCtx& w, bool* ll) {
+  const uint32_t bs = board_seq_of(seq);
   auto* sh = reinterpret_cast<SegmentHeader*>(base_[peer]);
-  BoardEntry& e = sh->board[seq & 1u];
+  BoardEntry& e = sh->board[bs & 1u];
+  const LLLine& line0 = ll_outbox(peer, bs)[0];
+  auto ll_ready = [&] { return line0.flag.load(std::memory_order_acquire) == seq; };
   WaitCtx ww = w;
   ww.peer = peer;
   ww.what = "the collective's header (did every rank call the same collective?)";
-  wait_until(&e.seq.v, &e.seq.waiters, [&] { return e.seq.v.load(std::memory_order_acquire) == seq; }, ww);
-  return e.h;
+  // The board word is the futex word: a rank that wrote its outbox posts its board right after,
+  // so a sleeper is woken either way; line 0 lets a spinning reader start one publication sooner.
+  wait_until(&e.seq.v, &e.seq.waiters,
+             [&] { return ll_ready() || e.seq.v.load(std::memory_order_acquire) == bs; }, ww);
+  // The board's release of bs came after every line the poster wrote for seq: line 0 is current
+  // now iff the poster wrote its outbox for seq.
+  const bool from_ll = ll_ready();
+  if (ll) *ll = from_ll;
+  if (!from_ll) return e.h;
+  CollHeader h;
+  std::memcpy(&h, line0.payload, sizeof(h));
+  return h;
+}
+
+// ---------------- low-latency outbox ----------------
+
+LLLine* ShmTransport::ll_outbox(int owner, uint32_t board_seq) const {
+  return reinterpret_cast<LLLine*>(base_[owner] + ll_offset()) + (board_seq & 1u) * ll_lines_;
+}
+
+void ShmTransport::ll_write(uint64_t seq, const CollHeader& h, const void* data, size_t bytes) {
+  RC_CHECK(bytes <= cfg_.ll_bytes, InvalidArgument,
+           "ringcomm: " << bytes << " bytes do not fit the LL outbox (" << cfg_.ll_bytes << " bytes)");
+  LLLine* lines = ll_outbox(rank_, board_seq_of(seq));
+  // The payload stream is the header, then the data; line i carries stream bytes [56 i, 56 i + 56).
+  constexpr size_t kHead = sizeof(CollHeader);
+  const char* src = static_cast<const char*>(data);
+  const size_t first = std::min(bytes, LLLine::kPayload - kHead);
+  std::memcpy(lines[0].payload, &h, kHead);
+  if (first > 0) std::memcpy(lines[0].payload + kHead, src, first);
+  lines[0].flag.store(seq, std::memory_order_release);
+  size_t done = first;
+  size_t i = 1;
+  // Whole lines with a fixed-size copy (inlined: a few vector moves), then the last one.
+  for (; bytes - done >= LLLine::kPayload; ++i, done += LLLine::kPayload) {
+    std::memcpy(lines[i].payload, src + done, LLLine::kPayload);
+    lines[i].flag.store(seq, std::memory_order_release);
+  }
+  if (done < bytes) {
+    std::memcpy(lines[i].payload, src + done, bytes - done);
+    lines[i].flag.store(seq, std::memory_order_release);
+  }
+}
+
+void ShmTransport::ll_read(int peer, uint64_t seq, void* dst, size_t bytes, const WaitCtx& w) {
+  RC_CHECK(bytes <= cfg_.ll_bytes, InvalidArgument,
+           "ringcomm: " << bytes << " bytes do not fit the LL outbox (" << cfg_.ll_bytes << " bytes)");
+  const uint32_t bs = board_seq_of(seq);
+  const LLLine* lines = ll_outbox(peer, bs);
+  BoardEntry& e = reinterpret_cast<SegmentHeader*>(base_[peer])->board[bs & 1u];
+  constexpr size_t kHead = sizeof(CollHeader);
+  char* out = static_cast<char*>(dst);
+  size_t done = 0;
+  for (size_t i = 0; i == 0 || done < bytes; ++i) {
+    const LLLine& line = lines[i];
+    if (line.flag.load(std::memory_order_acquire) != seq) {
+      // The owner is still writing (it posts its board after its last line), or never will.
+      bool ready = false;
+      for (int k = 0; k < 256 && !ready; ++k) {
+        cpu_relax();
+        ready = line.flag.load(std::memory_order_acquire) == seq;
+      }
+      if (!ready) {
+        WaitCtx ww = w;
+        ww.peer = peer;
+        ww.what = "LL data";
+        wait_until(&e.seq.v, &e.seq.waiters,
+                   [&] { return line.flag.load(std::memory_order_acquire) == seq ||
+                                e.seq.v.load(std::memory_order_acquire) == bs; }, ww);
+        if (line.flag.load(std::memory_order_acquire) != seq) {
+          RC_THROW(Error, "ringcomm: " << describe(ww) << ": line " << i << " of rank " << peer
+                          << "'s LL outbox holds seq " << line.flag.load(std::memory_order_relaxed)
+                          << " after it posted its header (the ranks' streams diverged)");
+        }
+      }
+    }
+    const size_t at = i == 0 ? kHead : 0;
+    const size_t n = std::min(bytes - done, LLLine::kPayload - at);
+    if (n == LLLine::kPayload) {
+      std::memcpy(out + done, line.payload, LLLine::kPayload);  // fixed size: inlined
+    } else if (n > 0) {
+      std::memcpy(out + done, line.payload + at, n);
+    }
+    done += n;
+  }
 }
 
 // ---------------- doorbell ----------------

@@ -30,6 +30,20 @@
 // for seq+2 after it has read every peer's header for seq+1, which every peer posts only after
 // finishing its reads of seq.
 //
+// Low-latency outbox (LL): beside the board, every segment holds two outboxes (by the parity of
+// the board's sequence word, like the board entries) of 64-byte lines, each 56 payload bytes and
+// an 8-byte flag. A rank writes a small collective's header and data into its OWN outbox
+// (ll_write: payload first, then the line's flag = the collective's 64-bit sequence number with
+// release), before it posts the header on the board; every peer reads the lines from the
+// owner's segment (one copy however many readers: pull, not push). A reader that sees a line's
+// flag equal to the sequence (acquire) sees that line's payload: data and flag travel in one
+// cache line, and no head, meta or tail word is exchanged. The header is the payload's first
+// bytes (line 0), so wait_header returns it from line 0 as soon as line 0 is there, without
+// the board. Flags are never cleared: a line is current iff its flag equals the sequence.
+// Reuse is safe without acknowledgement, by the board's argument: a rank writes outbox[s % 2]
+// for collective s+2 only after it finished s+1, which needs every peer's header for s+1, which
+// every peer posts only after finishing its reads of s.
+//
 // Liveness: each segment records its owner's pid, its PID-namespace identity, a heartbeat word
 // and a state word (alive / closed / aborted + message). Every wait has a deadline; while waiting
 // (after a short spin) a rank sleeps in slices and checks that no peer aborted and that every
@@ -93,6 +107,7 @@ struct ShmConfig {
   // full geometry (slot_bytes, nslots). The transport clamps them to at most the full one.
   size_t far_slot_bytes = 0;   // RINGCOMM_FAR_SLOT_BYTES
   uint32_t far_nslots = 0;     // min(nslots, kFarMaxSlots)
+  size_t ll_bytes = 0;         // RINGCOMM_LL_MAX_BYTES: data bytes one LL outbox carries
   static constexpr uint32_t kFarMaxSlots = 4;
   /// Uniform geometry (far = full): what the CUDA control plane and the simulation use.
   static ShmConfig from_env(int world_size, double timeout_s);
@@ -122,6 +137,11 @@ struct SlotMeta {
 };
 static_assert(sizeof(SlotMeta) == 64, "SlotMeta is one cache line");
 
+/// The board's 32-bit sequence word for collective `seq` (seq >= 1): in [1, 2^32 - 2], never 0
+/// (0 means "no header yet"). The period 2^32 - 2 is even, so the word has the parity of seq and
+/// consecutive collectives alternate between the board's two entries (`word & 1`) across the wrap.
+inline uint32_t board_seq_of(uint64_t seq) { return static_cast<uint32_t>((seq - 1) % 0xFFFFFFFEull) + 1; }
+
 /// now_ns + seconds, saturated: an infinite or huge timeout gives a deadline in the far future
 /// (INT64_MAX), never an overflowed one in the past; seconds <= 0 (or NaN) gives now_ns.
 int64_t deadline_after(int64_t now_ns, double seconds);
@@ -130,6 +150,7 @@ enum class PeerState : uint32_t { kAlive = 0, kClosed = 1, kAborted = 2 };
 
 struct SegmentHeader;  // in shm.cpp
 struct ChannelCtl;
+struct LLLine;
 
 class ShmTransport {
  public:
@@ -218,8 +239,22 @@ class ShmTransport {
   void recv_done(int peer, Lane lane);
 
   // ---- header board ----
-  void post_header(uint32_t seq, const CollHeader& h);
-  CollHeader wait_header(int peer, uint32_t seq, const WaitCtx& w);
+  /// Post this rank's header for collective `seq` (>= 1) on its board (after ll_write, if any).
+  void post_header(uint64_t seq, const CollHeader& h);
+  /// `peer`'s header for collective `seq`: from line 0 of its LL outbox when it wrote one for
+  /// `seq` (*ll = true), else from its board once posted (*ll = false).
+  CollHeader wait_header(int peer, uint64_t seq, const WaitCtx& w, bool* ll = nullptr);
+
+  // ---- low-latency outbox (see the header comment) ----
+  /// Data bytes an LL outbox carries (ShmConfig::ll_bytes); 0: the protocol is off.
+  size_t ll_max_bytes() const { return cfg_.ll_bytes; }
+  /// Write header `h` and `bytes` (<= ll_max_bytes()) of `data` into this rank's outbox for
+  /// collective `seq`; post_header(seq, h) must follow.
+  void ll_write(uint64_t seq, const CollHeader& h, const void* data, size_t bytes);
+  /// Copy `bytes` of `peer`'s LL data for collective `seq` into dst (its header said it wrote
+  /// them). Waits (bounded) for lines still being written; a line that never becomes current
+  /// although the peer posted its header raises rc::Error (the ranks' streams diverged).
+  void ll_read(int peer, uint64_t seq, void* dst, size_t bytes, const WaitCtx& w);
 
   // ---- p2p doorbell: rings when a p2p slot to us is filled or a p2p slot we sent is freed ----
   uint32_t doorbell_value() const;
@@ -255,6 +290,8 @@ class ShmTransport {
   };
   ChanGeom geom_of(int owner, Lane lane, int src) const;
   ChannelCtl* ctl(int owner, Lane lane, int src) const;
+  /// The first line of `owner`'s LL outbox for board sequence word `board_seq` (its parity).
+  LLLine* ll_outbox(int owner, uint32_t board_seq) const;
   SlotMeta* slot_meta(int owner, Lane lane, int src, uint32_t slot) const;
   std::string describe(const WaitCtx& w) const;
 
@@ -263,6 +300,7 @@ class ShmTransport {
   ShmConfig cfg_;
   size_t seg_bytes_ = 0;
   size_t ctl_offset_ = 0, ctl_stride_ = 0, data_offset_ = 0;
+  size_t ll_lines_ = 0;  // lines per LL outbox
   // The channels this rank uses, [lane * world + peer]: sending into peer's segment, receiving
   // in its own. Fixed at construction.
   std::vector<ChanGeom> send_geom_, recv_geom_;

@@ -15,6 +15,7 @@
 // Used by one thread at a time (the one running the collective); the scratch is that thread's.
 #pragma once
 #include <cstddef>
+#include <vector>
 
 #include "transport/channel.h"
 #include "transport/shm.h"
@@ -40,6 +41,14 @@ class ShmChannel final : public Channel {
   /// The far geometry's payload (ShmConfig::far_slot_bytes).
   size_t far_piece_bytes() const override;
   RC_CHANNEL_PRIMITIVES(, override)
+  size_t ll_max_bytes() const override { return t_->ll_max_bytes(); }
+  void ll_write(uint64_t seq, const CollHeader& h, const void* data, size_t bytes) override {
+    t_->ll_write(seq, h, data, bytes);
+  }
+  void ll_read(int peer, uint64_t seq, void* dst, size_t bytes, const WaitCtx& w) override {
+    t_->ll_read(peer, seq, dst, bytes, w);
+  }
+  char* ll_stage(int i) override;
 
  private:
   uint32_t offset_of(const PiecePlace& at) const;
@@ -48,6 +57,7 @@ class ShmChannel final : public Channel {
   char* scratch_;
   ShmChannelOptions opt_;
   bool stream_ = false;
+  std::vector<char> ll_stage_;  // world x ll_max_bytes, allocated on first use
 };
 
 }  // namespace rc

@@ -1,0 +1,53 @@
+// The low-latency (LL) collectives for small messages: every rank wrote its header and data
+// into its own LL outbox before posting the header (transport/shm.h, "Low-latency outbox";
+// the first phase, ll_send_first), so the header exchange already delivered everything but the
+// data lines; the peers pull those from the owner's outbox. No slot is taken or released, no
+// head or tail word is exchanged, and the data goes out once however many peers read it. One
+// implementation for any channel with an outbox (Channel::ll_max_bytes).
+#include <vector>
+
+#include "algo/pieces.h"
+#include "kernels/reduce_cpu.h"
+
+namespace rc {
+
+void ll_send_first(const AlgoCtx& c, const CollHeader& h, const void* data, int64_t count) {
+  c.ch->ll_write(c.seq, h, data, static_cast<size_t>(count) * c.esize);
+}
+
+void ll_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
+  check_reduce_supported(c.dtype, op);
+  const int n = c.world, r = c.rank;
+  if (count == 0) return;
+  if (n == 1) return copy_elems(c, out, in, count);
+  const size_t bytes = static_cast<size_t>(count) * c.esize;
+  // Every peer's data into a stage of its own (private, cache-hot), then the ring-order combine
+  // over the whole message; this rank's own stage is the accumulator (3 or more ranks).
+  const char* small[8];
+  std::vector<const char*> big;
+  const char** src = small;
+  if (n > 8) {
+    big.resize(n);
+    src = big.data();
+  }
+  const WaitCtx w = wait_ctx(c, 0, 1);
+  for (int p = 0; p < n; ++p) {
+    if (p == r) {
+      src[p] = in;
+      continue;
+    }
+    char* stage = c.ch->ll_stage(p);
+    c.ch->ll_read(p, c.seq, stage, bytes, w);
+    if (c.trace) c.trace->slot_received();
+    src[p] = stage;
+  }
+  combine_in_ring_order(c, src, out, 0, count, count, op, c.ch->ll_stage(r));
+}
+
+void ll_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root) {
+  if (count == 0 || c.world == 1 || c.rank == root) return;
+  c.ch->ll_read(root, c.seq, buf, static_cast<size_t>(count) * c.esize, wait_ctx(c, 0, 1));
+  if (c.trace) c.trace->slot_received();
+}
+
+}  // namespace rc

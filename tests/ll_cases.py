@@ -1,0 +1,98 @@
+"""Cases of tests/test_ll.py that run inside spawned ranks (module-level so that spawn can pickle
+them)."""
+import os
+import random
+import time
+import traceback
+
+import numpy as np
+import ringcomm
+
+
+def _init(rank, world, sub, env):
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        path = os.path.join(os.environ["RC_TEST_STORE"], sub)
+        os.makedirs(path, exist_ok=True)
+        return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=60)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def reuse_cases(rank, world, calls, seed):
+    """A long random sequence of LL and non-LL collectives, synchronous and asynchronous, with
+    random delays before calls on random ranks, every result checked against the exact value: a
+    rank that rewrote its outbox while a peer still read it (the reuse rule in
+    csrc/transport/shm.h) would show up as a wrong result or a diverged stream."""
+    fails = []
+    comm = _init(rank, world, "reuse", {"RINGCOMM_LL_MAX_BYTES": "1K", "RINGCOMM_TRACE": "8"})
+    rng = random.Random(seed)            # the same sequence of calls on every rank
+    delay = random.Random(seed * 31 + rank)  # each rank's own arrival noise
+    algos = set()
+    try:
+        pending = []
+        for i in range(calls):
+            kind = rng.choice(["ar", "ar", "ar_async", "bcast", "big", "barrier", "ag"])
+            count = rng.choice([1, 5, 6, 14, 100, 249, 250, 256])   # 250 float32: 1000 B (LL), 256: 1 KiB
+            if delay.random() < 0.1:
+                time.sleep(delay.random() * 0.002)
+            if kind in ("ar", "ar_async"):
+                x = np.full(count, float(rank + 1 + i % 7), np.float32)
+                want = sum(r + 1 + i % 7 for r in range(world))
+                if kind == "ar":
+                    comm.all_reduce(x)
+                    if not (x == want).all():
+                        fails.append(f"rank {rank} call {i}: all_reduce({count}) gave {x[:4]} want {want}")
+                    algos.add(comm.trace()[-1]["algorithm"])
+                else:
+                    pending.append((i, x, want, comm.all_reduce(x, async_op=True)))
+            elif kind == "bcast":
+                root = rng.randrange(world)
+                x = np.arange(count, dtype=np.float32) * (i + 1) if rank == root else np.zeros(count, np.float32)
+                comm.broadcast(x, root=root)
+                if not (x == np.arange(count, dtype=np.float32) * (i + 1)).all():
+                    fails.append(f"rank {rank} call {i}: broadcast({count}, root {root}) wrong")
+            elif kind == "big":
+                x = np.full(3000 + count, float(rank), np.float32)   # above the outbox: direct or ring
+                comm.all_reduce(x)
+                if not (x == sum(range(world))).all():
+                    fails.append(f"rank {rank} call {i}: all_reduce({3000 + count}) wrong")
+                algos.add(comm.trace()[-1]["algorithm"])
+            elif kind == "barrier":
+                comm.barrier()
+            else:
+                x = np.full(count, float(rank), np.float32)
+                out = np.zeros(count * world, np.float32)
+                comm.all_gather(out, x)
+                if not (out == np.repeat(np.arange(world, dtype=np.float32), count)).all():
+                    fails.append(f"rank {rank} call {i}: all_gather({count}) wrong")
+            if len(pending) > 3 or (pending and rng.random() < 0.3):
+                for j, x, want, work in pending:
+                    work.wait()
+                    if not (x == want).all():
+                        fails.append(f"rank {rank} call {j}: async all_reduce gave {x[:4]} want {want}")
+                pending = []
+        for j, x, want, work in pending:
+            work.wait()
+            if not (x == want).all():
+                fails.append(f"rank {rank} call {j}: async all_reduce gave {x[:4]} want {want}")
+    except Exception:  # noqa: BLE001
+        fails.append(f"rank {rank}: " + traceback.format_exc())
+    finally:
+        comm.close()
+    return fails, sorted(algos)
+
+
+def knob_mismatch_case(rank, world):
+    """Ranks with different RINGCOMM_LL_MAX_BYTES: init fails on every rank, naming the knob."""
+    try:
+        c = _init(rank, world, "knob", {"RINGCOMM_LL_MAX_BYTES": "1K" if rank == 0 else "2K"})
+        c.close()
+        return ("no error", "")
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e))
