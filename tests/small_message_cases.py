@@ -61,6 +61,14 @@ def _direct_expected(world, count, esize, cfg):
     return count * esize * (world - 1) <= int(ringcomm.config.knob("RINGCOMM_DIRECT_MAX_BYTES"))
 
 
+def _above_direct(world, nbytes):
+    """auto's all_reduce algorithm above the direct range: the two-shot up to
+    RINGCOMM_TWO_SHOT_MAX_BYTES with 3 or more ranks, the ring above (csrc/comm/communicator.cpp)."""
+    if world >= 3 and nbytes <= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
+        return "two_shot"
+    return "ring"
+
+
 def correctness_cases(rank, world):
     fails, digests = [], []
     comms = {name: _init(rank, world, name, env) for name, env in CONFIGS.items()}
@@ -97,7 +105,7 @@ def correctness_cases(rank, world):
                         rec = comm.trace()[-1]
                         direct = _direct_expected(world, count, es, name)
                         check(f"{name} algorithm {tag}: {rec['algorithm']}",
-                              rec["algorithm"] == ("direct" if direct else "ring"))
+                              rec["algorithm"] == ("direct" if direct else _above_direct(world, count * es)))
                         if direct:
                             # in-slot: the first piece travelled with the header (trace.h)
                             inslot = name != "board"

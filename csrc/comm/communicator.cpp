@@ -37,13 +37,23 @@ HostDevice::HostDevice(int rank, int world, double timeout_s)
   const std::string algo = knob_str("RINGCOMM_ALGO");
   if (algo == "ring") algo_ = Algo::kRing;
   else if (algo == "direct") algo_ = Algo::kDirect;
+  else if (algo == "two_shot") algo_ = Algo::kTwoShot;
   else if (algo == "auto") algo_ = Algo::kAuto;
-  else RC_THROW(InvalidArgument, "RINGCOMM_ALGO='" << algo << "': use ring, direct or auto");
+  else RC_THROW(InvalidArgument, "RINGCOMM_ALGO='" << algo << "': use ring, direct, two_shot or auto");
   direct_max_bytes_ = knob_bytes("RINGCOMM_DIRECT_MAX_BYTES");
+  two_shot_max_bytes_ = knob_bytes("RINGCOMM_TWO_SHOT_MAX_BYTES");
 }
 
-bool HostDevice::use_direct(int64_t bytes) const {
-  return algo_ == Algo::kDirect || (algo_ == Algo::kAuto && bytes * (world_ - 1) <= direct_max_bytes_);
+int64_t HostDevice::all_reduce_algo(int64_t bytes) const {
+  switch (algo_) {
+    case Algo::kRing: return kArRing;
+    case Algo::kDirect: return kArDirect;
+    case Algo::kTwoShot: return kArTwoShot;
+    case Algo::kAuto: break;
+  }
+  if (bytes * (world_ - 1) <= direct_max_bytes_) return kArDirect;
+  if (world_ >= kTwoShotMinWorld && bytes <= two_shot_max_bytes_) return kArTwoShot;
+  return kArRing;
 }
 
 std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h, void*, AlgoCtx& c,
@@ -73,8 +83,11 @@ void HostDevice::log_connected() {
   const ShmConfig& sc = transport_.config();
   RC_LOG(kInfo, rank_, world_,
          "transport shm; " << transport_.describe_geometry() << "; " << transport_.describe_liveness() << "; all_reduce "
-         << (algo_ == Algo::kRing ? "ring" : algo_ == Algo::kDirect ? "direct" : "auto") << " (direct while bytes x "
-         << "(world-1) <= " << direct_max_bytes_ << " B); store policy " << store_policy_.describe()
+         << (algo_ == Algo::kRing ? "ring" : algo_ == Algo::kDirect ? "direct" : algo_ == Algo::kTwoShot ? "two_shot" : "auto")
+         << " (direct while bytes x (world-1) <= " << direct_max_bytes_ << " B, then "
+         << (world_ >= kTwoShotMinWorld ? "two_shot while bytes <= " + std::to_string(two_shot_max_bytes_) + " B"
+                                        : std::string("no two_shot at this world size"))
+         << "); store policy " << store_policy_.describe()
          << "; reduce ISA " << describe_reduce_cpu_isa() << "; " << transport_.describe_wait() << "; timeout "
          << sc.timeout_s << " s");
 }

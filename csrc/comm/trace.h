@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "comm/coll.h"
+#include "comm/header_exchange.h"
 #include "common/dtype.h"
 #include "transport/shm.h"
 
@@ -59,7 +60,7 @@ struct TraceRecord {
   int64_t t[kTracePhases] = {0, 0, 0, 0, 0, 0};
   uint64_t seq = 0;
   uint32_t coll = 0;     ///< the Coll code
-  const char* algo = ""; ///< a string literal: "ring", "direct", "chain", "none"
+  const char* algo = ""; ///< a string literal: "ring", "direct", "two_shot", "chain", "none"
   int64_t bytes = 0;     ///< the header's element count x element size
   bool ok = false;       ///< false when the call raised
 
@@ -145,12 +146,14 @@ inline void trace_begin(TraceRecord& r, uint64_t seq, Coll coll, const CollHeade
 }
 
 /// Stamps header_seen and names the algorithm the core will run (all_reduce: the choice carried
-/// in this rank's header, count2 != 0 meaning direct, and broadcast's likewise; the exchange
+/// in this rank's header's count2 (comm/header_exchange.h), and broadcast's likewise; the exchange
 /// checked that all ranks agree).
 inline void trace_headers_seen(TraceRecord& r, Coll coll, const CollHeader& mine) {
   r.mark(kTraceHeaderSeen);
   switch (coll) {
-    case Coll::kAllReduce: r.algo = mine.count2 != 0 ? "direct" : "ring"; break;
+    case Coll::kAllReduce:
+      r.algo = mine.count2 == kArRing ? "ring" : mine.count2 == kArTwoShot ? "two_shot" : "direct";
+      break;
     case Coll::kReduceScatter:
     case Coll::kAllGather: r.algo = "ring"; break;
     case Coll::kBroadcast: r.algo = mine.count2 != 0 ? "direct" : "chain"; break;
