@@ -139,8 +139,9 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
 // Two-shot: a direct reduce-scatter over the all-reduce chunks (ring::ar_chunk_*), then a direct
 // all-gather of the reduced chunks. Rank k owns chunk k, as in the ring (the rank that combines
 // chunk k last), and combines it in the ring's order: bit-identical to the ring and the one-shot.
-// Each rank reads its input once and copies N-1 pieces in and N-1 out per piece of its chunk,
-// instead of the one-shot's N-1 full copies in and N-1 combines of the whole message.
+// Per phase each rank copies (N-1)/N of the message into its peers' slots, and it combines only
+// its own chunk (N-1 reductions of 1/N of the message): the ring's traffic, in two hand-offs
+// instead of the ring's 2(N-1); the one-shot copies and combines the whole message N-1 times.
 //
 // Iteration j handles piece j (far pieces, Channel::far_piece_bytes) of every chunk:
 //   phase 1 (step 0): send piece j of chunk p of `in` to every peer p; take piece j of chunk r
