@@ -63,8 +63,9 @@ def _direct_expected(world, count, esize, cfg):
 
 def _above_direct(world, nbytes):
     """auto's all_reduce algorithm above the direct range: the two-shot up to
-    RINGCOMM_TWO_SHOT_MAX_BYTES with 3 or more ranks, the ring above (csrc/comm/communicator.cpp)."""
-    if world >= 3 and nbytes <= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
+    RINGCOMM_TWO_SHOT_MAX_BYTES with RINGCOMM_TWO_SHOT_MIN_WORLD ranks or more, the ring above
+    (csrc/comm/communicator.cpp)."""
+    if world >= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MIN_WORLD")) and nbytes <= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
         return "two_shot"
     return "ring"
 

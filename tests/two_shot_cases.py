@@ -65,7 +65,7 @@ def auto_expected(world, nbytes):
     knob = ringcomm.config.knob
     if nbytes * (world - 1) <= int(knob("RINGCOMM_DIRECT_MAX_BYTES")):
         return "direct"
-    if world >= 3 and nbytes <= int(knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
+    if world >= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MIN_WORLD")) and nbytes <= int(knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
         return "two_shot"
     return "ring"
 
@@ -135,6 +135,27 @@ def correctness_cases(rank, world):
                     if op == "SUM" and lib == "numpy":
                         want = ordered_sum([order_sensitive(count, p, npdt) for p in range(world)]).tobytes()
                         check(f"two_shot differs from the order model, {dt} n={count}", got["two_shot"] == want)
+
+        # auto's choice around its two thresholds (one-shot / two-shot / ring), float32 SUM: the
+        # trace names the algorithm, the result equals the ring's bit for bit. The documented
+        # defaults: the two-shot only with 4 or more ranks, up to 128 KiB.
+        knob = ringcomm.config.knob
+        thr = int(knob("RINGCOMM_DIRECT_MAX_BYTES")) // (4 * (world - 1))
+        top = int(knob("RINGCOMM_TWO_SHOT_MAX_BYTES")) // 4
+        seen = {}
+        for count in sorted({thr, thr + 1, top, top + 1, 32768 // 4}):
+            x = order_sensitive(count, rank, np.float32)
+            got = {name: run(comms[name], x, "SUM", True, "float32", "numpy")[0] for name in ("auto", "ring")}
+            algo = comms["auto"].trace()[-1]["algorithm"]
+            seen[count * 4] = algo
+            check(f"auto ran {algo} at {count * 4} B, expected {auto_expected(world, count * 4)}",
+                  algo == auto_expected(world, count * 4))
+            check(f"auto differs bitwise from the ring at {count * 4} B", got["auto"] == got["ring"])
+        if not any(ringcomm.config.knob_is_set(k) for k in ("RINGCOMM_DIRECT_MAX_BYTES", "RINGCOMM_TWO_SHOT_MAX_BYTES",
+                                                              "RINGCOMM_TWO_SHOT_MIN_WORLD")):
+            check(f"auto's choices {seen}", (world < 4 or seen[32768] == "two_shot")
+                  and seen[(thr + 1) * 4] == ("two_shot" if world >= 4 else "ring")
+                  and seen[(top + 1) * 4] == "ring" and seen[thr * 4] == "direct")
 
         # Past 2n segments of 1 MiB the all-reduce chunks are runs of several segments.
         count = (2 * world << 20) // 4 + 12345

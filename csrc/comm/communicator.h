@@ -37,14 +37,13 @@ class HostDevice final : public CommDevice {
   ShmTransport transport_;
   // All-reduce algorithm choice: RINGCOMM_ALGO = ring | direct | two_shot | auto (default). auto
   // takes the direct exchange (one hand-off) while its extra copies are cheap - message bytes
-  // times (world-1) at most RINGCOMM_DIRECT_MAX_BYTES -, then, with kTwoShotMinWorld ranks or
-  // more, the two-shot (two hand-offs, 1/N of the combining per rank) while the message is at
-  // most RINGCOMM_TWO_SHOT_MAX_BYTES, and the bandwidth-optimal ring above that.
-  // kTwoShotMinWorld: PROVISIONAL, set from docs/two_shot_measurements.md.
-  static constexpr int kTwoShotMinWorld = 3;
+  // times (world-1) at most RINGCOMM_DIRECT_MAX_BYTES -, then, with RINGCOMM_TWO_SHOT_MIN_WORLD
+  // ranks or more, the two-shot (two hand-offs instead of 2(N-1)) while the message is at most
+  // RINGCOMM_TWO_SHOT_MAX_BYTES, and the bandwidth-optimal ring above that (all_reduce_algo).
   enum class Algo { kRing, kDirect, kTwoShot, kAuto } algo_ = Algo::kAuto;
   int64_t direct_max_bytes_ = 0;
   int64_t two_shot_max_bytes_ = 0;
+  int64_t two_shot_min_world_ = 0;
   std::vector<char> scratch_;  // one slot of private memory (direct all-reduce, streamed fused reductions)
   ShmChannel coll_;            // the collective lane; used by the executing thread only
   ShmChannel p2p_;             // the point-to-point lane; used by the p2p thread only

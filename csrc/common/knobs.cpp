@@ -34,7 +34,8 @@ const std::vector<KnobInfo>& table() {
       // communicator (csrc/comm/)
       {"RINGCOMM_ALGO", T::kChoice, "auto", "auto|ring|direct|two_shot", "all-reduce algorithm: ring, direct (one hand-off, every rank combines all inputs), two_shot (a direct reduce-scatter, then a direct all-gather: two hand-offs, each rank combines 1/N) or auto", false},
       {"RINGCOMM_DIRECT_MAX_BYTES", T::kBytes, "64K", "", "auto takes direct while bytes x (world - 1) is at most this", false},
-      {"RINGCOMM_TWO_SHOT_MAX_BYTES", T::kBytes, "1M", "", "above the direct range, auto takes two_shot while bytes is at most this (3 or more ranks; the ring above)", false},
+      {"RINGCOMM_TWO_SHOT_MAX_BYTES", T::kBytes, "128K", "", "above the direct range, auto takes two_shot while bytes is at most this (with RINGCOMM_TWO_SHOT_MIN_WORLD ranks or more; the ring above)", false},
+      {"RINGCOMM_TWO_SHOT_MIN_WORLD", T::kInt, "4", "", "auto takes two_shot only with at least this many ranks (measured: never faster than the ring with 2 ranks up to 4 MiB, and with 3 only at 1-2 MiB)", false},
       {"RINGCOMM_HEADER_IN_SLOT", T::kChoice, "on", "on|off", "direct all-reduces hand their first piece to every peer before posting the header, so header and data take one hand-off (a mismatch drains it and raises MismatchError on every rank); off: header exchange first", false},
       {"RINGCOMM_STREAM", T::kChoice, "auto", "auto|on|off", "stores into peers' slots: auto (measured per collective kind and size class), on (non-temporal), off (cached)", false},
       {"RINGCOMM_STREAM_MIN_BYTES", T::kBytes, "512K", "", "smallest collective RINGCOMM_STREAM=auto measures (smaller ones use cached stores)", false},
