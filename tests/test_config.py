@@ -266,7 +266,7 @@ def test_log_info_one_line_per_communicator(tmp_path):
         assert "transport shm" in ln
         assert f"slots {256 * 1024} B x 8 x 2 lanes" in ln
         assert "shared memory" in ln and "B per rank" in ln
-        assert "all_reduce auto (direct while bytes x (world-1) <= 65536 B)" in ln
+        assert "all_reduce auto (direct while bytes x (world-1) <= 65536 B, then no two_shot at this world size)" in ln
         assert "store policy auto" in ln and "reduce ISA" in ln and "timeout 300 s" in ln
 
 

@@ -1,6 +1,6 @@
-"""The order in which all_reduce combines contributions (ring_schedule.h, ar_chunk_*): the ring
-and the direct algorithm give bit-identical results, and at world sizes 2 and 3 both equal
-gloo's bit for bit, on data where the order of floating-point additions shows."""
+"""The order in which all_reduce combines contributions (ring_schedule.h, ar_chunk_*): the ring,
+the direct (one-shot) and the two-shot algorithms give bit-identical results, and at world sizes 2
+and 3 they equal gloo's bit for bit, on data where the order of floating-point additions shows."""
 import os
 import shutil
 import tempfile
@@ -41,7 +41,7 @@ def order_cases(rank, world, store, with_gloo):
     os.environ["RINGCOMM_SLOT_BYTES"] = "4096"   # many pieces; pieces straddle chunk bounds
     os.environ["RINGCOMM_DIRECT_MAX_BYTES"] = str(1 << 40)
     comms = {}
-    for algo in ("ring", "direct"):
+    for algo in ("ring", "direct", "two_shot"):
         os.environ["RINGCOMM_ALGO"] = algo
         comms[algo] = ringcomm.init(rank=rank, world_size=world, init_method=f"file://{store}/rc",
                                     prefix=f"order-{algo}", timeout=60)
@@ -68,9 +68,10 @@ def order_cases(rank, world, store, with_gloo):
                         if got["ring"].tobytes() != want.tobytes():
                             bad = int(np.flatnonzero(got["ring"] != want)[0])
                             fails.append(f"rank {rank}: ring differs from the order model, {tag}, first at {bad}")
-                    if got["ring"].tobytes() != got["direct"].tobytes():
-                        bad = int(np.flatnonzero(got["ring"] != got["direct"])[0])
-                        fails.append(f"rank {rank}: ring and direct differ, {tag}, first at {bad}")
+                    for algo in ("direct", "two_shot"):
+                        if got["ring"].tobytes() != got[algo].tobytes():
+                            bad = int(np.flatnonzero(got["ring"] != got[algo])[0])
+                            fails.append(f"rank {rank}: ring and {algo} differ, {tag}, first at {bad}")
                     if with_gloo and op in ("SUM", "MAX", "PRODUCT"):
                         t = torch.from_numpy(x.copy())
                         dist.all_reduce(t, op=getattr(dist.ReduceOp, op))

@@ -51,6 +51,12 @@ void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vec
 /// path, comm/header_exchange.h).
 void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op,
                        bool first_sent = false);
+/// Two-shot all-reduce (algo/direct.cpp): a direct reduce-scatter over the all-reduce chunks
+/// (ring::ar_chunk_*; rank k receives chunk k from every peer and combines it in the ring's
+/// order), then a direct all-gather of the reduced chunks. Two hand-offs instead of the ring's
+/// 2(N-1), and each rank combines 1/N of the message instead of all of it: bit-identical to the
+/// ring and the one-shot. in == out allowed.
+void two_shot_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
 /// Piece 0 of `in` to every peer (one slot each; nothing for count 0 or a world of one): the
 /// first sends of direct_all_reduce, and of direct_broadcast's root, made before the header.
 void direct_send_first(const AlgoCtx& c, const char* in, int64_t count);

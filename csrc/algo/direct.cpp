@@ -1,7 +1,9 @@
-// Direct exchanges: all-to-all, gather, scatter, and the direct all-reduce; one implementation
-// for every transport. Each pair of ranks uses its own channel; the two ends of a message place
-// it at different offsets of their buffers, so pieces carry no common offset (place -1). Pieces
-// have the far geometry's size (Channel::far_piece_bytes), which every channel carries.
+// Direct exchanges: all-to-all, gather, scatter, and the direct (one-shot and two-shot)
+// all-reduces; one implementation for every transport. Each pair of ranks uses its own channel;
+// in the exchanges the two ends of a message place it at different offsets of their buffers, so
+// pieces carry no common offset (place -1); the all-reduces' pieces sit at the same offset of
+// both ends' full buffers. Pieces have the far geometry's size (Channel::far_piece_bytes), which
+// every channel carries.
 // all-to-all runs N-1 rounds; in round s rank r sends to r+s and receives from r-s, alternating
 // one piece out and one piece in. Receiving never waits on sending, so rounds cannot deadlock
 // (a chain of full channels around a cycle would need every rank to be ahead of its successor).
@@ -21,7 +23,42 @@ namespace {
 
 int64_t npieces_of(int64_t count, int64_t pe) { return count == 0 ? 1 : (count + pe - 1) / pe; }
 
+// The ring's order of operations for elements of all-reduce chunk k (ring::ar_chunk_*), so that
+// every all-reduce algorithm gives bit-identical results (and gloo's, at world sizes 2 and 3):
+// the element is combined as x[k+1], then x[k+2] (op) that, ..., then x[k] (op) that, scaled for
+// AVG at that last step. src[p] + rel is rank p's contribution to the `len` elements. dst is
+// written only by the last step, which reads it elementwise (the reduce kernels allow dst equal to
+// an input), so dst may be any contribution's own memory (in place). With 3 or more ranks the
+// partial results live in `acc` (len elements of private memory).
+void combine_chunk_in_ring_order(const AlgoCtx& c, char* dst, const char* const* src, size_t rel, int k, size_t len,
+                                 ReduceOp op, char* acc) {
+  const int n = c.world;
+  const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
+  auto x = [&](int p) { return src[ring::mod(p, n)] + rel; };
+  if (n == 2) {
+    c.ch->reduce(dst, x(k), x(k + 1), len, c.dtype, op, scale);
+    return;
+  }
+  c.ch->reduce(acc, x(k + 2), x(k + 1), len, c.dtype, op, 1.0);
+  for (int t = 3; t < n; ++t) c.ch->reduce(acc, x(k + t), acc, len, c.dtype, op, 1.0);
+  c.ch->reduce(dst, x(k), acc, len, c.dtype, op, scale);
+}
+
 }  // namespace
+
+void combine_in_ring_order(const AlgoCtx& c, const char* const* src, char* out, int64_t o, int64_t m,
+                           int64_t count, ReduceOp op, char* acc) {
+  const int n = c.world;
+  const size_t es = c.esize;
+  const int64_t ce = ring::ar_chunk_elems(count, n, es);
+  for (int64_t a = o; a < o + m;) {
+    const int k = static_cast<int>(std::min<int64_t>(a / ce, n - 1));
+    const int64_t b = std::min<int64_t>(o + m, (k + 1) * ce);
+    combine_chunk_in_ring_order(c, out + a * es, src, static_cast<size_t>(a - o) * es, k,
+                                static_cast<size_t>(b - a), op, acc);
+    a = b;
+  }
+}
 
 void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& send_counts,
                        const std::vector<int64_t>& send_offs, const std::vector<int64_t>& recv_counts,
@@ -76,31 +113,6 @@ void direct_send_first(const AlgoCtx& c, const char* in, int64_t count) {
   for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * c.esize, o, m, wait_ctx(c, 0, 1));
 }
 
-void combine_in_ring_order(const AlgoCtx& c, const char* const* src, char* out, int64_t o, int64_t m,
-                           int64_t count, ReduceOp op, char* acc) {
-  const int n = c.world;
-  const size_t es = c.esize;
-  const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
-  const int64_t ce = ring::ar_chunk_elems(count, n, es);
-  for (int64_t a = o; a < o + m;) {
-    const int k = static_cast<int>(std::min<int64_t>(a / ce, n - 1));
-    const int64_t b = std::min<int64_t>(o + m, (k + 1) * ce);
-    const size_t rel = static_cast<size_t>(a - o) * es;
-    const size_t len = static_cast<size_t>(b - a);
-    auto x = [&](int p) { return src[ring::mod(p, n)] + rel; };
-    char* dst = out + a * es;
-    if (n == 2) {
-      c.ch->reduce(dst, x(k), x(k + 1), len, c.dtype, op, scale);
-    } else {
-      char* at = acc + rel;
-      c.ch->reduce(at, x(k + 2), x(k + 1), len, c.dtype, op, 1.0);
-      for (int t = 3; t < n; ++t) c.ch->reduce(at, x(k + t), at, len, c.dtype, op, 1.0);
-      c.ch->reduce(dst, x(k), at, len, c.dtype, op, scale);
-    }
-    a = b;
-  }
-}
-
 void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, bool first_sent) {
   check_reduce_supported(c.dtype, op);
   const int n = c.world, r = c.rank;
@@ -111,11 +123,12 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
            "ringcomm: the direct all_reduce with more than 2 ranks needs the channel's scratch memory");
   const int64_t pe = c.far_piece_elems();
   const int64_t np = (count + pe - 1) / pe;
-  // Piece j: send it to every peer, take piece j from every peer, combine (in the ring's order,
-  // combine_in_ring_order), release the slots. A rank sends piece j only after it consumed
-  // piece j-1 from every peer, and consuming never waits on sending: no cycle, any slot count.
-  // With first_sent, piece 0 went out before the header exchange (direct_send_first, the same
-  // sends in the same order).
+  // Every rank combines every element in the ring's order (combine_in_ring_order): results are
+  // bit-identical on all ranks and to the ring's.
+  // Piece j: send it to every peer, take piece j from every peer, combine, release the slots. A
+  // rank sends piece j only after it consumed piece j-1 from every peer, and consuming never
+  // waits on sending: no cycle, any slot count. With first_sent, piece 0 went out before the
+  // header exchange (direct_send_first, the same sends in the same order).
   std::vector<const char*> src(n, nullptr);
   for (int64_t j = 0; j < np; ++j) {
     int64_t o, m;
@@ -124,10 +137,86 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
       for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * es, o, m, wait_ctx(c, 0, 1));
     }
     for (int p = 0; p < n; ++p) src[p] = (p == r) ? in + o * es : recv_expect(c, p, o, m, wait_ctx(c, 0, 1));
-    // The accumulator (3+ ranks) is the scratch, one piece; it starts at the piece's element o.
+    // The accumulator (3+ ranks) is the scratch, one piece.
     combine_in_ring_order(c, src.data(), out, o, m, count, op, c.scratch);
     for (int p = 0; p < n; ++p)
       if (p != r) c.ch->recv_done(p);
+  }
+}
+
+// Two-shot: a direct reduce-scatter over the all-reduce chunks (ring::ar_chunk_*), then a direct
+// all-gather of the reduced chunks. Rank k owns chunk k, as in the ring (the rank that combines
+// chunk k last), and combines it in the ring's order: bit-identical to the ring and the one-shot.
+// Per phase each rank copies (N-1)/N of the message into its peers' slots, and it combines only
+// its own chunk (N-1 reductions of 1/N of the message): the ring's traffic, in two hand-offs
+// instead of the ring's 2(N-1); the one-shot copies and combines the whole message N-1 times.
+//
+// Iteration j handles piece j (far pieces, Channel::far_piece_bytes) of every chunk:
+//   phase 1 (step 0): send piece j of chunk p of `in` to every peer p; take piece j of chunk r
+//     from every peer, combine it with this rank's own into `out`, release the slots;
+//   phase 2 (step 1): send that reduced piece to every peer; take piece j of chunk p from every
+//     peer p into `out`.
+// A message exists only for a non-empty piece (chunks may be empty when count < world, and the
+// last non-empty chunk may be shorter); both ends compute the same pieces from the same chunk
+// bounds, and each channel r->p carries, in order, P1_j (chunk p's piece j) and P2_j (chunk r's
+// piece j) for j = 0, 1, ..., each end skipping the same empty ones. The receiver consumes them in
+// that order: FIFO per channel.
+// Deadlock freedom with 2 slots per channel (the far channels have 2..4): no send ever finds its
+// channel full, and a rank otherwise waits only for a peer's send, which then never blocks.
+//  - P1_j on r->p (chunk p has a piece j, hence a piece j-1): in iteration j-1 rank r received
+//    P2_{j-1} from p, which p sent after it consumed P1_{j-1} from r. At most P2_{j-1} is unconsumed.
+//  - P2_j on r->p (chunk r has a piece j): rank r just received P1_j from p, which p sent after it
+//    finished iteration j-1, consuming everything r sent before P1_j. At most P1_j is unconsumed.
+// So at most one message waits in a channel when another is sent. Every rank's P1_j sends
+// therefore complete once it has finished iteration j-1, its P1_j receives once every peer has,
+// and its P2_j messages follow: by induction on j every rank finishes every iteration.
+// In place (in == out): piece j of chunk p != r of `in` is sent (phase 1) before P2_j overwrites it
+// (phase 2 of the same iteration), and chunk r is read only by this rank's own combine, which
+// writes each element after reading it.
+void two_shot_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
+  check_reduce_supported(c.dtype, op);
+  const int n = c.world, r = c.rank;
+  const size_t es = c.esize;
+  if (count == 0) return;
+  if (n == 1) return copy_elems(c, out, in, count);
+  RC_CHECK(n == 2 || c.scratch != nullptr, Unsupported,
+           "ringcomm: the two-shot all_reduce with more than 2 ranks needs the channel's scratch memory");
+  const int64_t pe = c.far_piece_elems();
+  std::vector<int64_t> off(n), cnt(n);
+  int64_t max_cnt = 0;
+  for (int k = 0; k < n; ++k) {
+    off[k] = ring::ar_chunk_offset(count, n, static_cast<int64_t>(es), k);
+    cnt[k] = ring::ar_chunk_count(count, n, static_cast<int64_t>(es), k);
+    max_cnt = std::max(max_cnt, cnt[k]);
+  }
+  const int64_t np = (max_cnt + pe - 1) / pe;
+  std::vector<const char*> src(n, nullptr);
+  for (int64_t j = 0; j < np; ++j) {
+    const WaitCtx w1 = wait_ctx(c, 0, 2), w2 = wait_ctx(c, 1, 2);
+    int64_t o, m;
+    for (int s = 1; s < n; ++s) {
+      const int p = static_cast<int>(ring::mod(r + s, n));
+      piece_bounds(off[p], cnt[p], j, pe, &o, &m);
+      if (m > 0) send_copy(c, p, in + o * es, o, m, w1);
+    }
+    piece_bounds(off[r], cnt[r], j, pe, &o, &m);
+    if (m > 0) {
+      for (int s = 1; s < n; ++s) {
+        const int p = static_cast<int>(ring::mod(r - s, n));
+        src[p] = recv_expect(c, p, o, m, w1);
+      }
+      src[r] = in + o * es;
+      combine_chunk_in_ring_order(c, out + o * es, src.data(), 0, r, static_cast<size_t>(m), op, c.scratch);
+      for (int s = 1; s < n; ++s) c.ch->recv_done(static_cast<int>(ring::mod(r - s, n)));
+      for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), out + o * es, o, m, w2);
+    }
+    for (int s = 1; s < n; ++s) {
+      const int p = static_cast<int>(ring::mod(r - s, n));
+      piece_bounds(off[p], cnt[p], j, pe, &o, &m);
+      if (m == 0) continue;
+      copy_elems(c, out + o * es, recv_expect(c, p, o, m, w2), m);
+      c.ch->recv_done(p);
+    }
   }
 }
 

@@ -72,8 +72,8 @@ inline const char* recv_expect(const AlgoCtx& c, int peer, int64_t o, int64_t m,
 /// at world sizes 2 and 3): an element of all-reduce chunk k (ring::ar_chunk_*) is combined as
 /// x[k+1], then x[k+2] (op) that, ..., then x[k] (op) that, scaled for AVG at that last step.
 /// Every rank computes every element the same way: bit-identical on all ranks. With 3 or more
-/// ranks `acc` (m elements of private memory, indexed from element o) holds the partial sums; out
-/// may be src[rank] (in place), never another src.
+/// ranks `acc` (private memory for m elements) holds the partial results; out may be src[rank]
+/// (in place), never another src.
 void combine_in_ring_order(const AlgoCtx& c, const char* const* src, char* out, int64_t o, int64_t m,
                            int64_t count, ReduceOp op, char* acc);
 

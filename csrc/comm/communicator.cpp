@@ -37,13 +37,38 @@ HostDevice::HostDevice(int rank, int world, double timeout_s)
   const std::string algo = knob_str("RINGCOMM_ALGO");
   if (algo == "ring") algo_ = Algo::kRing;
   else if (algo == "direct") algo_ = Algo::kDirect;
+  else if (algo == "two_shot") algo_ = Algo::kTwoShot;
   else if (algo == "auto") algo_ = Algo::kAuto;
-  else RC_THROW(InvalidArgument, "RINGCOMM_ALGO='" << algo << "': use ring, direct or auto");
+  else RC_THROW(InvalidArgument, "RINGCOMM_ALGO='" << algo << "': use ring, direct, two_shot or auto");
   direct_max_bytes_ = knob_bytes("RINGCOMM_DIRECT_MAX_BYTES");
+  two_shot_max_bytes_ = knob_bytes("RINGCOMM_TWO_SHOT_MAX_BYTES");
+  two_shot_min_world_ = knob_int("RINGCOMM_TWO_SHOT_MIN_WORLD");
 }
 
-bool HostDevice::use_direct(int64_t bytes) const {
-  return algo_ == Algo::kDirect || (algo_ == Algo::kAuto && bytes * (world_ - 1) <= direct_max_bytes_);
+int64_t HostDevice::all_reduce_algo(int64_t bytes) const {
+  switch (algo_) {
+    case Algo::kRing: return kArRing;
+    case Algo::kDirect: return kArDirect;
+    case Algo::kTwoShot: return kArTwoShot;
+    case Algo::kAuto: break;
+  }
+  // The defaults, from docs/two_shot_measurements.md (float32 SUM in place, python -m
+  // ringcomm.bench, 16 KiB - 64 MiB, ring / direct / two_shot alternated, 2-11 rounds per cell,
+  // 11 where the thresholds sit; 2 cores, so 3 and 4 ranks oversubscribe them). Median over rounds
+  // of the two-shot's time over the ring's:
+  //   ranks  32K   64K   128K  256K  512K  1M    2M    4M    8M-64M
+  //     2    1.05  1.17  1.07  1.04  1.18  1.15  1.19  1.01  0.86-0.99 (2 rounds)
+  //     3    1.10  1.14  1.08  1.03  1.08  0.92  0.83  0.98  0.97-1.08
+  //     4    0.73  1.00  0.93  1.00  1.03  1.12  1.00  1.06  0.88-1.04
+  // With 2 ranks the two-shot is the ring's schedule (one reduce-scatter step, one all-gather
+  // step): it never wins up to 4 MiB (its 0.86-0.96 at 8-32 MiB rest on two rounds). With 3 it
+  // loses up to 512 KiB and wins only at 1-2 MiB, a window left to the ring. Hence the minimum
+  // world of 4 (RINGCOMM_TWO_SHOT_MIN_WORLD). With 4 ranks, right above the one-shot's
+  // range (21 KiB), two hand-offs instead of six win or tie up to 128 KiB
+  // (RINGCOMM_TWO_SHOT_MAX_BYTES) and tie or lose above.
+  if (bytes * (world_ - 1) <= direct_max_bytes_) return kArDirect;
+  if (world_ >= two_shot_min_world_ && bytes <= two_shot_max_bytes_) return kArTwoShot;
+  return kArRing;
 }
 
 bool HostDevice::use_ll(Coll coll, int64_t bytes) const {
@@ -79,8 +104,11 @@ void HostDevice::log_connected() {
   const ShmConfig& sc = transport_.config();
   RC_LOG(kInfo, rank_, world_,
          "transport shm; " << transport_.describe_geometry() << "; " << transport_.describe_liveness() << "; all_reduce "
-         << (algo_ == Algo::kRing ? "ring" : algo_ == Algo::kDirect ? "direct" : "auto") << " (direct while bytes x "
-         << "(world-1) <= " << direct_max_bytes_ << " B); store policy " << store_policy_.describe()
+         << (algo_ == Algo::kRing ? "ring" : algo_ == Algo::kDirect ? "direct" : algo_ == Algo::kTwoShot ? "two_shot" : "auto")
+         << " (direct while bytes x (world-1) <= " << direct_max_bytes_ << " B, then "
+         << (world_ >= two_shot_min_world_ ? "two_shot while bytes <= " + std::to_string(two_shot_max_bytes_) + " B"
+                                        : std::string("no two_shot at this world size"))
+         << "); store policy " << store_policy_.describe()
          << "; reduce ISA " << describe_reduce_cpu_isa() << "; " << transport_.describe_wait() << "; timeout "
          << sc.timeout_s << " s");
 }

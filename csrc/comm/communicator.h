@@ -24,7 +24,7 @@ class HostDevice final : public CommDevice {
   const char* name() const override { return "communicator"; }
   ShmTransport& control() override { return transport_; }
   const MemoryCheck* memory() const override { return nullptr; }
-  bool use_direct(int64_t bytes) const override;
+  int64_t all_reduce_algo(int64_t bytes) const override;
   bool use_ll(Coll coll, int64_t bytes) const override;
   Channel* header_slot_channel() override { return &coll_; }
   void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }
@@ -36,12 +36,16 @@ class HostDevice final : public CommDevice {
  private:
   int rank_, world_;
   ShmTransport transport_;
-  // All-reduce algorithm choice: RINGCOMM_ALGO = ring | direct | auto (default). auto takes the
-  // LL outbox (algo/ll.cpp) for messages of at most RINGCOMM_LL_MAX_BYTES, the direct exchange
-  // (one hand-off) while its extra copies are cheap - message bytes times (world-1) at most
-  // RINGCOMM_DIRECT_MAX_BYTES - and the bandwidth-optimal ring above that.
-  enum class Algo { kRing, kDirect, kAuto } algo_ = Algo::kAuto;
+  // All-reduce algorithm choice: RINGCOMM_ALGO = ring | direct | two_shot | auto (default). auto
+  // takes the LL outbox (algo/ll.cpp, use_ll) for messages of at most RINGCOMM_LL_MAX_BYTES, the
+  // direct exchange (one hand-off) while its extra copies are cheap - message bytes times
+  // (world-1) at most RINGCOMM_DIRECT_MAX_BYTES -, then, with RINGCOMM_TWO_SHOT_MIN_WORLD ranks or
+  // more, the two-shot (two hand-offs instead of 2(N-1)) while the message is at most
+  // RINGCOMM_TWO_SHOT_MAX_BYTES, and the bandwidth-optimal ring above that (all_reduce_algo).
+  enum class Algo { kRing, kDirect, kTwoShot, kAuto } algo_ = Algo::kAuto;
   int64_t direct_max_bytes_ = 0;
+  int64_t two_shot_max_bytes_ = 0;
+  int64_t two_shot_min_world_ = 0;
   std::vector<char> scratch_;  // one slot of private memory (direct all-reduce, streamed fused reductions)
   ShmChannel coll_;            // the collective lane; used by the executing thread only
   ShmChannel p2p_;             // the point-to-point lane; used by the p2p thread only

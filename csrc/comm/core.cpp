@@ -413,8 +413,8 @@ WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l,
 
 WorkPtr CommCore::all_reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, Launch l) {
   return collective(Coll::kAllReduce, [&] {
-    const bool direct = dev_->use_direct(count * static_cast<int64_t>(dtype_size(dt)));
-    CollHeader h = checks_.all_reduce(in, out, count, dt, op, direct);
+    const int64_t algo = dev_->all_reduce_algo(count * static_cast<int64_t>(dtype_size(dt)));
+    CollHeader h = checks_.all_reduce(in, out, count, dt, op, algo);
     // The small-message path: the first piece travels with the header (comm/header_exchange.h),
     // wherever the direct algorithm runs (RINGCOMM_DIRECT_MAX_BYTES); RINGCOMM_HEADER_IN_SLOT=off
     // restores the header exchange first. Measured (docs/latency.md section 6: float32 SUM, in
@@ -437,6 +437,8 @@ WorkPtr CommCore::all_reduce(const void* in, void* out, int64_t count, DType dt,
     const int64_t algo = hs[rank_].count2;
     if (algo == kArLL) {
       ll_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
+    } else if (algo == kArTwoShot) {
+      two_shot_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
     } else if (algo != kArRing) {
       direct_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op,
                         /*first_sent=*/algo == kArDirectInSlot);
@@ -476,7 +478,8 @@ WorkPtr CommCore::broadcast(void* buf, int64_t count, DType dt, int root, Launch
     // Small broadcasts: the root hands every peer the data with its header (one hand-off, as the
     // small all_reduce), where the direct all_reduce would run (RINGCOMM_DIRECT_MAX_BYTES: the
     // root copies the message once per peer); the pipelined chain (a hand-off per link) above.
-    if (header_in_slot_ && world_ > 1 && count > 0 && dev_->use_direct(count * static_cast<int64_t>(dtype_size(dt))))
+    if (header_in_slot_ && world_ > 1 && count > 0 &&
+        dev_->all_reduce_algo(count * static_cast<int64_t>(dtype_size(dt))) == kArDirect)
       h.count2 = kBcDirectInSlot;
     // Smaller still, the LL outbox (algo/ll.cpp): the root's message with its header in its own
     // lines, read by every peer in place; every rank's header in its own line 0.

@@ -9,6 +9,7 @@
 
 #include "algo/context.h"
 #include "comm/coll.h"
+#include "comm/header_exchange.h"
 #include "comm/validation.h"
 #include "comm/work.h"
 #include "transport/channel.h"
@@ -27,8 +28,10 @@ class CommDevice {
   virtual bool has_control() const { return true; }
   /// Where buffers must live (nullptr: host memory, not checkable).
   virtual const MemoryCheck* memory() const = 0;
-  /// Whether all_reduce of `bytes` takes the direct algorithm (the choice travels in the header).
-  virtual bool use_direct(int64_t bytes) const = 0;
+  /// The algorithm all_reduce of `bytes` takes: kArRing, kArDirect or kArTwoShot
+  /// (comm/header_exchange.h; the choice travels in the header's count2). A small broadcast
+  /// takes the direct algorithm where this says kArDirect.
+  virtual int64_t all_reduce_algo(int64_t bytes) const = 0;
   /// Whether a `coll` (all_reduce or broadcast) of `bytes` takes the LL algorithms (algo/ll.cpp;
   /// the choice travels in the header): only where the collective lane has an LL outbox.
   virtual bool use_ll(Coll, int64_t) const { return false; }

@@ -30,10 +30,11 @@ std::string describe_header(const CollHeader& h) {
   o << "(count=" << h.count;
   if (c == Coll::kAllGather || c == Coll::kAllToAll) o << ", count2=" << h.count2;
   if (c == Coll::kAllReduce)
-    o << ", algo="
-      << (h.count2 == kArRing ? "ring" : h.count2 == kArDirectInSlot ? "direct, header in slot"
-                                        : h.count2 == kArLL           ? "ll"
-                                                                      : "direct");
+    o << ", algo=" << (h.count2 == kArRing            ? "ring"
+                       : h.count2 == kArDirectInSlot ? "direct, header in slot"
+                       : h.count2 == kArTwoShot      ? "two-shot"
+                       : h.count2 == kArLL           ? "ll"
+                                                     : "direct");
   if (c == Coll::kBroadcast)
     o << ", algo=" << (h.count2 == kBcDirectInSlot ? "direct, header in slot" : h.count2 == kBcLL ? "ll" : "chain");
   o << ", dtype=" << dtype_name(static_cast<DType>(h.dtype));

@@ -32,6 +32,7 @@ enum : int64_t {
   kArRing = 0,
   kArDirect = 1,          // header exchange, then the direct algorithm's pieces
   kArDirectInSlot = 2,    // the direct algorithm's piece 0 handed off before the header (above)
+  kArTwoShot = 3,         // header exchange, then the two-shot algorithm (direct reduce-scatter + all-gather)
   kArLL = 4,              // every rank's input in its LL outbox with its header (below)
 };
 

@@ -60,7 +60,7 @@ struct TraceRecord {
   int64_t t[kTracePhases] = {0, 0, 0, 0, 0, 0};
   uint64_t seq = 0;
   uint32_t coll = 0;     ///< the Coll code
-  const char* algo = ""; ///< a string literal: "ring", "direct", "ll", "chain", "none"
+  const char* algo = ""; ///< a string literal: "ring", "direct", "two_shot", "ll", "chain", "none"
   int64_t bytes = 0;     ///< the header's element count x element size
   bool ok = false;       ///< false when the call raised
 
@@ -146,12 +146,17 @@ inline void trace_begin(TraceRecord& r, uint64_t seq, Coll coll, const CollHeade
 }
 
 /// Stamps header_seen and names the algorithm the core will run (all_reduce: the choice carried
-/// in this rank's header's count2 (comm/header_exchange.h), and broadcast's likewise; the
-/// exchange checked that all ranks agree).
+/// in this rank's header's count2 (comm/header_exchange.h), and broadcast's likewise; the exchange
+/// checked that all ranks agree).
 inline void trace_headers_seen(TraceRecord& r, Coll coll, const CollHeader& mine) {
   r.mark(kTraceHeaderSeen);
   switch (coll) {
-    case Coll::kAllReduce: r.algo = mine.count2 == kArLL ? "ll" : mine.count2 != kArRing ? "direct" : "ring"; break;
+    case Coll::kAllReduce:
+      r.algo = mine.count2 == kArRing      ? "ring"
+               : mine.count2 == kArTwoShot ? "two_shot"
+               : mine.count2 == kArLL      ? "ll"
+                                           : "direct";
+      break;
     case Coll::kReduceScatter:
     case Coll::kAllGather: r.algo = "ring"; break;
     case Coll::kBroadcast: r.algo = mine.count2 == kBcLL ? "ll" : mine.count2 != kBcChain ? "direct" : "chain"; break;

@@ -53,7 +53,7 @@ void ArgChecks::root(int root, Coll coll) const {
 }
 
 CollHeader ArgChecks::all_reduce(const void* in, const void* out, int64_t count, DType dt, ReduceOp op,
-                                 bool direct) const {
+                                 int64_t algo) const {
   dtype_size(dt);
   buffer(in, count, "input", Coll::kAllReduce);
   buffer(out, count, "output", Coll::kAllReduce);
@@ -62,7 +62,7 @@ CollHeader ArgChecks::all_reduce(const void* in, const void* out, int64_t count,
   RC_CHECK(in == out || !overlaps(in, b, out, b), InvalidArgument,
            "ringcomm: all_reduce: input and output overlap partially");
   // count2 carries the algorithm so that ranks configured differently raise MismatchError.
-  return header(Coll::kAllReduce, dt, static_cast<uint32_t>(op), -1, count, direct ? 1 : 0);
+  return header(Coll::kAllReduce, dt, static_cast<uint32_t>(op), -1, count, algo);
 }
 
 CollHeader ArgChecks::reduce_scatter(const void* in, const void* out, int64_t in_count, DType dt, ReduceOp op) const {

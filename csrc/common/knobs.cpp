@@ -32,8 +32,10 @@ const std::vector<KnobInfo>& table() {
       {"RINGCOMM_HEARTBEAT_TIMEOUT_MS", T::kInt, "5000", "", "a peer in another PID namespace (containers sharing /dev/shm) is dead when its heartbeat has not moved for this long (the larger of both ranks' values); its background thread bumps it every 1/8 of this", false},
       {"RINGCOMM_TEST_PIDNS", T::kStr, "", "", "test hook: replaces this process's PID-namespace identity (ranks with different values use the heartbeat, not the pid probe)", false},
       // communicator (csrc/comm/)
-      {"RINGCOMM_ALGO", T::kChoice, "auto", "auto|ring|direct", "all-reduce algorithm: ring, direct (one hand-off, every rank combines all inputs) or auto", false},
+      {"RINGCOMM_ALGO", T::kChoice, "auto", "auto|ring|direct|two_shot", "all-reduce algorithm: ring, direct (one hand-off, every rank combines all inputs), two_shot (a direct reduce-scatter, then a direct all-gather: two hand-offs, each rank combines 1/N) or auto", false},
       {"RINGCOMM_DIRECT_MAX_BYTES", T::kBytes, "64K", "", "auto takes direct while bytes x (world - 1) is at most this", false},
+      {"RINGCOMM_TWO_SHOT_MAX_BYTES", T::kBytes, "128K", "", "above the direct range, auto takes two_shot while bytes is at most this (with RINGCOMM_TWO_SHOT_MIN_WORLD ranks or more; the ring above)", false},
+      {"RINGCOMM_TWO_SHOT_MIN_WORLD", T::kInt, "4", "", "auto takes two_shot only with at least this many ranks (measured: never faster than the ring with 2 ranks up to 4 MiB, and with 3 only at 1-2 MiB)", false},
       {"RINGCOMM_LL_MAX_BYTES", T::kBytes, "4K", "", "all-reduces (under RINGCOMM_ALGO=auto) and broadcasts of at most this many bytes use the low-latency outbox: each rank writes header and data into 64-byte lines of its own shared memory (56 data bytes and a flag each) and its peers read them in place; the outbox's size, so equal on every rank (0: off)", false},
       {"RINGCOMM_HEADER_IN_SLOT", T::kChoice, "on", "on|off", "direct all-reduces hand their first piece to every peer before posting the header, so header and data take one hand-off (a mismatch drains it and raises MismatchError on every rank); off: header exchange first", false},
       {"RINGCOMM_STREAM", T::kChoice, "auto", "auto|on|off", "stores into peers' slots: auto (measured per collective kind and size class), on (non-temporal), off (cached)", false},

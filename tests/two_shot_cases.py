@@ -1,0 +1,213 @@
+"""Cases of tests/test_two_shot.py that run INSIDE spawned ranks (module-level so that spawn can
+pickle them; torch is imported only by the bfloat16 cases, through mp_cases)."""
+import os
+import traceback
+
+import numpy as np
+import ringcomm
+from mp_cases import FLOAT, close_enough, make, pairs, reference, to_lib, to_np
+from order_ref import ordered_sum
+
+SENTINEL = -7
+
+# Element sizes of the library's dtypes (mp_cases.DTYPES).
+ESIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
+         "int32": 4, "int64": 8, "bool": 1}
+
+# Tiny slots: far pieces of 128 bytes, ring pieces of 256, two slots per channel, so that small
+# counts span many pieces per chunk and every channel runs full.
+TINY = {"RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "128", "RINGCOMM_NSLOTS": "2"}
+
+# The communicators the correctness cases compare: the two-shot (default and tiny slots), the
+# ring (the reference order), the one-shot (default and tiny slots) and auto.
+CONFIGS = {
+    "two_shot": {"RINGCOMM_ALGO": "two_shot", "RINGCOMM_TRACE": "4"},
+    "two_shot_tiny": {"RINGCOMM_ALGO": "two_shot", "RINGCOMM_TRACE": "4", **TINY},
+    "ring": {"RINGCOMM_ALGO": "ring", "RINGCOMM_TRACE": "4"},
+    "direct": {"RINGCOMM_ALGO": "direct", "RINGCOMM_TRACE": "4"},
+    "direct_tiny": {"RINGCOMM_ALGO": "direct", "RINGCOMM_TRACE": "4", **TINY},
+    "auto": {"RINGCOMM_TRACE": "4"},
+}
+
+
+def init_comm(rank, world, sub, env):
+    """A communicator created under `env` (knobs are read at creation) on its own file store."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        path = os.path.join(os.environ["RC_TEST_STORE"], sub)
+        os.makedirs(path, exist_ok=True)
+        return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=60)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def counts_of(world, esize):
+    """0, 1, 2, 3, 5, below the world size, not divisible by it, and counts whose chunks span
+    several tiny pieces (128-byte pieces: 128 / esize elements)."""
+    pe = 128 // esize
+    return sorted({0, 1, 2, 3, 5, 7, max(world - 1, 1), 5 * world + 1, world * pe + 1,
+                   3 * world * pe + world - 1, 1000})
+
+
+def order_sensitive(count, rank, dtype):
+    """Values of wide-ranging magnitude: sums and products of three or more depend on their order."""
+    rng = np.random.default_rng(31 * count + rank)
+    return (rng.standard_normal(count) * 10.0 ** rng.uniform(-3, 3, count)).astype(dtype)
+
+
+def auto_expected(world, nbytes):
+    """The algorithm RINGCOMM_ALGO=auto picks at the default knobs (csrc/comm/communicator.cpp)."""
+    knob = ringcomm.config.knob
+    if world > 1 and 0 < nbytes <= int(knob("RINGCOMM_LL_MAX_BYTES")):
+        return "ll"
+    if nbytes * (world - 1) <= int(knob("RINGCOMM_DIRECT_MAX_BYTES")):
+        return "direct"
+    if world >= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MIN_WORLD")) and nbytes <= int(knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
+        return "two_shot"
+    return "ring"
+
+
+def correctness_cases(rank, world):
+    fails = []
+    comms = {name: init_comm(rank, world, name, env) for name, env in CONFIGS.items()}
+
+    def check(what, cond):
+        if not cond:
+            fails.append(f"rank {rank}: {what}")
+
+    def run(comm, x_src, op, in_place, dt, lib):
+        """all_reduce of a copy of x_src (in place, or out of place into a sentinel buffer);
+        returns the result's bytes and the result as numpy."""
+        x = to_lib(x_src, dt, lib)
+        if in_place:
+            comm.all_reduce(x, op=op)
+            y = x
+        else:
+            keep = np.ascontiguousarray(to_np(x)).tobytes()
+            y = to_lib(np.full_like(x_src, 3), dt, lib)
+            comm.all_reduce(x, op=op, output=y)
+            check(f"input untouched {dt} {op} n={x_src.size}", np.ascontiguousarray(to_np(x)).tobytes() == keep)
+        return np.ascontiguousarray(to_np(y)).tobytes(), y
+
+    try:
+        ran = {}
+        # Every dtype x op, exact data (small integers): against numpy, and bit for bit across
+        # the algorithms; each algorithm checked to have run (the trace names it).
+        for dt, op in pairs():
+            lib = "torch" if dt == "bfloat16" else "numpy"
+            for count in counts_of(world, ESIZE[dt]):
+                ins = [make(dt, count, r, 3, op) for r in range(world)]
+                ref = reference(ins, dt, op, world)
+                for in_place in (True, False):
+                    tag = f"{dt} {op} n={count} {'in place' if in_place else 'out of place'}"
+                    got = {}
+                    for name, comm in comms.items():
+                        got[name], y = run(comm, ins[rank], op, in_place, dt, lib)
+                        check(f"{name} all_reduce {tag}", close_enough(y, ref, dt, op))
+                        if count > 0:
+                            algo = comm.trace()[-1]["algorithm"]
+                            want = (auto_expected(world, count * ESIZE[dt]) if name == "auto"
+                                    else CONFIGS[name]["RINGCOMM_ALGO"])
+                            check(f"{name} ran {algo}, expected {want}, {tag}", algo == want)
+                            ran[name] = ran.get(name, 0) + 1
+                    for name in comms:
+                        check(f"{name} differs bitwise from the ring, {tag}", got[name] == got["ring"])
+        check(f"some algorithm never ran: {ran}", all(ran.get(name, 0) > 0 for name in comms))
+
+        # Order-sensitive floating data, every op: bit for bit the ring and the one-shot (and,
+        # for SUM, the order model of tests/order_ref.py).
+        algos = ("two_shot", "two_shot_tiny", "direct", "direct_tiny")
+        for dt in ("float16", "float32", "float64", "bfloat16"):
+            lib = "torch" if dt == "bfloat16" else "numpy"
+            npdt = np.float32 if dt == "bfloat16" else np.dtype(dt)
+            for count in (1, 2, 3, 7, 5 * world + 1, 3 * world * 128 // ESIZE[dt] + 1, 3001):
+                for op in ("SUM", "AVG", "PRODUCT", "MIN", "MAX"):
+                    x = order_sensitive(count, rank, npdt)
+                    if op == "PRODUCT":
+                        x = (1 + x / 1e4).astype(npdt)
+                    got = {name: run(comms[name], x, op, op != "MAX", dt, lib)[0] for name in (*algos, "ring")}
+                    for name in algos:
+                        check(f"{name} differs bitwise from the ring, order-sensitive {dt} {op} n={count}",
+                              got[name] == got["ring"])
+                    if op == "SUM" and lib == "numpy":
+                        want = ordered_sum([order_sensitive(count, p, npdt) for p in range(world)]).tobytes()
+                        check(f"two_shot differs from the order model, {dt} n={count}", got["two_shot"] == want)
+
+        # auto's choice around its two thresholds (one-shot / two-shot / ring), float32 SUM: the
+        # trace names the algorithm, the result equals the ring's bit for bit. The documented
+        # defaults: the two-shot only with 4 or more ranks, up to 128 KiB.
+        knob = ringcomm.config.knob
+        thr = int(knob("RINGCOMM_DIRECT_MAX_BYTES")) // (4 * (world - 1))
+        top = int(knob("RINGCOMM_TWO_SHOT_MAX_BYTES")) // 4
+        seen = {}
+        for count in sorted({thr, thr + 1, top, top + 1, 32768 // 4}):
+            x = order_sensitive(count, rank, np.float32)
+            got = {name: run(comms[name], x, "SUM", True, "float32", "numpy")[0] for name in ("auto", "ring")}
+            algo = comms["auto"].trace()[-1]["algorithm"]
+            seen[count * 4] = algo
+            check(f"auto ran {algo} at {count * 4} B, expected {auto_expected(world, count * 4)}",
+                  algo == auto_expected(world, count * 4))
+            check(f"auto differs bitwise from the ring at {count * 4} B", got["auto"] == got["ring"])
+        if not any(ringcomm.config.knob_is_set(k) for k in ("RINGCOMM_DIRECT_MAX_BYTES", "RINGCOMM_TWO_SHOT_MAX_BYTES",
+                                                              "RINGCOMM_TWO_SHOT_MIN_WORLD")):
+            check(f"auto's choices {seen}", (world < 4 or seen[32768] == "two_shot")
+                  and seen[(thr + 1) * 4] == ("two_shot" if world >= 4 else "ring")
+                  and seen[(top + 1) * 4] == "ring" and seen[thr * 4] == "direct")
+
+        # Past 2n segments of 1 MiB the all-reduce chunks are runs of several segments.
+        count = (2 * world << 20) // 4 + 12345
+        x = order_sensitive(count, rank, np.float32)
+        want = ordered_sum([order_sensitive(count, p, np.float32) for p in range(world)]).tobytes()
+        for name in ("two_shot", "ring"):
+            check(f"{name} differs from the order model at n={count}", run(comms[name], x, "SUM", True, "float32", "numpy")[0] == want)
+    except Exception:  # noqa: BLE001
+        fails.append(f"rank {rank}: " + traceback.format_exc())
+    finally:
+        for c in comms.values():
+            c.close()
+    return fails
+
+
+def _attempt(fn):
+    try:
+        fn()
+        return ("no error", "")
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e))
+
+
+def mismatch_cases(rank, world):
+    """Rank 0 forces the two-shot, the others another algorithm (the ring; the one-shot, whose
+    first piece travels with the header; the one-shot with tiny slots). Returns per scenario
+    (name, rank, outcome, message, output untouched, the communicator usable afterwards)."""
+    out = []
+    for other in ("ring", "direct", "direct_tiny"):
+        env = dict(CONFIGS["two_shot"] if rank == 0 else CONFIGS[other])
+        if other == "direct_tiny":
+            env.update(TINY)
+        comm = init_comm(rank, world, f"mix-{other}", env)
+        try:
+            for count in (1, 40, 3000):
+                x = np.full(count, rank + 1.0, np.float32)
+                y = np.full(count, SENTINEL, np.float32)
+                res = _attempt(lambda: comm.all_reduce(x, output=y))
+                untouched = bool((y == SENTINEL).all() and (x == rank + 1.0).all())
+                # usable afterwards: the collectives whose algorithm RINGCOMM_ALGO does not choose
+                # (broadcast's follows all_reduce's direct choice) run and give the right results
+                comm.barrier()
+                g = np.zeros(world * count, np.float32)
+                comm.all_gather(g, np.full(count, rank + 1.0, np.float32))
+                rs_in = np.full(world * 5, rank + 1.0, np.float32)
+                rs_out = np.zeros(5, np.float32)
+                comm.reduce_scatter(rs_out, rs_in)
+                usable = bool((g == np.repeat(np.arange(1.0, world + 1), count)).all()
+                              and (rs_out == world * (world + 1) / 2).all())
+                out.append((f"two_shot vs {other} n={count}", rank, res[0], res[1], untouched, usable))
+        finally:
+            comm.close()
+    return out
