@@ -7,21 +7,8 @@ import traceback
 
 import numpy as np
 import ringcomm
+from mp_cases import init_under_env
 
-
-def _init(rank, world, sub, env):
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        path = os.path.join(os.environ["RC_TEST_STORE"], sub)
-        os.makedirs(path, exist_ok=True)
-        return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=60)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def reuse_cases(rank, world, calls, seed):
@@ -30,7 +17,7 @@ def reuse_cases(rank, world, calls, seed):
     rank that rewrote its outbox while a peer still read it (the reuse rule in
     csrc/transport/shm.h) would show up as a wrong result or a diverged stream."""
     fails = []
-    comm = _init(rank, world, "reuse", {"RINGCOMM_LL_MAX_BYTES": "1K", "RINGCOMM_TRACE": "8"})
+    comm = init_under_env(rank, world, "reuse", {"RINGCOMM_LL_MAX_BYTES": "1K", "RINGCOMM_TRACE": "8"})
     rng = random.Random(seed)            # the same sequence of calls on every rank
     delay = random.Random(seed * 31 + rank)  # each rank's own arrival noise
     algos = set()
@@ -91,7 +78,7 @@ def reuse_cases(rank, world, calls, seed):
 def knob_mismatch_case(rank, world):
     """Ranks with different RINGCOMM_LL_MAX_BYTES: init fails on every rank, naming the knob."""
     try:
-        c = _init(rank, world, "knob", {"RINGCOMM_LL_MAX_BYTES": "1K" if rank == 0 else "2K"})
+        c = init_under_env(rank, world, "knob", {"RINGCOMM_LL_MAX_BYTES": "1K" if rank == 0 else "2K"})
         c.close()
         return ("no error", "")
     except Exception as e:  # noqa: BLE001

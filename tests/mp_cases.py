@@ -14,6 +14,24 @@ INTS = {"int8", "uint8", "int32", "int64"}
 OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"]
 
 
+
+def init_under_env(rank, world, sub, env):
+    """A communicator created under `env` (knobs are read at creation; the process's own values
+    are restored afterwards) on its own file store, RC_TEST_STORE/sub."""
+    import ringcomm
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        path = os.path.join(os.environ["RC_TEST_STORE"], sub)
+        os.makedirs(path, exist_ok=True)
+        return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=60)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
 def supported(dt, op):
     if dt == "bool":
         return op in ("MIN", "MAX")

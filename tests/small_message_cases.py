@@ -1,30 +1,14 @@
 """Cases of tests/test_small_message.py that run INSIDE spawned ranks (module-level so that spawn
 can pickle them; no torch import here: only the bfloat16 cases load it, through mp_cases)."""
-import os
 import traceback
 
 import numpy as np
 import ringcomm
-from mp_cases import close_enough, make, pairs, reference, to_lib, to_np
+from mp_cases import close_enough, init_under_env, make, pairs, reference, to_lib, to_np
 from order_ref import ordered_sum
 
 SENTINEL = -7
 
-
-def _init(rank, world, sub, env):
-    """A communicator created under `env` (knobs are read at creation) on its own file store."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        path = os.path.join(os.environ["RC_TEST_STORE"], sub)
-        os.makedirs(path, exist_ok=True)
-        return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=60)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # The communicators every correctness case runs on: the LL outbox up to 64 KiB (algo/ll.cpp),
@@ -87,7 +71,7 @@ def _algo_expected(world, count, esize, cfg, coll):
 
 def correctness_cases(rank, world):
     fails, digests = [], []
-    comms = {name: _init(rank, world, name, env) for name, env in CONFIGS.items()}
+    comms = {name: init_under_env(rank, world, name, env) for name, env in CONFIGS.items()}
 
     def check(what, cond):
         if not cond:
@@ -186,14 +170,14 @@ def mismatch_cases(rank, world):
     all_reduce after it correct)."""
     out = []
     comms = {
-        "inslot": _init(rank, world, "inslot", {"RINGCOMM_LL_MAX_BYTES": "0"}),
-        "ll": _init(rank, world, "ll", {}),
-        "tiny": _init(rank, world, "tiny", CONFIGS["tiny"]),
+        "inslot": init_under_env(rank, world, "inslot", {"RINGCOMM_LL_MAX_BYTES": "0"}),
+        "ll": init_under_env(rank, world, "ll", {}),
+        "tiny": init_under_env(rank, world, "tiny", CONFIGS["tiny"]),
         # rank 0 without the in-slot path, the others with it: the headers say so and differ
-        "mixed": _init(rank, world, "mixed", {"RINGCOMM_HEADER_IN_SLOT": "off" if rank == 0 else "on",
+        "mixed": init_under_env(rank, world, "mixed", {"RINGCOMM_HEADER_IN_SLOT": "off" if rank == 0 else "on",
                                                "RINGCOMM_LL_MAX_BYTES": "0"}),
         # rank 0's all_reduce forced direct (in slot), the others' auto (the LL outbox)
-        "mixed_ll": _init(rank, world, "mixed_ll", {"RINGCOMM_ALGO": "direct" if rank == 0 else "auto"}),
+        "mixed_ll": init_under_env(rank, world, "mixed_ll", {"RINGCOMM_ALGO": "direct" if rank == 0 else "auto"}),
     }
     thr = int(ringcomm.config.knob("RINGCOMM_DIRECT_MAX_BYTES")) // (4 * (world - 1))
     last = world - 1

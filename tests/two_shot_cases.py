@@ -5,7 +5,7 @@ import traceback
 
 import numpy as np
 import ringcomm
-from mp_cases import FLOAT, close_enough, make, pairs, reference, to_lib, to_np
+from mp_cases import FLOAT, close_enough, init_under_env, make, pairs, reference, to_lib, to_np
 from order_ref import ordered_sum
 
 SENTINEL = -7
@@ -29,21 +29,6 @@ CONFIGS = {
     "auto": {"RINGCOMM_TRACE": "4"},
 }
 
-
-def init_comm(rank, world, sub, env):
-    """A communicator created under `env` (knobs are read at creation) on its own file store."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        path = os.path.join(os.environ["RC_TEST_STORE"], sub)
-        os.makedirs(path, exist_ok=True)
-        return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=60)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def counts_of(world, esize):
@@ -74,7 +59,7 @@ def auto_expected(world, nbytes):
 
 def correctness_cases(rank, world):
     fails = []
-    comms = {name: init_comm(rank, world, name, env) for name, env in CONFIGS.items()}
+    comms = {name: init_under_env(rank, world, name, env) for name, env in CONFIGS.items()}
 
     def check(what, cond):
         if not cond:
@@ -190,7 +175,7 @@ def mismatch_cases(rank, world):
         env = dict(CONFIGS["two_shot"] if rank == 0 else CONFIGS[other])
         if other == "direct_tiny":
             env.update(TINY)
-        comm = init_comm(rank, world, f"mix-{other}", env)
+        comm = init_under_env(rank, world, f"mix-{other}", env)
         try:
             for count in (1, 40, 3000):
                 x = np.full(count, rank + 1.0, np.float32)
