@@ -9,7 +9,9 @@
 // segment holds one full channel and 2*world-3 small ones: its size grows linearly with the
 // world size (see footprint_bytes), never with the message size. With a uniform geometry
 // (far = full: world <= 2, the CUDA control plane) every source index, the rank's own included,
-// has `nslots` slots of `slot_bytes`.
+// has `nslots` slots of `slot_bytes`. In front of the channels, after the header page: the
+// rank's two LL outboxes (below), the one region of the segment its owner writes for readers
+// ("pull").
 //
 // Channel protocol (one writer per word):
 //   head  - written only by the sender: number of slots it has filled (wrapping uint32).
