@@ -126,6 +126,19 @@ def test_cli_trace_table():
     assert "# check: ok" in r.stdout
 
 
+def test_cli_trace_table_at_given_sizes():
+    r = run_bench("-np", "2", "--trace", "-n", "3", "-b", "256", "-e", "1M", "-f", "64", timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line and not line.startswith("#")]
+    assert {(row[0], row[1]) for row in rows} == {
+        (op, size) for op in ("all_reduce", "broadcast") for size in ("256B", "16K", "1M")}, r.stdout
+    # the algorithm each size takes at 2 ranks: the LL outbox, the direct exchange, the ring/chain
+    algos = {(row[0], row[1]): row[4] for row in rows}
+    assert algos[("all_reduce", "256B")] == "ll" and algos[("all_reduce", "16K")] == "direct"
+    assert algos[("all_reduce", "1M")] == "ring" and algos[("broadcast", "1M")] == "chain"
+    assert "# check: ok" in r.stdout
+
+
 def _deepspeed_reason():
     from ringcomm.bench.peers import probe
     return probe("deepspeed")

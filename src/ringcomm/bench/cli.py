@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "timed; skew:US: likewise, rank r computing r*US us (arrives r*US us late)")
     p.add_argument("--trace", action="store_true",
                    help="instead of the sweep: the per-phase table (RINGCOMM_TRACE) of 1 KiB and "
-                        "64 KiB all_reduce and broadcast, back to back and apart (-np ranks)")
+                        "64 KiB (or, with -b/-e, those sizes) all_reduce and broadcast, back to "
+                        "back and apart (-np ranks)")
     p.add_argument("--load", type=int, default=0, metavar="N",
                    help="run N busy processes (pure compute, not pinned, normal priority) beside "
                         "the ranks during the timed phases; reaped afterwards (default 0)")
@@ -256,7 +257,8 @@ def main(argv=None) -> int:
     from .load import BusyLoad
     if args.trace:
         from .trace_table import main_trace
-        return main_trace(cfg, args.iters or 100, BusyLoad(cfg["load"]))
+        sizes = cfg["sizes"] if (args.minbytes or args.maxbytes) else None
+        return main_trace(cfg, args.iters or 100, BusyLoad(cfg["load"]), sizes)
 
     from . import report
     from .memcpy import measure_memcpy

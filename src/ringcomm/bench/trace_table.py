@@ -1,8 +1,8 @@
 """``python -m ringcomm.bench --trace``: where the microseconds of a small call go.
 
-Spawns ``-np`` ranks with ``RINGCOMM_TRACE`` on; each runs 1 KiB and 64 KiB all_reduce
-(float32 sum, in place) and broadcast (root 0), back to back and apart (a gloo barrier before
-every call, in the same processes), timing each call from Python (``time.monotonic_ns``, the
+Spawns ``-np`` ranks with ``RINGCOMM_TRACE`` on; each runs 1 KiB and 64 KiB (or the sizes of
+``-b``/``-e``/``-f`` when given) all_reduce (float32 sum, in place) and broadcast (root 0), back
+to back and apart (a gloo barrier before every call, in the same processes), timing each call from Python (``time.monotonic_ns``, the
 clock of the C++ trace) and reading its C++ record (``comm.trace()``). The table shows, per
 case and rank, the median µs of each segment between consecutive phases:
 
@@ -29,7 +29,8 @@ import time
 
 import numpy as np
 
-CASES = [("all_reduce", 1024), ("all_reduce", 65536), ("broadcast", 1024), ("broadcast", 65536)]
+SIZES = (1024, 65536)
+OPS = ("all_reduce", "broadcast")
 ARRIVALS = ("b2b", "apart")
 SEGMENTS = ("py_in", "checks", "header", "first", "slots", "finish", "py_out", "total")
 WARMUP = 50
@@ -48,7 +49,13 @@ def segments(rec: dict, t0: int, t1: int) -> dict:
     return seg
 
 
-def _rank(rank, world, init_method, store_path, calls):
+def _size_label(nbytes: int) -> str:
+    if nbytes >= 1 << 20 and nbytes % (1 << 20) == 0:
+        return f"{nbytes >> 20}M"
+    return f"{nbytes // 1024}K" if nbytes >= 1024 and nbytes % 1024 == 0 else f"{nbytes}B"
+
+
+def _rank(rank, world, init_method, store_path, calls, cases):
     import ringcomm
     separator = None
     try:
@@ -63,7 +70,7 @@ def _rank(rank, world, init_method, store_path, calls):
     comm = ringcomm.init(rank=rank, world_size=world, init_method=init_method)
     out, wrong = [], 0
     try:
-        for op, nbytes in CASES:
+        for op, nbytes in cases:
             count = nbytes // 4
             base = (np.arange(count) % 7 + 1).astype(np.float32)
             x = np.empty(count, dtype=np.float32)
@@ -122,14 +129,15 @@ def render(results: list[dict], world: int) -> list[str]:
             for s in SEGMENTS:
                 m = _median_us(c["segments"][s])
                 cells.append(f"{m:7.2f}" if m is not None else f"{'-':>7}")
-            size = f"{nbytes // 1024}K"
+            size = _size_label(nbytes)
             lines.append(f"  {op:<11} {size:>6} {arrival:>7} {r:>4} {c['algorithm']:>6} "
                          + " ".join(cells) + (f" {call:7.2f}" if r == 0 else f" {'':>7}"))
     return lines
 
 
-def main_trace(cfg: dict, calls: int = 100, load=None) -> int:
-    """The per-phase table on stdout; `load` (a BusyLoad or None) runs around the ranks."""
+def main_trace(cfg: dict, calls: int = 100, load=None, sizes=None) -> int:
+    """The per-phase table on stdout; `load` (a BusyLoad or None) runs around the ranks; `sizes`
+    (bytes, multiples of 4) replace the default 1 KiB and 64 KiB."""
     from .load import BusyLoad
     from ringcomm.launch import LaunchError, spawn
     from ..machine import cpu_model
@@ -139,6 +147,10 @@ def main_trace(cfg: dict, calls: int = 100, load=None) -> int:
         print("ringcomm-bench --trace: needs -np >= 2", file=sys.stderr)
         return 2
     calls = max(1, int(calls))
+    cases = [(op, int(n)) for op in OPS for n in (sizes or SIZES) if int(n) >= 4]
+    if not cases:
+        print("ringcomm-bench --trace: no size of at least 4 bytes", file=sys.stderr)
+        return 2
     started = datetime.datetime.now(datetime.timezone.utc)
     load0 = _loadavg()
     tmp = tempfile.mkdtemp(prefix="ringcomm-trace-")
@@ -147,7 +159,7 @@ def main_trace(cfg: dict, calls: int = 100, load=None) -> int:
         env = {"RINGCOMM_TRACE": str(calls + WARMUP)}
         with load:
             results = spawn(_rank, world, ("file://" + os.path.join(tmp, "rc"), os.path.join(tmp, "ts"),
-                                           calls), timeout=cfg["timeout"], env=env)
+                                           calls, cases), timeout=cfg["timeout"], env=env)
     except LaunchError as e:
         print(f"ringcomm-bench --trace: the ranks failed: {e}", file=sys.stderr)
         return 3
