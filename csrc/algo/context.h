@@ -66,7 +66,7 @@ void direct_send_first(const AlgoCtx& c, const char* in, int64_t count);
 /// direct_send_first already handed piece 0 to every peer.
 void direct_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root, bool first_sent);
 
-/// Low-latency collectives (algo/ll.cpp), for messages of at most ch->ll_max_bytes(): the first
+/// Low-latency collectives (algo/ll.cpp), for messages the channel's outbox holds: the first
 /// phase, ll_send_first, writes this rank's header `h` and `count` elements of `data` into its
 /// LL outbox before the header is posted (the all_reduce's input on every rank, the broadcast's
 /// message on its root, nothing on the other ranks); then every rank reads what it needs from its

@@ -114,11 +114,9 @@ void direct_send_first(const AlgoCtx& c, const char* in, int64_t count) {
 }
 
 void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, bool first_sent) {
-  check_reduce_supported(c.dtype, op);
+  if (all_reduce_trivial(c, in, out, count, op)) return;
   const int n = c.world, r = c.rank;
   const size_t es = c.esize;
-  if (count == 0) return;
-  if (n == 1) return copy_elems(c, out, in, count);
   RC_CHECK(n == 2 || c.scratch != nullptr, Unsupported,
            "ringcomm: the direct all_reduce with more than 2 ranks needs the channel's scratch memory");
   const int64_t pe = c.far_piece_elems();
@@ -174,11 +172,9 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
 // (phase 2 of the same iteration), and chunk r is read only by this rank's own combine, which
 // writes each element after reading it.
 void two_shot_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
-  check_reduce_supported(c.dtype, op);
+  if (all_reduce_trivial(c, in, out, count, op)) return;
   const int n = c.world, r = c.rank;
   const size_t es = c.esize;
-  if (count == 0) return;
-  if (n == 1) return copy_elems(c, out, in, count);
   RC_CHECK(n == 2 || c.scratch != nullptr, Unsupported,
            "ringcomm: the two-shot all_reduce with more than 2 ranks needs the channel's scratch memory");
   const int64_t pe = c.far_piece_elems();

@@ -3,11 +3,10 @@
 // the first phase, ll_send_first), so the header exchange already delivered everything but the
 // data lines; the peers pull those from the owner's outbox. No slot is taken or released, no
 // head or tail word is exchanged, and the data goes out once however many peers read it. One
-// implementation for any channel with an outbox (Channel::ll_max_bytes).
+// implementation for any channel with an outbox (Channel::ll_write / ll_read).
 #include <vector>
 
 #include "algo/pieces.h"
-#include "kernels/reduce_cpu.h"
 
 namespace rc {
 
@@ -16,10 +15,8 @@ void ll_send_first(const AlgoCtx& c, const CollHeader& h, const void* data, int6
 }
 
 void ll_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
-  check_reduce_supported(c.dtype, op);
+  if (all_reduce_trivial(c, in, out, count, op)) return;
   const int n = c.world, r = c.rank;
-  if (count == 0) return;
-  if (n == 1) return copy_elems(c, out, in, count);
   const size_t bytes = static_cast<size_t>(count) * c.esize;
   // Every peer's data into a stage of its own (private, cache-hot), then the ring-order combine
   // over the whole message; this rank's own stage is the accumulator (3 or more ranks).

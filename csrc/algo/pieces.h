@@ -7,6 +7,7 @@
 
 #include "algo/context.h"
 #include "common/errors.h"
+#include "kernels/reduce_cpu.h"
 
 namespace rc {
 
@@ -80,6 +81,16 @@ void combine_in_ring_order(const AlgoCtx& c, const char* const* src, char* out, 
 /// Copy m elements between local buffers (equal or disjoint).
 inline void copy_elems(const AlgoCtx& c, char* dst, const char* src, int64_t m) {
   if (m > 0 && dst != src) c.ch->copy(dst, src, static_cast<size_t>(m) * c.esize);
+}
+
+/// What every all-reduce algorithm does first: refuse an op the dtype does not reduce, then
+/// finish at once (true) for count 0, or for a world of one (out = in: the reduction of one
+/// contribution is itself, AVG dividing by 1).
+inline bool all_reduce_trivial(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
+  check_reduce_supported(c.dtype, op);
+  if (count != 0 && c.world != 1) return false;
+  copy_elems(c, out, in, count);
+  return true;
 }
 
 /// A received piece (src, from `peer`'s slot) goes to dst and, if `forward`, on to `next`, in

@@ -82,9 +82,7 @@ void ag_piece_recv(const AlgoCtx& c, const std::vector<int64_t>& cnt, const std:
 }  // namespace
 
 void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
-  check_reduce_supported(c.dtype, op);
-  // A world of one: the reduction of one contribution is itself (AVG divides by 1).
-  if (c.world == 1 || count == 0) return copy_elems(c, out, in, count);
+  if (all_reduce_trivial(c, in, out, count, op)) return;
   const int n = c.world;
   const Chunks ch = all_reduce_chunks(count, n, c.esize);
   const int64_t pe = c.piece_elems();

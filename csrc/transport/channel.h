@@ -73,16 +73,14 @@ class Channel {
 
   // The low-latency outbox (transport/shm.h, "Low-latency outbox"), host memory only: every
   // rank writes a small collective's data into its own outbox with its header, and the peers
-  // read it from there. Channels without one report 0 and refuse the rest; the communicator
-  // chooses the LL algorithms only where ll_max_bytes() covers the message.
-  /// Data bytes an outbox carries (0: none).
-  virtual size_t ll_max_bytes() const { return 0; }
+  // read it from there. Channels without one refuse; the communicator chooses the LL
+  // algorithms only where its device has an outbox that holds the message (CommDevice::use_ll).
   /// This rank's header `h` and `bytes` of `data` into its outbox for collective `seq`, before
   /// the header is posted.
   virtual void ll_write(uint64_t, const CollHeader&, const void*, size_t) { refuse_ll(); }
   /// `bytes` of `peer`'s outbox data for collective `seq` into local memory `dst`.
   virtual void ll_read(int, uint64_t, void*, size_t, const WaitCtx&) { refuse_ll(); }
-  /// Private memory for LL data, ll_max_bytes() per index in [0, world): the collective's
+  /// Private memory for LL data, the outbox's size per index in [0, world): the collective's
   /// thread's own (used by one collective at a time).
   virtual char* ll_stage(int) { refuse_ll(); }
 

@@ -41,7 +41,6 @@ class ShmChannel final : public Channel {
   /// The far geometry's payload (ShmConfig::far_slot_bytes).
   size_t far_piece_bytes() const override;
   RC_CHANNEL_PRIMITIVES(, override)
-  size_t ll_max_bytes() const override { return t_->ll_max_bytes(); }
   void ll_write(uint64_t seq, const CollHeader& h, const void* data, size_t bytes) override {
     t_->ll_write(seq, h, data, bytes);
   }
