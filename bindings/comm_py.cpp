@@ -3,13 +3,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cstdio>
 #include <memory>
-#include <optional>
 
-#include "array_view_py.h"
-#include "fast_api.h"
 #include "comm_methods_py.h"
+#include "sync_py.h"
 
 #include "algo/ring_schedule.h"
 #include "comm/communicator.h"
@@ -29,55 +26,6 @@ struct HostLaunches {
   static rc::Launch p2p(bool async) { return rc::Launch{async, nullptr}; }
   static bool hands_back(bool async) { return async; }  // a synchronous call has completed
 };
-
-// The fast C ABI (fast_api.h). A handle owns a reference to its communicator, so a call made
-// through it never outlives the object, whatever Python closes or drops meanwhile (a closed
-// communicator raises ClosedError).
-struct FastHandle {
-  std::shared_ptr<Communicator> comm;
-};
-
-void fast_release(void* h) { delete static_cast<FastHandle*>(h); }
-
-// Runs `call` and reports as RcFastApi does: 0, or 1 + the ErrorCode with the message in msg.
-template <class F>
-int fast_call(char* msg, size_t msg_len, F&& call) {
-  try {
-    call();
-    return 0;
-  } catch (...) {
-    std::string m;
-    const rc::ErrorCode code = rc::error_code_of(std::current_exception(), &m);
-    if (msg_len > 0) std::snprintf(msg, msg_len, "%s", m.c_str());
-    return 1 + static_cast<int>(code);
-  }
-}
-
-void check_fast_dtype(int dtype) {
-  RC_CHECK(dtype >= 0 && dtype < static_cast<int>(rc::DType::kCount), InvalidArgument,
-           "ringcomm: dtype code " << dtype << " out of range");
-}
-
-int fast_all_reduce(void* h, const void* in, void* out, int64_t count, int dtype, int op, char* msg,
-                    size_t msg_len) {
-  return fast_call(msg, msg_len, [&] {
-    check_fast_dtype(dtype);
-    RC_CHECK(op >= 0 && op < static_cast<int>(rc::ReduceOp::kCount), InvalidArgument,
-             "ringcomm: all_reduce: op code " << op << " out of range");
-    static_cast<FastHandle*>(h)->comm->all_reduce(in, out, count, static_cast<rc::DType>(dtype),
-                                                   static_cast<rc::ReduceOp>(op), HostLaunches::coll(false));
-  });
-}
-
-int fast_broadcast(void* h, void* buf, int64_t count, int dtype, int root, char* msg, size_t msg_len) {
-  return fast_call(msg, msg_len, [&] {
-    check_fast_dtype(dtype);
-    static_cast<FastHandle*>(h)->comm->broadcast(buf, count, static_cast<rc::DType>(dtype), root,
-                                                  HostLaunches::coll(false));
-  });
-}
-
-const RcFastApi kFastApi = {kRcFastApiVersion, sizeof(RcFastApi), &fast_release, &fast_all_reduce, &fast_broadcast};
 
 // One dict per record: seq, collective, algorithm, bytes, ok, and each phase's ns (None: did not happen).
 py::list trace_list(const std::vector<rc::TraceRecord>& recs) {
@@ -112,50 +60,6 @@ void bind_comm(py::module_& m) {
            py::arg("count2"))
       .def("trace", [](const Communicator& c) { return trace_list(c.trace()); },
            "The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.")
-      .def("all_reduce_array",
-           [](Communicator& c, py::handle x, py::handle out, int op) -> bool {
-             // A synchronous all_reduce of a numpy array, in place (out None) or into another
-             // one of the same dtype and size (bindings/array_view_py.h); False, having done
-             // nothing, when an array or the op is not one it takes.
-             rc_py::ArrayView v(x.ptr());
-             if (!v.ok() || op < 0 || op >= static_cast<int>(rc::ReduceOp::kCount) ||
-                 !rc::reduce_supported(v.dtype(), static_cast<rc::ReduceOp>(op)))
-               return false;
-             std::optional<rc_py::ArrayView> o;
-             if (!out.is_none()) {
-               o.emplace(out.ptr());
-               if (!o->ok() || o->dtype() != v.dtype() || o->count() != v.count()) return false;
-             }
-             void* dst = o ? o->ptr() : v.ptr();
-             {
-               py::gil_scoped_release nogil;
-               c.all_reduce(v.ptr(), dst, v.count(), v.dtype(), static_cast<rc::ReduceOp>(op), HostLaunches::coll(false));
-             }
-             return true;
-           },
-           py::arg("x"), py::arg("out"), py::arg("op"))
-      .def("broadcast_array",
-           [](Communicator& c, py::handle x, py::handle root) -> bool {
-             // A synchronous broadcast of a numpy array (bindings/array_view_py.h); False, having
-             // done nothing, when the array is not one it takes or root is not a rank.
-             if (!PyLong_CheckExact(root.ptr())) return false;
-             const long r = PyLong_AsLong(root.ptr());
-             if (r < 0 || r >= c.world()) {
-               PyErr_Clear();
-               return false;
-             }
-             rc_py::ArrayView v(x.ptr());
-             if (!v.ok()) return false;
-             {
-               py::gil_scoped_release nogil;
-               c.broadcast(v.ptr(), v.count(), v.dtype(), static_cast<int>(r), HostLaunches::coll(false));
-             }
-             return true;
-           },
-           py::arg("x"), py::arg("root"))
-      .def("_fast_handle",
-           [](std::shared_ptr<Communicator> c) { return reinterpret_cast<uintptr_t>(new FastHandle{std::move(c)}); },
-           "A new handle of this communicator for RcFastApi (bindings/fast_api.h); the receiver releases it.")
       .def("wait_stats",
            [](const Communicator& c) {
              const auto st = c.wait_stats();
@@ -178,6 +82,8 @@ void bind_comm(py::module_& m) {
              return py::make_tuple(static_cast<int>(code), msg);
            });
   rc_py::def_core_methods<HostLaunches>(comm);
+  rc_py::def_sync_methods(comm);
+  rc_py::bind_sync(m);
 
   // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
   // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than
@@ -189,8 +95,6 @@ void bind_comm(py::module_& m) {
   m.def("_shm_segment_bytes", [](int world_size) {
     return rc::footprint_bytes(world_size, rc::ShmConfig::host_from_env(world_size, 0));
   }, py::arg("world_size"));
-  m.def("_fast_api", [] { return reinterpret_cast<uintptr_t>(&kFastApi); },
-        "Address of the RcFastApi table (bindings/fast_api.h), valid while the process lives.");
   m.def("buffer_address", [](py::handle obj, bool writable) -> py::object {
     Py_buffer view;
     int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);

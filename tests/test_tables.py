@@ -1,6 +1,7 @@
-"""ringcomm.tables (dtype, reduce-op and collective codes) against what the C extension does with
-those codes: its collective table, its (dtype, op) support rule, the element size its reduce
-kernels demand for each dtype code, and the results they compute (checked against numpy)."""
+"""ringcomm.tables (dtype, reduce-op and collective codes, parsed from ringcomm/abi.h) against
+what the C extension does with those codes: its collective table, its reduce kernels' (dtype, op)
+switch (which must implement exactly the header's op-support rule), the element size the kernels
+demand for each dtype code, and the results they compute (checked against numpy)."""
 import numpy as np
 import pytest
 

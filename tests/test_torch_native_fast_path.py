@@ -1,11 +1,12 @@
 """The c10d trampoline's own fast path (src/ringcomm/torch/trampoline.cpp, through ringcomm._C's
-C ABI, bindings/fast_api.h): a synchronous SUM ``dist.all_reduce`` or a synchronous
-``dist.broadcast`` of one dense contiguous CPU tensor runs without Python. Checked in real ranks through ``torch.distributed``:
-results against the exact sum for every dtype it takes and for what it leaves to Python (other
-ops, async, bool, non-contiguous); that the C++ path really ran (the Python half's call counter
-does not move) and is off while coalescing or issue hooks need Python, and after shutdown; a
-mismatch raised through it is ringcomm's MismatchError on every rank, the group usable after;
-and a table of another version leaves it off."""
+C ABI, RcFastApi in ringcomm/abi.h, into the synchronous entries of csrc/comm/sync_entry.h): a
+synchronous SUM ``dist.all_reduce`` or a synchronous ``dist.broadcast`` of one dense contiguous
+CPU tensor runs without Python. Checked in real ranks through ``torch.distributed``: results
+against the exact sum for every dtype it takes and for what it leaves to Python (other ops, async,
+bool SUM, non-contiguous); that the C++ path really ran (the Python half's call counter does not
+move, the entries' counters do) and is off while coalescing or issue hooks need Python, and after
+shutdown; a mismatch raised through it is ringcomm's MismatchError on every rank, the group usable
+after; and a table of another version leaves it off."""
 from __future__ import annotations
 
 import ctypes
@@ -33,6 +34,8 @@ def _cases(rank, world):
     be = dist.group.WORLD._get_backend(torch.device("cpu"))
     out = {"wrong": [], "native_on": be._fast_native}
     # every dtype the C++ path takes, counts 0, 1, odd, many slots
+    from ringcomm import _C
+    entry_before = _C._sync_entry_stats()
     before = _seq_next(be)
     for dt in FAST:
         for n in (0, 1, 7 * world + 3, 300_000):
@@ -51,6 +54,8 @@ def _cases(rank, world):
                 if not torch.equal(x, ((torch.arange(n) % 7) + root).to(dt)):
                     out["wrong"].append(("fast broadcast", str(dt), n, root))
     out["python_calls_on_fast_path"] = _seq_next(be) - before
+    entry_after = _C._sync_entry_stats()
+    out["entry_calls"] = {k: entry_after[k] - entry_before[k] for k in entry_after}
     # what it leaves to Python: still right, and counted by the Python half
     before = _seq_next(be)
     x = torch.full((10,), float(rank + 1))
@@ -80,7 +85,7 @@ def _cases(rank, world):
     if not torch.equal(col, torch.zeros(4)):
         out["wrong"].append(("strided broadcast",))
     b = torch.tensor([rank == 0, rank == 1])
-    dist.broadcast(b, src=0)                          # bool: Python
+    dist.broadcast(b, src=0)                          # bool: a dtype the entry takes (C++)
     if not torch.equal(b, torch.tensor([True, False])):
         out["wrong"].append(("bool broadcast",))
     out["python_calls_off_path"] = _seq_next(be) - before
@@ -143,7 +148,8 @@ def test_native_allreduce_and_broadcast_fast_path(world):
         assert out["wrong"] == [], (r, out["wrong"])
         assert out["native_on"] is True, out
         assert out["python_calls_on_fast_path"] == 0, out    # the C++ path ran every one
-        assert out["python_calls_off_path"] == 7, out
+        assert out["entry_calls"] == {"all_reduce": 4 * len(FAST), "broadcast": 4 * len(FAST) * world}, out
+        assert out["python_calls_off_path"] == 6, out
         assert out["native_with_hook"] is False and out["hook_saw"] == ["allreduce"], out
         assert out["native_after_hook"] is True, out
         assert out["native_coalescing"] is False and out["native_after_coalescing"] is True, out

@@ -1,5 +1,5 @@
-// Helpers for the enum tables written as X-macro lists (RC_DTYPES, RC_REDUCE_OPS in
-// common/dtype.h, RC_ERROR_KINDS in common/errors.h, RC_COLLECTIVES in comm/coll.h). Every list
+// Helpers for the enum tables written as X-macro lists (RC_DTYPES, RC_REDUCE_OPS and
+// RC_COLLECTIVES in ringcomm/abi.h, RC_ERROR_KINDS in common/errors.h). Every list
 // entry is X(enumerator without its k, code, ...); each list is the one place its enum's
 // enumerators, codes and per-value data are written, and every switch or table over that enum
 // is generated from it.

@@ -1,7 +1,8 @@
-"""Array adapters: numpy arrays and torch CPU tensors as (address, element count, dtype code)
-views of their memory. No copies: the collective reads and writes the array's own memory, which
-must be contiguous. The common cases take a fast path (a per-call cost of about a microsecond
-matters for small messages)."""
+"""Array adapters of the general path: numpy arrays and torch CPU tensors as (address, element
+count, dtype code) views of their memory, or the typed error that says why an array is refused.
+No copies: the collective reads and writes the array's own memory, which must be contiguous.
+(A synchronous all_reduce or broadcast first offers its arrays to the core's synchronous entry,
+csrc/comm/sync_entry.h, which describes them in C++; only what it declines comes here.)"""
 from __future__ import annotations
 
 import sys
@@ -17,7 +18,7 @@ from .tables import DTYPE_CODES, DTYPE_NAMES, DTYPES, ITEMSIZE, SUPPORTED_DTYPES
 SUPPORTED = SUPPORTED_DTYPES
 _NP_CODES = {np.dtype(d.np_name): d.code for d in DTYPES if d.np_name is not None}
 _BF16 = DTYPE_CODES["bfloat16"]
-_TORCH_CODES: dict = {}   # filled on first torch tensor (torch is never imported eagerly)
+_TORCH_CODES: dict = {}   # filled on the first torch tensor (torch is never imported eagerly)
 _ESIZE = ITEMSIZE
 
 
@@ -56,35 +57,9 @@ def _numpy_buf(x: np.ndarray, what: str, writeable: bool) -> Buf:
     return Buf(x, addr, nbytes // _ESIZE[code], _NAMES[code], code, nbytes, True if writeable else x.flags.writeable)
 
 
-# The synchronous fast paths' view of torch (host.py, ringcomm/torch/collectives.py):
-# [torch.Tensor, torch.strided, {dtype: code}] once the first tensor went through the adapter or
-# the torch backend armed it (torch is never imported eagerly), else Nones and an empty dict.
-TORCH_FAST = [None, None, _TORCH_CODES]
-
-
 def _torch_codes():
     _TORCH_CODES.update(torch_dtype_codes())
-    torch = sys.modules["torch"]
-    TORCH_FAST[0], TORCH_FAST[1] = torch.Tensor, torch.strided
     return _TORCH_CODES
-
-
-arm_torch_fast_path = _torch_codes
-
-
-def torch_in_place(x):
-    """(address, count, dtype code) of a dense, contiguous CPU tensor of a ringcomm dtype with
-    storage, else None (the general path then refuses it with the reason)."""
-    code = _TORCH_CODES.get(x.dtype)
-    if code is None or x.layout is not TORCH_FAST[1] or not x.is_cpu or not x.is_contiguous():
-        return None
-    n = x.numel()
-    if not n:
-        return (0, 0, code)
-    try:
-        return (x.data_ptr(), n, code)
-    except Exception:  # noqa: BLE001 - no storage
-        return None
 
 
 def _torch_buf(x, what: str) -> Buf:

@@ -12,20 +12,19 @@ import time
 import numpy as np
 
 from . import _C
-from .arrays import TORCH_FAST, as_buf, is_cuda_array, maybe_cuda, torch_in_place
+from .arrays import as_buf, is_cuda_array, maybe_cuda
 from .errors import InvalidArgumentError, PeerFailureError, RingcommError, from_code
 from .front import _SUM, CoreBackEnd
 from .rendezvous import exchange_segment_names, forget_segment_name
-from .tables import OPS_FOR_DTYPE
+from .tables import op_codes_by_value
 from .work import CoreWork
 
 __all__ = ["Communicator", "shm_communicator"]
 
 _NDARRAY = np.ndarray
-_TORCH = TORCH_FAST   # [torch.Tensor, ...] once torch is in use (arrays.py)
-# Reduce op (as the API accepts it) -> code, for the dtypes' common ops; the C++ fast path
-# checks the pair against the dtype itself.
-_OP_CODES = dict(OPS_FOR_DTYPE[0])
+# Reduce op (a ReduceOp or its int code) -> code; the synchronous entry checks the pair against
+# the dtype itself.
+_OP_CODES = op_codes_by_value()
 
 
 class Communicator(CoreBackEnd):
@@ -41,22 +40,6 @@ class Communicator(CoreBackEnd):
         self._inflight: list = []
         self._lock = threading.Lock()
         self._cuda_comm = None
-        # The torch extension's TensorCalls on this communicator (trampoline.cpp), False where
-        # it is not built or the communicator closed, None until the first torch tensor asks.
-        self._tensor_calls = None
-
-    def _load_tensor_calls(self):
-        """TensorCalls of the c10d trampoline if that is built (``python -m ringcomm.torch
-        --build``, or any torch backend use, builds it; this never does), else False."""
-        tc = False
-        if not self._c.closed:
-            from .torch import extension
-            mod = extension.load_built()
-            if mod is not None and hasattr(mod, "TensorCalls"):
-                tc = mod.TensorCalls(_C._fast_api(), self._c._fast_handle())
-                tc = tc if tc.on else False
-        self._tensor_calls = tc
-        return tc
 
     def _finish(self, w, refs, result):
         work = CoreWork(w, refs, result)
@@ -65,64 +48,29 @@ class Communicator(CoreBackEnd):
             self._inflight.append(work)
         return work
 
-    # -- the torch backend's entry ------------------------------------------------------------
-    def _fast_all_reduce_entry(self):
-        """The torch backend's small-message path: a callable ``f(in_addr, out_addr, count,
-        dtype_code, op_code, async_op)`` that issues an all_reduce of already-validated memory
-        (contiguous, on the CPU, a dtype and op of ``ringcomm.tables``) straight to the core,
-        with no per-call Python layer. The core still exchanges the header (ranks that disagree
-        raise MismatchError) and raises ClosedError once the communicator is closed. Fetched
-        once per process group; the caller validates every call itself."""
-        return self._c.all_reduce
+    # -- the synchronous entries ---------------------------------------------------------------
+    # A synchronous call with no stream first offers its arrays to the core's synchronous entry
+    # (csrc/comm/sync_entry.h, through the binding Communicator.sync_all_reduce /
+    # sync_broadcast): numpy arrays and torch tensors are described in C++ from their own fields
+    # (a tensor through its DLPack capsule) and the one eligibility rule decides; what it takes
+    # runs there with the GIL released. What it declines (another layout, dtype, op or device,
+    # read-only memory, a root that is not a rank) goes the general way, which explains the
+    # refusal or routes the call (CUDA arrays).
+    def _sync_all_reduce_entry(self):
+        """The bound entry ``f(x, out, op_code) -> bool`` (True: done; False: declined, nothing
+        done) the torch backend's Python allreduce path calls; None where a back end has none."""
+        return self._c.sync_all_reduce
 
     def all_reduce(self, x, op=_SUM, async_op: bool = False, output=None, stream=None):
-        # A synchronous all_reduce of numpy arrays takes one C++ call that converts the arrays
-        # and runs the collective (bindings/array_view_py.h): the per-call Python layer is
-        # most of a small message's time. What that call does not take (another layout, dtype or
-        # op, read-only memory) goes the general way, which explains the refusal.
-        # A dense contiguous CPU torch tensor in place takes the core call directly: through the
-        # torch extension's TensorCalls where it is built (the tensor's attributes read in C++,
-        # see _load_tensor_calls), else after a few Python attribute reads; the core checks the
-        # rest and exchanges the header.
-        if not async_op and stream is None:
-            tx = type(x)
-            if tx is _NDARRAY and (output is None or type(output) is _NDARRAY):
-                opc = _OP_CODES.get(op)
-                if opc is not None and output is not x and self._c.all_reduce_array(x, output, opc):
-                    return None
-            elif tx is _TORCH[0] and (output is None or (type(output) is tx and output is not x)):
-                tc = self._tensor_calls
-                if tc is None:
-                    tc = self._load_tensor_calls()
-                if tc:
-                    opc = _OP_CODES.get(op)
-                    if opc is not None and tc.all_reduce(x, output, opc):
-                        return None
-                p = torch_in_place(x) if output is None else None
-                if p is not None:
-                    opc = OPS_FOR_DTYPE[p[2]].get(op)
-                    if opc is not None:
-                        self._c.all_reduce(p[0], p[0], p[1], p[2], opc, False)
-                        return None
+        if not async_op and stream is None and output is not x:
+            opc = _OP_CODES.get(op)
+            if opc is not None and self._c.sync_all_reduce(x, output, opc):
+                return None
         return CoreBackEnd.all_reduce(self, x, op, async_op, output, stream)
 
     def broadcast(self, x, root: int = 0, async_op: bool = False, stream=None):
-        # The synchronous broadcast's fast paths, as all_reduce's.
-        if not async_op and stream is None:
-            tx = type(x)
-            if tx is _NDARRAY:
-                if self._c.broadcast_array(x, root):
-                    return None
-            elif tx is _TORCH[0] and type(root) is int and 0 <= root < self.world_size:
-                tc = self._tensor_calls
-                if tc is None:
-                    tc = self._load_tensor_calls()
-                if tc and tc.broadcast(x, root):
-                    return None
-                p = torch_in_place(x)
-                if p is not None:
-                    self._c.broadcast(p[0], p[1], p[2], root, False)
-                    return None
+        if not async_op and stream is None and self._c.sync_broadcast(x, root):
+            return None
         return CoreBackEnd.broadcast(self, x, root, async_op, stream)
 
     # -- issuing (arguments validated by CommunicatorBase) ------------------------------------
@@ -203,7 +151,6 @@ class Communicator(CoreBackEnd):
         """Finish queued work, release the shared memory (and the CUDA twin's). Idempotent."""
         if self._cuda_comm is not None:
             self._cuda_comm.close()
-        self._tensor_calls = False   # drops its handle (a reference to the core communicator)
         self._c.close()
         self._inflight = []
 

@@ -1,13 +1,17 @@
 """The codes ringcomm's layers agree on: dtypes, reduce ops and collectives.
 
-This is the one place they are written down on the Python side. The values are part of the C++
-core's wire header (csrc/common/dtype.h: rc::DType, rc::ReduceOp; csrc/comm/communicator.h:
-rc::Coll), so they are never renumbered; ``tests/test_tables.py`` checks every entry against what
-``ringcomm._C`` does with it. Importing this module loads neither the C extension nor torch.
+They are written once, in the C header ``ringcomm/include/ringcomm/abi.h`` (shipped in the
+package), which the C++ core, the bindings and the torch trampoline include; this module parses
+that header's X-macro lists when it is imported. The values are part of the C++ core's wire
+header, so they are never renumbered; ``tests/test_tables.py`` checks every entry against what
+``ringcomm._C`` was compiled with and does with it. Importing this module loads neither the C
+extension nor torch.
 """
 from __future__ import annotations
 
 import enum
+import os
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -15,7 +19,42 @@ from .errors import InvalidArgumentError
 
 __all__ = ["DType", "DTYPES", "DTYPE_CODES", "DTYPE_NAMES", "ITEMSIZE", "SUPPORTED_DTYPES",
            "FLOATING", "INTEGER", "ReduceOp", "OP_NAMES", "op_code", "op_supported",
-           "COLL_CODES", "coll_code", "torch_dtype_codes"]
+           "COLL_CODES", "coll_code", "torch_dtype_codes", "ABI_HEADER"]
+
+ABI_HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "include", "ringcomm", "abi.h")
+
+
+def _parse_abi(path: str) -> tuple[dict, dict]:
+    """``({list name: [argument tuples]}, {constant name: value})``: the header's X-macro lists
+    (``#define RC_X(X)`` followed by one ``X(...)`` entry per line) with the ``RC_KIND_*`` /
+    ``RC_DL_*`` constants evaluated (an argument may be ``A | B``) and string arguments
+    unquoted, and those constants."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    names = {m[1]: int(m[2]) for m in re.finditer(r"^#define (RC_(?:KIND|DL)_\w+) (\d+)$", text, re.M)}
+
+    def value(arg: str):
+        arg = arg.strip()
+        if arg.startswith('"'):
+            return arg.strip('"')
+        if re.fullmatch(r"-?\d+", arg):
+            return int(arg)
+        if re.fullmatch(r"[A-Z]\w*", arg) and arg not in names:
+            return arg                               # an enumerator name
+        out = 0
+        for part in arg.split("|"):
+            out |= names[part.strip()]
+        return out
+
+    lists = {}
+    for m in re.finditer(r"^#define (RC_\w+)\(X\)((?:.*\\\n)*.*)$", text, re.M):
+        rows = re.findall(r"X\(([^)]*)\)", m[2])
+        lists[m[1]] = [tuple(value(a) for a in row.split(",")) for row in rows]
+    return lists, names
+
+
+_ABI, _CONSTANTS = _parse_abi(ABI_HEADER)
+_KIND_FLOAT, _KIND_INT, _KIND_BOOL = (_CONSTANTS[f"RC_KIND_{k}"] for k in ("FLOAT", "INT", "BOOL"))
 
 
 @dataclass(frozen=True)
@@ -29,18 +68,11 @@ class DType:
     is_int: bool
 
 
-# rc::DType, in code order. bfloat16 has no numpy dtype (ml_dtypes' bfloat16 is accepted by name).
-DTYPES = tuple(DType(*row) for row in (
-    ("float32", 0, 4, "float32", True, False),
-    ("float64", 1, 8, "float64", True, False),
-    ("float16", 2, 2, "float16", True, False),
-    ("bfloat16", 3, 2, None, True, False),
-    ("int8", 4, 1, "int8", False, True),
-    ("uint8", 5, 1, "uint8", False, True),
-    ("int32", 6, 4, "int32", False, True),
-    ("int64", 7, 8, "int64", False, True),
-    ("bool", 8, 1, "bool", False, False),
-))
+# rc::DType, in code order (RC_DTYPES: enumerator, code, bytes, name, kind, DLPack code). numpy
+# has no dtype of DLPack's bfloat kind (ml_dtypes' is accepted by name): np_name None.
+DTYPES = tuple(DType(name, code, size, None if dl == _CONSTANTS["RC_DL_BFLOAT"] else name,
+                     kind == _KIND_FLOAT, kind == _KIND_INT)
+               for _enum, code, size, name, kind, dl in _ABI["RC_DTYPES"])
 DTYPE_CODES = {d.name: d.code for d in DTYPES}
 DTYPE_NAMES = tuple(d.name for d in DTYPES)          # indexed by code
 ITEMSIZE = tuple(d.itemsize for d in DTYPES)          # indexed by code
@@ -49,16 +81,11 @@ FLOATING = frozenset(d.name for d in DTYPES if d.is_float)
 INTEGER = frozenset(d.name for d in DTYPES if d.is_int)
 
 
-class ReduceOp(enum.IntEnum):
-    """Reduction operators (codes of rc::ReduceOp)."""
-    SUM = 0
-    PRODUCT = 1
-    MIN = 2
-    MAX = 3
-    AVG = 4
-    BAND = 5
-    BOR = 6
-    BXOR = 7
+# rc::ReduceOp (RC_REDUCE_OPS: enumerator, code, name, the kinds it reduces).
+ReduceOp = enum.IntEnum("ReduceOp", [(name, code) for _enum, code, name, _k in _ABI["RC_REDUCE_OPS"]],
+                        module=__name__, qualname="ReduceOp")
+ReduceOp.__doc__ = "Reduction operators (codes of rc::ReduceOp)."
+_OP_KINDS = {code: kinds for _enum, code, _name, kinds in _ABI["RC_REDUCE_OPS"]}
 
 
 OP_NAMES = tuple(o.name for o in ReduceOp)           # indexed by code
@@ -66,6 +93,11 @@ OP_NAMES = tuple(o.name for o in ReduceOp)           # indexed by code
 # op (a ReduceOp or its int code) -> code: the per-call lookup, no enum construction.
 _OP_CACHE = {o: int(o) for o in ReduceOp}
 _OP_CACHE.update({int(o): int(o) for o in ReduceOp})
+
+
+def op_codes_by_value() -> dict:
+    """A new ``{op: code}`` for every ReduceOp member and its int code (the per-call lookup)."""
+    return dict(_OP_CACHE)
 
 
 def op_code(op) -> int:
@@ -87,19 +119,13 @@ def op_code(op) -> int:
 
 
 def _supported_mask(d: DType) -> int:
-    """Bit ``op`` set when the core reduces dtype ``d`` with ``op`` (reduce_cpu.cpp's rule):
-    bool takes MIN/MAX only; AVG needs a floating dtype; the bitwise ops an integer dtype."""
-    if d.name == "bool":
-        ops = (ReduceOp.MIN, ReduceOp.MAX)
-    else:
-        ops = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
-        if d.is_float:
-            ops.append(ReduceOp.AVG)
-        if d.is_int:
-            ops += [ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
+    """Bit ``op`` set when op ``op`` reduces dtype ``d``: the header's rule (rc_op_supported),
+    an op names the kinds of dtype it reduces."""
+    kind = _KIND_FLOAT if d.is_float else _KIND_INT if d.is_int else _KIND_BOOL
     mask = 0
-    for o in ops:
-        mask |= 1 << int(o)
+    for code, kinds in _OP_KINDS.items():
+        if kinds & kind:
+            mask |= 1 << code
     return mask
 
 
@@ -123,8 +149,7 @@ def unsupported_op_message(op: int, dtype_code: int) -> str:
 
 
 # rc::Coll: the collective named in the header exchange (and in a rejection).
-COLL_CODES = {"all_reduce": 1, "reduce_scatter": 2, "all_gather": 3, "broadcast": 4, "reduce": 5,
-              "barrier": 6, "all_to_all": 7, "gather": 8, "scatter": 9}
+COLL_CODES = {name: code for _enum, code, name, _reduces in _ABI["RC_COLLECTIVES"]}
 
 
 def coll_code(coll: str) -> int:

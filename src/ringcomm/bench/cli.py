@@ -229,20 +229,6 @@ def run_mpi_phase(cfg: dict, tmp: str, notices: list[str]) -> list[dict] | None:
         return pickle.load(f)
 
 
-def _build_torch_extension() -> None:
-    """ringcomm's bfloat16 rows use torch tensors, whose host-API path reads the tensor in C++
-    once the c10d extension is built (ringcomm/host.py): build it before the ranks start, so they
-    all find it (and the report says which path ran)."""
-    try:
-        from ringcomm.torch import extension
-        if extension.load_built() is None:
-            print("# ringcomm-bench: building ringcomm's torch extension (once) ...", file=sys.stderr)
-            extension.load()
-    except Exception as e:  # noqa: BLE001 - the Python attribute path then serves torch tensors
-        print(f"# ringcomm-bench: ringcomm's torch extension not built ({e}); torch tensors take "
-              f"the Python path", file=sys.stderr)
-
-
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -301,8 +287,6 @@ def main(argv=None) -> int:
         cfg["rc_init"] = "file://" + os.path.join(tmp, "rc_rdzv")
         cfg["torch_store"] = os.path.join(tmp, "torch_store")
         if torch_libs:
-            if "ringcomm" in torch_libs and "bfloat16" in cfg["dtypes"]:
-                _build_torch_extension()
             print(f"# ringcomm-bench: {cfg['world_size']} ranks: {', '.join(torch_libs)} ...",
                   file=sys.stderr)
             try:

@@ -116,12 +116,7 @@ class RingcommRunner(Runner, NumpyBuffers, TorchBuffers):
         self._flag = np.zeros(1, dtype=np.float64)
 
     def describe(self) -> str:
-        version = f"ringcomm {getattr(self.rc, '__version__', '?')}"
-        if "torch" not in sys.modules:
-            return version
-        from ringcomm.torch import extension
-        path = "C++ (torch extension built)" if extension.load_built() is not None else "Python attribute reads"
-        return f"{version}, torch tensors: {path}"
+        return f"ringcomm {getattr(self.rc, '__version__', '?')}"
 
     def modes(self, op, inplace=True):
         if op == "broadcast":            # the API's broadcast is in place only

@@ -11,8 +11,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from ringcomm.arrays import arm_torch_fast_path, torch_in_place
-from ringcomm.tables import DTYPE_CODES
+from ringcomm.tables import ReduceOp
 
 from .core import GroupCore
 from .hooks import issue_hooks
@@ -24,11 +23,8 @@ from .work import DoneWork, timeout_seconds
 
 __all__ = ["Collectives"]
 
-# The allreduce fast path's table: torch dtype -> core dtype code (bool excluded: its bitwise ops
-# need the uint8 view of the general path).
-arm_torch_fast_path()
-_BOOL = DTYPE_CODES["bool"]   # bool goes the general way (as the trampoline's C++ path)
 _SUM = dist.ReduceOp.SUM
+_SUM_CODE = int(ReduceOp.SUM)
 
 
 class Collectives(GroupCore):
@@ -37,25 +33,25 @@ class Collectives(GroupCore):
     # ---- all-reduce ------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         # Fast path, the latency-critical call (dist.all_reduce without async_op, what most
-        # training loops issue): one contiguous dense CPU tensor of a numeric dtype, a plain
-        # reduce op, no coalescing block, no issue hooks. Straight into the core, no step objects;
-        # anything else takes the general path below, which validates and composes.
+        # training loops issue) where the trampoline's own C++ path is off (the whole-group
+        # ProcessGroup shape) or declined it: a SUM of one tensor, no coalescing block, no issue
+        # hooks, offered to the core's synchronous entry (csrc/comm/sync_entry.h), which takes it
+        # or declines having done nothing; anything else takes the general path below, which
+        # validates and composes.
         fast_ar = self._fast_ar
         if (fast_ar is not None and opts is not None and not getattr(opts, "asyncOp", True)
                 and len(tensors) == 1 and self._coalescing is None and not issue_hooks
-                and not self._closed):
-            t = tensors[0]
+                and not self._closed and opts.reduceOp == _SUM):
             # SUM only: comparing with the ReduceOp constant costs a third of reading .op.value.
-            # No storage, another layout or dtype: None, and the general path rejects it for all ranks.
-            p = torch_in_place(t) if opts.reduceOp == _SUM else None
-            if p is not None and p[2] != _BOOL:
-                seq = next(self._seq)
-                try:
-                    fast_ar(p[0], p[0], p[1], p[2], 0, False)  # 0: SUM
-                except Exception as e:
-                    e._ringcomm_issued = True  # raised by the core: every rank has been told
-                    raise
-                return DoneWork("allreduce", seq, [t])
+            t = tensors[0]
+            try:
+                taken = fast_ar(t, None, _SUM_CODE)
+            except Exception as e:
+                next(self._seq)             # issued: it took a sequence number
+                e._ringcomm_issued = True  # raised by the core: every rank has been told
+                raise
+            if taken:
+                return DoneWork("allreduce", next(self._seq), [t])
         if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
             return self.allreduce_sparse(tensors, opts)  # the whole-group ProcessGroup's route
         return self._allreduce_general(tensors, opts)

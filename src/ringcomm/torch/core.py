@@ -51,10 +51,10 @@ class GroupCore:
         self._prefix = f"ringcomm/{self._group_name or 'pg'}/{self._incarnation}"
         self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
                                    timeout=self._timeout_s, prefix=self._prefix)
-        # allreduce's fast path: the host communicator's sanctioned entry (see
-        # host.Communicator._fast_all_reduce_entry); None for a hierarchical one (several
+        # allreduce's fast path: the host communicator's synchronous entry (see
+        # host.Communicator._sync_all_reduce_entry); None for a hierarchical one (several
         # nodes), which always takes the general path.
-        entry = getattr(self._comm, "_fast_all_reduce_entry", None)
+        entry = getattr(self._comm, "_sync_all_reduce_entry", None)
         self._fast_ar = entry() if entry is not None else None
         self._waiter = Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
         self._seq = itertools.count(1)  # next() is atomic under the GIL

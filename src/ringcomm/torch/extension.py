@@ -1,8 +1,9 @@
 """The c10d Backend trampoline (``trampoline.cpp``, shipped beside this file), built just in time
 with ``torch.utils.cpp_extension`` and cached under ``TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``). The extension's name carries the torch version, the Python tag
-and a hash of the source and flags, so a torch upgrade or a changed source builds a new one and
-never loads a stale one. Ranks that build at once are serialized by cpp_extension's lock on the
+``~/.cache/torch_extensions``). It includes ``ringcomm/abi.h`` (the codes and the C ABI, shipped
+in ``ringcomm/include``). The extension's name carries the torch version, the Python tag and a
+hash of the source, the header and the flags, so a torch upgrade or a changed source or header
+builds a new one and never loads a stale one. Ranks that build at once are serialized by cpp_extension's lock on the
 build directory; once built, loading imports the cached library directly (no compiler needed).
 
 ``python -m ringcomm.torch --build`` builds it ahead of time and prints where it is.
@@ -16,9 +17,12 @@ import re
 import sys
 import threading
 
-__all__ = ["SOURCE", "CFLAGS", "extension_name", "build_directory", "load", "load_built"]
+__all__ = ["SOURCE", "INCLUDE", "HEADER", "CFLAGS", "extension_name", "build_directory", "load", "load_built"]
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trampoline.cpp")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(_HERE, "trampoline.cpp")
+INCLUDE = os.path.join(os.path.dirname(_HERE), "include")   # ringcomm/abi.h
+HEADER = os.path.join(INCLUDE, "ringcomm", "abi.h")
 # -O1 and no debug info keep the first build short (the trampoline only forwards calls).
 CFLAGS = ["-O1", "-g0"]
 
@@ -28,8 +32,12 @@ _module = None
 
 def extension_name() -> str:
     import torch
-    with open(SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + " ".join(CFLAGS).encode()).hexdigest()[:10]
+    h = hashlib.sha256()
+    for path in (SOURCE, HEADER):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    h.update(" ".join(CFLAGS).encode())
+    digest = h.hexdigest()[:10]
     version = re.sub(r"[^0-9A-Za-z]+", "_", torch.__version__)
     return (f"ringcomm_c10d_torch{version}_cp{sys.version_info.major}{sys.version_info.minor}_"
             f"{digest}")
@@ -65,7 +73,8 @@ def load(verbose: bool = False):
             if module is None:
                 from torch.utils.cpp_extension import load as jit_load
                 module = jit_load(name=name, sources=[SOURCE], extra_cflags=CFLAGS,
-                                  build_directory=directory, verbose=verbose)
+                                  extra_include_paths=[INCLUDE], build_directory=directory,
+                                  verbose=verbose)
             _module = module
         return _module
 

@@ -4,13 +4,13 @@
 // below and all behaviour lives in Python (src/ringcomm/torch/). A method the Python class does
 // not define falls back to c10d::Backend's, which raises "not supported".
 //
-// One exception, the latency-critical calls: a synchronous SUM allreduce or broadcast of one
-// dense contiguous CPU tensor runs straight on the ringcomm communicator through RcFastApi
-// (ringcomm._C's C ABI, bindings/fast_api.h), without the GIL or Python, while the Python half has
-// it enabled (_set_fast_path: not coalescing, no issue hooks, not shut down); anything else, or a
-// disabled fast path, goes to the Python override as every other call. The same table serves the
-// host API's torch tensors (TensorCalls, used by ringcomm.host once this module is built): their
-// attributes are read here, in C++, instead of by a chain of Python attribute calls.
+// One exception, the latency-critical calls: a synchronous SUM allreduce or a synchronous
+// broadcast of one tensor is described here (RcArray) and offered to the host communicator's
+// synchronous entry (csrc/comm/sync_entry.h) through RcFastApi, ringcomm._C's C ABI, without the
+// GIL or Python, while the Python half has it enabled (_set_fast_path: not coalescing, no issue
+// hooks, not shut down). The entry applies the eligibility rule; what it declines, or any call
+// while the fast path is disabled, goes to the Python override as every other call. The codes and
+// the ABI come from ringcomm/abi.h (package data, on the include path of this build).
 //
 // Lifetime: torch holds the backend through an intrusive_ptr from C++ only, so the Python object
 // is kept alive by ringcomm (hooks.live_groups) until shutdown(); the override is looked up on it.
@@ -18,6 +18,7 @@
 // the Python work lives as long as torch holds the C++ one, and every Work virtual torch or the
 // user calls (wait, get_future, is_completed, ...) reaches the Python work.
 #include <pybind11/chrono.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
@@ -25,51 +26,56 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+
+#include "ringcomm/abi.h"
 
 namespace {
 
 namespace py = pybind11;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
-// The same struct as bindings/fast_api.h (version 2). Its version and size are checked before
-// any field is used: a ringcomm._C of another layout leaves the fast path off.
-extern "C" struct RcFastApi {
-  uint32_t version;
-  uint32_t size;
-  void (*release)(void* handle);
-  int (*all_reduce)(void* handle, const void* in, void* out, int64_t count, int dtype, int op, char* msg,
-                    size_t msg_len);
-  int (*broadcast)(void* handle, void* buf, int64_t count, int dtype, int root, char* msg, size_t msg_len);
-};
-constexpr uint32_t kRcFastApiVersion = 2;
-
 bool fast_api_ok(const RcFastApi* a) {
-  return a != nullptr && a->version == kRcFastApiVersion && a->size >= sizeof(RcFastApi);
+  return a != nullptr && a->version == RC_FAST_API_VERSION && a->size >= sizeof(RcFastApi);
 }
 
-// ringcomm's dtype codes (ringcomm.tables / common/dtype.h) of the tensors the fast path takes;
-// -1: not taken (bool goes the Python way, as the Python fast path does).
-int fast_dtype_code(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float: return 0;
-    case c10::ScalarType::Double: return 1;
-    case c10::ScalarType::Half: return 2;
-    case c10::ScalarType::BFloat16: return 3;
-    case c10::ScalarType::Char: return 4;
-    case c10::ScalarType::Byte: return 5;
-    case c10::ScalarType::Int: return 6;
-    case c10::ScalarType::Long: return 7;
-    default: return -1;
+// ringcomm's dtype code of each torch ScalarType (-1: none), filled once at module import from
+// the header's dtype names (torch.<name> for every entry of RC_DTYPES) and read-only afterwards.
+constexpr int kScalarTypes = static_cast<int>(c10::ScalarType::NumOptions);
+int8_t g_dtype_code[kScalarTypes];
+
+void init_dtype_codes() {
+  for (int8_t& c : g_dtype_code) c = -1;
+  py::module_ torch = py::module_::import("torch");
+#define RC_TORCH_DTYPE_(name, code, bytes, str, ...)                                          \
+  {                                                                                          \
+    py::object d = torch.attr(str);                                                          \
+    if (!THPDtype_Check(d.ptr())) throw std::runtime_error("ringcomm: torch." str " is not a dtype"); \
+    g_dtype_code[static_cast<int>(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type)] = code; \
   }
+  RC_DTYPES(RC_TORCH_DTYPE_)
+#undef RC_TORCH_DTYPE_
 }
 
-// The dtype code of a dense, contiguous CPU tensor with storage of a dtype fast_dtype_code takes;
-// -1 for any other tensor.
-int plain_cpu_code(const at::Tensor& x) {
-  const int code = fast_dtype_code(x.scalar_type());
-  if (code < 0 || !x.device().is_cpu() || x.layout() != c10::kStrided || !x.has_storage() || !x.is_contiguous())
-    return -1;
-  return code;
+constexpr int kMaxDims = 16;  // deeper tensors are not described (the Python path takes them)
+
+// Tensor x as an RcArray (byte strides in `strides`), or false when it has no such description
+// (another layout, no storage, too many dimensions): the Python path then explains. Whether the
+// entry takes the description is the entry's rule, not decided here.
+bool describe(const at::Tensor& x, RcArray* a, int64_t (&strides)[kMaxDims]) {
+  if (x.layout() != c10::kStrided || !x.has_storage() || x.dim() > kMaxDims) return false;
+  const bool cpu = x.device().is_cpu();
+  const int64_t esize = static_cast<int64_t>(x.element_size());
+  const c10::IntArrayRef st = x.strides();
+  for (size_t i = 0; i < st.size(); ++i) strides[i] = st[i] * esize;
+  a->data = cpu && x.numel() != 0 ? x.data_ptr() : nullptr;
+  a->shape = x.sizes().data();
+  a->strides = strides;
+  a->ndim = static_cast<int32_t>(x.dim());
+  a->dtype = g_dtype_code[static_cast<int>(x.scalar_type())];
+  a->device_type = cpu ? RC_DEVICE_CPU : 0;
+  a->flags = RC_ARRAY_WRITABLE;
+  return true;
 }
 
 // A handle (a reference to the communicator, from Communicator._fast_handle()) and the table
@@ -108,24 +114,30 @@ class FastDoneWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
 };
 
-// Raise ringcomm's exception for ErrorCode `code` (ringcomm.errors.from_code); `issued`: marked
-// as raised by the core (every rank has been told: see ringcomm/torch/steps.py).
-[[noreturn]] void raise_ringcomm(int code, const char* msg, bool issued = true) {
+// Raise ringcomm's exception for ErrorCode `code` (ringcomm.errors.from_code), marked as raised
+// by the core (every rank has been told: see ringcomm/torch/steps.py).
+[[noreturn]] void raise_ringcomm(int code, const char* msg) {
   py::gil_scoped_acquire gil;
   py::object exc = py::module_::import("ringcomm.errors").attr("from_code")(code, msg);
-  if (issued) exc.attr("_ringcomm_issued") = true;
+  exc.attr("_ringcomm_issued") = true;
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
 }
 
-// Run one RcFastApi call on tensor x (its pointer, null when empty, and element count) and raise
-// ringcomm's exception for a failure (`issued`: see raise_ringcomm). The caller holds x.
+// Offer tensor x to one RcFastApi entry (`call(array, msg, msg_len)`); true when the entry ran
+// it, false when x has no description or the entry declined it (nothing was done). A failure
+// raises ringcomm's exception, marked as raised by the core (see raise_ringcomm). The caller
+// holds x.
 template <class F>
-void run_fast(const at::Tensor& x, bool issued, F&& call) {
-  const int64_t n = x.numel();
+bool offer(const at::Tensor& x, F&& call) {
+  RcArray a;
+  int64_t strides[kMaxDims];
+  if (!describe(x, &a, strides)) return false;
   char msg[2048];
-  const int rc = call(n ? x.data_ptr() : nullptr, n, msg, sizeof msg);
-  if (rc != 0) raise_ringcomm(rc - 1, msg, issued);
+  const int rc = call(&a, msg, sizeof msg);
+  if (rc == RC_CALL_DECLINED) return false;
+  if (rc != RC_CALL_DONE) raise_ringcomm(rc - 1, msg);
+  return true;
 }
 
 // A Python Work, seen from C++. work_ is the C++ half of the Python object (torch's PyWork
@@ -220,31 +232,24 @@ class Trampoline : public c10d::Backend {
 
   // Collectives by argument shape; the Python method has the C++ name.
   WorkPtr broadcast(Tensors& t, const c10d::BroadcastOptions& o) override {
-    // The root is a rank of this group (torch translated it); the core checks it again.
+    // The root is a rank of this group (torch translated it); the entry checks it again.
     if (!o.asyncOp && t.size() == 1 && o.rootTensor == 0 && o.rootRank >= 0 && o.rootRank < getSize()) {
       const std::shared_ptr<const FastPath> fast = fast_path();
-      const at::Tensor& x = t[0];
-      const int code = fast ? plain_cpu_code(x) : -1;
-      if (code >= 0) {
-        run_fast(x, true, [&](void* p, int64_t n, char* msg, size_t len) {
-          return fast->api->broadcast(fast->handle, p, n, code, static_cast<int>(o.rootRank), msg, len);
-        });
-        return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::BROADCAST, x);
-      }
+      const int32_t root = static_cast<int32_t>(o.rootRank);
+      if (fast && offer(t[0], [&](const RcArray* a, char* msg, size_t len) {
+            return fast->api->broadcast(fast->handle, a, root, msg, len);
+          }))
+        return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::BROADCAST, t[0]);
     }
     RC_WORK("broadcast", broadcast, t, o);
   }
   WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
     if (!o.asyncOp && t.size() == 1 && o.reduceOp == c10d::ReduceOp::SUM && !o.sparseIndices) {
       const std::shared_ptr<const FastPath> fast = fast_path();
-      const at::Tensor& x = t[0];
-      const int code = fast ? plain_cpu_code(x) : -1;
-      if (code >= 0) {
-        run_fast(x, true, [&](void* p, int64_t n, char* msg, size_t len) {
-          return fast->api->all_reduce(fast->handle, p, p, n, code, 0, msg, len);
-        });
-        return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, x);
-      }
+      if (fast && offer(t[0], [&](const RcArray* a, char* msg, size_t len) {
+            return fast->api->all_reduce(fast->handle, a, nullptr, RcOpSum, msg, len);
+          }))
+        return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t[0]);
     }
     RC_WORK("allreduce", allreduce, t, o);
   }
@@ -297,68 +302,12 @@ class Trampoline : public c10d::Backend {
   std::shared_ptr<const FastPath> fast_;  // null: the fast path is off
 };
 
-// The host API's torch-tensor fast path (ringcomm.host.Communicator.all_reduce / broadcast): the
-// tensor's dtype, device, layout, contiguity, pointer and size read in C++ (each is a Python
-// attribute call of ~0.15 us otherwise), then one RcFastApi call with the GIL released. A call
-// returns false, having done nothing, for a tensor or op it does not take; the caller then goes
-// the general way, which explains a refusal. Owns its handle (released with the object).
-class TensorCalls {
- public:
-  TensorCalls(uintptr_t api, uintptr_t handle) : fast_(make_fast_path(api, handle)) {}
-  bool on() const { return fast_ != nullptr; }
-
-  // op: a ReduceOp code (common/dtype.h); SUM, PRODUCT, MIN and MAX reduce every dtype taken
-  // here, AVG the floating ones (codes 0-3); anything else is not taken. out: None (in place) or
-  // a tensor taken here of x's dtype and size (the core refuses a partial overlap).
-  bool all_reduce(py::handle obj, py::handle out_obj, int op) {
-    const at::Tensor* x = unpack(obj);
-    const int code = x ? plain_cpu_code(*x) : -1;
-    if (code < 0 || op < 0 || op > 4 || (op == 4 && code > 3)) return false;
-    const at::Tensor* out = x;
-    if (!out_obj.is_none()) {
-      out = unpack(out_obj);
-      if (out == nullptr || plain_cpu_code(*out) != code || out->numel() != x->numel()) return false;
-    }
-    void* dst = out->numel() ? out->data_ptr() : nullptr;
-    run_fast(*x, false, [&](void* p, int64_t n, char* msg, size_t len) {
-      py::gil_scoped_release nogil;
-      return fast_->api->all_reduce(fast_->handle, p, dst, n, code, op, msg, len);
-    });
-    return true;
-  }
-
-  // root: already checked to be a rank by the caller (the core checks it again).
-  bool broadcast(py::handle obj, int root) {
-    const at::Tensor* x = unpack(obj);
-    const int code = x ? plain_cpu_code(*x) : -1;
-    if (code < 0) return false;
-    run_fast(*x, false, [&](void* p, int64_t n, char* msg, size_t len) {
-      py::gil_scoped_release nogil;
-      return fast_->api->broadcast(fast_->handle, p, n, code, root, msg, len);
-    });
-    return true;
-  }
-
- private:
-  // A plain torch.Tensor (the caller checked the exact type), or null. The tensors stay alive:
-  // the caller's references to them outlive the call.
-  const at::Tensor* unpack(py::handle obj) const {
-    if (!fast_ || !THPVariable_Check(obj.ptr())) return nullptr;
-    return &THPVariable_Unpack(obj.ptr());
-  }
-  std::shared_ptr<const FastPath> fast_;
-};
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch.distributed");  // registers c10d::Backend, Work and the options
+  init_dtype_codes();
   py::class_<Trampoline, c10d::Backend, c10::intrusive_ptr<Trampoline>>(m, "Trampoline")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
       .def("_set_fast_path", &Trampoline::set_fast_path, py::arg("api"), py::arg("handle"));
-  py::class_<TensorCalls>(m, "TensorCalls")
-      .def(py::init<uintptr_t, uintptr_t>(), py::arg("api"), py::arg("handle"))
-      .def_property_readonly("on", &TensorCalls::on)
-      .def("all_reduce", &TensorCalls::all_reduce, py::arg("x"), py::arg("out"), py::arg("op"))
-      .def("broadcast", &TensorCalls::broadcast, py::arg("x"), py::arg("root"));
 }

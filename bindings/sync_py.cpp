@@ -1,0 +1,263 @@
+// The fronts of the synchronous entries (comm/sync_entry.h). A Python object is described as an
+// RcArray (ringcomm/abi.h) straight from its own fields, without Python code in between:
+//   - a numpy array: pybind11's proxies of the array and its dtype (a few loads; the element
+//     type as DLPack's (code, bits) from the dtype's kind and item size);
+//   - a torch tensor (its exact type): its DLPack capsule, made by torch.utils.dlpack.to_dlpack,
+//     read here as DLManagedTensor. Nothing of torch is linked or imported: the bridge is armed
+//     only once some code has imported torch.
+// Anything else is not described and the binding returns False having done nothing, as it does
+// when the entry declines the description; the caller then goes the general way.
+// The C ABI (RcFastApi) lets the torch c10d trampoline call the same entries with its own
+// descriptions.
+#include "sync_py.h"
+
+#include <pybind11/numpy.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "comm/sync_entry.h"
+#include "common/errors.h"
+
+namespace py = pybind11;
+
+namespace rc_py {
+
+namespace {
+
+// ---- DLPack (dlpack.h, ABI version 0.x: the "dltensor" capsule's DLManagedTensor) ----------
+// The layout is DLPack's stable C ABI; only the fields read here are named.
+struct DLDevice_ {
+  int32_t device_type;
+  int32_t device_id;
+};
+struct DLDataType_ {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor_ {
+  void* data;
+  DLDevice_ device;
+  int32_t ndim;
+  DLDataType_ dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; null: compact row-major
+  uint64_t byte_offset;
+};
+struct DLManagedTensor_ {
+  DLTensor_ dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor_* self);
+};
+
+// What torch is to this module once some code imported it: its Tensor type and to_dlpack. Set
+// once under the GIL; the references are kept for the life of the process (never released, so
+// that nothing runs at interpreter teardown).
+struct TorchBridge {
+  PyTypeObject* tensor = nullptr;
+  PyObject* to_dlpack = nullptr;
+};
+
+const TorchBridge* torch_bridge() {
+  static TorchBridge bridge;
+  if (bridge.tensor != nullptr) return &bridge;
+  PyObject* mods = PyImport_GetModuleDict();  // borrowed
+  PyObject* torch = PyDict_GetItemString(mods, "torch");  // borrowed; torch imported by someone
+  if (torch == nullptr) return nullptr;
+  try {
+    py::object tensor = py::reinterpret_borrow<py::object>(torch).attr("Tensor");
+    py::object to_dlpack = py::module_::import("torch.utils.dlpack").attr("to_dlpack");
+    if (!PyType_Check(tensor.ptr())) return nullptr;
+    bridge.to_dlpack = to_dlpack.release().ptr();
+    bridge.tensor = reinterpret_cast<PyTypeObject*>(tensor.release().ptr());
+  } catch (py::error_already_set&) {
+    return nullptr;  // a torch without these: its tensors go the general way
+  }
+  return &bridge;
+}
+
+constexpr int kMaxDims = 16;  // deeper DLPack arrays are not described (the general way takes them)
+
+// One object as an RcArray, and what keeps the memory it points at alive during the call (a
+// numpy array: the caller's reference; a tensor: its DLPack capsule, whose destructor runs the
+// DLManagedTensor's deleter, since the capsule is never renamed "used_dltensor" here). Make and
+// destroy it with the GIL held; use array() without it.
+class Described {
+ public:
+  explicit Described(PyObject* obj) {
+    if (py::array::check_(obj)) {
+      numpy(obj);
+      return;
+    }
+    const TorchBridge* tb = torch_bridge();
+    if (tb != nullptr && Py_TYPE(obj) == tb->tensor) dlpack(obj, tb->to_dlpack);
+  }
+  Described(const Described&) = delete;
+  Described& operator=(const Described&) = delete;
+
+  bool ok() const { return ok_; }
+  const RcArray& array() const { return a_; }
+
+ private:
+  void numpy(PyObject* obj) {
+    static_assert(sizeof(ssize_t) == sizeof(int64_t), "numpy's npy_intp is read as int64_t");
+    const auto* p = py::detail::array_proxy(obj);
+    const py::dtype d = py::reinterpret_borrow<py::dtype>(p->descr);
+    int32_t dl = -1;
+    switch (d.kind()) {
+      case 'f': dl = RC_DL_FLOAT; break;
+      case 'i': dl = RC_DL_INT; break;
+      case 'u': dl = RC_DL_UINT; break;
+      case 'b': dl = RC_DL_BOOL; break;
+      default: break;
+    }
+    a_.data = p->data;
+    a_.ndim = p->nd;
+    a_.shape = reinterpret_cast<const int64_t*>(p->dimensions);
+    a_.strides = reinterpret_cast<const int64_t*>(p->strides);
+    a_.dtype = d.byteorder() == '>' ? -1 : rc_dtype_of_dl(dl, static_cast<int32_t>(8 * d.itemsize()));
+    a_.device_type = RC_DEVICE_CPU;
+    a_.flags = (p->flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_) ? RC_ARRAY_WRITABLE : 0;
+    ok_ = true;
+  }
+
+  void dlpack(PyObject* obj, PyObject* to_dlpack) {
+    PyObject* cap = PyObject_CallOneArg(to_dlpack, obj);
+    if (cap == nullptr) {  // no storage, a sparse layout, the meta device, ...
+      PyErr_Clear();
+      return;
+    }
+    keep_ = py::reinterpret_steal<py::object>(cap);
+    auto* m = static_cast<DLManagedTensor_*>(PyCapsule_GetPointer(cap, "dltensor"));
+    if (m == nullptr) {
+      PyErr_Clear();
+      return;
+    }
+    const DLTensor_& t = m->dl_tensor;
+    if (t.ndim < 0 || t.ndim > kMaxDims || t.dtype.lanes != 1) return;
+    a_.data = t.data != nullptr ? static_cast<char*>(t.data) + t.byte_offset : nullptr;
+    a_.ndim = t.ndim;
+    a_.shape = t.shape;
+    a_.strides = nullptr;
+    if (t.strides != nullptr) {
+      const int64_t esize = t.dtype.bits / 8;
+      for (int32_t i = 0; i < t.ndim; ++i) strides_[i] = t.strides[i] * esize;
+      a_.strides = strides_;
+    }
+    a_.dtype = rc_dtype_of_dl(t.dtype.code, t.dtype.bits);
+    a_.device_type = t.device.device_type;
+    a_.flags = RC_ARRAY_WRITABLE;  // DLPack 0.x has no read-only flag; torch's memory is writable
+    ok_ = true;
+  }
+
+  RcArray a_{};
+  int64_t strides_[kMaxDims];
+  py::object keep_;
+  bool ok_ = false;
+};
+
+// The fast C ABI (RcFastApi). A handle owns a reference to its communicator, so a call made
+// through it never outlives the object, whatever Python closes or drops meanwhile (a closed
+// communicator raises ClosedError).
+struct FastHandle {
+  std::shared_ptr<rc::Communicator> comm;
+};
+
+void fast_release(void* h) { delete static_cast<FastHandle*>(h); }
+
+// Runs `call` (true: done, false: declined) and reports as RcFastApi does.
+template <class F>
+int fast_call(char* msg, size_t msg_len, F&& call) {
+  try {
+    return call() ? RC_CALL_DONE : RC_CALL_DECLINED;
+  } catch (...) {
+    std::string m;
+    const rc::ErrorCode code = rc::error_code_of(std::current_exception(), &m);
+    if (msg_len > 0) std::snprintf(msg, msg_len, "%s", m.c_str());
+    return 1 + static_cast<int>(code);
+  }
+}
+
+int fast_all_reduce(void* h, const RcArray* in, const RcArray* out, int32_t op, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] { return rc::sync_all_reduce(*static_cast<FastHandle*>(h)->comm, *in, out, op); });
+}
+
+int fast_broadcast(void* h, const RcArray* buf, int32_t root, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] { return rc::sync_broadcast(*static_cast<FastHandle*>(h)->comm, *buf, root); });
+}
+
+const RcFastApi kFastApi = {RC_FAST_API_VERSION, sizeof(RcFastApi), &fast_release, &fast_all_reduce,
+                            &fast_broadcast};
+
+}  // namespace
+
+void def_sync_methods(HostCommClass& cls) {
+  cls.def("sync_all_reduce",
+          [](rc::Communicator& c, py::handle x, py::handle out, int op) -> bool {
+            // rc::sync_all_reduce of x into out (None: in place); False, having done nothing,
+            // when an object is not described or the entry declines it.
+            Described in(x.ptr());
+            if (!in.ok()) return false;
+            if (out.is_none()) {
+              py::gil_scoped_release nogil;
+              return rc::sync_all_reduce(c, in.array(), nullptr, op);
+            }
+            Described o(out.ptr());
+            if (!o.ok()) return false;
+            py::gil_scoped_release nogil;
+            return rc::sync_all_reduce(c, in.array(), &o.array(), op);
+          },
+          py::arg("x"), py::arg("out"), py::arg("op"))
+      .def("sync_broadcast",
+           [](rc::Communicator& c, py::handle x, py::handle root) -> bool {
+             // rc::sync_broadcast of x from root (an int, not a bool); False, having done
+             // nothing, when x is not described, root is not a rank or the entry declines.
+             if (!PyLong_CheckExact(root.ptr())) return false;
+             const long long r = PyLong_AsLongLong(root.ptr());
+             if (r < 0 || r > INT32_MAX) {  // -1 also for an overflow (the error is cleared)
+               PyErr_Clear();
+               return false;
+             }
+             Described b(x.ptr());
+             if (!b.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_broadcast(c, b.array(), static_cast<int32_t>(r));
+           },
+           py::arg("x"), py::arg("root"))
+      .def("_fast_handle",
+           [](std::shared_ptr<rc::Communicator> c) { return reinterpret_cast<uintptr_t>(new FastHandle{std::move(c)}); },
+           "A new handle of this communicator for RcFastApi (ringcomm/abi.h); the receiver releases it.");
+}
+
+void bind_sync(py::module_& m) {
+  m.def("_fast_api", [] { return reinterpret_cast<uintptr_t>(&kFastApi); },
+        "Address of the RcFastApi table (ringcomm/abi.h), valid while the process lives.");
+  m.def("_sync_entry_stats", [] {
+    const rc::SyncEntryStats s = rc::sync_entry_stats();
+    py::dict d;
+    d["all_reduce"] = s.all_reduce;
+    d["broadcast"] = s.broadcast;
+    return d;
+  }, "Calls the synchronous entries (comm/sync_entry.h) have taken in this process.");
+  m.def("_abi_tables", [] {
+    // The lists of ringcomm/abi.h as this module was compiled with them (tests compare
+    // ringcomm.tables, which parses the header, against these).
+    py::list dtypes, ops;
+#define RC_ABI_DTYPE_ROW_(name, code, bytes, str, kind, dl) dtypes.append(py::make_tuple(str, code, bytes, kind, dl));
+    RC_DTYPES(RC_ABI_DTYPE_ROW_)
+#undef RC_ABI_DTYPE_ROW_
+#define RC_ABI_OP_ROW_(name, code, str, kinds) ops.append(py::make_tuple(str, code, kinds));
+    RC_REDUCE_OPS(RC_ABI_OP_ROW_)
+#undef RC_ABI_OP_ROW_
+    py::dict d;
+    d["dtypes"] = dtypes;
+    d["ops"] = ops;
+    d["fast_api_version"] = RC_FAST_API_VERSION;
+    return d;
+  });
+}
+
+}  // namespace rc_py

@@ -1,0 +1,68 @@
+#include "comm/sync_entry.h"
+
+#include <atomic>
+
+#include "comm/core.h"
+#include "common/dtype.h"
+
+namespace rc {
+
+namespace {
+
+// Relaxed counters: each is written by the calling threads only, read by tests after the calls.
+std::atomic<uint64_t> g_all_reduce{0};
+std::atomic<uint64_t> g_broadcast{0};
+
+constexpr Launch kSync{false, nullptr};
+
+// THE eligibility rule of the synchronous entries, for one array: host memory, a dtype code of
+// the table, compact row-major strides (an extent of 1 may carry any stride; an empty array is
+// compact), writable when the result lands in it. Sets *count to the element count.
+bool takes(const RcArray& a, bool written, int64_t* count) {
+  if (a.device_type != RC_DEVICE_CPU || a.ndim < 0) return false;
+  const int64_t esize = rc_dtype_size(a.dtype);  // 0: not a code of the table
+  if (esize == 0 || (written && !(a.flags & RC_ARRAY_WRITABLE))) return false;
+  int64_t n = 1;
+  for (int32_t i = 0; i < a.ndim; ++i) {
+    if (a.shape[i] < 0) return false;
+    n *= a.shape[i];
+  }
+  if (n != 0) {
+    if (a.data == nullptr) return false;
+    if (a.strides != nullptr) {
+      int64_t expect = esize;
+      for (int32_t i = a.ndim - 1; i >= 0; --i) {
+        if (a.shape[i] != 1 && a.strides[i] != expect) return false;
+        expect *= a.shape[i];
+      }
+    }
+  }
+  *count = n;
+  return true;
+}
+
+}  // namespace
+
+bool sync_all_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t op) {
+  int64_t n = 0, n_out = 0;
+  if (!takes(in, out == nullptr, &n) || !rc_op_supported(in.dtype, op)) return false;
+  if (out != nullptr && (!takes(*out, true, &n_out) || out->dtype != in.dtype || n_out != n)) return false;
+  void* dst = out != nullptr ? out->data : in.data;
+  g_all_reduce.fetch_add(1, std::memory_order_relaxed);
+  c.all_reduce(in.data, dst, n, static_cast<DType>(in.dtype), static_cast<ReduceOp>(op), kSync);
+  return true;
+}
+
+bool sync_broadcast(CommCore& c, const RcArray& buf, int32_t root) {
+  int64_t n = 0;
+  if (!takes(buf, true, &n) || root < 0 || root >= c.world()) return false;
+  g_broadcast.fetch_add(1, std::memory_order_relaxed);
+  c.broadcast(buf.data, n, static_cast<DType>(buf.dtype), root, kSync);
+  return true;
+}
+
+SyncEntryStats sync_entry_stats() {
+  return {g_all_reduce.load(std::memory_order_relaxed), g_broadcast.load(std::memory_order_relaxed)};
+}
+
+}  // namespace rc

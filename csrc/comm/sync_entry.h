@@ -1,0 +1,37 @@
+// The synchronous entries: ONE function per collective through which every front runs a
+// synchronous call on host memory. numpy arrays (bindings/sync_py.cpp, from the array's fields),
+// torch CPU tensors handed to the plain API (the same binding, from their DLPack capsule) and the
+// torch c10d trampoline (through RcFastApi, ringcomm/abi.h) describe their arrays as RcArray and
+// call these. Each applies the one eligibility rule (takes() in sync_entry.cpp) and, when it
+// takes the arguments, runs CommCore's collective without async (the caller has released the
+// GIL); otherwise it returns false having done nothing, and the caller goes the general way
+// (Python), which raises the typed error that explains the refusal.
+#pragma once
+#include <cstdint>
+
+#include "ringcomm/abi.h"
+
+namespace rc {
+
+class CommCore;
+
+/// A synchronous all_reduce of `in` with op code `op` into `out` (null: in place). Taken when
+/// both arrays are host memory of a dtype of the table in compact row-major layout, the result's
+/// array is writable, `out` has `in`'s dtype and element count, and `op` reduces that dtype
+/// (rc_op_supported). The core then checks the rest (a partial overlap of in and out, the
+/// header's agreement across ranks) and throws its typed errors.
+bool sync_all_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t op);
+
+/// A synchronous broadcast of `buf` from rank `root`. Taken when `buf` is writable host memory
+/// of a dtype of the table in compact row-major layout and root is a rank of `c`.
+bool sync_broadcast(CommCore& c, const RcArray& buf, int32_t root);
+
+/// Calls each entry has taken in this process (all communicators together): what tests read to
+/// see that a call went through the entry and not the general path.
+struct SyncEntryStats {
+  uint64_t all_reduce;
+  uint64_t broadcast;
+};
+SyncEntryStats sync_entry_stats();
+
+}  // namespace rc
