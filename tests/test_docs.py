@@ -80,11 +80,28 @@ def test_knobs_md_names_every_knob():
         assert f"| `{k['name']}` |" in text, k["name"]
 
 
+# Environment variables the docs may name that are not runtime knobs: test switches read by the
+# test suite only.
+NOT_KNOBS = {"RINGCOMM_TEST_SOAK"}
+
+
+@pytest.mark.parametrize("path", _doc_files(), ids=_rel)
+def test_docs_name_only_registered_knobs(path):
+    """A knob renamed or removed in the registry must not live on in the prose."""
+    reg = {k["name"] for k in config.knobs()}
+    named = set(re.findall(r"RINGCOMM_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    unknown = sorted(named - reg - NOT_KNOBS)
+    assert not unknown, f"{_rel(path)} names knobs the registry does not have: {unknown}"
+
+
 # ---- architecture.md's names -----------------------------------------------------------------
 
 _SRC_EXT = r"(?:py|pyi|cpp|cc|h|hpp|cu|cuh|c|sh|toml|txt)"
 _PATH = re.compile(rf"^(?:src|csrc|bindings|tests|scripts|benchmarks|examples|docs)/[\w./-]*?(?:\.{_SRC_EXT}|/)$")
 _QUALIFIED = re.compile(rf"^((?:src|csrc|bindings)/[\w./-]+\.{_SRC_EXT})::([A-Za-z_][\w]*(?:(?:::|\.)[A-Za-z_]\w*)*)$")
+
+
+_BARE_MEMBER = re.compile(r"^([A-Z]\w*)::([A-Za-z_]\w*)$")  # `Class::method` without a path
 
 
 def _code_spans(text: str):
@@ -121,6 +138,15 @@ def architecture_problems(text: str, root: Path) -> list:
                 if not ok:
                     problems.append(f"{span}: {part!r} is not defined in {path}")
             continue
+        m = _BARE_MEMBER.match(span)
+        if m:
+            cls, meth = m.groups()
+            sources = [f.read_text(errors="replace") for d in ("csrc", "bindings") if (root / d).is_dir()
+                       for f in (root / d).rglob("*") if f.suffix in (".h", ".hpp", ".cpp", ".cu")]
+            if not any(f"{cls}::{meth}" in src or (re.search(rf"\b(?:class|struct)\s+{cls}\b", src)
+                                                   and re.search(rf"\b{meth}\s*\(", src)) for src in sources):
+                problems.append(f"{span}: no C++ class {cls} with a member {meth} in csrc/ or bindings/")
+            continue
         if _PATH.match(span) and not (root / span).exists():
             problems.append(f"{span}: no such file or directory")
     return problems
@@ -134,15 +160,22 @@ def test_architecture_names_exist():
     assert not problems, "docs/architecture.md names what does not exist:\n" + "\n".join(problems)
 
 
+@pytest.mark.parametrize("path", _doc_files(), ids=_rel)
+def test_named_files_and_functions_exist(path):
+    """Every doc, like architecture.md: a named repository path or qualified function exists."""
+    problems = architecture_problems(path.read_text(), ROOT)
+    assert not problems, f"{_rel(path)} names what does not exist:\n" + "\n".join(problems)
+
+
 def test_architecture_checker_catches_stale_names(tmp_path):
     (tmp_path / "csrc").mkdir()
     (tmp_path / "csrc" / "a.cpp").write_text("void Foo::bar(int x) {}\nclass Foo;\n")
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "m.py").write_text("class C:\n    def run(self):\n        pass\n")
-    good = "`csrc/a.cpp::Foo::bar` `src/m.py::C.run` `csrc/a.cpp` `csrc/`"
+    good = "`csrc/a.cpp::Foo::bar` `src/m.py::C.run` `csrc/a.cpp` `csrc/` `Foo::bar` `path::name`"
     assert architecture_problems(good, tmp_path) == []
-    bad = "`csrc/a.cpp::Foo::baz` `csrc/b.cpp::f` `src/m.py::C.stop` `csrc/gone.h`"
-    assert len(architecture_problems(bad, tmp_path)) == 4
+    bad = "`csrc/a.cpp::Foo::baz` `csrc/b.cpp::f` `src/m.py::C.stop` `csrc/gone.h` `Foo::baz` `Bar::bar`"
+    assert len(architecture_problems(bad, tmp_path)) == 6
 
 
 # ---- no history ------------------------------------------------------------------------------
