@@ -1,5 +1,5 @@
-"""The knob registry (csrc/common/knobs.cpp via ringcomm.config): the README's knob table names
-exactly the registry's knobs with its defaults, every RINGCOMM_* name in the sources is registered,
+"""The knob registry (csrc/common/knobs.cpp via ringcomm.config; docs/knobs.md is generated from it,
+checked by tests/test_docs.py): every RINGCOMM_* name in the sources is registered,
 values parse with the registry's rules (checked against independent Python parsing), config()
 and `python -m ringcomm.config` report them, nothing reads a knob at import time, and
 RINGCOMM_DEBUG=INFO/TRACE log from a spawned rank's C++ core."""
@@ -34,17 +34,6 @@ def _registry():
     return {k["name"]: k for k in config.knobs()}
 
 
-def _readme_rows():
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Environment knobs", 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in section.splitlines():
-        m = re.match(r"^\| `(RINGCOMM_[A-Z0-9_]+)`( \(build\))? \| ([^|]*) \|", line)
-        if m:
-            rows.append((m.group(1), bool(m.group(2)), m.group(3).strip()))
-    return rows
-
-
 def test_registry_entries_are_well_formed():
     reg = config.knobs()
     names = [k["name"] for k in reg]
@@ -56,22 +45,6 @@ def test_registry_entries_are_well_formed():
         assert bool(k["choices"]) == (k["type"] == "choice"), k
         if k["type"] == "choice":
             assert k["default"] in k["choices"], k
-
-
-def test_readme_table_matches_registry():
-    rows = _readme_rows()
-    reg = _registry()
-    assert [r[0] for r in rows] and len({r[0] for r in rows}) == len(rows), "README lists a knob twice"
-    assert {r[0] for r in rows} == set(reg), (
-        f"README only: {sorted({r[0] for r in rows} - set(reg))}; "
-        f"registry only: {sorted(set(reg) - {r[0] for r in rows})}")
-    for name, build, cell in rows:
-        k = reg[name]
-        assert build == k["build"], f"{name}: README (build) marker disagrees with the registry"
-        # The cell is the registry default, optionally followed by a parenthesised note.
-        shown = re.sub(r"\s*\(.*\)$", "", cell)
-        want = k["default"] if k["default"] != "" else "unset"
-        assert shown == want, f"{name}: README default {cell!r}, registry default {k['default']!r}"
 
 
 def test_every_knob_name_in_the_sources_is_registered():

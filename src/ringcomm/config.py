@@ -17,7 +17,8 @@ import sys
 import types
 from typing import Any, Dict, List, Optional
 
-__all__ = ["knob", "knob_is_set", "knobs", "config", "default_timeout", "logger", "format_table", "main"]
+__all__ = ["knob", "knob_is_set", "knobs", "config", "default_timeout", "logger", "format_table",
+           "format_markdown", "main"]
 
 
 def _c():
@@ -76,6 +77,47 @@ def format_table(cfg: Optional[Dict[str, Dict[str, Any]]] = None) -> str:
     return "\n".join(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}" for r in rows)
 
 
+MARKDOWN_COMMAND = "python -m ringcomm.config --markdown > docs/knobs.md"
+
+
+def _md_cell(text: str) -> str:
+    """A table cell: pipes escaped, newlines folded."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def format_markdown(registry: Optional[List[Dict[str, Any]]] = None) -> str:
+    """docs/knobs.md: every knob of the registry (name, type, default, accepted values, doc) as
+    markdown, runtime knobs first, then build knobs; ``registry`` defaults to :func:`knobs`.
+    Depends on the registry alone (not on the environment), so the file is reproducible."""
+    registry = knobs() if registry is None else registry
+    out = [
+        "# Environment knobs",
+        "",
+        f"<!-- Generated from the knob registry (csrc/common/knobs.cpp) by `{MARKDOWN_COMMAND}`;",
+        "     tests/test_docs.py checks that this file equals the generated text. Do not edit by hand. -->",
+        "",
+        "Every tunable is an environment variable `RINGCOMM_<NAME>`, declared once in the registry",
+        "`csrc/common/knobs.cpp`, which C++ and Python both read (`ringcomm.config.knob(name)`).",
+        "Knobs are read when a communicator (or trainer) is created, never at import. A malformed value",
+        "raises `InvalidArgumentError` naming the knob and what it accepts. Byte sizes take K/M/G",
+        "suffixes (binary: `256K` = 262144); choices are case-insensitive.",
+        "`python -m ringcomm.config` prints each knob's current value and whether it is set or the",
+        "default; `ringcomm.config()` returns the same as a dict.",
+        "",
+    ]
+    for build, title in ((False, "Runtime knobs"), (True, "Build knobs (read by setup.py)")):
+        rows = [k for k in registry if bool(k["build"]) == build]
+        if not rows:
+            continue
+        out += [f"## {title}", "", "| knob | type | default | accepted values | meaning |", "|---|---|---|---|---|"]
+        for k in rows:
+            default = f"`{k['default']}`" if k["default"] != "" else "unset"
+            choices = ", ".join(f"`{c}`" for c in k["choices"])
+            out.append(f"| `{k['name']}` | {k['type']} | {default} | {_md_cell(choices)} | {_md_cell(k['doc'])} |")
+        out.append("")
+    return "\n".join(out)
+
+
 # ---- logging ---------------------------------------------------------------------------------
 _LEVELS = {"WARN": logging.WARNING, "INFO": logging.INFO, "TRACE": logging.DEBUG}
 
@@ -107,7 +149,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ringcomm.config",
                                 description="ringcomm's environment knobs: current values and defaults")
     p.add_argument("--json", action="store_true", help="print config() as JSON")
+    p.add_argument("--markdown", action="store_true",
+                   help=f"print the registry as docs/knobs.md ({MARKDOWN_COMMAND})")
     a = p.parse_args(argv)
+    if a.markdown:
+        sys.stdout.write(format_markdown())
+        return 0
     try:
         cfg = config()
     except ValueError as e:  # a malformed knob: say which, without a traceback

@@ -1,0 +1,221 @@
+"""The README and docs/ stay usable: the README is short, every relative link resolves,
+docs/knobs.md is the registry's generated text, every file and function docs/architecture.md
+names exists, and no work history (issue numbers, session names, verdicts against internal
+targets) appears in the README or docs/."""
+import re
+from pathlib import Path
+
+import pytest
+
+from ringcomm import config
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+README_MAX_LINES = 300
+
+
+def _doc_files():
+    return [README] + sorted(DOCS.glob("*.md"))
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT))
+
+
+def _strip_code(text: str) -> str:
+    """The text without fenced code blocks (commands and outputs quoted verbatim)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+# ---- README ----------------------------------------------------------------------------------
+
+def test_readme_is_short():
+    n = len(README.read_text().splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines; at most {README_MAX_LINES}: move detail to docs/"
+
+
+def test_readme_test_command_is_the_ci_command():
+    cmd = 'pip install torch==2.13.0 && pip install -e ".[test,clients]" && python -m pytest -q'
+    assert cmd in README.read_text().splitlines(), "README.md must give the test command on a line of its own"
+
+
+# ---- links -----------------------------------------------------------------------------------
+
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def _relative_links(path: Path):
+    for target in _LINK.findall(_strip_code(path.read_text())):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # http(s):, mailto:, in-page anchors
+        yield target.split("#", 1)[0]
+
+
+@pytest.mark.parametrize("path", _doc_files(), ids=_rel)
+def test_relative_links_resolve(path):
+    missing = [t for t in _relative_links(path) if not (path.parent / t).exists()]
+    assert not missing, f"{_rel(path)} links to files that do not exist: {missing}"
+
+
+def test_link_checker_sees_links(tmp_path):
+    doc = tmp_path / "d.md"
+    doc.write_text("[a](x.md) ![b](img/y.png) [c](https://e.org) [d](#top) [e](z.md#sec)\n"
+                   "```\n[f](in_code.md)\n```\n")
+    assert list(_relative_links(doc)) == ["x.md", "img/y.png", "z.md"]
+
+
+# ---- knobs -----------------------------------------------------------------------------------
+
+def test_knobs_md_is_generated_from_the_registry():
+    want = config.format_markdown()
+    have = (DOCS / "knobs.md").read_text()
+    assert have == want, (f"docs/knobs.md differs from the knob registry; regenerate it: "
+                          f"{config.MARKDOWN_COMMAND}")
+
+
+def test_knobs_md_names_every_knob():
+    text = (DOCS / "knobs.md").read_text()
+    for k in config.knobs():
+        assert f"| `{k['name']}` |" in text, k["name"]
+
+
+# Environment variables the docs may name that are not runtime knobs: test switches read by the
+# test suite only.
+NOT_KNOBS = {"RINGCOMM_TEST_SOAK"}
+
+
+@pytest.mark.parametrize("path", _doc_files(), ids=_rel)
+def test_docs_name_only_registered_knobs(path):
+    """A knob renamed or removed in the registry must not live on in the prose."""
+    reg = {k["name"] for k in config.knobs()}
+    named = set(re.findall(r"RINGCOMM_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    unknown = sorted(named - reg - NOT_KNOBS)
+    assert not unknown, f"{_rel(path)} names knobs the registry does not have: {unknown}"
+
+
+# ---- architecture.md's names -----------------------------------------------------------------
+
+_SRC_EXT = r"(?:py|pyi|cpp|cc|h|hpp|cu|cuh|c|sh|toml|txt)"
+_PATH = re.compile(rf"^(?:src|csrc|bindings|tests|scripts|benchmarks|examples|docs)/[\w./-]*?(?:\.{_SRC_EXT}|/)$")
+_QUALIFIED = re.compile(rf"^((?:src|csrc|bindings)/[\w./-]+\.{_SRC_EXT})::([A-Za-z_][\w]*(?:(?:::|\.)[A-Za-z_]\w*)*)$")
+
+
+_BARE_MEMBER = re.compile(r"^([A-Z]\w*)::([A-Za-z_]\w*)$")  # `Class::method` without a path
+
+
+def _code_spans(text: str):
+    return re.findall(r"`([^`\n]+)`", _strip_code(text))
+
+
+def _defines(source: str, name: str, python: bool) -> bool:
+    """Whether `source` defines (or, for a C++ member, declares a body of) `name`."""
+    if python:
+        return re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", source, re.M) is not None
+    return re.search(rf"\b{re.escape(name)}\s*\(", source) is not None or \
+        re.search(rf"\b(?:class|struct)\s+{re.escape(name)}\b", source) is not None
+
+
+def architecture_problems(text: str, root: Path) -> list:
+    problems = []
+    for span in _code_spans(text):
+        m = _QUALIFIED.match(span)
+        if m:
+            path, name = m.group(1), m.group(2)
+            f = root / path
+            if not f.is_file():
+                problems.append(f"{span}: no file {path}")
+                continue
+            source = f.read_text(errors="replace")
+            parts = re.split(r"::|\.", name)
+            python = f.suffix == ".py"
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                if python or last:
+                    ok = _defines(source, part, python)
+                else:  # a C++ class or namespace qualifier: named in the file
+                    ok = re.search(rf"\b{re.escape(part)}\b", source) is not None
+                if not ok:
+                    problems.append(f"{span}: {part!r} is not defined in {path}")
+            continue
+        m = _BARE_MEMBER.match(span)
+        if m:
+            cls, meth = m.groups()
+            sources = [f.read_text(errors="replace") for d in ("csrc", "bindings") if (root / d).is_dir()
+                       for f in (root / d).rglob("*") if f.suffix in (".h", ".hpp", ".cpp", ".cu")]
+            if not any(f"{cls}::{meth}" in src or (re.search(rf"\b(?:class|struct)\s+{cls}\b", src)
+                                                   and re.search(rf"\b{meth}\s*\(", src)) for src in sources):
+                problems.append(f"{span}: no C++ class {cls} with a member {meth} in csrc/ or bindings/")
+            continue
+        if _PATH.match(span) and not (root / span).exists():
+            problems.append(f"{span}: no such file or directory")
+    return problems
+
+
+def test_architecture_names_exist():
+    text = (DOCS / "architecture.md").read_text()
+    spans = _code_spans(text)
+    assert sum(bool(_QUALIFIED.match(s)) for s in spans) >= 20, "architecture.md should trace a call by name"
+    problems = architecture_problems(text, ROOT)
+    assert not problems, "docs/architecture.md names what does not exist:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", _doc_files(), ids=_rel)
+def test_named_files_and_functions_exist(path):
+    """Every doc, like architecture.md: a named repository path or qualified function exists."""
+    problems = architecture_problems(path.read_text(), ROOT)
+    assert not problems, f"{_rel(path)} names what does not exist:\n" + "\n".join(problems)
+
+
+def test_architecture_checker_catches_stale_names(tmp_path):
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "a.cpp").write_text("void Foo::bar(int x) {}\nclass Foo;\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "m.py").write_text("class C:\n    def run(self):\n        pass\n")
+    good = "`csrc/a.cpp::Foo::bar` `src/m.py::C.run` `csrc/a.cpp` `csrc/` `Foo::bar` `path::name`"
+    assert architecture_problems(good, tmp_path) == []
+    bad = "`csrc/a.cpp::Foo::baz` `csrc/b.cpp::f` `src/m.py::C.stop` `csrc/gone.h` `Foo::baz` `Bar::bar`"
+    assert len(architecture_problems(bad, tmp_path)) == 6
+
+
+# ---- no history ------------------------------------------------------------------------------
+
+# Work history belongs in git and CHANGELOG.md. Measurements keep their date and command.
+HISTORY_PATTERNS = [
+    (r"\b[Ii]ssues? #?\d+", "an issue number"),
+    (r"\bsessions?\b", "a work session"),
+    (r"\bthe brief\b", "the brief"),
+    (r"\bitems? \d+(?: and \d+)? of\b", "items of a work order"),
+    (r"[\w/.]-s\d+\b(?!-)", "a run folder named by session"),
+    (r"\bNOT MET\b|\bNOT met\b", "a verdict against internal targets"),
+    (r"^#+ .*(?:[Kk]nown gaps|[Tt]he plan\b|[Nn]ext steps|[Nn]ot built|[Ww]hat was not done)",
+     "a notebook section"),
+]
+
+
+def history_hits(text: str) -> list:
+    hits = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        for pat, what in HISTORY_PATTERNS:
+            if re.search(pat, line):
+                hits.append(f"line {lineno} ({what}): {line.strip()[:120]}")
+    return hits
+
+
+@pytest.mark.parametrize("path", _doc_files(), ids=_rel)
+def test_no_history_in_readme_and_docs(path):
+    hits = history_hits(path.read_text())
+    assert not hits, f"{_rel(path)} carries history (it belongs in git or CHANGELOG.md):\n" + "\n".join(hits)
+
+
+def test_history_patterns_are_precise():
+    flagged = ["fixed in issue 4", "Issue 14's targets", "measured in session 1", "items 2 and 3 of the brief",
+               "see docs/bench/2026-12-01-s7/", "target: NOT MET", "### Known gaps and the plan",
+               "## What was not done (next steps)", "### Not built: the two-shot"]
+    for line in flagged:
+        assert history_hits(line), line
+    fine = ["an issue hook sees the collectives", "ranks that issue random collectives",
+            "np2_b2b.json", "-s 4", "docs/bench/2026-12-02/np4_b2b.txt", "the first 2 items",
+            "x86-64", "sm_80, sm_90", "RINGCOMM_SPIN_US=2", "it was not met"]
+    for line in fine:
+        assert not history_hits(line), line
