@@ -227,6 +227,30 @@ void def_sync_methods(HostCommClass& cls) {
              return rc::sync_broadcast(c, b.array(), static_cast<int32_t>(r));
            },
            py::arg("x"), py::arg("root"))
+      .def("sync_reduce_scatter",
+           [](rc::Communicator& c, py::handle out, py::handle x, int op) -> bool {
+             // rc::sync_reduce_scatter of x, this rank's chunk into out; False, having done
+             // nothing, when an object is not described or the entry declines it.
+             Described in(x.ptr());
+             if (!in.ok()) return false;
+             Described o(out.ptr());
+             if (!o.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_reduce_scatter(c, in.array(), o.array(), op);
+           },
+           py::arg("output"), py::arg("input"), py::arg("op"))
+      .def("sync_all_gather",
+           [](rc::Communicator& c, py::handle out, py::handle x) -> bool {
+             // rc::sync_all_gather of x into out; False, having done nothing, when an object is
+             // not described or the entry declines it.
+             Described in(x.ptr());
+             if (!in.ok()) return false;
+             Described o(out.ptr());
+             if (!o.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_all_gather(c, in.array(), o.array());
+           },
+           py::arg("output"), py::arg("input"))
       .def("_fast_handle",
            [](std::shared_ptr<rc::Communicator> c) { return reinterpret_cast<uintptr_t>(new FastHandle{std::move(c)}); },
            "A new handle of this communicator for RcFastApi (ringcomm/abi.h); the receiver releases it.");
@@ -240,6 +264,8 @@ void bind_sync(py::module_& m) {
     py::dict d;
     d["all_reduce"] = s.all_reduce;
     d["broadcast"] = s.broadcast;
+    d["reduce_scatter"] = s.reduce_scatter;
+    d["all_gather"] = s.all_gather;
     return d;
   }, "Calls the synchronous entries (comm/sync_entry.h) have taken in this process.");
   m.def("_abi_tables", [] {

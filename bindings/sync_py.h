@@ -1,5 +1,6 @@
 // The synchronous entries' bindings (bindings/sync_py.cpp): the Communicator methods
-// sync_all_reduce / sync_broadcast, the C ABI table and the entries' counters.
+// sync_all_reduce / sync_broadcast / sync_reduce_scatter / sync_all_gather, the C ABI table and
+// the entries' counters.
 #pragma once
 #include <pybind11/pybind11.h>
 
@@ -11,8 +12,9 @@ namespace rc_py {
 
 using HostCommClass = pybind11::class_<rc::Communicator, std::shared_ptr<rc::Communicator>>;
 
-/// Communicator.sync_all_reduce(x, out, op) -> bool, sync_broadcast(x, root) -> bool and
-/// _fast_handle() -> int.
+/// Communicator.sync_all_reduce(x, out, op), sync_broadcast(x, root),
+/// sync_reduce_scatter(output, input, op), sync_all_gather(output, input) (each -> bool: True
+/// done, False declined having done nothing) and _fast_handle() -> int.
 void def_sync_methods(HostCommClass& cls);
 
 /// ringcomm._C._fast_api() -> int (the RcFastApi table's address) and _sync_entry_stats() -> dict.

@@ -1,10 +1,11 @@
-"""Per-call time of a synchronous 1 KiB float32 all_reduce at 2 ranks, by array type: a numpy
-array, a torch CPU tensor and a bfloat16 torch tensor (in place), back to back. Each rank times
-`--iters` calls after a warm-up, `--repeats` times; the median of the per-repeat means of rank 0
-is printed per array type. Run in a fresh TORCH_EXTENSIONS_DIR to see what a user without the
-torch backend's trampoline gets:
+"""Per-call time of a synchronous 1 KiB all_reduce (in place, back to back) through the plain
+API, by array type: a numpy float32 array, a torch float32 tensor and a torch bfloat16 tensor.
+Each rank times `--iters` calls after a warm-up, `--repeats` times; the median of rank 0's
+per-repeat means is printed per array type. `--world 1` leaves out the peer: what remains is the
+front's cost (Python, the binding, the description, the rule) and the core's entry. Run in a
+fresh TORCH_EXTENSIONS_DIR to see what a user without the torch backend's trampoline gets:
 
-    TORCH_EXTENSIONS_DIR=$(mktemp -d) python scripts/sync_entry_overhead.py
+    TORCH_EXTENSIONS_DIR=$(mktemp -d) python scripts/sync_entry_overhead.py --world 2
 """
 import argparse
 import statistics
@@ -37,9 +38,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--world", type=int, default=2)
     a = ap.parse_args()
     from ringcomm.launch import launch
-    res = launch(_rank, 2, args=(a.iters, a.repeats))
+    res = launch(_rank, a.world, args=(a.iters, a.repeats))
     for name, means in res[0].items():
         print(f"{name:16s} median {statistics.median(means):6.2f} us  min {min(means):6.2f}  "
               f"max {max(means):6.2f}  ({a.repeats} x {a.iters} calls)")

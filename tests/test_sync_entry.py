@@ -74,6 +74,18 @@ def test_the_autoload_entry_point_is_what_registers_the_backend(tmp_path):
     assert (on.stdout.strip(), off.stdout.strip()) == ("True", "False"), (on.stderr[-2000:], off.stderr[-2000:])
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 3])
+def test_reduce_scatter_and_all_gather_through_the_entry(world):
+    pytest.importorskip("torch")
+    from ringcomm.launch import launch
+    from sync_entry_cases import scatter_gather
+    for r, (wrong, taken, calls, outcome) in enumerate(launch(scatter_gather, world, timeout=280)):
+        assert wrong == [], (r, wrong[:10])
+        assert taken == {"reduce_scatter": calls, "all_gather": calls}, (r, taken, calls)
+        assert outcome == ("own error" if r == world - 1 else "mismatch"), (r, outcome)
+
+
 # ---- the single copy ---------------------------------------------------------------------------
 
 def test_tables_are_the_headers_as_compiled_into_C():
@@ -152,13 +164,25 @@ def _taken(f):
 
 
 def test_entry_counts_what_it_takes_and_nothing_else(comm1):
-    x = np.ones(6, np.float32)
-    assert _taken(lambda: comm1._c.sync_all_reduce(x, None, 0)) == {"all_reduce": 1, "broadcast": 0}
-    assert _taken(lambda: comm1._c.sync_broadcast(x, 0)) == {"all_reduce": 0, "broadcast": 1}
+    x, y = np.ones(6, np.float32), np.zeros(6, np.float32)
+    none = {"all_reduce": 0, "broadcast": 0, "reduce_scatter": 0, "all_gather": 0}
+    assert _taken(lambda: comm1._c.sync_all_reduce(x, None, 0)) == dict(none, all_reduce=1)
+    assert _taken(lambda: comm1._c.sync_broadcast(x, 0)) == dict(none, broadcast=1)
+    assert _taken(lambda: comm1._c.sync_reduce_scatter(y, x, 0)) == dict(none, reduce_scatter=1)
+    assert _taken(lambda: comm1._c.sync_all_gather(y, x)) == dict(none, all_gather=1)
     before = _C._sync_entry_stats()
     assert comm1._c.sync_all_reduce(x[::2], None, 0) is False
     assert comm1._c.sync_all_reduce(x, None, int(tables.ReduceOp.BAND)) is False
     assert comm1._c.sync_broadcast(x, 1) is False
+    assert comm1._c.sync_reduce_scatter(np.zeros(5, np.float32), x, 0) is False     # not its chunk
+    assert comm1._c.sync_reduce_scatter(np.zeros(6, np.float64), x, 0) is False     # another dtype
+    assert comm1._c.sync_reduce_scatter(y, x, int(tables.ReduceOp.BXOR)) is False
+    ro = np.zeros(6, np.float32)
+    ro.flags.writeable = False
+    assert comm1._c.sync_reduce_scatter(ro, x, 0) is False                           # read-only output
+    assert comm1._c.sync_all_gather(np.zeros(5, np.float32), x) is False             # output too small
+    assert comm1._c.sync_all_gather(ro, x) is False
+    assert comm1._c.sync_all_gather(y[::1].reshape(2, 3).T, x) is False              # not compact
     assert _C._sync_entry_stats() == before
 
 

@@ -148,7 +148,8 @@ def test_native_allreduce_and_broadcast_fast_path(world):
         assert out["wrong"] == [], (r, out["wrong"])
         assert out["native_on"] is True, out
         assert out["python_calls_on_fast_path"] == 0, out    # the C++ path ran every one
-        assert out["entry_calls"] == {"all_reduce": 4 * len(FAST), "broadcast": 4 * len(FAST) * world}, out
+        assert out["entry_calls"] == {"all_reduce": 4 * len(FAST), "broadcast": 4 * len(FAST) * world,
+                                      "reduce_scatter": 0, "all_gather": 0}, out
         assert out["python_calls_off_path"] == 6, out
         assert out["native_with_hook"] is False and out["hook_saw"] == ["allreduce"], out
         assert out["native_after_hook"] is True, out

@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "algo/ring_schedule.h"
 #include "comm/core.h"
 #include "common/dtype.h"
 
@@ -12,6 +13,8 @@ namespace {
 // Relaxed counters: each is written by the calling threads only, read by tests after the calls.
 std::atomic<uint64_t> g_all_reduce{0};
 std::atomic<uint64_t> g_broadcast{0};
+std::atomic<uint64_t> g_reduce_scatter{0};
+std::atomic<uint64_t> g_all_gather{0};
 
 constexpr Launch kSync{false, nullptr};
 
@@ -61,8 +64,27 @@ bool sync_broadcast(CommCore& c, const RcArray& buf, int32_t root) {
   return true;
 }
 
+bool sync_reduce_scatter(CommCore& c, const RcArray& in, const RcArray& out, int32_t op) {
+  int64_t n = 0, n_out = 0;
+  if (!takes(in, false, &n) || !takes(out, true, &n_out) || out.dtype != in.dtype ||
+      !rc_op_supported(in.dtype, op) || n_out != ring::chunk_count(n, c.world(), c.rank()))
+    return false;
+  g_reduce_scatter.fetch_add(1, std::memory_order_relaxed);
+  c.reduce_scatter(in.data, out.data, n, static_cast<DType>(in.dtype), static_cast<ReduceOp>(op), kSync);
+  return true;
+}
+
+bool sync_all_gather(CommCore& c, const RcArray& in, const RcArray& out) {
+  int64_t n = 0, n_out = 0;
+  if (!takes(in, false, &n) || !takes(out, true, &n_out) || out.dtype != in.dtype || n_out < n) return false;
+  g_all_gather.fetch_add(1, std::memory_order_relaxed);
+  c.all_gather(in.data, out.data, n, n_out, static_cast<DType>(in.dtype), kSync);
+  return true;
+}
+
 SyncEntryStats sync_entry_stats() {
-  return {g_all_reduce.load(std::memory_order_relaxed), g_broadcast.load(std::memory_order_relaxed)};
+  return {g_all_reduce.load(std::memory_order_relaxed), g_broadcast.load(std::memory_order_relaxed),
+          g_reduce_scatter.load(std::memory_order_relaxed), g_all_gather.load(std::memory_order_relaxed)};
 }
 
 }  // namespace rc

@@ -26,11 +26,24 @@ bool sync_all_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t
 /// of a dtype of the table in compact row-major layout and root is a rank of `c`.
 bool sync_broadcast(CommCore& c, const RcArray& buf, int32_t root);
 
+/// A synchronous reduce_scatter of `in` with op code `op`, this rank's chunk into `out`. Taken
+/// when both arrays are described as all_reduce's are (`out` writable), of one dtype, `op`
+/// reduces it, and `out` holds exactly this rank's chunk of `in` (ring::chunk_count: the first
+/// count % world chunks hold one element more).
+bool sync_reduce_scatter(CommCore& c, const RcArray& in, const RcArray& out, int32_t op);
+
+/// A synchronous all_gather of every rank's `in` into `out` (rank order). Taken when both arrays
+/// are described as all_reduce's are (`out` writable), of one dtype, and `out` holds at least
+/// `in`'s elements; the core checks the counts against every rank's once the headers are in.
+bool sync_all_gather(CommCore& c, const RcArray& in, const RcArray& out);
+
 /// Calls each entry has taken in this process (all communicators together): what tests read to
 /// see that a call went through the entry and not the general path.
 struct SyncEntryStats {
   uint64_t all_reduce;
   uint64_t broadcast;
+  uint64_t reduce_scatter;
+  uint64_t all_gather;
 };
 SyncEntryStats sync_entry_stats();
 

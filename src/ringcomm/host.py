@@ -49,9 +49,9 @@ class Communicator(CoreBackEnd):
         return work
 
     # -- the synchronous entries ---------------------------------------------------------------
-    # A synchronous call with no stream first offers its arrays to the core's synchronous entry
-    # (csrc/comm/sync_entry.h, through the binding Communicator.sync_all_reduce /
-    # sync_broadcast): numpy arrays and torch tensors are described in C++ from their own fields
+    # A synchronous all_reduce, broadcast, reduce_scatter or all_gather with no stream first
+    # offers its arrays to the core's synchronous entry (csrc/comm/sync_entry.h, through the
+    # bindings Communicator.sync_all_reduce, sync_broadcast, sync_reduce_scatter, sync_all_gather): numpy arrays and torch tensors are described in C++ from their own fields
     # (a tensor through its DLPack capsule) and the one eligibility rule decides; what it takes
     # runs there with the GIL released. What it declines (another layout, dtype, op or device,
     # read-only memory, a root that is not a rank) goes the general way, which explains the
@@ -72,6 +72,18 @@ class Communicator(CoreBackEnd):
         if not async_op and stream is None and self._c.sync_broadcast(x, root):
             return None
         return CoreBackEnd.broadcast(self, x, root, async_op, stream)
+
+    def reduce_scatter(self, output, input, op=_SUM, async_op: bool = False, stream=None):
+        if not async_op and stream is None:
+            opc = _OP_CODES.get(op)
+            if opc is not None and self._c.sync_reduce_scatter(output, input, opc):
+                return None
+        return CoreBackEnd.reduce_scatter(self, output, input, op, async_op, stream)
+
+    def all_gather(self, output, input, async_op: bool = False, stream=None):
+        if not async_op and stream is None and self._c.sync_all_gather(output, input):
+            return None
+        return CoreBackEnd.all_gather(self, output, input, async_op, stream)
 
     # -- issuing (arguments validated by CommunicatorBase) ------------------------------------
     def _issue_all_reduce(self, bi, bo, opc, async_op, stream):
