@@ -14,8 +14,12 @@ import time
 import numpy as np
 
 
-def _rank(comm, iters, repeats):
+def _rank(comm, iters, repeats, pin):
+    import os
+
     import torch
+    if pin:
+        os.sched_setaffinity(0, {comm.rank % os.cpu_count()})
     cases = {"numpy float32": np.ones(256, np.float32),
              "torch float32": torch.ones(256),
              "torch bfloat16": torch.ones(512, dtype=torch.bfloat16)}
@@ -39,9 +43,10 @@ def main():
     ap.add_argument("--iters", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--pin", action="store_true", help="pin rank r to CPU r")
     a = ap.parse_args()
     from ringcomm.launch import launch
-    res = launch(_rank, a.world, args=(a.iters, a.repeats))
+    res = launch(_rank, a.world, args=(a.iters, a.repeats, a.pin))
     for name, means in res[0].items():
         print(f"{name:16s} median {statistics.median(means):6.2f} us  min {min(means):6.2f}  "
               f"max {max(means):6.2f}  ({a.repeats} x {a.iters} calls)")
