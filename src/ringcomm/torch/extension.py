@@ -17,7 +17,7 @@ import re
 import sys
 import threading
 
-__all__ = ["SOURCE", "INCLUDE", "HEADER", "CFLAGS", "extension_name", "build_directory", "load", "load_built"]
+__all__ = ["SOURCE", "INCLUDE", "HEADER", "CFLAGS", "extension_name", "build_directory", "load"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(_HERE, "trampoline.cpp")
@@ -76,18 +76,4 @@ def load(verbose: bool = False):
                                   extra_include_paths=[INCLUDE], build_directory=directory,
                                   verbose=verbose)
             _module = module
-        return _module
-
-
-def load_built():
-    """The trampoline module if it is loaded or already built (imported from the cache), else
-    None; never builds. Failures to import read as not built."""
-    global _module
-    with _lock:
-        if _module is None:
-            try:
-                import torch.distributed  # noqa: F401
-                _module = _import_built(extension_name(), build_directory())
-            except Exception:  # noqa: BLE001 - a broken cache or torch: the Python path serves
-                return None
         return _module
