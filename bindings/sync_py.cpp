@@ -13,7 +13,6 @@
 
 #include <pybind11/numpy.h>
 
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <string>

@@ -10,7 +10,8 @@ namespace rc {
 
 namespace {
 
-// Relaxed counters: each is written by the calling threads only, read by tests after the calls.
+// Calls taken, incremented by the threads that call the entries and read by tests after the
+// calls; relaxed: they order no other memory.
 std::atomic<uint64_t> g_all_reduce{0};
 std::atomic<uint64_t> g_broadcast{0};
 std::atomic<uint64_t> g_reduce_scatter{0};

@@ -1,11 +1,12 @@
-// The synchronous entries: ONE function per collective through which every front runs a
-// synchronous call on host memory. numpy arrays (bindings/sync_py.cpp, from the array's fields),
-// torch CPU tensors handed to the plain API (the same binding, from their DLPack capsule) and the
-// torch c10d trampoline (through RcFastApi, ringcomm/abi.h) describe their arrays as RcArray and
-// call these. Each applies the one eligibility rule (takes() in sync_entry.cpp) and, when it
-// takes the arguments, runs CommCore's collective without async (the caller has released the
-// GIL); otherwise it returns false having done nothing, and the caller goes the general way
-// (Python), which raises the typed error that explains the refusal.
+// The synchronous entries: ONE function per collective (all_reduce, broadcast, reduce_scatter,
+// all_gather) through which every front runs a synchronous call on host memory. numpy arrays
+// (bindings/sync_py.cpp, from the array's fields), torch CPU tensors handed to the plain API (the
+// same binding, from their DLPack capsule) and the torch c10d trampoline (through RcFastApi,
+// ringcomm/abi.h) describe their arrays as RcArray and call these. Each applies the one
+// eligibility rule (takes() in sync_entry.cpp) and, when it takes the arguments, runs CommCore's
+// collective without async (the caller has released the GIL); otherwise it returns false having
+// done nothing, and the caller goes the general way (Python), which raises the typed error that
+// explains the refusal.
 #pragma once
 #include <cstdint>
 
