@@ -139,12 +139,21 @@ def test_no_second_copy_of_the_codes_the_rule_or_the_abi():
         assert _COPIES[what].search(header), what        # the patterns do match the one copy
 
 
-def test_the_trampoline_takes_codes_and_abi_from_the_header():
+def test_the_trampoline_takes_codes_and_abi_from_the_header(tmp_path, monkeypatch):
+    """trampoline.cpp includes the header (no table of its own: see the test above), the JIT
+    build puts the packaged header on the include path, and the header's bytes are part of the
+    extension's name, so an edited header never loads a stale build."""
+    pytest.importorskip("torch")
     src = (ROOT / "src" / "ringcomm" / "torch" / "trampoline.cpp").read_text()
     assert '#include "ringcomm/abi.h"' in src and "RC_DTYPES(" in src
     from ringcomm.torch import extension
-    assert Path(extension.HEADER).read_bytes() == HEADER.read_bytes()
-    assert extension.INCLUDE in [str(HEADER.parents[1]), extension.INCLUDE]
+    assert Path(extension.INCLUDE, "ringcomm", "abi.h").read_bytes() == HEADER.read_bytes()
+    assert Path(extension.HEADER) == Path(extension.INCLUDE, "ringcomm", "abi.h")
+    name = extension.extension_name()
+    edited = tmp_path / "abi.h"
+    edited.write_bytes(HEADER.read_bytes() + b"\n")
+    monkeypatch.setattr(extension, "HEADER", str(edited))
+    assert extension.extension_name() != name
 
 
 # ---- the entry's rule, as the bindings apply it ---------------------------------------------------
