@@ -26,7 +26,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 
 #include "ringcomm/abi.h"
 
@@ -40,18 +39,19 @@ bool fast_api_ok(const RcFastApi* a) {
 }
 
 // ringcomm's dtype code of each torch ScalarType (-1: none), filled once at module import from
-// the header's dtype names (torch.<name> for every entry of RC_DTYPES) and read-only afterwards.
+// the header's dtype names (torch.<name> for every entry of RC_DTYPES; a name this torch lacks
+// stays unmapped, its tensors go the Python way) and read-only afterwards.
 constexpr int kScalarTypes = static_cast<int>(c10::ScalarType::NumOptions);
 int8_t g_dtype_code[kScalarTypes];
 
 void init_dtype_codes() {
   for (int8_t& c : g_dtype_code) c = -1;
   py::module_ torch = py::module_::import("torch");
-#define RC_TORCH_DTYPE_(name, code, bytes, str, ...)                                          \
-  {                                                                                          \
-    py::object d = torch.attr(str);                                                          \
-    if (!THPDtype_Check(d.ptr())) throw std::runtime_error("ringcomm: torch." str " is not a dtype"); \
-    g_dtype_code[static_cast<int>(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type)] = code; \
+#define RC_TORCH_DTYPE_(name, code, bytes, str, ...)                                           \
+  {                                                                                           \
+    py::object d = py::getattr(torch, str, py::none());                                       \
+    if (THPDtype_Check(d.ptr()))                                                              \
+      g_dtype_code[static_cast<int>(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type)] = code; \
   }
   RC_DTYPES(RC_TORCH_DTYPE_)
 #undef RC_TORCH_DTYPE_
