@@ -12,7 +12,6 @@
 #include "comm/communicator.h"
 #include "comm/header_exchange.h"
 #include "comm/store_policy.h"
-#include "kernels/reduce_cpu.h"
 
 namespace py = pybind11;
 using rc::Communicator;
@@ -85,9 +84,6 @@ void bind_comm(py::module_& m) {
   rc_py::def_sync_methods(comm);
   rc_py::bind_sync(m);
 
-  // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
-  // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than
-  // ndarray.ctypes.data; the caller keeps the object alive.
   // Test-only: the header board's 32-bit word for collective `seq` (its entry is word & 1).
   m.def("_board_seq_of", &rc::board_seq_of, py::arg("seq"));
   // Test-only: bytes of one rank's shared-memory segment for world_size ranks with the current
@@ -95,6 +91,9 @@ void bind_comm(py::module_& m) {
   m.def("_shm_segment_bytes", [](int world_size) {
     return rc::footprint_bytes(world_size, rc::ShmConfig::host_from_env(world_size, 0));
   }, py::arg("world_size"));
+  // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
+  // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than
+  // ndarray.ctypes.data; the caller keeps the object alive.
   m.def("buffer_address", [](py::handle obj, bool writable) -> py::object {
     Py_buffer view;
     int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
