@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <limits>
 #include <thread>
 

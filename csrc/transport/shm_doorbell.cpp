@@ -25,5 +25,4 @@ void ShmTransport::doorbell_wait(uint32_t seen, int64_t ns) {
   h->doorbell.waiters.fetch_sub(1, std::memory_order_seq_cst);
 }
 
-
 }  // namespace rc

@@ -24,8 +24,8 @@ inline long thread_nivcsw() {
 }
 
 // WaitMode::kAdaptive: a wait that spun at least this long reads the thread's involuntary
-// switch count before and after its spin (two getrusage calls, ~1 us: only waits already this
-// long pay it).
+// switch count before and after its spin (two getrusage calls, cheap beside a wait already
+// this long; shorter waits never pay for them).
 constexpr int64_t kProbeAfterNs = 5000;
 // WaitMode::kAdaptive: after a miss (a spin that ran out, or was preempted) this many waits
 // yield (about 30 small collectives: header and data waits); each wait that ends within its
