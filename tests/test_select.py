@@ -7,7 +7,7 @@ import pytest
 import ringcomm
 from ringcomm import _C
 from ringcomm.launch import spawn
-from selection_cases import store_mismatch_case
+from selection_cases import store_mismatch_case, threshold_mismatch_case
 
 KiB = 1024
 SELECTION_KNOBS = ("RINGCOMM_ALGO", "RINGCOMM_LL_MAX_BYTES", "RINGCOMM_DIRECT_MAX_BYTES", "RINGCOMM_TWO_SHOT_MAX_BYTES",
@@ -112,3 +112,14 @@ def test_ranks_with_different_store_rules_raise_everywhere(store_env):
             assert kind == "MismatchError", (rank, count, kind, msg)
             assert "store=streaming" in msg and "store=cached" in msg, msg
             assert untouched, f"rank {rank} wrote a result of {count} elements before the mismatch"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_with_different_thresholds_raise_everywhere(world, store_env):
+    results = spawn(threshold_mismatch_case, world, timeout=100, env=store_env)
+    for rank, ((kind, msg), untouched, ok) in enumerate(results):
+        assert kind == "MismatchError", (rank, kind, msg)
+        assert "algo=ring, proto=simple" in msg and "algo=direct, proto=header_in_slot" in msg, msg
+        assert untouched, f"rank {rank} wrote a result before the mismatch was raised"
+        assert ok, f"rank {rank}: the all_reduce after the mismatch was wrong"

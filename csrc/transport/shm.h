@@ -27,7 +27,7 @@
 //   or the publisher sees the waiter (no lost wake-up).
 //
 // Header board: before each collective every rank writes a small header (sequence, collective,
-// dtype, op, counts, root) to board[seq % 2] of its own segment and publishes seq with release;
+// dtype, op, counts, root, and the algorithm, protocol and store policy it selected) to board[seq % 2] of its own segment and publishes seq with release;
 // every rank reads every peer's header. Two entries suffice: a rank can only write the entry
 // for seq+2 after it has read every peer's header for seq+1, which every peer posts only after
 // finishing its reads of seq.
