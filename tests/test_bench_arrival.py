@@ -132,10 +132,11 @@ def test_cli_trace_table_at_given_sizes():
     rows = [line.split() for line in r.stdout.splitlines() if line and not line.startswith("#")]
     assert {(row[0], row[1]) for row in rows} == {
         (op, size) for op in ("all_reduce", "broadcast") for size in ("256B", "16K", "1M")}, r.stdout
-    # the algorithm each size takes at 2 ranks: the LL outbox, the direct exchange, the ring/chain
+    # algorithm/protocol each size takes at 2 ranks: the LL outbox, the direct exchange with the
+    # header in the first slot, the ring/chain over slots
     algos = {(row[0], row[1]): row[4] for row in rows}
-    assert algos[("all_reduce", "256B")] == "ll" and algos[("all_reduce", "16K")] == "direct"
-    assert algos[("all_reduce", "1M")] == "ring" and algos[("broadcast", "1M")] == "chain"
+    assert algos[("all_reduce", "256B")] == "direct/ll" and algos[("all_reduce", "16K")] == "direct/header_in_slot"
+    assert algos[("all_reduce", "1M")] == "ring/simple" and algos[("broadcast", "1M")] == "chain/simple"
     assert "# check: ok" in r.stdout
 
 

@@ -97,7 +97,7 @@ def _rank(rank, world, init_method, store_path, calls, cases):
                     raise RuntimeError(f"trace kept {len(recs)} records, expected {calls}")
                 segs = [segments(r, a, b) for r, (a, b) in zip(recs, windows)]
                 out.append({"op": op, "bytes": nbytes, "arrival": arrival,
-                            "algorithm": recs[-1]["algorithm"],
+                            "algorithm": f"{recs[-1]['algorithm']}/{recs[-1]['protocol']}",
                             "segments": {k: [s[k] for s in segs] for k in SEGMENTS}})
     finally:
         comm.close()
@@ -112,9 +112,9 @@ def _median_us(values) -> float | None:
 
 
 def render(results: list[dict], world: int) -> list[str]:
-    lines = [f"# {'collective':<11} {'size':>6} {'arrival':>7} {'rank':>4} {'algo':>6} "
+    lines = [f"# {'collective':<11} {'size':>6} {'arrival':>7} {'rank':>4} {'algo/proto':>21} "
              + " ".join(f"{s:>7}" for s in SEGMENTS) + f" {'call':>7}",
-             "#" + " " * 42 + " ".join(f"{'(us)':>7}" for _ in SEGMENTS) + f" {'(us)':>7}"]
+             "#" + " " * 57 + " ".join(f"{'(us)':>7}" for _ in SEGMENTS) + f" {'(us)':>7}"]
     by_case: dict[tuple, dict] = {}
     for res in results:
         for c in res["cases"]:
@@ -130,7 +130,7 @@ def render(results: list[dict], world: int) -> list[str]:
                 m = _median_us(c["segments"][s])
                 cells.append(f"{m:7.2f}" if m is not None else f"{'-':>7}")
             size = _size_label(nbytes)
-            lines.append(f"  {op:<11} {size:>6} {arrival:>7} {r:>4} {c['algorithm']:>6} "
+            lines.append(f"  {op:<11} {size:>6} {arrival:>7} {r:>4} {c['algorithm']:>21} "
                          + " ".join(cells) + (f" {call:7.2f}" if r == 0 else f" {'':>7}"))
     return lines
 
