@@ -67,9 +67,10 @@ Knobs
     GLOO_SOCKET_IFNAME gloo's own knob: the network interface the inter-node groups use.
 
 Modules
-    topology (node ids, Topology), fake_nodes (several nodes faked on one machine), engines
-    (RINGCOMM_INTER, engine failures), gloo_engine, mpi_engine, executor (issue-order execution,
-    HierWork), algorithms (the two-level schedules), tensors (flat torch views), communicator.
+    topology (node ids, Topology), fake_nodes (several nodes faked on one machine), engine_base
+    (what every engine shares, engine failures), gloo_engine, mpi_engine, engines (RINGCOMM_INTER
+    chooses one), executor (issue-order execution, HierWork), algorithms (the two-level
+    schedules), tensors (flat torch views), communicator.
 """
 from __future__ import annotations
 
