@@ -43,10 +43,10 @@ optionally a JSON file (``--json``).
 """
 from __future__ import annotations
 
+from ..tiny_lm import Block, TinyLM, make_batch
 from .cli import build_parser, main
 from .comm_timer import CommTimer
 from .memory_meters import ActivationMeter, model_state_bytes
-from .model import Block, TinyLM, make_batch
 from .runner import run_config
 from .strategies import PRECISIONS, STRATEGIES, TOLERANCE
 
