@@ -11,10 +11,9 @@ import time
 
 import pytest
 
-from ringcomm.bench import harness
 from ringcomm.bench.harness import Policy, make_separator, parse_arrival, run_measurement
 
-from test_bench_cli import run_bench
+from test_bench_cli import VERDICT, _check_cells, run_bench
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -94,7 +93,7 @@ def _cells(doc):
 @pytest.mark.parametrize("arrival", ["apart:20", "skew:30"])
 def test_cli_arrival_modes_rows_checked(tmp_path, arrival):
     jpath = tmp_path / "a.json"
-    r = run_bench("-np", "2", "-b", "1K", "-e", "4K", "-w", "1", "-n", "3", "--time-budget", "0.01",
+    r = run_bench("-np", "2", "-b", "1K", "-e", "4K", "-w", "1", "--time-budget", "0.005",
                   "--ops", "all_reduce,broadcast", "-d", "float32,bfloat16", "--peers", "gloo",
                   "--arrival", arrival, "--json", str(jpath), timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -105,10 +104,9 @@ def test_cli_arrival_modes_rows_checked(tmp_path, arrival):
     assert doc["meta"]["config"]["policy"]["arrival"] == kind
     assert {(t["op"], t["dtype"]) for t in doc["tables"]} == {
         (op, d) for op in ("all_reduce", "broadcast") for d in ("float32", "bfloat16")}
-    measured = [(n, c) for n, c in _cells(doc) if "na" not in c]
+    measured = _check_cells(doc, 20)        # checked, >= 20 calls, min <= median <= p90
     assert {n.split("/")[0] for n, _ in measured} == {"ringcomm", "gloo"}
-    for name, c in measured:
-        assert c["wrong"] == 0 and c["iters"] >= 1 and c["time_us"] > 0, (name, c)
+    assert not VERDICT.search(r.stdout)
 
 
 def test_cli_trace_table():
@@ -150,7 +148,7 @@ def test_cli_deepspeed_peer(tmp_path):
     if reason:
         pytest.skip(f"deepspeed peer unavailable: {reason}")
     jpath = tmp_path / "ds.json"
-    r = run_bench("-np", "2", "-b", "1K", "-e", "4K", "-w", "1", "-n", "3", "--time-budget", "0.01",
+    r = run_bench("-np", "2", "-b", "1K", "-e", "4K", "-w", "1", "--time-budget", "0.005",
                   "--ops", "all_reduce,broadcast", "-d", "float32,bfloat16", "--peers", "deepspeed",
                   "--arrival", "apart", "--json", str(jpath), timeout=480)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -166,8 +164,7 @@ def test_cli_deepspeed_peer(tmp_path):
     for op, d, c in ds:
         if "na" in c:
             assert op == "broadcast", (op, d, c)      # the shm op is all_reduce only
-        else:
-            assert c["wrong"] == 0 and c["iters"] >= 1 and c["time_us"] > 0, (op, d, c)
+    _check_cells(doc, 20)          # deepspeed's cells too: checked, >= 20 calls, spread ordered
     assert "deepspeed (in-place)" in r.stdout
 
 
@@ -180,7 +177,7 @@ def test_cli_mpi_apart_uses_the_gloo_separator(tmp_path):
     if reason:
         pytest.skip(f"mpi peer unavailable: {reason}")
     jpath = tmp_path / "mpi.json"
-    r = run_bench("-np", "2", "-b", "1K", "-e", "4K", "-w", "1", "-n", "3", "--time-budget", "0.01",
+    r = run_bench("-np", "2", "-b", "1K", "-e", "4K", "-w", "1", "--time-budget", "0.005",
                   "--ops", "all_reduce", "-d", "float32", "--peers", "mpi", "--arrival", "apart",
                   "--json", str(jpath), timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -189,4 +186,5 @@ def test_cli_mpi_apart_uses_the_gloo_separator(tmp_path):
         doc["meta"]["notices"]
     assert doc["wrong"] == 0 and doc["errors"] == 0
     mpi = [c for n, c in _cells(doc) if n.startswith("mpi")]
-    assert mpi and all("na" not in c and c["wrong"] == 0 and c["time_us"] > 0 for c in mpi), mpi
+    assert mpi and all("na" not in c for c in mpi), mpi
+    _check_cells(doc, 20)

@@ -54,7 +54,7 @@ def measure_memcpy(sizes: list[int], budget: float = 0.05, max_iters: int = 200,
 
 def main(argv=None) -> int:
     import argparse
-    from .harness import format_size, parse_size, size_sweep
+    from .spec import format_size, parse_size, size_sweep
     p = argparse.ArgumentParser(prog="python -m ringcomm.bench.memcpy",
                                 description="single-process memcpy bandwidth (the ceiling)")
     p.add_argument("-b", "--minbytes", default="1K")
