@@ -1,7 +1,8 @@
 """``python -m ringcomm.bench --arrival apart|skew``, ``--trace`` and the DeepSpeed peer.
 
 In process: the separator runs before every warm-up and timed call and stays outside the timed
-interval; skew delays rank r by r x US. End to end (2 ranks, tiny sizes): the new modes produce
+interval; skew delays rank r by r x US; timed rounds go on until they fill the time budget, even
+after a warm-up slowed by a descheduled stretch. End to end (2 ranks, tiny sizes): the new modes produce
 checked rows (the correctness check runs against the harness's numpy reference on every rank),
 the trace table covers every case on every rank, and DeepSpeed's shm all_reduce is measured and
 checked when its extension builds here (skipped with the reason otherwise)."""
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from ringcomm.bench.harness import Policy, make_separator, parse_arrival, run_measurement
+from ringcomm.bench.harness import Policy, make_separator, parse_arrival, run_measurement, spin_us
 
 from test_bench_cli import VERDICT, _check_cells, run_bench
 
@@ -70,6 +71,33 @@ def test_separator_precedes_every_call_and_is_not_timed():
     rest = ev[1:]
     assert rest == ["sep", "call"] * (len(rest) // 2) and len(rest) == 2 * (res["warmup"] + res["iters"])
     assert res["iters"] == 5 and max(res["times"]) < 0.01, res["times"]
+
+
+class _SlowStartCase(_FakeCase):
+    """The checked call and the warm-up take 20 ms each (a descheduled stretch), the timed
+    calls 0.1 ms: the warm-up's estimate alone would time far less than the budget."""
+
+    def __init__(self, events, slow_calls):
+        super().__init__(events)
+        self.slow_calls = slow_calls
+
+    def fn(self):
+        self.events.append("call")
+        spin_us(20_000 if len(self.events) <= self.slow_calls else 100)
+
+
+def test_timed_rounds_fill_the_budget_after_a_slow_warm_up():
+    runner = _FakeRunner()
+    policy = Policy(warmup=1, iters=200_000, budget=0.05, min_iters=3)
+    res = run_measurement(runner, lambda: _SlowStartCase(runner.events, 2), policy)
+    assert res["warmup"] == 1 and res["rounds"] >= 2
+    assert res["iters"] == len(res["times"]) > 100
+    assert res["times"].sum() >= 0.9 * policy.budget, res["times"].sum()
+    # a cell whose first round already fills the budget takes one round, min_iters calls
+    runner = _FakeRunner()
+    res = run_measurement(runner, lambda: _SlowStartCase(runner.events, 10**9),
+                          Policy(warmup=1, budget=0.01, min_iters=3))
+    assert res["rounds"] == 1 and res["iters"] == 3
 
 
 def test_skew_delays_rank_by_rank_times_us():

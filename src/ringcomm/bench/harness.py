@@ -11,9 +11,10 @@ One *measurement* is (library, mode, collective, dtype, reduce op, size) on ever
    run the collective once and count the wrong elements;
 3. warm-up and timed calls whose counts adapt to the size: the check call's time (max over
    ranks, agreed through the library itself so every rank makes the same number of calls) sizes
-   the warm-up (a quarter of ``budget``), the warm-up's mean sizes the timed loop: at least
-   ``min_iters`` calls and at least ``budget`` seconds of them, whichever is more, at most
-   ``iters`` calls;
+   the warm-up (a quarter of ``budget``), the warm-up's mean sizes the first round of timed
+   calls (``Policy.timed_calls``); more rounds follow until the rounds have taken ``budget``
+   seconds on the slowest rank. So a cell times at least ``min_iters`` calls and at least
+   ``budget`` seconds of them, whichever is more, at most ``iters`` calls;
 4. barrier, then each rank times every call on its own clock. The parent takes, per call, the
    max over ranks (the call ends for the job when its last rank is done) and reports the spread
    of those: min, median, p90, p99 (with 100 calls or more), mean and max, and the count.
@@ -221,9 +222,9 @@ class Policy:
     arrival_us: float = 0.0     # apart: compute before every call; skew: rank r computes r x this
 
     def timed_calls(self, est: float) -> int:
-        """The timed loop's length for calls of ``est`` seconds each (the same on every rank, as
-        ``est`` is agreed): enough calls to fill ``budget``, at least ``min_iters``, at most
-        ``iters``."""
+        """The first timed round's length for calls of ``est`` seconds each (the same on every
+        rank, as ``est`` is agreed): enough calls to fill ``budget``, at least ``min_iters``, at
+        most ``iters``."""
         lo = min(self.min_iters, self.iters)
         return max(lo, min(self.iters, math.ceil(self.budget / max(est, 1e-9))))
 
@@ -337,17 +338,33 @@ def run_measurement(runner, build, policy: Policy, separator=None) -> dict:
                 separator()
             fn()
         est = runner.agree_max((perf() - t0) / n_warm)
+    # Timed rounds: the first sized by the warm-up, each next one by the calls timed so far, until
+    # the rounds have taken `budget` seconds on the slowest rank (or `iters` calls are timed). The
+    # agreed loop time decides on every rank alike, so all ranks make the same calls; a warm-up
+    # slowed by one descheduled stretch therefore cannot cut the cell short.
+    rounds, done, spent = [], 0, 0.0
     n = policy.timed_calls(est)
-    times = np.empty(n, dtype=np.float64)
     runner.barrier()
-    for i in range(n):
-        if separator is not None:
-            separator()
-        t0 = perf()
-        fn()
-        times[i] = perf() - t0
-    return {"times": times, "wrong": wrong, "warmup": n_warm, "iters": n,
-            "check_s": t_check}
+    while True:
+        times = np.empty(n, dtype=np.float64)
+        t_round = perf()
+        for i in range(n):
+            if separator is not None:
+                separator()
+            t0 = perf()
+            fn()
+            times[i] = perf() - t0
+        spent_here = perf() - t_round
+        rounds.append(times)
+        done += n
+        spent = runner.agree_max(spent + spent_here)
+        if spent >= policy.budget or done >= policy.iters:
+            break
+        per_call = max(spent, 1e-9) / done
+        n = min(policy.iters - done, max(1, math.ceil((policy.budget - spent) / per_call)))
+    times = np.concatenate(rounds)
+    return {"times": times, "wrong": wrong, "warmup": n_warm, "iters": done,
+            "rounds": len(rounds), "check_s": t_check}
 
 
 _BENIGN = re.compile(r"not support|unsupported|can't be cast|cannot be cast|cannot use|"
