@@ -1,41 +1,21 @@
-"""The README's benchmark tables from one scripts/bench_tables.sh run.
+"""The all_reduce tables of docs/benchmarks.md ("The latest tables") from one
+scripts/bench_tables.sh run.
 
     python scripts/bench_readme_tables.py DIR
 
 DIR holds np2_b2b.json, np2_apart.json, np4_b2b.json, np4_apart.json and (optionally)
 np2_b2b_load2.json, np2_apart_load2.json. Prints, per dtype, a markdown table of all_reduce times
 (ringcomm in place, with MPICH / DeepSpeed / gloo in place beside it: µs, the median over timed
-calls of the max over ranks). ``python scripts/check_targets.py --runs DIR`` checks our targets
-on the same runs.
+calls of the max over ranks). The runs are read by scripts/check_targets.py's ``load_runs``, the
+reader ``python scripts/check_targets.py --runs DIR`` judges them with.
 """
-import json
 import os
 import sys
 
-RUNS = ["np2_b2b", "np2_apart", "np4_b2b", "np4_apart", "np2_b2b_load2", "np2_apart_load2"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_targets import RUNS, load_runs, size_name  # noqa: E402
+
 PEERS = ["mpi", "deepspeed", "gloo"]
-
-
-def load(d):
-    out = {}
-    for run in RUNS:
-        p = os.path.join(d, run + ".json")
-        if not os.path.exists(p):
-            continue
-        doc = json.load(open(p))
-        for t in doc["tables"]:
-            if t["op"] != "all_reduce":
-                continue
-            for row in t["rows"]:
-                for name, cell in row["libs"].items():
-                    lib, _, mode = name.partition("/")
-                    if mode == "in-place" and "time_us" in cell:
-                        out[(run, t["dtype"], row["size"], lib)] = cell
-    return out
-
-
-def size_name(b):
-    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 
 
 def fmt(v):
@@ -45,8 +25,10 @@ def fmt(v):
 
 
 def main(d):
-    cells = load(d)
-    t = lambda run, dt, size, lib: (cells.get((run, dt, size, lib)) or {}).get("time_us")
+    # Every timed cell is printed, one whose check failed too (the run's own report flags it);
+    # the targets leave such a cell out.
+    cells = load_runs(d, keep_wrong=True)
+    t = lambda run, dt, size, lib: (cells.get((run, dt, size, lib)) or {}).get("time_us")  # noqa: E731
     runs = [r for r in RUNS if any(k[0] == r for k in cells)]
     dtypes = sorted({k[1] for k in cells}, key=lambda x: x != "float32")
     sizes = sorted({k[2] for k in cells})

@@ -136,8 +136,10 @@ def check_run(doc: dict) -> list[dict]:
 RUNS = ["np2_b2b", "np2_apart", "np4_b2b", "np4_apart", "np2_b2b_load2", "np2_apart_load2"]
 
 
-def load_runs(d: str) -> dict:
-    """{(run, dtype, size, lib): median µs} of all_reduce in place, for every run in DIR."""
+def load_runs(d: str, keep_wrong: bool = False) -> dict:
+    """{(run, dtype, size, lib): cell} of all_reduce in place, for every run of RUNS whose JSON
+    is in DIR; a cell is the bench JSON's (``time_us`` the median µs). Cells whose correctness
+    check found wrong elements are left out unless ``keep_wrong``."""
     out = {}
     for run in RUNS:
         p = os.path.join(d, run + ".json")
@@ -151,13 +153,15 @@ def load_runs(d: str) -> dict:
             for row in t["rows"]:
                 for name, cell in row["libs"].items():
                     lib, _, mode = name.partition("/")
-                    if mode == "in-place" and "time_us" in cell and not cell.get("wrong"):
-                        out[(run, t["dtype"], row["size"], lib)] = cell["time_us"]
+                    if mode != "in-place" or "time_us" not in cell:
+                        continue
+                    if keep_wrong or not cell.get("wrong"):
+                        out[(run, t["dtype"], row["size"], lib)] = cell
     return out
 
 
 def check_runs(d: str) -> list[dict]:
-    cells = load_runs(d)
+    cells = {k: cell["time_us"] for k, cell in load_runs(d).items()}
     t = lambda run, dt, size, lib: cells.get((run, dt, size, lib))  # noqa: E731
     dtypes = sorted({k[1] for k in cells}, key=lambda x: x != "float32")
     sizes = sorted({k[2] for k in cells})

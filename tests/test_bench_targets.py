@@ -86,3 +86,36 @@ def test_cli_on_files_and_runs(tmp_path, capsys):
     assert [r["met"] for r in gloo] == [True, False]          # b2b 0.1x, apart 0.3x (> 1/4)
     with pytest.raises(SystemExit):
         ct.main([])
+
+
+def test_tables_and_targets_read_the_same_runs(tmp_path, capsys):
+    """scripts/bench_readme_tables.py prints the runs through check_targets.load_runs: every timed
+    in-place all_reduce cell, a wrong one too; the targets leave the wrong one out."""
+    ip = lambda us, wrong=0: {"time_us": us, "wrong": wrong}  # noqa: E731
+    doc = {"meta": {"world_size": 2}, "tables": [
+        {"op": "all_reduce", "dtype": "float32", "redop": "sum", "rows": [
+            {"size": KiB, "speedup": {}, "libs": {"ringcomm/in-place": ip(2.5), "mpi/in-place": ip(3.0),
+                                                  "ringcomm/out-of-place": ip(9.0)}},
+            {"size": 4 * MiB, "speedup": {}, "libs": {"ringcomm/in-place": ip(1234.4, wrong=2),
+                                                      "gloo/in-place": ip(5000.0)}}]},
+        {"op": "broadcast", "dtype": "float32", "redop": "-", "rows": [
+            {"size": KiB, "speedup": {}, "libs": {"ringcomm/in-place": ip(7.0)}}]}]}
+    (tmp_path / "np2_b2b.json").write_text(json.dumps(doc))
+    (tmp_path / "other.json").write_text(json.dumps(doc))            # not one of RUNS: ignored
+    cells = ct.load_runs(str(tmp_path))
+    assert {k: c["time_us"] for k, c in cells.items()} == {
+        ("np2_b2b", "float32", KiB, "ringcomm"): 2.5, ("np2_b2b", "float32", KiB, "mpi"): 3.0,
+        ("np2_b2b", "float32", 4 * MiB, "gloo"): 5000.0}
+    assert ("np2_b2b", "float32", 4 * MiB, "ringcomm") in ct.load_runs(str(tmp_path), keep_wrong=True)
+
+    path = SCRIPT.with_name("bench_readme_tables.py")
+    spec = importlib.util.spec_from_file_location("bench_readme_tables", path)
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    capsys.readouterr()
+    tables.main(str(tmp_path))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "**all_reduce float32, time in µs: ringcomm (MPICH / DeepSpeed / gloo), all in place**"
+    assert "| size | np2 b2b |" in out
+    assert "| 1 KiB | 2.5 (3.0 / n/a / n/a) |" in out
+    assert "| 4 MiB | 1234 (n/a / n/a / 5000) |" in out
