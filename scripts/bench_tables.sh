@@ -1,7 +1,8 @@
 #!/bin/bash
-# The README's benchmark tables, one bench run each: all_reduce float32 and bfloat16, 2 and 4
-# ranks, calls back to back and apart (a gloo barrier before every call), ringcomm beside gloo,
-# MPICH and DeepSpeed's shared-memory op; then the same 2-rank runs beside LOAD busy processes.
+# The runs behind docs/benchmarks.md's all_reduce tables, one bench run each: float32 and
+# bfloat16, 2 and 4 ranks, calls back to back and apart (a gloo barrier before every call),
+# ringcomm beside gloo, MPICH and DeepSpeed's shared-memory op; then the same 2-rank runs beside
+# LOAD busy processes.
 # Usage: scripts/bench_tables.sh OUTDIR [LOAD]   (LOAD default 2; 0 skips the loaded runs)
 # Every cell times at least 20 calls and at least 0.5 s of them (the bench's count and spread
 # columns say how many and how they spread). Each run writes OUTDIR/<name>.txt (the full report)
