@@ -419,7 +419,7 @@ def _progress(total: int, desc: str, enabled: bool):
         from tqdm import tqdm
     except ImportError:
         return None
-    # disable=None: shown on a terminal only, so piped output (README pastes) stays clean.
+    # disable=None: shown on a terminal only, so piped output (a saved report) stays clean.
     return tqdm(total=total, desc=desc, file=sys.stderr, unit="case", disable=None, leave=False)
 
 

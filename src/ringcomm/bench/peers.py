@@ -349,8 +349,8 @@ def _ds_segment_prefix(cfg) -> tuple[str, str]:
 
 class DeepSpeedRunner(TorchRunner):
     """DeepSpeed's op needs LOCAL_SIZE = world size (else it silently does nothing: the
-    correctness check would say so), DS_ACCELERATOR=cpu, and a built extension (ninja, about a
-    minute on first use, cached under ~/.cache/torch_extensions)."""
+    correctness check would say so), DS_ACCELERATOR=cpu, and a built extension (ninja builds it on
+    first use and caches it under ~/.cache/torch_extensions)."""
     name = "deepspeed"
     backend = "gloo"
 

@@ -1,6 +1,6 @@
 """Train a small transformer language model with every data-parallel strategy and compare them.
 
-    python -m ringcomm.train --quick                  # < 2 minutes on 2 cores
+    python -m ringcomm.train --quick                  # tiny model: under 2 minutes (a test holds it)
     python -m ringcomm.train --world-size 2 --backend ringcomm --plot out.png --json out.json
 
 Configurations: ``single`` (one process, the reference), ``torch_ddp`` (torch's
