@@ -14,7 +14,8 @@ size: reduce_scatter and all_gather busbw >= 0.8x all_reduce's (ringcomm out of 
 
 ``--runs DIR`` reads np2_b2b.json, np2_apart.json, np4_b2b.json, np4_apart.json and, where
 present, np2_b2b_load2.json and np2_apart_load2.json (all_reduce in place) and checks the
-targets of the latency work on them (float32 and bfloat16).
+latency and bandwidth targets of ``check_runs`` on them (float32 and bfloat16): ringcomm against
+MPICH, DeepSpeed and gloo, back to back, apart and beside busy processes.
 
 Each target prints its worst size in its range and MET / NOT MET (or "not measured"). Exit
 status: 0 if every measured target is met, 1 if one is not, 2 if none could be measured.
