@@ -29,6 +29,11 @@ import time
 
 import numpy as np
 
+from ..launch import LaunchError, spawn
+from ..machine import cpu_model
+from .hostload import loadavg
+from .load import BusyLoad
+
 SIZES = (1024, 65536)
 OPS = ("all_reduce", "broadcast")
 ARRIVALS = ("b2b", "apart")
@@ -138,10 +143,6 @@ def render(results: list[dict], world: int) -> list[str]:
 def main_trace(cfg: dict, calls: int = 100, load=None, sizes=None) -> int:
     """The per-phase table on stdout; `load` (a BusyLoad or None) runs around the ranks; `sizes`
     (bytes, multiples of 4) replace the default 1 KiB and 64 KiB."""
-    from .load import BusyLoad
-    from ringcomm.launch import LaunchError, spawn
-    from ..machine import cpu_model
-    from .cli import _loadavg
     world = cfg["world_size"]
     if world < 2:
         print("ringcomm-bench --trace: needs -np >= 2", file=sys.stderr)
@@ -152,7 +153,7 @@ def main_trace(cfg: dict, calls: int = 100, load=None, sizes=None) -> int:
         print("ringcomm-bench --trace: no size of at least 4 bytes", file=sys.stderr)
         return 2
     started = datetime.datetime.now(datetime.timezone.utc)
-    load0 = _loadavg()
+    load0 = loadavg()
     tmp = tempfile.mkdtemp(prefix="ringcomm-trace-")
     load = load if load is not None else BusyLoad(0)
     try:
@@ -165,7 +166,7 @@ def main_trace(cfg: dict, calls: int = 100, load=None, sizes=None) -> int:
         return 3
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    load1 = _loadavg()
+    load1 = loadavg()
     cmd = "python -m ringcomm.bench " + " ".join(sys.argv[1:])
     head = [f"# ringcomm-bench --trace  {started:%Y-%m-%d %H:%M:%S} UTC  host {platform.node()}  "
             f"{cpu_model()} ({os.cpu_count()} cores)  {platform.system()} {platform.release()}",
