@@ -1,8 +1,9 @@
 // Two threads, one writer and one reader, move 64 MiB through 8 slots of 256 KiB (ringcomm's
 // default slot geometry): the writer fills a slot with memcpy (cached stores) or with streaming
-// (non-temporal) stores, the reader copies it out. Prints GB/s for both ways, twice each. On a VM
-// whose two vCPUs sometimes share an L3 and sometimes do not, the two ways cost about the same in
-// the first state and differ ~3x in the second (see README, "What the numbers depend on").
+// (non-temporal) stores, the reader copies it out. Prints GB/s for both ways, twice each. Which
+// way is faster depends on where the reader finds the lines: still dirty in the writer's cache
+// (another L3, as on a VM whose vCPUs the host moves around) or in memory; docs/latency.md,
+// "Stores into peers' slots", says when each wins and why RINGCOMM_STREAM exists.
 //
 //   gcc -O2 -mavx2 -pthread benchmarks/slot_copy_probe.c -o /tmp/slot_copy_probe
 //   /tmp/slot_copy_probe 0 1      # writer on CPU 0, reader on CPU 1

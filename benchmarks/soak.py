@@ -17,9 +17,10 @@ What runs:
 - Exactness: integers use their full range (wrap-around arithmetic is order-free). Floating
   reductions use small integer values (order-free and exact); AVG is the exact sum times the
   dtype's 1/n, rounded once, at the last combination. all_reduce SUM of float16/32/64 also runs on
-  values where the order shows, against the documented combination order (README "Reproducible
-  results", tests/order_ref.py). Copies (broadcast, gathers, all_to_all, send/recv) carry random
-  bit patterns. Inputs of out-of-place calls and non-root buffers must stay unchanged.
+  values where the order shows, against the documented combination order (docs/api.md,
+  "Reproducible results"; tests/order_ref.py). Copies (broadcast, gathers, all_to_all,
+  send/recv) carry random bit patterns. Inputs of out-of-place calls and non-root buffers must
+  stay unchanged.
 - Every rank exchanges a control word (all_reduce MAX) every few calls: rank 0's clock decides when
   an epoch or the run ends, and any rank's error count stops everyone.
 - Reports every minute and at the end: calls per kind, bytes (the sum of every rank's input

@@ -13,8 +13,8 @@ import importlib.util
 
 import pytest
 
-from ringcomm.bench.harness import bus_factor, format_size
 from ringcomm.bench.peers import probe
+from ringcomm.bench.spec import bus_factor, format_size
 
 WORLD = 2
 KiB, MiB = 1 << 10, 1 << 20
@@ -37,7 +37,7 @@ def _bench(benchmark, group, lib, op, mode, size, redop="sum"):
     if lib not in LIBS:
         pytest.skip(f"{lib} unavailable: {probe(lib)}")
     m = group.start(lib, op, mode, "float32", redop, size, budget=0.5 if size < 16 * MiB else 1.0,
-                    min_calls=5)
+                    min_calls=20)
     made = 0
 
     def call():

@@ -4,8 +4,8 @@ Same buffers as ``ringcomm.bench.memcpy``. ``pytest benchmarks/ --benchmark-only
 import numpy as np
 import pytest
 
-from ringcomm.bench.harness import format_size
 from ringcomm.bench.memcpy import _aligned
+from ringcomm.bench.spec import format_size
 
 KiB, MiB = 1 << 10, 1 << 20
 

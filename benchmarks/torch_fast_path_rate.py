@@ -5,7 +5,8 @@ slower rank's, two alternations of each mode per size.
     python benchmarks/torch_fast_path_rate.py
 
 "off" disables the trampoline's fast path (``_set_fast_path(0, 0)``), so every call takes
-the Python half (src/ringcomm/torch/collectives.py), as before the C++ path existed.
+the Python half (src/ringcomm/torch/collectives.py): the difference is what the C++ path saves
+per call.
 """
 import os
 import sys

@@ -6,8 +6,9 @@ Starts LOAD busy processes (pure-Python arithmetic, normal priority, not pinned:
 the machine) and WORLD ranks, each timing CALLS back-to-back in-place float32 SUM all_reduces
 of BYTES bytes after 20 warm-up calls; prints, over calls, the percentiles of the max over ranks
 of each call's time, how many calls took over 2 ms (a scheduler slice lost), and the ranks'
-``comm.wait_stats()`` summed. Run it with ``PYTHONPATH`` pointing at another build to A/B two
-builds in alternation (the figures in docs/latency.md section 8 are from that).
+``comm.wait_stats()`` summed. Run it with ``PYTHONPATH`` pointing at another build, or with a
+wait knob changed, to A/B the two in alternation (docs/latency.md, "The wait policy", describes
+the back-off this measures).
 """
 import multiprocessing as mp
 import os

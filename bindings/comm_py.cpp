@@ -11,7 +11,7 @@
 #include "algo/ring_schedule.h"
 #include "comm/communicator.h"
 #include "comm/header_exchange.h"
-#include "comm/store_policy.h"
+#include "comm/selection.h"
 
 namespace py = pybind11;
 using rc::Communicator;
@@ -26,7 +26,7 @@ struct HostLaunches {
   static bool hands_back(bool async) { return async; }  // a synchronous call has completed
 };
 
-// One dict per record: seq, collective, algorithm, bytes, ok, and each phase's ns (None: did not happen).
+// One dict per record: seq, collective, algorithm, protocol, store, bytes, ok, and each phase's ns (None: did not happen).
 py::list trace_list(const std::vector<rc::TraceRecord>& recs) {
   py::list out;
   for (const rc::TraceRecord& r : recs) {
@@ -34,6 +34,8 @@ py::list trace_list(const std::vector<rc::TraceRecord>& recs) {
     d["seq"] = r.seq;
     d["collective"] = rc::coll_name(static_cast<rc::Coll>(r.coll));
     d["algorithm"] = r.algo;
+    d["protocol"] = r.proto;
+    d["store"] = r.store;
     d["bytes"] = r.bytes;
     d["ok"] = r.ok;
     for (int p = 0; p < rc::kTracePhases; ++p) {
@@ -143,17 +145,20 @@ void bind_comm(py::module_& m) {
 #undef RC_COLL_CODE_
   m.attr("COLL_CODES") = coll_codes;
 
-  // Tests only: the policy that picks cached or streaming stores per size class.
-  py::class_<rc::StorePolicy>(m, "_StorePolicy")
-      .def(py::init<>())
-      .def("choose", [](rc::StorePolicy& p, uint64_t bytes, int kind) {
-        const rc::StorePolicy::Choice c = p.choose(bytes, kind);
-        return py::make_tuple(c.stream, c.cls);
-      }, py::arg("bytes"), py::arg("kind") = 0, "(stream, class or -1 when not measured)")
-      .def("record", [](rc::StorePolicy& p, bool stream, int cls, uint64_t bytes, int64_t ns) {
-        rc::StorePolicy::Choice c;
-        c.stream = stream;
-        c.cls = cls;
-        p.record(c, bytes, ns);
-      }, py::arg("stream"), py::arg("cls"), py::arg("bytes"), py::arg("ns"));
+  // Tests and tools: the selection (comm/selection.h) a communicator of `world_size` ranks makes
+  // for `collective` of `bytes` under the current knobs; device "host" or "cuda" (its caps).
+  m.def("_select", [](const std::string& collective, int64_t bytes, int world_size, const std::string& device) {
+    rc::Coll coll = rc::Coll::kRejected;
+#define RC_COLL_BY_NAME_(name, code, str, reduces) \
+    if (collective == str) coll = rc::Coll::k##name;
+    RC_COLLECTIVES(RC_COLL_BY_NAME_)
+#undef RC_COLL_BY_NAME_
+    RC_CHECK(coll != rc::Coll::kRejected, InvalidArgument, "ringcomm: unknown collective '" << collective << "'");
+    RC_CHECK(device == "host" || device == "cuda", InvalidArgument, "ringcomm: device must be host or cuda");
+    const rc::DeviceCaps caps = device == "host"
+        ? rc::HostDevice::caps_for(rc::ShmConfig::host_from_env(world_size, 1.0)) : rc::DeviceCaps{};
+    const rc::Selection s = rc::select(coll, bytes, world_size, rc::SelectionKnobs::from_env(), caps);
+    return py::make_tuple(rc::algo_name(s.algo), rc::proto_name(s.proto), rc::store_name(s.store));
+  }, py::arg("collective"), py::arg("bytes"), py::arg("world_size"), py::arg("device") = "host",
+     "(algorithm, protocol, store) names the selection picks (csrc/comm/selection.h)");
 }

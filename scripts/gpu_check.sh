@@ -8,13 +8,16 @@
 # tests/test_cuda.py, tests/test_cuda_reliability.py (dead peer, retired pins, send/recv memory;
 # first in stage B) and benchmarks/cuda_bench.py, and leaves every log in $OUT:
 #   env.txt  build.log  status.txt  tests_a.log  cuda_bench.log  cuda_bench.json  tests_b.log
-#   summary.txt  (also printed at the end; 8 files at most, what a device session brings back)
+#   summary.txt  (also printed at the end; 8 files at most, so a runner that returns a bounded
+#   number of output files returns them all)
 # Knobs: STAGE_A_TIMEOUT (s, default 150), TEST_TIMEOUT (stage B, s, default 300), BENCH_TIMEOUT
 # (s, default 150), GPU_CHECK_K (a pytest -k expression: run only that, no stage B), BENCH_ARGS
 # (default "-b 1M -e 256M -f 4 --iters 20"), RC_TEST_GPU_COMM_TIMEOUT / RC_TEST_GPU_CASE_TIMEOUT
 # (per-collective and per-configuration limits of the GPU cases, default 30 s / 100 s here).
 # Exit status: 0 when the build succeeded, CUDA was usable and the tests passed.
-# Budget: about 1-2 min build (16 cores) + <= 5 min tests + <= 2.5 min benchmark: under 10 min.
+# Time: after the build, every stage runs under its own limit (STAGE_A_TIMEOUT, BENCH_TIMEOUT,
+# TEST_TIMEOUT, MIXED_TIMEOUT for the 2-GPU mixed-device case, default 200 s), so a hung test or
+# benchmark cannot hold the machine past their sum.
 # The GPU tests run in priority order (tests/test_cuda.py), so a timeout cuts the least important.
 set -u
 cd "$(dirname "$0")/.."

@@ -11,6 +11,11 @@ from mp_cases import init_under_env
 
 
 
+def path(rec):
+    """'algorithm/protocol' of a trace record."""
+    return f"{rec['algorithm']}/{rec['protocol']}"
+
+
 def reuse_cases(rank, world, calls, seed):
     """A long random sequence of LL and non-LL collectives, synchronous and asynchronous, with
     random delays before calls on random ranks, every result checked against the exact value: a
@@ -35,7 +40,7 @@ def reuse_cases(rank, world, calls, seed):
                     comm.all_reduce(x)
                     if not (x == want).all():
                         fails.append(f"rank {rank} call {i}: all_reduce({count}) gave {x[:4]} want {want}")
-                    algos.add(comm.trace()[-1]["algorithm"])
+                    algos.add(path(comm.trace()[-1]))
                 else:
                     pending.append((i, x, want, comm.all_reduce(x, async_op=True)))
             elif kind == "bcast":
@@ -49,7 +54,7 @@ def reuse_cases(rank, world, calls, seed):
                 comm.all_reduce(x)
                 if not (x == sum(range(world))).all():
                     fails.append(f"rank {rank} call {i}: all_reduce({3000 + count}) wrong")
-                algos.add(comm.trace()[-1]["algorithm"])
+                algos.add(path(comm.trace()[-1]))
             elif kind == "barrier":
                 comm.barrier()
             else:

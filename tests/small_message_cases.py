@@ -37,7 +37,7 @@ def _thresholds(world, esize):
             pe = int(ringcomm.config.knob("RINGCOMM_FAR_SLOT_BYTES")) // esize
             out |= {c for c in (pe - 1, pe, pe + 1) if c <= thr + 1}
         ll = LL_BYTES["ll"] // esize
-        out |= {ll - 1, ll, ll + 1, (56 - 32) // esize, (56 - 32) // esize + 1, 56 // esize + 1}
+        out |= {ll - 1, ll, ll + 1, (56 - 40) // esize, (56 - 40) // esize + 1, 56 // esize + 1}
     tiny_pe = 256 // esize
     out |= {tiny_pe - 1, tiny_pe, tiny_pe + 1, 3 * tiny_pe + 1}
     return sorted(c for c in out if c > 0)
@@ -53,20 +53,26 @@ def _direct_expected(world, count, esize, cfg):
 def _above_direct(world, nbytes):
     """auto's all_reduce algorithm above the direct range: the two-shot up to
     RINGCOMM_TWO_SHOT_MAX_BYTES with RINGCOMM_TWO_SHOT_MIN_WORLD ranks or more, the ring above
-    (csrc/comm/communicator.cpp)."""
+    (csrc/comm/selection.cpp)."""
     if world >= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MIN_WORLD")) and nbytes <= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
         return "two_shot"
     return "ring"
 
 
 def _algo_expected(world, count, esize, cfg, coll):
-    """The algorithm the trace names for `coll` of `count` elements under `cfg` (world > 1)."""
+    """'algorithm/protocol' the trace names for `coll` of `count` (> 0) elements under `cfg`
+    (world > 1)."""
     if count * esize <= LL_BYTES.get(cfg, 0):
-        return "ll"
+        return "direct/ll"
     direct = _direct_expected(world, count, esize, cfg)
+    inslot = "direct/simple" if cfg == "board" else "direct/header_in_slot"
     if coll == "all_reduce":
-        return "direct" if direct else _above_direct(world, count * esize)
-    return "direct" if cfg != "board" and direct else "chain"
+        return inslot if direct else _above_direct(world, count * esize) + "/simple"
+    return "direct/header_in_slot" if cfg != "board" and direct else "chain/simple"
+
+
+def _path(rec):
+    return f"{rec['algorithm']}/{rec['protocol']}"
 
 
 def correctness_cases(rank, world):
@@ -104,8 +110,8 @@ def correctness_cases(rank, world):
                     if name != "ring" and world > 1 and count > 0:
                         rec = comm.trace()[-1]
                         algo = _algo_expected(world, count, es, name, "all_reduce")
-                        check(f"{name} algorithm {tag}: {rec['algorithm']}", rec["algorithm"] == algo)
-                        if algo in ("direct", "ll"):
+                        check(f"{name} algorithm {tag}: {_path(rec)}", _path(rec) == algo)
+                        if algo.startswith("direct/"):
                             # in-slot and LL: the first piece travelled with the header (trace.h)
                             inslot = name != "board"
                             check(f"{name} trace phases {tag}: {rec}",
@@ -131,7 +137,7 @@ def correctness_cases(rank, world):
                         if name != "ring" and world > 1 and count > 0:
                             rec = comm.trace()[-1]
                             algo = _algo_expected(world, count, es, name, "broadcast")
-                            check(f"{tag}: algorithm {rec['algorithm']}", rec["algorithm"] == algo)
+                            check(f"{tag}: algorithm {_path(rec)}", _path(rec) == algo)
         # Order-sensitive floating sums: bit for bit the order model (order_ref) on every path.
         for dt in (np.float16, np.float32, np.float64):
             for count in sorted({1, 7, 13, 5 * world + 1, *_thresholds(world, np.dtype(dt).itemsize)}):

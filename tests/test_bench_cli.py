@@ -1,25 +1,31 @@
 """Smoke test of ``python -m ringcomm.bench``: tiny sizes, 2 ranks, every collective; the tables,
-the JSON and the PNG come out, the correctness check runs, and the check can fail (a wrong
-element injected through the CLI's test hook turns into FAIL cells and exit status 1).
-Plus fast in-process tests of the pattern/check arithmetic. About 15 s in all."""
+the JSON and the PNG come out, every cell reports its count of timed calls (at least 20 by
+default) and the spread of their times (min <= median <= p90 <= p99), the output states no
+target or verdict, the correctness check runs, and the check can fail (a wrong element injected
+through the CLI's test hook turns into FAIL cells and exit status 1). Plus fast in-process tests
+of the pattern/check arithmetic, the call count rule, the spread and the table."""
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm.bench import harness
-from ringcomm.bench.harness import (DTYPES, count_wrong, fill_pattern, host_dtype, parse_size,
-                                    rank_values, reduced_values, size_sweep)
-from ringcomm.bench.report import Table, Target, _judge
+from ringcomm.bench import harness, report, spec
+from ringcomm.bench.harness import (P99_MIN_CALLS, Policy, count_wrong, fill_pattern, host_dtype,
+                                    rank_values, reduced_values, spread)
+from ringcomm.bench.spec import DTYPES, parse_size, size_sweep
 
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(ringcomm.__file__)))
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all"]
+# What the bench must not print or contain: our own targets and verdicts live in scripts/.
+VERDICT = re.compile(r"\b(targets?|verdicts?|not met|met|goals?)\b", re.IGNORECASE)
 
 
 def run_bench(*args, timeout=120):
@@ -62,17 +68,119 @@ def test_sizes_and_parsing():
     assert parse_size("4KiB") == 4096 and parse_size("1G") == 1 << 30
     assert size_sweep(8, 256 << 20, 4)[-2:] == [128 << 20, 256 << 20]
     assert size_sweep(1024, 64 << 20, 4) == [1024 << (2 * k) for k in range(9)]
-    assert harness.element_count("all_gather", 8, DTYPES["float32"], 4) == 0
-    assert harness.bus_factor("all_reduce", 4) == 1.5
+    assert spec.element_count("all_gather", 8, DTYPES["float32"], 4) == 0
+    assert spec.bus_factor("all_reduce", 4) == 1.5
 
 
-def test_verdict_uses_worst_size_in_range():
-    rec = lambda lib, t: {"lib": lib, "time_s": t, "wrong": 0}  # noqa: E731
-    cells = {("ringcomm", "ip", 1024): rec("ringcomm", 1e-5), ("gloo", "ip", 1024): rec("gloo", 5e-4),
-             ("ringcomm", "ip", 4096): rec("ringcomm", 2e-5), ("gloo", "ip", 4096): rec("gloo", 2e-4)}
-    t = Table("all_reduce", "float32", "sum", [1024, 4096], cells, {1024: 256, 4096: 1024})
-    j = _judge(t, "gloo", Target("faster", None, 64 << 10, 20.0))
-    assert j["worst_size"] == 4096 and abs(j["value"] - 10.0) < 1e-9 and j["met"] is False
+def test_timed_calls_at_least_min_calls_and_budget():
+    p = Policy(budget=0.05, min_iters=20, iters=200_000)
+    assert p.timed_calls(1.0) == 20                  # slow calls: the call floor decides
+    assert p.timed_calls(0.05 / 20) == 20
+    assert p.timed_calls(1e-4) == 500                # fast calls: 0.05 s of them
+    assert p.timed_calls(3e-4) * 3e-4 >= 0.05        # rounded up, never under the budget
+    assert p.timed_calls(1e-12) == 200_000           # at most -n
+    assert Policy(budget=0.05, min_iters=20, iters=5).timed_calls(1.0) == 5   # -n below the floor
+
+
+def test_spread_orders_and_counts():
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 20, 99, 100, 1000):
+        x = rng.lognormal(-11, 0.5, n)
+        s = spread(x)
+        assert s["iters"] == n
+        assert s["min_s"] == x.min() and s["max_s"] == x.max()
+        assert s["min_s"] <= s["time_s"] <= s["p90_s"] <= s["max_s"]
+        assert s["time_s"] == np.median(x)
+        if n >= P99_MIN_CALLS:
+            assert s["p90_s"] <= s["p99_s"] <= s["max_s"]
+        else:
+            assert s["p99_s"] is None
+    # one slow call in 20 (a descheduled stretch) moves the p90's neighbourhood, not the median
+    x = np.full(20, 2e-6)
+    x[7] = 2e-5
+    s = spread(x)
+    assert s["time_s"] == 2e-6 and s["max_s"] == 2e-5
+    with pytest.raises(ValueError):
+        spread([])
+
+
+def _record(lib, mode, size, times, wrong=0):
+    r = {"lib": lib, "mode": mode, "op": "all_reduce", "dtype": "float32", "redop": "sum",
+         "size": size, "nominal": size, "count": size // 4, "wrong": wrong, "warmup": 1,
+         **spread(times)}
+    return r
+
+
+def test_table_shows_count_spread_speedup_and_no_verdict():
+    records = [_record("ringcomm", "oop", 1024, [2e-6] * 150 + [9e-6] * 10),
+               _record("ringcomm", "ip", 1024, [1.5e-6] * 30),
+               _record("gloo", "ip", 1024, [3e-4] * 25),
+               _record("ringcomm", "oop", 4096, [4e-6] * 40),
+               _record("ringcomm", "ip", 4096, [3e-6] * 40, wrong=3),
+               {"lib": "gloo", "mode": "ip", "op": "all_reduce", "dtype": "float32",
+                "redop": "sum", "size": 4096, "nominal": 4096, "count": 1024,
+                "na": "unsupported: x"}]
+    report.enrich(records, 2)
+    text, data = report.render(["# head"], records, {1024: {"gbps": 10.0}}, 2)
+    assert not VERDICT.search(text), VERDICT.search(text)
+    lines = text.splitlines()
+    header = next(line for line in lines if "library" in line)
+    assert header.split()[1:] == ["size", "elems", "library", "calls", "min", "median", "p90",
+                                  "p99", "algbw", "busbw", "speedup", "memcpy", "check"]
+    rows = [line for line in lines if not line.startswith("#")]
+    assert len(rows) == 6
+    rc_oop = rows[0].split()
+    assert rc_oop[:5] == ["1024", "256", "ringcomm", "out-of-place", "160"]
+    assert [float(x) for x in rc_oop[5:9]] == [2.0, 2.0, 2.0, 9.0]          # min median p90 p99
+    assert rc_oop[-2:] == ["10.00", "ok"]                                     # memcpy, check
+    gloo = rows[2].split()
+    assert gloo[:3] == ["gloo", "(in-place)", "25"] and gloo[-1] == "ok"
+    assert float(gloo[3]) == 300.0 and float(gloo[-2]) == 200.0               # speedup 300 / 1.5
+    assert rows[1].split()[:3] == ["ringcomm", "in-place", "30"]
+    assert len(rows[1].split()) == len(rc_oop) - 4                  # no size, elems, p99, memcpy
+    assert rows[4].split()[-2:] == ["FAIL", "3"]
+    assert rows[5].split() == ["gloo", "(in-place)", "n/a"]
+    assert "# Out of bounds values : 3 FAILED" in text
+    (sp,) = data["speedup"]
+    assert (sp["table"], sp["peer"], sp["sizes"], sp["min_size"], sp["max_size"]) == (
+        "all_reduce float32 sum", "gloo", 1, 1024, 1024)
+    assert sp["min"] == sp["max"] == pytest.approx(200.0)
+    # without any cell of >= 100 calls the p99 column is left out
+    short = [r for r in records if r.get("iters", 0) < P99_MIN_CALLS]
+    text, _ = report.render([], short, {}, 2)
+    assert " p99 " not in next(line for line in text.splitlines() if "library" in line)
+
+
+def test_bench_package_states_no_target_or_verdict():
+    """Our targets and their verdicts live in scripts/check_targets.py, not in the bench."""
+    bench_dir = Path(harness.__file__).parent
+    found = []
+    for path in sorted(bench_dir.glob("*.py")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            m = VERDICT.search(line.replace("target=", ""))      # threading.Thread(target=...)
+            if m:
+                found.append(f"{path.name}:{i}: {line.strip()}")
+    assert not found, found
+
+
+def _check_cells(doc, min_calls):
+    """Every measured cell: checked, counted, and its spread ordered; returns the cells."""
+    cells = []
+    for t in doc["tables"]:
+        for row in t["rows"]:
+            for name, cell in row["libs"].items():
+                if "na" in cell:
+                    continue
+                assert cell["wrong"] == 0 and cell["iters"] >= min_calls, (name, cell)
+                assert 0 < cell["min_us"] <= cell["time_us"] <= cell["p90_us"] <= cell["max_us"], \
+                    (name, cell)
+                if cell["iters"] >= P99_MIN_CALLS:
+                    assert cell["p90_us"] <= cell["p99_us"] <= cell["max_us"], (name, cell)
+                else:
+                    assert cell["p99_us"] is None, (name, cell)
+                assert cell["busbw"] >= 0 and "per_iter_s" not in cell
+                cells.append((name, cell))
+    return cells
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,33 +190,35 @@ def test_verdict_uses_worst_size_in_range():
 def test_cli_tables_json_plot(tmp_path):
     peers = "gloo,mpi" if importlib.util.find_spec("mpi4py") else "gloo"
     jpath, ppath = tmp_path / "bench.json", tmp_path / "bench.png"
-    r = run_bench("-np", "2", "-b", "1K", "-e", "16K", "-f", "4", "-w", "1", "-n", "2",
-                  "--peers", peers, "--json", str(jpath), "--plot", str(ppath))
+    r = run_bench("-np", "2", "-b", "1K", "-e", "16K", "-f", "4", "-w", "1", "--time-budget",
+                  "0.005", "--peers", peers, "--json", str(jpath), "--plot", str(ppath),
+                  timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     for op in OPS:
         assert f"# {op} float32" in out, out
     assert "ringcomm out-of-place" in out and "ringcomm in-place" in out
     assert "gloo (in-place)" in out and "speedup" in out and "memcpy" in out
-    assert "# avg bus bandwidth" in out and "vs gloo:" in out
+    for col in ("calls", "min", "median", "p90", "busbw"):
+        assert f" {col} " in out, col
+    assert "at least 20 timed calls" in out
+    assert "# avg bus bandwidth" in out and re.search(r"all_reduce float32 sum +vs gloo +[0-9.]+x", out)
     assert "# Out of bounds values : 0 OK" in out
+    assert not VERDICT.search(out), VERDICT.search(out)
 
     doc = json.loads(jpath.read_text())
     assert doc["wrong"] == 0 and doc["errors"] == 0
     assert [t["op"] for t in doc["tables"]] == OPS
     assert len(doc["memcpy"]) == 3 and all(m["gbps"] > 0 for m in doc["memcpy"])
-    libs_seen = set()
+    assert "verdicts" not in doc and doc["speedup"]
     for t in doc["tables"]:
         assert [row["size"] for row in t["rows"]] == [1024, 4096, 16384]
-        for row in t["rows"]:
-            for name, cell in row["libs"].items():
-                libs_seen.add(name.split("/")[0])
-                if "na" in cell:
-                    continue
-                # every measured cell was checked (wrong == 0) and timed >= 1 call
-                assert cell["wrong"] == 0 and cell["iters"] >= 1 and cell["time_us"] > 0, (name, cell)
-                assert cell["busbw"] >= 0 and len(cell["per_iter_s"]) == cell["iters"]
+    libs_seen = {name.split("/")[0] for name, _ in _check_cells(doc, 20)}
     assert {"ringcomm", "gloo"} <= libs_seen
+    # the calls column of the printed rows: every measured cell's count, each at least 20
+    printed = re.findall(r"(?:ringcomm (?:out-of-place|in-place)|\w+ \((?:in|out-of)-place\)) +"
+                         r"(\d+) ", out)
+    assert sorted(int(n) for n in printed) == sorted(c["iters"] for _, c in _check_cells(doc, 20))
     if "mpi" in peers:
         assert "mpi" in libs_seen or any("mpi: skipped" in n for n in doc["meta"]["notices"])
     assert ppath.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and ppath.stat().st_size > 10_000
@@ -121,7 +231,8 @@ def test_cli_check_can_fail(tmp_path):
                   "--ops", "all_reduce,all_gather", "--inject-wrong", "ringcomm",
                   "--json", str(jpath))
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "FAIL ringcomm" in r.stdout and "Out of bounds values" in r.stdout
+    assert re.search(r"ringcomm (out-of-place|in-place) .* FAIL [1-9]\d*$", r.stdout, re.MULTILINE)
+    assert "Out of bounds values" in r.stdout
     assert "FAILED" in r.stdout
     doc = json.loads(jpath.read_text())
     cells = [c for t in doc["tables"] for row in t["rows"] for c in row["libs"].values()]

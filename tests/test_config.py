@@ -239,8 +239,10 @@ def test_log_info_one_line_per_communicator(tmp_path):
         assert "transport shm" in ln
         assert f"slots {256 * 1024} B x 8 x 2 lanes" in ln
         assert "shared memory" in ln and "B per rank" in ln
-        assert "all_reduce auto (direct while bytes x (world-1) <= 65536 B, then no two_shot at this world size)" in ln
-        assert "store policy auto" in ln and "reduce ISA" in ln and "timeout 300 s" in ln
+        assert ("all_reduce auto (direct/ll up to 4096 B, direct/header_in_slot up to 65536 B, then no two_shot "
+                "below 4 ranks, ring/simple above)") in ln
+        assert "broadcast direct/ll up to 4096 B, direct/header_in_slot in all_reduce's direct range" in ln
+        assert "store auto (streaming from 1073741824 B)" in ln and "reduce ISA" in ln and "timeout 300 s" in ln
 
 
 def test_log_trace_one_line_per_collective(tmp_path):
@@ -251,7 +253,9 @@ def test_log_trace_one_line_per_collective(tmp_path):
         ar = [ln for ln in mine if " all_reduce(" in ln]
         bc = [ln for ln in mine if " broadcast(" in ln]
         assert len(ar) == 1 and len(bc) == 1, mine
-        assert "count=10" in ar[0] and "dtype=float32" in ar[0] and "algo=ll" in ar[0] and "seq 1" in ar[0]
+        assert "count=10" in ar[0] and "dtype=float32" in ar[0] and "seq 1" in ar[0]
+        assert "algo=direct, proto=ll, store=cached" in ar[0]     # the selection taken, per call
+        assert "algo=direct, proto=ll, store=cached" in bc[0]
         assert "count=3" in bc[0] and "dtype=int64" in bc[0] and "root=1" in bc[0] and "seq 2" in bc[0]
         assert re.search(r" [0-9.e+-]+ us$", ar[0]) and re.search(r" [0-9.e+-]+ us$", bc[0])
 

@@ -23,13 +23,13 @@ def default_knobs(monkeypatch):
 
 
 def reference_bytes(world, slot, nslots, far_slot, far_nslots_max=4, ll_bytes=4096):
-    """The segment layout computed independently: a header page, the two LL outboxes (the 32-byte
+    """The segment layout computed independently: a header page, the two LL outboxes (the 40-byte
     header and ll_bytes of data in 56-byte payloads of 64-byte lines, page-rounded), control words
     (two cache lines plus one meta line per slot) for every lane and source, then the slots (each
     with a page of slack): with two geometries, none for the rank itself."""
     far_slot, far_nslots = min(far_slot, slot), min(far_nslots_max, nslots)
     ctl = (128 + 64 * nslots) * 2 * world
-    ll = -(-(2 * 64 * -(-(32 + ll_bytes) // 56)) // PAGE) * PAGE
+    ll = -(-(2 * 64 * -(-(40 + ll_bytes) // 56)) // PAGE) * PAGE
     data = -(-(PAGE + ll + ctl) // PAGE) * PAGE
     if world <= 2 or (far_slot, far_nslots) == (slot, nslots):  # uniform: every source index, own too
         return data + 2 * world * nslots * (slot + PAGE)

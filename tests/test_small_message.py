@@ -43,13 +43,13 @@ def test_mismatch_through_the_in_slot_path_raises_everywhere(world, store_env):
         if name in ("counts differ", "counts differ, many pieces", "broadcast counts differ",
                     "broadcast counts differ, many pieces"):
             # the headers named the path they took
-            assert all("header in slot" in row[3] for row in rows), rows
+            assert all("proto=header_in_slot" in row[3] for row in rows), rows
         if name in ("counts differ (ll)", "broadcast counts differ (ll)"):
-            assert all("algo=ll" in row[3] for row in rows), rows
+            assert all("algo=direct, proto=ll" in row[3] for row in rows), rows
         if name == "ll vs in-slot (knob differs)":
-            assert all("algo=direct, header in slot" in row[3] and "algo=ll" in row[3] for row in rows), rows
+            assert all("proto=header_in_slot" in row[3] and "proto=ll" in row[3] for row in rows), rows
         if name == "in-slot vs header exchange first (knob differs)":
-            assert all("algo=direct, header in slot" in row[3] and "algo=direct, dtype" in row[3] for row in rows), rows
+            assert all("proto=header_in_slot" in row[3] and "algo=direct, proto=simple" in row[3] for row in rows), rows
 
 
 def test_knob_rejects_unknown_values(monkeypatch):

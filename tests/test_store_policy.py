@@ -1,5 +1,6 @@
-"""Stores into peers' slots: the streaming copy (bit-exact, every alignment) and the policy that
-measures cached against streaming stores per size class (comm/store_policy.h)."""
+"""Stores into peers' slots: the streaming copy (bit-exact, every alignment) and the static store
+policy of the selection (csrc/comm/selection.h): RINGCOMM_STREAM=off|on|auto, auto streaming from
+RINGCOMM_STREAM_MIN_BYTES up, the same rule on every rank (the choice travels in the header)."""
 import os
 import subprocess
 import sys
@@ -27,78 +28,55 @@ def test_copy_to_peer_is_memcpy(n, stream):
             assert not dst_base[:dshift].any() and not dst_base[dshift + n:].any(), "wrote outside dst"
 
 
-def trace(policy, bytes_, cost):
-    """Run 40 collectives of `bytes_` where cost(stream, i) is the time taken; return the choices."""
-    out = []
-    for i in range(40):
-        stream, cls = policy.choose(bytes_)
-        out.append(stream)
-        if cls >= 0:
-            policy.record(stream, cls, bytes_, cost(stream, i))
-    return out
-
-
-def test_policy_measures_both_then_runs_the_faster_and_probes():
-    p = _C._StorePolicy()
-    # streaming twice as fast: call 0 (warm-up) and 1 cached, 2 streaming, then streaming except
-    # every 16th call (a probe of cached stores).
-    got = trace(p, 4 * MiB, lambda s, i: 1000 if s else 2000)
-    assert got[:3] == [False, False, True]
-    assert all(got[i] == (i % 16 != 0) for i in range(3, 40)), got
-    # cached twice as fast (another size class, its own measurements): cached, probing streaming.
-    got = trace(p, 64 * MiB, lambda s, i: 2000 if s else 1000)
-    assert got[:3] == [False, False, True]
-    assert all(got[i] == (i % 16 == 0) for i in range(3, 40)), got
-
-
-def test_policy_follows_a_change_of_state():
-    p = _C._StorePolicy()
-    # Cached is faster until call 20, then three times slower: once its measured cost passes
-    # streaming's (remembered from the probes), the policy switches, and probes cached stores.
-    got = trace(p, 8 * MiB, lambda s, i: (2000 if s else 1000) if i < 20 else (1000 if s else 3000))
-    assert got[3:16] == [False] * 13 and got[16] is True and got[17:20] == [False] * 3
-    first = got.index(True, 20)
-    assert first <= 23, got
-    assert all(got[i] == (i % 16 != 0) for i in range(first, 40)), got
-    # and back: streaming becomes slow, cached fast again; the next cached probe switches back.
-    got = trace(p, 8 * MiB, lambda s, i: 5000 if s else 1000)
-    assert got[-1] is False and got.count(True) <= 3, got
-
-
-def test_policy_leaves_small_collectives_cached():
-    p = _C._StorePolicy()
-    assert all(p.choose(100 * 1024) == (False, -1) for _ in range(20))
-    assert p.choose(0) == (False, -1)
-
-
-def _policy_in_subprocess(env, code):
-    full = dict(os.environ, **env)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=60)
-    return r
-
-
-@pytest.mark.parametrize("mode,expect", [("on", True), ("off", False)])
-def test_policy_knob_forces_a_way(mode, expect):
-    code = ("from ringcomm import _C; p = _C._StorePolicy(); "
-            "print(all(p.choose(b)[0] == %s for b in [8 << 20] * 40 + [1024, 0]))" % expect)
-    r = _policy_in_subprocess({"RINGCOMM_STREAM": mode}, code)
+def _stores(env, calls):
+    """The store names _C._select gives for `calls` [(collective, bytes, world)] under `env`."""
+    code = ("import sys, json\nfrom ringcomm import _C\n"
+            "print(json.dumps([_C._select(c, b, w)[2] for c, b, w in json.loads(sys.argv[1])]))")
+    import json
+    full = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
+    full.update(env)
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(calls)], capture_output=True, text=True,
+                       env=full, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True"]
+    return json.loads(r.stdout)
 
 
-def test_policy_keeps_kinds_of_collective_apart():
-    p = _C._StorePolicy()
-    # kind 1 finds streaming faster, kind 4 (same size) cached: each keeps its own choice.
-    for i in range(20):
-        for kind, fast_stream in ((1, True), (4, False)):
-            stream, cls = p.choose(4 * MiB, kind)
-            if cls >= 0:
-                p.record(stream, cls, 4 * MiB, 1000 if stream == fast_stream else 3000)
-    assert p.choose(4 * MiB, 1)[0] is True and p.choose(4 * MiB, 4)[0] is False
+SIZES = [0, 4096, 256 << 10, MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 
 
-def test_policy_bad_knob_raises():
-    r = _policy_in_subprocess({"RINGCOMM_STREAM": "sometimes"},
-                              "from ringcomm import _C\ntry:\n  _C._StorePolicy()\nexcept Exception as e:\n"
-                              "  print(type(e).__name__, e)")
-    assert "InvalidArgumentError" in r.stdout and "RINGCOMM_STREAM" in r.stdout, r.stdout + r.stderr
+def test_default_never_streams_in_the_measured_range():
+    # docs/algorithms.md: streaming stores were slower than cached ones at every size measured
+    # (256 KiB - 256 MiB, 2 ranks); auto's default threshold lies above that range.
+    calls = [(c, b, w) for c in ("all_reduce", "reduce_scatter", "all_gather", "broadcast") for b in SIZES
+             for w in (2, 4)]
+    assert set(_stores({}, calls)) == {"cached"}
+    assert _stores({}, [("all_reduce", 1 << 30, 2)]) == ["streaming"]
+
+
+def test_auto_streams_from_the_threshold_up():
+    calls = [("all_reduce", b, 2) for b in (1, MiB - 1, MiB, 4 * MiB)] + [("all_to_all", 64 * MiB, 2),
+                                                                           ("barrier", 0, 2)]
+    got = _stores({"RINGCOMM_STREAM": "auto", "RINGCOMM_STREAM_MIN_BYTES": "1M"}, calls)
+    # all_to_all's per-rank sizes differ, so its size for the rule is 0: cached under auto
+    assert got == ["cached", "cached", "streaming", "streaming", "cached", "cached"]
+
+
+@pytest.mark.parametrize("mode,want", [("on", "streaming"), ("off", "cached")])
+def test_knob_forces_a_way(mode, want):
+    calls = [("all_reduce", b, 2) for b in (1024, 8 * MiB)] + [("all_to_all", 0, 3), ("gather", 100, 3)]
+    assert _stores({"RINGCOMM_STREAM": mode, "RINGCOMM_STREAM_MIN_BYTES": "0"}, calls) == [want] * 4
+    # the CUDA communicator writes its slots with cached stores whatever the knob says
+    assert _C._select("all_reduce", 8 * MiB, 2, "cuda")[2] == "cached"
+
+
+def test_bad_knob_raises(monkeypatch):
+    import ringcomm
+    monkeypatch.setenv("RINGCOMM_STREAM", "sometimes")
+    with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_STREAM"):
+        _C._select("all_reduce", 1024, 2)
+    with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_STREAM"):
+        _C.Communicator(0, 1, 10.0)
+    monkeypatch.setenv("RINGCOMM_STREAM", "auto")
+    monkeypatch.setenv("RINGCOMM_STREAM_MIN_BYTES", "-1")
+    with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_STREAM_MIN_BYTES"):
+        _C._select("all_reduce", 1024, 2)

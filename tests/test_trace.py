@@ -70,7 +70,9 @@ def test_trace_records_every_call_with_monotonic_phases():
         seqs = [rec["seq"] for rec in recs]
         assert seqs == list(range(seqs[0], seqs[0] + len(recs)))
         assert [rec["collective"] for rec in recs] == out["names"]
-        assert [rec["algorithm"] for rec in recs] == ["ll", "ring", "ll", "none", "ring", "ll"]
+        assert [rec["algorithm"] for rec in recs] == ["direct", "ring", "direct", "none", "ring", "direct"]
+        assert [rec["protocol"] for rec in recs] == ["ll", "simple", "ll", "none", "simple", "ll"]
+        assert {rec["store"] for rec in recs} == {"cached"}
         assert [rec["bytes"] for rec in recs] == [1024, 1 << 18, 1200, 0, 8 * 2 * 8, 256]
         for rec, window in zip(recs, out["windows"]):
             assert rec["ok"] is True
@@ -78,7 +80,7 @@ def test_trace_records_every_call_with_monotonic_phases():
             want = list(PHASES)
             if rec["collective"] == "barrier":             # no slot moves
                 want = ["entry", "header_posted", "header_seen", "exit"]
-            elif rec["collective"] == "broadcast" and rank != 1 and rec["algorithm"] != "ll":
+            elif rec["collective"] == "broadcast" and rank != 1 and rec["protocol"] != "ll":
                 # a non-root of the chain or the in-slot broadcast only receives (an LL one gets
                 # the data with the root's header: its first slot is the header's)
                 want = ["entry", "header_posted", "header_seen", "last_slot", "exit"]

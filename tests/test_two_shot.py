@@ -32,7 +32,7 @@ def test_differently_forced_algorithms_raise_everywhere(world, store_env):
     for i, name in enumerate(names):
         for _, rank, kind, msg, untouched, usable in (res[i] for res in results):
             assert kind == "MismatchError", (name, rank, kind, msg)
-            assert "algo=two-shot" in msg, (name, rank, msg)
+            assert "algo=two_shot" in msg, (name, rank, msg)
             assert untouched, f"{name}: rank {rank} wrote a result before the mismatch was raised"
             assert usable, f"{name}: rank {rank}'s communicator gave wrong results afterwards"
 

@@ -1,4 +1,4 @@
-"""The wait policy (RINGCOMM_WAIT, csrc/transport/shm.cpp): which one a rank resolves, and that
+"""The wait policy (RINGCOMM_WAIT, csrc/transport/shm_config.cpp, shm_wait.h): which one a rank resolves, and that
 collectives stay exact under each one.
 
 Resolution is checked against the kernel's own answer (os.sched_getaffinity in the rank):

@@ -46,10 +46,11 @@ def order_sensitive(count, rank, dtype):
 
 
 def auto_expected(world, nbytes):
-    """The algorithm RINGCOMM_ALGO=auto picks at the default knobs (csrc/comm/communicator.cpp)."""
+    """The algorithm RINGCOMM_ALGO=auto picks at the default knobs (csrc/comm/selection.cpp; the LL
+    protocol runs the direct algorithm)."""
     knob = ringcomm.config.knob
     if world > 1 and 0 < nbytes <= int(knob("RINGCOMM_LL_MAX_BYTES")):
-        return "ll"
+        return "direct"
     if nbytes * (world - 1) <= int(knob("RINGCOMM_DIRECT_MAX_BYTES")):
         return "direct"
     if world >= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MIN_WORLD")) and nbytes <= int(knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):

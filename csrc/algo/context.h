@@ -13,6 +13,8 @@
 
 namespace rc {
 
+class LLProtocol;  // proto/ll.h
+
 struct AlgoCtx {
   Channel* ch = nullptr;
   int rank = 0;
@@ -24,6 +26,9 @@ struct AlgoCtx {
   /// piece_bytes of private memory the channel's reduce can write (direct all-reduce's
   /// accumulator with 3 or more ranks); nullptr where the channel offers none.
   char* scratch = nullptr;
+  /// The LL protocol over this rank's outbox (proto/ll.h), where the device has one; the LL
+  /// collectives run only where it does (comm/selection.h).
+  LLProtocol* ll = nullptr;
   /// The collective's per-phase record (comm/trace.h) when RINGCOMM_TRACE is on, else nullptr.
   TraceRecord* trace = nullptr;
   /// Elements per piece: one slot's payload (at least 1).
@@ -66,7 +71,7 @@ void direct_send_first(const AlgoCtx& c, const char* in, int64_t count);
 /// direct_send_first already handed piece 0 to every peer.
 void direct_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root, bool first_sent);
 
-/// Low-latency collectives (algo/ll.cpp), for messages the channel's outbox holds: the first
+/// Low-latency collectives (algo/ll.cpp), for messages the LL outbox (c.ll) holds: the first
 /// phase, ll_send_first, writes this rank's header `h` and `count` elements of `data` into its
 /// LL outbox before the header is posted (the all_reduce's input on every rank, the broadcast's
 /// message on its root, nothing on the other ranks); then every rank reads what it needs from its

@@ -2,16 +2,17 @@
 // into its own LL outbox before posting the header (transport/shm.h, "Low-latency outbox";
 // the first phase, ll_send_first), so the header exchange already delivered everything but the
 // data lines; the peers pull those from the owner's outbox. No slot is taken or released, no
-// head or tail word is exchanged, and the data goes out once however many peers read it. One
-// implementation for any channel with an outbox (Channel::ll_write / ll_read).
+// head or tail word is exchanged, and the data goes out once however many peers read it. The
+// lines' format and ordering are the LL protocol's (proto/ll.h, reached through c.ll).
 #include <vector>
 
 #include "algo/pieces.h"
+#include "proto/ll.h"
 
 namespace rc {
 
 void ll_send_first(const AlgoCtx& c, const CollHeader& h, const void* data, int64_t count) {
-  c.ch->ll_write(c.seq, h, data, static_cast<size_t>(count) * c.esize);
+  c.ll->write(c.seq, h, data, static_cast<size_t>(count) * c.esize);
 }
 
 void ll_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
@@ -33,17 +34,17 @@ void ll_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, R
       src[p] = in;
       continue;
     }
-    char* stage = c.ch->ll_stage(p);
-    c.ch->ll_read(p, c.seq, stage, bytes, w);
+    char* stage = c.ll->stage(p);
+    c.ll->read(p, c.seq, stage, bytes, w);
     if (c.trace) c.trace->slot_received();
     src[p] = stage;
   }
-  combine_in_ring_order(c, src, out, 0, count, count, op, c.ch->ll_stage(r));
+  combine_in_ring_order(c, src, out, 0, count, count, op, c.ll->stage(r));
 }
 
 void ll_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root) {
   if (count == 0 || c.world == 1 || c.rank == root) return;
-  c.ch->ll_read(root, c.seq, buf, static_cast<size_t>(count) * c.esize, wait_ctx(c, 0, 1));
+  c.ll->read(root, c.seq, buf, static_cast<size_t>(count) * c.esize, wait_ctx(c, 0, 1));
   if (c.trace) c.trace->slot_received();
 }
 

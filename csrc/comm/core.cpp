@@ -61,12 +61,12 @@ struct ForkRegistry {
 
 CommCore::CommCore(int rank, int world, std::unique_ptr<CommDevice> dev)
     : rank_(rank), world_(world), dev_(std::move(dev)), checks_(rank, world, dev_->memory()),
+      knobs_(SelectionKnobs::from_env()), caps_(dev_->caps()),
       p2p_(rank, world, dev_.get(), [this](const std::exception_ptr& e) { mark_broken(e); }) {
   const int64_t keep = knob_int("RINGCOMM_TRACE");
   RC_CHECK(keep >= 0 && keep <= (int64_t{1} << 20), InvalidArgument,
            "ringcomm: RINGCOMM_TRACE=" << keep << " must be 0 (off) or the number of calls to keep, at most 1048576");
   tracer_.configure(keep);
-  header_in_slot_ = knob_str("RINGCOMM_HEADER_IN_SLOT") == "on" && dev_->header_slot_channel() != nullptr;
   ForkRegistry& r = ForkRegistry::get();
   std::lock_guard<std::mutex> lk(r.mu);
   r.cores.push_back(this);
@@ -207,10 +207,15 @@ std::exception_ptr CommCore::errored() const {
 
 // ---------------- submission and execution ----------------
 
-WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t entry_ns, First first) {
+WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int64_t entry_ns) {
   check_usable();
   if (tracer_.on() && entry_ns == 0) entry_ns = trace_now_ns();
   hdr.coll = static_cast<uint32_t>(coll);
+  const Selection sel = select(coll, selection_bytes(coll, hdr), world_, knobs_, caps_);
+  hdr.algo = static_cast<uint8_t>(sel.algo);
+  hdr.proto = static_cast<uint8_t>(sel.proto);
+  hdr.store = static_cast<uint8_t>(sel.store);
+  const Route& route = route_of(coll, sel.algo, sel.proto);
   Task task;
   WorkPtr work;  // task.work, which moves with a queued task
   bool inline_run = false;
@@ -231,10 +236,10 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
     task.seq = seq;
     task.coll = coll;
     task.hdr = hdr;
+    task.route = &route;
+    task.args = std::move(args);
     task.l = l;
     task.entry_ns = entry_ns;
-    task.body = std::move(body);
-    task.first = std::move(first);
     if (!l.async && queue_.empty() && !busy_) {
       busy_ = true;  // we execute it on this thread; the progress thread waits for busy_ to clear
       inline_run = true;
@@ -263,7 +268,7 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t
 void CommCore::drain_in_slot(const std::vector<CollHeader>& all, uint64_t seq, Coll coll) {
   Channel* ch = nullptr;
   for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || !header_in_slot(all[p], p)) continue;
+    if (p == rank_ || !slot_before_header(all[p], p)) continue;
     if (ch == nullptr) ch = dev_->header_slot_channel();
     RC_CHECK(ch != nullptr, Error, "ringcomm: " << coll_name(coll) << " (seq " << seq << ") on rank " << rank_
                                    << ": rank " << p << " handed off its first piece with its header, but the "
@@ -301,9 +306,10 @@ void CommCore::execute(Task& t) {
   c.dtype = static_cast<DType>(hdr.dtype);
   c.esize = dtype_size(c.dtype);
   std::shared_ptr<DeviceFence> fence;
-  // The in-slot path decides from the header this rank posts (forged or not), exactly as its
-  // peers decide from that header whether to drain a slot from it.
-  if (world_ > 1 && (header_in_slot(hdr, rank_) || header_ll(hdr)) && t.first) {
+  const Route& route = *t.route;
+  // What goes before the header is decided from the header this rank posts (forged or not),
+  // exactly as its peers decide from that header whether to drain a slot from it.
+  if (world_ > 1 && route.first != nullptr && sent_before_header(hdr, rank_)) {
     // Header phases collapse (comm/trace.h): header_posted is stamped once the first piece
     // is in every peer's slot, and first_slot equals header_seen (that piece travelled with
     // the header).
@@ -311,7 +317,7 @@ void CommCore::execute(Task& t) {
       hooks.before_post = [&] {
         AlgoCtx quiet = cc;
         quiet.trace = nullptr;
-        t.first(quiet, hdr);
+        route.first(quiet, t.args, hdr);
         if (tr) tr->mark(kTraceHeaderPosted);
       };
       const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
@@ -325,14 +331,14 @@ void CommCore::execute(Task& t) {
         trace_headers_seen(*tr, coll, headers[rank_]);
         tr->t[kTraceFirstSlot] = tr->t[kTraceHeaderSeen];
       }
-      t.body(cc, headers);
+      route.body(cc, t.args, headers);
       // A root whose whole broadcast went with the header moved no slot after it.
       if (tr && tr->t[kTraceLastSlot] == 0) tr->t[kTraceLastSlot] = tr->t[kTraceFirstSlot];
     });
   } else {
     const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
     if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
-    fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { t.body(cc, headers); });
+    fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); });
   }
   trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
   t.work->complete(fence);
@@ -388,14 +394,14 @@ void CommCore::reject(Coll coll) {
 void CommCore::reject_now(Coll coll) {
   (void)coll;
   try {
-    submit(Coll::kRejected, CollHeader{}, [](const AlgoCtx&, const std::vector<CollHeader>&) {}, Launch{});
+    submit(Coll::kRejected, CollHeader{}, CollArgs{}, Launch{});
   } catch (const Mismatch&) {
     // Expected: every rank (this one included) raises for the rejected call.
   }
 }
 
 template <class Check>
-WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l, First first) {
+WorkPtr CommCore::collective(Coll coll, const Check& check, CollArgs args, Launch l) {
   const int64_t entry_ns = tracer_.on() ? trace_now_ns() : 0;
   Call call(this);
   check_usable();
@@ -406,136 +412,92 @@ WorkPtr CommCore::collective(Coll coll, const Check& check, Body body, Launch l,
     if (!closed_.load()) reject_now(coll);
     throw;
   }
-  return submit(coll, h, std::move(body), l, entry_ns, std::move(first));
+  return submit(coll, h, std::move(args), l, entry_ns);
 }
 
 // ---------------- collectives ----------------
 
 WorkPtr CommCore::all_reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, Launch l) {
-  return collective(Coll::kAllReduce, [&] {
-    const int64_t algo = dev_->all_reduce_algo(count * static_cast<int64_t>(dtype_size(dt)));
-    CollHeader h = checks_.all_reduce(in, out, count, dt, op, algo);
-    // The small-message path: the first piece travels with the header (comm/header_exchange.h),
-    // wherever the direct algorithm runs (RINGCOMM_DIRECT_MAX_BYTES); RINGCOMM_HEADER_IN_SLOT=off
-    // restores the header exchange first. Measured (docs/latency.md section 6: float32 SUM, in
-    // place, time on / time off, geometric mean of 2-3 interleaved runs, SCHED_FIFO on the busy
-    // 2-core machine, load 17-31):
-    //   ranks arrival   1 KiB  4 KiB  16 KiB  64 KiB
-    //     2   b2b       0.74   0.64   1.06    1.09
-    //     2   apart     0.95   0.89   1.16    1.46
-    //     4   b2b       0.93   0.60   0.95    0.76
-    //     4   apart     1.02   0.96   1.19    0.95
-    // The per-phase trace shows the hand-off it removes (the `first` segment is 0); whether the
-    // 2-rank 16-64 KiB rows above 1 are the path or the machine needs a quiet re-run.
-    if (h.count2 == kArDirect && header_in_slot_ && world_ > 1 && count > 0) h.count2 = kArDirectInSlot;
-    // Smaller still, the LL outbox (algo/ll.cpp): the data travels with the header in the
-    // poster's own lines, read by every peer in place.
-    if (dev_->use_ll(Coll::kAllReduce, count * static_cast<int64_t>(dtype_size(dt)))) h.count2 = kArLL;
-    return h;
-  }, [=](const AlgoCtx& c, const std::vector<CollHeader>& hs) {
-    // The algorithm this rank chose is in its header (count2); the exchange checked all agree.
-    const int64_t algo = hs[rank_].count2;
-    if (algo == kArLL) {
-      ll_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
-    } else if (algo == kArTwoShot) {
-      two_shot_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
-    } else if (algo != kArRing) {
-      direct_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op,
-                        /*first_sent=*/algo == kArDirectInSlot);
-    } else {
-      ring_all_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op);
-    }
-  }, l, [=](const AlgoCtx& c, const CollHeader& h) {
-    if (h.count2 == kArLL) {
-      ll_send_first(c, h, in, count);
-    } else {
-      direct_send_first(c, static_cast<const char*>(in), count);
-    }
-  });
+  CollArgs a;
+  a.in = in;
+  a.out = out;
+  a.count = count;
+  a.op = op;
+  return collective(Coll::kAllReduce, [&] { return checks_.all_reduce(in, out, count, dt, op); }, std::move(a), l);
 }
 
 WorkPtr CommCore::reduce_scatter(const void* in, void* out, int64_t in_count, DType dt, ReduceOp op, Launch l) {
+  CollArgs a;
+  a.in = in;
+  a.out = out;
+  a.count = in_count;
+  a.op = op;
   return collective(Coll::kReduceScatter, [&] { return checks_.reduce_scatter(in, out, in_count, dt, op); },
-                    [=](const AlgoCtx& c, const std::vector<CollHeader>&) {
-    ring_reduce_scatter(c, static_cast<const char*>(in), static_cast<char*>(out), in_count, op);
-  }, l);
+                    std::move(a), l);
 }
 
 WorkPtr CommCore::all_gather(const void* in, void* out, int64_t in_count, int64_t out_count, DType dt, Launch l) {
+  CollArgs a;
+  a.in = in;
+  a.out = out;
+  a.count = in_count;
+  a.out_count = out_count;
   return collective(Coll::kAllGather, [&] { return checks_.all_gather(in, out, in_count, out_count, dt); },
-                    [=](const AlgoCtx& c, const std::vector<CollHeader>& hs) {
-    // Every rank's contribution size is known only from the headers.
-    std::vector<int64_t> counts(world_, 0);
-    for (int p = 0; p < world_; ++p) counts[p] = hs[p].count2;
-    check_all_gather_block(rank_, in, out, counts, out_count, c.esize);
-    ring_all_gather(c, static_cast<const char*>(in), static_cast<char*>(out), counts);
-  }, l);
+                    std::move(a), l);
 }
 
 WorkPtr CommCore::broadcast(void* buf, int64_t count, DType dt, int root, Launch l) {
-  return collective(Coll::kBroadcast, [&] {
-    CollHeader h = checks_.broadcast(buf, count, dt, root);
-    // Small broadcasts: the root hands every peer the data with its header (one hand-off, as the
-    // small all_reduce), where the direct all_reduce would run (RINGCOMM_DIRECT_MAX_BYTES: the
-    // root copies the message once per peer); the pipelined chain (a hand-off per link) above.
-    if (header_in_slot_ && world_ > 1 && count > 0 &&
-        dev_->all_reduce_algo(count * static_cast<int64_t>(dtype_size(dt))) == kArDirect)
-      h.count2 = kBcDirectInSlot;
-    // Smaller still, the LL outbox (algo/ll.cpp): the root's message with its header in its own
-    // lines, read by every peer in place; every rank's header in its own line 0.
-    if (dev_->use_ll(Coll::kBroadcast, count * static_cast<int64_t>(dtype_size(dt)))) h.count2 = kBcLL;
-    return h;
-  }, [=](const AlgoCtx& c, const std::vector<CollHeader>& hs) {
-    if (hs[rank_].count2 == kBcLL) {
-      ll_broadcast(c, static_cast<char*>(buf), count, root);
-    } else if (hs[rank_].count2 == kBcDirectInSlot) {
-      direct_broadcast(c, static_cast<char*>(buf), count, root, /*first_sent=*/rank_ == root);
-    } else {
-      chain_broadcast(c, static_cast<char*>(buf), count, root);
-    }
-  }, l, [=](const AlgoCtx& c, const CollHeader& h) {
-    if (h.count2 == kBcLL) {
-      ll_send_first(c, h, buf, rank_ == root ? count : 0);
-    } else {
-      direct_send_first(c, static_cast<const char*>(buf), count);
-    }
-  });
+  CollArgs a;
+  a.in = buf;
+  a.out = buf;
+  a.count = count;
+  a.root = root;
+  return collective(Coll::kBroadcast, [&] { return checks_.broadcast(buf, count, dt, root); }, std::move(a), l);
 }
 
 WorkPtr CommCore::reduce(const void* in, void* out, int64_t count, DType dt, ReduceOp op, int root, Launch l) {
-  return collective(Coll::kReduce, [&] { return checks_.reduce(in, out, count, dt, op, root); },
-                    [=](const AlgoCtx& c, const std::vector<CollHeader>&) {
-    chain_reduce(c, static_cast<const char*>(in), static_cast<char*>(out), count, op, root);
-  }, l);
+  CollArgs a;
+  a.in = in;
+  a.out = out;
+  a.count = count;
+  a.op = op;
+  a.root = root;
+  return collective(Coll::kReduce, [&] { return checks_.reduce(in, out, count, dt, op, root); }, std::move(a), l);
 }
 
 WorkPtr CommCore::barrier(Launch l) {
   // The header exchange is itself a barrier: nobody leaves it before every rank has arrived.
   Call call(this);
-  return submit(Coll::kBarrier, CollHeader{}, [](const AlgoCtx&, const std::vector<CollHeader>&) {}, l);
+  return submit(Coll::kBarrier, CollHeader{}, CollArgs{}, l);
 }
 
 WorkPtr CommCore::all_to_all(const void* in, void* out, std::vector<int64_t> send_counts,
                              std::vector<int64_t> recv_counts, DType dt, Launch l) {
+  CollArgs a;
+  a.in = in;
+  a.out = out;
+  a.send_counts = send_counts;
+  a.recv_counts = recv_counts;
   return collective(Coll::kAllToAll, [&] { return checks_.all_to_all(in, out, send_counts, recv_counts, dt); },
-                    [=](const AlgoCtx& c, const std::vector<CollHeader>&) {
-    direct_all_to_all(c, static_cast<const char*>(in), static_cast<char*>(out), send_counts,
-                      split_offsets(send_counts), recv_counts, split_offsets(recv_counts));
-  }, l);
+                    std::move(a), l);
 }
 
 WorkPtr CommCore::gather(const void* in, void* out, int64_t count, DType dt, int root, Launch l) {
-  return collective(Coll::kGather, [&] { return checks_.gather(in, out, count, dt, root); },
-                    [=](const AlgoCtx& c, const std::vector<CollHeader>&) {
-    direct_gather(c, static_cast<const char*>(in), static_cast<char*>(out), count, root);
-  }, l);
+  CollArgs a;
+  a.in = in;
+  a.out = out;
+  a.count = count;
+  a.root = root;
+  return collective(Coll::kGather, [&] { return checks_.gather(in, out, count, dt, root); }, std::move(a), l);
 }
 
 WorkPtr CommCore::scatter(const void* in, void* out, int64_t count, DType dt, int root, Launch l) {
-  return collective(Coll::kScatter, [&] { return checks_.scatter(in, out, count, dt, root); },
-                    [=](const AlgoCtx& c, const std::vector<CollHeader>&) {
-    direct_scatter(c, static_cast<const char*>(in), static_cast<char*>(out), count, root);
-  }, l);
+  CollArgs a;
+  a.in = in;
+  a.out = out;
+  a.count = count;
+  a.root = root;
+  return collective(Coll::kScatter, [&] { return checks_.scatter(in, out, count, dt, root); }, std::move(a), l);
 }
 
 // ---------------- point-to-point ----------------

@@ -48,7 +48,9 @@
 
 #include "comm/coll.h"
 #include "comm/device.h"
+#include "comm/dispatch.h"
 #include "comm/p2p_engine.h"
+#include "comm/selection.h"
 #include "comm/trace.h"
 #include "comm/validation.h"
 #include "comm/work.h"
@@ -127,30 +129,28 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   void start();
   bool connected() const { return connected_; }
   CommDevice& device_part() { return *dev_; }
+  const SelectionKnobs& selection_knobs() const { return knobs_; }
 
  private:
-  using Body = std::function<void(const AlgoCtx&, const std::vector<CollHeader>&)>;
-  /// The first hand-off of the in-slot and LL paths (comm/header_exchange.h): run inside the
-  /// device's data phase, before this rank's header (the argument) is posted, when that header
-  /// says header_in_slot or header_ll.
-  using First = std::function<void(const AlgoCtx&, const CollHeader&)>;
   /// One collective as submitted: what execute() runs (inline on the caller's thread, or queued).
   struct Task {
     WorkPtr work;
     uint64_t seq = 0;
     Coll coll = Coll::kRejected;
-    CollHeader hdr;
+    CollHeader hdr;           // this rank's header, with the selection (comm/selection.h)
+    const Route* route = nullptr;  // the dispatch table's entry for hdr's selection
+    CollArgs args;
     Launch l;
     int64_t entry_ns = 0;
-    Body body;
-    First first;
   };
   /// Local checks (`check` returns this rank's header or throws; a throw rejects the call on
   /// every rank), then submit.
   template <class Check>
-  WorkPtr collective(Coll coll, const Check& check, Body body, Launch l, First first = nullptr);
-  WorkPtr submit(Coll coll, CollHeader hdr, Body body, Launch l, int64_t entry_ns = 0, First first = nullptr);
-  /// On a header mismatch: take and release the one slot each in-slot peer handed us first.
+  WorkPtr collective(Coll coll, const Check& check, CollArgs args, Launch l);
+  /// Select the algorithm, protocol and store for `hdr` (into it), look its route up, and run or
+  /// queue the call.
+  WorkPtr submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int64_t entry_ns = 0);
+  /// On a header mismatch: take and release the one slot each header_in_slot peer handed us first.
   void drain_in_slot(const std::vector<CollHeader>& all, uint64_t seq, Coll coll);
   void run_task(Task& t);
   /// The header exchange and the data phase of t; completes t.work (with the device's fence).
@@ -177,7 +177,8 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   std::unique_ptr<CommDevice> dev_;
   ArgChecks checks_;
   Tracer tracer_;  // configured once from RINGCOMM_TRACE; written only by the executing thread
-  bool header_in_slot_ = false;  // RINGCOMM_HEADER_IN_SLOT and a device with a header slot channel
+  const SelectionKnobs knobs_;  // the selection's knobs, read once at creation
+  const DeviceCaps caps_;       // what the device can run, asked once at creation
   P2PEngine p2p_;
   bool connected_ = false;
   std::atomic<bool> closed_{false};

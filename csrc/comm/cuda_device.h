@@ -68,7 +68,6 @@ class CudaDevice final : public CommDevice {
   ShmTransport& control() override { return transport_.ctl(); }
   bool has_control() const override { return transport_.created(); }
   const MemoryCheck* memory() const override { return &memcheck_; }
-  int64_t all_reduce_algo(int64_t) const override { return kArRing; }  // the ring only (direct needs host scratch)
   void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }
   std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
                                        const std::function<void(const AlgoCtx&)>& body) override;

@@ -10,6 +10,7 @@
 #include "algo/context.h"
 #include "comm/coll.h"
 #include "comm/header_exchange.h"
+#include "comm/selection.h"
 #include "comm/validation.h"
 #include "comm/work.h"
 #include "transport/channel.h"
@@ -28,22 +29,18 @@ class CommDevice {
   virtual bool has_control() const { return true; }
   /// Where buffers must live (nullptr: host memory, not checkable).
   virtual const MemoryCheck* memory() const = 0;
-  /// The algorithm all_reduce of `bytes` takes: kArRing, kArDirect or kArTwoShot
-  /// (comm/header_exchange.h; the choice travels in the header's count2). A small broadcast
-  /// takes the direct algorithm where this says kArDirect.
-  virtual int64_t all_reduce_algo(int64_t bytes) const = 0;
-  /// Whether a `coll` (all_reduce or broadcast) of `bytes` takes the LL algorithms (algo/ll.cpp;
-  /// the choice travels in the header): only where the collective lane has an LL outbox.
-  virtual bool use_ll(Coll, int64_t) const { return false; }
-  /// The channel a small all_reduce hands its first piece off on before its header is posted
+  /// What this device can run (comm/selection.h): the selection reads it once, when the core is
+  /// created; the device never chooses an algorithm or protocol itself.
+  virtual DeviceCaps caps() const { return {}; }
+  /// The channel the header_in_slot protocol hands piece 0 off on before the header is posted
   /// (comm/header_exchange.h: the control plane's collective lane), or nullptr where there is
-  /// none (the path is then never taken). The core uses it outside execute() only to drain it.
+  /// none (caps().header_slot is then false). The core uses it outside execute() only to drain it.
   virtual Channel* header_slot_channel() { return nullptr; }
   /// Post this rank's abort on the control plane (kind: abort_kind_of).
   virtual void abort(uint32_t kind, const std::string& msg) = 0;
 
   /// Run the data phase of one collective: fill in c.ch (the collective lane's channel for
-  /// `stream`) and c.scratch, call body(c), and return the fence of whatever the body left
+  /// `stream`, set to the store policy h.store says), c.scratch and c.ll, call body(c), and return the fence of whatever the body left
   /// running on the device (nullptr: nothing). Called by one thread at a time.
   virtual std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
                                                const std::function<void(const AlgoCtx&)>& body) = 0;

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "comm/coll.h"
+#include "comm/selection.h"
 #include "common/dtype.h"
 
 namespace rc {
@@ -29,21 +30,13 @@ std::string describe_header(const CollHeader& h) {
   if (c == Coll::kBarrier || c == Coll::kRejected) return o.str();
   o << "(count=" << h.count;
   if (c == Coll::kAllGather || c == Coll::kAllToAll) o << ", count2=" << h.count2;
-  if (c == Coll::kAllReduce)
-    o << ", algo=" << (h.count2 == kArRing            ? "ring"
-                       : h.count2 == kArDirectInSlot ? "direct, header in slot"
-                       : h.count2 == kArTwoShot      ? "two-shot"
-                       : h.count2 == kArLL           ? "ll"
-                                                     : "direct");
-  if (c == Coll::kBroadcast)
-    o << ", algo=" << (h.count2 == kBcDirectInSlot ? "direct, header in slot" : h.count2 == kBcLL ? "ll" : "chain");
   o << ", dtype=" << dtype_name(static_cast<DType>(h.dtype));
   if (coll_reduces(c)) o << ", op=" << op_name(static_cast<ReduceOp>(h.op));
   if (h.root >= 0) o << ", root=" << h.root;
+  o << ", algo=" << algo_name_of(h.algo) << ", proto=" << proto_name_of(h.proto) << ", store=" << store_name_of(h.store);
   o << ")";
   return o.str();
 }
-
 
 std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, uint64_t seq, Coll coll,
                                          const CollHeader& mine, const HeaderHooks& hooks) {
@@ -90,9 +83,9 @@ std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, u
   const Coll c0 = static_cast<Coll>(h0.coll);
   for (int p = 1; p < world; ++p) {
     const CollHeader& h = all[p];
-    bool same = h.coll == h0.coll && h.dtype == h0.dtype && h.op == h0.op && h.root == h0.root;
+    bool same = h.coll == h0.coll && h.dtype == h0.dtype && h.op == h0.op && h.root == h0.root &&
+                h.algo == h0.algo && h.proto == h0.proto && h.store == h0.store;
     if (same && c0 != Coll::kAllToAll) same = h.count == h0.count;
-    if (same && (c0 == Coll::kAllReduce || c0 == Coll::kBroadcast)) same = h.count2 == h0.count2;
     if (!same) {
       fail("ranks called different collectives or arguments: rank 0 called " + describe_header(h0) + ", rank " +
            std::to_string(p) + " called " + describe_header(h));

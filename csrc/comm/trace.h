@@ -1,6 +1,6 @@
 // Per-phase timestamps of the last N collectives of one communicator (RINGCOMM_TRACE=N; 0, the
 // default, records nothing). Each record holds CLOCK_MONOTONIC nanoseconds for the phases of one
-// call, the collective, its bytes, its sequence number and the algorithm that ran it:
+// call, the collective, its bytes, its sequence number and the selection that ran it (algorithm, protocol, store):
 //   entry         the communicator core took the call (before the local argument checks)
 //   header_posted this rank is about to post its header (exchange_headers' first store)
 //   header_seen   every peer's header has been read (the exchange returned)
@@ -29,6 +29,7 @@
 
 #include "comm/coll.h"
 #include "comm/header_exchange.h"
+#include "comm/selection.h"
 #include "common/dtype.h"
 #include "transport/shm.h"
 
@@ -60,7 +61,9 @@ struct TraceRecord {
   int64_t t[kTracePhases] = {0, 0, 0, 0, 0, 0};
   uint64_t seq = 0;
   uint32_t coll = 0;     ///< the Coll code
-  const char* algo = ""; ///< a string literal: "ring", "direct", "two_shot", "ll", "chain", "none"
+  const char* algo = "";  ///< the algorithm's name (comm/selection.h): "ring", "direct", "two_shot", "chain", "none"
+  const char* proto = ""; ///< the protocol's name: "simple", "header_in_slot", "ll", "none"
+  const char* store = ""; ///< the store policy's name: "cached", "streaming"
   int64_t bytes = 0;     ///< the header's element count x element size
   bool ok = false;       ///< false when the call raised
 
@@ -145,27 +148,14 @@ inline void trace_begin(TraceRecord& r, uint64_t seq, Coll coll, const CollHeade
   r.mark(kTraceHeaderPosted);
 }
 
-/// Stamps header_seen and names the algorithm the core will run (all_reduce: the choice carried
-/// in this rank's header's count2 (comm/header_exchange.h), and broadcast's likewise; the exchange
-/// checked that all ranks agree).
-inline void trace_headers_seen(TraceRecord& r, Coll coll, const CollHeader& mine) {
+/// Stamps header_seen and names the selection the core will run: the algorithm, protocol and
+/// store policy in this rank's header (comm/selection.h; the exchange checked that all ranks
+/// agree).
+inline void trace_headers_seen(TraceRecord& r, Coll, const CollHeader& mine) {
   r.mark(kTraceHeaderSeen);
-  switch (coll) {
-    case Coll::kAllReduce:
-      r.algo = mine.count2 == kArRing      ? "ring"
-               : mine.count2 == kArTwoShot ? "two_shot"
-               : mine.count2 == kArLL      ? "ll"
-                                           : "direct";
-      break;
-    case Coll::kReduceScatter:
-    case Coll::kAllGather: r.algo = "ring"; break;
-    case Coll::kBroadcast: r.algo = mine.count2 == kBcLL ? "ll" : mine.count2 != kBcChain ? "direct" : "chain"; break;
-    case Coll::kReduce: r.algo = "chain"; break;
-    case Coll::kAllToAll:
-    case Coll::kGather:
-    case Coll::kScatter: r.algo = "direct"; break;
-    default: r.algo = "none"; break;
-  }
+  r.algo = algo_name_of(mine.algo);
+  r.proto = proto_name_of(mine.proto);
+  r.store = store_name_of(mine.store);
 }
 
 }  // namespace rc

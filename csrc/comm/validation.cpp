@@ -16,7 +16,14 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 size_t nbytes(int64_t count, DType dt) { return static_cast<size_t>(count) * dtype_size(dt); }
 
 CollHeader header(Coll coll, DType dt, uint32_t op, int root, int64_t count, int64_t count2) {
-  return CollHeader{static_cast<uint32_t>(coll), static_cast<uint32_t>(dt), op, root, count, count2};
+  CollHeader h;
+  h.coll = static_cast<uint32_t>(coll);
+  h.dtype = static_cast<uint32_t>(dt);
+  h.op = op;
+  h.root = root;
+  h.count = count;
+  h.count2 = count2;
+  return h;
 }
 
 }  // namespace
@@ -52,8 +59,7 @@ void ArgChecks::root(int root, Coll coll) const {
            "ringcomm: " << coll_name(coll) << ": root " << root << " is out of range [0, " << world_ << ")");
 }
 
-CollHeader ArgChecks::all_reduce(const void* in, const void* out, int64_t count, DType dt, ReduceOp op,
-                                 int64_t algo) const {
+CollHeader ArgChecks::all_reduce(const void* in, const void* out, int64_t count, DType dt, ReduceOp op) const {
   dtype_size(dt);
   buffer(in, count, "input", Coll::kAllReduce);
   buffer(out, count, "output", Coll::kAllReduce);
@@ -61,8 +67,7 @@ CollHeader ArgChecks::all_reduce(const void* in, const void* out, int64_t count,
   const size_t b = nbytes(count, dt);
   RC_CHECK(in == out || !overlaps(in, b, out, b), InvalidArgument,
            "ringcomm: all_reduce: input and output overlap partially");
-  // count2 carries the algorithm so that ranks configured differently raise MismatchError.
-  return header(Coll::kAllReduce, dt, static_cast<uint32_t>(op), -1, count, algo);
+  return header(Coll::kAllReduce, dt, static_cast<uint32_t>(op), -1, count, 0);
 }
 
 CollHeader ArgChecks::reduce_scatter(const void* in, const void* out, int64_t in_count, DType dt, ReduceOp op) const {

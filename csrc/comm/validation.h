@@ -33,8 +33,7 @@ class ArgChecks {
  public:
   ArgChecks(int rank, int world, const MemoryCheck* mem) : rank_(rank), world_(world), mem_(mem) {}
 
-  /// algo: the all-reduce algorithm (kArRing, ... in comm/header_exchange.h), carried in count2.
-  CollHeader all_reduce(const void* in, const void* out, int64_t count, DType dt, ReduceOp op, int64_t algo) const;
+  CollHeader all_reduce(const void* in, const void* out, int64_t count, DType dt, ReduceOp op) const;
   CollHeader reduce_scatter(const void* in, const void* out, int64_t in_count, DType dt, ReduceOp op) const;
   CollHeader all_gather(const void* in, const void* out, int64_t in_count, int64_t out_count, DType dt) const;
   CollHeader broadcast(const void* buf, int64_t count, DType dt, int root) const;

@@ -17,12 +17,12 @@ using T = KnobType;
 // accessors all show and parse the same text.
 const std::vector<KnobInfo>& table() {
   static const std::vector<KnobInfo> t = {
-      // shared-memory transport (csrc/transport/shm.cpp)
+      // shared-memory transport (csrc/transport/shm_*.cpp)
       {"RINGCOMM_SLOT_BYTES", T::kBytes, "256K", "", "size of one shared-memory slot (pieces stream through slots)", false},
       {"RINGCOMM_NSLOTS", T::kInt, "8", "", "slots per channel, a power of two in 2..1024 (the ring's deadlock-freedom argument needs two)", false},
       {"RINGCOMM_FAR_SLOT_BYTES", T::kBytes, "32K", "", "slot size of the channels other than the one from the ring predecessor (direct exchanges, point-to-point; min(RINGCOMM_NSLOTS, 4) slots each; 3 or more ranks)", false},
       {"RINGCOMM_TIMEOUT", T::kFloat, "300", "", "seconds any single wait may take (timeout= per communicator overrides)", false},
-      {"RINGCOMM_WAIT", T::kChoice, "auto", "auto|spin|yield|adaptive", "wait policy: spin (pause-spin, then futex sleep), yield (spin with a sched_yield every RINGCOMM_YIELD_EVERY_NS, then futex), adaptive (spin, switching to yield for the next 64 waits after a spin ran out or was preempted) or auto (yield: measured fastest; the spin is 2 us instead of 50 when this node's ranks outnumber the CPUs they may run on)", false},
+      {"RINGCOMM_WAIT", T::kChoice, "auto", "auto|spin|yield|adaptive", "wait policy: spin (pause-spin, then futex sleep), yield (spin with a sched_yield every RINGCOMM_YIELD_EVERY_NS, then futex), adaptive (spin, switching to yield for the next 64 waits after a spin ran out or was preempted) or auto (yield; the spin is 2 us instead of 50 when this node's ranks outnumber the CPUs they may run on)", false},
       {"RINGCOMM_SPIN_US", T::kInt, "50", "", "microseconds a waiter spins before sleeping on a futex (unset: 2 when ranks outnumber CPUs)", false},
       {"RINGCOMM_YIELD_US", T::kInt, "200", "", "while yielding: microseconds more of spinning with yields before the futex sleep", false},
       {"RINGCOMM_YIELD_EVERY_NS", T::kInt, "2000", "", "while yielding: sched_yield this often during the spin (min 100)", false},
@@ -31,18 +31,17 @@ const std::vector<KnobInfo>& table() {
       {"RINGCOMM_LIVENESS_MS", T::kInt, "100", "", "how often a sleeping waiter checks that its peers are alive", false},
       {"RINGCOMM_HEARTBEAT_TIMEOUT_MS", T::kInt, "5000", "", "a peer in another PID namespace (containers sharing /dev/shm) is dead when its heartbeat has not moved for this long (the larger of both ranks' values); its background thread bumps it every 1/8 of this", false},
       {"RINGCOMM_TEST_PIDNS", T::kStr, "", "", "test hook: replaces this process's PID-namespace identity (ranks with different values use the heartbeat, not the pid probe)", false},
-      // communicator (csrc/comm/)
-      {"RINGCOMM_ALGO", T::kChoice, "auto", "auto|ring|direct|two_shot", "all-reduce algorithm: ring, direct (one hand-off, every rank combines all inputs), two_shot (a direct reduce-scatter, then a direct all-gather: two hand-offs, each rank combines 1/N) or auto", false},
-      {"RINGCOMM_DIRECT_MAX_BYTES", T::kBytes, "64K", "", "auto takes direct while bytes x (world - 1) is at most this", false},
+      // communicator: the selection of algorithm, protocol and store policy (csrc/comm/selection.h)
+      {"RINGCOMM_ALGO", T::kChoice, "auto", "auto|ring|direct|two_shot", "all-reduce algorithm: ring, direct (one hand-off, every rank combines all inputs), two_shot (a direct reduce-scatter, then a direct all-gather: two hand-offs, each rank combines 1/N) or auto (by size: RINGCOMM_LL_MAX_BYTES, RINGCOMM_DIRECT_MAX_BYTES, RINGCOMM_TWO_SHOT_MAX_BYTES); must be equal on every rank", false},
+      {"RINGCOMM_DIRECT_MAX_BYTES", T::kBytes, "64K", "", "auto takes the direct all-reduce (and the direct broadcast) while bytes x (world - 1) is at most this", false},
       {"RINGCOMM_TWO_SHOT_MAX_BYTES", T::kBytes, "128K", "", "above the direct range, auto takes two_shot while bytes is at most this (with RINGCOMM_TWO_SHOT_MIN_WORLD ranks or more; the ring above)", false},
-      {"RINGCOMM_TWO_SHOT_MIN_WORLD", T::kInt, "4", "", "auto takes two_shot only with at least this many ranks (measured: never faster than the ring with 2 ranks up to 4 MiB, and with 3 only at 1-2 MiB)", false},
-      {"RINGCOMM_LL_MAX_BYTES", T::kBytes, "4K", "", "all-reduces (under RINGCOMM_ALGO=auto) and broadcasts of at most this many bytes use the low-latency outbox: each rank writes header and data into 64-byte lines of its own shared memory (56 data bytes and a flag each) and its peers read them in place; the outbox's size, so equal on every rank (0: off)", false},
-      {"RINGCOMM_HEADER_IN_SLOT", T::kChoice, "on", "on|off", "direct all-reduces hand their first piece to every peer before posting the header, so header and data take one hand-off (a mismatch drains it and raises MismatchError on every rank); off: header exchange first", false},
-      {"RINGCOMM_STREAM", T::kChoice, "auto", "auto|on|off", "stores into peers' slots: auto (measured per collective kind and size class), on (non-temporal), off (cached)", false},
-      {"RINGCOMM_STREAM_MIN_BYTES", T::kBytes, "512K", "", "smallest collective RINGCOMM_STREAM=auto measures (smaller ones use cached stores)", false},
-      {"RINGCOMM_STREAM_PROBE_EVERY", T::kInt, "16", "", "RINGCOMM_STREAM=auto re-checks the other way every this many collectives of a class (>= 2)", false},
+      {"RINGCOMM_TWO_SHOT_MIN_WORLD", T::kInt, "4", "", "auto takes two_shot only with at least this many ranks", false},
+      {"RINGCOMM_LL_MAX_BYTES", T::kBytes, "4K", "", "all-reduces (under RINGCOMM_ALGO=auto) and broadcasts of at most this many bytes use the LL protocol: each rank writes header and data into 64-byte lines of its own shared-memory outbox (56 data bytes and a flag each) and its peers read them in place; the outbox's size, so equal on every rank (0: off)", false},
+      {"RINGCOMM_HEADER_IN_SLOT", T::kChoice, "on", "on|off", "the header_in_slot protocol: direct all-reduces and broadcasts hand their first piece to every peer before posting the header, so header and data take one hand-off (a mismatch drains it and raises MismatchError on every rank); off: the simple protocol (header exchange first)", false},
+      {"RINGCOMM_STREAM", T::kChoice, "auto", "auto|on|off", "stores into peers' slots: off (cached), on (streaming, non-temporal), auto (streaming from RINGCOMM_STREAM_MIN_BYTES up); the choice travels in the header, so ranks that differ raise MismatchError", false},
+      {"RINGCOMM_STREAM_MIN_BYTES", T::kBytes, "1G", "", "RINGCOMM_STREAM=auto streams collectives of at least this many bytes (the message size; all_to_all never)", false},
       {"RINGCOMM_TRACE", T::kInt, "0", "", "keep the last N collectives' phase timestamps per communicator (comm.trace()); 0: off", false},
-      {"RINGCOMM_DEBUG", T::kChoice, "WARN", "WARN|INFO|TRACE", "logging to stderr: INFO one line per communicator, TRACE also one per collective", false},
+      {"RINGCOMM_DEBUG", T::kChoice, "WARN", "WARN|INFO|TRACE", "logging to stderr: INFO one line per communicator (transport, selection rule), TRACE also one per collective (its algorithm, protocol and store)", false},
       // reduce kernels (csrc/kernels/reduce_cpu.cpp)
       {"RINGCOMM_CPU_ISA", T::kChoice, "auto", "auto|avx512|avx2|generic", "CPU reduce kernels: auto (bfloat16 AVX-512 where present; other dtypes AVX2 where present; else generic), or one of avx512, avx2, generic for every dtype", false},
       // CUDA transport and communicator

@@ -70,22 +70,6 @@ class Channel {
   /// collective, never per piece.
   virtual size_t far_piece_bytes() const { return piece_bytes(); }
   RC_CHANNEL_PRIMITIVES(virtual, = 0)
-
-  // The low-latency outbox (transport/shm.h, "Low-latency outbox"), host memory only: every
-  // rank writes a small collective's data into its own outbox with its header, and the peers
-  // read it from there. Channels without one refuse; the communicator chooses the LL
-  // algorithms only where its device has an outbox that holds the message (CommDevice::use_ll).
-  /// This rank's header `h` and `bytes` of `data` into its outbox for collective `seq`, before
-  /// the header is posted.
-  virtual void ll_write(uint64_t, const CollHeader&, const void*, size_t) { refuse_ll(); }
-  /// `bytes` of `peer`'s outbox data for collective `seq` into local memory `dst`.
-  virtual void ll_read(int, uint64_t, void*, size_t, const WaitCtx&) { refuse_ll(); }
-  /// Private memory for LL data, the outbox's size per index in [0, world): the collective's
-  /// thread's own (used by one collective at a time).
-  virtual char* ll_stage(int) { refuse_ll(); }
-
- private:
-  [[noreturn]] static void refuse_ll() { RC_THROW(Unsupported, "ringcomm: this channel has no LL outbox"); }
 };
 
 }  // namespace rc

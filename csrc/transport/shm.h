@@ -27,7 +27,7 @@
 //   or the publisher sees the waiter (no lost wake-up).
 //
 // Header board: before each collective every rank writes a small header (sequence, collective,
-// dtype, op, counts, root) to board[seq % 2] of its own segment and publishes seq with release;
+// dtype, op, counts, root, and the algorithm, protocol and store policy it selected) to board[seq % 2] of its own segment and publishes seq with release;
 // every rank reads every peer's header. Two entries suffice: a rank can only write the entry
 // for seq+2 after it has read every peer's header for seq+1, which every peer posts only after
 // finishing its reads of seq.
@@ -35,8 +35,8 @@
 // Low-latency outbox (LL): beside the board, every segment holds two outboxes (by the parity of
 // the board's sequence word, like the board entries) of 64-byte lines, each 56 payload bytes and
 // an 8-byte flag. A rank writes a small collective's header and data into its OWN outbox
-// (ll_write: payload first, then the line's flag = the collective's 64-bit sequence number with
-// release), before it posts the header on the board; every peer reads the lines from the
+// (the LL protocol, proto/ll.h: payload first, then the line's flag = the collective's 64-bit
+// sequence number with release), before it posts the header on the board; every peer reads the lines from the
 // owner's segment (one copy however many readers: pull, not push). A reader that sees a line's
 // flag equal to the sequence (acquire) sees that line's payload: data and flag travel in one
 // cache line, and no head, meta or tail word is exchanged. The header is the payload's first
@@ -120,15 +120,36 @@ struct ShmConfig {
 /// Bytes of one rank's segment for `world` ranks with configuration `cfg` (computes only).
 size_t footprint_bytes(int world, const ShmConfig& cfg);
 
-/// Header posted before each collective (compared across ranks).
+/// Header posted before each collective (compared across ranks). 40 bytes: its first bytes are
+/// also the payload of line 0 of an LL outbox (LLLine).
 struct CollHeader {
   uint32_t coll = 0;
   uint32_t dtype = 0;
   uint32_t op = 0;
   int32_t root = -1;
-  int64_t count = 0;   // primary count (meaning depends on the collective)
-  int64_t count2 = 0;  // secondary count (e.g. this rank's contribution)
+  int64_t count = 0;   // element count (meaning depends on the collective)
+  int64_t count2 = 0;  // a second count: all_gather's contribution of the posting rank, all_to_all's output total
+  // How the collective runs, chosen by the communicator's selection (comm/selection.h) and
+  // compared across ranks like the fields above: the algorithm, the protocol and the store
+  // policy, as their codes.
+  uint8_t algo = 0;
+  uint8_t proto = 0;
+  uint8_t store = 0;
+  uint8_t reserved[5] = {0, 0, 0, 0, 0};
 };
+static_assert(sizeof(CollHeader) == 40, "CollHeader's size is part of the segment layout (LL line 0)");
+
+/// One line of an LL outbox (see "Low-latency outbox" above): payload first, the flag last. The
+/// owner writes the payload, then stores the flag (release); a reader that loads the flag equal
+/// to the collective's 64-bit sequence (acquire) may read the payload. Only the owner writes, and
+/// only while no reader may still read the line's previous contents. Line 0's payload starts
+/// with the owner's CollHeader. The lines' contents are the LL protocol's (proto/ll.h).
+struct alignas(64) LLLine {
+  static constexpr size_t kPayload = 56;
+  char payload[kPayload];
+  std::atomic<uint64_t> flag;
+};
+static_assert(sizeof(LLLine) == 64, "an LL line is one cache line");
 
 struct SlotMeta {
   uint64_t bytes;   // bytes of payload in this slot
@@ -150,9 +171,9 @@ int64_t deadline_after(int64_t now_ns, double seconds);
 
 enum class PeerState : uint32_t { kAlive = 0, kClosed = 1, kAborted = 2 };
 
-struct SegmentHeader;  // in shm.cpp
-struct ChannelCtl;
-struct LLLine;
+namespace shm_detail {
+struct ChannelCtl;  // transport/shm_layout.h
+}  // namespace shm_detail
 
 class ShmTransport {
  public:
@@ -219,7 +240,7 @@ class ShmTransport {
   /// slot bytes: config().slot_bytes to the ring successor on the collective lane, else
   /// config().far_slot_bytes). With `like` the payload gets like's offset within a 4 KiB page: copies between the
   /// slot and user buffers (which numpy/torch place at small in-page offsets) then never have a
-  /// small destination-minus-source skew, which costs 4K-aliasing stalls (~3x slower copies).
+  /// small destination-minus-source skew, which costs 4K-aliasing stalls.
   char* send_slot(int peer, Lane lane, const WaitCtx& w, const void* like = nullptr);
   /// send_slot with the payload `offset` (< 4096) bytes into the slot, chosen by the caller.
   char* send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset);
@@ -241,22 +262,23 @@ class ShmTransport {
   void recv_done(int peer, Lane lane);
 
   // ---- header board ----
-  /// Post this rank's header for collective `seq` (>= 1) on its board (after ll_write, if any).
+  /// Post this rank's header for collective `seq` (>= 1) on its board (after its LL lines, if any).
   void post_header(uint64_t seq, const CollHeader& h);
   /// `peer`'s header for collective `seq`: from line 0 of its LL outbox when it wrote one for
   /// `seq` (*ll = true), else from its board once posted (*ll = false).
   CollHeader wait_header(int peer, uint64_t seq, const WaitCtx& w, bool* ll = nullptr);
 
-  // ---- low-latency outbox (see the header comment) ----
-  /// Data bytes an LL outbox carries (ShmConfig::ll_bytes); 0: the protocol is off.
+  // ---- low-latency outbox region (see the header comment; its protocol: proto/ll.h) ----
+  /// Data bytes an LL outbox carries (ShmConfig::ll_bytes); 0: there is none.
   size_t ll_max_bytes() const { return cfg_.ll_bytes; }
-  /// Write header `h` and `bytes` (<= ll_max_bytes()) of `data` into this rank's outbox for
-  /// collective `seq`; post_header(seq, h) must follow.
-  void ll_write(uint64_t seq, const CollHeader& h, const void* data, size_t bytes);
-  /// Copy `bytes` of `peer`'s LL data for collective `seq` into dst (its header said it wrote
-  /// them). Waits (bounded) for lines still being written; a line that never becomes current
-  /// although the peer posted its header raises rc::Error (the ranks' streams diverged).
-  void ll_read(int peer, uint64_t seq, void* dst, size_t bytes, const WaitCtx& w);
+  /// The lines of `owner`'s outbox for collective `seq` (the one of its two outboxes that the
+  /// board entry for `seq` pairs with): ll_line_count() lines, written only by `owner`.
+  LLLine* ll_outbox(int owner, uint64_t seq) const;
+  size_t ll_line_count() const { return ll_lines_; }
+  /// Wait (bounded, checking peers) until `flag` holds `seq` or `peer` has posted its header for
+  /// `seq`, whichever comes first: a reader of `peer`'s outbox line waits so, since the owner
+  /// posts its header only after its last line.
+  void wait_line_or_header(int peer, uint64_t seq, const std::atomic<uint64_t>& flag, const WaitCtx& w);
 
   // ---- p2p doorbell: rings when a p2p slot to us is filled or a p2p slot we sent is freed ----
   uint32_t doorbell_value() const;
@@ -291,9 +313,7 @@ class ShmTransport {
     uint32_t nslots = 0;   // a power of two (0: the owner's own source index)
   };
   ChanGeom geom_of(int owner, Lane lane, int src) const;
-  ChannelCtl* ctl(int owner, Lane lane, int src) const;
-  /// The first line of `owner`'s LL outbox for board sequence word `board_seq` (its parity).
-  LLLine* ll_outbox(int owner, uint32_t board_seq) const;
+  shm_detail::ChannelCtl* ctl(int owner, Lane lane, int src) const;
   SlotMeta* slot_meta(int owner, Lane lane, int src, uint32_t slot) const;
   std::string describe(const WaitCtx& w) const;
 

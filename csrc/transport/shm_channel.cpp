@@ -64,12 +64,6 @@ void ShmChannel::reduce_into_slot(char* slot, const void* a, const void* b, size
   }
 }
 
-char* ShmChannel::ll_stage(int i) {
-  const size_t each = t_->ll_max_bytes();
-  if (ll_stage_.empty()) ll_stage_.resize(each * static_cast<size_t>(t_->world()) + 1);
-  return ll_stage_.data() + each * static_cast<size_t>(i);
-}
-
 void ShmChannel::copy(void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
 }

@@ -9,8 +9,8 @@
 //    buffer byte offset mod 16 (0 for direct exchanges), and a slot carries 16 bytes less.
 //    The receiver always reads the offset the sender chose from the slot's meta.
 //  - forward_from_slot: see Channel.
-//  - streaming (set per collective by the store policy, comm/store_policy.h): copies into peers'
-//    slots use non-temporal stores; a fused reduction is formed in the private scratch (one slot,
+//  - streaming (set per collective from the store policy the selection chose, comm/selection.h):
+//    copies into peers' slots use non-temporal stores; a fused reduction is formed in the private scratch (one slot,
 //    cache-resident) and streamed into the slot, since the reduce kernels write cached only.
 // Used by one thread at a time (the one running the collective); the scratch is that thread's.
 #pragma once
@@ -41,13 +41,6 @@ class ShmChannel final : public Channel {
   /// The far geometry's payload (ShmConfig::far_slot_bytes).
   size_t far_piece_bytes() const override;
   RC_CHANNEL_PRIMITIVES(, override)
-  void ll_write(uint64_t seq, const CollHeader& h, const void* data, size_t bytes) override {
-    t_->ll_write(seq, h, data, bytes);
-  }
-  void ll_read(int peer, uint64_t seq, void* dst, size_t bytes, const WaitCtx& w) override {
-    t_->ll_read(peer, seq, dst, bytes, w);
-  }
-  char* ll_stage(int i) override;
 
  private:
   uint32_t offset_of(const PiecePlace& at) const;
@@ -56,7 +49,6 @@ class ShmChannel final : public Channel {
   char* scratch_;
   ShmChannelOptions opt_;
   bool stream_ = false;
-  std::vector<char> ll_stage_;  // world x ll_max_bytes, allocated on first use
 };
 
 }  // namespace rc

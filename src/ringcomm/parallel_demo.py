@@ -1,12 +1,12 @@
-"""Train ``ringcomm.train``'s transformer with tensor, pipeline and data x tensor parallelism.
+"""Train the training demo's transformer (:mod:`ringcomm.tiny_lm`) with tensor, pipeline and data x tensor parallelism.
 
     python -m ringcomm.train --parallel tp=2                  # 2 ranks, heads and MLP split
     python -m ringcomm.train --parallel pp=2 --microbatches 4 # 2 stages, 1F1B
     python -m ringcomm.train --parallel dp=2,tp=2             # 4 ranks
     python -m ringcomm.parallel_demo --parallel tp=2 --parallel pp=2 --quick
 
-Every configuration trains :class:`ringcomm.train.TinyLM` from the same initial weights on the same
-batches (``ringcomm.train.make_batch``) with AdamW, in fp32, and is compared step by step with one
+Every configuration trains :class:`ringcomm.tiny_lm.TinyLM` from the same initial weights on the same
+batches (``ringcomm.tiny_lm.make_batch``) with AdamW, in fp32, and is compared step by step with one
 process training the unsplit model: the run exits with status 1 if a loss curve deviates by more
 than ``TOLERANCE`` (relative; the splits change only the order of floating-point sums).
 
@@ -38,6 +38,8 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .tiny_lm import TinyLM, add_model_arguments, make_batch
 
 __all__ = ["main", "parse_layout", "TOLERANCE"]
 
@@ -72,7 +74,7 @@ def _name(layout: dict) -> str:
 
 # ============================================================================ models
 class TPBlock(nn.Module):
-    """``ringcomm.train.Block`` with its attention split by heads and its MLP column-then-row."""
+    """``ringcomm.tiny_lm.Block`` with its attention split by heads and its MLP column-then-row."""
 
     def __init__(self, block: nn.Module, group):
         super().__init__()
@@ -176,13 +178,11 @@ def _median(xs):
 
 # ============================================================================ one rank
 def _model(o: dict):
-    from .train import TinyLM
     torch.manual_seed(o["seed"])
     return TinyLM(o["vocab"], o["d_model"], o["layers"], o["heads"], o["seq_len"])
 
 
 def _batch(o: dict, step: int):
-    from .train import make_batch
     return make_batch(o, step)
 
 
@@ -322,7 +322,6 @@ def _run_pipeline(rank: int, layout: dict, o: dict) -> dict:
 
 # ============================================================================ driver
 def build_parser() -> argparse.ArgumentParser:
-    from .train.cli import add_model_arguments
     p = argparse.ArgumentParser(
         prog="python -m ringcomm.train --parallel",
         description="Tensor / pipeline / data x tensor parallel training of ringcomm.train's "

@@ -7,8 +7,9 @@ Phases, one after the other so none disturbs another's timing:
      (gloo, NCCL) side by side, size by size (``harness.rank_sweep``);
   3. if MPI is available, ``mpiexec -n N`` ranks running the same sweep with mpi4py
      (``_mpi_worker``).
-The ranks return their per-iteration times; this process takes the max over ranks per iteration,
-prints one table per collective, the summary and the verdicts, and writes the JSON and the plot.
+The ranks return their per-call times; this process takes the max over ranks per call, prints
+one table per collective (each library's count of timed calls, min / median / p90 / p99 µs,
+algbw, busbw, a peer's speedup) and the summary, and writes the JSON and the plot.
 Exit status: 0, or 1 if any correctness check failed, 3 if the ranks could not run.
 """
 from __future__ import annotations
@@ -26,14 +27,25 @@ import sys
 import tempfile
 import time
 
+from ..launch import LaunchError, spawn
 from ..machine import cpu_model
-from .harness import (OPS, REDOPS, REDOP_ALIASES, merge_ranks, parse_arrival, parse_dtype,
-                      parse_size, size_sweep)
+from . import report
+from .harness import merge_ranks, parse_arrival, rank_sweep
+from .hostload import cpu_busy, loadavg
+from .load import BusyLoad
+from .memcpy import measure_memcpy
+from .peers import find_mpiexec, probe
+from .spec import OPS, REDOP_ALIASES, REDOPS, parse_dtype, parse_size, size_sweep
+from .trace_table import main_trace
 
-QUICK = {"minbytes": "1K", "maxbytes": "64M", "warmup_iters": 2, "iters": 10, "budget": 0.04,
-         "min_iters": 2}
-FULL = {"minbytes": "8", "maxbytes": "256M", "warmup_iters": 5, "iters": 50, "budget": 0.25,
-        "min_iters": 3}
+# Every cell times at least MIN_CALLS calls and at least `budget` seconds of calls, whichever is
+# more, so that one descheduled stretch moves a cell's p90 or p99, not its median.
+MIN_CALLS = 20
+MAX_CALLS = 200_000
+QUICK = {"minbytes": "1K", "maxbytes": "64M", "warmup_iters": 2, "iters": MAX_CALLS,
+         "budget": 0.05, "min_iters": MIN_CALLS}
+FULL = {"minbytes": "8", "maxbytes": "256M", "warmup_iters": 5, "iters": MAX_CALLS,
+        "budget": 0.25, "min_iters": MIN_CALLS}
 DEFAULT_PEERS = "gloo,mpi,nccl"
 # --nodes K: each rank gets RINGCOMM_NODE_ID = its fake node (ringcomm.hier.fake_nodes_env)
 # before any library is created, so ringcomm goes hierarchical while gloo/MPI stay flat over the
@@ -64,16 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-w", "--warmup_iters", type=int, default=None,
                    help="at most this many warm-up calls per measurement (default 5, --quick 2)")
     p.add_argument("-n", "--iters", type=int, default=None,
-                   help="at most this many timed calls per measurement (default 50, --quick 10); "
-                        "fewer at large sizes, see --time-budget")
+                   help=f"at most this many timed calls per measurement (default {MAX_CALLS}; "
+                        f"below --min-iters it lowers that too)")
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                   help="timed seconds per measurement that size the iteration count "
-                        "(default 0.25, --quick 0.04); at least 3 (--quick 2) calls are timed")
+                   help="at least this many seconds of timed calls per measurement (default "
+                        "0.25, --quick 0.05)")
     p.add_argument("--min-iters", type=int, default=None, metavar="N",
-                   help="at least this many timed calls per measurement, whatever the time budget "
-                        "(default 3, --quick 2; capped by -n)")
+                   help=f"at least this many timed calls per measurement, whatever the time "
+                        f"budget (default {MIN_CALLS}; capped by -n)")
     p.add_argument("--quick", action="store_true",
-                   help="1 KiB to 64 MiB, fewer iterations: the whole run in under a minute")
+                   help="1 KiB to 64 MiB, 0.05 s of timed calls per measurement: the whole run "
+                        "in about a minute on 2 ranks")
     p.add_argument("--peers", default=DEFAULT_PEERS,
                    help="peers to measure beside ringcomm where available: any of "
                         "gloo,mpi,nccl,deepspeed (DeepSpeed's shm all_reduce), or 'none' "
@@ -168,30 +181,7 @@ def arrival_text(pol: dict) -> str:
 
 
 def _rank_entry(rank: int, world: int, cfg: dict, libs: list[str]) -> dict:
-    from .harness import rank_sweep
     return rank_sweep(rank, world, cfg, libs, desc="+".join(libs))
-
-
-def _cpu_busy(interval: float = 0.5):
-    """Fraction of all cores busy (with other processes: we sleep meanwhile) over `interval` s."""
-    def snap():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)
-    try:
-        t0, i0 = snap()
-        time.sleep(interval)
-        t1, i1 = snap()
-    except (OSError, ValueError, IndexError):
-        return None
-    return None if t1 == t0 else 1.0 - (i1 - i0) / (t1 - t0)
-
-
-def _loadavg():
-    try:
-        return os.getloadavg()
-    except OSError:
-        return None
 
 
 def _package_root() -> str:
@@ -200,7 +190,6 @@ def _package_root() -> str:
 
 
 def run_mpi_phase(cfg: dict, tmp: str, notices: list[str]) -> list[dict] | None:
-    from .peers import find_mpiexec
     mpiexec = find_mpiexec()
     cfg_path, out_path = os.path.join(tmp, "mpi_cfg.json"), os.path.join(tmp, "mpi_out.pickle")
     with open(cfg_path, "w") as f:
@@ -238,20 +227,12 @@ def main(argv=None) -> int:
         parser.error(str(e))
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib (pip install matplotlib, or 'ringcomm[bench]')")
-    from ringcomm.launch import LaunchError, spawn
-
-    from .load import BusyLoad
     if args.trace:
-        from .trace_table import main_trace
         sizes = cfg["sizes"] if (args.minbytes or args.maxbytes) else None
         return main_trace(cfg, args.iters or 100, BusyLoad(cfg["load"]), sizes)
 
-    from . import report
-    from .memcpy import measure_memcpy
-    from .peers import probe
-
     started = datetime.datetime.now(datetime.timezone.utc)
-    load_start, busy_start = _loadavg(), _cpu_busy()
+    load_start, busy_start = loadavg(), cpu_busy()
     t_start = time.monotonic()
     notices: list[str] = []
     torch_libs = []
@@ -329,14 +310,16 @@ def main(argv=None) -> int:
         + (f" faked as {cfg['nodes']} nodes (RINGCOMM_NODE_ID; ringcomm hierarchical, peers flat)"
            if cfg["nodes"] > 1 else "")
         + f"; sizes {cfg['sizes'][0]}..{cfg['sizes'][-1]} B x{args.stepfactor}; "
-        f"per measurement: 1 checked call, <= {pol['warmup']} warm-up, "
-        f"{min(pol['min_iters'], pol['iters'])}..{pol['iters']} timed calls (~{pol['budget']:g} s)",
-        "# time = median over timed calls of the max over ranks (min also shown for ringcomm); "
-        "algbw = size/time, busbw = algbw x factor; GB/s = 1e9 B/s",
+        f"per measurement: 1 checked call, warm-up calls, then at least "
+        f"{min(pol['min_iters'], pol['iters'])} timed calls and at least {pol['budget']:g} s of "
+        f"them (at most {pol['iters']} calls)",
+        "# a call's time = the max over ranks; per cell: calls = timed calls, min / median / p90 "
+        "(/ p99 with >= 100 calls) of their times; algbw = size / median, busbw = algbw x "
+        "factor; GB/s = 1e9 B/s",
         "# arrival: " + arrival_text(pol),
         "# load: " + load.summary,
     ]
-    load_end = _loadavg()
+    load_end = loadavg()
     if load_start is not None:
         busy = busy_start is not None and busy_start > 0.15
         meta_lines.append(

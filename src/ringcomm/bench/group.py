@@ -24,7 +24,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .harness import DTYPES, Case, element_count
+from .harness import Case
+from .spec import DTYPES, element_count
 
 
 def _follower(r, _n, world, cfg, libs, cmd_qs, ack_q):

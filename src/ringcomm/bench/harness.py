@@ -9,12 +9,15 @@ One *measurement* is (library, mode, collective, dtype, reduce op, size) on ever
    of 7 is prime to every power-of-two chunk size, so a chunk sent to the wrong place, a missed
    peer or a doubled contribution changes values), outputs with a sentinel (0, never expected),
    run the collective once and count the wrong elements;
-3. warm-up and timed iterations whose counts adapt to the size: the check call's time (max over
+3. warm-up and timed calls whose counts adapt to the size: the check call's time (max over
    ranks, agreed through the library itself so every rank makes the same number of calls) sizes
-   the warm-up, the warm-up's mean sizes the timed loop to ``budget`` seconds, clamped to
-   ``[min_iters, iters]``;
-4. barrier, then each rank times every iteration on its own clock. The parent takes, per
-   iteration, the max over ranks, and reports the median and the min of those.
+   the warm-up (a quarter of ``budget``), the warm-up's mean sizes the first round of timed
+   calls (``Policy.timed_calls``); more rounds follow until the rounds have taken ``budget``
+   seconds on the slowest rank. So a cell times at least ``min_iters`` calls and at least
+   ``budget`` seconds of them, whichever is more, at most ``iters`` calls;
+4. barrier, then each rank times every call on its own clock. The parent takes, per call, the
+   max over ranks (the call ends for the job when its last rank is done) and reports the spread
+   of those: min, median, p90, p99 (with 100 calls or more), mean and max, and the count.
 
 Arrival (``--arrival``): ``b2b`` times calls back to back. ``apart[:US]`` precedes every warm-up
 and timed call with a *separator*: a barrier on another library (torch.distributed gloo in the
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import re
 import sys
@@ -43,101 +47,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..tables import DTYPES as _TABLE_DTYPES
-
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
-REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
-# Collectives whose full tensor is split into world_size equal chunks.
-CHUNKED = frozenset({"reduce_scatter", "all_gather", "all_to_all"})
-REDOPS = ("sum", "prod", "min", "max", "avg")
-MODES = ("oop", "ip")
-MODE_LABEL = {"oop": "out-of-place", "ip": "in-place"}
-# The form each peer is measured in (torch.distributed's own: all_reduce/broadcast/reduce work in
-# place, reduce_scatter_tensor/all_gather_into_tensor/all_to_all_single out of place). Ratios
-# compare ringcomm in the same form, so they are like for like.
-NATIVE_MODE = {"all_reduce": "ip", "reduce_scatter": "oop", "all_gather": "oop",
-               "broadcast": "ip", "reduce": "ip", "all_to_all": "oop"}
-ROOT = 0
-
-
-def bus_factor(op: str, world: int) -> float:
-    """nccl-tests' bus-bandwidth factors (busbw = algbw * factor)."""
-    if op == "all_reduce":
-        return 2.0 * (world - 1) / world
-    if op in ("reduce_scatter", "all_gather", "all_to_all"):
-        return (world - 1) / world
-    if op in ("broadcast", "reduce"):
-        return 1.0
-    raise ValueError(f"unknown collective {op!r}")
-
-
-@dataclass(frozen=True)
-class DType:
-    name: str
-    itemsize: int
-    np_name: str | None      # None: numpy has no such dtype (bfloat16)
-    is_int: bool
-
-
-DTYPES = {d.name: DType(d.name, d.itemsize, d.np_name, d.is_int)
-          for d in _TABLE_DTYPES if d.name != "bool"}
-DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "f32": "float32", "double": "float64",
-                 "fp64": "float64", "f64": "float64", "half": "float16", "fp16": "float16",
-                 "f16": "float16", "bf16": "bfloat16", "int": "int32", "char": "int8",
-                 "long": "int64"}
-REDOP_ALIASES = {"product": "prod", "mean": "avg"}
-
-
-def parse_dtype(name: str) -> DType:
-    key = DTYPE_ALIASES.get(name.strip().lower(), name.strip().lower())
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)}")
-    return DTYPES[key]
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str | int) -> int:
-    """'8', '1K', '64M', '1G', '4KiB', '256MB' -> bytes (K/M/G are powers of 1024, as in nccl-tests)."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise ValueError(f"cannot parse size {text!r} (examples: 8, 1K, 64M, 1G)")
-    scale = 1024 ** " kmgt".index(m.group(2).lower() or " ")
-    return int(float(m.group(1)) * scale)
-
-
-def format_size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
-
-def size_sweep(minbytes: int, maxbytes: int, factor: int) -> list[int]:
-    if minbytes < 1 or maxbytes < minbytes:
-        raise ValueError(f"need 1 <= -b ({minbytes}) <= -e ({maxbytes})")
-    if factor < 2:
-        raise ValueError(f"-f must be >= 2, got {factor}")
-    sizes, s = [], minbytes
-    while s <= maxbytes:
-        sizes.append(s)
-        s *= factor
-    if sizes[-1] != maxbytes:        # always end at -e (8 B..256 MiB by 4 ends 128M, 256M)
-        sizes.append(maxbytes)
-    return sizes
-
-
-def element_count(op: str, nbytes: int, dtype: DType, world: int) -> int:
-    """Elements of the full tensor for a nominal size (nccl-tests: the chunked collectives'
-    count is rounded down to a multiple of world_size). 0 means "too small for this op"."""
-    count = nbytes // dtype.itemsize
-    if op in CHUNKED:
-        count -= count % world
-    return count
-
+from .peers import gloo_barrier, make_runner
+from .spec import CHUNKED, DTYPES, REDUCING, ROOT, DType, element_count
 
 # --------------------------------------------------------------------------------------------
 # Data pattern and the correctness check.
@@ -302,13 +213,20 @@ class Case:
 
 @dataclass
 class Policy:
-    warmup: int = 5          # -w: at most this many warm-up calls
-    iters: int = 50          # -n: at most this many timed calls
-    budget: float = 0.25     # seconds of timed calls per measurement
-    min_iters: int = 3       # at least this many timed calls (if iters allows)
-    inject_wrong: str = ""   # test hook: library whose check results get corrupted
-    arrival: str = "b2b"     # b2b | apart | skew (see the module docstring)
-    arrival_us: float = 0.0  # apart: compute before every call; skew: rank r computes r x this
+    warmup: int = 5             # -w: at most this many warm-up calls (more if the budget allows)
+    iters: int = 200_000        # -n: at most this many timed calls
+    budget: float = 0.05        # at least this many seconds of timed calls per measurement
+    min_iters: int = 20         # at least this many timed calls (if iters allows)
+    inject_wrong: str = ""      # test hook: library whose check results get corrupted
+    arrival: str = "b2b"        # b2b | apart | skew (see the module docstring)
+    arrival_us: float = 0.0     # apart: compute before every call; skew: rank r computes r x this
+
+    def timed_calls(self, est: float) -> int:
+        """The first timed round's length for calls of ``est`` seconds each (the same on every
+        rank, as ``est`` is agreed): enough calls to fill ``budget``, at least ``min_iters``, at
+        most ``iters``."""
+        lo = min(self.min_iters, self.iters)
+        return max(lo, min(self.iters, math.ceil(self.budget / max(est, 1e-9))))
 
 
 def parse_arrival(text: str) -> tuple[str, float]:
@@ -420,18 +338,33 @@ def run_measurement(runner, build, policy: Policy, separator=None) -> dict:
                 separator()
             fn()
         est = runner.agree_max((perf() - t0) / n_warm)
-    lo = min(policy.min_iters, policy.iters)
-    n = max(lo, min(policy.iters, int(policy.budget / max(est, 1e-9))))
-    times = np.empty(n, dtype=np.float64)
+    # Timed rounds: the first sized by the warm-up, each next one by the calls timed so far, until
+    # the rounds have taken `budget` seconds on the slowest rank (or `iters` calls are timed). The
+    # agreed loop time decides on every rank alike, so all ranks make the same calls; a warm-up
+    # slowed by one descheduled stretch therefore cannot cut the cell short.
+    rounds, done, spent = [], 0, 0.0
+    n = policy.timed_calls(est)
     runner.barrier()
-    for i in range(n):
-        if separator is not None:
-            separator()
-        t0 = perf()
-        fn()
-        times[i] = perf() - t0
-    return {"times": times, "wrong": wrong, "warmup": n_warm, "iters": n,
-            "check_s": t_check}
+    while True:
+        times = np.empty(n, dtype=np.float64)
+        t_round = perf()
+        for i in range(n):
+            if separator is not None:
+                separator()
+            t0 = perf()
+            fn()
+            times[i] = perf() - t0
+        spent_here = perf() - t_round
+        rounds.append(times)
+        done += n
+        spent = runner.agree_max(spent + spent_here)
+        if spent >= policy.budget or done >= policy.iters:
+            break
+        per_call = max(spent, 1e-9) / done
+        n = min(policy.iters - done, max(1, math.ceil((policy.budget - spent) / per_call)))
+    times = np.concatenate(rounds)
+    return {"times": times, "wrong": wrong, "warmup": n_warm, "iters": done,
+            "rounds": len(rounds), "check_s": t_check}
 
 
 _BENIGN = re.compile(r"not support|unsupported|can't be cast|cannot be cast|cannot use|"
@@ -486,7 +419,7 @@ def _progress(total: int, desc: str, enabled: bool):
         from tqdm import tqdm
     except ImportError:
         return None
-    # disable=None: shown on a terminal only, so piped output (README pastes) stays clean.
+    # disable=None: shown on a terminal only, so piped output (a saved report) stays clean.
     return tqdm(total=total, desc=desc, file=sys.stderr, unit="case", disable=None, leave=False)
 
 
@@ -495,7 +428,6 @@ def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "b
     {"rank", "records": [..], "notices": [..], "libs": {name: description}}."""
     import warnings
     warnings.filterwarnings("ignore", category=FutureWarning)   # torch's deprecation chatter
-    from .peers import make_runner
 
     # One intra-op thread per rank, as torchrun sets by default: torch's OpenMP workers spin after
     # each parallel region and would steal the cores the collectives run on.
@@ -507,14 +439,13 @@ def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "b
     nodes = int(cfg.get("nodes", 1))
     if nodes > 1:
         # Fake nodes on one machine: ranks are split into `nodes` contiguous groups.
-        from ..hier import fake_nodes_env
+        from ..hier.fake_nodes import fake_nodes_env
         os.environ.update(fake_nodes_env(rank, world, nodes, tag="bench"))
 
     policy = Policy(**cfg["policy"])
     runners, notices, described = [], [], {}
     separator = None
     if policy.arrival != "b2b":
-        from .peers import gloo_barrier
         if libs == ["mpi"]:
             # mpiexec's processes: a gloo group of their own (its own store), the same separator
             # as the spawned ranks'; MPI's barrier where torch is not importable.
@@ -602,8 +533,25 @@ def rank_sweep(rank: int, world: int, cfg: dict, libs: list[str], desc: str = "b
 # --------------------------------------------------------------------------------------------
 # Merging the ranks' records (parent side).
 
+P99_MIN_CALLS = 100     # a p99 needs this many calls to say more than "the slowest call"
+
+
+def spread(per_call) -> dict:
+    """The figures of one cell from its per-call times (seconds): ``time_s`` (the median),
+    ``min_s``, ``p90_s``, ``p99_s`` (None under ``P99_MIN_CALLS`` calls), ``mean_s``, ``max_s``
+    and ``iters`` (the count). Percentiles interpolate linearly between order statistics, so
+    min <= median <= p90 <= p99 <= max."""
+    a = np.asarray(per_call, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("no timed calls")
+    q = np.percentile(a, [50, 90, 99])
+    return {"time_s": float(q[0]), "min_s": float(a.min()), "p90_s": float(q[1]),
+            "p99_s": float(q[2]) if a.size >= P99_MIN_CALLS else None,
+            "mean_s": float(a.mean()), "max_s": float(a.max()), "iters": int(a.size)}
+
+
 def merge_ranks(results: list[dict]) -> list[dict]:
-    """Per measurement: per-iteration time = max over ranks; median/min/mean of those (seconds);
+    """Per measurement: per-call time = max over ranks; the spread of those (``spread``);
     wrong = sum over ranks."""
     by_key: dict[tuple, list[dict]] = {}
     order: list[tuple] = []
@@ -635,10 +583,8 @@ def merge_ranks(results: list[dict]) -> list[dict]:
             if len(lens) != 1:
                 out["error"] = f"ranks timed different iteration counts {sorted(lens)}"
             else:
-                per_iter = np.max(np.stack([np.asarray(r["times"]) for r in recs]), axis=0)
-                out.update(time_s=float(np.median(per_iter)), min_s=float(per_iter.min()),
-                           mean_s=float(per_iter.mean()), iters=int(first["iters"]),
-                           warmup=int(first["warmup"]), per_iter_s=per_iter.tolist(),
+                per_call = np.max(np.stack([np.asarray(r["times"]) for r in recs]), axis=0)
+                out.update(spread(per_call), warmup=int(first["warmup"]),
                            wrong=int(sum(r["wrong"] for r in recs)))
         merged.append(out)
     return merged

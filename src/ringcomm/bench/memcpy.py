@@ -2,9 +2,10 @@
 run as the collectives (``numpy.copyto`` into a preallocated buffer).
 
 A shared-memory collective moves every byte through at least one copy, so large-message busbw
-cannot beat this roof. Source and destination are page-aligned (same in-page offset, so the
-copy never suffers 4K aliasing; see design.md "Performance facts"), allocated once at the
-largest size and touched before timing. Bandwidth = bytes copied / second (1e9).
+cannot beat this roof. Source and destination are page-aligned: with the same in-page offset
+the copy never suffers 4K aliasing (with a destination a few bytes past the source modulo 4096
+the CPU takes each load for one that depends on a recent store, and the roof would be that slowed
+copy's). Both are allocated once at the largest size and touched before timing. Bandwidth = bytes copied / second (1e9).
 
 ``python -m ringcomm.bench.memcpy [-b 1K] [-e 256M] [-f 4]`` prints the table on its own.
 """
@@ -54,7 +55,7 @@ def measure_memcpy(sizes: list[int], budget: float = 0.05, max_iters: int = 200,
 
 def main(argv=None) -> int:
     import argparse
-    from .harness import format_size, parse_size, size_sweep
+    from .spec import format_size, parse_size, size_sweep
     p = argparse.ArgumentParser(prog="python -m ringcomm.bench.memcpy",
                                 description="single-process memcpy bandwidth (the ceiling)")
     p.add_argument("-b", "--minbytes", default="1K")

@@ -11,7 +11,7 @@ the same way:
   ``torch.ops.deepspeed.inference_all_reduce_``) on CPU tensors in the same processes: in-place
   SUM all_reduce of float32 / bfloat16 / float16 only; barriers and agreement go through gloo.
 
-Peers are measured in torch.distributed's native form of each collective (``harness.NATIVE_MODE``);
+Peers are measured in torch.distributed's native form of each collective (``spec.NATIVE_MODE``);
 ringcomm in both forms.
 
 A runner: ``modes(op, inplace)``, ``unsupported(op, dtype, redop, mode) -> reason | None``,
@@ -29,7 +29,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from .harness import DType, MODES, NATIVE_MODE
+from .spec import MODES, NATIVE_MODE, DType
 
 PEERS = ("gloo", "mpi", "nccl", "deepspeed")
 LIBS = ("ringcomm",) + PEERS
@@ -344,8 +344,8 @@ def _ds_segment_prefix(cfg) -> tuple[str, str]:
 
 class DeepSpeedRunner(TorchRunner):
     """DeepSpeed's op needs LOCAL_SIZE = world size (else it silently does nothing: the
-    correctness check would say so), DS_ACCELERATOR=cpu, and a built extension (ninja, about a
-    minute on first use, cached under ~/.cache/torch_extensions)."""
+    correctness check would say so), DS_ACCELERATOR=cpu, and a built extension (ninja builds it on
+    first use and caches it under ~/.cache/torch_extensions)."""
     name = "deepspeed"
     backend = "gloo"
 

@@ -1,9 +1,11 @@
-"""Tables, summary lines, verdicts, JSON and the plot, from the merged measurements.
+"""Tables, summary lines, JSON and the plot, from the merged measurements.
 
-Figures: time = median over timed iterations of (max over ranks) in µs, min likewise;
-algbw = size / time, busbw = algbw * bus factor (GB/s = 1e9 B/s); a peer's speedup =
-peer time / ringcomm time, ringcomm taken in the peer's form of the collective
-(``harness.NATIVE_MODE``), which for equal bus factors is also ringcomm busbw / peer busbw.
+Figures per cell (one library, form, collective, dtype, op and size): the count of timed calls,
+and the spread of their times (each call's time = max over ranks) in µs: min, median, p90 and,
+with at least 100 calls, p99; algbw = size / median, busbw = algbw * bus factor (GB/s = 1e9 B/s).
+A peer's speedup = peer median / ringcomm median, ringcomm taken in the peer's form of the
+collective (``spec.NATIVE_MODE``), which for equal bus factors is also ringcomm busbw / peer
+busbw. The report states what was measured; it judges nothing beyond the correctness check.
 """
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import json
 import math
 from dataclasses import dataclass
 
-from .harness import MODE_LABEL, NATIVE_MODE, bus_factor, format_size
 from .peers import PEERS
+from .spec import MODE_LABEL, NATIVE_MODE, bus_factor, format_size
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -28,7 +30,9 @@ def enrich(records: list[dict], world: int) -> None:
     for r in records:
         if "time_s" in r:
             r["time_us"] = r["time_s"] * 1e6
-            r["min_us"] = r["min_s"] * 1e6
+            for k in ("min", "p90", "p99", "mean", "max"):
+                v = r.get(f"{k}_s")
+                r[f"{k}_us"] = None if v is None else v * 1e6
             r["algbw"] = r["size"] / r["time_s"] / 1e9
             r["busbw"] = r["algbw"] * bus_factor(r["op"], world)
 
@@ -118,201 +122,96 @@ def _cell_state(rec) -> str | None:
     return None
 
 
+def _label(lib: str, mode: str) -> str:
+    return f"ringcomm {MODE_LABEL[mode]}" if lib == "ringcomm" else f"{lib} ({MODE_LABEL[mode]})"
+
+
+def table_rows(t: Table) -> list[tuple[int, str, str]]:
+    """(size, library, mode) in print order: per size, ringcomm's forms, then the peers."""
+    series = [("ringcomm", m) for m in t.ringcomm_modes()] + \
+             [(p, NATIVE_MODE[t.op]) for p in t.peers()]
+    return [(s, lib, mode) for s in t.sizes for lib, mode in series]
+
+
 def format_table(t: Table, world: int, memcpy: dict) -> list[str]:
-    # Column groups: (group label, [(label, unit, width, fn(size) -> str)]).
-    groups = [("", [("size", "(B)", 10, lambda s: str(s)),
-                    ("count", "(elems)", 9, lambda s: str(t.counts[s])),
-                    ("type", "", 8, lambda s: t.dtype)])]
+    """One row per (size, library): the count of timed calls, min / median / p90 (/ p99) µs,
+    algbw, busbw, a peer's speedup, this size's memcpy bandwidth and the correctness check."""
+    with_p99 = any(r.get("p99_s") is not None for r in t.cells.values())
 
-    def rc_cols(mode):
-        def val(key, fmt):
-            def f(s):
-                r = t.get("ringcomm", mode, s)
-                st = _cell_state(r)
-                if st is not None:
-                    return st if key == "time_us" else ""
-                return fmt(r[key])
-            return f
-        return (f"ringcomm {MODE_LABEL[mode]}",
-                [("time", "(us)", 8, val("time_us", _t)), ("min", "(us)", 8, val("min_us", _t)),
-                 ("algbw", "(GB/s)", 6, val("algbw", _bw)),
-                 ("busbw", "(GB/s)", 6, val("busbw", _bw))])
+    def measured(key, fmt):
+        return lambda s, lib, mode, r, first: "" if _cell_state(r) else fmt(r.get(key))
 
-    def peer_cols(peer):
-        mode = NATIVE_MODE[t.op]
+    def calls(s, lib, mode, r, first):
+        return _cell_state(r) or str(r["iters"])
 
-        def val(key):
-            def f(s):
-                r = t.get(peer, mode, s)
-                st = _cell_state(r)
-                if st is not None:
-                    return st if key == "time_us" else ""
-                if key == "speedup":
-                    x = t.speedup(peer, s)
-                    return "" if x is None else f"{x:.2f}"
-                return (_t if key == "time_us" else _bw)(r[key])
-            return f
-        return (f"{peer} ({MODE_LABEL[mode]})",
-                [("time", "(us)", 8, val("time_us")), ("busbw", "(GB/s)", 6, val("busbw")),
-                 ("speedup", "(x)", 7, val("speedup"))])
+    def speedup(s, lib, mode, r, first):
+        x = None if lib == "ringcomm" or _cell_state(r) else t.speedup(lib, s)
+        return "" if x is None else f"{x:.2f}"
 
-    for mode in t.ringcomm_modes():
-        groups.append(rc_cols(mode))
-    for peer in t.peers():
-        groups.append(peer_cols(peer))
-
-    def mem(s):
-        m = t.memcpy(memcpy, s)
+    def mem(s, lib, mode, r, first):
+        m = t.memcpy(memcpy, s) if first else None
         return "" if m is None else _bw(m["gbps"])
 
-    def frac(s):
-        m, r = t.memcpy(memcpy, s), t.ref(s)
-        if m is None or r is None:
+    def check(s, lib, mode, r, first):
+        if _cell_state(r):
             return ""
-        return f"{100 * r['busbw'] / m['gbps']:.0f}"
+        return f"FAIL {r['wrong']}" if r.get("wrong") else "ok"
 
-    def check(s):
-        bad = []
-        for (lib, mode, size), r in t.cells.items():
-            if size == s and r.get("wrong"):
-                bad.append(f"{lib}{'' if mode == NATIVE_MODE[t.op] else '/' + mode}:"
-                           f"{r['wrong']}")
-        return "FAIL " + ",".join(bad) if bad else "ok"
+    # (label, unit, width, fn(size, lib, mode, record, first row of its size) -> text)
+    cols = [("size", "(B)", 10, lambda s, lib, mode, r, first: str(s) if first else ""),
+            ("elems", "", 9, lambda s, lib, mode, r, first: str(t.counts[s]) if first else ""),
+            ("library", "", -22, lambda s, lib, mode, r, first: _label(lib, mode)),
+            ("calls", "", 7, calls),
+            ("min", "(us)", 9, measured("min_us", _t)),
+            ("median", "(us)", 9, measured("time_us", _t)),
+            ("p90", "(us)", 9, measured("p90_us", _t))]
+    if with_p99:
+        cols.append(("p99", "(us)", 9, measured("p99_us", _t)))
+    cols += [("algbw", "(GB/s)", 7, measured("algbw", _bw)),
+             ("busbw", "(GB/s)", 7, measured("busbw", _bw)),
+             ("speedup", "(x)", 7, speedup),
+             ("memcpy", "(GB/s)", 7, mem),
+             ("check", "", -7, check)]
 
-    groups.append(("memcpy", [("bw", "(GB/s)", 6, mem), ("rc/mem", "(%)", 6, frac)]))
-    groups.append(("", [("check", "", 5, check)]))
+    def line(cells):
+        return "  ".join(c.ljust(-w) if w < 0 else c.rjust(w) for c, (_, _, w, _) in zip(cells, cols))
 
-    # Header: group labels centred over their columns, then labels, then units.
-    line1, line2, line3 = [], [], []
-    for label, cols in groups:
-        width = sum(w for _, _, w, _ in cols) + 2 * (len(cols) - 1)
-        line1.append(label.center(width) if label else " " * width)
-        line2.append("  ".join(c[0].rjust(c[2]) for c in cols))
-        line3.append("  ".join(c[1].rjust(c[2]) for c in cols))
     factor = bus_factor(t.op, world)
-    out = [f"# {t.title}    ({world} ranks; busbw factor {factor:.3g}; peers in "
-           f"{MODE_LABEL[NATIVE_MODE[t.op]]} form, speedup = peer time / ringcomm "
-           f"{MODE_LABEL[t.ref_mode()]} time)",
-           "#" + "   ".join(line1)[1:].rstrip(),
-           "#" + "   ".join(line2)[1:], "#" + "   ".join(line3)[1:]]
-    for s in t.sizes:
-        row = []
-        for _, cols in groups:
-            row.append("  ".join(fn(s).rjust(w) for _, _, w, fn in cols))
-        out.append(" " + "   ".join(row)[1:])
+    out = [f"# {t.title}    ({world} ranks; busbw = algbw x {factor:.3g}; peers in "
+           f"{MODE_LABEL[NATIVE_MODE[t.op]]} form; speedup = peer median / ringcomm "
+           f"{MODE_LABEL[t.ref_mode()]} median)",
+           "#" + line([c[0] for c in cols])[1:].rstrip(),
+           "#" + line([c[1] for c in cols])[1:].rstrip()]
+    prev = None
+    for s, lib, mode in table_rows(t):
+        r = t.get(lib, mode, s)
+        out.append(line([fn(s, lib, mode, r, s != prev) for _, _, _, fn in cols]).rstrip())
+        prev = s
     reasons = {}
     for (lib, mode, _), r in t.cells.items():
         why = r.get("na") or r.get("error")
         if why:
-            reasons.setdefault(f"{lib} {MODE_LABEL[mode]}: {'n/a' if r.get('na') else 'ERR'}: "
+            reasons.setdefault(f"{_label(lib, mode)}: {'n/a' if r.get('na') else 'ERR'}: "
                                f"{why}", None)
-    out.extend(f"#   {line[:200]}" for line in list(reasons)[:6])
+    out.extend(f"#   {why[:200]}" for why in list(reasons)[:6])
     return out
 
 
 # --------------------------------------------------------------------------------------------
-# Summary and verdicts.
+# Summary.
 
-@dataclass
-class Target:
-    kind: str            # "faster" | "busbw" (speedup >= bound) | "latency" (rc/peer time <= bound)
-    lo: int | None       # sizes >= lo
-    hi: int | None       # sizes <= hi
-    bound: float
-
-    def range_text(self) -> str:
-        return f"<={format_size(self.hi)}" if self.hi is not None else f">={format_size(self.lo)}"
-
-    def sizes(self, sizes):
-        return [s for s in sizes if (self.lo is None or s >= self.lo)
-                and (self.hi is None or s <= self.hi)]
-
-
-# The benchmark's targets: all_reduce, float32, sum; ratios measured in the same run.
-TARGETS = {
-    2: {"gloo": [Target("faster", None, 64 * KiB, 20.0), Target("busbw", MiB, None, 4.0)],
-        "mpi": [Target("latency", None, 4 * KiB, 1.5), Target("busbw", 64 * KiB, None, 1.0),
-                Target("busbw", 16 * MiB, None, 1.5)]},
-    4: {"gloo": [Target("busbw", MiB, None, 4.0)]},
-}
-# Ranges reported (without a target) where none is defined.
-DEFAULT_RANGES = [Target("faster", None, 64 * KiB, 0.0), Target("busbw", MiB, None, 0.0)]
-RS_AG_TARGET = 0.8       # reduce_scatter / all_gather busbw >= 0.8 x all_reduce's at >= 1 MiB
-
-
-def _judge(t: Table, peer: str, target: Target) -> dict:
-    sizes = target.sizes(t.sizes)
-    pairs = [(s, t.speedup(peer, s)) for s in sizes]
-    pairs = [(s, x) for s, x in pairs if x is not None]
-    res = {"kind": target.kind, "range": target.range_text(), "bound": target.bound,
-           "sizes": [s for s, _ in pairs]}
-    if not pairs:
-        res.update(value=None, met=None)
-        return res
-    if target.kind == "latency":                       # worst = largest rc/peer time ratio
-        s, x = min(pairs, key=lambda p: p[1])
-        value = 1.0 / x
-        met = value <= target.bound
-    else:                                              # worst = smallest speedup
-        s, value = min(pairs, key=lambda p: p[1])
-        met = value >= target.bound
-    res.update(value=value, worst_size=s, met=met if target.bound else None)
-    return res
-
-
-def _judge_text(j: dict, peer: str, has_bound: bool) -> str:
-    if j["value"] is None:
-        return f"not measured at {j['range']}"
-    v, where = j["value"], format_size(j["worst_size"])
-    if j["kind"] == "latency":
-        text = f"latency {v:.2f}x {peer}'s at {j['range']} (worst at {where}"
-        return text + (f"; target <= {j['bound']:g}x)" if has_bound else ")")
-    what = "faster" if j["kind"] == "faster" else "busbw"
-    text = f"{v:.1f}x {what} at {j['range']} (worst at {where}"
-    return text + (f"; target >= {j['bound']:g}x)" if has_bound else ")")
-
-
-def verdicts(tables: list[Table], world: int) -> list[dict]:
-    """One verdict per peer on all_reduce float32 sum, plus reduce_scatter/all_gather vs all_reduce."""
+def speedup_ranges(tables: list[Table]) -> list[dict]:
+    """Per table and peer: the smallest and largest speedup over the sizes both measured."""
     out = []
-    ar = next((t for t in tables if (t.op, t.dtype, t.redop) == ("all_reduce", "float32", "sum")),
-              None)
-    if ar is not None:
-        for peer in ar.peers():
-            targets = TARGETS.get(world, {}).get(peer)
-            has_bound = targets is not None
-            judged = [_judge(ar, peer, tg) for tg in (targets or DEFAULT_RANGES)]
-            parts = [_judge_text(j, peer, has_bound) for j in judged]
-            if not has_bound:
-                status = f"no target for {peer} at {world} ranks"
-            elif any(j["met"] is None for j in judged):
-                status = "INCOMPLETE"
-            else:
-                status = "MET" if all(j["met"] for j in judged) else "NOT MET"
-            out.append({"peer": peer, "checks": judged, "status": status,
-                        "text": f"vs {peer}: " + ", ".join(parts) + f": {status}"})
-    # reduce_scatter and all_gather busbw within 20% of all_reduce's (out-of-place, >= 1 MiB).
-    for op in ("reduce_scatter", "all_gather"):
-        other = next((t for t in tables if t.op == op and t.dtype == "float32"
-                      and t.redop in ("sum", "-")), None)
-        if ar is None or other is None:
-            continue
-        ratios = []
-        for s in other.sizes:
-            a, b = ar.get("ringcomm", "oop", s), other.get("ringcomm", "oop", s)
-            if s >= MiB and ok(a) and ok(b):
-                ratios.append((s, b["busbw"] / a["busbw"]))
-        if not ratios:
-            out.append({"peer": f"{op}/all_reduce", "status": "INCOMPLETE",
-                        "text": f"{op} busbw / all_reduce busbw at >=1 MiB: not measured"})
-            continue
-        s, v = min(ratios, key=lambda p: p[1])
-        status = "MET" if v >= RS_AG_TARGET else "NOT MET"
-        out.append({"peer": f"{op}/all_reduce", "value": v, "worst_size": s,
-                    "status": status,
-                    "text": f"{op} busbw / all_reduce busbw (ringcomm out-of-place) at >=1 MiB: "
-                            f"{v:.2f}x (worst at {format_size(s)}; target >= {RS_AG_TARGET:g}x): "
-                            f"{status}"})
+    for t in tables:
+        for peer in t.peers():
+            pairs = [(s, t.speedup(peer, s)) for s in t.sizes]
+            pairs = [(s, x) for s, x in pairs if x is not None]
+            if not pairs:
+                continue
+            lo, hi = min(pairs, key=lambda p: p[1]), max(pairs, key=lambda p: p[1])
+            out.append({"table": t.title, "peer": peer, "sizes": len(pairs),
+                        "min": lo[1], "min_size": lo[0], "max": hi[1], "max_size": hi[0]})
     return out
 
 
@@ -352,16 +251,20 @@ def summary(records: list[dict], tables: list[Table], memcpy: dict, world: int) 
         lines.append("# ceiling (single-process memcpy in this run; large-message busbw as a "
                      "fraction of it):")
         lines.extend(clines)
-    vds = verdicts(tables, world)
-    if vds:
-        lines.append("# verdicts (targets: all_reduce float32 sum; ringcomm in the peer's "
-                     "form; worst size in each range):")
-        lines.extend(f"#   {v['text']}" for v in vds)
+    ranges = speedup_ranges(tables)
+    if ranges:
+        lines.append("# speedup over the sizes (peer median / ringcomm median; > 1: ringcomm "
+                     "faster), smallest .. largest:")
+        width = max(len(x["table"]) for x in ranges)
+        for x in ranges:
+            lines.append(f"#   {x['table']:<{width}}  vs {x['peer']:<9} {x['min']:8.2f}x at "
+                         f"{format_size(x['min_size']):>8} .. {x['max']:8.2f}x at "
+                         f"{format_size(x['max_size']):>8}")
     wrong = sum(r.get("wrong", 0) for r in records)
     errors = sum(1 for r in records if r.get("error"))
     lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"
                  + (f"   ({errors} measurements raised errors; see ERR cells)" if errors else ""))
-    return lines, {"avg_busbw": avg, "ceiling": cdata, "verdicts": vds, "wrong": wrong,
+    return lines, {"avg_busbw": avg, "ceiling": cdata, "speedup": ranges, "wrong": wrong,
                    "errors": errors}
 
 
@@ -407,7 +310,7 @@ def write_json(path: str, meta: dict, records: list[dict], memcpy: dict, summary
            "memcpy": [{"size": s, **v} for s, v in sorted(memcpy.items())],
            "tables": tables,
            "avg_busbw": summary_data["avg_busbw"], "ceiling": summary_data["ceiling"],
-           "verdicts": summary_data["verdicts"], "wrong": summary_data["wrong"],
+           "speedup": summary_data["speedup"], "wrong": summary_data["wrong"],
            "errors": summary_data["errors"]}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1, default=_jsonable)

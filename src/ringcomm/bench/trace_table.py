@@ -29,6 +29,11 @@ import time
 
 import numpy as np
 
+from ..launch import LaunchError, spawn
+from ..machine import cpu_model
+from .hostload import loadavg
+from .load import BusyLoad
+
 SIZES = (1024, 65536)
 OPS = ("all_reduce", "broadcast")
 ARRIVALS = ("b2b", "apart")
@@ -97,7 +102,7 @@ def _rank(rank, world, init_method, store_path, calls, cases):
                     raise RuntimeError(f"trace kept {len(recs)} records, expected {calls}")
                 segs = [segments(r, a, b) for r, (a, b) in zip(recs, windows)]
                 out.append({"op": op, "bytes": nbytes, "arrival": arrival,
-                            "algorithm": recs[-1]["algorithm"],
+                            "algorithm": f"{recs[-1]['algorithm']}/{recs[-1]['protocol']}",
                             "segments": {k: [s[k] for s in segs] for k in SEGMENTS}})
     finally:
         comm.close()
@@ -112,9 +117,9 @@ def _median_us(values) -> float | None:
 
 
 def render(results: list[dict], world: int) -> list[str]:
-    lines = [f"# {'collective':<11} {'size':>6} {'arrival':>7} {'rank':>4} {'algo':>6} "
+    lines = [f"# {'collective':<11} {'size':>6} {'arrival':>7} {'rank':>4} {'algo/proto':>21} "
              + " ".join(f"{s:>7}" for s in SEGMENTS) + f" {'call':>7}",
-             "#" + " " * 42 + " ".join(f"{'(us)':>7}" for _ in SEGMENTS) + f" {'(us)':>7}"]
+             "#" + " " * 57 + " ".join(f"{'(us)':>7}" for _ in SEGMENTS) + f" {'(us)':>7}"]
     by_case: dict[tuple, dict] = {}
     for res in results:
         for c in res["cases"]:
@@ -130,7 +135,7 @@ def render(results: list[dict], world: int) -> list[str]:
                 m = _median_us(c["segments"][s])
                 cells.append(f"{m:7.2f}" if m is not None else f"{'-':>7}")
             size = _size_label(nbytes)
-            lines.append(f"  {op:<11} {size:>6} {arrival:>7} {r:>4} {c['algorithm']:>6} "
+            lines.append(f"  {op:<11} {size:>6} {arrival:>7} {r:>4} {c['algorithm']:>21} "
                          + " ".join(cells) + (f" {call:7.2f}" if r == 0 else f" {'':>7}"))
     return lines
 
@@ -138,10 +143,6 @@ def render(results: list[dict], world: int) -> list[str]:
 def main_trace(cfg: dict, calls: int = 100, load=None, sizes=None) -> int:
     """The per-phase table on stdout; `load` (a BusyLoad or None) runs around the ranks; `sizes`
     (bytes, multiples of 4) replace the default 1 KiB and 64 KiB."""
-    from .load import BusyLoad
-    from ringcomm.launch import LaunchError, spawn
-    from ..machine import cpu_model
-    from .cli import _loadavg
     world = cfg["world_size"]
     if world < 2:
         print("ringcomm-bench --trace: needs -np >= 2", file=sys.stderr)
@@ -152,7 +153,7 @@ def main_trace(cfg: dict, calls: int = 100, load=None, sizes=None) -> int:
         print("ringcomm-bench --trace: no size of at least 4 bytes", file=sys.stderr)
         return 2
     started = datetime.datetime.now(datetime.timezone.utc)
-    load0 = _loadavg()
+    load0 = loadavg()
     tmp = tempfile.mkdtemp(prefix="ringcomm-trace-")
     load = load if load is not None else BusyLoad(0)
     try:
@@ -165,7 +166,7 @@ def main_trace(cfg: dict, calls: int = 100, load=None, sizes=None) -> int:
         return 3
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    load1 = _loadavg()
+    load1 = loadavg()
     cmd = "python -m ringcomm.bench " + " ".join(sys.argv[1:])
     head = [f"# ringcomm-bench --trace  {started:%Y-%m-%d %H:%M:%S} UTC  host {platform.node()}  "
             f"{cpu_model()} ({os.cpu_count()} cores)  {platform.system()} {platform.release()}",

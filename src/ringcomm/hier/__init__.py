@@ -59,7 +59,7 @@ Knobs
     RINGCOMM_NODE_ID   override this process's node identity (default hostname:boot_id).
     RINGCOMM_INTER     inter-node engine: auto (default: gloo for host memory) | gloo | mpi (mpi4py,
                        jobs started by mpiexec) | nccl (refused with UnsupportedError: NCCL moves
-                       CUDA tensors, which this communicator does not take yet).
+                       CUDA tensors, which this communicator does not take).
     RINGCOMM_HIER_SCRATCH_CACHE  bytes of temporaries per role kept between calls
                        (default 256 MiB). all_reduce in place needs M/local_size; reduce_scatter
                        and all_gather need about M more (the rank-order permutation), and 2M
@@ -67,9 +67,10 @@ Knobs
     GLOO_SOCKET_IFNAME gloo's own knob: the network interface the inter-node groups use.
 
 Modules
-    topology (node ids, Topology), fake_nodes (several nodes faked on one machine), engines
-    (RINGCOMM_INTER, engine failures), gloo_engine, mpi_engine, executor (issue-order execution,
-    HierWork), algorithms (the two-level schedules), tensors (flat torch views), communicator.
+    topology (node ids, Topology), fake_nodes (several nodes faked on one machine), engine_base
+    (what every engine shares, engine failures), gloo_engine, mpi_engine, engines (RINGCOMM_INTER
+    chooses one), executor (issue-order execution, HierWork), algorithms (the two-level
+    schedules), tensors (flat torch views), communicator.
 """
 from __future__ import annotations
 

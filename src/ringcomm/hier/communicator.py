@@ -17,7 +17,8 @@ from ..front import CommunicatorBase
 from ..host import shm_communicator
 from ..tables import OP_NAMES
 from .algorithms import TwoLevelAlgorithms
-from .engines import convert_error, make_engine
+from .engine_base import convert_error
+from .engines import make_engine
 from .executor import Executor, HierWork
 from .tensors import as_tensor, overlaps
 from .topology import Topology, discover

@@ -6,7 +6,7 @@ import os
 import time
 
 from ..work import Work, wait_until
-from .engines import EngineBase, convert_error
+from .engine_base import EngineBase, convert_error
 from .tensors import as_bytes
 from .topology import Topology
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, TimeoutError, UnsupportedError
 from ..work import Work
-from .engines import EngineBase
+from .engine_base import EngineBase
 from .tensors import as_bytes
 from .topology import Topology
 

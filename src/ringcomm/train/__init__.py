@@ -1,6 +1,6 @@
 """Train a small transformer language model with every data-parallel strategy and compare them.
 
-    python -m ringcomm.train --quick                  # < 2 minutes on 2 cores
+    python -m ringcomm.train --quick                  # tiny model: under 2 minutes (a test holds it)
     python -m ringcomm.train --world-size 2 --backend ringcomm --plot out.png --json out.json
 
 Configurations: ``single`` (one process, the reference), ``torch_ddp`` (torch's
@@ -43,10 +43,10 @@ optionally a JSON file (``--json``).
 """
 from __future__ import annotations
 
+from ..tiny_lm import Block, TinyLM, make_batch
 from .cli import build_parser, main
 from .comm_timer import CommTimer
 from .memory_meters import ActivationMeter, model_state_bytes
-from .model import Block, TinyLM, make_batch
 from .runner import run_config
 from .strategies import PRECISIONS, STRATEGIES, TOLERANCE
 

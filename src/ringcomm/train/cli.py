@@ -9,23 +9,12 @@ import time
 
 import torch
 
+from ..parallel_demo import main as parallel_main
+from ..tiny_lm import add_model_arguments
 from .runner import _config_name, _progress, run_config
 from .strategies import (PRECISIONS, STRATEGIES, TOLERANCE, _Notices, _zero3_factory,
                          _zero_module)
 from .summary import _formulas, _plot, _table
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """The TinyLM's shape (None: the --quick or full default) and its AdamW settings, shared by
-    ``ringcomm.train`` and ``ringcomm.parallel_demo``."""
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--vocab", type=int, default=None)
-    p.add_argument("--d-model", type=int, default=None)
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,8 +98,7 @@ def _resolve_backend(requested: str, notices: _Notices) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a == "--parallel" or a.startswith("--parallel=") for a in argv):
-        from ..parallel_demo import main as parallel_main   # tensor / pipeline parallel demo
-        return parallel_main(argv)
+        return parallel_main(argv)   # the tensor / pipeline parallel demo
     args = build_parser().parse_args(argv)
     args.argv = argv
     if args.world_size < 1:

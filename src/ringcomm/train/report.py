@@ -40,9 +40,9 @@ def report_options(args) -> dict:
                  memory_batch=2, steps=2, warmup=1, bucket_mb=0.02, profile_bucket_mb=0.005,
                  probe_small=4096, probe_large=1 << 20)
     else:
-        # ~7.9M parameters (31.6 MB of fp32 gradients) and 8 x 64 tokens per rank: steps of a
-        # few hundred ms on one core, so that compute dominates the ~30 MB all-reduce, and enough
-        # bytes for the 16 MiB buckets.
+        # ~7.9M parameters (31.6 MB of fp32 gradients) and 8 x 64 tokens per rank: a step's
+        # compute on one core outweighs its gradient all-reduce, and the gradients fill more than
+        # one of the sweep's largest (16 MiB) buckets.
         o = dict(vocab=1024, d_model=384, layers=4, heads=6, seq_len=64, batch_per_rank=8,
                  memory_batch=2, steps=4, warmup=1, bucket_mb=4.0, profile_bucket_mb=1.0,
                  probe_small=4096, probe_large=16 << 20)

@@ -17,10 +17,10 @@ import time
 
 import torch
 
+from ..tiny_lm import TinyLM, make_batch
 from .comm_timer import CommTimer
 from .comm_volume import CommVolume
 from .memory_meters import ActivationMeter, model_state_bytes
-from .model import TinyLM, make_batch
 
 _MB = 1024 * 1024
 

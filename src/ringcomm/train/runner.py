@@ -9,9 +9,9 @@ import time
 
 import torch
 
+from ..tiny_lm import TinyLM, make_batch
 from .comm_timer import CommTimer, _GradTail
 from .memory_meters import ActivationMeter, model_state_bytes
-from .model import TinyLM, make_batch
 from .strategies import _build
 
 def _config_name(c: dict) -> str:

@@ -1,10 +1,18 @@
-"""The model and data every configuration trains: a GPT-style ``TinyLM`` and a learnable
-synthetic token stream (``make_batch``)."""
+"""The model and data the training demos train (``ringcomm.train``'s strategies and
+``ringcomm.parallel_demo``'s tensor / pipeline layouts): a GPT-style ``TinyLM``, a learnable
+synthetic token stream (``make_batch``) and the command-line options that shape them
+(``add_model_arguments``). Both demos build on this module; neither imports the other's package
+for it."""
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .recompute import checkpoint
+
 
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: causal self-attention + 4x GELU MLP."""
@@ -42,7 +50,6 @@ class TinyLM(nn.Module):
         self.recompute = recompute
 
     def forward(self, idx, targets):
-        from ..recompute import checkpoint
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.tok(idx) + self.pos(pos)
         for blk in self.blocks:
@@ -64,3 +71,16 @@ def make_batch(o: dict, step: int):
     for i in range(1, t):
         seq[:, i] = torch.where(noise[:, i], rand[:, i], table[seq[:, i - 1]])
     return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The TinyLM's shape (None: the --quick or full default) and its AdamW settings, shared by
+    ``ringcomm.train`` and ``ringcomm.parallel_demo``."""
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--vocab", type=int, default=None)
+    p.add_argument("--d-model", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--heads", type=int, default=None)
+    p.add_argument("--seq-len", type=int, default=None)

@@ -1,0 +1,103 @@
+#include "comm/dispatch.h"
+
+#include "comm/validation.h"
+#include "common/errors.h"
+
+namespace rc {
+
+namespace {
+
+const char* in_of(const CollArgs& a) { return static_cast<const char*>(a.in); }
+char* out_of(const CollArgs& a) { return static_cast<char*>(a.out); }
+
+void ar_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  ring_all_reduce(c, in_of(a), out_of(a), a.count, a.op);
+}
+void ar_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  direct_all_reduce(c, in_of(a), out_of(a), a.count, a.op, /*first_sent=*/false);
+}
+void ar_direct_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  direct_all_reduce(c, in_of(a), out_of(a), a.count, a.op, /*first_sent=*/true);
+}
+void ar_two_shot(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  two_shot_all_reduce(c, in_of(a), out_of(a), a.count, a.op);
+}
+void ar_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  ll_all_reduce(c, in_of(a), out_of(a), a.count, a.op);
+}
+void ar_direct_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) { direct_send_first(c, in_of(a), a.count); }
+void ar_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) { ll_send_first(c, mine, a.in, a.count); }
+
+void rs_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  ring_reduce_scatter(c, in_of(a), out_of(a), a.count, a.op);
+}
+
+void ag_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
+  // Every rank's contribution size is known only from the headers.
+  std::vector<int64_t> counts(c.world, 0);
+  for (int p = 0; p < c.world; ++p) counts[p] = hs[p].count2;
+  check_all_gather_block(c.rank, a.in, a.out, counts, a.out_count, c.esize);
+  ring_all_gather(c, in_of(a), out_of(a), counts);
+}
+
+void bc_chain(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  chain_broadcast(c, out_of(a), a.count, a.root);
+}
+void bc_direct_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  direct_broadcast(c, out_of(a), a.count, a.root, /*first_sent=*/c.rank == a.root);
+}
+void bc_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  ll_broadcast(c, out_of(a), a.count, a.root);
+}
+// Only the root's header_in_slot header says it sent first (slot_before_header).
+void bc_direct_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) { direct_send_first(c, out_of(a), a.count); }
+// Every rank writes its header to its outbox; only the root's carries the message.
+void bc_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
+  ll_send_first(c, mine, a.out, c.rank == a.root ? a.count : 0);
+}
+
+void reduce_chain(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  chain_reduce(c, in_of(a), out_of(a), a.count, a.op, a.root);
+}
+void a2a_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  direct_all_to_all(c, in_of(a), out_of(a), a.send_counts, split_offsets(a.send_counts), a.recv_counts,
+                    split_offsets(a.recv_counts));
+}
+void gather_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  direct_gather(c, in_of(a), out_of(a), a.count, a.root);
+}
+void scatter_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  direct_scatter(c, in_of(a), out_of(a), a.count, a.root);
+}
+// Barrier and rejected calls: the header exchange is the whole call.
+void nothing(const AlgoCtx&, const CollArgs&, const std::vector<CollHeader>&) {}
+
+const Route kRoutes[] = {
+    {Coll::kAllReduce, Algo::kRing, Proto::kSimple, ar_ring, nullptr},
+    {Coll::kAllReduce, Algo::kDirect, Proto::kSimple, ar_direct, nullptr},
+    {Coll::kAllReduce, Algo::kDirect, Proto::kHeaderInSlot, ar_direct_after_first, ar_direct_first},
+    {Coll::kAllReduce, Algo::kDirect, Proto::kLL, ar_ll, ar_ll_first},
+    {Coll::kAllReduce, Algo::kTwoShot, Proto::kSimple, ar_two_shot, nullptr},
+    {Coll::kReduceScatter, Algo::kRing, Proto::kSimple, rs_ring, nullptr},
+    {Coll::kAllGather, Algo::kRing, Proto::kSimple, ag_ring, nullptr},
+    {Coll::kBroadcast, Algo::kChain, Proto::kSimple, bc_chain, nullptr},
+    {Coll::kBroadcast, Algo::kDirect, Proto::kHeaderInSlot, bc_direct_after_first, bc_direct_first},
+    {Coll::kBroadcast, Algo::kDirect, Proto::kLL, bc_ll, bc_ll_first},
+    {Coll::kReduce, Algo::kChain, Proto::kSimple, reduce_chain, nullptr},
+    {Coll::kAllToAll, Algo::kDirect, Proto::kSimple, a2a_direct, nullptr},
+    {Coll::kGather, Algo::kDirect, Proto::kSimple, gather_direct, nullptr},
+    {Coll::kScatter, Algo::kDirect, Proto::kSimple, scatter_direct, nullptr},
+    {Coll::kBarrier, Algo::kNone, Proto::kNone, nothing, nullptr},
+    {Coll::kRejected, Algo::kNone, Proto::kNone, nothing, nullptr},
+};
+
+}  // namespace
+
+const Route& route_of(Coll coll, Algo algo, Proto proto) {
+  for (const Route& r : kRoutes)
+    if (r.coll == coll && r.algo == algo && r.proto == proto) return r;
+  RC_THROW(Error, "ringcomm: no route for " << coll_name(coll) << " with algorithm " << algo_name(algo)
+                  << " and protocol " << proto_name(proto));
+}
+
+}  // namespace rc

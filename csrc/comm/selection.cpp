@@ -1,0 +1,211 @@
+#include "comm/selection.h"
+
+#include <sstream>
+
+#include "common/dtype.h"
+#include "common/errors.h"
+#include "common/knobs.h"
+
+namespace rc {
+
+#define RC_SEL_NAME_CASE_(name, code, str) \
+  case code:                               \
+    return str;
+const char* algo_name_of(uint8_t code) {
+  switch (code) { RC_ALGORITHMS(RC_SEL_NAME_CASE_) }
+  return "?";
+}
+const char* proto_name_of(uint8_t code) {
+  switch (code) { RC_PROTOCOLS(RC_SEL_NAME_CASE_) }
+  return "?";
+}
+const char* store_name_of(uint8_t code) {
+  switch (code) { RC_STORES(RC_SEL_NAME_CASE_) }
+  return "?";
+}
+#undef RC_SEL_NAME_CASE_
+const char* algo_name(Algo a) { return algo_name_of(static_cast<uint8_t>(a)); }
+const char* proto_name(Proto p) { return proto_name_of(static_cast<uint8_t>(p)); }
+const char* store_name(Store s) { return store_name_of(static_cast<uint8_t>(s)); }
+
+SelectionKnobs SelectionKnobs::from_env() {
+  SelectionKnobs k;
+  const std::string algo = knob_str("RINGCOMM_ALGO");
+  k.algo = algo == "ring" ? Forced::kRing : algo == "direct" ? Forced::kDirect
+         : algo == "two_shot" ? Forced::kTwoShot : Forced::kAuto;
+  k.direct_max_bytes = knob_bytes("RINGCOMM_DIRECT_MAX_BYTES");
+  k.two_shot_max_bytes = knob_bytes("RINGCOMM_TWO_SHOT_MAX_BYTES");
+  k.two_shot_min_world = knob_int("RINGCOMM_TWO_SHOT_MIN_WORLD");
+  RC_CHECK(k.direct_max_bytes >= 0, InvalidArgument,
+           "ringcomm: RINGCOMM_DIRECT_MAX_BYTES must be >= 0, got " << k.direct_max_bytes);
+  RC_CHECK(k.two_shot_max_bytes >= 0, InvalidArgument,
+           "ringcomm: RINGCOMM_TWO_SHOT_MAX_BYTES must be >= 0, got " << k.two_shot_max_bytes);
+  k.header_in_slot = knob_str("RINGCOMM_HEADER_IN_SLOT") == "on";
+  const std::string stream = knob_str("RINGCOMM_STREAM");
+  k.stream = stream == "on" ? Stream::kOn : stream == "off" ? Stream::kOff : Stream::kAuto;
+  k.stream_min_bytes = knob_bytes("RINGCOMM_STREAM_MIN_BYTES");
+  RC_CHECK(k.stream_min_bytes >= 0, InvalidArgument,
+           "ringcomm: RINGCOMM_STREAM_MIN_BYTES must be >= 0, got " << k.stream_min_bytes);
+  return k;
+}
+
+namespace {
+
+// The all-reduce algorithm over slots: forced by RINGCOMM_ALGO, or auto's size rule. The
+// direct range is bytes x (world-1) <= RINGCOMM_DIRECT_MAX_BYTES (the bytes each rank copies in
+// and combines beyond its own), written as a division so that it cannot overflow.
+Algo all_reduce_algo(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  if (!caps.host_algorithms) return Algo::kRing;
+  switch (k.algo) {
+    case SelectionKnobs::Forced::kRing: return Algo::kRing;
+    case SelectionKnobs::Forced::kDirect: return Algo::kDirect;
+    case SelectionKnobs::Forced::kTwoShot: return Algo::kTwoShot;
+    case SelectionKnobs::Forced::kAuto: break;
+  }
+  if (world <= 1 || bytes <= k.direct_max_bytes / (world - 1)) return Algo::kDirect;
+  if (world >= k.two_shot_min_world && bytes <= k.two_shot_max_bytes) return Algo::kTwoShot;
+  return Algo::kRing;
+}
+
+bool fits_ll(int64_t bytes, int world, const DeviceCaps& caps) {
+  return world >= 2 && bytes > 0 && bytes <= static_cast<int64_t>(caps.ll_bytes);
+}
+
+bool header_in_slot(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  return k.header_in_slot && caps.header_slot && world > 1 && bytes > 0;
+}
+
+Store store_of(Coll coll, int64_t bytes, const SelectionKnobs& k, const DeviceCaps& caps) {
+  if (!caps.streaming_stores || coll == Coll::kBarrier || coll == Coll::kRejected) return Store::kCached;
+  // all_to_all's per-rank sizes differ: its size for the rule is 0 on every rank.
+  if (coll == Coll::kAllToAll) bytes = 0;
+  switch (k.stream) {
+    case SelectionKnobs::Stream::kOn: return Store::kStreaming;
+    case SelectionKnobs::Stream::kOff: return Store::kCached;
+    case SelectionKnobs::Stream::kAuto: break;
+  }
+  return bytes > 0 && bytes >= k.stream_min_bytes ? Store::kStreaming : Store::kCached;
+}
+
+}  // namespace
+
+Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  Selection s;
+  s.store = store_of(coll, bytes, k, caps);
+  switch (coll) {
+    case Coll::kAllReduce:
+      // The LL outbox only under auto: RINGCOMM_ALGO=ring|direct|two_shot forces the schedule
+      // over slots.
+      if (k.algo == SelectionKnobs::Forced::kAuto && fits_ll(bytes, world, caps)) {
+        s.algo = Algo::kDirect;
+        s.proto = Proto::kLL;
+        break;
+      }
+      s.algo = all_reduce_algo(bytes, world, k, caps);
+      s.proto = s.algo == Algo::kDirect && header_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
+      break;
+    case Coll::kBroadcast:
+      // Direct (the root copies the message once per peer) wherever the direct all_reduce would
+      // run, always with the header in the root's first slot; the pipelined chain above.
+      if (fits_ll(bytes, world, caps)) {
+        s.algo = Algo::kDirect;
+        s.proto = Proto::kLL;
+      } else if (header_in_slot(bytes, world, k, caps) && all_reduce_algo(bytes, world, k, caps) == Algo::kDirect) {
+        s.algo = Algo::kDirect;
+        s.proto = Proto::kHeaderInSlot;
+      } else {
+        s.algo = Algo::kChain;
+        s.proto = Proto::kSimple;
+      }
+      break;
+    case Coll::kReduceScatter:
+    case Coll::kAllGather:
+      s.algo = Algo::kRing;
+      s.proto = Proto::kSimple;
+      break;
+    case Coll::kReduce:
+      s.algo = Algo::kChain;
+      s.proto = Proto::kSimple;
+      break;
+    case Coll::kAllToAll:
+    case Coll::kGather:
+    case Coll::kScatter:
+      s.algo = Algo::kDirect;
+      s.proto = Proto::kSimple;
+      break;
+    case Coll::kBarrier:
+    case Coll::kRejected:
+      break;
+  }
+  return s;
+}
+
+int64_t selection_bytes(Coll coll, const CollHeader& h) {
+  switch (coll) {
+    case Coll::kAllReduce:
+    case Coll::kReduceScatter:
+    case Coll::kAllGather:
+    case Coll::kBroadcast:
+    case Coll::kReduce:
+    case Coll::kGather:
+    case Coll::kScatter:
+      return h.count > 0 ? h.count * static_cast<int64_t>(dtype_size(static_cast<DType>(h.dtype))) : 0;
+    default:
+      return 0;
+  }
+}
+
+std::string describe_selection(int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  std::ostringstream o;
+  const int64_t direct_bytes = world > 1 ? k.direct_max_bytes / (world - 1) : k.direct_max_bytes;
+  const bool inslot = k.header_in_slot && caps.header_slot;
+  o << "all_reduce ";
+  if (!caps.host_algorithms) {
+    o << "ring";
+  } else if (k.algo != SelectionKnobs::Forced::kAuto) {
+    o << (k.algo == SelectionKnobs::Forced::kRing ? "ring" : k.algo == SelectionKnobs::Forced::kDirect ? "direct" : "two_shot")
+      << " (RINGCOMM_ALGO)";
+  } else {
+    o << "auto (";
+    if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
+    o << "direct/" << (inslot ? "header_in_slot" : "simple") << " up to " << direct_bytes << " B, then ";
+    if (world >= k.two_shot_min_world) {
+      o << "two_shot/simple up to " << k.two_shot_max_bytes << " B, ";
+    } else {
+      o << "no two_shot below " << k.two_shot_min_world << " ranks, ";
+    }
+    o << "ring/simple above)";
+  }
+  o << "; broadcast ";
+  if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
+  if (inslot && caps.host_algorithms) o << "direct/header_in_slot in all_reduce's direct range, ";
+  o << "chain/simple above; store ";
+  if (!caps.streaming_stores || k.stream == SelectionKnobs::Stream::kOff) {
+    o << "cached";
+  } else if (k.stream == SelectionKnobs::Stream::kOn) {
+    o << "streaming";
+  } else {
+    o << "auto (streaming from " << k.stream_min_bytes << " B)";
+  }
+  return o.str();
+}
+
+bool slot_before_header(const CollHeader& h, int poster) {
+  if (h.count <= 0 || h.proto != static_cast<uint8_t>(Proto::kHeaderInSlot)) return false;
+  switch (static_cast<Coll>(h.coll)) {
+    case Coll::kAllReduce: return true;
+    case Coll::kBroadcast: return h.root == poster;
+    default: return false;
+  }
+}
+
+bool sent_before_header(const CollHeader& h, int poster) {
+  if (h.count <= 0) return false;
+  if (h.proto == static_cast<uint8_t>(Proto::kLL)) {
+    const Coll c = static_cast<Coll>(h.coll);
+    return c == Coll::kAllReduce || c == Coll::kBroadcast;
+  }
+  return slot_before_header(h, poster);
+}
+
+}  // namespace rc

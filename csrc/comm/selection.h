@@ -1,0 +1,116 @@
+// How a collective runs: ONE function maps (collective, bytes, world, knobs, device capabilities)
+// to (algorithm, protocol, store policy). Two named axes, as NCCL separates NCCL_ALGO_* from
+// NCCL_PROTO_*:
+//  - the algorithm is the schedule: who sends what to whom (ring, direct = one-shot, two_shot,
+//    chain);
+//  - the protocol is how bytes and readiness travel (simple: flow-controlled slots after the
+//    header exchange; header_in_slot: piece 0 handed to every peer before the header is posted;
+//    ll: header and data in the sender's LL outbox lines, proto/ll.h);
+// plus the store policy: cached or streaming stores into peers' slots.
+//
+// The choice is made once per call, on each rank, from that rank's knobs; it travels in the
+// collective's header (CollHeader::algo, proto, store) and the header exchange compares it, so
+// ranks whose knobs differ raise MismatchError on every rank before any result is written
+// (comm/header_exchange.h). The device only reports what it can do (DeviceCaps); every threshold
+// is a named knob (SelectionKnobs). docs/algorithms.md has the table and the measurements behind
+// the defaults.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "comm/coll.h"
+#include "transport/shm.h"
+
+namespace rc {
+
+/// X(enumerator without k, code, name). The codes travel in the header.
+#define RC_ALGORITHMS(X) \
+  X(None, 0, "none")     \
+  X(Ring, 1, "ring")     \
+  X(Direct, 2, "direct") \
+  X(TwoShot, 3, "two_shot") \
+  X(Chain, 4, "chain")
+
+#define RC_PROTOCOLS(X)  \
+  X(None, 0, "none")     \
+  X(Simple, 1, "simple") \
+  X(HeaderInSlot, 2, "header_in_slot") \
+  X(LL, 3, "ll")
+
+#define RC_STORES(X)     \
+  X(Cached, 0, "cached") \
+  X(Streaming, 1, "streaming")
+
+#define RC_SEL_ENUMERATOR_(name, code, str) k##name = code,
+enum class Algo : uint8_t { RC_ALGORITHMS(RC_SEL_ENUMERATOR_) };
+enum class Proto : uint8_t { RC_PROTOCOLS(RC_SEL_ENUMERATOR_) };
+enum class Store : uint8_t { RC_STORES(RC_SEL_ENUMERATOR_) };
+#undef RC_SEL_ENUMERATOR_
+
+const char* algo_name(Algo a);
+const char* proto_name(Proto p);
+const char* store_name(Store s);
+/// The names of the codes a header carries ("?" for a code no enumerator has).
+const char* algo_name_of(uint8_t code);
+const char* proto_name_of(uint8_t code);
+const char* store_name_of(uint8_t code);
+
+struct Selection {
+  Algo algo = Algo::kNone;
+  Proto proto = Proto::kNone;
+  Store store = Store::kCached;
+};
+
+/// What the device part of a communicator can do (comm/device.h). The host's: everything; the
+/// CUDA communicator's: the ring and the chains over slots, cached stores.
+struct DeviceCaps {
+  /// The direct (one-shot) and two-shot all-reduce and the direct broadcast: they need host
+  /// scratch memory and host-side combines.
+  bool host_algorithms = false;
+  /// A channel on which piece 0 can be handed off before the header (the header_in_slot
+  /// protocol; CommDevice::header_slot_channel).
+  bool header_slot = false;
+  /// Data bytes of this rank's LL outbox (0: no LL protocol). Equal on every rank (the transport
+  /// checks it at attach).
+  size_t ll_bytes = 0;
+  /// Stores into peers' slots may be streaming (non-temporal).
+  bool streaming_stores = false;
+};
+
+/// The knobs of the selection, read once per communicator (SelectionKnobs::from_env).
+struct SelectionKnobs {
+  enum class Forced { kAuto, kRing, kDirect, kTwoShot };
+  enum class Stream { kAuto, kOn, kOff };
+  Forced algo = Forced::kAuto;     ///< RINGCOMM_ALGO (all_reduce)
+  int64_t direct_max_bytes = 0;    ///< RINGCOMM_DIRECT_MAX_BYTES: bytes x (world-1) of the direct range
+  int64_t two_shot_max_bytes = 0;  ///< RINGCOMM_TWO_SHOT_MAX_BYTES
+  int64_t two_shot_min_world = 0;  ///< RINGCOMM_TWO_SHOT_MIN_WORLD
+  bool header_in_slot = true;      ///< RINGCOMM_HEADER_IN_SLOT
+  Stream stream = Stream::kAuto;   ///< RINGCOMM_STREAM
+  int64_t stream_min_bytes = 0;    ///< RINGCOMM_STREAM_MIN_BYTES
+  /// From the environment; a malformed or out-of-range value throws InvalidArgument naming it.
+  static SelectionKnobs from_env();
+};
+
+/// THE selection. `bytes`: the collective's message size as every rank computes it alike (the
+/// header's count x element size for the collectives whose count the exchange checks equal; 0
+/// for all_to_all, whose per-rank sizes differ). Barrier and rejected calls: (none, none, cached).
+Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps);
+
+/// The bytes select() is given for a header (see select()).
+int64_t selection_bytes(Coll coll, const CollHeader& h);
+
+/// One line for the INFO log: the rule select() applies for this world and these knobs.
+std::string describe_selection(int world, const SelectionKnobs& k, const DeviceCaps& caps);
+
+/// True when the rank that posted `h` (rank `poster`) handed data off before posting it, by
+/// its header's protocol: every rank of a header_in_slot all_reduce and the root of a
+/// header_in_slot broadcast (one slot to every peer: comm/header_exchange.h), every rank of an
+/// LL collective (its outbox lines). Never for an empty message.
+bool sent_before_header(const CollHeader& h, int poster);
+/// The part of sent_before_header that leaves a slot in each peer's channel (header_in_slot),
+/// which a failed exchange must drain; LL lines need no draining (never consumed).
+bool slot_before_header(const CollHeader& h, int poster);
+
+}  // namespace rc

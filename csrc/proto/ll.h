@@ -1,0 +1,47 @@
+// The LL (low-latency) protocol: a small collective's header and data travel together in the
+// sender's own LL outbox (transport/shm.h, "Low-latency outbox"), 56 payload bytes and a flag per
+// 64-byte line, and every peer reads them in place. No slot is taken or released and no head or
+// tail word is exchanged: a line is current iff its flag equals the collective's sequence number,
+// so one release store per line publishes it and one acquire load per line reads it.
+//
+// Stream format: the lines of one collective carry the bytes header || data, line i the stream's
+// bytes [56 i, 56 i + 56). Line 0 is always written (it carries the header, which a peer's
+// wait_header may take from it); data lines only as far as the data goes.
+//
+// Ordering: the owner writes every line of collective s (payload, then flag with release) before
+// it posts its header for s on the board (seq_cst); a reader that found a line not yet current
+// waits for the line or the board, whichever comes first. Once the board says s, every line the
+// owner wrote for s is current, so a line still stale then means the ranks' streams diverged.
+// Reuse without acknowledgement: see transport/shm.h (the two outboxes alternate with the board).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "transport/shm.h"
+
+namespace rc {
+
+class LLProtocol {
+ public:
+  /// Over `t`'s outboxes; t->ll_max_bytes() == 0 means the protocol is unavailable.
+  explicit LLProtocol(ShmTransport* t) : t_(t) {}
+  /// Data bytes one collective may carry (the outbox's size).
+  size_t max_bytes() const { return t_->ll_max_bytes(); }
+  /// This rank's header `h` and `bytes` (<= max_bytes()) of `data` into its outbox for collective
+  /// `seq`; post_header(seq, h) must follow.
+  void write(uint64_t seq, const CollHeader& h, const void* data, size_t bytes);
+  /// `bytes` of `peer`'s data for collective `seq` into local memory `dst` (its header said it
+  /// wrote them). Waits (bounded) for lines still being written; a line that never becomes current
+  /// although the peer posted its header raises rc::Error.
+  void read(int peer, uint64_t seq, void* dst, size_t bytes, const WaitCtx& w);
+  /// Private memory of max_bytes() for index i in [0, world): where the reading thread collects
+  /// peers' data (one collective at a time uses it).
+  char* stage(int i);
+
+ private:
+  ShmTransport* t_;
+  std::vector<char> stage_;  // world x max_bytes(), allocated on first use
+};
+
+}  // namespace rc

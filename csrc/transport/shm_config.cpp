@@ -1,0 +1,127 @@
+// ShmConfig from the knobs (slot geometry, wait policy, liveness, LL outbox size) and the
+// footprint of a segment; deadline arithmetic shared by every wait.
+#include "transport/shm.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <limits>
+#include <thread>
+
+#include "common/errors.h"
+#include "common/knobs.h"
+#include "transport/shm_layout.h"
+
+namespace rc {
+
+using namespace shm_detail;
+
+namespace {
+
+// CPUs this process may run on (its affinity mask), at least 1.
+int affinity_cpus() {
+  for (int n = 1024; n <= (1 << 20); n *= 4) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (set == nullptr) break;
+    const size_t bytes = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(bytes, set);
+    const int rc = sched_getaffinity(0, bytes, set);
+    const int count = rc == 0 ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (rc == 0) return std::max(1, count);
+    if (errno != EINVAL) break;  // EINVAL: the kernel's mask is larger than ours; retry larger
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+
+int64_t deadline_after(int64_t now_ns, double seconds) {
+  constexpr int64_t kFar = std::numeric_limits<int64_t>::max();
+  if (!(seconds > 0)) return now_ns;
+  const double ns = seconds * 1e9;
+  // Compare in double before converting: a double >= 2^63 does not fit an int64 (UB).
+  if (!(ns < static_cast<double>(kFar - now_ns))) return kFar;
+  return now_ns + static_cast<int64_t>(ns);
+}
+
+ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
+  ShmConfig c;
+  // Slot size and count: bytes in flight per channel = slot_bytes * nslots. Slots small enough to
+  // stay in L2/L3 between the sender's write and the receiver's read; enough of them to pipeline.
+  int64_t slot = knob_bytes("RINGCOMM_SLOT_BYTES");
+  int64_t nslots = knob_int("RINGCOMM_NSLOTS");
+  RC_CHECK(slot >= 64, InvalidArgument, "RINGCOMM_SLOT_BYTES must be >= 64, got " << slot);
+  // A power of two divides 2^32, so the slot index `counter % nslots` stays in step across the
+  // wrap of the 32-bit head/tail counters.
+  RC_CHECK(nslots >= 2 && nslots <= 1024 && (nslots & (nslots - 1)) == 0, InvalidArgument,
+           "RINGCOMM_NSLOTS must be in [2, 1024] and a power of two (the ring's fused forward needs two; "
+           "the slot index wraps with the 32-bit counters), got " << nslots);
+  c.slot_bytes = round_up(static_cast<size_t>(slot), 64);
+  c.nslots = static_cast<uint32_t>(nslots);
+  c.timeout_s = timeout_s > 0 ? timeout_s : knob_double("RINGCOMM_TIMEOUT");
+  RC_CHECK(c.timeout_s > 0, InvalidArgument, "timeout must be > 0 s, got " << c.timeout_s);
+  // Wait policy. world_size is the number of ranks on this node (the transport spans one node);
+  // against it, the CPUs this process may run on. With more ranks than CPUs the rank a waiter
+  // waits for is often runnable on the waiter's own CPU: only yielding (or sleeping) lets it run,
+  // and a spinning waiter steals its core, so the spin is short and yields. With a CPU per rank,
+  // kAdaptive yields only after a miss (a spin that ran out or was preempted), saving the
+  // sched_yield calls; auto is kYield (docs/algorithms.md, "Waits"), kAdaptive stays selectable.
+  c.cpus = affinity_cpus();
+  const bool oversubscribed = world_size > c.cpus;
+  const std::string mode = knob_str("RINGCOMM_WAIT");
+  c.wait_mode = mode == "spin"       ? WaitMode::kSpin
+                : mode == "adaptive" ? WaitMode::kAdaptive
+                                     : WaitMode::kYield;  // yield, and auto
+  const int64_t spin_default_us = oversubscribed ? 2 : 50;
+  c.spin_ns = (knob_is_set("RINGCOMM_SPIN_US") ? knob_int("RINGCOMM_SPIN_US") : spin_default_us) * 1000;
+  RC_CHECK(c.spin_ns >= 0, InvalidArgument, "RINGCOMM_SPIN_US must be >= 0, got " << c.spin_ns / 1000);
+  // Yielding waits spin yield_ns longer: sched_yield hands a runnable peer on our CPU the core
+  // for a fraction of the cost of a futex sleep and wake-up.
+  c.yield_ns = knob_int("RINGCOMM_YIELD_US") * 1000;
+  RC_CHECK(c.yield_ns >= 0, InvalidArgument, "RINGCOMM_YIELD_US must be >= 0, got " << c.yield_ns / 1000);
+  c.yield_every_ns = std::max<int64_t>(100, knob_int("RINGCOMM_YIELD_EVERY_NS"));
+  // A lost yield: under the kernel's EEVDF scheduler every sched_yield that finds another task
+  // runnable moves the yielder's virtual deadline a whole slice later, so a waiter that yields
+  // every few microseconds beside a CPU-bound process of another job hands it slice after slice
+  // (calls of milliseconds instead of microseconds). A fellow rank given our CPU runs only
+  // until it waits itself (microseconds); a yield that kept the CPU away for a slice-sized time
+  // with our word still unset means such a process. Then waits stop yielding for the back-off:
+  // they spin and sleep on the futex (a sleep resets the deadline; the waker's futex_wake
+  // preempts the other process's task).
+  c.yield_lost_ns = knob_int("RINGCOMM_YIELD_LOST_US") * 1000;
+  RC_CHECK(c.yield_lost_ns > 0, InvalidArgument, "RINGCOMM_YIELD_LOST_US must be > 0, got " << c.yield_lost_ns / 1000);
+  c.yield_backoff_ns = knob_int("RINGCOMM_YIELD_BACKOFF_MS") * 1000000;
+  RC_CHECK(c.yield_backoff_ns >= 0, InvalidArgument,
+           "RINGCOMM_YIELD_BACKOFF_MS must be >= 0, got " << c.yield_backoff_ns / 1000000);
+  c.liveness_ns = knob_int("RINGCOMM_LIVENESS_MS") * 1000000;
+  RC_CHECK(c.liveness_ns > 0, InvalidArgument, "RINGCOMM_LIVENESS_MS must be > 0");
+  c.heartbeat_timeout_ns = knob_int("RINGCOMM_HEARTBEAT_TIMEOUT_MS") * 1000000;
+  RC_CHECK(c.heartbeat_timeout_ns > 0, InvalidArgument, "RINGCOMM_HEARTBEAT_TIMEOUT_MS must be > 0");
+  return c;
+}
+
+ShmConfig ShmConfig::host_from_env(int world_size, double timeout_s) {
+  ShmConfig c = from_env(world_size, timeout_s);
+  const int64_t far = knob_bytes("RINGCOMM_FAR_SLOT_BYTES");
+  RC_CHECK(far >= 64, InvalidArgument, "RINGCOMM_FAR_SLOT_BYTES must be >= 64, got " << far);
+  c.far_slot_bytes = round_up(static_cast<size_t>(far), 64);
+  c.far_nslots = kFarMaxSlots;
+  const int64_t ll = knob_bytes("RINGCOMM_LL_MAX_BYTES");
+  RC_CHECK(ll >= 0 && ll <= (int64_t{1} << 20), InvalidArgument,
+           "RINGCOMM_LL_MAX_BYTES must be in [0, 1M], got " << ll);
+  c.ll_bytes = static_cast<size_t>(ll);
+  return c;
+}
+
+size_t footprint_bytes(int world, const ShmConfig& cfg) {
+  RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
+  const ShmConfig c = normalized(world, cfg);
+  size_t b = data_offset(world, c);
+  for (int l = 0; l < kNumLanes; ++l)
+    for (int s = 0; s < world; ++s) b += chan_bytes(world, 0, static_cast<Lane>(l), s, c);
+  return b;  // the same for every owner: uniform, or one full channel and the rest far
+}
+
+}  // namespace rc

@@ -1,0 +1,179 @@
+// Liveness and interruption: this rank's state word (closed / aborted with a reason), the local
+// interrupt of every wait (close() or abort() from another thread), and the checks a waiter
+// makes of its peers (abort flags, pid probe or heartbeat), with the errors they raise.
+#include "transport/shm.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "common/errors.h"
+#include "transport/shm_layout.h"
+
+namespace rc {
+
+using namespace shm_detail;
+
+std::string ShmTransport::describe_liveness() const {
+  std::ostringstream o;
+  o << "liveness";
+  if (world_ <= 1) o << " -";
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    o << (p == (rank_ == 0 ? 1 : 0) ? ": " : ", ") << "rank " << p;
+    if (!by_heartbeat_[p]) {
+      o << " pid probe (same PID namespace)";
+    } else {
+      o << " heartbeat (PID namespace " << (pidns_[p].empty() ? "unknown" : pidns_[p]) << ", ours "
+        << (pidns_[rank_].empty() ? "unknown" : pidns_[rank_]) << "; dead after " << hb_bound_ns_[p] / 1000000
+        << " ms still)";
+    }
+  }
+  return o.str();
+}
+
+void ShmTransport::abort(uint32_t kind, const std::string& msg) {
+  if (base_.empty() || base_[rank_] == nullptr) return;
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+  if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAlive)) return;
+  if (abort_claimed_.exchange(true, std::memory_order_acq_rel)) return;
+  // kind and message first, then the state with release: a peer that acquires kAborted sees them.
+  h->abort_kind = kind;
+  size_t n = std::min(msg.size(), kAbortMsgBytes - 1);
+  std::memcpy(h->abort_msg, msg.data(), n);
+  h->abort_msg[n] = '\0';
+  h->state.v.store(static_cast<uint32_t>(PeerState::kAborted), std::memory_order_release);
+  // Wake every sleeper in our inbox and board promptly; others notice within a liveness slice.
+  futex_wake_all(&h->doorbell.v);
+  for (auto& e : h->board) futex_wake_all(&e.seq.v);
+}
+
+void ShmTransport::set_closing() {
+  int none = 0;
+  interrupt_.compare_exchange_strong(none, 1, std::memory_order_acq_rel);
+}
+
+void ShmTransport::set_aborting(const std::string& msg) {
+  if (interrupt_claimed_.exchange(true)) return;
+  interrupt_msg_ = msg;
+  int none = 0;
+  interrupt_.compare_exchange_strong(none, 2, std::memory_order_acq_rel);
+}
+
+void ShmTransport::set_timeout(double seconds) {
+  RC_CHECK(seconds > 0, InvalidArgument, "timeout must be > 0 s, got " << seconds);
+  timeout_s_.store(seconds, std::memory_order_relaxed);
+}
+
+std::exception_ptr ShmTransport::interrupt_error(const WaitCtx& w) const {
+  const int i = interrupt_.load(std::memory_order_acquire);
+  if (i == 0) return nullptr;
+  std::ostringstream o;
+  o << "ringcomm: " << describe(w);
+  if (i == 1) {
+    o << ": the communicator on rank " << rank_ << " was closed while this call waited (close() from another thread)";
+    return std::make_exception_ptr(Closed(o.str()));
+  }
+  o << ": " << interrupt_msg_;
+  return std::make_exception_ptr(Error(o.str()));
+}
+
+std::string ShmTransport::own_abort_message() const {
+  if (base_.empty() || base_[rank_] == nullptr) return {};
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+  if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAborted)) return {};
+  return std::string(h->abort_msg);
+}
+
+std::string ShmTransport::describe(const WaitCtx& w) const {
+  std::ostringstream o;
+  o << w.op << " (seq " << w.seq << ") on rank " << rank_;
+  if (w.peer >= 0) o << ", waiting for " << (w.what && *w.what ? w.what : "peer") << " from rank " << w.peer;
+  if (w.step >= 0) o << " at step " << w.step << (w.nsteps > 0 ? "/" + std::to_string(w.nsteps) : "");
+  return o.str();
+}
+
+bool ShmTransport::heartbeat_stale(int peer) const {
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[peer]);
+  const uint64_t v = h->heartbeat.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(hb_mu_);
+  const int64_t now = now_ns();
+  if (v != hb_seen_[peer]) {
+    hb_seen_[peer] = v;
+    hb_seen_at_[peer] = now;
+    return false;
+  }
+  return now - hb_seen_at_[peer] > hb_bound_ns_[peer];
+}
+
+bool ShmTransport::peer_dead(int peer) const {
+  if (by_heartbeat_[peer]) return heartbeat_stale(peer);
+  pid_t pid = pids_[peer];
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  // A killed child of someone else stays a zombie until reaped: dead for our purposes.
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;  // no /proc: rely on kill()
+  char buf[512];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* rp = std::strrchr(buf, ')');
+  if (rp == nullptr || rp[1] == '\0' || rp[2] == '\0') return false;
+  char st = rp[2];
+  return st == 'Z' || st == 'X';
+}
+
+void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
+  auto* h = reinterpret_cast<SegmentHeader*>(base_[peer]);
+  uint32_t st = h->state.v.load(std::memory_order_acquire);
+  if (st == static_cast<uint32_t>(PeerState::kAborted)) {
+    std::string msg(h->abort_msg, strnlen(h->abort_msg, kAbortMsgBytes));
+    std::string text = "ringcomm: " + describe(w) + ": rank " + std::to_string(peer) + " failed: " + msg;
+    const int code = static_cast<int>(h->abort_kind);
+    throw_error(valid_error_code(code) ? static_cast<ErrorCode>(code) : ErrorCode::kPeerFailure, text);
+  }
+  RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer
+                                     << " closed its communicator before completing this operation (rank " << peer
+                                     << " closed)");
+}
+
+void ShmTransport::fail_dead(int peer, const WaitCtx& w) const {
+  if (!by_heartbeat_[peer]) {
+    RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer << " (pid " << pids_[peer] << ") died");
+  }
+  int64_t still = 0;
+  {
+    std::lock_guard<std::mutex> lk(hb_mu_);
+    still = now_ns() - hb_seen_at_[peer];
+  }
+  RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer << " (pid " << pids_[peer]
+                                     << " in PID namespace " << (pidns_[peer].empty() ? "unknown" : pidns_[peer])
+                                     << ") died: its heartbeat has not moved for " << still / 1000000
+                                     << " ms (RINGCOMM_HEARTBEAT_TIMEOUT_MS: " << hb_bound_ns_[peer] / 1000000
+                                     << " ms)");
+}
+
+void ShmTransport::fail_closing(const WaitCtx& w) { std::rethrow_exception(interrupt_error(w)); }
+
+void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    auto* h = reinterpret_cast<SegmentHeader*>(base_[p]);
+    uint32_t st = h->state.v.load(std::memory_order_acquire);
+    if (st == static_cast<uint32_t>(PeerState::kAborted)) fail_peer_state(p, w);
+    // A peer that closed cleanly may have exited: it is closed, never dead. A wait on it raises
+    // "closed" (wait_until's state check); other waits go on.
+    if (st == static_cast<uint32_t>(PeerState::kClosed)) continue;
+    if (check_liveness && peer_dead(p)) fail_dead(p, w);
+  }
+}
+
+}  // namespace rc
