@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -26,8 +27,11 @@ def _calls(nbytes: int) -> tuple[int, int]:
     return max(5, timed // 10), timed
 
 
-def _rank(comm, sizes, colls):
-    world = comm.size()
+def _rank(comm, sizes, colls, pin):
+    world = comm.size  # a property
+    if pin:  # rank r on CPU r mod n: both builds see the same placement, never two ranks on one CPU
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[comm.rank % len(cpus)]})
     out = {}
     for coll in colls:
         out[coll] = {}
@@ -62,9 +66,10 @@ def main() -> None:
     ap.add_argument("-np", type=int, default=2)
     ap.add_argument("--json", required=True)
     ap.add_argument("--colls", default=",".join(COLLS))
+    ap.add_argument("--no-pin", action="store_true", help="leave the ranks unpinned")
     a = ap.parse_args()
     import ringcomm
-    res = ringcomm.launch(_rank, a.np, args=(SIZES, a.colls.split(",")), timeout=900)
+    res = ringcomm.launch(_rank, a.np, args=(SIZES, a.colls.split(","), not a.no_pin), timeout=900)
     report = {"ringcomm": ringcomm.__file__, "np": a.np, "medians_us": {}}
     for coll in a.colls.split(","):
         report["medians_us"][coll] = {
