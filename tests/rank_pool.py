@@ -1,10 +1,11 @@
 """One group of ranks per world size for the whole test session, running many jobs.
 
-Spawning a rank that imports torch costs seconds on a 2-core machine (the import, the first
-collective's lazy set-up, the exit), and most torch tests need only a few seconds of work in their
-ranks. ``run(fn, world_size, args)`` therefore hands ``fn(rank, world_size, *args)`` to a pool of
-``world_size`` spawned processes that stay up between calls, and returns the results in rank order,
-as ``ringcomm.launch.spawn`` would:
+Spawning a rank costs ~1 s of interpreter start-up and imports on a 2-core machine, and seconds
+more when it imports torch (the import, the first collective's lazy set-up, the exit), while most
+tests need only a few seconds of work in their ranks. ``run(fn, world_size, args)`` therefore
+hands ``fn(rank, world_size, *args)`` to a pool of ``world_size`` spawned processes (torch
+imported once) that stay up between calls, and returns the results in rank order, as
+``ringcomm.launch.spawn`` would:
 
 * every job starts from the environment the caller has at the call (``os.environ`` as it is in
   the parent, then ``env``, then RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE), and the rank's
@@ -15,7 +16,9 @@ as ``ringcomm.launch.spawn`` would:
   SIGUSR1); either way the pool is killed (its ranks may be inside a half-done collective) and the
   next call starts a new one;
 * a job must leave nothing behind that a later job could trip over: it destroys the process groups
-  it created and closes its communicators (the callers here do, in ``finally`` blocks).
+  it created and closes its communicators (the callers here do, in ``finally`` blocks). Jobs that
+  kill or fork ranks, expect a rank to die, read a knob the library caches per process (the log
+  level) or leave a process group initialised keep ``ringcomm.launch.spawn``'s fresh processes.
 
 The pool's processes are daemons of the pytest process; conftest's leak check counts them as the
 harness's (``owns``), and ``close_all`` ends them when the session finishes.
@@ -28,6 +31,7 @@ import os
 import pickle
 import queue as queue_mod
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -48,9 +52,13 @@ def _serve(rank: int, world_size: int, jobs, results, stack_path: str) -> None:
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     import importlib
     for name in PRELOAD:
-        importlib.import_module(name)
-    import torch
-    torch.set_num_threads(1)
+        try:
+            importlib.import_module(name)
+        except ImportError:       # torch is optional: the tests that need it skip without it
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
     while True:
         job = jobs.get()
         if job is None:
@@ -84,7 +92,6 @@ def _serve(rank: int, world_size: int, jobs, results, stack_path: str) -> None:
 def _issue_hooks():
     """ringcomm.torch's list of issue hooks if a job has imported it (a hook left registered
     would also turn its fast path off for every later job), else None."""
-    import sys
     mod = sys.modules.get("ringcomm.torch.hooks")
     return None if mod is None else mod.issue_hooks
 

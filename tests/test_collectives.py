@@ -5,7 +5,9 @@ import tempfile
 
 import pytest
 
-from ringcomm.launch import LaunchError, spawn
+from ringcomm.launch import LaunchError
+
+import rank_pool
 from mp_cases import run_collective_configs
 
 torch = pytest.importorskip("torch")
@@ -37,7 +39,7 @@ def _group(world):
     if world not in _groups:
         d = tempfile.mkdtemp(prefix="rc-test-store-")
         try:
-            _groups[world] = spawn(run_collective_configs, world,
+            _groups[world] = rank_pool.run(run_collective_configs, world,
                                    ({c: _config_args(c) for c in CONFIGS},), timeout=560,
                                    env={"RC_TEST_STORE": d})
         except LaunchError as e:
