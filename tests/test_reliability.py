@@ -7,6 +7,7 @@ import pytest
 
 from ringcomm.launch import spawn
 import fault_cases
+import rank_pool
 
 
 @pytest.mark.timeout(90)
@@ -345,8 +346,8 @@ def test_p2p_tags_match_per_peer_and_tag_in_order(store_env):
 @pytest.mark.parametrize("set_after", [False, True], ids=["at_init", "set_timeout"])
 def test_torch_work_wait_honours_the_group_timeout(set_after, store_env):
     group_timeout = 2.0
-    res = spawn(fault_cases.torch_work_group_timeout, 2, args=(group_timeout, set_after), timeout=80,
-                env=store_env)
+    res = rank_pool.run(fault_cases.torch_work_group_timeout, 2, args=(group_timeout, set_after),
+                        timeout=80, env=store_env)
     kind, msg, dt = res[0]
     assert kind != "no error", res[0]
     assert kind == "TimeoutError", res[0]
