@@ -25,7 +25,6 @@ harness's (``owns``), and ``close_all`` ends them when the session finishes.
 """
 from __future__ import annotations
 
-import faulthandler
 import multiprocessing as mp
 import os
 import pickle
@@ -34,10 +33,10 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 from typing import Any, Callable, Sequence
 
 from ringcomm.launch import LaunchError
+from ringcomm.launch import _child as _launch_child
 
 __all__ = ["run", "close_all", "owns", "LaunchError"]
 
@@ -46,10 +45,9 @@ PRELOAD = ("numpy", "torch", "torch.distributed")
 
 
 def _serve(rank: int, world_size: int, jobs, results, stack_path: str) -> None:
-    """A pool rank: run jobs from `jobs` until None arrives; each result goes to `results` as
-    (job id, rank, ok, pickled result or b"", traceback, exception type)."""
-    stack_file = open(stack_path, "w")
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    """A pool rank: run jobs from `jobs` until None arrives, each through ``ringcomm.launch``'s
+    own child body (faulthandler stacks on SIGUSR1, RANK / WORLD_SIZE, the result or the failure
+    put on `results` as ``(rank, ok, payload, traceback, exception type)``)."""
     import importlib
     for name in PRELOAD:
         try:
@@ -63,30 +61,20 @@ def _serve(rank: int, world_size: int, jobs, results, stack_path: str) -> None:
         job = jobs.get()
         if job is None:
             return
-        job_id, fn, args, environ = job
+        fn, args, environ = job
         saved_env = dict(os.environ)
         hooks = _issue_hooks()
         saved_hooks = list(hooks) if hooks is not None else None
         os.environ.clear()
         os.environ.update(environ)
-        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size),
-                           "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world_size)})
         try:
-            result = fn(rank, world_size, *args)
-            try:
-                payload = pickle.dumps(result)
-            except Exception as e:  # noqa: BLE001 - report what could not be returned
-                raise TypeError(f"rank {rank}: result of {fn!r} is not picklable: {e}") from e
-            results.put((job_id, rank, True, payload, "", ""))
-        except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
-            results.put((job_id, rank, False, b"", traceback.format_exc(), type(e).__name__))
+            _launch_child(fn, rank, world_size, args, None, results, stack_path)
         finally:
             os.environ.clear()
             os.environ.update(saved_env)
             hooks = _issue_hooks()
             if hooks is not None:
                 hooks[:] = saved_hooks or []
-            stack_file.flush()
 
 
 def _issue_hooks():
@@ -110,15 +98,13 @@ class _Pool:
                                                  self.stack_paths[r]), daemon=True)
             p.start()
             self.procs.append(p)
-        self.next_id = 0
 
     def run(self, fn: Callable, args: tuple, env: dict | None, timeout: float) -> list:
-        self.next_id += 1
-        job_id = self.next_id
+        # A pool that raised is never used again, so every report on `results` is this job's.
         environ = dict(os.environ)
         environ.update({k: str(v) for k, v in (env or {}).items()})
         for q in self.jobs:
-            q.put((job_id, fn, tuple(args), environ))
+            q.put((fn, tuple(args), environ))
         ws = self.world_size
         out: list = [None] * ws
         done = [False] * ws
@@ -130,19 +116,18 @@ class _Pool:
                 raise LaunchError(f"rank pool: timed out after {timeout:.0f} s; ranks still "
                                   f"running: {running}\n{self._stacks(running)}")
             try:
-                jid, rank, ok, payload, tb, exc_type = self.results.get(timeout=min(remaining, 0.5))
+                rank, ok, payload, tb, exc_type = self.results.get(timeout=min(remaining, 0.5))
             except queue_mod.Empty:
                 dead = [r for r, p in enumerate(self.procs) if not done[r] and p.exitcode is not None]
                 if dead:
                     try:  # a report may still be in flight
-                        jid, rank, ok, payload, tb, exc_type = self.results.get(timeout=1.0)
+                        rank, ok, payload, tb, exc_type = self.results.get(timeout=1.0)
                     except queue_mod.Empty:
                         raise LaunchError(f"rank pool: rank {dead[0]} exited with code "
                                           f"{self.procs[dead[0]].exitcode} without reporting a "
                                           f"result", rank=dead[0]) from None
                 else:
                     continue
-            assert jid == job_id, (jid, job_id)
             done[rank] = True
             if not ok:
                 raise LaunchError(f"rank pool: rank {rank} failed with {exc_type}:\n{tb}",
