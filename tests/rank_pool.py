@@ -91,7 +91,8 @@ class _Pool:
         self.results = ctx.Queue()
         self.jobs = [ctx.SimpleQueue() for _ in range(world_size)]
         self.stack_dir = tempfile.mkdtemp(prefix="ringcomm-pool-")
-        self.stack_paths = [os.path.join(self.stack_dir, f"rank{r}.stack") for r in range(world_size)]
+        self.stack_paths = [os.path.join(self.stack_dir, f"rank{r}.stack")
+                            for r in range(world_size)]
         self.procs = []
         for r in range(world_size):
             p = ctx.Process(target=_serve, args=(r, world_size, self.jobs[r], self.results,
@@ -118,7 +119,8 @@ class _Pool:
             try:
                 rank, ok, payload, tb, exc_type = self.results.get(timeout=min(remaining, 0.5))
             except queue_mod.Empty:
-                dead = [r for r, p in enumerate(self.procs) if not done[r] and p.exitcode is not None]
+                dead = [r for r, p in enumerate(self.procs)
+                        if not done[r] and p.exitcode is not None]
                 if dead:
                     try:  # a report may still be in flight
                         rank, ok, payload, tb, exc_type = self.results.get(timeout=1.0)
@@ -191,6 +193,10 @@ def run(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     pool = _pools.get(world_size)
+    if pool is not None and not all(p.is_alive() for p in pool.procs):   # a rank died idle
+        _pools.pop(world_size)
+        pool.close(grace=0.0)
+        pool = None
     if pool is None:
         pool = _pools[world_size] = _Pool(world_size)
     ok = False
