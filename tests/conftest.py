@@ -1,5 +1,5 @@
 """Shared test fixtures: every test must leave no ringcomm segment in /dev/shm and no child
-process behind."""
+process behind (but the session's rank pools, ``rank_pool``, which end with the session)."""
 import importlib.util
 import multiprocessing
 import os
@@ -10,6 +10,8 @@ import tempfile
 import time
 
 import pytest
+
+import rank_pool
 
 
 def _segments():
@@ -40,8 +42,12 @@ def no_leaks():
         time.sleep(0.05)
         leaked &= _segments()
     assert not leaked, f"shared-memory segments left in /dev/shm: {sorted(leaked)}"
-    alive = [p for p in multiprocessing.active_children()]
+    alive = [p for p in multiprocessing.active_children() if not rank_pool.owns(p)]
     assert not alive, f"child processes left running: {alive}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    rank_pool.close_all()
 
 
 def pytest_sessionstart(session):

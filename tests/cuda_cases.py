@@ -13,7 +13,7 @@ import traceback
 
 import numpy as np
 
-from mp_cases import close_enough, counts_for, digest, make, pairs, reference
+from mp_cases import close_enough, counts_for, digest, init_under_env, make, pairs, reference
 
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6,
                "int64": 7, "bool": 8}
@@ -161,8 +161,7 @@ class FakeCudaArray:
 
 def unavailable_cases(rank, world, mixed):
     import ringcomm
-    comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
-                         timeout=30)
+    comm = init_under_env(rank, world, timeout=30)
     out = []
     try:
         x = FakeCudaArray() if (not mixed or rank == 0) else np.ones(8, np.float32)
@@ -332,8 +331,7 @@ def gpu_cupy_cases(rank, world):
     import ringcomm.cuda
     n = cupy.cuda.runtime.getDeviceCount()
     cupy.cuda.Device(rank % n).use()
-    comm = ringcomm.cuda.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
-                              timeout=60, device=rank % n)
+    comm = init_under_env(rank, world, timeout=60, init=ringcomm.cuda.init, device=rank % n)
     try:
         x = cupy.arange(1000, dtype=cupy.float32) * (rank + 1)
         comm.all_reduce(x)
@@ -352,8 +350,7 @@ def gpu_killed_rank(rank, world):
     import ringcomm
     import ringcomm.cuda
     dev = _gpu_device(rank)
-    comm = ringcomm.cuda.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
-                              timeout=60, device=dev)
+    comm = init_under_env(rank, world, timeout=60, init=ringcomm.cuda.init, device=dev)
     x = torch.ones(16 << 20, device=f"cuda:{dev}")
     comm.all_reduce(x[:10])
     torch.cuda.synchronize()
@@ -506,8 +503,7 @@ def gpu_order_cases(rank, world):
     import ringcomm.cuda
     from order_ref import ordered_sum
     dev = _gpu_device(rank)
-    comm = ringcomm.cuda.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
-                              timeout=COMM_TIMEOUT, device=dev)
+    comm = init_under_env(rank, world, timeout=COMM_TIMEOUT, init=ringcomm.cuda.init, device=dev)
     fails = []
     try:
         for dt in (np.float32, np.float16):

@@ -6,15 +6,17 @@ import threading
 import time
 
 from cuda_cases import _gpu_device
+from mp_cases import init_under_env
 
 # GPU clock cycles of torch.cuda._sleep that keep an H100/H200-class GPU busy for about 3 s.
 BUSY_CYCLES = int(os.environ.get("RC_TEST_GPU_BUSY_CYCLES", str(6 * 10 ** 9)))
 
 
 def _init(rank, world, dev, name, timeout=60):
+    """A device communicator on its own store RC_TEST_STORE/name, prefix rel/name."""
     import ringcomm.cuda
-    return ringcomm.cuda.init(rank=rank, world_size=world, timeout=timeout, device=dev, prefix=f"rel/{name}",
-                              init_method="file://" + os.path.join(os.environ["RC_TEST_STORE"], name))
+    return init_under_env(rank, world, name, timeout=timeout, init=ringcomm.cuda.init, device=dev,
+                          prefix=f"rel/{name}")
 
 
 def _synchronize_within(seconds):

@@ -5,6 +5,8 @@ import time
 
 import numpy as np
 
+from mp_cases import init_under_env
+
 
 def _timed_call(fn):
     """(kind, message, seconds) of calling fn(): ("no error", "") or the exception's class name
@@ -18,17 +20,11 @@ def _timed_call(fn):
     return kind, msg, time.monotonic() - t0
 
 
-def _init(rank, world, timeout=60):
-    import ringcomm
-    return ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
-                         timeout=timeout)
-
-
 def killed_rank(rank, world):
     """Rank 1 dies (SIGKILL) in the middle of a large all_reduce; the others must raise
     PeerFailureError within seconds."""
     import ringcomm
-    comm = _init(rank, world)
+    comm = init_under_env(rank, world)
     x = np.ones(16 << 20, np.float32)
     comm.all_reduce(x[:10])
     if rank == 1:
@@ -51,7 +47,7 @@ def killed_rank(rank, world):
 def mismatch(rank, world):
     """Different counts -> MismatchError on every rank; the communicator stays usable."""
     import ringcomm
-    comm = _init(rank, world)
+    comm = init_under_env(rank, world)
     out = []
     try:
         comm.all_reduce(np.ones(10 + rank, np.float32))
@@ -81,7 +77,7 @@ def mismatch(rank, world):
 def timeout(rank, world):
     """Rank 1 is late: rank 0's all_reduce raises TimeoutError naming the op, rank, peer, seq."""
     import ringcomm
-    comm = _init(rank, world, timeout=1.0)
+    comm = init_under_env(rank, world, timeout=1.0)
     try:
         if rank == 1:
             time.sleep(3.0)
@@ -99,7 +95,7 @@ def bad_inputs(rank, world):
     nobody hangs, and the communicator keeps working."""
     import ringcomm
     import torch
-    comm = _init(rank, world)
+    comm = init_under_env(rank, world)
     results = []
 
     def expect(name, fn, bad_rank_exc):
@@ -139,7 +135,7 @@ def huge_timeout(rank, world, timeout, late_s):
     """A collective under an infinite or huge timeout: it completes, and a peer arriving late_s
     seconds after the other is waited for (no immediate TimeoutError)."""
     import ringcomm
-    comm = _init(rank, world, timeout=timeout)
+    comm = init_under_env(rank, world, timeout=timeout)
     try:
         x = np.full(1000, rank + 1.0, np.float32)
         comm.all_reduce(x)
@@ -164,7 +160,7 @@ def board_wrap(rank, world, last_seq):
     the first barrier, so it leaves it at once and posts the next header while rank 0 may still
     be reading the previous one (a board entry reused too early loses it)."""
     import ringcomm
-    comm = _init(rank, world, timeout=5)
+    comm = init_under_env(rank, world, timeout=5)
     comm._c._set_last_seq_for_test(last_seq)
     try:
         if rank == 1:
@@ -213,7 +209,7 @@ def closed_peer(rank, world):
     """Rank world-1 closes cleanly and exits; the others then use p2p (must work) and a
     collective (must raise a clear 'closed' error on every survivor, not 'died', not hang)."""
     import ringcomm
-    comm = _init(rank, world, timeout=20)
+    comm = init_under_env(rank, world, timeout=20)
     x = np.ones(4, np.float32)
     comm.all_reduce(x)
     pid_file = os.path.join(os.environ["RC_TEST_STORE"], "closed-peer.pid")
@@ -251,7 +247,7 @@ def small_shm(rank, world):
     segments: init must raise a RingcommError naming the sizes and the fixes (never SIGBUS)."""
     import ringcomm
     try:
-        comm = _init(rank, world, timeout=20)
+        comm = init_under_env(rank, world, timeout=20)
     except Exception as e:  # noqa: BLE001
         return ("init", type(e).__name__, isinstance(e, ringcomm.RingcommError), str(e))
     try:
@@ -262,14 +258,6 @@ def small_shm(rank, world):
         return ("data", type(e).__name__, isinstance(e, ringcomm.RingcommError), str(e))
     finally:
         comm.close()
-
-
-def _init_at(rank, world, sub, timeout=60):
-    """A communicator on its own file store under RC_TEST_STORE (several per group of ranks)."""
-    import ringcomm
-    path = os.path.join(os.environ["RC_TEST_STORE"], sub)
-    os.makedirs(path, exist_ok=True)
-    return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=timeout)
 
 
 def _mark(name):
@@ -297,7 +285,7 @@ def close_during_call(rank, world, modes):
     import ringcomm
     results = {}
     for mode in modes:
-        comm = _init_at(rank, world, "close-" + mode, timeout=60)
+        comm = init_under_env(rank, world, "close-" + mode, timeout=60)
         comm.all_reduce(np.ones(4, np.float32))  # connected and in step
         if rank != 0:
             _wait_mark("closed-" + mode)
@@ -361,7 +349,7 @@ def calls_from_threads(rank, world, nthreads, ncalls):
     serialized in issue order (each rank numbers them 1..N in the order they were issued), so
     every result is the sum over ranks, whatever the interleaving."""
     import threading
-    comm = _init_at(rank, world, "threads", timeout=60)
+    comm = init_under_env(rank, world, "threads", timeout=60)
     bad = []
     seqs = []
     lock = threading.Lock()
@@ -396,7 +384,7 @@ def fork_after_init(rank, world):
     import gc
     import json
     import ringcomm
-    comm = _init_at(rank, world, "fork", timeout=10)
+    comm = init_under_env(rank, world, "fork", timeout=10)
     x = np.full(64, rank + 1.0, np.float32)
     comm.all_reduce(x)
     out = {"before": float(x[0]), "children": []}
@@ -451,7 +439,7 @@ def forged_counts(rank, world):
     count balanced by a larger one): every rank raises MismatchError before any data moves, no
     buffer is written out of bounds, and the communicator stays usable."""
     import ringcomm
-    comm = _init_at(rank, world, "forged", timeout=20)
+    comm = init_under_env(rank, world, "forged", timeout=20)
     out = []
     guard = 4096
 
@@ -490,7 +478,7 @@ def self_split_mismatch(rank, world):
     """Rank 0's all_to_all sends 2 elements to itself but expects 3 (totals still agree):
     MismatchError on every rank before any data moves; the communicator stays usable."""
     import ringcomm
-    comm = _init_at(rank, world, "selfsplit", timeout=20)
+    comm = init_under_env(rank, world, "selfsplit", timeout=20)
     n = 2 * world
     out_splits = [3, 1] + [2] * (world - 2) if rank == 0 else None
     try:
@@ -514,7 +502,7 @@ def abort_and_recover(rank, world):
     import threading
     import ringcomm
     out = {}
-    a = _init_at(rank, world, "recover", timeout=60)
+    a = init_under_env(rank, world, "recover", timeout=60)
     x = np.full(8, rank + 1.0, np.float32)
     a.all_reduce(x)
     out["a_sum"] = float(x[0])
@@ -565,7 +553,7 @@ def abort_and_recover(rank, world):
     out["errored"] = (type(err).__name__, str(err)) if err is not None else None
     a.close()
     # A new attempt on the same store.
-    b = _init_at(rank, world, "recover", timeout=60)
+    b = init_under_env(rank, world, "recover", timeout=60)
     y = np.full(1000, rank + 1.0, np.float32)
     b.all_reduce(y)
     out["b_sum"] = float(y[0]), float(y[-1])
@@ -588,7 +576,7 @@ def init_failure(rank, world):
         os.environ["RINGCOMM_NSLOTS"] = "3"
     t0 = time.monotonic()
     try:
-        comm = _init_at(rank, world, "initfail", timeout=60)
+        comm = init_under_env(rank, world, "initfail", timeout=60)
         comm.close()
         return ("no error", "", time.monotonic() - t0)
     except Exception as e:  # noqa: BLE001
@@ -599,7 +587,7 @@ def p2p_deadline_from_progress(rank, world):
     """Timeout 2 s. Rank 1 posts two receives at once; rank 0 sends the first after 1.4 s and the
     second after 2.8 s. Counted from submission the second would expire at 2 s; counted from
     the last progress (the first message, at 1.4 s) it expires at 3.4 s and completes."""
-    comm = _init_at(rank, world, "p2pdeadline", timeout=2.0)
+    comm = init_under_env(rank, world, "p2pdeadline", timeout=2.0)
     comm.barrier()
     t0 = time.monotonic()
     try:
@@ -627,7 +615,7 @@ def tagged_p2p(rank, world, n):
     """Tag matching: rank 0 sends (synchronously, each larger than the channel) messages with
     tags 1, 2, 1, 0; rank 1 receives tag 2 first, then tag 1 twice, then tag 0. Each receive
     gets the message of its tag, in send order per tag."""
-    comm = _init_at(rank, world, "tags", timeout=30)
+    comm = init_under_env(rank, world, "tags", timeout=30)
     msgs = [(1, np.arange(n, dtype=np.float32)), (2, np.arange(n, dtype=np.float32) + 1e6),
             (1, np.arange(n, dtype=np.float32) * 2), (0, np.full(n, 7.0, np.float32))]
     if rank == 0:

@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from mp_cases import init_under_env
+
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "barrier",
                "all_to_all", "gather", "scatter", "send_recv"]
 
@@ -58,11 +60,9 @@ def _outcome(fn):
 
 
 def _init(d, rank, world, timeout, store=None):
-    import ringcomm
-    if store is None:
-        return ringcomm.init(rank=rank, world_size=world, init_method="file://" + d,
-                             timeout=timeout, prefix="fm")
-    return ringcomm.init(rank=rank, world_size=world, store=store, timeout=timeout, prefix="fm")
+    """The matrix's communicator: on the file store in `d`, or on `store`."""
+    where = {"store": store} if store is not None else {"init_method": "file://" + d}
+    return init_under_env(rank, world, timeout=timeout, prefix="fm", **where)
 
 
 class _KillAtFirstPeerKey:

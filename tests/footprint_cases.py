@@ -1,17 +1,16 @@
 """Rank bodies for tests/test_footprint.py (spawned processes import them from here)."""
-import os
 import traceback
 
 import numpy as np
+
+from mp_cases import init_under_env
 
 
 def eight_rank_cases(rank, world):
     """all_reduce (direct and ring sizes), all_to_all, gather, scatter and point-to-point between
     non-neighbours with the default slot geometry, checked against numpy. Returns failures and
     this rank's segment bytes as the transport reports them."""
-    import ringcomm
-    comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"] + "/s",
-                         timeout=120)
+    comm = init_under_env(rank, world, "s", timeout=120)
     failures = []
 
     def data(r, n, salt):
@@ -60,9 +59,7 @@ def eight_rank_cases(rank, world):
 
 def info_rank(rank, world):
     """Create and close one communicator (its RINGCOMM_DEBUG=INFO line goes to stderr)."""
-    import ringcomm
-    comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"] + "/s",
-                         timeout=60)
+    comm = init_under_env(rank, world, "s", timeout=60)
     x = np.ones(10, np.float32)
     comm.all_reduce(x)
     comm.close()

@@ -1,9 +1,14 @@
-"""Cases that run INSIDE spawned ranks (module-level so that spawn can pickle them). Each
-function runs many cases against a numpy reference computed independently on every rank and
-returns a list of failure strings plus digests of the results (compared across ranks by the
-test: floating results must be bit-identical on every rank)."""
+"""The tests' shared harness module: cases that run INSIDE spawned ranks (module-level so that
+spawn can pickle them) and the small helpers every test module and case module takes from here
+rather than writing again (a communicator on a test store, a free TCP port, the reduction
+reference, the largest difference between two sets of tensors).
+
+``run_collective_cases`` runs many cases against a numpy reference computed independently on
+every rank and returns a list of failure strings plus digests of the results (compared across
+ranks by the test: floating results must be bit-identical on every rank)."""
 import hashlib
 import os
+import socket
 import traceback
 
 import numpy as np
@@ -15,22 +20,50 @@ OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"]
 
 
 
-def init_under_env(rank, world, sub, env):
+def init_under_env(rank, world, sub="", env=None, timeout=60, init=None, **kwargs):
     """A communicator created under `env` (knobs are read at creation; the process's own values
-    are restored afterwards) on its own file store, RC_TEST_STORE/sub."""
+    are restored afterwards) on its own file store, RC_TEST_STORE/sub (RC_TEST_STORE itself for
+    sub ""), unless kwargs name an ``init_method`` or a ``store``. `init` is the constructor
+    (``ringcomm.init``; ``ringcomm.cuda.init`` for a device communicator); kwargs go to it."""
     import ringcomm
+    env = env or {}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        path = os.path.join(os.environ["RC_TEST_STORE"], sub)
-        os.makedirs(path, exist_ok=True)
-        return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=60)
+        if "init_method" not in kwargs and "store" not in kwargs:
+            path = os.path.join(os.environ["RC_TEST_STORE"], sub) if sub else os.environ["RC_TEST_STORE"]
+            os.makedirs(path, exist_ok=True)
+            kwargs["init_method"] = "file://" + path
+        return (init or ringcomm.init)(rank=rank, world_size=world, timeout=timeout, **kwargs)
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a tcp:// rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def max_abs_diff(a, b) -> float:
+    """The largest |x - y| over paired tensors: `a` and `b` are both modules (their parameters,
+    in order), both dicts (same keys), or both sequences (same length). Compared in float32 or
+    wider, so half-precision pairs do not round the difference."""
+    if hasattr(a, "parameters"):
+        a, b = list(a.parameters()), list(b.parameters())
+    if isinstance(a, dict):
+        assert set(a) == set(b), (sorted(a), sorted(b))
+        a, b = [a[k] for k in a], [b[k] for k in a]
+    assert len(a) == len(b), (len(a), len(b))
+    def wide(t):
+        return t.float() if t.dtype.itemsize < 4 else t
+    return max(float((wide(x) - wide(y)).abs().max()) for x, y in zip(a, b))
+
 
 def supported(dt, op):
     if dt == "bool":
@@ -63,11 +96,19 @@ def make(dt, count, rank, salt=0, op="SUM"):
     return v.astype(dt)
 
 
-def reference(arrays, dt, op, world):
+def reference(arrays, dt, op, world, factor=1.0):
+    """The reduction of `arrays` (numpy, one per rank) by `op`, computed in numpy: floats in
+    float64, integers in their own type (wrapping as the library does), bool as logic (SUM, MAX,
+    BOR: any; PRODUCT, MIN, BAND: all; BXOR: parity); AVG of integers rounds down; PREMUL_SUM
+    scales by `factor` before the sum."""
     a = np.stack(arrays)
     if dt == "bool":
-        return a.all(0) if op == "MIN" else a.any(0)
-    if op == "SUM":
+        if op == "BXOR":
+            return np.bitwise_xor.reduce(a, 0)
+        return a.all(0) if op in ("MIN", "PRODUCT", "BAND") else a.any(0)
+    if op == "PREMUL_SUM":
+        r = (a.astype(np.float64) * factor).sum(0)
+    elif op == "SUM":
         r = a.sum(0, dtype=np.float64 if dt in FLOAT else a.dtype)
     elif op == "PRODUCT":
         r = a.prod(0, dtype=np.float64 if dt in FLOAT else a.dtype)
@@ -76,7 +117,7 @@ def reference(arrays, dt, op, world):
     elif op == "MAX":
         r = a.max(0)
     elif op == "AVG":
-        r = a.astype(np.float64).sum(0) / world
+        r = a.astype(np.float64).sum(0) / world if dt in FLOAT else a.sum(0, dtype=np.int64) // world
     elif op == "BAND":
         r = np.bitwise_and.reduce(a, 0)
     elif op == "BOR":
@@ -126,16 +167,31 @@ def counts_for(world):
     return [0, 1, 7, 5 * world + 1, 3001]
 
 
-def run_collective_cases(rank, world, slot_bytes, nslots, libs, algo="auto", all_reduce_only=False, env=None):
-    """All collectives x dtypes x ops x counts on one communicator."""
+def run_collective_configs(rank, world, configs):
+    """``run_collective_cases`` once per entry of `configs` ({name: its argument tuple after
+    rank and world}), each on its own store (RC_TEST_STORE/name) and with the process's
+    environment put back after it: ``{name: (failures, digests)}``."""
+    out = {}
+    for name, args in configs.items():
+        saved = dict(os.environ)
+        try:
+            out[name] = run_collective_cases(rank, world, *args, sub=name)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    return out
+
+
+def run_collective_cases(rank, world, slot_bytes, nslots, libs, algo="auto", all_reduce_only=False, env=None,
+                         sub=""):
+    """All collectives x dtypes x ops x counts on one communicator (on RC_TEST_STORE/sub)."""
     import ringcomm
     os.environ.update(env or {})
     os.environ["RINGCOMM_SLOT_BYTES"] = str(slot_bytes)
     os.environ["RINGCOMM_NSLOTS"] = str(nslots)
     os.environ["RINGCOMM_ALGO"] = algo
     failures, digests = [], []
-    comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + os.environ["RC_TEST_STORE"],
-                         timeout=60)
+    comm = init_under_env(rank, world, sub)
 
     def check(name, cond):
         if not cond:

@@ -1,15 +1,8 @@
 """Receives from any source (``comm.recv(x, src=None)``), run inside spawned ranks (module-level
 for spawn). Every payload is known on every rank (``payload``), which is the reference."""
-import os
-
 import numpy as np
 
-
-def _init(rank, world, sub):
-    import ringcomm
-    path = os.path.join(os.environ["RC_TEST_STORE"], sub)
-    os.makedirs(path, exist_ok=True)
-    return ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=30)
+from mp_cases import init_under_env
 
 
 def payload(src, tag, n):
@@ -19,7 +12,7 @@ def payload(src, tag, n):
 def any_source_gathers(rank, world, n):
     """Every rank but 0 sends one message with tag 4 to rank 0; rank 0 receives world-1 messages
     from any source: each returns a distinct sender and holds that sender's payload."""
-    comm = _init(rank, world, "gather")
+    comm = init_under_env(rank, world, "gather", timeout=30)
     out = None
     if rank == 0:
         got = []
@@ -38,7 +31,7 @@ def any_source_tags_and_order(rank, world, n):
     """Rank 1 sends tags 1, 2, 1 to rank 0 (each larger than the channel). Rank 0 receives from
     any source tag 2 first, then tag 1 twice (asynchronously): tag 2 gets the second message,
     the tag-1 messages arrive in send order; the handles' source() is 1."""
-    comm = _init(rank, world, "order")
+    comm = init_under_env(rank, world, "order", timeout=30)
     out = None
     msgs = [(1, payload(1, 1, n)), (2, payload(1, 2, n)), (1, payload(1, 1, n) * 2)]
     if rank == 1:
@@ -65,7 +58,7 @@ def any_source_beside_specific(rank, world, n):
     any-source one rank 1's. Then a bad size: an any-source receive whose matched message has
     another size raises MismatchError naming the sender."""
     import ringcomm
-    comm = _init(rank, world, "beside")
+    comm = init_under_env(rank, world, "beside", timeout=30)
     out = None
     if rank == 0:
         y2, ya = np.zeros(n, np.float32), np.zeros(n, np.float32)
@@ -86,7 +79,7 @@ def any_source_beside_specific(rank, world, n):
 def any_source_rejected_args(rank, world):
     """send(dst=None) and recv from an out-of-range rank still raise InvalidArgumentError."""
     import ringcomm
-    comm = _init(rank, world, "args")
+    comm = init_under_env(rank, world, "args", timeout=30)
     errs = []
     for fn in (lambda: comm.send(np.ones(2, np.float32), dst=None),
                lambda: comm.recv(np.ones(2, np.float32), src=world)):

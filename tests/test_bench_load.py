@@ -75,32 +75,127 @@ def test_reaped_on_exception_and_zero_is_nothing():
 
 
 _HOLDER = textwrap.dedent("""
-    import sys, time
+    import sys
     from ringcomm.bench.load import BusyLoad
     with BusyLoad(2) as load:
         print(" ".join(map(str, load.pids)), flush=True)
-        time.sleep(120)
+        for line in sys.stdin:               # answers each line while the load runs
+            print(line.strip(), flush=True)
 """)
 
+# The racy moment on purpose: every busy process, once forked, is announced and the holder then
+# waits inside Popen until a SIGINT is pending (the bench defers it there) or has been taken (an
+# exception out of Popen: BusyLoad never recorded that process).
+_STARTING = textwrap.dedent("""
+    import signal, subprocess, time
+    from ringcomm.bench.load import BusyLoad
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
-def test_no_busy_process_outlives_its_bench(sig):
-    """SIGTERM / Ctrl-C: the bench reaps them; SIGKILL of the bench: they notice and exit."""
+    class Announced(subprocess.Popen):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            print(self.pid, flush=True)
+            deadline = time.monotonic() + 60
+            while signal.SIGINT not in signal.sigpending() and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+    subprocess.Popen = Announced
+    load = BusyLoad(2)
+    try:
+        with load:
+            pass
+    except KeyboardInterrupt:
+        print("reaped", len(load.cpu_s), *load.pids, flush=True)
+        raise
+""")
+
+CAUGHT = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _start_holder(script, ignored=()):
+    """`script` as a shell would start a bench: SIGINT, SIGTERM and SIGHUP at their default
+    actions and none blocked, except `ignored` (what ``nohup`` or a shell's ``cmd &`` sets), no
+    matter what this pytest process inherited (a run started as a background job has SIGINT
+    ignored, and an exec'd child keeps an ignored disposition)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC] + [p for p in os.environ.get(
         "PYTHONPATH", "").split(os.pathsep) if p]))
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+
+    def dispositions():
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        for s in CAUGHT:
+            signal.signal(s, signal.SIG_IGN if s in ignored else signal.SIG_DFL)
+
+    return subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=dispositions)
+
+
+def _stop_holder(holder):
+    if holder.poll() is None:
+        holder.kill()
+    holder.communicate(timeout=30)
+
+
+def _ask(holder, word):
+    """The holder's answer to one line: "" once it has exited (EOF)."""
+    holder.stdin.write(word + "\n")
+    holder.stdin.flush()
+    return holder.stdout.readline().strip()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL, signal.SIGHUP])
+def test_no_busy_process_outlives_its_bench(sig):
+    """SIGTERM / Ctrl-C / a closed terminal: the bench reaps them; SIGKILL of the bench: they
+    notice and exit."""
+    holder = _start_holder(_HOLDER)
     try:
         pids = [int(x) for x in holder.stdout.readline().split()]
         assert len(pids) == 2, holder.stderr.read()
         assert all(_is_busy_process(p) for p in pids)
+        assert _ask(holder, "up") == "up"
         holder.send_signal(sig)
+        holder.wait(timeout=30)
+        assert holder.returncode != 0
+        assert _wait_gone(pids, 5.0) == []
+    finally:
+        _stop_holder(holder)
+
+
+def test_ignored_signals_stay_ignored_and_the_load_is_reaped_at_the_end():
+    """A bench started with SIGINT and SIGHUP ignored (``nohup cmd &``) runs on through both
+    with its load; SIGTERM then reaps it. The holder is blocked reading when the signals come,
+    so one turned into an exception would end it before it could answer."""
+    holder = _start_holder(_HOLDER, ignored=(signal.SIGINT, signal.SIGHUP))
+    try:
+        pids = [int(x) for x in holder.stdout.readline().split()]
+        assert len(pids) == 2, holder.stderr.read()
+        holder.send_signal(signal.SIGINT)
+        holder.send_signal(signal.SIGHUP)
+        assert _ask(holder, "still here") == "still here", holder.stderr.read()
+        assert all(_is_busy_process(p) for p in pids)
+        holder.send_signal(signal.SIGTERM)
         holder.wait(timeout=30)
         assert _wait_gone(pids, 5.0) == []
     finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait(timeout=30)
+        _stop_holder(holder)
+
+
+def test_ctrl_c_while_the_load_starts_reaps_every_started_process():
+    """SIGINT between a busy process's fork and BusyLoad recording it: taken only once the
+    process is in ``pids``, so ``__enter__``'s cleanup kills and reaps it."""
+    holder = _start_holder(_STARTING)
+    try:
+        first = int(holder.stdout.readline())
+        holder.send_signal(signal.SIGINT)
+        holder.wait(timeout=30)
+        out, err = holder.communicate(timeout=30)
+        assert holder.returncode != 0 and "KeyboardInterrupt" in err, err
+        reaped = out.split()
+        assert reaped[0] == "reaped", (out, err)
+        n, pids = int(reaped[1]), [int(p) for p in reaped[2:]]
+        assert first in pids and n == len(pids) >= 1, (first, out)
+        assert _wait_gone(pids + [first], 5.0) == []
+    finally:
+        _stop_holder(holder)
 
 
 def test_cli_load_header_and_json(tmp_path):

@@ -30,6 +30,8 @@ import torch.distributed as dist  # noqa: E402
 
 from ringcomm.launch import LaunchError, spawn  # noqa: E402
 
+from mp_cases import free_port  # noqa: E402
+
 WS = 2
 TIMEOUT_S = 240
 STEPS = 4
@@ -369,7 +371,7 @@ def _run_accelerate_script(script: str, backend: str, cpu_state: bool, tmpdir: s
     """Both ranks' (exit status, output) of one script on one backend."""
     import subprocess
     import sys
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(WS):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WS),
@@ -587,7 +589,7 @@ def client_results() -> dict:
         with tempfile.TemporaryDirectory(prefix="ringcomm-clients-") as d:
             try:
                 per_rank = spawn(_clients, WS, (d, names), timeout=TIMEOUT_S,
-                                 env={"MASTER_PORT": str(_free_port())})
+                                 env={"MASTER_PORT": str(free_port())})
             except LaunchError as e:
                 per_rank = []
                 for r in range(WS):
@@ -607,13 +609,6 @@ def client_results() -> dict:
             _results[name] = ("\n".join(errs) if errs else None,
                               f"{per_rank[0][name][1]} ({per_rank[0][name][2]:.1f} s)")
     return _results
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _params():

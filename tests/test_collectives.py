@@ -1,19 +1,22 @@
 """Every collective x dtype x op x count, numpy and torch inputs, world sizes 1-4, against numpy.
 One group of ranks per world size runs all cases (spawning is the expensive part)."""
-import os
+import shutil
+import tempfile
 
 import pytest
 
-from ringcomm.launch import spawn
-from mp_cases import run_collective_cases
+from ringcomm.launch import LaunchError
+
+import rank_pool
+from mp_cases import run_collective_configs
 
 torch = pytest.importorskip("torch")
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-@pytest.mark.parametrize("config", ["tiny-ring", "tiny-direct", "default", "streaming"])
-def test_all_collectives(world, config, store_env):
+CONFIGS = ["tiny-ring", "tiny-direct", "default", "streaming"]
+
+
+def _config_args(config):
     # tiny: 256-byte slots, 2 per channel - every case of 3001 elements streams through many slots
     # and the ring runs at the minimum slot count its deadlock argument needs. The all-reduce runs
     # once per algorithm (ring / direct); "default" is what users get (auto choice, 256 KiB slots).
@@ -24,8 +27,35 @@ def test_all_collectives(world, config, store_env):
     libs = ["numpy", "torch"] if config.startswith("tiny") else ["torch"]
     algo = {"tiny-ring": "ring", "tiny-direct": "direct", "default": "auto", "streaming": "ring"}[config]
     env = {"RINGCOMM_STREAM": "on", "RINGCOMM_STREAM_MIN_BYTES": "0"} if config == "streaming" else {}
-    results = spawn(run_collective_cases, world, (slot_bytes, nslots, libs, algo, config == "tiny-direct", env),
-                    timeout=280, env=store_env)
+    return slot_bytes, nslots, libs, algo, config == "tiny-direct", env
+
+
+_groups: dict = {}
+
+
+def _group(world):
+    """Every config's (failures, digests) per rank, from ONE group of `world` ranks (each config on
+    a communicator of its own, created under its knobs)."""
+    if world not in _groups:
+        d = tempfile.mkdtemp(prefix="rc-test-store-")
+        try:
+            _groups[world] = rank_pool.run(run_collective_configs, world,
+                                   ({c: _config_args(c) for c in CONFIGS},), timeout=560,
+                                   env={"RC_TEST_STORE": d})
+        except LaunchError as e:
+            _groups[world] = e
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    if isinstance(_groups[world], LaunchError):
+        pytest.fail(f"the world-{world} group failed: {_groups[world]}")
+    return _groups[world]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_all_collectives(world, config):
+    results = [per_rank[config] for per_rank in _group(world)]
     failures = [f for fs, _ in results for f in fs]
     assert not failures, "\n".join(failures[:30])
     # Floating results bit-identical on every rank.

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from mp_cases import max_abs_diff
 from torch_ranks import BACKENDS, require_backend, run_ranks
 
 WORLD_SIZES = [2, 3]
@@ -96,10 +97,6 @@ def _init(make, rank):
     return make()
 
 
-def _max_diff(a: nn.Module, b: nn.Module) -> float:
-    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
-
-
 def _reference(make, batches, world_size, accumulate=False, use_extra_per_rank=None,
                weight_decay=0.01):
     """Single process, rank 0's initial weights, AdamW on the full global batch."""
@@ -148,7 +145,7 @@ def _ddp_cases(rank, world_size):
     # Construction broadcasts rank 0's parameters.
     m = _init(_mlp, rank)
     BucketedDDP(m)
-    out["broadcast_diff"] = _max_diff(m, _init(_mlp, 0))
+    out["broadcast_diff"] = max_abs_diff(m, _init(_mlp, 0))
 
     # 1. Match single-process AdamW, several bucket layouts, grads set to None / zeroed.
     for name, cap, first in BUCKET_CONFIGS:
@@ -156,15 +153,15 @@ def _ddp_cases(rank, world_size):
         out[f"nbuckets/{name}"] = len(ddp.buckets)
         out[f"first_bucket_bytes/{name}"] = ddp.buckets[0].nbytes
         out[f"first_bucket_nparams/{name}"] = len(ddp.buckets[0].params)
-        out[f"match/{name}"] = _max_diff(_train_ddp(ddp, batches, rank, world_size), ref)
+        out[f"match/{name}"] = max_abs_diff(_train_ddp(ddp, batches, rank, world_size), ref)
     ddp = BucketedDDP(_init(_mlp, rank), bucket_cap_mb=0.004, first_bucket_mb=0.002)
-    out["match/zero_grad_keep"] = _max_diff(
+    out["match/zero_grad_keep"] = max_abs_diff(
         _train_ddp(ddp, batches, rank, world_size, set_to_none=False), ref)
     out["nparams"] = len(list(ref.parameters()))
 
     # 2. no_sync() accumulation.
     ddp = BucketedDDP(_init(_mlp, rank), bucket_cap_mb=0.004, first_bucket_mb=0.002)
-    out["match/no_sync"] = _max_diff(
+    out["match/no_sync"] = max_abs_diff(
         _train_ddp(ddp, batches, rank, world_size, accumulate=True), ref)
 
     # 3. find_unused_parameters=True: 'never' is unused everywhere, 'extra' only on rank 0.
@@ -172,7 +169,7 @@ def _ddp_cases(rank, world_size):
     ref_b = _reference(_Branchy, batches, world_size, use_extra_per_rank=use, weight_decay=0.0)
     ddp = BucketedDDP(_init(_Branchy, rank), find_unused_parameters=True, bucket_cap_mb=1e-6,
                       first_bucket_mb=1e-6)
-    out["match/find_unused"] = _max_diff(
+    out["match/find_unused"] = max_abs_diff(
         _train_ddp(ddp, batches, rank, world_size, use_extra=use[rank], weight_decay=0.0), ref_b)
 
     # 4. find_unused_parameters=False with an unused parameter: a clear error, then usable.
@@ -255,7 +252,7 @@ def _ddp_cases(rank, world_size):
     make_ck = lambda: _ResNet(checkpointed=True)   # noqa: E731
     ref_res = _reference(_ResNet, batches, world_size)
     ddp = BucketedDDP(_init(make_ck, rank), bucket_cap_mb=0.004, first_bucket_mb=0.002)
-    out["match/checkpoint_resnet"] = _max_diff(_train_ddp(ddp, batches, rank, world_size), ref_res)
+    out["match/checkpoint_resnet"] = max_abs_diff(_train_ddp(ddp, batches, rank, world_size), ref_res)
     out["checkpoint_resnet_issued_in_backward"] = ddp.buckets_issued_in_backward
     out["checkpoint_resnet_nbuckets"] = len(ddp.buckets)
     return out

@@ -1,6 +1,6 @@
 """Hierarchical collectives on one machine: ranks faked as several nodes through
-RINGCOMM_NODE_ID. One spawned group per fake topology runs every section (tests/hier_cases.py);
-the tests below only look the results up.
+RINGCOMM_NODE_ID. One group of ranks per fake topology (the session's, tests/rank_pool.py) runs
+every section (tests/hier_cases.py); the tests below only look the results up.
 
     2 nodes x 2 ranks (uniform: reduce-scatter -> inter-node all-reduce of the shard -> all-gather)
     3 nodes, 2 + 1 + 2 ranks (uneven: the leader paths)
@@ -15,6 +15,7 @@ from ringcomm.launch import spawn
 torch = pytest.importorskip("torch")
 import ringcomm.hier as hier  # noqa: E402
 
+import rank_pool  # noqa: E402
 from hier_cases import run_topology, single_node  # noqa: E402
 
 TOPOLOGIES = {
@@ -42,7 +43,8 @@ def results_for(name):
         d = tempfile.mkdtemp(prefix="rc-hier-")
         try:
             ddp = name == "2x2" and _ddp_available()[0]
-            _RESULTS[name] = spawn(run_topology, len(ids), (ids, d, ddp, LIBS[name]), timeout=240)
+            _RESULTS[name] = rank_pool.run(run_topology, len(ids), (ids, d, ddp, LIBS[name]),
+                                           timeout=240)
         finally:
             shutil.rmtree(d, ignore_errors=True)
     return _RESULTS[name]

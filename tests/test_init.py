@@ -1,5 +1,4 @@
 """Rendezvous paths (env://, tcp://, file://, store=), the default communicator, the launcher."""
-import socket
 import tempfile
 import os
 
@@ -9,25 +8,20 @@ import pytest
 import ringcomm
 from ringcomm.launch import LaunchError, spawn
 import init_cases
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mp_cases import free_port
 
 
 @pytest.mark.timeout(60)
 def test_init_from_torchrun_env():
     pytest.importorskip("torch")
-    res = spawn(init_cases.via_env, 2, (_free_port(),), timeout=50)
+    res = spawn(init_cases.via_env, 2, (free_port(),), timeout=50)
     assert res == [(0, 2, [3.0] * 5), (1, 2, [3.0] * 5)]
 
 
 @pytest.mark.timeout(60)
 def test_init_tcp():
     pytest.importorskip("torch")
-    assert spawn(init_cases.via_tcp, 3, (_free_port(),), timeout=50) == [[3, 3, 3]] * 3
+    assert spawn(init_cases.via_tcp, 3, (free_port(),), timeout=50) == [[3, 3, 3]] * 3
 
 
 @pytest.mark.timeout(60)
@@ -105,7 +99,7 @@ def test_sub_communicators_sharing_a_store_refuse_the_default_prefix(tmp_path, s
     their own sums (checked against numpy)."""
     if store_kind == "tcp":
         pytest.importorskip("torch")
-    where = str(tmp_path / "store") if store_kind == "file" else _free_port()
+    where = str(tmp_path / "store") if store_kind == "file" else free_port()
     out = spawn(init_cases.sub_communicators, 4, (store_kind, where), timeout=170)
     inputs = [np.full(5, r + 1.0, np.float32) for r in range(4)]
     for r, (refused, (x, y)) in enumerate(out):

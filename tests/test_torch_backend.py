@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 import traceback
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
+import mp_cases  # noqa: E402
+from mp_cases import free_port, to_np  # noqa: E402
 from torch_battery import (  # noqa: E402
     fail_on_error, init_world, registry, run_cases, spawn_battery)
 
@@ -52,23 +54,10 @@ def make_input(rank: int, n: int, dtype, op: str = "SUM") -> "torch.Tensor":
 
 
 def reference(op: str, tensors: list, factor: float = 1.0) -> "torch.Tensor":
-    s = torch.stack([t.to(torch.float64) if t.is_floating_point() else t for t in tensors])
-    if op in ("SUM", "PREMUL_SUM"):
-        r = (s * factor).sum(0) if op == "PREMUL_SUM" else s.sum(0)
-    elif op == "AVG":
-        r = s.sum(0) / len(tensors) if tensors[0].is_floating_point() else s.sum(0) // len(tensors)
-    elif op == "PRODUCT":
-        r = s.prod(0)
-    elif op == "MIN":
-        r = s.amin(0)
-    elif op == "MAX":
-        r = s.amax(0)
-    else:
-        r = s[0].clone()
-        for t in s[1:]:
-            r = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
-                 "BXOR": torch.bitwise_xor}[op](r, t)
-    return r.to(tensors[0].dtype)
+    """mp_cases.reference (numpy) of one tensor per rank, as a tensor of their dtype."""
+    dt = str(tensors[0].dtype).removeprefix("torch.")
+    r = mp_cases.reference([to_np(t) for t in tensors], dt, op, len(tensors), factor)
+    return torch.from_numpy(np.asarray(r)).to(tensors[0].dtype)
 
 
 def torch_op(op: str, factor: float = 1.0):
@@ -819,12 +808,6 @@ def _battery(rank, ws, file_path, tcp_port, store_port):
     return results
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _shm_entries() -> set:
     try:
         return {e for e in os.listdir("/dev/shm") if "ringcomm" in e.lower() or e.startswith("rc")}
@@ -840,7 +823,7 @@ def battery_results(ws: int) -> dict:
     if ws not in _results:
         before = _shm_entries()
         per_rank, failure = spawn_battery(_battery, ws, "ringcomm-torch-test-", BATTERY_TIMEOUT_S,
-                                          args=(_free_port(), _free_port()))
+                                          args=(free_port(), free_port()))
         leaked = _shm_entries() - before
         # Another test run on the machine may have a segment in flight (unlinked within
         # milliseconds of creation): only one that stays is a leak.

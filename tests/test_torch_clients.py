@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+from mp_cases import free_port, max_abs_diff  # noqa: E402
 from torch_battery import init_world, registry, run_cases, spawn_battery  # noqa: E402
 
 WORLD_SIZES = [2, 3]
@@ -152,28 +153,23 @@ def train_ddp(group, kind: str, rank: int, ws: int, *, no_sync: bool = False, ho
     return [p.detach().clone() for p in model.parameters()]
 
 
-def max_diff(a: list, b: list) -> float:
-    assert len(a) == len(b)
-    return max((x - y).abs().max().item() for x, y in zip(a, b))
-
-
 def compare(ctx, what: str, single: list | None = None, gloo_tol: float = GLOO_TOL,
             **kw) -> str:
     p_rc = train_ddp(ctx.rc, rank=ctx.rank, ws=ctx.ws, **kw)
     p_gloo = train_ddp(ctx.gloo, rank=ctx.rank, ws=ctx.ws, **kw)
-    d = max_diff(p_rc, p_gloo)
+    d = max_abs_diff(p_rc, p_gloo)
     assert d <= gloo_tol, f"{what}: ringcomm vs gloo max abs diff {d:.3g} > {gloo_tol}"
     line = f"{what}: vs gloo {d:.2g}"
     if single is not None:
         p_rc = train_ddp(ctx.rc, rank=ctx.rank, ws=ctx.ws, eps=SINGLE_EPS, **kw)
-        ds = max_diff(p_rc, single)
+        ds = max_abs_diff(p_rc, single)
         if ds > SINGLE_TOL:
             # How far DDP lands from one process depends on the machine's matmul kernels (the
             # ISA torch dispatches to), not only on the collective: beyond SINGLE_TOL, gloo on the
             # same machine is the reference, and ringcomm must equal it.
             p_gloo = train_ddp(ctx.gloo, rank=ctx.rank, ws=ctx.ws, eps=SINGLE_EPS, **kw)
-            dg = max_diff(p_gloo, single)
-            d = max_diff(p_rc, p_gloo)
+            dg = max_abs_diff(p_gloo, single)
+            d = max_abs_diff(p_rc, p_gloo)
             assert dg > SINGLE_TOL and d <= gloo_tol, (
                 f"{what}: ringcomm vs single process {ds:.3g} > {SINGLE_TOL} "
                 f"(gloo vs single process {dg:.3g}, ringcomm vs gloo {d:.3g})")
@@ -296,7 +292,7 @@ def case_fsdp2_mlp(ctx):
         opt.zero_grad()
     full = [p.full_tensor().detach() for p in model.parameters()]
     single = train_single("mlp", ctx.ws)
-    d = max_diff(full, single)
+    d = max_abs_diff(full, single)
     assert d <= SINGLE_TOL, f"FSDP2 vs single process: max abs diff {d:.3g} > {SINGLE_TOL}"
     return f"fsdp2 vs single process {d:.2g}"
 
@@ -372,7 +368,7 @@ def test_torchrun_example():
     """``torchrun --nproc-per-node 4 examples/ddp_mlp.py`` (env:// rendezvous) on ringcomm."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-           "--master-port", str(_free_port()),
+           "--master-port", str(free_port()),
            os.path.join(root, "examples", "ddp_mlp.py"), "--steps", "5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -386,8 +382,3 @@ def test_torchrun_example():
     assert "backend ringcomm  world 4" in out and "identical on all ranks: True" in out, out[-4000:]
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

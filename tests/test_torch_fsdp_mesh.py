@@ -3,9 +3,9 @@ backend string that puts CPU tensors on ringcomm: ``"ringcomm"``, ``"cpu:ringcom
 ``"cpu:ringcomm,cuda:nccl"`` (where the torch wheel has NCCL; a CPU wheel cannot create it, see
 ``NO_NCCL``) / ``"cpu:ringcomm,cuda:gloo"``.
 
-ONE spawned group per world size (2 and 4) runs the same program (``_program``) once per backend
-string, on a fresh default group each time, and once on gloo; every result is compared with gloo's
-run and with a single-process value computed locally:
+ONE group of ranks per world size (2 and 4; the session's, ``rank_pool``) runs the same program
+(``_program``) once per backend string, on a fresh default group each time, and once on gloo; every
+result is compared with gloo's run and with a single-process value computed locally:
 * ``_get_backend(cpu)`` of the default group and of every mesh sub-group is ringcomm's Backend, and
   the collectives reach it (an issue hook counts them; on gloo it sees none);
 * ``init_device_mesh("cpu", (ws,))`` and, at world 4, a (2, 2) mesh with its row and column groups;
@@ -31,6 +31,9 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from ringcomm.launch import LaunchError, spawn  # noqa: E402
+
+import rank_pool  # noqa: E402
+from mp_cases import max_abs_diff  # noqa: E402
 
 WORLD_SIZES = [2, 4]
 STRINGS = ["ringcomm", "cpu:ringcomm", "cpu:ringcomm,cuda:nccl", "cpu:ringcomm,cuda:gloo"]
@@ -203,10 +206,6 @@ def _compare(got, want) -> bool:
     return got == want
 
 
-def _max_diff(a: list, b: list) -> float:
-    return max((x - y).abs().max().item() for x, y in zip(a, b))
-
-
 # ---- the spawned group ----------------------------------------------------------------------------
 def _ranks(rank: int, ws: int, d: str) -> dict:
     """For every string: ``"ok: ..."``, ``"skip: why"`` or the traceback."""
@@ -253,10 +252,10 @@ def _ranks(rank: int, ws: int, d: str) -> dict:
         for key in ("fsdp2", "hsdp"):
             if key not in res:
                 continue
-            d_single = _max_diff(res[key], single)
+            d_single = max_abs_diff(res[key], single)
             if d_single > SINGLE_TOL:
                 problems.append(f"{key} vs one process: {d_single:.3g} > {SINGLE_TOL}")
-            d_gloo = _max_diff(res[key], runs["gloo"][key])
+            d_gloo = max_abs_diff(res[key], runs["gloo"][key])
             if d_gloo > GLOO_TOL[ws]:
                 problems.append(f"{key} vs gloo: {d_gloo:.3g} > {GLOO_TOL[ws]}")
             report[string] += f"; {key} vs gloo {d_gloo:.2g}, vs one process {d_single:.2g}"
@@ -272,8 +271,8 @@ def mesh_results(ws: int) -> dict:
     if ws not in _results:
         with tempfile.TemporaryDirectory(prefix="ringcomm-fsdp-mesh-") as d:
             try:
-                per_rank = spawn(_ranks, ws, (d,), timeout=SPAWN_TIMEOUT_S,
-                                 env={"RINGCOMM_TORCH_BACKEND": "c10d"})
+                per_rank = rank_pool.run(_ranks, ws, (d,), timeout=SPAWN_TIMEOUT_S,
+                                         env={"RINGCOMM_TORCH_BACKEND": "c10d"})
             except LaunchError as e:
                 _results[ws] = {"__launch__": str(e)}
                 return _results[ws]
@@ -362,5 +361,5 @@ def test_expected_values_are_consistent():
             top = torch.cat([e[0]["mesh2_local"], e[1]["mesh2_local"]], 1)
             bottom = torch.cat([e[2]["mesh2_local"], e[3]["mesh2_local"]], 1)
             assert torch.equal(torch.cat([top, bottom]), _full(4, 6))
-    moved = _max_diff(train_single(2), [p.detach() for p in _model().parameters()])
+    moved = max_abs_diff(train_single(2), [p.detach() for p in _model().parameters()])
     assert moved > 0

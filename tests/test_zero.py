@@ -36,6 +36,7 @@ import pytest
 import torch
 from torch import nn
 
+from mp_cases import max_abs_diff
 from torch_ranks import BACKENDS, require_backend, run_ranks
 
 import ringcomm.zero as zero
@@ -184,11 +185,6 @@ def _masters(stage, opt, names) -> dict:
     return {names[i]: t for i, t in full.items()}
 
 
-def _max_diff(a: dict, b: dict) -> float:
-    assert set(a) == set(b), (sorted(a), sorted(b))
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
-
-
 def _train(fwd, opt, steps, start=0, group=None, inject=()):
     import torch.distributed as dist
     grank = dist.get_rank(group)
@@ -239,11 +235,11 @@ def _case_fp32(rank, ws, ctx, stage, bucket_cap_mb=None, collectives=None, patch
     finally:
         if patch_native:
             zero_collectives._reduce_scatter_fn, zero_collectives._all_gather_fn = saved
-    out = {"master_diff": _max_diff(masters, ref),
+    out = {"master_diff": max_abs_diff(masters, ref),
            "collectives": opt.collectives_used,
            "fallback_warnings": sum("fallback" in str(w.message) for w in caught)}
     if stage != 3:   # the replicated model parameters themselves, on every rank
-        out["param_diff"] = _max_diff({n: p.detach() for n, p in model.named_parameters()}, ref)
+        out["param_diff"] = max_abs_diff({n: p.detach() for n, p in model.named_parameters()}, ref)
         out["buckets"] = len(opt._buckets)
     return out
 
@@ -256,7 +252,7 @@ def _case_mixed(rank, ws, ctx, stage, precision):
     fwd, opt = _make(stage, model, mixed_precision=precision, loss_scaler=False)
     _train(fwd, opt, STEPS)
     masters = _masters(stage, opt, names)
-    out = {"master_diff": _max_diff(masters, ref), "compute_dtype": str(opt.compute_dtype)}
+    out = {"master_diff": max_abs_diff(masters, ref), "compute_dtype": str(opt.compute_dtype)}
     if stage != 3:
         out["param_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
     return out
@@ -273,7 +269,7 @@ def _case_fp16_scaling(rank, ws, ctx, stage):
     fwd, opt = _make(stage, model, mixed_precision="fp16", loss_scaler=scaler)
     scales, skipped = _train(fwd, opt, STEPS, inject=inject)
     masters = _masters(stage, opt, names)
-    return {"master_diff": _max_diff(masters, ref), "scales": scales, "ref_scales": ref_scales,
+    return {"master_diff": max_abs_diff(masters, ref), "scales": scales, "ref_scales": ref_scales,
             "skipped": skipped, "skipped_steps": opt.skipped_steps,
             "finite": all(bool(torch.isfinite(t).all()) for t in masters.values())}
 
@@ -349,13 +345,13 @@ def _case_checkpoint_save(rank, ws, ctx, stage, precision=None):
     opt2.load_state_dict(torch.load(path, weights_only=False))
     _train(fwd2, opt2, CKPT_M, start=CKPT_K)
     resumed = _masters(stage, opt2, names)
-    out = {"resume_same_world_diff": _max_diff(resumed, uninterrupted)}
+    out = {"resume_same_world_diff": max_abs_diff(resumed, uninterrupted)}
     if precision is None:
         ref = _ref(("fp32", CKPT_K + CKPT_M),
                    lambda: _reference_fp32(_mlp, CKPT_K + CKPT_M))
-        out["uninterrupted_vs_ref"] = _max_diff(uninterrupted, ref)
+        out["uninterrupted_vs_ref"] = max_abs_diff(uninterrupted, ref)
         if stage != 3:
-            out["model_params_same_world"] = _max_diff(
+            out["model_params_same_world"] = max_abs_diff(
                 {n: p.detach() for n, p in model2.named_parameters()},
                 {n: p.detach() for n, p in model.named_parameters()})
     return out
@@ -376,13 +372,13 @@ def _case_checkpoint_load(rank, ws, ctx, stage, from_ws, group=None):
     _train(fwd, opt, CKPT_M, start=CKPT_K, group=group)
     resumed = _masters(stage, opt, names)
     ref = _ref(("fp32", CKPT_K + CKPT_M), lambda: _reference_fp32(_mlp, CKPT_K + CKPT_M))
-    out = {"resumed_vs_ref": _max_diff(resumed, ref),
+    out = {"resumed_vs_ref": max_abs_diff(resumed, ref),
            "world_size": opt.world_size, "saved_world_size": sd["world_size"]}
     # this world's own uninterrupted K+M run
     model_u = _mlp()
     fwd_u, opt_u = _make(stage, model_u, group=group)
     _train(fwd_u, opt_u, CKPT_K + CKPT_M, group=group)
-    out["resumed_vs_uninterrupted"] = _max_diff(resumed, _masters(stage, opt_u, names))
+    out["resumed_vs_uninterrupted"] = max_abs_diff(resumed, _masters(stage, opt_u, names))
     # exp_avg / exp_avg_sq / step were re-sharded: the re-gathered checkpoint after loading
     # (before training) equals the saved one
     model_c = _mlp()
@@ -394,7 +390,7 @@ def _case_checkpoint_load(rank, ws, ctx, stage, from_ws, group=None):
         for key, st in sd["state"].items():
             for name, v in st.items():
                 diffs.append(float((again["state"][key][name].float() - v.float()).abs().max()))
-        diffs.append(_max_diff(again["params"], sd["params"]))
+        diffs.append(max_abs_diff(again["params"], sd["params"]))
         out["regathered_diff"] = max(diffs)
     return out
 
@@ -409,7 +405,7 @@ def _case_recompute(rank, ws, ctx, stage):
     names = _names(model)
     fwd, opt = _make(stage, model, **({"bucket_cap_mb": TINY_BUCKET_MB} if stage == 2 else {}))
     _train(fwd, opt, STEPS)
-    return {"master_diff": _max_diff(_masters(stage, opt, names), ref)}
+    return {"master_diff": max_abs_diff(_masters(stage, opt, names), ref)}
 
 
 def _mlp_inplace() -> nn.Module:
@@ -474,7 +470,7 @@ def _case_extras(rank, ws, ctx, stage, micro=2, max_norm=0.5):
         opt.step()
         sched.step()
         opt.zero_grad()
-    return {"master_diff": _max_diff(_masters(stage, opt, names), ref),
+    return {"master_diff": max_abs_diff(_masters(stage, opt, names), ref),
             "norm_rel_diff": max(abs(a - b) / b for a, b in zip(norms, ref_norms)),
             "clipped": sum(b > max_norm for b in ref_norms)}
 
@@ -559,7 +555,7 @@ def _case_no_sync(rank, ws, ctx, stage, micro=2, all_inside=False):
             opt.zero_grad()
     finally:
         remove()
-    return {"master_diff": _max_diff(_masters(stage, opt, names), ref),
+    return {"master_diff": max_abs_diff(_masters(stage, opt, names), ref),
             "in_no_sync": in_no_sync, "backend_in_no_sync": sorted(set(backend_in_no_sync)),
             "backend_counted": ops is not None, "local_grad_elems": local_grad_elems,
             "psi": sum(p.numel() for p in _mlp().parameters())}
@@ -575,13 +571,13 @@ def _case_offload(rank, ws, ctx, stage, precision=None):
     fwd_b, opt_b = _make(stage, model_b, **kw)
     _train(fwd_a, opt_a, STEPS)
     _train(fwd_b, opt_b, STEPS)
-    out = {"master_diff": _max_diff(_masters(stage, opt_a, names), _masters(stage, opt_b, names)),
+    out = {"master_diff": max_abs_diff(_masters(stage, opt_a, names), _masters(stage, opt_b, names)),
            "offload": opt_a.offload, "plain_offload": opt_b.offload}
     if stage == 3:
         compute = [u.shard for u in opt_a._groups]
     else:
         compute = [b.flat_param for b in opt_a._groups]
-        out["param_diff"] = _max_diff({n: p.detach() for n, p in model_a.named_parameters()},
+        out["param_diff"] = max_abs_diff({n: p.detach() for n, p in model_a.named_parameters()},
                                       {n: p.detach() for n, p in model_b.named_parameters()})
     out["separate"] = all(g.master.untyped_storage().data_ptr() != c.untyped_storage().data_ptr()
                           for g, c in zip(opt_a._groups, compute))
@@ -592,7 +588,7 @@ def _case_offload(rank, ws, ctx, stage, precision=None):
     out["plain_offloaded"] = opt_b.memory_breakdown()["offloaded"]
     sd_a, sd_b = opt_a.state_dict(), opt_b.state_dict()
     if sd_a is not None:
-        diffs = [_max_diff(sd_a["params"], sd_b["params"])]
+        diffs = [max_abs_diff(sd_a["params"], sd_b["params"])]
         for key, st in sd_b["state"].items():
             for name, v in st.items():
                 diffs.append(float((sd_a["state"][key][name].float() - v.float()).abs().max()))

@@ -1,9 +1,9 @@
 """A battery of torch.distributed cases run in one spawned group of ranks per world size.
 
 Spawning a rank that imports torch costs seconds here, so a test module registers its cases
-(``registry``), spawns ONE group per world size (``spawn_battery``) whose ranks call
-``init_world`` then ``run_cases``, and its pytest tests only look the outcomes up
-(``fail_on_error``). Each rank holds a ringcomm world group and a gloo group over the same ranks.
+(``registry``), runs them ONCE per world size (``spawn_battery``, on the session's group of ranks
+of that size: ``rank_pool``) whose ranks call ``init_world`` then ``run_cases``, and its pytest
+tests only look the outcomes up (``fail_on_error``). Each rank holds a ringcomm world group and a gloo group over the same ranks.
 
 After every case all ranks agree on its outcome over gloo (so every rank reports every rank's
 error); after a failure the battery goes on on a fresh ringcomm group, since the failed one may
@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
+import tempfile
 import time
 import traceback
 from typing import Callable
 
 import pytest
 
-from ringcomm.launch import LaunchError, spawn_with_store
+from ringcomm.launch import LaunchError
+
+import rank_pool
 
 SKIPPED = "skipped"
 
@@ -81,13 +85,15 @@ def run_cases(ctx: Ctx, cases: dict) -> dict:
 
 def spawn_battery(entry: Callable, ws: int, prefix: str, timeout: float,
                   args: tuple = ()) -> tuple[list | None, str | None]:
-    """Run ``entry(rank, ws, store_path, *args)`` on ``ws`` ranks with a fresh file store:
-    ``(per-rank results, None)``, or ``(None, the launch failure)``."""
+    """Run ``entry(rank, ws, store_path, *args)`` on the session's ``ws`` ranks (``rank_pool``)
+    with a fresh file store: ``(per-rank results, None)``, or ``(None, the launch failure)``."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
     try:
-        return spawn_with_store(entry, ws, lambda store: (store, *args), timeout=timeout,
-                                prefix=prefix), None
+        return rank_pool.run(entry, ws, (os.path.join(tmp, "store"), *args), timeout=timeout), None
     except LaunchError as e:
         return None, str(e)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fail_on_error(res: dict, ws: int, name: str) -> None:

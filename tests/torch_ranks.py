@@ -12,21 +12,28 @@
         require_backend(backend)
         results = run_ranks(_cases, 2, backend=backend, args=(3,))
 
-``run_ranks`` spawns ``world_size`` processes (``ringcomm.launch.spawn``: the first failure comes
-back as ``LaunchError`` with the rank's traceback, a timeout reports every rank's stack, and no
-process outlives the call), creates a temporary file store, and in every rank runs
+``run_ranks`` runs on the session's group of ``world_size`` ranks (``rank_pool``: the first
+failure comes back as ``LaunchError`` with the rank's traceback, a timeout reports every rank's
+stack), creates a temporary file store, and in every rank runs
 ``init_process_group(backend, init_method="file://...")`` -> ``fn(rank, world_size, *args)`` ->
-``destroy_process_group()``; it returns the results in rank order. Spawning a process that imports
-torch costs seconds here: run one group per world size per test module and many cases inside it.
+``destroy_process_group()``; it returns the results in rank order. The ranks import torch once
+for the whole session; a test module still runs many cases per call.
 
 Backend ``"ringcomm"`` needs ``import ringcomm.torch`` to succeed; ``require_backend`` skips the
 calling test (with the import error as the reason) when it does not.
 """
 from __future__ import annotations
 
+import os
+
 from typing import Any, Callable, Sequence
 
-from ringcomm.launch import LaunchError, spawn_with_store
+import shutil
+import tempfile
+
+from ringcomm.launch import LaunchError
+
+import rank_pool
 
 __all__ = ["run_ranks", "BACKENDS", "backend_available", "require_backend", "LaunchError"]
 
@@ -105,6 +112,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int, backend: str = "gloo",
     ok, reason = backend_available(backend)
     if not ok:
         raise RuntimeError(reason)
-    return spawn_with_store(_rank_entry, world_size,
-                            lambda store: (fn, backend, store, tuple(args), num_threads),
-                            timeout=timeout, env=env, prefix="ringcomm-torch-ranks-")
+    tmp = tempfile.mkdtemp(prefix="ringcomm-torch-ranks-")
+    try:
+        return rank_pool.run(_rank_entry, world_size,
+                             (fn, backend, os.path.join(tmp, "store"), tuple(args), num_threads),
+                             timeout=timeout, env=env)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

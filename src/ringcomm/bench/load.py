@@ -11,19 +11,31 @@ on exit (normal, exception, Ctrl-C, and SIGTERM/SIGHUP, which it turns into an e
 is active); a busy process also exits by itself within ~50 ms once its parent is gone (``kill -9``
 of the bench). Reaping uses ``wait4``, so each process's CPU time is known: the report says how
 much work the load really did.
+
+Signals follow the launcher's dispositions. A signal the bench was started with ignored
+(``nohup`` ignores SIGHUP; a shell without job control starts ``cmd &`` with SIGINT ignored)
+stays ignored: the bench runs on and reaps its load at its normal end. Only a signal whose action
+is the default one, which would end the process without unwinding, is turned into an exception
+(Python's own SIGINT handler already raises KeyboardInterrupt). SIGINT, SIGTERM and SIGHUP are
+blocked while a busy process is being started and while the load is being reaped, so an
+interruption is taken only where every started process is in ``pids`` and will be reaped; a busy
+process unblocks them before anything else.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 
-# The busy loop: leave a real-time policy, say "ready", then spin until the parent changes
-# (the bench died: we were re-parented) or we are killed.
+# The busy loop: clear the signal mask (the bench starts it with SIGINT/SIGTERM/SIGHUP blocked),
+# leave a real-time policy, say "ready", then spin until the parent changes (the bench died: we
+# were re-parented) or we are killed.
 _SPIN = r"""
-import os, sys
+import os, signal, sys
+signal.pthread_sigmask(signal.SIG_SETMASK, ())
 try:
     os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 except (AttributeError, OSError):
@@ -37,8 +49,22 @@ while os.getppid() == parent:
 """
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 class _Interrupted(BaseException):
     """SIGTERM/SIGHUP while the load runs: unwinds like KeyboardInterrupt (reaps the load)."""
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """``_SIGNALS`` blocked in this thread for the block, the previous mask restored after it: one
+    that arrives meanwhile stays pending and is taken (its handler runs) at the restore."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class BusyLoad:
@@ -56,23 +82,29 @@ class BusyLoad:
         self._old_handlers: dict[int, object] = {}
 
     def _raise(self, signum, _frame):
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise _Interrupted(f"signal {signum}")
 
     def __enter__(self) -> "BusyLoad":
         if self.n == 0:
             return self
-        for s in (signal.SIGTERM, signal.SIGHUP):
+        for s in _SIGNALS:
             try:
-                self._old_handlers[s] = signal.signal(s, self._raise)
+                if signal.getsignal(s) == signal.SIG_DFL:
+                    self._old_handlers[s] = signal.signal(s, self._raise)
             except ValueError:            # not the main thread: rely on the finally below
                 pass
         try:
             for _ in range(self.n):
-                p = subprocess.Popen([sys.executable, "-c", _SPIN, str(os.getpid())],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, close_fds=True)
-                self._procs.append(p)
-                self.pids.append(p.pid)
+                # Blocked from fork to the append: a signal in between would leave a started
+                # process out of _procs (unreaped until the bench exits).
+                with _signals_deferred():
+                    p = subprocess.Popen([sys.executable, "-c", _SPIN, str(os.getpid())],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL, close_fds=True)
+                    self._procs.append(p)
+                    self.pids.append(p.pid)
             for p in self._procs:         # every process is spinning before the timed runs start
                 line = p.stdout.readline()
                 p.stdout.close()
@@ -85,6 +117,12 @@ class BusyLoad:
         return self
 
     def _stop(self) -> None:
+        # Blocked throughout: a second Ctrl-C cannot cut the kill/reap loop short; a pending
+        # signal is taken when it is done (every process reaped, the old handlers back).
+        with _signals_deferred():
+            self._kill_and_reap()
+
+    def _kill_and_reap(self) -> None:
         if self._t0:
             self.wall_s = time.monotonic() - self._t0
         for p in self._procs:
