@@ -182,10 +182,12 @@ class Communicator(CoreBackEnd):
         return f"<ringcomm.Communicator rank={self.rank} world_size={self.world_size} {state}>"
 
 
-def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: float) -> Communicator:
+def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: float,
+                     abandoned=None) -> Communicator:
     """The shared-memory Communicator of `world_size` ranks on this host: create this rank's
     segment, publish its name under `{prefix}/shm/{rank}`, map every peer's (the segments are
-    unlinked as soon as all ranks have mapped them)."""
+    unlinked as soon as all ranks have mapped them). ``abandoned``: see
+    ``rendezvous.exchange_segment_names`` (init's generations)."""
     key = f"{prefix}/shm/{rank}"
     started = time.time()
     core = None
@@ -197,7 +199,8 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
             names = [name]
         else:
             published = True  # exchange_segment_names publishes first
-            names = exchange_segment_names(_FailureAware(store, started), prefix, rank, world_size, name, timeout)
+            names = exchange_segment_names(_FailureAware(store, started), prefix, rank, world_size, name,
+                                           timeout, abandoned)
         core.connect(names)
     except BaseException as e:
         # Tell the peers at once instead of letting them wait out the timeout: a failure marker in
@@ -234,6 +237,7 @@ class _FailureAware:
     def __init__(self, store, started: float):
         self._store = store
         self._since = started - _MARKER_SLACK_S
+        self.check = getattr(store, "check", None)  # the poll's existence test, where the store has one
 
     def set(self, key, value):
         self._store.set(key, value)
