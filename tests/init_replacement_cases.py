@@ -112,3 +112,21 @@ def absent_peer(rank, port):
         return (type(e).__module__ + "." + type(e).__qualname__,
                 isinstance(e, ringcomm.TimeoutError), str(e), time.monotonic() - start)
     return None
+
+
+def predecessor_died_in_init(rank, world, path):
+    """Rank 0 waits in generation 0; rank 1's predecessor claimed its place in 0 and died before
+    publishing anything; rank 1's replacement calls init: it opens generation 1, and rank 0,
+    still waiting in 0, moves there instead of waiting out its timeout."""
+    import ringcomm
+    from ringcomm import rendezvous as rdzv
+    store = rdzv.FileStore(path, timeout=30)
+    if rank == 1:
+        deadline = time.monotonic() + 30
+        while not store.check(["ringcomm/0/arrived/0"]):      # rank 0 is waiting in 0
+            assert time.monotonic() < deadline, "rank 0 never arrived"
+            time.sleep(0.01)
+        assert rdzv.claim_generation(store, "ringcomm", 1) == 0     # the predecessor's claim
+    start = time.monotonic()
+    with ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=30) as comm:
+        return comm.prefix, _reduce(comm, rank), time.monotonic() - start

@@ -40,6 +40,15 @@ def test_survivors_and_replacements_meet_without_a_prefix():
         assert 1.0 <= elapsed <= cases.ABSENT_TIMEOUT + 3, (rank, elapsed)
 
 
+@pytest.mark.timeout(60)
+def test_a_rank_waiting_in_a_generation_its_peer_can_no_longer_join_moves_on(tmp_path):
+    out = spawn(cases.predecessor_died_in_init, 2, (str(tmp_path / "store"),), timeout=50)
+    want = (cases.contribution(0) + cases.contribution(1)).tolist()
+    for rank, (prefix, got, elapsed) in enumerate(out):
+        assert (prefix, got) == ("ringcomm/1", want), rank
+        assert elapsed < 15, (rank, elapsed)              # not the 30 s init timeout
+
+
 def test_an_absent_store_server_raises_ringcomm_timeout():
     pytest.importorskip("torch")
     start = time.monotonic()

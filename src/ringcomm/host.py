@@ -15,7 +15,7 @@ from . import _C
 from .arrays import as_buf, is_cuda_array, maybe_cuda
 from .errors import InvalidArgumentError, PeerFailureError, RingcommError, from_code
 from .front import _SUM, CoreBackEnd
-from .rendezvous import exchange_segment_names, forget_segment_name
+from .rendezvous import GenerationSuperseded, exchange_segment_names, forget_segment_name
 from .tables import op_codes_by_value
 from .work import CoreWork
 
@@ -208,7 +208,9 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
         # below, so a name read earlier reads as stale and is read again), and an abort posted in
         # the segment (peers that mapped it raise within a liveness slice).
         reason = f"rank {rank} failed during init: {type(e).__name__}: {e}"
-        if world_size > 1:
+        # A superseded generation is left without a marker: the peers still waiting in it find
+        # it abandoned themselves and move to the newest one; a marker would fail them instead.
+        if world_size > 1 and not isinstance(e, GenerationSuperseded):
             try:
                 store.set(key, f"{_FAILED}{time.time():.3f} {reason}")
             except BaseException:  # noqa: BLE001 - the original error is the one to raise
