@@ -199,9 +199,9 @@ def _segment_exists(name: str) -> bool:
 
 
 class GenerationSuperseded(Exception):
-    """Raised inside ``init()`` while it waits in a generation that can no longer complete (a
-    later one was opened, or a rank closed it); init claims the newest generation and waits
-    there. Never reaches the caller."""
+    """Raised inside ``init()`` while it waits in a generation that a later one passed over
+    (``check_generation``); init claims the newest generation and waits there. Never reaches the
+    caller."""
 
 
 def generation_root() -> str:
@@ -234,9 +234,9 @@ def claim_generation(store, root: str, rank: int) -> int:
     survivor that re-inits finds its own claim in the old generation and moves one up; a
     replacement finds its dead predecessor's claim there and moves up too, whichever arrives first
     (the second one starts at the generation the first opened); a process that inits twice moves
-    up once per call, like its peers. A generation that was passed over cannot complete (no rank
-    leaves G for G+1 while G is incomplete unless G is dead for it), and ranks waiting in it move to
-    the newest one (``generation_abandoned``): nobody waits on a dead generation's keys."""
+    up once per call, like its peers. Nobody waits on a dead generation's keys: the ranks waiting
+    in a generation that was passed over move to the newest one, and those waiting in a closed one
+    raise its closer's error (``check_generation``)."""
     g = 0
     latest = f"{root}/gen-latest"
     if _has(store, latest):
