@@ -5,7 +5,6 @@ the generation rule itself on a store."""
 import ast
 import time
 
-import numpy as np
 import pytest
 
 import ringcomm
