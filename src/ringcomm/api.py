@@ -7,11 +7,13 @@ methods of ``front.CommunicatorBase``. CUDA arrays given to either are routed to
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Optional
 
 from .errors import RingcommError
 from .front import CommunicatorBase, check_splits
 from .host import Communicator, shm_communicator
+from . import rendezvous as rdzv
 from .rendezvous import default_prefix, init_args, resolve_store
 from .tables import ReduceOp
 from .work import Work
@@ -31,29 +33,68 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
     - ``init()``: from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's environment).
     - ``init(rank=r, world_size=n, store=store)``: any store with set/get (torch's stores work).
     - ``init(rank=r, world_size=n, init_method="file:///tmp/rdzv")``: no torch needed.
-    ``timeout`` (seconds) bounds every wait (default RINGCOMM_TIMEOUT or 300). ``prefix``
-    namespaces the store keys (default: one per multi-rank communicator created in this process,
-    so every rank must create its communicators in the same order; a sub-communicator of a larger
-    launched job must pass one, see ``rendezvous.default_prefix``).
+    ``timeout`` (seconds) bounds every wait (default RINGCOMM_TIMEOUT or 300); a peer that does
+    not arrive within it raises ringcomm.TimeoutError naming the ranks that never arrived.
+    ``prefix`` namespaces the store keys. Without it, on a store with ``add`` and ``check``
+    (torch's stores, tcp://, env://, file://) the ranks meet in a generation kept on the store:
+    every rank must create its communicators in the same order, and survivors of a failure that
+    call ``init()`` again meet a replacement process calling it for the first time
+    (``rendezvous.claim_generation``); on a store with only set/get the prefix numbers the
+    communicators this process created. A sub-communicator of a larger launched job must pass a
+    prefix (``rendezvous.default_prefix``).
     The first communicator created becomes the default one used by ringcomm.all_reduce(...).
     """
     global _default
     rank, world_size, t = init_args("ringcomm.init", rank, world_size, timeout)
-    if prefix is None:
-        # A single rank meets nobody through the store: it takes no number, so that processes
-        # which create different numbers of 1-rank communicators still number the others alike.
-        prefix = "ringcomm/single" if world_size == 1 else default_prefix(next(_counter), rank, world_size)
+    if prefix is None and world_size > 1:
+        rdzv.refuse_sub_communicator_default(rank, world_size)
     store = resolve_store(store, init_method, rank, world_size, t)
-    comm = None
-    if world_size > 1:
-        # Ranks spanning several nodes get a two-level communicator (one store round trip).
-        from . import hier
-        comm = hier.from_init(rank, world_size, store, prefix, t)
-    if comm is None:
-        comm = shm_communicator(rank, world_size, store, prefix, t)
+    if world_size == 1:
+        # A single rank meets nobody through the store: it takes no number and no generation.
+        comm = shm_communicator(rank, world_size, store, prefix or "ringcomm/single", t)
+    elif prefix is not None:
+        comm = _connect(rank, world_size, store, prefix, t, t)
+    elif rdzv.supports_generations(store):
+        comm = _join_generation(rank, world_size, store, t)
+    else:
+        comm = _connect(rank, world_size, store, default_prefix(next(_counter), rank, world_size), t, t)
     if _default is None or _default.closed:
         _default = comm
     return comm
+
+
+def _connect(rank, world_size, store, prefix, timeout, wait_s, abandoned=None) -> CommunicatorBase:
+    """Wait (``wait_s``) until every rank arrived under ``prefix``, then build the communicator:
+    the two-level one when the ranks span several nodes (one store round trip), else shared
+    memory. ``timeout`` bounds the communicator's waits; ``abandoned`` (init's generations) is
+    called while a key is missing and raises when the generation cannot complete."""
+    rdzv.await_arrivals(store, prefix, rank, world_size, wait_s, abandoned, timeout)
+    from . import hier
+    comm = hier.from_init(rank, world_size, store, prefix, timeout)
+    if comm is None:
+        comm = shm_communicator(rank, world_size, store, prefix, timeout, abandoned)
+    rdzv.forget_arrival(store, prefix, rank)
+    return comm
+
+
+def _join_generation(rank, world_size, store, timeout) -> CommunicatorBase:
+    """Claim a generation on the store and connect in it; while a needed key is missing and a
+    later generation was opened, claim the newest one and wait there instead, all within
+    ``timeout`` from now. A failure here closes the generation: the ranks waiting in it raise the
+    same cause, and no later process joins it."""
+    root = rdzv.generation_root()
+    deadline = time.monotonic() + timeout
+    while True:
+        g = rdzv.claim_generation(store, root, rank)
+        try:
+            return _connect(rank, world_size, store, f"{root}/{g}", timeout,
+                            max(deadline - time.monotonic(), 0.001),
+                            lambda g=g: rdzv.check_generation(store, root, g, rank))
+        except rdzv.GenerationSuperseded:
+            continue
+        except BaseException as e:
+            rdzv.close_generation(store, root, g, e, rank)
+            raise
 
 
 def get_default() -> CommunicatorBase:

@@ -15,7 +15,7 @@ from . import _C
 from .arrays import as_buf, is_cuda_array, maybe_cuda
 from .errors import InvalidArgumentError, PeerFailureError, RingcommError, from_code
 from .front import _SUM, CoreBackEnd
-from .rendezvous import exchange_segment_names, forget_segment_name
+from .rendezvous import GenerationSuperseded, exchange_segment_names, forget_segment_name
 from .tables import op_codes_by_value
 from .work import CoreWork
 
@@ -182,10 +182,12 @@ class Communicator(CoreBackEnd):
         return f"<ringcomm.Communicator rank={self.rank} world_size={self.world_size} {state}>"
 
 
-def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: float) -> Communicator:
+def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: float,
+                     abandoned=None) -> Communicator:
     """The shared-memory Communicator of `world_size` ranks on this host: create this rank's
     segment, publish its name under `{prefix}/shm/{rank}`, map every peer's (the segments are
-    unlinked as soon as all ranks have mapped them)."""
+    unlinked as soon as all ranks have mapped them). ``abandoned``: see
+    ``rendezvous.exchange_segment_names`` (init's generations)."""
     key = f"{prefix}/shm/{rank}"
     started = time.time()
     core = None
@@ -197,7 +199,8 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
             names = [name]
         else:
             published = True  # exchange_segment_names publishes first
-            names = exchange_segment_names(_FailureAware(store, started), prefix, rank, world_size, name, timeout)
+            names = exchange_segment_names(_FailureAware(store, started), prefix, rank, world_size, name,
+                                           timeout, abandoned)
         core.connect(names)
     except BaseException as e:
         # Tell the peers at once instead of letting them wait out the timeout: a failure marker in
@@ -205,7 +208,9 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
         # below, so a name read earlier reads as stale and is read again), and an abort posted in
         # the segment (peers that mapped it raise within a liveness slice).
         reason = f"rank {rank} failed during init: {type(e).__name__}: {e}"
-        if world_size > 1:
+        # A superseded generation is left without a marker: the peers still waiting in it find
+        # it abandoned themselves and move to the newest one; a marker would fail them instead.
+        if world_size > 1 and not isinstance(e, GenerationSuperseded):
             try:
                 store.set(key, f"{_FAILED}{time.time():.3f} {reason}")
             except BaseException:  # noqa: BLE001 - the original error is the one to raise
@@ -234,6 +239,7 @@ class _FailureAware:
     def __init__(self, store, started: float):
         self._store = store
         self._since = started - _MARKER_SLACK_S
+        self.check = getattr(store, "check", None)  # the poll's existence test, where the store has one
 
     def set(self, key, value):
         self._store.set(key, value)

@@ -2,9 +2,14 @@
 
 A store needs ``set(key, value)`` and a blocking ``get(key) -> bytes``. torch's TCPStore,
 FileStore and PrefixStore qualify; ``FileStore`` below needs no torch (a directory of files on a
-filesystem every rank sees)."""
+filesystem every rank sees). A store that also has ``check(keys) -> bool`` and
+``add(key, n) -> int`` (all of those named) gives more: every wait is a poll bounded by the init
+timeout that names the ranks that never arrived, and ``init()`` without ``prefix=`` meets on a
+*generation* kept on the store, so survivors of a failure and a replacement process meet without
+agreeing on anything beforehand (see ``claim_generation``)."""
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 import time
@@ -12,10 +17,12 @@ import urllib.parse
 from typing import Optional
 
 from .config import default_timeout
-from .errors import InvalidArgumentError, TimeoutError
+from .errors import InvalidArgumentError, PeerFailureError, TimeoutError
 
 __all__ = ["FileStore", "store_from_init_method", "store_from_env", "exchange_segment_names",
-           "forget_segment_name", "default_prefix"]
+           "forget_segment_name", "default_prefix", "generation_root", "supports_generations",
+           "claim_generation", "generation_abandoned", "check_generation", "close_generation", "await_arrivals",
+           "forget_arrival", "GenerationSuperseded"]
 
 
 class FileStore:
@@ -36,6 +43,24 @@ class FileStore:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, self._file(key))
+
+    def check(self, keys) -> bool:
+        """Whether every key in ``keys`` exists now (never waits)."""
+        return all(os.path.exists(self._file(k)) for k in keys)
+
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the integer under ``key`` (0 when absent) and return the sum; atomic
+        across processes: the read and the write happen under an exclusive lock on the
+        directory's lock file."""
+        with open(os.path.join(self.path, ".lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                with open(self._file(key), "rb") as f:
+                    value = int(f.read() or b"0") + int(amount)
+            except FileNotFoundError:
+                value = int(amount)
+            self.set(key, str(value))
+            return value
 
     def delete_key(self, key: str) -> bool:
         try:
@@ -85,6 +110,13 @@ def store_from_env(rank: int, world_size: int, timeout: float):
     return _tcp_store(addr, int(port), rank, world_size, timeout, is_master=(rank == 0 and not agent))
 
 
+# The TCPStore servers this process runs, by (host, port). A server lives as long as its store
+# object, and a replacement process joins survivors through the same store, so the rank that
+# serves it keeps it for the life of the process, and a later init on the same address (the
+# survivors' re-init) reuses it instead of binding the port a second time.
+_SERVED: dict = {}
+
+
 def _tcp_store(host, port, rank, world_size, timeout, is_master):
     try:
         from datetime import timedelta
@@ -94,8 +126,25 @@ def _tcp_store(host, port, rank, world_size, timeout, is_master):
         raise InvalidArgumentError(
             "ringcomm: tcp:// and env:// rendezvous use torch's TCPStore; install torch or use "
             "init_method='file:///shared/path'") from e
-    return dist.TCPStore(host, port, world_size, is_master, timedelta(seconds=timeout),
-                         wait_for_workers=False)
+    if is_master:
+        store = _SERVED.get((host, port))
+        if store is None:
+            store = dist.TCPStore(host, port, world_size, True, timedelta(seconds=timeout),
+                                  wait_for_workers=False)
+            _SERVED[(host, port)] = store
+        else:
+            store.set_timeout(timedelta(seconds=timeout))
+        return store
+    try:
+        return dist.TCPStore(host, port, world_size, False, timedelta(seconds=timeout),
+                             wait_for_workers=False)
+    except getattr(dist, "DistError", RuntimeError) as e:
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        server = ("the launcher's agent" if agent
+                  else "rank 0, so the ranks that never arrived include [0]")
+        raise TimeoutError(f"ringcomm: rank {rank}: the rendezvous store at {host}:{port} (served by "
+                           f"{server}) could not be reached within {timeout:g} s "
+                           f"({type(e).__name__}: {e})") from e
 
 
 def default_prefix(counter: int, rank: Optional[int] = None, world_size: Optional[int] = None,
@@ -114,12 +163,12 @@ def default_prefix(counter: int, rank: Optional[int] = None, world_size: Optiona
     a default prefix is refused with InvalidArgumentError saying what to pass. ``root`` names the
     kind of communicator (``ringcomm-cuda`` for ringcomm.cuda.init's own)."""
     if world_size is not None and world_size > 1:
-        _refuse_sub_communicator_default(rank, world_size)
+        refuse_sub_communicator_default(rank, world_size)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     return f"{root}/a{attempt}/{counter}" if attempt else f"{root}/{counter}"
 
 
-def _refuse_sub_communicator_default(rank: Optional[int], world_size: int) -> None:
+def refuse_sub_communicator_default(rank: Optional[int], world_size: int) -> None:
     job_size = os.environ.get("WORLD_SIZE", "").strip()
     try:
         job = int(job_size)
@@ -149,47 +198,198 @@ def _segment_exists(name: str) -> bool:
     return os.path.exists(os.path.join(_SHM_DIR, name.lstrip("/")))
 
 
+class GenerationSuperseded(Exception):
+    """Raised inside ``init()`` while it waits in a generation that a later one passed over
+    (``check_generation``); init claims the newest generation and waits there. Never reaches the
+    caller."""
+
+
+def generation_root() -> str:
+    """The namespace of the default-prefix generations: under torchrun it names the elastic
+    attempt (TORCHELASTIC_RESTART_COUNT), so a new attempt counts its generations afresh."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    return f"ringcomm/a{attempt}" if attempt else "ringcomm"
+
+
+def supports_generations(store) -> bool:
+    """Whether ``store`` can keep generations: ``add`` (atomic counter) and ``check`` (a
+    non-blocking existence test) besides ``set`` and ``get``."""
+    return callable(getattr(store, "add", None)) and callable(getattr(store, "check", None))
+
+
+def _has(store, key: str) -> bool:
+    return bool(store.check([key]))
+
+
+def claim_generation(store, root: str, rank: int) -> int:
+    """The generation this rank's communicator meets in; its key prefix is ``{root}/{g}``.
+
+    Keys (``G`` a generation): ``{root}/G/gen-claim/{rank}`` counts the processes of that rank
+    that ever joined G (``add``: the first one reads 1); ``{root}/G/gen-open`` exists once some
+    rank joined G; ``{root}/G/gen-closed`` once a rank left G without completing it (timeout,
+    failure); ``{root}/gen-latest`` is a hint, never above an opened generation.
+
+    The rule: start at the newest opened generation and take the first one, upward, that is not
+    closed and in which this rank's claim is the first. So the ranks of a fresh job all take 0; a
+    survivor that re-inits finds its own claim in the old generation and moves one up; a
+    replacement finds its dead predecessor's claim there and moves up too, whichever arrives first
+    (the second one starts at the generation the first opened); a process that inits twice moves
+    up once per call, like its peers. Nobody waits on a dead generation's keys: the ranks waiting
+    in a generation that was passed over move to the newest one, and those waiting in a closed one
+    raise its closer's error (``check_generation``)."""
+    g = 0
+    latest = f"{root}/gen-latest"
+    if _has(store, latest):
+        try:
+            g = int(_text(store.get(latest)))
+        except ValueError:
+            g = 0
+    while _has(store, f"{root}/{g + 1}/gen-open"):
+        g += 1
+    while True:
+        if not _has(store, f"{root}/{g}/gen-closed") and \
+                int(store.add(f"{root}/{g}/gen-claim/{rank}", 1)) == 1:
+            store.set(f"{root}/{g}/gen-open", "1")
+            store.set(latest, str(g))
+            return g
+        g += 1
+
+
+def generation_abandoned(store, root: str, g: int) -> bool:
+    """Whether generation ``g`` was passed over (``g + 1`` opened) or closed."""
+    return _has(store, f"{root}/{g + 1}/gen-open") or _has(store, f"{root}/{g}/gen-closed")
+
+
+def check_generation(store, root: str, g: int, rank: int) -> None:
+    """Asked while a key of generation ``g`` is still missing (so no rank has completed ``g``).
+    Passed over (``g + 1`` opened: a rank left ``g`` because ``g`` cannot complete for it, e.g. a
+    replacement whose predecessor joined ``g``): GenerationSuperseded, and init moves to the
+    newest generation. Closed (a rank's init in ``g`` failed): that rank's error, here too
+    (ringcomm.TimeoutError when it timed out, else PeerFailureError), so every waiting rank
+    reports the same cause at once instead of waiting alone in a later generation."""
+    if _has(store, f"{root}/{g + 1}/gen-open"):
+        raise GenerationSuperseded()
+    closed = f"{root}/{g}/gen-closed"
+    if _has(store, closed):
+        kind, _, reason = _text(store.get(closed)).partition("|")
+        cls = TimeoutError if kind == "TimeoutError" else PeerFailureError
+        raise cls(f"ringcomm.init: rank {rank}: the communicator under {root}/{g} cannot form: "
+                  f"{reason}")
+
+
+def close_generation(store, root: str, g: int, error: BaseException, rank: int) -> None:
+    """Mark generation ``g`` dead after this rank's init in it failed with ``error``: the ranks
+    waiting in it raise the same cause (``check_generation``) and later claimants skip it. The
+    first closer's cause stays. Best effort (the failure being raised is what matters)."""
+    key = f"{root}/{g}/gen-closed"
+    try:
+        if not _has(store, key):
+            kind = "TimeoutError" if isinstance(error, TimeoutError) else type(error).__name__
+            store.set(key, f"{kind}|rank {rank} gave up: {type(error).__name__}: {error}"[:1000])
+    except Exception:  # noqa: BLE001 - the init failure is the error to report
+        pass
+
+
+def _text(v) -> str:
+    return v.decode(errors="replace") if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+def _poll(store, keys: dict, timeout: float, accept, abandoned, timed_out) -> dict:
+    """Wait until every ``keys[r]`` holds a value ``accept(r, value)`` takes; return
+    ``{r: value}``. Where the store has ``check`` this is a poll bounded by ``timeout``
+    (``timed_out(missing_ranks, last_values)`` builds the TimeoutError), and ``abandoned()``, when
+    given, is called while keys are missing and raises to stop the wait. A store without
+    ``check`` gets blocking ``get`` calls bounded by the store's own timeout."""
+    can_check = callable(getattr(store, "check", None))
+    pending = dict(keys)
+    got, last = {}, {}
+    deadline = time.monotonic() + timeout
+    delay = 0.0005
+    while True:
+        for r, key in list(pending.items()):
+            if can_check and not store.check([key]):
+                continue
+            v = store.get(key)
+            if accept(r, v):
+                got[r] = v
+                del pending[r]
+            else:
+                last[r] = _text(v)
+        if not pending:
+            return got
+        if abandoned is not None:
+            abandoned()
+        if time.monotonic() > deadline:
+            raise timed_out(sorted(pending), last)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def await_arrivals(store, prefix: str, rank: int, world_size: int, timeout: float,
+                   abandoned=None, init_timeout: Optional[float] = None) -> None:
+    """Publish ``{prefix}/arrived/{rank}`` and wait until every rank has: an absent peer raises
+    ringcomm.TimeoutError naming every rank that never arrived, ``timeout`` seconds after this
+    rank started waiting (where the store has ``check``); ``init_timeout`` (default
+    ``timeout``) is the bound the message names."""
+    store.set(f"{prefix}/arrived/{rank}", "1")
+    bound = timeout if init_timeout is None else init_timeout
+
+    def timed_out(missing, _last):
+        return TimeoutError(f"ringcomm.init: rank {rank} of {world_size}: the ranks that never "
+                            f"arrived within {bound:g} s: {missing} (store prefix {prefix!r}; did "
+                            f"every rank start, with the same store?)")
+
+    _poll(store, {r: f"{prefix}/arrived/{r}" for r in range(world_size) if r != rank}, timeout,
+          lambda r, v: True, abandoned, timed_out)
+
+
+def forget_arrival(store, prefix: str, rank: int) -> None:
+    """Remove this rank's arrival key once the communicator exists (every peer has passed the
+    arrival wait by then), where the store can delete keys."""
+    _delete(store, f"{prefix}/arrived/{rank}")
+
+
 def exchange_segment_names(store, prefix: str, rank: int, world_size: int, name: str,
-                           timeout: float) -> list:
+                           timeout: float, abandoned=None) -> list:
     """Publish this rank's segment name under ``{prefix}/shm/{rank}`` and return every rank's.
 
     A store can hold keys of an earlier run under the same prefix (a reused ``file://`` path, a
     crashed job): their segments are gone, because a segment is unlinked as soon as every peer
     has mapped it, and a live peer's segment exists until this rank has mapped it. So a name
     whose segment does not exist is stale, and the key is read again until the peer's own name
-    replaces it (ringcomm.TimeoutError naming the key after ``timeout`` seconds)."""
+    replaces it (ringcomm.TimeoutError naming the ranks after ``timeout`` seconds)."""
     store.set(f"{prefix}/shm/{rank}", name)
-    names = []
-    deadline = time.monotonic() + timeout
-    for r in range(world_size):
-        if r == rank:
-            names.append(name)
-            continue
-        key = f"{prefix}/shm/{r}"
-        delay = 0.0005
-        while True:
-            v = store.get(key)
-            v = v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
-            if _segment_exists(v):
-                names.append(v)
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ringcomm: rank {rank}: the store key {key!r} names shared memory "
-                                f"{v!r} that does not exist (a previous run's key?) and rank {r} did "
-                                f"not replace it within {timeout:.0f} s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-    return names
+
+    def timed_out(missing, last):
+        stale = [r for r in missing if r in last]
+        absent = [r for r in missing if r not in last]
+        parts = []
+        if absent:
+            parts.append(f"the ranks that never arrived: {absent}")
+        if stale:
+            parts.append("keys naming shared memory that does not exist (a previous run's "
+                         "keys?) that their ranks did not replace: " +
+                         ", ".join(f"rank {r}: {last[r]!r}" for r in stale))
+        return TimeoutError(f"ringcomm: rank {rank}: rendezvous under {prefix!r} timed out after "
+                            f"{timeout:g} s; " + "; ".join(parts))
+
+    got = _poll(store, {r: f"{prefix}/shm/{r}" for r in range(world_size) if r != rank}, timeout,
+                lambda r, v: _segment_exists(_text(v)), abandoned, timed_out)
+    return [name if r == rank else _text(got[r]) for r in range(world_size)]
 
 
 def forget_segment_name(store, prefix: str, rank: int) -> None:
     """Remove this rank's key once every peer has mapped its segment (the name is useless from
     then on), where the store can delete keys; a reused store then starts clean."""
+    _delete(store, f"{prefix}/shm/{rank}")
+
+
+def _delete(store, key: str) -> None:
     delete = getattr(store, "delete_key", None)
     if delete is None:
         return
     try:
-        delete(f"{prefix}/shm/{rank}")
+        delete(key)
     except Exception:  # noqa: BLE001 - best effort: a store may refuse deletes
         pass
 
