@@ -68,14 +68,19 @@ def main(run_path: str) -> None:
 
     big = run.get("big", False)
     model = model_for(big)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    # the pad (zeros, zero gradients) is all_reduced but neither trained nor checkpointed
+    params = [p for n, p in model.named_parameters() if n != "pad"]
+    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+    def weights():
+        return {k: v for k, v in model.state_dict().items() if k != "pad"}
 
     def load_state_dict(sd):
-        model.load_state_dict(sd["model"])
+        model.load_state_dict(sd["model"], strict=False)
         opt.load_state_dict(sd["optim"])
 
     def state_dict():
-        return {"model": model.state_dict(), "optim": opt.state_dict()}
+        return {"model": weights(), "optim": opt.state_dict()}
 
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     manager = Manager(
@@ -124,8 +129,7 @@ def main(run_path: str) -> None:
         optimizer.step()             # should_commit
         if die and die["where"] == "between" and step == die["step"] and manager.current_step() > step:
             _die(out_dir, r)
-    final = {k: v for k, v in model.state_dict().items() if k != "pad"}
-    torch.save(final, os.path.join(out_dir, f"final_{r}.pt"))
+    torch.save(weights(), os.path.join(out_dir, f"final_{r}.pt"))
     with open(os.path.join(out_dir, f"events_{r}.json"), "w") as f:
         json.dump(events, f)
     manager.shutdown(wait=False)
@@ -153,21 +157,29 @@ def collectives(run_path: str) -> None:
     pg.configure(f"127.0.0.1:{run['port']}/torchft/1/0", "replica", r, 2, quorum_id=1)
     checks = {}
 
-    def both(name, call, outputs):
-        """call(group) -> (work, outputs): run on gloo then ringcomm, compare outputs."""
+    def both(name, call):
+        """call(group) -> (work, outputs): run on gloo then on ringcomm, compare the outputs.
+        A name ending in "future_first" takes the future before any wait() and waits on it
+        alone (the group's completion thread completes it), through a then() callback."""
         wg, og = call(gloo)
         wg.wait()
         wr, orr = call(pg)
-        fut = wr.get_future() if name.endswith("future_first") else None
-        assert wr.wait() is True
-        f = fut or wr.get_future()
-        if fut is not None:
-            f.wait()
-        done = f.done()
+        if name.endswith("future_first"):
+            f = wr.get_future()
+            chained = f.then(lambda fut: [t * 2 for t in fut.value()])
+            doubled = chained.wait()
+            done = f.done()
+            assert all(torch.equal(d, t * 2) for d, t in zip(doubled, orr))
+            assert wr.wait() is True
+        else:
+            assert wr.wait() is True
+            f = wr.get_future()
+            done = f.done()
         same = all(torch.equal(a, b) for a, b in zip(og, orr))
+        value = f.value()
         checks[name] = {"future_done_after_wait": done, "equal_to_gloo": same,
-                        "future_value_is_outputs": all(v is o for v, o in zip(f.value(), orr))
-                        if isinstance(f.value(), list) and f.value() else None}
+                        "future_value_is_outputs": all(v is o for v, o in zip(value, orr))
+                        if isinstance(value, list) and value else None}
 
     def data(seed, n=1000):
         return torch.randn(n, generator=torch.Generator().manual_seed(seed * 10 + r))
@@ -178,29 +190,29 @@ def collectives(run_path: str) -> None:
             o = AllreduceOptions()
             o.reduceOp = getattr(dist.ReduceOp, opname)
             return g.allreduce(t, o), t
-        both(f"allreduce_{opname}", call, None)
+        both(f"allreduce_{opname}", call)
 
     def allreduce_future_first(g):
         t = [data(2)]
         return g.allreduce(t, AllreduceOptions()), t
-    both("allreduce_future_first", allreduce_future_first, None)
+    both("allreduce_future_first", allreduce_future_first)
 
     def coalesced(g):
         t = [data(3, 10), data(4, 7)]
         return g.allreduce_coalesced(t, AllreduceCoalescedOptions()), t
-    both("allreduce_coalesced", coalesced, None)
+    both("allreduce_coalesced", coalesced)
 
     def allgather(g):
         outs = [[torch.empty(5), torch.empty(5)]]
         return g.allgather(outs, [data(5, 5)], AllgatherOptions()), outs[0]
-    both("allgather", allgather, None)
+    both("allgather", allgather)
 
     def broadcast(g):
         t = [data(6)]
         o = BroadcastOptions()
         o.rootRank = 1
         return g.broadcast(t, o), t
-    both("broadcast", broadcast, None)
+    both("broadcast", broadcast)
 
     # uneven splits must agree pairwise: rank 0 sends 2 rows to 0 and 4 to 1; rank 1 sends 4 to 0
     # and 2 to 1; so rank 0 receives 2 + 4 and rank 1 receives 4 + 2
@@ -209,7 +221,7 @@ def collectives(run_path: str) -> None:
         ins = [2, 4] if r == 0 else [4, 2]
         outs = [2, 4] if r == 0 else [4, 2]
         return g.alltoall_base(out, data(7, 12).reshape(6, 2), outs, ins, AllToAllOptions()), [out]
-    both("alltoall_base", alltoall_pairs, None)
+    both("alltoall_base", alltoall_pairs)
 
     # gloo has no reduce_scatter: compare with the sum of both ranks' inputs, computed here
     def rs_expected(seed, n):
