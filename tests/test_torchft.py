@@ -114,8 +114,8 @@ def test_module_without_torchft(tmp_path):
 
 def test_collectives_work_contract_and_abort(tmp_path):
     """Every collective torchft uses, against gloo on the same inputs; futures complete when
-    wait() returns; abort() makes the peer's pending call raise within 1 s; a new configure()
-    works."""
+    wait() returns; wait(timeout) raises and leaves the call pending; abort() makes the peer's
+    pending call raise within 1 s; a new configure() works; set_timeout() bounds later waits."""
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     deadline = time.monotonic() + LIMIT_S
     ps = [_start(tmp_path, f"rank{r}", {"mode": "collectives", "replica": r, "port": store.port})
@@ -135,6 +135,10 @@ def test_collectives_work_contract_and_abort(tmp_path):
     assert res[1]["peer_raised_after_s"] < 1.3, res[1]   # rank 0 aborts 0.3 s after rank 1 waits
     assert res[1]["future_holds_error"]
     assert "aborted on rank 0" in res[1]["errored"]
+    assert res[1]["short_wait"] == "TimeoutError" and res[1]["future_pending_after_short_wait"], res[1]
+    assert res[1]["long_wait"] is True and res[1]["future_done_after_long_wait"], res[1]
+    assert res[1]["set_timeout_raised"] == "TimeoutError", res[1]
+    assert 0.25 < res[1]["set_timeout_after_s"] < 1.2, res[1]
 
 
 def test_undisturbed_equals_gloo(tmp_path, gloo_reference):

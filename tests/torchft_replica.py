@@ -262,8 +262,24 @@ def collectives(run_path: str) -> None:
     w.wait()
     checks["barrier"] = {"future_done_after_wait": w.get_future().done(), "equal_to_gloo": True}
 
-    # abort: rank 1 waits in an all_reduce rank 0 never joins; rank 0 aborts
+    # wait(timeout): rank 0 joins the barrier 0.5 s late; rank 1's 0.1 s wait raises
+    # ringcomm.TimeoutError and leaves the call (and its future) pending; a later wait() completes
     result = {"checks": checks}
+    if r == 0:
+        time.sleep(0.5)
+        pg.barrier().wait()
+    else:
+        w = pg.barrier()
+        try:
+            w.wait(timedelta(seconds=0.1))
+            result["short_wait"] = None
+        except Exception as e:  # noqa: BLE001 - the test checks its type
+            result["short_wait"] = type(e).__name__
+        result["future_pending_after_short_wait"] = not w.get_future().done()
+        result["long_wait"] = w.wait()
+        result["future_done_after_long_wait"] = w.get_future().done()
+
+    # abort: rank 1 waits in an all_reduce rank 0 never joins; rank 0 aborts
     if r == 0:
         time.sleep(0.3)
         t0 = time.time()
@@ -288,6 +304,19 @@ def collectives(run_path: str) -> None:
     t = torch.full((3,), float(r + 1))
     pg.allreduce([t], AllreduceOptions()).wait()
     result["after_configure"] = t.tolist()
+
+    # set_timeout bounds the waits that follow: rank 1 waits in a barrier rank 0 never joins
+    if r == 1:
+        pg.set_timeout(timedelta(seconds=0.3))
+        t0 = time.time()
+        try:
+            pg.barrier().wait()
+            result["set_timeout_raised"] = None
+        except Exception as e:  # noqa: BLE001 - the test checks its type
+            result["set_timeout_raised"] = type(e).__name__
+        result["set_timeout_after_s"] = time.time() - t0
+    else:
+        time.sleep(1.5)
     pg.shutdown()
     with open(os.path.join(out_dir, f"collectives_{r}.json"), "w") as f:
         json.dump(result, f)
