@@ -94,14 +94,16 @@ class _Op:
 class _Work(_WorkBase):
     """torch Work of one ringcomm call. Invariant: the future is completed exactly once, under
     ``_lock``, after every handle completed and the copies ran (or with the first error); both
-    ``wait()`` and the group's completion thread may be the one that completes it."""
+    ``wait()`` and the group's completion thread may be the one that completes it. The lock is
+    reentrant: then() callbacks run inside it (on the completing thread) and may ask this work
+    for its future again."""
 
     def __init__(self, group: "ProcessGroupRingcomm", op: _Op):
         super().__init__()
         self._group = group
         self._op = op
         self._fut = torch.futures.Future()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._queued = False
         self._error: Optional[BaseException] = None
 
