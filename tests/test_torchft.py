@@ -36,12 +36,28 @@ def _env(extra=None):
     return env
 
 
+_LIVE = []  # processes started by the running test
+
+
+@pytest.fixture(autouse=True)
+def _reap():
+    """Kill what a failed or interrupted test left running."""
+    yield
+    while _LIVE:
+        p = _LIVE.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def _start(out: Path, name: str, spec: dict, env=None) -> subprocess.Popen:
     path = out / f"{name}.json"
     path.write_text(json.dumps(dict(spec, out=str(out))))
-    log = open(out / f"{name}.log", "w")
-    return subprocess.Popen([sys.executable, str(HERE / "torchft_replica.py"), str(path)],
-                            env=_env(env), stdout=log, stderr=subprocess.STDOUT)
+    with open(out / f"{name}.log", "w") as log:
+        p = subprocess.Popen([sys.executable, str(HERE / "torchft_replica.py"), str(path)],
+                             env=_env(env), stdout=log, stderr=subprocess.STDOUT)
+    _LIVE.append(p)
+    return p
 
 
 def _wait(p: subprocess.Popen, out: Path, name: str, deadline: float) -> int:
