@@ -6,7 +6,7 @@ every import of every module (at module level and inside functions, relative and
     0      core          ringcomm (the package itself), errors, tables, config, arrays,
                          rendezvous, work, front, host, api, launch, machine, _layers
            back ends     torch (the torch.distributed backend), cuda (CUDA arrays),
-                         hier (ranks on several nodes)
+                         hier (ranks on several nodes), torchft (a torchft ProcessGroup)
     1      wrappers      ddp, zero, tp, pp, recompute, memory, saved_tensors
     2      applications  bench, train, parallel_demo, tiny_lm (their model), simulate, demo
 
@@ -24,7 +24,7 @@ PACKAGE = "ringcomm"
 
 CORE = ("errors", "tables", "config", "arrays", "rendezvous", "work", "front", "host", "api",
         "launch", "machine", "_layers")
-BACK_ENDS = ("torch", "cuda", "hier")
+BACK_ENDS = ("torch", "cuda", "hier", "torchft")
 
 # (core module, back end) -> why that module chooses that back end.
 CORE_TO_BACK_END = {
@@ -58,6 +58,6 @@ def layer_of(module: str) -> int | None:
 
 
 def back_end_of(module: str) -> str | None:
-    """The back end a module belongs to ('torch', 'cuda', 'hier'), or None."""
+    """The back end a module belongs to ('torch', 'cuda', 'hier', 'torchft'), or None."""
     top = _top(module)
     return top if top in BACK_ENDS else None

@@ -1,0 +1,194 @@
+"""ringcomm.torchft under torchft's real Manager and lighthouse on 127.0.0.1: two replica groups
+of one rank train a tiny model (tests/torchft_replica.py). Undisturbed, and with a replica
+killed (between steps, in the all_reduce's header exchange, while its data moves) and
+restarted, training ends bit-equal to the same run on torchft's ProcessGroupGloo; a survivor's
+failing step raises within 2 s of the death. Skipped where the ``ft`` extra is not installed
+(except the check that ringcomm.torchft imports without it)."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+_NO_TORCHFT = ""
+try:
+    from torchft._torchft import LighthouseServer
+except ImportError as e:
+    LighthouseServer = None
+    _NO_TORCHFT = f"torchft is not installed (pip install 'ringcomm[ft]'): {e}"
+
+needs_torchft = pytest.mark.skipif(LighthouseServer is None, reason=_NO_TORCHFT)
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent / "src"
+STEPS = 5
+LIMIT_S = 90
+
+
+def _env(extra=None):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update(extra or {})
+    return env
+
+
+_LIVE = []  # processes started by the running test
+
+
+@pytest.fixture(autouse=True)
+def _reap():
+    """Kill what a failed or interrupted test left running."""
+    yield
+    while _LIVE:
+        p = _LIVE.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def _start(out: Path, name: str, spec: dict, env=None) -> subprocess.Popen:
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(dict(spec, out=str(out))))
+    with open(out / f"{name}.log", "w") as log:
+        p = subprocess.Popen([sys.executable, str(HERE / "torchft_replica.py"), str(path)],
+                             env=_env(env), stdout=log, stderr=subprocess.STDOUT)
+    _LIVE.append(p)
+    return p
+
+
+def _wait(p: subprocess.Popen, out: Path, name: str, deadline: float) -> int:
+    try:
+        return p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        pytest.fail(f"{name} did not finish in time; its log:\n{(out / f'{name}.log').read_text()[-4000:]}")
+
+
+def _log(out: Path, name: str) -> str:
+    return (out / f"{name}.log").read_text()[-4000:]
+
+
+# Small slots: the large all_reduce takes thousands of hand-offs, so the replica that kills itself
+# just after posting it dies while its data still moves.
+SLOW_DATA = {"RINGCOMM_SLOT_BYTES": "1K", "RINGCOMM_NSLOTS": "2"}
+
+
+def _train(out: Path, backend: str, die=None, ddp=True, big=False):
+    """Two replicas training STEPS steps under one lighthouse; replica 1 dies as ``die`` says
+    and is restarted once. Returns (final state dicts of both, replica 0's events, death time)."""
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=10000,
+                                  quorum_tick_ms=50, heartbeat_timeout_ms=1000)
+    try:
+        spec = {"backend": backend, "lighthouse": lighthouse.address(), "steps": STEPS,
+                "ddp": ddp, "big": big}
+        deadline = time.monotonic() + LIMIT_S
+        env = SLOW_DATA if big else None
+        survivor = _start(out, "replica0", dict(spec, replica=0), env)
+        victim = _start(out, "replica1", dict(spec, replica=1, die=die), env)
+        rc = _wait(victim, out, "replica1", deadline)
+        if die is not None:
+            assert rc == -9, f"replica 1 should have died (rc {rc}):\n{_log(out, 'replica1')}"
+            victim = _start(out, "replica1_restarted", dict(spec, replica=1), env)
+            rc = _wait(victim, out, "replica1_restarted", deadline)
+            assert rc == 0, _log(out, "replica1_restarted")
+        else:
+            assert rc == 0, _log(out, "replica1")
+        assert _wait(survivor, out, "replica0", deadline) == 0, _log(out, "replica0")
+    finally:
+        lighthouse.shutdown()
+    finals = [torch.load(out / f"final_{r}.pt") for r in range(2)]
+    events = json.loads((out / "events_0.json").read_text())
+    death = out / "death_1.json"
+    return finals, events, json.loads(death.read_text())["time"] if death.exists() else None
+
+
+def _assert_bit_equal(a, b, what):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{what}: {k} differs (max |diff| {(a[k] - b[k]).abs().max()})"
+
+
+@pytest.fixture(scope="module")
+def gloo_reference(tmp_path_factory):
+    """The undisturbed run on torchft's ProcessGroupGloo, through torchft's DDP."""
+    finals, events, _ = _train(tmp_path_factory.mktemp("gloo"), "gloo")
+    _assert_bit_equal(finals[0], finals[1], "gloo replicas")
+    assert events == []
+    return finals[0]
+
+
+def test_module_without_torchft(tmp_path):
+    """ringcomm.torchft imports where torchft is missing; constructing the group says what to
+    install."""
+    code = ("import sys; sys.modules['torchft'] = None\n"
+            "import ringcomm.torchft as m\n"
+            "try:\n    m.ProcessGroupRingcomm()\nexcept ImportError as e:\n    print('ImportError:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "ImportError:" in r.stdout and "ringcomm[ft]" in r.stdout, r.stdout
+
+
+@needs_torchft
+def test_collectives_work_contract_and_abort(tmp_path):
+    """Every collective torchft uses, against gloo on the same inputs; futures complete when
+    wait() returns; wait(timeout) raises and leaves the call pending; abort() makes the peer's
+    pending call raise within 1 s; a new configure() works; set_timeout() bounds later waits."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    deadline = time.monotonic() + LIMIT_S
+    ps = [_start(tmp_path, f"rank{r}", {"mode": "collectives", "replica": r, "port": store.port})
+          for r in range(2)]
+    for r, p in enumerate(ps):
+        assert _wait(p, tmp_path, f"rank{r}", deadline) == 0, _log(tmp_path, f"rank{r}")
+    res = [json.loads((tmp_path / f"collectives_{r}.json").read_text()) for r in range(2)]
+    for r in range(2):
+        for name, c in res[r]["checks"].items():
+            assert c["future_done_after_wait"], (r, name)
+            assert c["equal_to_gloo"], (r, name)
+            assert c.get("future_value_is_outputs") in (None, True), (r, name)
+        assert res[r]["errored_after_configure"] == "None"
+        assert res[r]["after_configure"] == [3.0, 3.0, 3.0]
+    assert "aborted on rank 0" in res[0]["errored"]
+    assert res[1]["peer_raised"] is not None and "aborted on rank 0" in res[1]["peer_raised"], res[1]
+    assert res[1]["peer_raised_after_s"] < 1.3, res[1]   # rank 0 aborts 0.3 s after rank 1 waits
+    assert res[1]["future_holds_error"]
+    assert "aborted on rank 0" in res[1]["errored"]
+    assert res[1]["short_wait"] == "TimeoutError" and res[1]["future_pending_after_short_wait"], res[1]
+    assert res[1]["long_wait"] is True and res[1]["future_done_after_long_wait"], res[1]
+    assert res[1]["set_timeout_raised"] == "TimeoutError", res[1]
+    assert 0.25 < res[1]["set_timeout_after_s"] < 1.2, res[1]
+
+
+@needs_torchft
+def test_undisturbed_equals_gloo(tmp_path, gloo_reference):
+    finals, events, _ = _train(tmp_path, "ringcomm")
+    assert events == []
+    for r in range(2):
+        _assert_bit_equal(finals[r], gloo_reference, f"ringcomm replica {r} vs gloo")
+
+
+@needs_torchft
+@pytest.mark.parametrize("where", ["between", "header", "data"])
+def test_replica_killed_and_restarted(tmp_path, gloo_reference, where):
+    """Replica 1 dies at step 2 and is restarted; it heals from replica 0 over the process group
+    (PGTransport: send/recv). min_replica_size=2, so only steps both replicas took commit and the
+    run ends with the undisturbed run's weights."""
+    finals, events, death = _train(tmp_path, "ringcomm", die={"step": 2, "where": where},
+                                   ddp=False, big=where == "data")
+    for r in range(2):
+        _assert_bit_equal(finals[r], gloo_reference, f"ringcomm replica {r} vs gloo")
+    if where == "between":
+        # the survivor's next quorum waits for the replacement: no collective meets the dead rank
+        assert events == []
+        return
+    assert len(events) == 1 and events[0]["step"] == 2, events
+    ev = events[0]
+    assert ev["error"].startswith("PeerFailureError"), ev
+    assert ("header" in ev["error"]) == (where == "header"), ev
+    assert ("waiting for data" in ev["error"]) == (where == "data"), ev
+    assert ev["raised"] - death < 2.0, (ev, death)
