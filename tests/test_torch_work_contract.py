@@ -34,6 +34,13 @@ GLOO_DEVIATIONS = {
     ("all_gather_into_tensor", "future_after"): {"value_shape": ("list", 1), "result_len": 1},
 }
 
+# Observations gloo makes nondeterministically, left out of the comparison: whether a
+# then-callback chained before a failing wait() has run when wait() raises (torch completes the
+# child of a failed future with the parent's error without calling the callback; gloo's timed-out
+# works sometimes call it; the child future is done when wait() raises on both backends, which the
+# comparison keeps).
+NONDETERMINISTIC_IN_GLOO = {"then_ran_at_raise"}
+
 _results: dict = {}
 
 
@@ -53,9 +60,15 @@ def observed():
 def _expected(key, gloo_obs):
     if not isinstance(gloo_obs, dict):
         return gloo_obs
-    exp = dict(gloo_obs)
+    exp = {k: v for k, v in gloo_obs.items() if k not in NONDETERMINISTIC_IN_GLOO}
     exp.update(GLOO_DEVIATIONS.get(key, {}))
     return exp
+
+
+def _comparable(obs):
+    if not isinstance(obs, dict):
+        return obs
+    return {k: v for k, v in obs.items() if k not in NONDETERMINISTIC_IN_GLOO}
 
 
 @pytest.mark.timeout(240)
@@ -66,7 +79,7 @@ def test_work_observations_equal_gloo(observed, part):
         r = observed["ringcomm"][rank][part]
         assert set(g) == set(r), (rank, sorted(set(g) ^ set(r), key=str))
         for key in g:
-            assert r[key] == _expected(key, g[key]), (rank, key, g[key], r[key])
+            assert _comparable(r[key]) == _expected(key, g[key]), (rank, key, g[key], r[key])
 
 
 @pytest.mark.timeout(240)

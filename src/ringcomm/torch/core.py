@@ -58,6 +58,7 @@ class GroupCore:
         self._fast_ar = entry() if entry is not None else None
         self._waiter = Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
         self._seq = itertools.count(1)  # next() is atomic under the GIL
+        self._issued = 0                # the last number _seq gave: calls issued so far
         self._coalescing: list[RingcommWork] | None = None
         self._closed = False
         self._fast_native = False   # the trampoline's own allreduce fast path is on
@@ -101,7 +102,26 @@ class GroupCore:
         raise exc
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
+        """The group's timeout for works issued from now on, and the communicator's bound on
+        every wait that starts from now on (c10d ``setTimeout``)."""
         self._timeout_s = timeout_seconds(timeout, self._timeout_s)
+        if not self._closed:
+            self._comm.set_timeout(self._timeout_s)
+
+    def get_error(self):
+        """c10d ``getError``: torch's ``ErrorType`` of the first error that made this group's
+        communicator unusable: SUCCESS (none), TIMEOUT (a wait ran past its timeout),
+        REMOTE_ERROR (a peer failed or aborted), COMM_ERROR (anything else, this rank's own
+        abort included)."""
+        from torch._C._distributed_c10d import ErrorType
+        e = self._comm.errored()
+        if e is None:
+            return ErrorType.SUCCESS
+        if isinstance(e, ringcomm.TimeoutError):
+            return ErrorType.TIMEOUT
+        if isinstance(e, ringcomm.PeerFailureError):
+            return ErrorType.REMOTE_ERROR
+        return ErrorType.COMM_ERROR
 
     # ---- issuing ------------------------------------------------------------------------------------
     def _run(self, op: str, opts, steps: list[Step], outputs: list[torch.Tensor],
@@ -109,6 +129,7 @@ class GroupCore:
         if self._closed:
             raise ringcomm.ClosedError(f"ringcomm: {op} on a process group that was shut down")
         seq = next(self._seq)
+        self._issued = seq
         if issue_hooks:
             t = time.perf_counter()
             for hook in list(issue_hooks):
@@ -274,5 +295,10 @@ class GroupCore:
             self._waiter.close()
 
     def abort(self) -> None:
+        """c10d ``abort``: the communicator's abort, which every peer sees (their pending and
+        next calls raise, naming this rank), then this group's teardown. Idempotent."""
+        if not self._closed:
+            self._comm.abort(f"rank {self._rank} aborted process group "
+                             f"{self._group_name or 'pg'!r}")
         self.shutdown()
 
