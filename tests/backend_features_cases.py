@@ -146,8 +146,37 @@ def ringcomm_abort(rank: int, world: int) -> dict:
     return out
 
 
+def detail_debug(rank: int, world: int, timeout_s: float) -> dict:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: torch wraps new groups' backends in its ProcessGroupWrapper,
+    which reads the backend's sequence number and checks each collective first (torch's
+    DistributedTest runs test_all_gather_object_subgroup and test_barrier_timeout_full_group so)."""
+    out = {}
+    helper = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=60))
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    try:
+        g = dist.new_group(list(range(world)))
+        objs = [None] * world
+        dist.all_gather_object(objs, {"rank": rank, "x": [rank] * 3}, group=g)
+        out["objects"] = objs
+        t = torch.full((4,), float(rank))
+        dist.all_reduce(t, group=g)
+        out["all_reduce"] = t.tolist()
+        gt = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=timeout_s))
+        if rank == 0:
+            try:
+                dist.barrier(group=gt)
+                out["barrier"] = "no error"
+            except RuntimeError as e:
+                out["barrier"] = "failed to pass monitoredBarrier" in str(e)
+    finally:
+        dist.set_debug_level(dist.DebugLevel.OFF)
+    dist.barrier(group=helper)
+    return out
+
+
 def all_cases(rank: int, world: int, timeout_s: float, backend: str) -> dict:
     out = {"seq": sequence_numbers(rank, world),
+           "detail": detail_debug(rank, world, timeout_s),
            "monitored": monitored(rank, world, timeout_s),
            "set_timeout": set_timeout(rank, world, timeout_s)}
     if backend == "ringcomm":

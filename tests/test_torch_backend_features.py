@@ -1,7 +1,7 @@
 """The c10d Backend features torch 2.13 calls beyond the collectives, on the ringcomm backend and
 side by side with gloo where gloo has them: the group's sequence number (get/set, as torch's
 new_group and desync tooling read it), monitoredBarrier through torch's ProcessGroup (gloo's
-messages, wait_all_ranks), setTimeout; on ringcomm alone abort (peers' pending and next calls raise
+messages, wait_all_ranks), setTimeout, torch's DETAIL debug wrapper around the backend; on ringcomm alone abort (peers' pending and next calls raise
 within 1 s naming the aborting rank), getError and shutdown.
 
 One rank group per backend runs every case (backend_features_cases.all_cases).
@@ -35,7 +35,7 @@ def observed():
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("part", ["seq", "monitored", "set_timeout"])
+@pytest.mark.parametrize("part", ["seq", "monitored", "set_timeout", "detail"])
 def test_equal_to_gloo(observed, part):
     for rank in range(WORLD):
         assert observed["ringcomm"][rank][part] == observed["gloo"][rank][part], rank
@@ -51,6 +51,8 @@ def test_values(observed):
     assert r0["monitored"][True] == "[Rank 0]: Ranks 1 failed to pass monitoredBarrier in 500 ms"
     assert r0["monitored"][(False, "in_time")] and r0["monitored"][(True, "in_time")]
     assert r0["set_timeout"] == {"raised": True, "in_time": True}
+    assert r0["detail"]["barrier"] is True
+    assert r0["detail"]["objects"][1] == {"rank": 1, "x": [1, 1, 1]}
 
 
 @pytest.mark.timeout(240)
