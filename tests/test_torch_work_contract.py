@@ -4,7 +4,7 @@ The same rank body (work_contract_cases.all_cases) runs on "gloo" and on "ringco
 for every collective, sync and async, succeeding and failing (a group timeout: the peer never
 joins), what a caller can observe: the future's state and then-callbacks when wait() returns or
 raises, is_completed / is_success / exception / result, the future's value, wait(timeout), and a
-DDP comm hook chaining ``then``. Every observation must equal gloo's, except the few where gloo
+DDP comm hook chaining ``then``, and a wait(timeout) that expires before the peer joins. Every observation must equal gloo's, except the few where gloo
 2.13 itself breaks the contract (listed in ``GLOO_DEVIATIONS``, where ringcomm must keep it).
 """
 from __future__ import annotations
@@ -95,6 +95,9 @@ def test_future_complete_when_wait_returns(observed):
         for k in firsts:
             assert ok[k]["fut_done_at_wait"] and ok[k]["then_ran_at_wait"], k
             assert ok[k]["chained_done_at_wait"] and ok[k]["late_fut_done"], k
+    assert observed["ringcomm"][0]["success"][("allreduce", "wait_timeout_expired")] == {
+        "raised": True, "is_completed": False, "fut_done": False, "wait": True,
+        "fut_done_after": True, "value": [2.0, 2.0, 2.0, 2.0]}
     fail = observed["ringcomm"][0]["failure"]
     raised = [k for k, v in fail.items() if v.get("raised")]
     assert len(raised) == len(fail) == 18

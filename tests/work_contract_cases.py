@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -153,6 +154,27 @@ def success_cases(rank: int, world: int) -> dict:
     x = torch.ones(4)
     w = dist.all_reduce(x, async_op=True)
     out[("allreduce", "wait_timeout_ok")] = w.wait(datetime.timedelta(seconds=30))
+    # wait(timeout) that expires first: raises, the work stays pending, a later wait() completes
+    # it (rank 1 joins late)
+    x = torch.ones(4)
+    if rank == 0:
+        w = dist.all_reduce(x, async_op=True)
+        f = w.get_future()
+        obs = {}
+        try:
+            w.wait(datetime.timedelta(milliseconds=100))
+            obs["raised"] = False
+        except RuntimeError:
+            obs["raised"] = True
+        obs["is_completed"] = w.is_completed()
+        obs["fut_done"] = f.done()
+        obs["wait"] = w.wait()
+        obs["fut_done_after"] = f.done()
+        obs["value"] = f.value()[0].tolist()
+        out[("allreduce", "wait_timeout_expired")] = obs
+    else:
+        time.sleep(0.5)
+        dist.all_reduce(x)
     # many works with futures taken first: every one is complete when its wait returns
     works = []
     for i in range(200):
