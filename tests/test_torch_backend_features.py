@@ -1,8 +1,9 @@
 """The c10d Backend features torch 2.13 calls beyond the collectives, on the ringcomm backend and
 side by side with gloo where gloo has them: the group's sequence number (get/set, as torch's
 new_group and desync tooling read it), monitoredBarrier through torch's ProcessGroup (gloo's
-messages, wait_all_ranks), setTimeout, torch's DETAIL debug wrapper around the backend; on ringcomm alone abort (peers' pending and next calls raise
-within 1 s naming the aborting rank), getError and shutdown.
+messages, wait_all_ranks), setTimeout, torch's DETAIL debug wrapper around the backend; on
+ringcomm alone abort (peers' pending and next calls raise within 1 s naming the aborting rank),
+getError and shutdown.
 
 One rank group per backend runs every case (backend_features_cases.all_cases).
 """

@@ -3,9 +3,10 @@
 The same rank body (work_contract_cases.all_cases) runs on "gloo" and on "ringcomm"; it records,
 for every collective, sync and async, succeeding and failing (a group timeout: the peer never
 joins), what a caller can observe: the future's state and then-callbacks when wait() returns or
-raises, is_completed / is_success / exception / result, the future's value, wait(timeout), and a
-DDP comm hook chaining ``then``, and a wait(timeout) that expires before the peer joins. Every observation must equal gloo's, except the few where gloo
-2.13 itself breaks the contract (listed in ``GLOO_DEVIATIONS``, where ringcomm must keep it).
+raises, is_completed / is_success / exception / result, the future's value, wait(timeout) (also
+one that expires before the peer joins), and a DDP comm hook chaining ``then``. Every observation
+must equal gloo's, except the few where gloo 2.13 itself breaks the contract (listed in
+``GLOO_DEVIATIONS``, where ringcomm must keep it).
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 (``Collectives.monitored_barrier``, reached from torch's ``ProcessGroup.monitored_barrier`` through
 the trampoline's ``monitoredBarrier``) runs ``run_monitored_barrier`` below, the one
 implementation. ``monitored_barrier(group, timeout, wait_all_ranks)`` is the same call by way of
-torch's ProcessGroup, for code that would call ``dist.monitored_barrier``: torch 2.13's refuses every
-backend but gloo before any backend is called (torch/distributed/distributed_c10d.py, in
+torch's ProcessGroup, for code that would call ``dist.monitored_barrier``: torch 2.13's refuses
+every backend but gloo before any backend is called (torch/distributed/distributed_c10d.py, in
 ``monitored_barrier``: ``if get_backend(group) != Backend.GLOO: raise ValueError(...)``).
 
 Protocol (gloo's): every rank but 0 sends a message to group rank 0 and waits for rank 0's
