@@ -182,3 +182,45 @@ def all_cases(rank: int, world: int, timeout_s: float, backend: str) -> dict:
     if backend == "ringcomm":
         out["abort"] = ringcomm_abort(rank, world)
     return out
+
+
+def ringcomm_shrink(rank: int, world: int) -> dict:
+    """torch's shrink_group on a ringcomm group (gloo 2.13 does not shrink): the last rank is
+    excluded; the others get a group of world - 1 ranks that runs collectives. With SHRINK_ABORT,
+    collectives pending on the old group (waiting on the excluded rank) raise at once."""
+    from torch.distributed.distributed_c10d import SHRINK_ABORT
+    out = {}
+    last = world - 1
+    helper = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=60))
+    g = dist.new_group(list(range(world)))
+    out["supports"] = bool(_be(g).supports_shrinking)
+    dist.all_reduce(torch.ones(2), group=g)
+    if rank != last:
+        ng = dist.shrink_group([last], group=g)
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t, group=ng)
+        out["shrunk"] = (ng.rank(), ng.size(), t.tolist())
+        dist.destroy_process_group(ng)
+    else:
+        dist.destroy_process_group(g)
+    dist.barrier(group=helper)
+    g2 = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=60))
+    if rank != last:
+        w = dist.all_reduce(torch.ones(2), group=g2, async_op=True)   # the last rank never joins
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        ng = dist.shrink_group([last], group=g2, shrink_flags=SHRINK_ABORT)
+        try:
+            w.wait()
+            out["pending"] = "no error"
+        except RuntimeError as e:
+            out["pending"] = str(e)
+        out["pending_s"] = time.monotonic() - t0
+        t = torch.full((3,), float(rank + 1))
+        dist.all_reduce(t, group=ng)
+        out["after_abort"] = t.tolist()
+        dist.destroy_process_group(ng)
+    dist.barrier(group=helper)
+    if rank == last:
+        dist.destroy_process_group(g2)   # only now: its closing would fail the survivors' call
+    return out

@@ -3,7 +3,7 @@ side by side with gloo where gloo has them: the group's sequence number (get/set
 new_group and desync tooling read it), monitoredBarrier through torch's ProcessGroup (gloo's
 messages, wait_all_ranks), setTimeout, torch's DETAIL debug wrapper around the backend; on
 ringcomm alone abort (peers' pending and next calls raise within 1 s naming the aborting rank),
-getError and shutdown.
+getError, shutdown and shrink (torch's shrink_group).
 
 One rank group per backend runs every case (backend_features_cases.all_cases).
 """
@@ -71,3 +71,18 @@ def test_ringcomm_abort_get_error_shutdown(observed):
     for a in (a0, a1):
         assert a["after_shutdown"].startswith("ClosedError: ringcomm: allreduce on a process group "
                                               "that was shut down"), a["after_shutdown"]
+
+
+@pytest.mark.timeout(240)
+def test_ringcomm_shrink_group():
+    """dist.shrink_group at world 3 excluding rank 2, plain and with SHRINK_ABORT while the
+    survivors wait on rank 2."""
+    require_backend("ringcomm")
+    res = run_ranks(cases.ringcomm_shrink, 3, backend="ringcomm", timeout=120)
+    assert all(r["supports"] for r in res)
+    for rank in (0, 1):
+        r = res[rank]
+        assert r["shrunk"] == (rank, 2, [3.0, 3.0, 3.0])
+        assert "shrinks process group" in r["pending"], r["pending"]
+        assert r["pending_s"] < 1.0
+        assert r["after_abort"] == [3.0, 3.0, 3.0]

@@ -49,6 +49,8 @@ class GroupCore:
         n = int(store.add("ringcomm/incarnations", 1))
         self._incarnation = (n - 1) // size
         self._prefix = f"ringcomm/{self._group_name or 'pg'}/{self._incarnation}"
+        self._store = store     # shrink() makes the smaller group's communicator on it
+        self._shrinks = 0       # groups shrink() made from this one
         self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
                                    timeout=self._timeout_s, prefix=self._prefix)
         # allreduce's fast path: the host communicator's synchronous entry (see
@@ -278,6 +280,37 @@ class GroupCore:
 
     start_coalescing = _start_coalescing
     end_coalescing = _end_coalescing
+
+    # ---- shrinking (dist.shrink_group) -------------------------------------------------------------------
+    supports_shrinking = True
+
+    def shrink(self, ranks_to_exclude, shrink_flags: int = 0, opts_override=None):
+        """c10d ``shrink``: a new backend of this group's ranks but ``ranks_to_exclude`` (group
+        ranks), numbered in order, on a fresh communicator. Every remaining rank calls it (torch's
+        ``shrink_group``); an excluded rank must not. ``shrink_flags & SHRINK_ABORT`` aborts this
+        group's communicator first, so that calls still pending on it (say, waiting on an
+        excluded rank that died) raise at once. This group itself stays until torch destroys it.
+
+        The new communicator meets on this group's store under a prefix of its own
+        (``shrink<k>/``, the k-th shrink of this group, the same on every remaining rank since
+        they shrink in the same order): its ranks meet without any word from the excluded ones."""
+        excluded = sorted({int(r) for r in ranks_to_exclude})
+        if any(not 0 <= r < self._size for r in excluded) or self._rank in excluded:
+            raise ValueError(f"ringcomm: shrink excluding ranks {excluded} of a group of "
+                             f"{self._size} called on rank {self._rank}")
+        remaining = [r for r in range(self._size) if r not in excluded]
+        if not remaining:
+            raise ValueError("ringcomm: shrink would exclude every rank")
+        if shrink_flags & 0x01 and not self._closed:   # SHRINK_ABORT
+            self._comm.abort(f"rank {self._rank} shrinks process group "
+                             f"{self._group_name or 'pg'!r}, excluding ranks {excluded}")
+        k = self._shrinks
+        self._shrinks += 1
+        import torch.distributed as dist
+        store = dist.PrefixStore(f"shrink{k}/", self._store)
+        return type(self)(store, remaining.index(self._rank), len(remaining), self._timeout_s,
+                          group_name=f"{self._group_name or 'pg'}:shrink{k}",
+                          group_desc=f"{self._group_desc}:shrunk")
 
     # ---- teardown ---------------------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -236,6 +236,7 @@ class Trampoline : public c10d::Backend {
   // Constant, so that it answers after shutdown too (torch names the backend in its errors).
   const std::string getBackendName() const override { return "ringcomm"; }
   bool supportsCoalescing() const override { return true; }
+  bool supportsShrinking() const override { return true; }  // Python: GroupCore.shrink
   void setTimeout(std::chrono::milliseconds timeout) override {
     RC_OVERRIDE("set_timeout", c10d::Backend::setTimeout(timeout), return, timeout);
   }
