@@ -12,7 +12,9 @@ tensors); ``RINGCOMM_TORCH_BACKEND`` chooses (see ``backend.py``); ``python -m r
 Registering loads nothing heavy: ringcomm's C extension is loaded when the first group is created.
 
 ``monitored_barrier(group=None, timeout=None, wait_all_ranks=False)``: gloo's monitored barrier
-for ringcomm groups (torch's ``dist.monitored_barrier`` accepts gloo groups only).
+for ringcomm groups, the same as torch's ``group.monitored_barrier(timeout, wait_all_ranks)``
+(the backend's c10d ``monitoredBarrier``); torch's ``dist.monitored_barrier`` accepts gloo groups
+only.
 
 ``add_issue_hook(fn)`` / ``remove_issue_hook(fn)``: ``fn(op, group_name, seq, t)`` is called each
 time the backend issues a collective (``t`` = ``time.perf_counter()``), for tests and tracing.

@@ -36,6 +36,15 @@ class RingcommProcessGroup(Collectives, dist.ProcessGroup):
 
     _kind = "RingcommProcessGroup"
 
+    # Sequence numbers as gloo's (the per-device backend keeps its count in the trampoline, where
+    # its native fast path also counts): the calls issued on this group; every rank starts a new
+    # group at 0, so setting it needs no exchange.
+    def _get_sequence_number_for_group(self) -> int:
+        return self._issued
+
+    def _set_sequence_number_for_group(self) -> None:
+        pass
+
 
 _lock = threading.Lock()
 _backend_class: type | None = None

@@ -343,9 +343,16 @@ class Collectives(GroupCore):
             return None
         return self._run("barrier", opts, [Step(launch)], [])
 
-    def monitored_barrier(self, *args, **kwargs):
-        raise unsupported("monitored_barrier as a group method (torch implements it for gloo "
-                          "only); use ringcomm.torch.monitored_barrier(group, timeout)")
+    def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier (c10d ``monitoredBarrier``): see ``monitored.py``.
+        ``timeout``: a timedelta or seconds; unset (None, zero or negative): the group's."""
+        from .monitored import run_monitored_barrier
+        run_monitored_barrier(self, timeout, wait_all_ranks)
+
+    def _monitored_barrier(self, timeout, wait_all_ranks: bool) -> None:
+        # The trampoline's target for c10d monitoredBarrier (``ProcessGroup.monitored_barrier``
+        # from torch reaches the CPU backend here): BarrierOptions.timeout, negative when unset.
+        self.monitored_barrier(timeout, wait_all_ranks)
 
     # ---- point to point ---------------------------------------------------------------------------------
     def _check_p2p(self, coll: str, tensors, peer: int | None, tag: int) -> torch.Tensor:

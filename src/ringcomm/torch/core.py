@@ -49,6 +49,8 @@ class GroupCore:
         n = int(store.add("ringcomm/incarnations", 1))
         self._incarnation = (n - 1) // size
         self._prefix = f"ringcomm/{self._group_name or 'pg'}/{self._incarnation}"
+        self._store = store     # shrink() makes the smaller group's communicator on it
+        self._shrinks = 0       # groups shrink() made from this one
         self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
                                    timeout=self._timeout_s, prefix=self._prefix)
         # allreduce's fast path: the host communicator's synchronous entry (see
@@ -58,6 +60,7 @@ class GroupCore:
         self._fast_ar = entry() if entry is not None else None
         self._waiter = Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
         self._seq = itertools.count(1)  # next() is atomic under the GIL
+        self._issued = 0                # the last number _seq gave: calls issued so far
         self._coalescing: list[RingcommWork] | None = None
         self._closed = False
         self._fast_native = False   # the trampoline's own allreduce fast path is on
@@ -101,7 +104,26 @@ class GroupCore:
         raise exc
 
     def set_timeout(self, timeout: datetime.timedelta) -> None:
+        """The group's timeout for works issued from now on, and the communicator's bound on
+        every wait that starts from now on (c10d ``setTimeout``)."""
         self._timeout_s = timeout_seconds(timeout, self._timeout_s)
+        if not self._closed:
+            self._comm.set_timeout(self._timeout_s)
+
+    def get_error(self):
+        """c10d ``getError``: torch's ``ErrorType`` of the first error that made this group's
+        communicator unusable: SUCCESS (none), TIMEOUT (a wait ran past its timeout),
+        REMOTE_ERROR (a peer failed or aborted), COMM_ERROR (anything else, this rank's own
+        abort included)."""
+        from torch._C._distributed_c10d import ErrorType
+        e = self._comm.errored()
+        if e is None:
+            return ErrorType.SUCCESS
+        if isinstance(e, ringcomm.TimeoutError):
+            return ErrorType.TIMEOUT
+        if isinstance(e, ringcomm.PeerFailureError):
+            return ErrorType.REMOTE_ERROR
+        return ErrorType.COMM_ERROR
 
     # ---- issuing ------------------------------------------------------------------------------------
     def _run(self, op: str, opts, steps: list[Step], outputs: list[torch.Tensor],
@@ -109,6 +131,7 @@ class GroupCore:
         if self._closed:
             raise ringcomm.ClosedError(f"ringcomm: {op} on a process group that was shut down")
         seq = next(self._seq)
+        self._issued = seq
         if issue_hooks:
             t = time.perf_counter()
             for hook in list(issue_hooks):
@@ -258,6 +281,37 @@ class GroupCore:
     start_coalescing = _start_coalescing
     end_coalescing = _end_coalescing
 
+    # ---- shrinking (dist.shrink_group) -------------------------------------------------------------------
+    supports_shrinking = True
+
+    def shrink(self, ranks_to_exclude, shrink_flags: int = 0, opts_override=None):
+        """c10d ``shrink``: a new backend of this group's ranks but ``ranks_to_exclude`` (group
+        ranks), numbered in order, on a fresh communicator. Every remaining rank calls it (torch's
+        ``shrink_group``); an excluded rank must not. ``shrink_flags & SHRINK_ABORT`` aborts this
+        group's communicator first, so that calls still pending on it (say, waiting on an
+        excluded rank that died) raise at once. This group itself stays until torch destroys it.
+
+        The new communicator meets on this group's store under a prefix of its own
+        (``shrink<k>/``, the k-th shrink of this group, the same on every remaining rank since
+        they shrink in the same order): its ranks meet without any word from the excluded ones."""
+        excluded = sorted({int(r) for r in ranks_to_exclude})
+        if any(not 0 <= r < self._size for r in excluded) or self._rank in excluded:
+            raise ValueError(f"ringcomm: shrink excluding ranks {excluded} of a group of "
+                             f"{self._size} called on rank {self._rank}")
+        remaining = [r for r in range(self._size) if r not in excluded]
+        if not remaining:
+            raise ValueError("ringcomm: shrink would exclude every rank")
+        if shrink_flags & 0x01 and not self._closed:   # SHRINK_ABORT
+            self._comm.abort(f"rank {self._rank} shrinks process group "
+                             f"{self._group_name or 'pg'!r}, excluding ranks {excluded}")
+        k = self._shrinks
+        self._shrinks += 1
+        import torch.distributed as dist
+        store = dist.PrefixStore(f"shrink{k}/", self._store)
+        return type(self)(store, remaining.index(self._rank), len(remaining), self._timeout_s,
+                          group_name=f"{self._group_name or 'pg'}:shrink{k}",
+                          group_desc=f"{self._group_desc}:shrunk")
+
     # ---- teardown ---------------------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Stop this group's threads and close its communicator (idempotent)."""
@@ -274,5 +328,10 @@ class GroupCore:
             self._waiter.close()
 
     def abort(self) -> None:
+        """c10d ``abort``: the communicator's abort, which every peer sees (their pending and
+        next calls raise, naming this rank), then this group's teardown. Idempotent."""
+        if not self._closed:
+            self._comm.abort(f"rank {self._rank} aborted process group "
+                             f"{self._group_name or 'pg'!r}")
         self.shutdown()
 

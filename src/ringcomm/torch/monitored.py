@@ -1,7 +1,10 @@
-"""``monitored_barrier`` for ringcomm groups: torch 2.13's ``dist.monitored_barrier`` refuses every
-backend but gloo (torch/distributed/distributed_c10d.py, in ``monitored_barrier``:
-``if get_backend(group) != Backend.GLOO: raise ValueError("monitored_barrier is only implemented
-for GLOO backend.")``), so ringcomm provides the same barrier, with gloo's protocol and messages.
+"""gloo's monitored barrier on ringcomm groups: the c10d ``monitoredBarrier`` of the backend
+(``Collectives.monitored_barrier``, reached from torch's ``ProcessGroup.monitored_barrier`` through
+the trampoline's ``monitoredBarrier``) runs ``run_monitored_barrier`` below, the one
+implementation. ``monitored_barrier(group, timeout, wait_all_ranks)`` is the same call by way of
+torch's ProcessGroup, for code that would call ``dist.monitored_barrier``: torch 2.13's refuses
+every backend but gloo before any backend is called (torch/distributed/distributed_c10d.py, in
+``monitored_barrier``: ``if get_backend(group) != Backend.GLOO: raise ValueError(...)``).
 
 Protocol (gloo's): every rank but 0 sends a message to group rank 0 and waits for rank 0's
 reply; rank 0 receives from ranks 1..n-1 in rank order, each wait bounded by what is left of the
@@ -20,44 +23,45 @@ import torch.distributed as dist
 
 import ringcomm
 
-__all__ = ["monitored_barrier", "MONITORED_BARRIER_TAG"]
+from .work import timeout_seconds
+
+__all__ = ["monitored_barrier", "run_monitored_barrier", "MONITORED_BARRIER_TAG"]
 
 MONITORED_BARRIER_TAG = 1 << 40
 
 
-def _backend_of(group):
-    """The ringcomm backend object of a torch group (per-device Backend or whole-group PG)."""
-    from .collectives import Collectives
-    pg = group if group is not None else dist.group.WORLD
-    if isinstance(pg, Collectives):
-        return pg
-    try:
-        be = pg._get_backend(torch.device("cpu"))
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f"ringcomm.torch.monitored_barrier: the group has no CPU backend ({e})") from e
-    if not isinstance(be, Collectives):
-        raise ValueError("ringcomm.torch.monitored_barrier: the group's CPU backend is "
-                         f"{type(be).__name__}, not ringcomm (use dist.monitored_barrier for gloo)")
-    return be
-
-
-def _seconds(timeout, default_s: float) -> float:
-    if timeout is None:
-        return float(default_s)
-    if isinstance(timeout, datetime.timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
-
-
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
     """A barrier that names the ranks that did not reach it within ``timeout`` (a timedelta or
-    seconds; default the group's timeout). Raises ``ringcomm.TimeoutError`` (a RuntimeError) on
-    group rank 0 with gloo's message, ``"[Rank 0]: Rank 1 failed to pass monitoredBarrier in
-    1000 ms"`` (``"Ranks 1, 2 ..."`` with ``wait_all_ranks=True``); the other ranks raise
-    ``ringcomm.TimeoutError`` when rank 0 does not release them in time."""
-    be = _backend_of(group)
+    seconds; default the group's timeout): ``group.monitored_barrier(timeout, wait_all_ranks)``
+    on torch's ProcessGroup, which reaches the ringcomm backend's c10d ``monitoredBarrier``.
+    Raises ``ringcomm.TimeoutError`` (a RuntimeError) on group rank 0 with gloo's message,
+    ``"[Rank 0]: Rank 1 failed to pass monitoredBarrier in 1000 ms"`` (``"Ranks 1, 2 ..."`` with
+    ``wait_all_ranks=True``); the other ranks raise ``ringcomm.TimeoutError`` when rank 0 does
+    not release them in time."""
+    from .collectives import Collectives
+    pg = group if group is not None else dist.group.WORLD
+    if not isinstance(pg, Collectives):
+        try:
+            be = pg._get_backend(torch.device("cpu"))
+        except Exception as e:  # noqa: BLE001
+            raise ValueError("ringcomm.torch.monitored_barrier: the group has no CPU backend "
+                             f"({e})") from e
+        if not isinstance(be, Collectives):
+            raise ValueError("ringcomm.torch.monitored_barrier: the group's CPU backend is "
+                             f"{type(be).__name__}, not ringcomm (use dist.monitored_barrier for "
+                             "gloo)")
+    if timeout is None:
+        pg.monitored_barrier(wait_all_ranks=wait_all_ranks)
+    else:
+        if not isinstance(timeout, datetime.timedelta):
+            timeout = datetime.timedelta(seconds=float(timeout))
+        pg.monitored_barrier(timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+def run_monitored_barrier(be, timeout, wait_all_ranks: bool) -> None:
+    """The protocol above on ringcomm group ``be`` (a ``Collectives``)."""
     comm, rank, size = be._comm, be._rank, be._size
-    limit = _seconds(timeout, be._timeout_s)
+    limit = timeout_seconds(timeout, be._timeout_s)
     ms = int(round(limit * 1000))
     if size == 1:
         return

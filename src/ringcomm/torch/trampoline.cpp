@@ -23,6 +23,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -124,6 +125,15 @@ class FastDoneWork : public c10d::Work {
   throw py::error_already_set();
 }
 
+// Raise ringcomm.ClosedError for call `op` on a group that was shut down.
+[[noreturn]] void raise_closed(const char* op) {
+  py::gil_scoped_acquire gil;
+  py::object exc = py::module_::import("ringcomm.errors").attr("ClosedError")(
+      std::string("ringcomm: ") + op + " on a process group that was shut down");
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  throw py::error_already_set();
+}
+
 // Offer tensor x to one RcFastApi entry (`call(array, msg, msg_len)`); true when the entry ran
 // it, false when x has no description or the entry declined it (nothing was done). A failure
 // raises ringcomm's exception, marked as raised by the core (see raise_ringcomm). The caller
@@ -192,17 +202,27 @@ class WorkRef : public c10d::Work {
   } while (0);                                                                                 \
   return base_call
 
+// After shutdown() or abort() the Python half may be gone (nothing keeps it alive then): a call
+// raises ringcomm.ClosedError here, as the Python half would, instead of reaching c10d::Backend.
 #define RC_WORK(pyname, base, ...)                                                 \
+  if (closed_.load(std::memory_order_acquire)) raise_closed(pyname);               \
   RC_OVERRIDE(pyname, c10d::Backend::base(__VA_ARGS__),                            \
               return c10::make_intrusive<WorkRef>(r), __VA_ARGS__)
+
+// Every collective and point-to-point call counts once in the group's sequence number as it
+// enters (gloo's rule: the calls issued on this backend, failed ones included), whichever path
+// then runs it.
+#define RC_COUNT() seq_.fetch_add(1, std::memory_order_relaxed)
 
 // One tensor list and the options; an output and an input argument and the options.
 #define RC_OP1(name, Opts)                                        \
   WorkPtr name(Tensors& t, const c10d::Opts& o) override {        \
+    RC_COUNT();                                                   \
     RC_WORK(#name, name, t, o);                                   \
   }
 #define RC_OP2(name, Out, In, Opts)                                      \
   WorkPtr name(Out& out, In& in, const c10d::Opts& o) override {         \
+    RC_COUNT();                                                          \
     RC_WORK(#name, name, out, in, o);                                    \
   }
 
@@ -213,10 +233,10 @@ class Trampoline : public c10d::Backend {
  public:
   Trampoline(int rank, int size) : c10d::Backend(rank, size) {}
 
-  const std::string getBackendName() const override {
-    RC_OVERRIDE("getBackendName", c10d::Backend::getBackendName(), return r.cast<std::string>());
-  }
+  // Constant, so that it answers after shutdown too (torch names the backend in its errors).
+  const std::string getBackendName() const override { return "ringcomm"; }
   bool supportsCoalescing() const override { return true; }
+  bool supportsShrinking() const override { return true; }  // Python: GroupCore.shrink
   void setTimeout(std::chrono::milliseconds timeout) override {
     RC_OVERRIDE("set_timeout", c10d::Backend::setTimeout(timeout), return, timeout);
   }
@@ -227,11 +247,25 @@ class Trampoline : public c10d::Backend {
     RC_OVERRIDE("end_coalescing", c10d::Backend::endCoalescing(),
                 return c10::make_intrusive<WorkRef>(r));
   }
-  void abort() override { RC_OVERRIDE("abort", c10d::Backend::abort(), return); }
-  void shutdown() override { RC_OVERRIDE("shutdown", c10d::Backend::shutdown(), return); }
+  void abort() override { close("abort"); }
+  void shutdown() override { close("shutdown"); }
+  c10d::ErrorType getError() override {
+    RC_OVERRIDE("get_error", c10d::Backend::getError(),
+                return static_cast<c10d::ErrorType>(py::int_(r).cast<int>()));
+  }
+  // timeout: BarrierOptions.timeout (kUnsetTimeout, negative, for the group's own)
+  void monitoredBarrier(const c10d::BarrierOptions& o, bool wait_all_ranks) override {
+    RC_OVERRIDE("_monitored_barrier", c10d::Backend::monitoredBarrier(o, wait_all_ranks), return,
+                o.timeout, wait_all_ranks);
+  }
+  // The sequence number starts at 0 on every rank of a new group, so the ranks agree on it
+  // without an exchange (gloo's setSequenceNumberForGroup does nothing either).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(std::memory_order_relaxed); }
 
   // Collectives by argument shape; the Python method has the C++ name.
   WorkPtr broadcast(Tensors& t, const c10d::BroadcastOptions& o) override {
+    RC_COUNT();
     // The root is a rank of this group (torch translated it); the entry checks it again.
     if (!o.asyncOp && t.size() == 1 && o.rootTensor == 0 && o.rootRank >= 0 && o.rootRank < getSize()) {
       const std::shared_ptr<const FastPath> fast = fast_path();
@@ -244,6 +278,7 @@ class Trampoline : public c10d::Backend {
     RC_WORK("broadcast", broadcast, t, o);
   }
   WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
+    RC_COUNT();
     if (!o.asyncOp && t.size() == 1 && o.reduceOp == c10d::ReduceOp::SUM && !o.sparseIndices) {
       const std::shared_ptr<const FastPath> fast = fast_path();
       if (fast && offer(t[0], [&](const RcArray* a, char* msg, size_t len) {
@@ -268,14 +303,36 @@ class Trampoline : public c10d::Backend {
   RC_OP2(alltoall, Tensors, Tensors, AllToAllOptions)
   WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
                         std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) override {
+    RC_COUNT();
     RC_WORK("alltoall_base", alltoall_base, out, in, out_splits, in_splits, o);
   }
-  WorkPtr send(Tensors& t, int dst, int tag) override { RC_WORK("send", send, t, dst, tag); }
-  WorkPtr recv(Tensors& t, int src, int tag) override { RC_WORK("recv", recv, t, src, tag); }
+  WorkPtr send(Tensors& t, int dst, int tag) override {
+    RC_COUNT();
+    RC_WORK("send", send, t, dst, tag);
+  }
+  WorkPtr recv(Tensors& t, int src, int tag) override {
+    RC_COUNT();
+    RC_WORK("recv", recv, t, src, tag);
+  }
   WorkPtr recvAnysource(Tensors& t, int tag) override {
+    RC_COUNT();
     RC_WORK("recv_anysource", recvAnysource, t, tag);
   }
-  WorkPtr barrier(const c10d::BarrierOptions& o) override { RC_WORK("barrier", barrier, o); }
+  WorkPtr barrier(const c10d::BarrierOptions& o) override {
+    RC_COUNT();
+    RC_WORK("barrier", barrier, o);
+  }
+
+  /// abort() or shutdown(): the Python half's method `name`, then every later call raises
+  /// ClosedError from C++ (the Python half is released once it has shut down).
+  void close(const char* name) {
+    {
+      py::gil_scoped_acquire gil;
+      py::function fn = py::get_override(static_cast<const Trampoline*>(this), name);
+      if (fn) fn();
+    }
+    closed_.store(true, std::memory_order_release);
+  }
 
   /// The fast path's table and handle while it is on, else null (held by the call in flight).
   std::shared_ptr<const FastPath> fast_path() {
@@ -300,6 +357,8 @@ class Trampoline : public c10d::Backend {
  private:
   std::mutex fast_mu_;
   std::shared_ptr<const FastPath> fast_;  // null: the fast path is off
+  std::atomic<uint64_t> seq_{0};          // calls issued (getSequenceNumberForGroup)
+  std::atomic<bool> closed_{false};       // set once abort() or shutdown() returned
 };
 
 }  // namespace

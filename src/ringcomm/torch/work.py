@@ -19,6 +19,13 @@ Life of an asynchronous collective:
 the finisher if the waiter has not yet, and raises ringcomm's error on failure. Whichever thread
 finishes a work first does it under the work's lock; the other finds it done.
 
+torch's Work contract (gloo's and NCCL's behaviour, which DDP comm hooks and torchft rely on):
+when ``wait()`` returns, the future is complete with the value and every callback chained on it
+before then has run; when ``wait()`` raises, the future holds that same exception. So ``wait()``
+returns only once the completion it handed to the pool has run (``_fut_set``), and a future asked
+for after the work finished is completed before ``get_future()`` returns it (inline: no callback
+can be attached to it yet, so nothing but the completion itself runs on the caller's thread).
+
 A collective that the caller will wait on at once (``opts.asyncOp`` false, as ``dist.all_reduce``
 sets without ``async_op=True``) is run synchronously instead and returns an already-finished work:
 no thread hop on the latency-critical path.
@@ -41,6 +48,10 @@ __all__ = ["TorchWork", "RingcommWork", "DoneWork", "MultiWork", "Waiter", "time
 # Cap on completion threads per process group. Each blocked PowerSGD-style callback holds one;
 # nesting deeper than this would be a program with that many collectives blocked in callbacks.
 _MAX_COMPLETION_THREADS = 16
+
+# The works whose future this thread is completing right now (their callbacks are running here):
+# a callback that waits on such a work must not wait for its own completion to end.
+_completing = threading.local()
 
 
 def timeout_seconds(timeout, default: float) -> float:
@@ -211,6 +222,8 @@ class RingcommWork(TorchWork):
         self._exc: BaseException | None = None
         self._fut: torch.futures.Future | None = None
         self._public_fut: torch.futures.Future | None = None
+        # set once ``_fut`` holds the outcome and its callbacks (those attached by then) have run
+        self._fut_set = threading.Event()
         self._start = time.perf_counter()
         self._duration_ms = -1.0
 
@@ -266,19 +279,36 @@ class RingcommWork(TorchWork):
         if fut is not None:
             self._complete_future(fut)
 
-    def _complete_future(self, fut: torch.futures.Future) -> None:
+    def _complete_future(self, fut: torch.futures.Future, inline: bool = False) -> None:
         exc, outputs = self._exc, self._outputs
 
         def complete() -> None:
-            if exc is not None:
-                fut.set_exception(exc)
-            else:
-                fut.set_result(outputs)
+            mine = getattr(_completing, "works", None)
+            if mine is None:
+                mine = _completing.works = set()
+            mine.add(id(self))
+            try:
+                if exc is not None:
+                    fut.set_exception(exc)
+                else:
+                    fut.set_result(outputs)
+            finally:
+                mine.discard(id(self))
+                self._fut_set.set()
 
-        if self._pool is not None:
+        if self._pool is not None and not inline:
             self._pool.submit(complete)
         else:
             complete()
+
+    def _await_future(self) -> None:
+        """Return once the future (if anybody asked for one) holds the outcome: the contract that
+        ``wait()`` returns or raises only after the future is complete."""
+        if self._fut is None or self._fut_set.is_set():
+            return
+        if id(self) in getattr(_completing, "works", ()):
+            return  # a callback of this very future, running on its completing thread
+        self._fut_set.wait()
 
     # ---- torch.distributed.Work API -----------------------------------------------------------
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
@@ -289,6 +319,7 @@ class RingcommWork(TorchWork):
             self._wait_and_finish(t if 0 < t < float("inf") else None)
             if not self._done.is_set():  # another thread is finishing it right now
                 self._done.wait()
+        self._await_future()
         if self._exc is not None:
             raise self._exc
         return True
@@ -305,7 +336,7 @@ class RingcommWork(TorchWork):
             else:
                 return self._public_fut
         if done:
-            self._complete_future(self._fut)
+            self._complete_future(self._fut, inline=True)
         elif self._waiter is not None:
             # Somebody must now complete the future even if nobody calls wait(): the group's
             # waiter thread takes it (works nobody asks a future of never cost a thread hop).
