@@ -1,9 +1,11 @@
-"""ringcomm.torchft under torchft's real Manager and lighthouse on 127.0.0.1: two replica groups
-of one rank train a tiny model (tests/torchft_replica.py). Undisturbed, and with a replica
-killed (between steps, in the all_reduce's header exchange, while its data moves) and
-restarted, training ends bit-equal to the same run on torchft's ProcessGroupGloo; a survivor's
-failing step raises within 2 s of the death. Skipped where the ``ft`` extra is not installed
-(except the check that ringcomm.torchft imports without it)."""
+"""ringcomm under torchft's real Manager and lighthouse on 127.0.0.1, by both routes
+(ringcomm.torchft's ProcessGroupRingcomm, and ringcomm's torch.distributed backend in torchft's
+ProcessGroupWrapper: ringcomm.torch.torchft_pg): two replica groups of one rank train a tiny model
+(tests/torchft_replica.py). Undisturbed, and with a replica killed (between steps, in the
+all_reduce's header exchange, while its data moves) and restarted, training ends bit-equal to the
+same run on torchft's ProcessGroupGloo; a survivor's failing step raises within 2 s of the death.
+Skipped where the ``ft`` extra is not installed (except the check that both modules say what to
+install without it)."""
 import json
 import os
 import subprocess
@@ -124,14 +126,18 @@ def gloo_reference(tmp_path_factory):
 
 def test_module_without_torchft(tmp_path):
     """ringcomm.torchft imports where torchft is missing; constructing the group says what to
-    install."""
+    install, and so does importing the c10d route's module."""
     code = ("import sys; sys.modules['torchft'] = None\n"
             "import ringcomm.torchft as m\n"
-            "try:\n    m.ProcessGroupRingcomm()\nexcept ImportError as e:\n    print('ImportError:', e)\n")
+            "try:\n    m.ProcessGroupRingcomm()\nexcept ImportError as e:\n    print('ImportError:', e)\n"
+            "try:\n    import ringcomm.torch.torchft_pg\nexcept ImportError as e:\n    print('c10d ImportError:', e)\n")
     r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "ImportError:" in r.stdout and "ringcomm[ft]" in r.stdout, r.stdout
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout
+    assert lines[0].startswith("ImportError:") and "ringcomm[ft]" in lines[0], r.stdout
+    assert lines[1].startswith("c10d ImportError:") and "ringcomm[ft]" in lines[1], r.stdout
 
 
 @needs_torchft
@@ -164,24 +170,33 @@ def test_collectives_work_contract_and_abort(tmp_path):
     assert 0.25 < res[1]["set_timeout_after_s"] < 1.2, res[1]
 
 
+# The two routes: ringcomm.torchft's ProcessGroupRingcomm (ringcomm's plain API), and ringcomm's
+# torch.distributed backend inside torchft's ProcessGroupWrapper (ringcomm.torch.torchft_pg).
+ROUTES = ["ringcomm", "ringcomm-c10d"]
+
+
 @needs_torchft
-def test_undisturbed_equals_gloo(tmp_path, gloo_reference):
-    finals, events, _ = _train(tmp_path, "ringcomm")
+@pytest.mark.parametrize("route", ROUTES)
+def test_undisturbed_equals_gloo(tmp_path, gloo_reference, route):
+    finals, events, _ = _train(tmp_path, route)
     assert events == []
     for r in range(2):
-        _assert_bit_equal(finals[r], gloo_reference, f"ringcomm replica {r} vs gloo")
+        _assert_bit_equal(finals[r], gloo_reference, f"{route} replica {r} vs gloo")
 
 
 @needs_torchft
-@pytest.mark.parametrize("where", ["between", "header", "data"])
-def test_replica_killed_and_restarted(tmp_path, gloo_reference, where):
+# every death on the plain-API route; on the c10d route the death while data moves (the others
+# differ from it only in where the survivor waits, which both routes share below torch's API)
+@pytest.mark.parametrize("route,where", [("ringcomm", "between"), ("ringcomm", "header"),
+                                         ("ringcomm", "data"), ("ringcomm-c10d", "data")])
+def test_replica_killed_and_restarted(tmp_path, gloo_reference, route, where):
     """Replica 1 dies at step 2 and is restarted; it heals from replica 0 over the process group
     (PGTransport: send/recv). min_replica_size=2, so only steps both replicas took commit and the
     run ends with the undisturbed run's weights."""
-    finals, events, death = _train(tmp_path, "ringcomm", die={"step": 2, "where": where},
+    finals, events, death = _train(tmp_path, route, die={"step": 2, "where": where},
                                    ddp=False, big=where == "data")
     for r in range(2):
-        _assert_bit_equal(finals[r], gloo_reference, f"ringcomm replica {r} vs gloo")
+        _assert_bit_equal(finals[r], gloo_reference, f"{route} replica {r} vs gloo")
     if where == "between":
         # the survivor's next quorum waits for the replacement: no collective meets the dead rank
         assert events == []

@@ -2,8 +2,9 @@
 
     python tests/torchft_replica.py RUN_JSON
 
-RUN_JSON names the backend ("ringcomm" or "gloo"), the replica number, the lighthouse, the number
-of steps and an optional death: {"step": S, "where": W} with W one of
+RUN_JSON names the process group ("ringcomm": ringcomm.torchft's; "ringcomm-c10d": ringcomm's
+torch.distributed backend in torchft's ProcessGroupWrapper; "gloo": torchft's), the replica
+number, the lighthouse, the number of steps and an optional death: {"step": S, "where": W} with W one of
   "between"  after step S committed, before the next quorum (a kill between steps);
   "header"   before step S's gradient all_reduce, while the peer waits in it for this rank's header;
   "data"     in step S's gradient all_reduce while its data moves (a large gradient).
@@ -63,6 +64,9 @@ def main(run_path: str) -> None:
     if run["backend"] == "ringcomm":
         from ringcomm.torchft import ProcessGroupRingcomm
         pg = ProcessGroupRingcomm(timeout=timeout)
+    elif run["backend"] == "ringcomm-c10d":
+        from ringcomm.torch.torchft_pg import ProcessGroupRingcommC10d
+        pg = ProcessGroupRingcommC10d(timeout=timeout)
     else:
         pg = ProcessGroupGloo(timeout=timeout)
 
