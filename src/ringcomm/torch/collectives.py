@@ -15,6 +15,7 @@ from ringcomm.tables import ReduceOp
 
 from .core import GroupCore
 from .hooks import issue_hooks
+from .monitored import run_monitored_barrier
 from .staging import (avg_divide, cat, check_tensors, contig, copy_out, flat_view, int_avg,
                       invalid, one, reduce_op, reducible, same_dtype, then, unsupported, writeback)
 from .sparse import check_sparse, sparse_all_reduce
@@ -29,6 +30,8 @@ _SUM_CODE = int(ReduceOp.SUM)
 
 class Collectives(GroupCore):
     """Every torch collective and point-to-point call, on a ``GroupCore``."""
+
+    _ringcomm_backend = True  # the marker monitored.py recognises a ringcomm backend by
 
     # ---- all-reduce ------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -346,7 +349,6 @@ class Collectives(GroupCore):
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
         """gloo's monitored barrier (c10d ``monitoredBarrier``): see ``monitored.py``.
         ``timeout``: a timedelta or seconds; unset (None, zero or negative): the group's."""
-        from .monitored import run_monitored_barrier
         run_monitored_barrier(self, timeout, wait_all_ranks)
 
     def _monitored_barrier(self, timeout, wait_all_ranks: bool) -> None:

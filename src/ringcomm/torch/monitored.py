@@ -30,6 +30,12 @@ __all__ = ["monitored_barrier", "run_monitored_barrier", "MONITORED_BARRIER_TAG"
 MONITORED_BARRIER_TAG = 1 << 40
 
 
+def _is_ringcomm(obj) -> bool:
+    """Whether ``obj`` is a ringcomm backend (``Collectives`` sets the marker; this module is
+    below it, so it does not import it)."""
+    return getattr(type(obj), "_ringcomm_backend", False) is True
+
+
 def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) -> None:
     """A barrier that names the ranks that did not reach it within ``timeout`` (a timedelta or
     seconds; default the group's timeout): ``group.monitored_barrier(timeout, wait_all_ranks)``
@@ -38,15 +44,14 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
     ``"[Rank 0]: Rank 1 failed to pass monitoredBarrier in 1000 ms"`` (``"Ranks 1, 2 ..."`` with
     ``wait_all_ranks=True``); the other ranks raise ``ringcomm.TimeoutError`` when rank 0 does
     not release them in time."""
-    from .collectives import Collectives
     pg = group if group is not None else dist.group.WORLD
-    if not isinstance(pg, Collectives):
+    if not _is_ringcomm(pg):
         try:
             be = pg._get_backend(torch.device("cpu"))
         except Exception as e:  # noqa: BLE001
             raise ValueError("ringcomm.torch.monitored_barrier: the group has no CPU backend "
                              f"({e})") from e
-        if not isinstance(be, Collectives):
+        if not _is_ringcomm(be):
             raise ValueError("ringcomm.torch.monitored_barrier: the group's CPU backend is "
                              f"{type(be).__name__}, not ringcomm (use dist.monitored_barrier for "
                              "gloo)")
