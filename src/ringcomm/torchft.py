@@ -292,11 +292,15 @@ class ProcessGroupRingcomm(_TorchftProcessGroup):
         return self._all_reduce(tensors, rop)
 
     def _all_reduce(self, tensors, rop) -> _Work:
-        c = self._c
+        return self._in_place(tensors, lambda x: self._c.all_reduce(x, op=rop, async_op=True))
+
+    def _in_place(self, tensors, start) -> _Work:
+        """One in-place call per tensor: ``start(x)`` on its contiguous flat view (a copy when
+        the tensor is not contiguous, copied back into it when the work completes)."""
         op = _Op(list(tensors), keep=tensors)
         for t in tensors:
             x = _flat(t)
-            op.handles.append(c.all_reduce(x, op=rop, async_op=True))
+            op.handles.append(start(x))
             if x is not t:
                 op.copies.append((t, x))
         return self._work(op)
@@ -327,15 +331,8 @@ class ProcessGroupRingcomm(_TorchftProcessGroup):
         return self._work(op)
 
     def broadcast(self, tensor_list, opts) -> _Work:
-        c = self._c
         root = opts.rootRank if isinstance(opts, dist.BroadcastOptions) else int(opts)
-        op = _Op(list(tensor_list), keep=tensor_list)
-        for t in tensor_list:
-            x = _flat(t)
-            op.handles.append(c.broadcast(x, root=root, async_op=True))
-            if x is not t:
-                op.copies.append((t, x))
-        return self._work(op)
+        return self._in_place(tensor_list, lambda x: self._c.broadcast(x, root=root, async_op=True))
 
     def barrier(self, opts=None) -> _Work:
         op = _Op([])
