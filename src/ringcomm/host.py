@@ -51,7 +51,8 @@ class Communicator(CoreBackEnd):
     # -- the synchronous entries ---------------------------------------------------------------
     # A synchronous all_reduce, broadcast, reduce_scatter or all_gather with no stream first
     # offers its arrays to the core's synchronous entry (csrc/comm/sync_entry.h, through the
-    # bindings Communicator.sync_all_reduce, sync_broadcast, sync_reduce_scatter, sync_all_gather): numpy arrays and torch tensors are described in C++ from their own fields
+    # bindings Communicator.sync_all_reduce, sync_broadcast, sync_reduce_scatter and
+    # sync_all_gather): numpy arrays and torch tensors are described in C++ from their own fields
     # (a tensor through its DLPack capsule) and the one eligibility rule decides; what it takes
     # runs there with the GIL released. What it declines (another layout, dtype, op or device,
     # read-only memory, a root that is not a rank) goes the general way, which explains the

@@ -174,6 +174,13 @@ class _Work(_WorkBase):
         self.wait()
 
 
+def _abort_and_close(comm, reason: str) -> None:
+    """Abort ``comm`` (its peers' waits raise naming ``reason``) and close it, unless closed."""
+    if not comm.closed:
+        comm.abort(reason)
+        comm.close()
+
+
 def _flat(t):
     return t if t.is_contiguous() else t.contiguous()
 
@@ -211,17 +218,15 @@ class ProcessGroupRingcomm(_TorchftProcessGroup):
 
     def _drop(self, reason: str) -> None:
         comm, self._comm = self._comm, None
-        if comm is not None and not comm.closed:
-            comm.abort(reason)
-            comm.close()
+        if comm is not None:
+            _abort_and_close(comm, reason)
 
     def abort(self, errored: bool = True) -> None:
         """The communicator's abort: every pending and later call raises, here and on every peer
         that shares it. ``errored()`` then returns the abort error until the next configure()."""
-        comm = self._comm
-        if comm is not None and not comm.closed:
-            comm.abort(f"ringcomm.torchft: process group aborted on rank {comm.rank}")
-            comm.close()
+        comm = self._comm  # kept (unlike _drop) so that errored() reports the abort
+        if comm is not None:
+            _abort_and_close(comm, f"ringcomm.torchft: process group aborted on rank {comm.rank}")
 
     def shutdown(self) -> None:
         """Close the communicator (after its queued work) and stop the completion thread."""
@@ -320,11 +325,16 @@ class ProcessGroupRingcomm(_TorchftProcessGroup):
         return self._work(op)
 
     def allgather_into_tensor_coalesced(self, output_tensors, input_tensors, opts=None) -> _Work:
-        c = self._c
+        return self._into(output_tensors, input_tensors,
+                          lambda y, x: self._c.all_gather(y, x, async_op=True))
+
+    def _into(self, output_tensors, input_tensors, start) -> _Work:
+        """One call per (output, input) pair: ``start(y, x)`` on their contiguous flat views (a
+        non-contiguous output is copied back into when the work completes)."""
         op = _Op(list(output_tensors))
         for out, inp in zip(output_tensors, input_tensors):
             x, y = _flat(inp), _flat(out)
-            op.handles.append(c.all_gather(y, x, async_op=True))
+            op.handles.append(start(y, x))
             if y is not out:
                 op.copies.append((out, y))
             op.keep += (x, y)
@@ -356,16 +366,9 @@ class ProcessGroupRingcomm(_TorchftProcessGroup):
         return self._work(op)
 
     def reduce_scatter_tensor_coalesced(self, output_tensors, input_tensors, opts) -> _Work:
-        c = self._c
         rop = _ring_op(opts.reduceOp)
-        op = _Op(list(output_tensors))
-        for out, inp in zip(output_tensors, input_tensors):
-            x, y = _flat(inp), _flat(out)
-            op.handles.append(c.reduce_scatter(y, x, op=rop, async_op=True))
-            if y is not out:
-                op.copies.append((out, y))
-            op.keep += (x, y)
-        return self._work(op)
+        return self._into(output_tensors, input_tensors,
+                          lambda y, x: self._c.reduce_scatter(y, x, op=rop, async_op=True))
 
     def alltoall_base(self, output_buffer, input_buffer, output_split_sizes,
                       input_split_sizes, opts=None) -> _Work:
