@@ -15,6 +15,7 @@ import math
 import time
 
 import torch
+from torch._C._distributed_c10d import Backend as _C10dBackend
 
 import ringcomm
 
@@ -24,9 +25,25 @@ from .staging import (avg_divide, check_tensors, contig, copy_out, flat_view, in
 from .steps import Step
 from .work import DoneWork, MultiWork, RingcommWork, Waiter, timeout_seconds
 
-__all__ = ["GroupCore", "BACKEND_NAME"]
+__all__ = ["GroupCore", "RingcommOptions", "BACKEND_NAME"]
 
 BACKEND_NAME = "ringcomm"
+
+
+class RingcommOptions(_C10dBackend.Options):
+    """c10d ``Backend.Options`` of a ringcomm group (backend name, timeout, group name and
+    description), copyable as torch's ``split_group`` copies its parent's options (the base
+    class has no ``__deepcopy__``)."""
+
+    def __init__(self, timeout: datetime.timedelta = datetime.timedelta(minutes=30)):
+        super().__init__(BACKEND_NAME, timeout)
+
+    def __deepcopy__(self, memo):
+        o = RingcommOptions(self._timeout)
+        o.group_name = self.group_name
+        o.group_desc = self.group_desc
+        o.global_ranks_in_group = list(self.global_ranks_in_group)
+        return o
 
 
 # ---- the group core ------------------------------------------------------------------------------
@@ -38,7 +55,7 @@ class GroupCore:
     _kind = "RingcommGroup"
 
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta | float,
-                 group_name: str = "", group_desc: str = "undefined"):
+                 group_name: str = "", group_desc: str = "undefined", meet: str = ""):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._timeout_s = timeout_seconds(timeout, 1800.0)
@@ -48,9 +65,13 @@ class GroupCore:
         # this group's incarnations so that every one gets fresh keys (and shm names).
         n = int(store.add("ringcomm/incarnations", 1))
         self._incarnation = (n - 1) // size
-        self._prefix = f"ringcomm/{self._group_name or 'pg'}/{self._incarnation}"
+        # ``meet``: the key the ranks meet under when the group's name may differ between them
+        # (a split group, see split()); the group's name otherwise.
+        self._prefix = f"ringcomm/{meet or self._group_name or 'pg'}/{self._incarnation}"
         self._store = store     # shrink() makes the smaller group's communicator on it
         self._shrinks = 0       # groups shrink() made from this one
+        self._split_children: dict = {}   # group name -> the backend split() made for it
+        self._split_counts: dict = {}     # sorted member ranks -> splits made into them
         self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
                                    timeout=self._timeout_s, prefix=self._prefix)
         # allreduce's fast path: the host communicator's synchronous entry (see
@@ -280,6 +301,103 @@ class GroupCore:
 
     start_coalescing = _start_coalescing
     end_coalescing = _end_coalescing
+
+    # ---- splitting (dist.split_group, DeviceMesh, eager connect) -----------------------------------------
+    supports_splitting = True
+
+    def _backend_options(self):
+        """c10d ``getBackendOptions`` (the ``options`` property torch's ``split_group`` copies):
+        the backend name, this group's timeout, name and description. The same object each
+        time (its Python half, which ``copy.deepcopy`` needs, lives as long as this group)."""
+        opts = getattr(self, "_options", None)
+        if opts is None:
+            opts = self._options = RingcommOptions()
+        opts._timeout = datetime.timedelta(seconds=min(self._timeout_s, 10 * 365 * 86400))
+        opts.group_name = self._group_name
+        opts.group_desc = self._group_desc
+        return opts
+
+    @property
+    def options(self):
+        """The backend's options, as torch's ``split_group`` reads them (``parent.options``)."""
+        return self._backend_options()
+
+    def split(self, store, ranks, opts=None):
+        """c10d ``split`` (torch's ``ProcessGroup.split_group``, which ``dist.split_group`` and
+        DeviceMesh call on the ranks of this group): a new backend of this group's ranks
+        ``ranks`` (group ranks, numbered in sorted order) on a communicator of its own, or None
+        on a rank outside ``ranks``. The new communicator shares nothing with this one (its
+        calls, sequence numbers, abort and shutdown are its own). ``opts``: torch's options
+        for it (timeout, group name and description).
+
+        Where the new ranks meet: on this group's store, under ``split/<ranks>/<k>/`` (the k-th
+        split of this group into exactly these ranks), not under torch's ``store`` argument,
+        which is prefixed with the group's name: torch 2.13 hashes that name from the ranks and
+        the number of groups the calling process has registered, which differs between ranks
+        once a split has left some rank out (that rank registers nothing). Every member enters
+        the same splits in the same order (split_group's contract), so k agrees on all of them,
+        and the ranks outside need not take part.
+
+        torch asks once per device type the backend serves (cpu and cuda) with the same options:
+        a second call for a group name this group has split into, still open, returns the same
+        backend."""
+        members = sorted(int(r) for r in ranks)
+        if not members or len(set(members)) != len(members) or any(
+                not 0 <= r < self._size for r in members):
+            raise ValueError(f"ringcomm: split of process group {self._group_name or 'pg'!r} "
+                             f"(size {self._size}) into ranks {list(ranks)}: the ranks must be "
+                             f"distinct group ranks in [0, {self._size})")
+        if self._closed:
+            raise ringcomm.ClosedError(f"ringcomm: split of process group "
+                                       f"{self._group_name or 'pg'!r}, which was shut down")
+        if self._rank not in members:
+            return None
+        name = str(getattr(opts, "group_name", "") or "") if opts is not None else ""
+        desc = str(getattr(opts, "group_desc", "") or "") if opts is not None else ""
+        timeout = self._timeout_s
+        if opts is not None:
+            timeout = timeout_seconds(opts._timeout, self._timeout_s)
+        if not name:
+            name = f"{self._group_name or 'pg'}:split:{members}"
+        child = self._split_children.get(name)
+        if child is not None and not child._closed:
+            return child
+        key = tuple(members)
+        k = self._split_counts.get(key, 0)
+        self._split_counts[key] = k + 1
+        import torch.distributed as dist
+        meet = dist.PrefixStore(f"split/{'_'.join(map(str, members))}/{k}/", self._store)
+        child = type(self)(meet, members.index(self._rank), len(members), timeout,
+                           group_name=name, group_desc=desc or f"{self._group_desc}:split",
+                           meet="split")
+        self._split_children[name] = child
+        return child
+
+    def perform_nocolor_split(self, device=None) -> None:
+        """What torch calls (``_new_process_group_helper``) on a rank outside a new group while
+        the default group is bound to a device: nothing to do here, since a new ringcomm group's
+        ranks meet on the group's own store keys without the others."""
+
+    def eager_connect_single_device(self, device=None) -> None:
+        """c10d ``eagerConnectSingleDevice`` (torch calls it when ``init_process_group`` gets a
+        ``device_id``): every rank connects now rather than on the first call. The host
+        communicator connected every rank in the constructor; a CUDA device creates the CUDA
+        communicator now, with a one-element all-reduce on that device (collective: every rank
+        passes the same device type)."""
+        if self._closed:
+            raise ringcomm.ClosedError("ringcomm: eager_connect_single_device on a process group "
+                                       "that was shut down")
+        if device is None:
+            return
+        device = torch.device(device)
+        if device.type == "cpu":
+            return
+        if device.type != "cuda":
+            raise ValueError(f"ringcomm: eager connect to device {device}: the backend serves "
+                             f"'cpu' and 'cuda' devices")
+        from ringcomm import cuda
+        cuda.require()    # ringcomm's UnsupportedError ("CUDA unavailable: ...") without CUDA
+        self._comm.all_reduce(torch.zeros(1, device=device))
 
     # ---- shrinking (dist.shrink_group) -------------------------------------------------------------------
     supports_shrinking = True

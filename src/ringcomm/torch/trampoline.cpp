@@ -237,6 +237,28 @@ class Trampoline : public c10d::Backend {
   const std::string getBackendName() const override { return "ringcomm"; }
   bool supportsCoalescing() const override { return true; }
   bool supportsShrinking() const override { return true; }  // Python: GroupCore.shrink
+  bool supportsSplitting() const override { return true; }  // Python: GroupCore.split
+  // The options torch copies for a split (Python: GroupCore._backend_options).
+  c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override {
+    RC_OVERRIDE("_backend_options", c10d::Backend::getBackendOptions(),
+                return r.cast<c10::intrusive_ptr<c10d::Backend::Options>>());
+  }
+  // ProcessGroup::splitGroup calls this on every rank that enters it; the Python half returns
+  // the new backend of the ranks in `ranks`, or None on a rank outside them (torch then gives
+  // that rank no group).
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override {
+    if (closed_.load(std::memory_order_acquire)) raise_closed("split");
+    RC_OVERRIDE("split", c10d::Backend::split(store, ranks, opts),
+                if (r.is_none()) return nullptr;
+                return r.cast<c10::intrusive_ptr<c10d::Backend>>(), store, ranks, opts);
+  }
+  void eagerConnectSingleDevice(at::Device device) override {
+    if (closed_.load(std::memory_order_acquire)) raise_closed("eager_connect_single_device");
+    RC_OVERRIDE("eager_connect_single_device",
+                c10d::Backend::eagerConnectSingleDevice(device), return, device);
+  }
   void setTimeout(std::chrono::milliseconds timeout) override {
     RC_OVERRIDE("set_timeout", c10d::Backend::setTimeout(timeout), return, timeout);
   }
