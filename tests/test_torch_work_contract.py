@@ -118,3 +118,91 @@ def test_ddp_comm_hook_chaining_then_matches_gloo(observed):
         assert r["calls"] == g["calls"] > 0
         for a, b in zip(g["params"], r["params"]):
             assert torch.equal(a, b)
+
+
+# ---- a peer killed (SIGKILL) before or during the call -------------------------------------------
+# Every (op, sync/async, before/during) case of work_kill_cases on both backends, from one spawned
+# driver that forks the two ranks of each case. Compared: which calls raise, whether the error is
+# a RuntimeError, the work's and its future's state when wait() raises, then-callbacks seeing an
+# errored future, a future asked for after the failure. Not compared: timing (gloo sees the
+# peer's TCP connection close; ringcomm's waits check the peer's liveness), which ringcomm must
+# bound instead (RAISE_BOUND_S).
+KILL_GROUP_TIMEOUT_S = 10.0
+RAISE_BOUND_S = 3.0
+
+# Where the two backends differ, both within torch's contract:
+# - send: ringcomm completes a send that fits its channel without the receiver (a buffered send,
+#   as MPI's and NCCL's eager sends), so a send issued to a peer that is dead, or dies later,
+#   succeeds; gloo's send waits for the receiver's request and raises (async before: at issue). On
+#   both, the next call that needs the dead peer raises (next_call_raised, checked below).
+# - isend / irecv to a peer gloo already knows dead raise at issue (once gloo's connection has
+#   seen the close); ringcomm returns the work, and its wait() raises (the contract's failure
+#   path, as for every other async call).
+# - reduce_scatter: gloo's work never marks itself completed, failed or not (is_completed False,
+#   is_success True, no exception after wait() raised); ringcomm's completes with the error.
+_RS_FAILED = {"is_completed": True, "is_success": False, "exception_set": True}
+_SEND_OK = {"raised": False, "next_call_raised": True, "next_call_runtime_error": True}
+KILL_DEVIATIONS = {
+    ("reduce_scatter", "async", "before"): _RS_FAILED,
+    ("reduce_scatter", "async", "during"): _RS_FAILED,
+    ("recv", "async", "before"): {"issue_raised": False, "raised": True, **_RS_FAILED},
+    ("send", "sync", "before"): _SEND_OK,
+    ("send", "sync", "during"): _SEND_OK,
+    ("send", "async", "before"): {"issue_raised": False, **_SEND_OK, "is_completed": True,
+                                  "is_success": True, "exception_set": False},
+    ("send", "async", "during"): {**_SEND_OK, "is_success": True, "exception_set": False},
+}
+_TIMES = ("seconds", "next_call_seconds")
+
+
+@pytest.fixture(scope="module")
+def killed():
+    require_backend("ringcomm")
+    from ringcomm.launch import spawn
+    import work_kill_cases
+    res = spawn(work_kill_cases.kill_cases, 1, args=(("gloo", "ringcomm"), KILL_GROUP_TIMEOUT_S,
+                                                     30.0), timeout=240)[0]
+    errors = {k: v["case_error"] for k, v in res.items() if "case_error" in v}
+    assert not errors, errors
+    return res
+
+
+@pytest.mark.timeout(300)
+def test_killed_peer_observations_equal_gloo(killed):
+    import work_kill_cases as k
+    cases = [(op, mode, when) for op in k.OPS for mode in k.MODES for when in k.WHENS]
+    assert len(cases) == 44
+    for case in cases:
+        g = {x: v for x, v in killed[("gloo", *case)].items() if x not in _TIMES}
+        r = {x: v for x, v in killed[("ringcomm", *case)].items() if x not in _TIMES}
+        dev = KILL_DEVIATIONS.get(case)
+        if dev is not None:
+            g = {x: v for x, v in g.items() if x != "runtime_error"}
+            g.update(dev)
+            if g.get("raised") or g.get("issue_raised"):
+                g["runtime_error"] = True
+        assert r == g, (case, g, r)
+
+
+@pytest.mark.timeout(300)
+def test_killed_peer_contract_on_ringcomm(killed):
+    """The contract itself on ringcomm's observations, and its bound on the time to raise."""
+    import work_kill_cases as k
+    for op in k.OPS:
+        for mode in k.MODES:
+            for when in k.WHENS:
+                o = killed[("ringcomm", op, mode, when)]
+                if op == "send":
+                    assert o["next_call_raised"] and o["next_call_seconds"] < RAISE_BOUND_S, o
+                    continue
+                assert o["raised"] and o["runtime_error"], (op, mode, when, o)
+                assert o["seconds"] < RAISE_BOUND_S, (op, mode, when, o["seconds"])
+                if mode == "sync":
+                    continue
+                assert not o["issue_raised"]
+                assert o["is_completed"] and not o["is_success"] and o["exception_set"], o
+                if op in k.NO_FUTURE:
+                    continue
+                assert o["fut_done_at_raise"] and o["fut_raised"] and o["fut_same_message"], o
+                assert o["chained_raised"] and o["callback_saw"] == ["error"], o
+                assert o["late_fut_done"] and o["late_fut_raised"] and o["late_same_message"], o
