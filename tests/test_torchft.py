@@ -4,6 +4,7 @@ ProcessGroupWrapper: ringcomm.torch.torchft_pg): two replica groups of one rank 
 (tests/torchft_replica.py). Undisturbed, and with a replica killed (between steps, in the
 all_reduce's header exchange, while its data moves) and restarted, training ends bit-equal to the
 same run on torchft's ProcessGroupGloo; a survivor's failing step raises within 2 s of the death.
+Every death is run on both routes.
 Skipped where the ``ft`` extra is not installed (except the check that both modules say what to
 install without it)."""
 import json
@@ -80,9 +81,11 @@ def _log(out: Path, name: str) -> str:
 SLOW_DATA = {"RINGCOMM_SLOT_BYTES": "1K", "RINGCOMM_NSLOTS": "2"}
 
 
-def _train(out: Path, backend: str, die=None, ddp=True, big=False):
-    """Two replicas training STEPS steps under one lighthouse; replica 1 dies as ``die`` says
-    and is restarted once. Returns (final state dicts of both, replica 0's events, death time)."""
+def _train(out: Path, backend: str, die=(), ddp=True, big=False):
+    """Two replicas training STEPS steps under one lighthouse; replica 1 dies as the first entry
+    of ``die`` says and is restarted, the restarted replica dies as the next one says, and so on;
+    the last one trains to the end. Returns (final state dicts of both, replica 0's events, the
+    last death's time)."""
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=10000,
                                   quorum_tick_ms=50, heartbeat_timeout_ms=1000)
     try:
@@ -91,15 +94,17 @@ def _train(out: Path, backend: str, die=None, ddp=True, big=False):
         deadline = time.monotonic() + LIMIT_S
         env = SLOW_DATA if big else None
         survivor = _start(out, "replica0", dict(spec, replica=0), env)
-        victim = _start(out, "replica1", dict(spec, replica=1, die=die), env)
-        rc = _wait(victim, out, "replica1", deadline)
-        if die is not None:
-            assert rc == -9, f"replica 1 should have died (rc {rc}):\n{_log(out, 'replica1')}"
-            victim = _start(out, "replica1_restarted", dict(spec, replica=1), env)
-            rc = _wait(victim, out, "replica1_restarted", deadline)
-            assert rc == 0, _log(out, "replica1_restarted")
-        else:
-            assert rc == 0, _log(out, "replica1")
+        dies = list(die)
+        name = "replica1"
+        for k in range(len(dies) + 1):
+            victim = _start(out, name, dict(spec, replica=1, die=dies[k] if k < len(dies) else None),
+                            env)
+            rc = _wait(victim, out, name, deadline)
+            if k < len(dies):
+                assert rc == -9, f"{name} should have died (rc {rc}):\n{_log(out, name)}"
+            else:
+                assert rc == 0, _log(out, name)
+            name = f"replica1_restarted{k + 1}"
         assert _wait(survivor, out, "replica0", deadline) == 0, _log(out, "replica0")
     finally:
         lighthouse.shutdown()
@@ -184,26 +189,29 @@ def test_undisturbed_equals_gloo(tmp_path, gloo_reference, route):
         _assert_bit_equal(finals[r], gloo_reference, f"{route} replica {r} vs gloo")
 
 
+# Deaths per run: between steps at step 1, then (the restarted replica) in the all_reduce's header
+# exchange at step 3; or while the data of step 2's large all_reduce moves.
+DEATHS = {"between,header": [{"step": 1, "where": "between"}, {"step": 3, "where": "header"}],
+          "data": [{"step": 2, "where": "data"}]}
+
+
 @needs_torchft
-# every death on the plain-API route; on the c10d route the death while data moves (the others
-# differ from it only in where the survivor waits, which both routes share below torch's API)
-@pytest.mark.parametrize("route,where", [("ringcomm", "between"), ("ringcomm", "header"),
-                                         ("ringcomm", "data"), ("ringcomm-c10d", "data")])
-def test_replica_killed_and_restarted(tmp_path, gloo_reference, route, where):
-    """Replica 1 dies at step 2 and is restarted; it heals from replica 0 over the process group
-    (PGTransport: send/recv). min_replica_size=2, so only steps both replicas took commit and the
-    run ends with the undisturbed run's weights."""
-    finals, events, death = _train(tmp_path, route, die={"step": 2, "where": where},
-                                   ddp=False, big=where == "data")
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("where", list(DEATHS))
+def test_replica_killed_and_restarted(tmp_path, gloo_reference, where, route):
+    """Replica 1 dies (as DEATHS says) and is restarted; a restarted replica heals from replica 0
+    over the process group (PGTransport: send/recv). min_replica_size=2, so only steps both
+    replicas took commit and the run ends with the undisturbed run's weights. A death between
+    steps meets no collective (the survivor's next quorum waits for the replacement); a death in
+    a collective fails the survivor's step, within 2 s."""
+    dies = DEATHS[where]
+    finals, events, death = _train(tmp_path, route, die=dies, ddp=False, big=where == "data")
     for r in range(2):
         _assert_bit_equal(finals[r], gloo_reference, f"{route} replica {r} vs gloo")
-    if where == "between":
-        # the survivor's next quorum waits for the replacement: no collective meets the dead rank
-        assert events == []
-        return
-    assert len(events) == 1 and events[0]["step"] == 2, events
+    in_call = dies[-1]
+    assert len(events) == 1 and events[0]["step"] == in_call["step"], events
     ev = events[0]
     assert ev["error"].startswith("PeerFailureError"), ev
-    assert ("header" in ev["error"]) == (where == "header"), ev
-    assert ("waiting for data" in ev["error"]) == (where == "data"), ev
+    assert ("header" in ev["error"]) == (in_call["where"] == "header"), ev
+    assert ("waiting for data" in ev["error"]) == (in_call["where"] == "data"), ev
     assert ev["raised"] - death < 2.0, (ev, death)
