@@ -7,6 +7,12 @@ raises, is_completed / is_success / exception / result, the future's value, wait
 one that expires before the peer joins), and a DDP comm hook chaining ``then``. Every observation
 must equal gloo's, except the few where gloo 2.13 itself breaks the contract (listed in
 ``GLOO_DEVIATIONS``, where ringcomm must keep it).
+
+The same again with the peer process killed (SIGKILL) before or during every collective and
+send/recv, sync and async (work_kill_cases: one spawned driver forks each case's two ranks):
+which calls raise, the work's and its future's state, then-callbacks seeing the error, equal to
+gloo's except where the two differ within torch's contract (``KILL_DEVIATIONS``); ringcomm raises
+within ``RAISE_BOUND_S``.
 """
 from __future__ import annotations
 
