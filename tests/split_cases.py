@@ -169,6 +169,9 @@ def ringcomm_only(rank: int, world: int) -> dict:
     wa.wait()
     wb.wait()
     out["interleaved"] = (a.tolist(), b.tolist())
+    # what torch calls on a rank outside a new_group while the default group is bound to a
+    # device (unreachable on a CPU-only torch: new_group then wants an accelerator device_id)
+    out["nocolor"] = be.perform_nocolor_split(CPU0)
     # errors: ranks outside the group, a split of a shut-down group
     try:
         be.split(default.get_group_store(), [0, world + 3], None)
