@@ -72,6 +72,7 @@ class GroupCore:
         self._shrinks = 0       # groups shrink() made from this one
         self._split_children: dict = {}   # group name -> the backend split() made for it
         self._split_counts: dict = {}     # sorted member ranks -> splits made into them
+        self._options: RingcommOptions | None = None   # made by _backend_options()
         self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
                                    timeout=self._timeout_s, prefix=self._prefix)
         # allreduce's fast path: the host communicator's synchronous entry (see
@@ -309,7 +310,7 @@ class GroupCore:
         """c10d ``getBackendOptions`` (the ``options`` property torch's ``split_group`` copies):
         the backend name, this group's timeout, name and description. The same object each
         time (its Python half, which ``copy.deepcopy`` needs, lives as long as this group)."""
-        opts = getattr(self, "_options", None)
+        opts = self._options
         if opts is None:
             opts = self._options = RingcommOptions()
         opts._timeout = datetime.timedelta(seconds=min(self._timeout_s, 10 * 365 * 86400))
