@@ -137,27 +137,24 @@ KILL_GROUP_TIMEOUT_S = 10.0
 RAISE_BOUND_S = 3.0
 
 # Where the two backends differ, both within torch's contract:
-# - send: ringcomm completes a send that fits its channel without the receiver (a buffered send,
-#   as MPI's and NCCL's eager sends), so a send issued to a peer that is dead, or dies later,
-#   succeeds; gloo's send waits for the receiver's request and raises (async before: at issue). On
-#   both, the next call that needs the dead peer raises (next_call_raised, checked below).
-# - isend / irecv to a peer gloo already knows dead raise at issue (once gloo's connection has
-#   seen the close); ringcomm returns the work, and its wait() raises (the contract's failure
-#   path, as for every other async call).
 # - reduce_scatter: gloo's work never marks itself completed, failed or not (is_completed False,
 #   is_success True, no exception after wait() raised); ringcomm's completes with the error.
-_RS_FAILED = {"is_completed": True, "is_success": False, "exception_set": True}
-_SEND_OK = {"raised": False, "next_call_raised": True, "next_call_runtime_error": True}
-KILL_DEVIATIONS = {
-    ("reduce_scatter", "async", "before"): _RS_FAILED,
-    ("reduce_scatter", "async", "during"): _RS_FAILED,
-    ("recv", "async", "before"): {"issue_raised": False, "raised": True, **_RS_FAILED},
-    ("send", "sync", "before"): _SEND_OK,
-    ("send", "sync", "during"): _SEND_OK,
-    ("send", "async", "before"): {"issue_raised": False, **_SEND_OK, "is_completed": True,
-                                  "is_success": True, "exception_set": False},
-    ("send", "async", "during"): {**_SEND_OK, "is_success": True, "exception_set": False},
-}
+# - send / recv: gloo's raise, at the call or (async) at issue or wait (isend / irecv to a peer
+#   gloo already knows dead raise at issue, which one depends on when its connection saw the
+#   close). ringcomm's async calls never raise at issue: the work's wait() raises, as for every
+#   other async call. And ringcomm completes a send that fits its channel without the receiver (a
+#   buffered send, as MPI's eager sends), so a send to a peer that is dead, or dies later,
+#   succeeds; the next call that needs the dead peer raises (next_call_raised).
+KILL_OVERRIDES = {("reduce_scatter", "async", when): {"is_completed": True, "is_success": False,
+                                                      "exception_set": True}
+                  for when in ("before", "during")}
+_P2P_SYNC = {"send": {"raised": False, "next_call_raised": True, "next_call_runtime_error": True},
+             "recv": {"raised": True, "runtime_error": True}}
+_P2P_ASYNC = {"send": {"issue_raised": False, "raised": False, "is_completed": True,
+                       "is_success": True, "exception_set": False, "next_call_raised": True,
+                       "next_call_runtime_error": True},
+              "recv": {"issue_raised": False, "raised": True, "runtime_error": True,
+                       "is_completed": True, "is_success": False, "exception_set": True}}
 _TIMES = ("seconds", "next_call_seconds")
 
 
@@ -181,12 +178,11 @@ def test_killed_peer_observations_equal_gloo(killed):
     for case in cases:
         g = {x: v for x, v in killed[("gloo", *case)].items() if x not in _TIMES}
         r = {x: v for x, v in killed[("ringcomm", *case)].items() if x not in _TIMES}
-        dev = KILL_DEVIATIONS.get(case)
-        if dev is not None:
-            g = {x: v for x, v in g.items() if x != "runtime_error"}
-            g.update(dev)
-            if g.get("raised") or g.get("issue_raised"):
-                g["runtime_error"] = True
+        if case[0] == "send" or g.get("issue_raised"):
+            assert case[0] in ("send", "recv"), (case, g)
+            assert (g.get("issue_raised") or g.get("raised")) and g["runtime_error"], (case, g)
+            g = (_P2P_SYNC if case[1] == "sync" else _P2P_ASYNC)[case[0]]
+        g = {**g, **KILL_OVERRIDES.get(case, {})}
         assert r == g, (case, g, r)
 
 
