@@ -172,6 +172,13 @@ def ringcomm_only(rank: int, world: int) -> dict:
     # what torch calls on a rank outside a new_group while the default group is bound to a
     # device (unreachable on a CPU-only torch: new_group then wants an accelerator device_id)
     out["nocolor"] = be.perform_nocolor_split(CPU0)
+    # merging is not supported: torch's c10d::Backend says so
+    try:
+        default.merge_remote_group(dist.PrefixStore("merge/", default.get_group_store()), 1,
+                                   datetime.timedelta(seconds=5))
+        out["merge"] = None
+    except RuntimeError as e:
+        out["merge"] = str(e)
     # errors: ranks outside the group, a split of a shut-down group
     try:
         be.split(default.get_group_store(), [0, world + 3], None)

@@ -99,6 +99,7 @@ def test_ringcomm_split_is_its_own_communicator(observed):
         assert o["cuda_is_cpu_backend"] and o["cuda_is_cpu_backend_2"]
         assert o["interleaved"] == ([3.0] * 4, [6.0] * 4)
         assert o["nocolor"] is None
+        assert "Backend ringcomm is missing implementation of merge" in o["merge"], o["merge"]
         assert "must be distinct group ranks in [0, 4)" in o["bad_ranks"], o["bad_ranks"]
         if rank in (0, 1):
             assert o["abort"] == "aborted"
