@@ -190,7 +190,7 @@ def ringcomm_only(rank: int, world: int) -> dict:
     if rank in (0, 1):
         dist.barrier()                       # the peer (3 or 2) is now waiting on the child
         time.sleep(0.2)
-        child.abort()
+        pairs.abort()                        # torch's ProcessGroup.abort: every backend of it
         out["abort"] = "aborted"
     else:
         w = dist.all_reduce(torch.ones(2), async_op=True, group=pairs)
@@ -212,7 +212,7 @@ def ringcomm_only(rank: int, world: int) -> dict:
     sb = second._get_backend(torch.device("cpu"))
     y = torch.ones(1)
     dist.all_reduce(y, group=second)
-    sb.shutdown()
+    second.shutdown()                        # torch's ProcessGroup.shutdown
     try:
         dist.all_reduce(torch.ones(1), group=second)
         out["after_shutdown"] = None
