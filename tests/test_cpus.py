@@ -324,3 +324,20 @@ def test_communicator_threads_bit_identical(tmp_path):
     store.mkdir(mode=0o700)
     env = {"RINGCOMM_THREADS_MIN_BYTES": "4K", "RINGCOMM_SLOT_BYTES": "64K", "RINGCOMM_STREAM": "on"}
     assert all(spawn(_threads_vs_one, 2, (str(store),), env=env, timeout=240))
+
+
+# ---- scripts/cpu_scale_check.sh ------------------------------------------------------------------
+def test_cpu_scale_check_script_syntax_and_plan():
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "cpu_scale_check.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    env = dict(os.environ, CPU_SCALE_CORES="16")
+    plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert plan.returncode == 0, plan.stderr
+    runs = [ln for ln in plan.stdout.splitlines() if "ringcomm.bench" in ln]
+    assert [(ln.split("-np ")[1].split()[0], ln.split("--bind ")[1].split()[0]) for ln in runs] == \
+        [(n, b) for n in ("2", "4", "8", "16") for b in ("none", "core")]
+    assert all(ln.startswith("timeout ") and "gloo" in ln for ln in runs)
+    env["CPU_SCALE_CORES"] = "6"
+    plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert "fewer than 16 cores" in plan.stdout and "-np 8" not in plan.stdout and "-np 4" in plan.stdout
+    assert subprocess.run([script, "--bogus"], capture_output=True).returncode == 2
