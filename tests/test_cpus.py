@@ -6,7 +6,8 @@ topologies; the registry on files in a temporary directory; binding for real in 
 (bind=core at 2 ranks: each rank on its own CPU; a pre-narrowed mask: untouched; another job
 on the node: untouched). The split: every dtype x op at sizes 0, 1, odd and large on 1 to 4
 threads, bit for bit against the one-thread kernel, a forked child, and host communicators with
-and without threads giving identical results.
+and without threads giving identical results (2 ranks, and 8 and 16 oversubscribed ranks with
+tiny slots, one group per world size, which also checks where bind=core put them).
 """
 from __future__ import annotations
 
@@ -103,6 +104,8 @@ def test_auto_threads():
     assert auto_threads(placed, 8, "auto", None) == 1  # not known who shares: all local ranks
     with pytest.raises(ValueError):
         auto_threads(bound, 4, "0", None)
+    with pytest.raises(ValueError, match="RINGCOMM_THREADS"):
+        auto_threads(bound, 4, "two", None)
 
 
 # ---- the node registry ---------------------------------------------------------------------------
@@ -287,9 +290,9 @@ def test_split_pool_in_a_forked_child(pools):
     assert np.array_equal(out, a + a)
 
 
-def _threads_vs_one(rank, world, store_dir):
+def _threads_vs_one(rank, world, store_dir, scale=1):
     """Every collective through a communicator with 3 threads (small threshold, tiny slots,
-    streaming stores) and one with 1: identical bytes."""
+    streaming stores) and one with 1: identical bytes. ``scale`` divides the sizes."""
     import ringcomm
     results = {}
     for threads in ("3", "1"):
@@ -299,7 +302,8 @@ def _threads_vs_one(rank, world, store_dir):
             assert comm._c.cpu_threads == int(threads)
             rng = np.random.default_rng(rank)
             out = []
-            for dtype, n in ((np.float32, 300_001), (np.float16, 77_777), (np.int64, 50_000)):
+            for dtype, n in ((np.float32, 300_001 // scale), (np.float16, 77_777 // scale),
+                             (np.int64, 50_000 // scale)):
                 x = (rng.standard_normal(n) * 100).astype(dtype)
                 for op in (ringcomm.ReduceOp.SUM, ringcomm.ReduceOp.MAX):
                     y = x.copy()
@@ -312,11 +316,41 @@ def _threads_vs_one(rank, world, store_dir):
                 b = x.copy()
                 comm.broadcast(b, root=world - 1)
                 out += [rs.tobytes(), ag.tobytes(), b.tobytes()]
-            avg = (rng.standard_normal(200_000)).astype(np.float32)
+            avg = (rng.standard_normal(200_000 // scale)).astype(np.float32)
             comm.all_reduce(avg, op=ringcomm.ReduceOp.AVG)
             out.append(avg.tobytes())
         results[threads] = out
     return results["3"] == results["1"]
+
+
+def _bind_then_threads(rank, world, store_dir):
+    """Where RINGCOMM_BIND=core put the ranks (the INFO line's facts), then the split."""
+    import ringcomm
+    with ringcomm.init(rank=rank, world_size=world, init_method=f"file://{store_dir}", prefix="bind") as comm:
+        p = comm.cpu_plan
+        placed = (p.applied, p.reason, sorted(os.sched_getaffinity(0)), p.ranks_sharing)
+    os.environ["RINGCOMM_BIND"] = "none"
+    return placed, _threads_vs_one(rank, world, store_dir, scale=world // 2)
+
+
+@pytest.mark.parametrize("world", [8, 16])
+def test_many_ranks_bind_and_threads(tmp_path, world):
+    store = tmp_path / "rdzv"
+    store.mkdir(mode=0o700)
+    env = {"RINGCOMM_THREADS_MIN_BYTES": "4K", "RINGCOMM_SLOT_BYTES": "16K", "RINGCOMM_FAR_SLOT_BYTES": "4K",
+           "RINGCOMM_STREAM": "on", "RINGCOMM_SPIN_US": "5", "RINGCOMM_BIND": "core",
+           "RINGCOMM_BIND_REGISTRY": str(tmp_path / "reg")}
+    got = spawn(_bind_then_threads, world, (str(store),), env=env, timeout=400)
+    allowed = _allowed()
+    for r, (placed, same) in enumerate(got):
+        assert same, f"rank {r}: 3 threads gave other bytes than 1"
+        applied, reason, mask, sharing = placed
+        if allowed != _online():
+            assert not applied and "narrower" in reason
+        elif len(allowed) < world:
+            assert not applied and "fewer CPUs" in reason and mask == allowed and sharing == world
+        else:
+            assert applied and mask == core_share(allowed, r, world) and sharing == 1
 
 
 def test_communicator_threads_bit_identical(tmp_path):

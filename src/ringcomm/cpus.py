@@ -182,9 +182,14 @@ def auto_threads(plan: BindPlan, local_world: int, knob: str, omp: Optional[str]
     divided by the local ranks sharing them (all local ranks when that is not known), at least 1:
     two unbound ranks on two CPUs get one thread each."""
     if knob.strip().lower() != "auto":
-        n = int(knob)
+        try:
+            n = int(knob)
+        except ValueError:
+            n = 0
         if n < 1:
-            raise ValueError(f"RINGCOMM_THREADS must be auto or >= 1, got {knob!r}")
+            from .errors import InvalidArgumentError
+            raise InvalidArgumentError(f"ringcomm: environment knob RINGCOMM_THREADS={knob!r} is not "
+                                       f"valid: expected auto or a count >= 1")
         return n
     ncpu = len(plan.cpus)
     if omp:
@@ -269,8 +274,16 @@ class _Registry:
         """Register this process; (why another job forbids binding or None, whether this
         process was registered already)."""
         import fcntl
-        os.makedirs(self.path, mode=0o1777, exist_ok=True)
-        fd = os.open(os.path.join(self.path, "lock"), os.O_CREAT | os.O_RDWR, 0o666)
+        import stat
+        try:
+            os.mkdir(self.path)
+            os.chmod(self.path, 0o1777)  # every user's jobs register here (sticky: own files only)
+        except FileExistsError:
+            pass
+        if not stat.S_ISDIR(os.lstat(self.path).st_mode):
+            raise NotADirectoryError(f"{self.path} is not a directory (a link?)")
+        # flock works on a read-only descriptor, so a lock file made by another user serves too.
+        fd = os.open(os.path.join(self.path, "lock"), os.O_CREAT | os.O_RDONLY | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             entries = self._entries()
@@ -322,7 +335,11 @@ def bind_process(mode: str, local_rank: int, local_world: int, registry: str,
             other = f"the node registry {registry} is not usable ({e})"
     plan = plan_binding(mode, local_rank, local_world, topo, other)
     if plan.applied:
-        apply_affinity(plan.cpus)
+        try:
+            apply_affinity(plan.cpus)
+        except OSError as e:  # e.g. CPUs outside a cpuset the kernel enforces: leave the mask
+            plan = BindPlan(mode, False, sorted(os.sched_getaffinity(0)), 0,
+                            f"sched_setaffinity({format_cpulist(plan.cpus)}) failed: {e}")
     if mode != "none":
         _placed = plan
     return plan
