@@ -89,6 +89,19 @@ def test_already_placed_processes_are_left_alone():
         plan_binding("socket", 0, 2, Topology(online, online, [online]))
 
 
+def test_read_topology_from_a_faked_sys(tmp_path):
+    sys_root = tmp_path / "sys"
+    for node, cpulist in (("node0", "0-7\n"), ("node1", "8-15\n"), ("node10", "")):
+        (sys_root / "devices/system/node" / node).mkdir(parents=True)
+        (sys_root / "devices/system/node" / node / "cpulist").write_text(cpulist)
+    (sys_root / "devices/system/cpu").mkdir(parents=True)
+    (sys_root / "devices/system/cpu/online").write_text("0-15\n")
+    topo = cpus.read_topology(str(sys_root))
+    assert topo.online == list(range(16)) and topo.nodes == [list(range(8)), list(range(8, 16)), []]
+    assert cpus._cpuset_files("/s", "0::/user.slice/job\n")[0] == "/s/fs/cgroup/user.slice/job/cpuset.cpus.effective"
+    assert cpus._cpuset_files("/s", "4:cpu,cpuset:/docker/ab\n")[0] == "/s/fs/cgroup/cpuset/docker/ab/cpuset.effective_cpus"
+
+
 def test_auto_threads():
     topo = Topology(list(range(16)), list(range(16)), [list(range(16))])
     unbound = plan_binding("none", 0, 2, topo)
@@ -180,6 +193,16 @@ def test_bind_core_spawned_ranks(tmp_path):
     got = launch(_where, 2, bind="none", env=env, timeout=120)
     assert all(g[0] == allowed and not g[1] for g in got)
     assert not os.listdir(tmp_path / "reg") or os.listdir(tmp_path / "reg") == ["lock"]
+    with pytest.raises(ValueError, match="bind must be"):
+        launch(_where, 2, bind="socket")
+
+
+def test_bench_bind_option():
+    from ringcomm.bench.cli import build_parser, resolve
+    assert resolve(build_parser().parse_args(["--bind", "core"]))["bind"] == "core"
+    assert resolve(build_parser().parse_args([]))["bind"] is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--bind", "socket"])
 
 
 @needs_whole_machine

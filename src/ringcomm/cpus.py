@@ -218,13 +218,29 @@ def read_topology(sys_root: str = "/sys") -> Topology:
                        key=lambda p: int(p.rsplit("/", 2)[-2][4:])):
         nodes.append(parse_cpulist(_read(path) or ""))
     cpuset = None
-    for path in (f"{sys_root}/fs/cgroup/cpuset.cpus.effective",
-                 f"{sys_root}/fs/cgroup/cpuset/cpuset.effective_cpus"):
+    for path in _cpuset_files(sys_root, _read("/proc/self/cgroup") or ""):
         text = _read(path)
         if text and text.strip():
             cpuset = parse_cpulist(text)
             break
     return Topology(sorted(os.sched_getaffinity(0)), online, nodes, cpuset)
+
+
+def _cpuset_files(sys_root: str, proc_cgroup: str) -> list[str]:
+    """Where this process's effective cpuset is, most specific first: its own cgroup's file
+    (/proc/self/cgroup: ``0::/path`` for cgroup v2, ``N:cpuset:/path`` for v1), then the
+    mount's root (inside a container with its own cgroup namespace, the container's)."""
+    out = []
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            out.append(f"{sys_root}/fs/cgroup{parts[2].rstrip('/')}/cpuset.cpus.effective")
+        elif "cpuset" in parts[1].split(","):
+            out.append(f"{sys_root}/fs/cgroup/cpuset{parts[2].rstrip('/')}/cpuset.effective_cpus")
+    return out + [f"{sys_root}/fs/cgroup/cpuset.cpus.effective",
+                  f"{sys_root}/fs/cgroup/cpuset/cpuset.effective_cpus"]
 
 
 def apply_affinity(cpus: Sequence[int]) -> None:
