@@ -197,10 +197,10 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
     started = time.time()
     core = None
     published = False
-    # Placement first: threads started from here on inherit the mask, and the segment's pages
-    # are first touched (allocated) by this rank on its own CPUs, hence its NUMA node.
-    plan, threads, min_bytes = place_rank(rank, world_size)
     try:
+        # Placement first: threads started from here on inherit the mask, and the segment's pages
+        # are first touched (allocated) by this rank on its own CPUs, hence its NUMA node.
+        plan, threads, min_bytes = place_rank(rank, world_size)
         core = _C.Communicator(rank, world_size, timeout)
         core.set_cpus(threads, min_bytes, plan.describe(threads, min_bytes))
         name = core.create()
