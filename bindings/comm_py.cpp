@@ -74,6 +74,10 @@ void bind_comm(py::module_& m) {
            "waits that found their peer on their own CPU.")
       .def("abort", &Communicator::abort, py::arg("reason") = "", rc_py::ReleaseGil())
       .def("set_timeout", &Communicator::set_timeout, py::arg("seconds"))
+      .def("set_cpus", &Communicator::set_cpus, py::arg("threads"), py::arg("min_bytes"), py::arg("where") = "",
+           "Before connect(): split copies and reductions of >= min_bytes over `threads` threads (1: none); "
+           "`where` (the rank's placement) ends the INFO line.")
+      .def_property_readonly("cpu_threads", &Communicator::cpu_threads)
       .def("errored", [](Communicator& c) -> py::object {
              // (ErrorCode, message) of the first error that made the communicator unusable, or None.
              std::exception_ptr e = c.errored();

@@ -12,6 +12,9 @@
 #include "kernels/reduce_cpu.h"
 #include "kernels/reduce_cpu_isa.h"
 #include "kernels/copy_cpu.h"
+#include "kernels/cpu_pool.h"
+
+#include <memory>
 
 namespace py = pybind11;
 
@@ -60,6 +63,40 @@ void reduce_py(const py::object& dst_obj, const py::object& a_obj, const py::obj
   rc::reduce_cpu_with_isa(d, pa, pb, n, dt, op, scale, isa);
 }
 
+// The split kernels on a pool of `threads` made for the call (or kept between calls in `pool`):
+// reduce (op >= 0) or copy (op < 0; stream: copy_to_peer's streaming stores) of src/a,b into dst.
+struct PoolHolder {
+  std::unique_ptr<rc::CpuPool> pool;
+};
+
+void split_py(PoolHolder& h, const py::object& dst_obj, const py::object& a_obj, const py::object& b_obj,
+              int64_t dtype_code, int64_t op_code, double scale, size_t min_bytes, bool stream) {
+  RC_CHECK(dtype_code >= 0 && dtype_code < static_cast<int64_t>(rc::DType::kCount), InvalidArgument,
+           "_split: unknown dtype code " << dtype_code);
+  const auto dt = static_cast<rc::DType>(dtype_code);
+  py::array dst = as_array(dst_obj, "dst");
+  const py::array a = as_array(a_obj, "a");
+  const size_t n = static_cast<size_t>(dst.size());
+  const size_t esz = rc::dtype_size(dt);
+  check_array(dst, "dst", n, esz);
+  check_array(a, "a", n, esz);
+  RC_CHECK(dst.writeable(), InvalidArgument, "_split: dst is read-only");
+  void* d = dst.mutable_data();
+  const void* pa = a.data();
+  if (op_code < 0) {
+    py::gil_scoped_release nogil;
+    rc::copy_split(h.pool.get(), min_bytes, d, pa, n * esz, stream);
+    return;
+  }
+  RC_CHECK(op_code < static_cast<int64_t>(rc::ReduceOp::kCount), InvalidArgument, "_split: unknown op " << op_code);
+  const auto op = static_cast<rc::ReduceOp>(op_code);
+  const py::array b = as_array(b_obj, "b");
+  check_array(b, "b", n, esz);
+  const void* pb = b.data();
+  py::gil_scoped_release nogil;
+  rc::reduce_split(h.pool.get(), min_bytes, d, pa, pb, n, dt, op, scale);
+}
+
 bool reduce_supported_py(int64_t dtype_code, int64_t op_code) {
   if (dtype_code < 0 || dtype_code >= static_cast<int64_t>(rc::DType::kCount)) return false;
   if (op_code < 0 || op_code >= static_cast<int64_t>(rc::ReduceOp::kCount)) return false;
@@ -69,6 +106,32 @@ bool reduce_supported_py(int64_t dtype_code, int64_t op_code) {
 }  // namespace
 
 void bind_kernels(py::module_& m) {
+  py::class_<PoolHolder>(m, "_CpuPool",
+                         "Test/benchmark handle: the CpuPool (kernels/cpu_pool.h) of `threads` threads that "
+                         "a host communicator uses for large copies and reductions.")
+      .def(py::init([](int threads, int spin_us) {
+             RC_CHECK(threads >= 1, InvalidArgument, "_CpuPool: threads must be >= 1, got " << threads);
+             auto h = std::make_unique<PoolHolder>();
+             if (threads > 1) h->pool = std::make_unique<rc::CpuPool>(threads, spin_us);
+             return h;
+           }), py::arg("threads"), py::arg("spin_us") = 50)
+      .def_property_readonly("threads", [](const PoolHolder& h) { return h.pool ? h.pool->threads() : 1; })
+      .def("reduce", [](PoolHolder& h, const py::object& dst, const py::object& a, const py::object& b,
+                        int64_t dtype, int64_t op, double scale, size_t min_bytes) {
+             RC_CHECK(op >= 0, InvalidArgument, "_CpuPool.reduce: unknown op " << op);
+             split_py(h, dst, a, b, dtype, op, scale, min_bytes, false);
+           }, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("dtype"), py::arg("op"), py::arg("scale") = 1.0,
+           py::arg("min_bytes") = 0,
+           "dst = a (op) b split over the pool's threads when the bytes are >= min_bytes (GIL released).")
+      .def("copy", [](PoolHolder& h, const py::object& dst, const py::object& src, int64_t dtype, bool stream,
+                      size_t min_bytes) { split_py(h, dst, src, py::none(), dtype, -1, 1.0, min_bytes, stream); },
+           py::arg("dst"), py::arg("src"), py::arg("dtype"), py::arg("stream") = false, py::arg("min_bytes") = 0,
+           "dst = src split likewise (stream: non-temporal stores, as into a peer's slot).")
+      .def_static("split_range", [](size_t n, size_t esize, int parts, int k) {
+             size_t b, e;
+             rc::split_range(n, esize, parts, k, &b, &e);
+             return py::make_tuple(b, e);
+           }, py::arg("n"), py::arg("esize"), py::arg("parts"), py::arg("k"));
   m.def("_reduce", &reduce_py, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("dtype"), py::arg("op"),
         py::arg("scale") = 1.0, py::arg("isa") = "auto",
         "dst[:] = a (op) b elementwise with the CPU reduce kernels (tests/benchmarks).\n"

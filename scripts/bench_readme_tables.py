@@ -2,6 +2,7 @@
 scripts/bench_tables.sh run.
 
     python scripts/bench_readme_tables.py DIR
+    python scripts/bench_readme_tables.py --headline DIR   # the README's table: median / p90 / p99
 
 DIR holds np2_b2b.json, np2_apart.json, np4_b2b.json, np4_apart.json and (optionally)
 np2_b2b_load2.json, np2_apart_load2.json. Prints, per dtype, a markdown table of all_reduce times
@@ -42,5 +43,43 @@ def main(d):
         print()
 
 
+HEADLINE_LIBS = [("ringcomm", "ringcomm"), ("mpi", "MPICH"), ("deepspeed", "DeepSpeed"), ("gloo", "gloo")]
+
+
+def spread(cell):
+    """'median / p90 / p99' µs of one cell; p99 only where the cell timed >= 100 calls (the
+    bench's rule: the JSON's p99 is null below that), else '-'."""
+    if not cell:
+        return "n/a"
+    p99 = cell.get("p99_us")
+    return f"{fmt(cell['time_us'])} / {fmt(cell['p90_us'])} / {'-' if p99 is None else fmt(p99)}"
+
+
+def headline(d, dtype="float32", runs=("np2_b2b", "np2_apart")):
+    """The README's headline table: float32 all_reduce in place, 2 ranks, per library and arrival
+    mode the median / p90 / p99 µs, the best median per mode in bold."""
+    cells = load_runs(d, keep_wrong=True)
+    sizes = sorted({k[2] for k in cells if k[1] == dtype and k[0] in runs})
+    cols = [(r, lib, f"{label} {r.split('_', 1)[1]}") for r in runs for lib, label in HEADLINE_LIBS
+            if any(k[0] == r and k[3] == lib for k in cells)]
+    print("| size | " + " | ".join(c[2] for c in cols) + " |")
+    print("|---:|" + "---:|" * len(cols))
+    for s in sizes:
+        row = []
+        for r, lib, _ in cols:
+            cell = cells.get((r, dtype, s, lib))
+            best = min((cells[(r, dtype, s, l)]["time_us"] for l, _ in HEADLINE_LIBS
+                        if (r, dtype, s, l) in cells), default=None)
+            text = spread(cell)
+            if cell and cell["time_us"] == best:
+                med, rest = text.split(" / ", 1)
+                text = f"**{med}** / {rest}"
+            row.append(text)
+        print(f"| {size_name(s)} | " + " | ".join(row) + " |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--headline":
+        headline(sys.argv[2])
+    else:
+        main(sys.argv[1])

@@ -27,7 +27,7 @@ DeviceCaps HostDevice::caps_for(const ShmConfig& cfg) {
 std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h, void*, AlgoCtx& c,
                                                  const std::function<void(const AlgoCtx&)>& body) {
   coll_.set_streaming(h.store == static_cast<uint8_t>(Store::kStreaming));
-  c.ch = &coll_;
+  c.ch = split_ ? static_cast<Channel*>(split_.get()) : &coll_;
   c.scratch = scratch_.data();
   c.ll = &ll_;
   if (!log_enabled(LogLevel::kTrace)) {
@@ -42,6 +42,16 @@ std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h,
   return nullptr;
 }
 
+void HostDevice::set_cpus(int threads, size_t min_bytes, const std::string& where) {
+  RC_CHECK(threads >= 1, InvalidArgument, "ringcomm: CPU threads per rank must be >= 1, got " << threads);
+  cpus_ = where;
+  split_.reset();
+  pool_.reset();
+  if (threads == 1) return;
+  pool_ = std::make_unique<CpuPool>(threads, static_cast<int>(transport_.config().spin_ns / 1000));
+  split_ = std::make_unique<SplitChannel>(&coll_, pool_.get(), min_bytes, scratch_.data());
+}
+
 Communicator::Communicator(int rank, int world, double timeout_s)
     : CommCore(rank, world, std::make_unique<HostDevice>(rank, world, timeout_s)),
       host_(static_cast<HostDevice*>(&device_part())) {}
@@ -51,7 +61,7 @@ void HostDevice::log_connected(const std::string& selection) {
   RC_LOG(kInfo, rank_, world_,
          "transport shm; " << transport_.describe_geometry() << "; " << transport_.describe_liveness() << "; "
          << selection << "; reduce ISA " << describe_reduce_cpu_isa() << "; " << transport_.describe_wait()
-         << "; timeout " << sc.timeout_s << " s");
+         << "; timeout " << sc.timeout_s << " s" << (cpus_.empty() ? "" : "; cpus: ") << cpus_);
 }
 
 void Communicator::connect(const std::vector<std::string>& names) {

@@ -3,15 +3,20 @@
 // ShmChannels and the LL protocol over its outbox; it reports what it can run (DeviceCaps:
 // every algorithm and protocol, streaming stores) and applies the store policy each call's
 // header carries. Collectives run on the host and are complete when their host part is.
+// With more than one CPU thread per rank (set_cpu_threads, chosen by the Python front from the
+// rank's CPUs: src/ringcomm/cpus.py) the collective lane is a SplitChannel over the ShmChannel:
+// large copies and reductions run on the device's CpuPool.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/core.h"
+#include "kernels/cpu_pool.h"
 #include "proto/ll.h"
 #include "transport/shm.h"
 #include "transport/shm_channel.h"
+#include "transport/split_channel.h"
 
 namespace rc {
 
@@ -33,7 +38,15 @@ class HostDevice final : public CommDevice {
   std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
                                        const std::function<void(const AlgoCtx&)>& body) override;
   Channel& p2p_channel() override { return p2p_; }
-  void close(bool broken) override { transport_.close(); }
+  void close(bool broken) override {
+    split_.reset();
+    pool_.reset();
+    transport_.close();
+  }
+  /// Split copies and reductions of at least min_bytes over `threads` threads (1: none); `where`
+  /// (the rank's CPUs, from the Python front) ends the INFO line. Called before connect().
+  void set_cpus(int threads, size_t min_bytes, const std::string& where);
+  int cpu_threads() const { return pool_ ? pool_->threads() : 1; }
 
  private:
   int rank_, world_;
@@ -42,6 +55,9 @@ class HostDevice final : public CommDevice {
   ShmChannel coll_;            // the collective lane; used by the executing thread only
   ShmChannel p2p_;             // the point-to-point lane; used by the p2p thread only
   LLProtocol ll_;              // over this rank's outbox; used by the executing thread only
+  std::unique_ptr<CpuPool> pool_;         // null: one thread; run by the executing thread only
+  std::unique_ptr<SplitChannel> split_;   // over coll_ and pool_, when pool_ exists
+  std::string cpus_;                      // the INFO line's placement (set_cpus)
 };
 
 class Communicator final : public CommCore {
@@ -55,6 +71,12 @@ class Communicator final : public CommCore {
   void connect(const std::vector<std::string>& names);
   /// The shm transport's wait counters (see ShmTransport::WaitStats).
   ShmTransport::WaitStats wait_stats() const { return host_->transport().wait_stats(); }
+  /// See HostDevice::set_cpus.
+  void set_cpus(int threads, size_t min_bytes, const std::string& where) {
+    RC_CHECK(!connected(), Error, "ringcomm: set_cpus after connect");
+    host_->set_cpus(threads, min_bytes, where);
+  }
+  int cpu_threads() const { return host_->cpu_threads(); }
 
  private:
   HostDevice* host_;  // owned by the core

@@ -44,6 +44,11 @@ const std::vector<KnobInfo>& table() {
       {"RINGCOMM_DEBUG", T::kChoice, "WARN", "WARN|INFO|TRACE", "logging to stderr: INFO one line per communicator (transport, selection rule), TRACE also one per collective (its algorithm, protocol and store)", false},
       // reduce kernels (csrc/kernels/reduce_cpu.cpp)
       {"RINGCOMM_CPU_ISA", T::kChoice, "auto", "auto|avx512|avx2|generic", "CPU reduce kernels: auto (bfloat16 AVX-512 where present; other dtypes AVX2 where present; else generic), or one of avx512, avx2, generic for every dtype", false},
+      // CPU placement and threads of a host rank (src/ringcomm/cpus.py, csrc/kernels/cpu_pool.h)
+      {"RINGCOMM_BIND", T::kChoice, "none", "none|core|numa", "pin each local rank at init (before its shared memory is allocated): core (a contiguous share of the CPUs the process may use, one or more per local rank; with fewer CPUs than local ranks nothing is pinned), numa (the allowed CPUs of NUMA node local_rank mod nodes) or none; never applied when the process is already placed (an affinity mask or container cpuset narrower than the online CPUs, or another ringcomm job binding on this node: the INFO line says which)", false},
+      {"RINGCOMM_BIND_REGISTRY", T::kStr, "/tmp/.ringcomm-bind", "", "directory of the node registry through which ringcomm jobs that bind see each other (one file per process; the first job to register binds, later ones are left unbound)", false},
+      {"RINGCOMM_THREADS", T::kStr, "auto", "", "threads per rank for copies and reductions of at least RINGCOMM_THREADS_MIN_BYTES: a count >= 1, or auto (OMP_NUM_THREADS where set, at most the rank's CPUs; else the CPUs the rank may use divided by the local ranks sharing them)", false},
+      {"RINGCOMM_THREADS_MIN_BYTES", T::kBytes, "128K", "", "a copy or reduction of at least this many bytes (one slot's piece, or a whole buffer) is split over the rank's threads, by element ranges (results are bit-identical to one thread)", false},
       // CUDA transport and communicator
       {"RINGCOMM_CUDA_SLOT_BYTES", T::kBytes, "2M", "", "CUDA slot size (a multiple of 4096)", false},
       {"RINGCOMM_CUDA_NSLOTS", T::kInt, "4", "", "CUDA slots per channel, 2..64", false},

@@ -4,7 +4,7 @@ every import of every module (at module level and inside functions, relative and
 
     layer  name          modules (a package stands for all its modules)
     0      core          ringcomm (the package itself), errors, tables, config, arrays,
-                         rendezvous, work, front, host, api, launch, machine, _layers
+                         rendezvous, work, front, cpus, host, api, launch, machine, _layers
            back ends     torch (the torch.distributed backend), cuda (CUDA arrays),
                          hier (ranks on several nodes), torchft (a torchft ProcessGroup)
     1      wrappers      ddp, zero, tp, pp, recompute, memory, saved_tensors
@@ -22,8 +22,8 @@ __all__ = ["PACKAGE", "CORE", "BACK_ENDS", "CORE_TO_BACK_END", "LAYERS", "LAYER_
 
 PACKAGE = "ringcomm"
 
-CORE = ("errors", "tables", "config", "arrays", "rendezvous", "work", "front", "host", "api",
-        "launch", "machine", "_layers")
+CORE = ("errors", "tables", "config", "arrays", "rendezvous", "work", "front", "cpus", "host",
+        "api", "launch", "machine", "_layers")
 BACK_ENDS = ("torch", "cuda", "hier", "torchft")
 
 # (core module, back end) -> why that module chooses that back end.

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import _C
 from .arrays import as_buf, is_cuda_array, maybe_cuda
+from .cpus import place_rank
 from .errors import InvalidArgumentError, PeerFailureError, RingcommError, from_code
 from .front import _SUM, CoreBackEnd
 from .rendezvous import GenerationSuperseded, exchange_segment_names, forget_segment_name
@@ -32,8 +33,11 @@ class Communicator(CoreBackEnd):
 
     _adapt = staticmethod(as_buf)
 
-    def __init__(self, core, prefix: str):
+    def __init__(self, core, prefix: str, cpu_plan=None):
         self._c = core
+        #: Where this rank runs (a ``cpus.BindPlan``: the CPUs, whether ringcomm pinned them and
+        #: why not, the local ranks sharing them); None for a communicator made without one.
+        self.cpu_plan = cpu_plan
         self.rank: int = core.rank
         self.world_size: int = core.world_size
         self.prefix = prefix
@@ -194,7 +198,11 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
     core = None
     published = False
     try:
+        # Placement first: threads started from here on inherit the mask, and the segment's pages
+        # are first touched (allocated) by this rank on its own CPUs, hence its NUMA node.
+        plan, threads, min_bytes = place_rank(rank, world_size)
         core = _C.Communicator(rank, world_size, timeout)
+        core.set_cpus(threads, min_bytes, plan.describe(threads, min_bytes))
         name = core.create()
         if world_size == 1:
             names = [name]
@@ -224,7 +232,7 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
     if world_size > 1:
         # connect() returned: every peer has mapped this rank's segment, so its key is read.
         forget_segment_name(store, prefix, rank)
-    return Communicator(core, prefix)
+    return Communicator(core, prefix, plan)
 
 
 _FAILED = "!failed: "

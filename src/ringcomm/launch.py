@@ -202,10 +202,20 @@ def _launch_entry(rank, world_size, fn, args, init_kwargs, store_dir=None):
 
 
 def launch(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
-           timeout: float = 300.0, env: dict | None = None, **init_kwargs) -> list:
+           timeout: float = 300.0, env: dict | None = None, bind: str | None = None,
+           **init_kwargs) -> list:
     """Run ``fn(comm, *args)`` on ``world_size`` local processes, each with a ringcomm
     communicator, and return the results in rank order. The first failure is re-raised as
-    ``LaunchError`` with its rank and traceback; the other ranks are killed."""
+    ``LaunchError`` with its rank and traceback; the other ranks are killed.
+
+    ``bind``: "core" (each rank pinned to a contiguous share of the CPUs this process may use),
+    "numa" (to a NUMA node's), "none", or None (as the RINGCOMM_BIND knob says; default none).
+    Ranks already placed by the user are never moved (``ringcomm.cpus``); ``comm.cpu_plan`` says
+    where each runs."""
+    if bind is not None:
+        if str(bind).lower() not in ("core", "numa", "none"):
+            raise ValueError(f"ringcomm.launch: bind must be 'core', 'numa', 'none' or None, got {bind!r}")
+        env = dict(env or {}, RINGCOMM_BIND=str(bind).lower())
     if "init_method" not in init_kwargs and "store" not in init_kwargs:
         # mkdtemp creates the directory atomically, owned by us with mode 0700; every rank checks
         # it is still so before it trusts the keys in it.

@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load", type=int, default=0, metavar="N",
                    help="run N busy processes (pure compute, not pinned, normal priority) beside "
                         "the ranks during the timed phases; reaped afterwards (default 0)")
+    p.add_argument("--bind", default=None, choices=("core", "numa", "none"),
+                   help="pin each rank at ringcomm's init (RINGCOMM_BIND; default: as the "
+                        "environment says, none when unset): core (a contiguous share of the CPUs), "
+                        "numa (a NUMA node's CPUs) or none; the peers run in the same, pinned, "
+                        "processes (MPI's ranks are mpiexec's and stay unpinned)")
     p.add_argument("--no-inplace", dest="inplace", action="store_false",
                    help="skip ringcomm's in-place variants (broadcast keeps its only, in-place, form)")
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
@@ -162,7 +167,7 @@ def resolve(args) -> dict:
         raise ValueError("-n and --min-iters must be >= 1 and -w >= 0")
     return {"world_size": args.world_size, "ops": ops, "dtypes": dtypes, "redops": redops,
             "sizes": sizes, "policy": policy, "peers": peers, "inplace": args.inplace,
-            "nodes": args.nodes, "load": args.load, "op_timeout": args.op_timeout,
+            "nodes": args.nodes, "load": args.load, "op_timeout": args.op_timeout, "bind": args.bind,
             "timeout": args.timeout}
 
 
@@ -178,6 +183,11 @@ def arrival_text(pol: dict) -> str:
             f"then rank r computes r x {us:g} us (arrives that late)")
     return (f"{kind} (before every call: a torch.distributed gloo barrier in the same processes "
             f"(under mpiexec too), {what}; only the call is timed)")
+
+
+def _bind_knob() -> str:
+    from ..config import knob
+    return str(knob("RINGCOMM_BIND"))
 
 
 def _rank_entry(rank: int, world: int, cfg: dict, libs: list[str]) -> dict:
@@ -272,7 +282,8 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             try:
                 res = spawn(_rank_entry, cfg["world_size"], (cfg, torch_libs),
-                            timeout=cfg["timeout"])
+                            timeout=cfg["timeout"],
+                            env=None if cfg["bind"] is None else {"RINGCOMM_BIND": cfg["bind"]})
             except LaunchError as e:
                 print(f"ringcomm-bench: the ranks failed: {e}", file=sys.stderr)
                 return 3
@@ -317,6 +328,8 @@ def main(argv=None) -> int:
         "(/ p99 with >= 100 calls) of their times; algbw = size / median, busbw = algbw x "
         "factor; GB/s = 1e9 B/s",
         "# arrival: " + arrival_text(pol),
+        "# binding: RINGCOMM_BIND=" + (cfg["bind"] or _bind_knob())
+        + " (the ranks' placement: the ringcomm library line)",
         "# load: " + load.summary,
     ]
     load_end = loadavg()

@@ -116,7 +116,10 @@ class RingcommRunner(Runner, NumpyBuffers, TorchBuffers):
         self._flag = np.zeros(1, dtype=np.float64)
 
     def describe(self) -> str:
-        return f"ringcomm {getattr(self.rc, '__version__', '?')}"
+        plan = getattr(self.comm, "cpu_plan", None)
+        cpus = getattr(getattr(self.comm, "_c", None), "cpu_threads", 1)
+        where = f"; rank {self.rank} cpus: {plan.describe(cpus, 0)}" if plan is not None else ""
+        return f"ringcomm {getattr(self.rc, '__version__', '?')}{where}"
 
     def modes(self, op, inplace=True):
         if op == "broadcast":            # the API's broadcast is in place only

@@ -1,0 +1,400 @@
+"""Binding ranks to CPUs (ringcomm.cpus, RINGCOMM_BIND) and the split of large copies and
+reductions over a rank's threads (csrc/kernels/cpu_pool.h, RINGCOMM_THREADS).
+
+The share arithmetic, the NUMA placement and the "already placed" rules run on faked
+topologies; the registry on files in a temporary directory; binding for real in spawned ranks
+(bind=core at 2 ranks: each rank on its own CPU; a pre-narrowed mask: untouched; another job
+on the node: untouched). The split: every dtype x op at sizes 0, 1, odd and large on 1 to 4
+threads, bit for bit against the one-thread kernel, a forked child, and host communicators with
+and without threads giving identical results (2 ranks, and 8 and 16 oversubscribed ranks with
+tiny slots, one group per world size, which also checks where bind=core put them).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ringcomm import cpus
+from ringcomm._C import _CpuPool, _reduce, _reduce_supported
+from ringcomm.cpus import (BindPlan, Topology, auto_threads, core_share, format_cpulist,
+                           numa_share, parse_cpulist, pinned_reason, plan_binding)
+from ringcomm.launch import launch, spawn
+
+F32, F64, F16, BF16, I8, U8, I32, I64, BOOL = range(9)
+SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)
+STORAGE = {F32: np.float32, F64: np.float64, F16: np.float16, BF16: np.uint16, I8: np.int8,
+           U8: np.uint8, I32: np.int32, I64: np.int64, BOOL: np.bool_}
+
+
+# ---- CPU lists and shares (faked topologies) ----------------------------------------------------
+def test_cpulist_round_trip():
+    assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpulist("") == []
+    assert format_cpulist([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
+    assert format_cpulist([5]) == "5"
+    with pytest.raises(ValueError):
+        parse_cpulist("3-1")
+
+
+@pytest.mark.parametrize("ncpu,world", [(16, 4), (10, 4), (2, 2), (64, 8), (7, 3), (3, 3), (5, 1)])
+def test_core_shares_are_contiguous_disjoint_and_cover(ncpu, world):
+    allowed = list(range(100, 100 + ncpu))  # not starting at 0: shares index the allowed list
+    shares = [core_share(allowed, r, world) for r in range(world)]
+    assert sorted(c for s in shares for c in s) == allowed
+    for s in shares:
+        assert s == list(range(s[0], s[-1] + 1))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_core_with_fewer_cpus_than_ranks_pins_nothing():
+    with pytest.raises(ValueError):
+        core_share([4, 6], 2, 5)
+    plan = plan_binding("core", 2, 5, Topology([4, 6], [4, 6], [[4, 6]]))
+    assert not plan.applied and plan.cpus == [4, 6] and plan.ranks_sharing == 5
+    assert "fewer CPUs (2) than local ranks (5)" in plan.reason
+    assert "yes (5 local ranks" in plan.describe(1, 0)
+
+
+def test_numa_share_round_robins_over_nodes_with_allowed_cpus():
+    nodes = [list(range(0, 8)), list(range(8, 16)), list(range(16, 24))]
+    allowed = list(range(4, 16))  # node 2 has no allowed CPU: two usable nodes
+    got = [numa_share(nodes, allowed, r, 4) for r in range(4)]
+    assert got[0] == (0, [4, 5, 6, 7], 2) and got[1] == (1, list(range(8, 16)), 2)
+    assert got[2][0] == 0 and got[3][0] == 1
+    plan = plan_binding("numa", 1, 4, Topology(list(range(16)), list(range(16)), nodes[:2]))
+    assert plan.applied and plan.node == 1 and plan.cpus == list(range(8, 16))
+    assert plan.ranks_sharing == 2
+    # Two ranks on node 1's 8 CPUs: 4 threads each.
+    assert auto_threads(plan, 4, "auto", None) == 4
+
+
+def test_already_placed_processes_are_left_alone():
+    online = list(range(8))
+    assert pinned_reason(online, online, None) is None
+    assert "affinity mask 0-3" in pinned_reason([0, 1, 2, 3], online, None)
+    assert "container cpuset 0-5" in pinned_reason(online, online, list(range(6)))
+    for topo, why in ((Topology([0, 1], online, [online]), "narrower"),
+                      (Topology(online, online, [online], cpuset=[0, 1, 2]), "cpuset"),
+                      (Topology(online, online, [online]), "another ringcomm job")):
+        other = "another ringcomm job on this node binds its ranks" if why == "another ringcomm job" else None
+        plan = plan_binding("core", 0, 2, topo, other)
+        assert not plan.applied and why in plan.reason
+        assert plan.cpus == topo.allowed and plan.ranks_sharing == 0
+        assert "not applied" in plan.describe(1, 0) and "not known" in plan.describe(1, 0)
+    with pytest.raises(ValueError):
+        plan_binding("socket", 0, 2, Topology(online, online, [online]))
+
+
+def test_read_topology_from_a_faked_sys(tmp_path):
+    sys_root = tmp_path / "sys"
+    for node, cpulist in (("node0", "0-7\n"), ("node1", "8-15\n"), ("node10", "")):
+        (sys_root / "devices/system/node" / node).mkdir(parents=True)
+        (sys_root / "devices/system/node" / node / "cpulist").write_text(cpulist)
+    (sys_root / "devices/system/cpu").mkdir(parents=True)
+    (sys_root / "devices/system/cpu/online").write_text("0-15\n")
+    topo = cpus.read_topology(str(sys_root))
+    assert topo.online == list(range(16)) and topo.nodes == [list(range(8)), list(range(8, 16)), []]
+    assert cpus._cpuset_files("/s", "0::/user.slice/job\n")[0] == "/s/fs/cgroup/user.slice/job/cpuset.cpus.effective"
+    assert cpus._cpuset_files("/s", "4:cpu,cpuset:/docker/ab\n")[0] == "/s/fs/cgroup/cpuset/docker/ab/cpuset.effective_cpus"
+
+
+def test_auto_threads():
+    topo = Topology(list(range(16)), list(range(16)), [list(range(16))])
+    unbound = plan_binding("none", 0, 2, topo)
+    assert auto_threads(unbound, 2, "auto", None) == 8
+    two = Topology([0, 1], [0, 1], [[0, 1]])
+    assert auto_threads(plan_binding("none", 0, 2, two), 2, "auto", None) == 1  # nothing changes
+    bound = plan_binding("core", 1, 4, topo)
+    assert bound.cpus == [4, 5, 6, 7] and auto_threads(bound, 4, "auto", None) == 4
+    assert auto_threads(bound, 4, "auto", "2") == 2
+    assert auto_threads(bound, 4, "auto", "64") == 4  # at most the rank's CPUs
+    assert auto_threads(bound, 4, "3", "1") == 3
+    placed = plan_binding("core", 0, 8, Topology([0, 1, 2, 3], topo.online, topo.nodes))
+    assert auto_threads(placed, 8, "auto", None) == 1  # not known who shares: all local ranks
+    with pytest.raises(ValueError):
+        auto_threads(bound, 4, "0", None)
+    with pytest.raises(ValueError, match="RINGCOMM_THREADS"):
+        auto_threads(bound, 4, "two", None)
+
+
+# ---- the node registry ---------------------------------------------------------------------------
+def _entry(reg, pid, job, number):
+    with open(os.path.join(reg, str(pid)), "w") as f:
+        f.write(f"{job} {cpus._start_time(pid)} {number}\n")
+
+
+def test_registry_sees_a_live_job_and_drops_dead_entries(tmp_path):
+    reg = str(tmp_path / "reg")
+    os.makedirs(reg)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        _entry(reg, other.pid, "ppid-other", 1)
+        with open(os.path.join(reg, str(dead.pid)), "w") as f:
+            f.write("ppid-gone 12345 0\n")
+        r = cpus._Registry(reg)
+        why, before = r.register("ppid-mine")
+        assert why is not None and str(other.pid) in why and not before
+        assert not os.path.exists(os.path.join(reg, str(dead.pid)))
+        assert cpus._Registry(reg).register("ppid-mine") == (why, True)
+        r.unregister()
+        # A job that registered after ours does not stop us.
+        os.unlink(os.path.join(reg, str(other.pid)))
+        why, _ = r.register("ppid-mine")
+        _entry(reg, other.pid, "ppid-other", 99)
+        assert why is None and cpus._Registry(reg).register("ppid-mine")[0] is None
+        r.unregister()
+    finally:
+        other.kill()
+        other.wait()
+
+
+# ---- binding in spawned ranks ----------------------------------------------------------------
+def _where(comm):
+    p = comm.cpu_plan
+    return sorted(os.sched_getaffinity(0)), p.applied, p.reason, p.ranks_sharing
+
+
+def _narrowed_then_init(rank, world, store_dir, cpu):
+    import ringcomm
+    os.sched_setaffinity(0, {cpu})
+    with ringcomm.init(rank=rank, world_size=world, init_method="file://" + store_dir) as comm:
+        x = np.ones(1000, np.float32)
+        comm.all_reduce(x)
+        return sorted(os.sched_getaffinity(0)), comm.cpu_plan.applied, comm.cpu_plan.reason, float(x[0])
+
+
+def _allowed():
+    return sorted(os.sched_getaffinity(0))
+
+
+def _online():
+    return cpus.read_topology().online
+
+
+needs_whole_machine = pytest.mark.skipif(
+    _allowed() != _online() or len(_allowed()) < 2,
+    reason="the test process must run on all (>= 2) online CPUs")
+
+
+@needs_whole_machine
+def test_bind_core_spawned_ranks(tmp_path):
+    env = {"RINGCOMM_BIND_REGISTRY": str(tmp_path / "reg")}
+    got = launch(_where, 2, bind="core", env=env, timeout=120)
+    allowed = _allowed()
+    assert [g[0] for g in got] == [core_share(allowed, r, 2) for r in range(2)]
+    assert all(g[1] and g[3] == 1 for g in got)
+    # bind none (and None, with RINGCOMM_BIND unset): untouched.
+    got = launch(_where, 2, bind="none", env=env, timeout=120)
+    assert all(g[0] == allowed and not g[1] for g in got)
+    assert not os.listdir(tmp_path / "reg") or os.listdir(tmp_path / "reg") == ["lock"]
+    with pytest.raises(ValueError, match="bind must be"):
+        launch(_where, 2, bind="socket")
+
+
+def test_bench_bind_option():
+    from ringcomm.bench.cli import build_parser, resolve
+    assert resolve(build_parser().parse_args(["--bind", "core"]))["bind"] == "core"
+    assert resolve(build_parser().parse_args([]))["bind"] is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--bind", "socket"])
+
+
+@needs_whole_machine
+def test_bind_leaves_pre_narrowed_masks_and_other_jobs(tmp_path):
+    env = {"RINGCOMM_BIND": "core", "RINGCOMM_BIND_REGISTRY": str(tmp_path / "reg")}
+    store = tmp_path / "rdzv"
+    store.mkdir(mode=0o700)
+    last = _allowed()[-1]
+    got = spawn(_narrowed_then_init, 2, (str(store), last), env=env, timeout=120)
+    assert all(g[0] == [last] and not g[1] and "narrower" in g[2] and g[3] == 2.0 for g in got)
+    # Another job (this test process, under another job key) registered first: not applied.
+    os.makedirs(tmp_path / "reg2")
+    _entry(str(tmp_path / "reg2"), os.getpid(), "ppid-another-job", 1)
+    env["RINGCOMM_BIND_REGISTRY"] = str(tmp_path / "reg2")
+    got = launch(_where, 2, env=env, timeout=120)
+    assert all(g[0] == _allowed() and not g[1] and "another ringcomm job" in g[2] for g in got)
+
+
+# ---- the thread split ------------------------------------------------------------------------------
+def _inputs(dt, n, rng):
+    st = STORAGE[dt]
+    if dt == BOOL:
+        return rng.integers(0, 2, n).astype(np.bool_), rng.integers(0, 2, n).astype(np.bool_)
+    if dt == BF16:
+        f = (rng.standard_normal(n) * 4).astype(np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16), ((f * 0.7).view(np.uint32) >> 16).astype(np.uint16)
+    if np.issubdtype(st, np.floating):
+        a, b = (rng.standard_normal(n) * 8).astype(st), (rng.standard_normal(n) * 8).astype(st)
+        if n > 3:
+            a[n // 2] = np.nan  # MIN/MAX keep NaN; the same element in every split
+        return a, b
+    info = np.iinfo(st)
+    return (rng.integers(info.min, info.max, n, dtype=st, endpoint=True),
+            rng.integers(info.min, info.max, n, dtype=st, endpoint=True))
+
+
+SPLIT_SIZES = (0, 1, 4097, 300_001)
+
+
+@pytest.fixture(scope="module")
+def pools():
+    return {t: _CpuPool(t) for t in (1, 2, 3, 4)}
+
+
+def test_split_range_covers_in_order():
+    for n, es, parts in ((0, 4, 3), (1, 4, 4), (100_003, 4, 3), (4096, 1, 2), (10, 8, 4), (1 << 20, 2, 4)):
+        ranges = [_CpuPool.split_range(n, es, parts, k) for k in range(parts)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == n
+        for (b0, e0), (b1, e1) in zip(ranges, ranges[1:]):
+            assert b0 <= e0 == b1 <= e1
+            assert (e0 * es) % 4096 == 0 or e0 == n
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+def test_split_reduce_bit_identical_every_op_size_and_thread_count(pools, dt):
+    rng = np.random.default_rng(dt)
+    for op in range(8):
+        if not _reduce_supported(dt, op):
+            continue
+        scale = 1.0 / 3.0 if op == AVG else 1.0
+        for n in SPLIT_SIZES:
+            a, b = _inputs(dt, n, rng)
+            ref = np.empty_like(a)
+            _reduce(ref, a, b, dt, op, scale)
+            for t, pool in pools.items():
+                out = np.empty_like(a)
+                pool.reduce(out, a, b, dt, op, scale, 0)
+                assert out.tobytes() == ref.tobytes(), (dt, op, n, t)
+            inplace = a.copy()
+            pools[3].reduce(inplace, inplace, b, dt, op, scale, 0)  # dst aliases a exactly
+            assert inplace.tobytes() == ref.tobytes(), (dt, op, n, "in place")
+
+
+def test_split_copy_and_errors(pools):
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 4097, 3 << 20):
+        src = rng.integers(0, 255, n, dtype=np.uint8)
+        for t, pool in pools.items():
+            for stream in (False, True):
+                dst = np.zeros_like(src)
+                pool.copy(dst, src, U8, stream, 0)
+                assert np.array_equal(dst, src), (n, t, stream)
+    x = np.zeros(10_000, np.bool_)
+    with pytest.raises(TypeError):  # rc::Unsupported, raised on the caller before any split
+        pools[4].reduce(x, x, x, BOOL, SUM, 1.0, 0)
+    with pytest.raises(ValueError):
+        _CpuPool(0)
+
+
+def test_split_pool_in_a_forked_child(pools):
+    a = np.arange(1 << 20, dtype=np.float32)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's workers do not exist; the parts run on this thread
+        code = 1
+        try:
+            out = np.empty_like(a)
+            pools[4].reduce(out, a, a, F32, SUM, 1.0, 0)
+            fresh = _CpuPool(2)
+            out2 = np.empty_like(a)
+            fresh.reduce(out2, a, a, F32, SUM, 1.0, 0)
+            code = 0 if np.array_equal(out, a + a) and np.array_equal(out2, a + a) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    out = np.empty_like(a)
+    pools[4].reduce(out, a, a, F32, SUM, 1.0, 0)  # the parent's pool still works
+    assert np.array_equal(out, a + a)
+
+
+def _threads_vs_one(rank, world, store_dir, scale=1):
+    """Every collective through a communicator with 3 threads (small threshold, tiny slots,
+    streaming stores) and one with 1: identical bytes. ``scale`` divides the sizes."""
+    import ringcomm
+    results = {}
+    for threads in ("3", "1"):
+        os.environ["RINGCOMM_THREADS"] = threads
+        with ringcomm.init(rank=rank, world_size=world, init_method=f"file://{store_dir}",
+                           prefix=f"t{threads}") as comm:
+            assert comm._c.cpu_threads == int(threads)
+            rng = np.random.default_rng(rank)
+            out = []
+            for dtype, n in ((np.float32, 300_001 // scale), (np.float16, 77_777 // scale),
+                             (np.int64, 50_000 // scale)):
+                x = (rng.standard_normal(n) * 100).astype(dtype)
+                for op in (ringcomm.ReduceOp.SUM, ringcomm.ReduceOp.MAX):
+                    y = x.copy()
+                    comm.all_reduce(y, op=op)
+                    out.append(y.tobytes())
+                rs = np.empty(n // world, dtype)
+                comm.reduce_scatter(rs, x[: (n // world) * world].copy())
+                ag = np.empty((n // world) * world, dtype)
+                comm.all_gather(ag, x[: n // world].copy())
+                b = x.copy()
+                comm.broadcast(b, root=world - 1)
+                out += [rs.tobytes(), ag.tobytes(), b.tobytes()]
+            avg = (rng.standard_normal(200_000 // scale)).astype(np.float32)
+            comm.all_reduce(avg, op=ringcomm.ReduceOp.AVG)
+            out.append(avg.tobytes())
+        results[threads] = out
+    return results["3"] == results["1"]
+
+
+def _bind_then_threads(rank, world, store_dir):
+    """Where RINGCOMM_BIND=core put the ranks (the INFO line's facts), then the split."""
+    import ringcomm
+    with ringcomm.init(rank=rank, world_size=world, init_method=f"file://{store_dir}", prefix="bind") as comm:
+        p = comm.cpu_plan
+        placed = (p.applied, p.reason, sorted(os.sched_getaffinity(0)), p.ranks_sharing)
+    os.environ["RINGCOMM_BIND"] = "none"
+    return placed, _threads_vs_one(rank, world, store_dir, scale=world // 2)
+
+
+@pytest.mark.parametrize("world", [8, 16])
+def test_many_ranks_bind_and_threads(tmp_path, world):
+    store = tmp_path / "rdzv"
+    store.mkdir(mode=0o700)
+    env = {"RINGCOMM_THREADS_MIN_BYTES": "4K", "RINGCOMM_SLOT_BYTES": "16K", "RINGCOMM_FAR_SLOT_BYTES": "4K",
+           "RINGCOMM_STREAM": "on", "RINGCOMM_SPIN_US": "5", "RINGCOMM_BIND": "core",
+           "RINGCOMM_BIND_REGISTRY": str(tmp_path / "reg")}
+    got = spawn(_bind_then_threads, world, (str(store),), env=env, timeout=400)
+    allowed = _allowed()
+    for r, (placed, same) in enumerate(got):
+        assert same, f"rank {r}: 3 threads gave other bytes than 1"
+        applied, reason, mask, sharing = placed
+        if allowed != _online():
+            assert not applied and "narrower" in reason
+        elif len(allowed) < world:
+            assert not applied and "fewer CPUs" in reason and mask == allowed and sharing == world
+        else:
+            assert applied and mask == core_share(allowed, r, world) and sharing == 1
+
+
+def test_communicator_threads_bit_identical(tmp_path):
+    store = tmp_path / "rdzv"
+    store.mkdir(mode=0o700)
+    env = {"RINGCOMM_THREADS_MIN_BYTES": "4K", "RINGCOMM_SLOT_BYTES": "64K", "RINGCOMM_STREAM": "on"}
+    assert all(spawn(_threads_vs_one, 2, (str(store),), env=env, timeout=240))
+
+
+# ---- scripts/cpu_scale_check.sh ------------------------------------------------------------------
+def test_cpu_scale_check_script_syntax_and_plan():
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "cpu_scale_check.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    env = dict(os.environ, CPU_SCALE_CORES="16")
+    plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert plan.returncode == 0, plan.stderr
+    runs = [ln for ln in plan.stdout.splitlines() if "ringcomm.bench" in ln]
+    assert [(ln.split("-np ")[1].split()[0], ln.split("--bind ")[1].split()[0]) for ln in runs] == \
+        [(n, b) for n in ("2", "4", "8", "16") for b in ("none", "core")]
+    assert all(ln.startswith("timeout ") and "gloo" in ln for ln in runs)
+    env["CPU_SCALE_CORES"] = "6"
+    plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert "fewer than 16 cores" in plan.stdout and "-np 8" not in plan.stdout and "-np 4" in plan.stdout
+    assert subprocess.run([script, "--bogus"], capture_output=True).returncode == 2
