@@ -396,8 +396,9 @@ class GroupCore:
         if device.type != "cuda":
             raise ValueError(f"ringcomm: eager connect to device {device}: the backend serves "
                              f"'cpu' and 'cuda' devices")
-        from ringcomm import cuda
-        cuda.require()    # ringcomm's UnsupportedError ("CUDA unavailable: ...") without CUDA
+        if not torch.cuda.is_available():
+            raise ringcomm.UnsupportedError("ringcomm: CUDA unavailable: torch reports no CUDA "
+                                            "device for the eager connect")
         self._comm.all_reduce(torch.zeros(1, device=device))
 
     # ---- shrinking (dist.shrink_group) -------------------------------------------------------------------
