@@ -225,3 +225,27 @@ def footprint_after_everything(rank, world):
     finally:
         comm.close()
     return failures, maps
+
+
+def in_docker_default_shm(rank, world):
+    """With the default knobs, inside a 64 MiB /dev/shm (Docker's default): init, every collective,
+    all-pairs point-to-point. Returns failures (empty: everything fit and was correct)."""
+    failures = []
+
+    def check(name, ok):
+        if not ok:
+            failures.append(f"rank {rank}: {name}")
+
+    try:
+        comm = init_under_env(rank, world, "docker", timeout=120)
+    except Exception:
+        return [f"rank {rank}: init\n{traceback.format_exc()}"]
+    try:
+        every_collective(comm, rank, world, (100, 20000), check, (0,))
+        all_pairs_p2p(comm, rank, world, 12 * 1024, check)
+        comm.barrier()
+    except Exception:
+        failures.append(f"rank {rank}: exception\n{traceback.format_exc()}")
+    finally:
+        comm.close()
+    return failures
