@@ -30,7 +30,7 @@ def reference_bytes(world, slot, nslots, far_slot, outbox_slots=16, ll_bytes=409
     """The segment layout computed independently: a header page, the two LL outboxes (the 40-byte
     header and ll_bytes of data in 56-byte payloads of 64-byte lines, page-rounded), control words,
     then the slots (each with a page of slack). From 3 ranks: the one push channel's control (two
-    cache lines plus one meta line per slot) and the two outboxes' (a line plus three per slot),
+    cache lines plus one meta line per slot) and the two outboxes' (three lines plus three per slot),
     then nslots full slots and 2 x outbox_slots far ones: no term depends on the world size. Up to
     two ranks (uniform): control and nslots full slots for every lane and source index."""
     far_slot = min(far_slot, slot)
@@ -38,7 +38,7 @@ def reference_bytes(world, slot, nslots, far_slot, outbox_slots=16, ll_bytes=409
     if world <= 2:
         ctl = (128 + 64 * nslots) * 2 * world
         return -(-(PAGE + ll + ctl) // PAGE) * PAGE + 2 * world * nslots * (slot + PAGE)
-    ctl = 128 + 64 * nslots + 2 * (64 + 192 * outbox_slots)
+    ctl = 128 + 64 * nslots + 2 * (192 + 192 * outbox_slots)
     return -(-(PAGE + ll + ctl) // PAGE) * PAGE + nslots * (slot + PAGE) + 2 * outbox_slots * (far_slot + PAGE)
 
 

@@ -3,7 +3,7 @@
 //
 // Layout. Every rank owns ONE segment, of a size that does not depend on the world size in the
 // outbox layout (the host communicator's from 3 ranks on; see footprint_bytes):
-//  - the header page (liveness, bells, header board) and the two LL outboxes (below);
+//  - the header page (liveness, doorbell, header board) and the two LL outboxes (below);
 //  - ONE push channel: the collective lane from the ring predecessor (rank-1), which carries
 //    every ring and chain hand-off: `nslots` slots of `slot_bytes`. The sender writes into the
 //    RECEIVER's segment ("push"; Channel protocol below);
@@ -24,19 +24,20 @@
 // its reader (`dest`) or kAllDest: every rank except the owner and its ring successor (the
 // successor receives its copy through the push channel: send_slot_all), and its reader count.
 // Publishing g: the owner writes payload and meta, resets `done`, stores key = g (release), then
-// posted = g (release), then bumps each reader's bell (seq_cst RMW; a futex word in the reader's
-// segment: collbell for collectives, doorbell for point-to-point). Reading: a reader keeps, per
+// posted = g (release), then bumps the outbox's `pub` word (seq_cst RMW, a futex wake if a reader
+// sleeps on it) and, on the point-to-point lane, rings each reader's doorbell. Reading: a reader keeps, per
 // owner and lane, the sequence of the last message it consumed (`last`). It loads posted = P
 // (acquire): every message up to P is then visible. Its next message is the lowest g in
 // (last, P] whose slot holds key == g and names it; only g > P - far_nslots can be its, since the
 // owner cannot publish g + far_nslots while the reader has not released g. It releases the slot
 // by incrementing `done` (seq_cst RMW: its reads happen-before the owner's reuse) and bumps the
-// owner's bell. The owner writes g only when slot g % far_nslots is unused or its `done` equals
+// outbox's `freed` word (and, point-to-point, the owner's doorbell). The owner writes g only when slot g % far_nslots is unused or its `done` equals
 // the reader count of the message it held (acquire). Messages from one owner to one reader are
 // therefore consumed in the order they were sent (FIFO per pair, as a push channel), and a
 // message for every reader (one-shot, broadcast, two-shot's gather) is written once.
-// Waits on outboxes sleep on the waiter's OWN bell (wait_until with a predicate: a free slot, or
-// a message from the awaited peer): every event that can make them ready bumps it.
+// Waits (wait_until with a predicate) sleep on the awaited outbox's `pub` (a reader) or on its own
+// outbox's `freed` (the owner): every event that can make them ready bumps that word, and a
+// reader of a shared slot has no per-pair word to sleep on.
 // Progress: the owner's slots are shared by all its readers, so a message unread by one reader
 // delays messages to every other. The algorithms therefore send to many peers only in rounds in
 // which each message is read by its receiver at the position it was sent (algo/direct.cpp), and
@@ -206,7 +207,7 @@ enum class PeerState : uint32_t { kAlive = 0, kClosed = 1, kAborted = 2 };
 namespace shm_detail {
 struct ChannelCtl;  // transport/shm_layout.h
 struct OutSlot;
-struct Word;
+struct OutboxCtl;
 }  // namespace shm_detail
 
 class ShmTransport {
@@ -360,7 +361,7 @@ class ShmTransport {
   bool pulls(int peer, Lane lane) const;     // this rank receives from peer through its outbox
   shm_detail::OutSlot* out_slot(int owner, Lane lane, uint64_t g) const;
   char* out_data(int owner, Lane lane, uint64_t g) const;
-  shm_detail::Word* bell(int owner, Lane lane) const;
+  shm_detail::OutboxCtl* outbox(int owner, Lane lane) const;
   // The next slot of this rank's outbox for `dest` (or kAllDest), waiting (w) or not (nullptr).
   char* out_reserve(Lane lane, int dest, uint32_t offset, const WaitCtx* w);
   void out_post(Lane lane, uint64_t bytes, uint64_t total, uint64_t tag);

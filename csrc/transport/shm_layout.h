@@ -73,10 +73,7 @@ struct SegmentHeader {
   // threads only when it changed (relaxed), read by peers' waits as a placement hint: a peer
   // that waits for us on our own CPU cannot see us move while it spins (see wait_until).
   alignas(64) std::atomic<int32_t> on_cpu;
-  alignas(64) Word doorbell;   // p2p activity counter (see ring_doorbell); the p2p lane's bell
-  // The collective lane's bell (outbox layout, shm.h "Outboxes"): bumped by a peer that
-  // publishes an outbox message this rank reads, or releases a slot of this rank's outbox.
-  alignas(64) Word collbell;
+  alignas(64) Word doorbell;   // p2p activity counter (see ring_doorbell)
   alignas(64) BoardEntry board[2];
 };
 
@@ -107,10 +104,12 @@ inline uint64_t out_key_seq(uint64_t key) { return key >> 16; }
 inline int32_t out_key_dest(uint64_t key) { return static_cast<int32_t>(key & 0xFFFF) - 1; }
 
 struct OutboxCtl {
-  alignas(64) std::atomic<uint64_t> posted;  // sequence number of the last published message
+  alignas(64) std::atomic<uint64_t> posted;  // sequence number of the last published message (owner)
+  Word pub;    // bumped by the owner after each publication: its readers sleep on it
+  Word freed;  // bumped by a reader after each release: the owner sleeps on it for a free slot
   // followed by OutSlot[outbox slots]
 };
-static_assert(sizeof(OutboxCtl) == 64, "OutboxCtl is one cache line");
+static_assert(sizeof(OutboxCtl) == 192, "OutboxCtl is three cache lines");
 
 // The geometry every rank applies to every segment: the far slot clamped to the full one; the
 // outbox layout from 3 ranks on where the configuration asks for it (the host communicator's),

@@ -25,9 +25,8 @@ char* ShmTransport::out_data(int owner, Lane lane, uint64_t g) const {
   return base_[owner] + outbox_data_offset(world_, cfg_, lane) + (g % cfg_.far_nslots) * outbox_stride(cfg_);
 }
 
-Word* ShmTransport::bell(int owner, Lane lane) const {
-  auto* h = reinterpret_cast<SegmentHeader*>(base_[owner]);
-  return lane == Lane::kColl ? &h->collbell : &h->doorbell;
+OutboxCtl* ShmTransport::outbox(int owner, Lane lane) const {
+  return reinterpret_cast<OutboxCtl*>(base_[owner] + outbox_ctl_offset(cfg_, lane));
 }
 
 // Slot g % far_nslots is free once every reader of the message it held released it: `done`
@@ -45,7 +44,7 @@ char* ShmTransport::out_reserve(Lane lane, int dest, uint32_t offset, const Wait
     WaitCtx ww = *w;
     ww.peer = s.dest[i] >= 0 ? s.dest[i] : -1;  // kAllDest: every peer may be the one we wait on
     ww.what = "a free outbox slot";
-    Word* b = bell(rank_, lane);
+    Word* b = &outbox(rank_, lane)->freed;
     wait_until(&b->v, &b->waiters, free, ww);
   }
   s.reserved = dest;
@@ -71,13 +70,14 @@ void ShmTransport::out_post(Lane lane, uint64_t bytes, uint64_t total, uint64_t 
   // `done` until a reader acquires the key stored below.
   slot->done.store(0, std::memory_order_relaxed);
   slot->key.store(out_key(g, dest), std::memory_order_release);
-  reinterpret_cast<OutboxCtl*>(base_[rank_] + outbox_ctl_offset(cfg_, lane))->posted.store(g, std::memory_order_release);
-  const int succ = (rank_ + 1) % world_;
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || (dest == kAllDest ? p == succ : p != dest)) continue;
-    Word* b = bell(p, lane);
-    publish_add(&b->v, &b->waiters, 1);
-  }
+  OutboxCtl* box = outbox(rank_, lane);
+  box->posted.store(g, std::memory_order_release);
+  publish_add(&box->pub.v, &box->pub.waiters, 1);
+  if (lane != Lane::kP2P) return;
+  // The point-to-point engines sleep on their doorbells (comm/p2p_engine.h).
+  if (dest != kAllDest) return ring_doorbell(dest);
+  for (int p = 0; p < world_; ++p)
+    if (p != rank_ && p != (rank_ + 1) % world_) ring_doorbell(p);
 }
 
 // The next message for this rank in `peer`'s outbox (see shm.h, "Outboxes"), or nullptr. A
@@ -86,8 +86,7 @@ const char* ShmTransport::out_find(int peer, Lane lane, const SlotMeta** meta) {
   const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   uint64_t g = out_cur_[ch];
   if (g == 0) {
-    auto* box = reinterpret_cast<OutboxCtl*>(base_[peer] + outbox_ctl_offset(cfg_, lane));
-    const uint64_t posted = box->posted.load(std::memory_order_acquire);
+    const uint64_t posted = outbox(peer, lane)->posted.load(std::memory_order_acquire);
     uint64_t from = std::max(out_last_[ch], out_scanned_[ch]);
     if (posted <= from) return nullptr;
     if (posted - from > cfg_.far_nslots) from = posted - cfg_.far_nslots;
@@ -120,8 +119,9 @@ void ShmTransport::out_release(int peer, Lane lane) {
   out_slot(peer, lane, g)->done.fetch_add(1, std::memory_order_seq_cst);
   out_cur_[ch] = 0;
   out_last_[ch] = g;
-  Word* b = bell(peer, lane);
+  Word* b = &outbox(peer, lane)->freed;
   publish_add(&b->v, &b->waiters, 1);
+  if (lane == Lane::kP2P) ring_doorbell(peer);
 }
 
 char* ShmTransport::send_slot_all(const WaitCtx& w, uint32_t offset) {

@@ -100,7 +100,7 @@ const char* ShmTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, const
     WaitCtx ww = w;
     ww.peer = peer;
     ww.what = "data";
-    Word* b = bell(rank_, lane);
+    Word* b = &outbox(peer, lane)->pub;
     wait_until(&b->v, &b->waiters, [&] { return (p = out_find(peer, lane, meta)) != nullptr; }, ww);
     return p;
   }
