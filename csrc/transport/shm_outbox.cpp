@@ -131,17 +131,19 @@ char* ShmTransport::send_slot_all(const WaitCtx& w, uint32_t offset) {
   return p;
 }
 
-// The successor's copy goes through the push channel, from the outbox slot just written (cache
-// hot), before either is published; then both are.
+// The outbox slot is published first (its readers start at once); then the successor's copy goes
+// through the push channel, copied from the outbox slot just written (cache hot): the owner alone
+// writes the slot, and only after its next reservation of it, which waits for every reader.
 void ShmTransport::send_post_all(uint64_t bytes, uint64_t total, uint64_t tag) {
   const int succ = (rank_ + 1) % world_;
   const size_t ch = static_cast<size_t>(Lane::kColl) * world_ + succ;
   const ChanGeom& g = send_geom_[ch];
   char* push = base_[succ] + g.data_off + (send_head_[ch] % g.nslots) * g.stride + send_off_[ch];
   const OutSend& s = out_send_[static_cast<int>(Lane::kColl)];
-  if (bytes > 0) std::memcpy(push, out_data(rank_, Lane::kColl, s.next) + s.offset, bytes);
-  send_post(succ, Lane::kColl, bytes, total, tag);
+  const char* src = out_data(rank_, Lane::kColl, s.next) + s.offset;
   out_post(Lane::kColl, bytes, total, tag);
+  if (bytes > 0) std::memcpy(push, src, bytes);
+  send_post(succ, Lane::kColl, bytes, total, tag);
 }
 
 }  // namespace rc
