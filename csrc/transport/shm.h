@@ -20,24 +20,29 @@
 // included, and no outbox: its size grows with the world.
 //
 // Outboxes (one writer: the owner's thread of that lane). The owner numbers the messages of an
-// outbox 1, 2, ... (its sequence g) and puts message g in slot g % far_nslots. A slot's meta names
-// its reader (`dest`) or kAllDest: every rank except the owner and its ring successor (the
-// successor receives its copy through the push channel: send_slot_all), and its reader count.
-// Publishing g: the owner writes payload and meta, resets `done`, stores key = g (release), then
-// posted = g (release), then bumps the outbox's `pub` word (seq_cst RMW, a futex wake if a reader
-// sleeps on it) and, on the point-to-point lane, rings each reader's doorbell. Reading: a reader keeps, per
-// owner and lane, the sequence of the last message it consumed (`last`). It loads posted = P
-// (acquire): every message up to P is then visible. Its next message is the lowest g in
-// (last, P] whose slot holds key == g and names it; only g > P - far_nslots can be its, since the
-// owner cannot publish g + far_nslots while the reader has not released g. It releases the slot
-// by incrementing `done` (seq_cst RMW: its reads happen-before the owner's reuse) and bumps the
-// outbox's `freed` word (and, point-to-point, the owner's doorbell). The owner writes g only when slot g % far_nslots is unused or its `done` equals
-// the reader count of the message it held (acquire). Messages from one owner to one reader are
-// therefore consumed in the order they were sent (FIFO per pair, as a push channel), and a
-// message for every reader (one-shot, broadcast, two-shot's gather) is written once.
+// outbox 1, 2, ... (its sequence g) and puts message g in slot g % far_nslots. The slot's `key`
+// packs g and the message's reader (`dest`), or kAllDest: every rank except the owner and its
+// ring successor (the successor receives its copy through the push channel: send_slot_all); the
+// owner keeps each slot's reader count (1, or world - 2) in private memory.
+// Publishing g: the owner writes payload and meta, resets `done`, stores key = (g, dest)
+// (release), then posted = g (release), then bumps the outbox's `pub` word (seq_cst RMW, a futex
+// wake if a reader sleeps on it) and, on the point-to-point lane, rings each reader's doorbell.
+// Reading: a reader keeps, per owner and lane, the sequence of the last message it consumed
+// (`last`). It loads posted = P (acquire): every message up to P is then visible. Its next
+// message is the lowest g in (last, P] whose slot's key holds g and names it (one atomic load
+// gives both, so a slot reused meanwhile is never mistaken for it); only g > P - far_nslots can
+// be its, since the owner cannot publish g + far_nslots while the reader has not released g. It
+// releases the slot by incrementing `done` (seq_cst RMW: its reads happen-before the owner's
+// reuse) and bumps the outbox's `freed` word (and, point-to-point, the owner's doorbell). The
+// owner writes g only when slot g % far_nslots is unused or its `done` equals the reader count of
+// the message it held (acquire). Messages from one owner to one reader are therefore consumed in
+// the order they were sent (FIFO per pair, as a push channel), and a message for every reader
+// (the one-shot's and the direct broadcast's pieces, two-shot's all-gather phase) is written once.
 // Waits (wait_until with a predicate) sleep on the awaited outbox's `pub` (a reader) or on its own
-// outbox's `freed` (the owner): every event that can make them ready bumps that word, and a
-// reader of a shared slot has no per-pair word to sleep on.
+// outbox's `freed` (the owner): every event that can make them ready bumps that word. Their
+// deadline, the local interrupt (close, abort) and the peers' states and liveness are checked as
+// in every wait. Nothing is mapped or allocated after init: every pair's messages use the two
+// ranks' outboxes and the one push channel.
 // Progress: the owner's slots are shared by all its readers, so a message unread by one reader
 // delays messages to every other. The algorithms therefore send to many peers only in rounds in
 // which each message is read by its receiver at the position it was sent (algo/direct.cpp), and
