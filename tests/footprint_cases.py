@@ -64,3 +64,188 @@ def info_rank(rank, world):
     comm.all_reduce(x)
     comm.close()
     return bool(np.all(x == world))
+
+
+def shm_mappings():
+    """This process's mappings of ringcomm shared-memory segments, from /proc/self/maps:
+    {segment path: (mapped bytes, allocated bytes or None)}; the allocated bytes are the file's
+    st_blocks * 512 through /proc/self/map_files where that is readable."""
+    import os
+    out = {}
+    with open("/proc/self/maps") as f:
+        for ln in f:
+            parts = ln.split()
+            if len(parts) < 6 or "/ringcomm-" not in parts[5]:
+                continue
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            try:
+                blocks = os.stat(f"/proc/self/map_files/{parts[0]}").st_blocks * 512
+            except OSError:
+                blocks = None
+            size, _ = out.get(parts[5], (0, None))
+            out[parts[5]] = (size + hi - lo, blocks)
+    return out
+
+
+def _data(r, n, salt, dtype=np.float32):
+    return ((np.arange(n, dtype=np.int64) * 7 + r * 131 + salt) % 1000).astype(dtype)
+
+
+def all_pairs_p2p(comm, rank, world, n, check, tags=(0,)):
+    """Every rank sends `n` elements to every other rank with each tag (all sends posted before
+    any receive, so receivers find the messages unexpected), then receives them, in reverse tag
+    order; checked against the senders' data."""
+    outs, hs = {}, []
+    for t in tags:
+        for d in range(world):
+            if d != rank:
+                hs.append(comm.send(_data(rank * 1000 + d, n, 11 + t), d, tag=t, async_op=True))
+    for t in reversed(tags):
+        for s in range(world):
+            if s != rank:
+                outs[(s, t)] = np.zeros(n, np.float32)
+                hs.append(comm.recv(outs[(s, t)], s, tag=t, async_op=True))
+    for h in hs:
+        h.wait(timeout=240)
+    for (s, t), y in outs.items():
+        check(f"send/recv {s}->{rank} tag {t} n={n}", np.array_equal(y, _data(s * 1000 + rank, n, 11 + t)))
+
+
+def every_collective(comm, rank, world, counts, check, roots):
+    """Every collective on float32 (sum and max) and int32 at each count, checked against numpy."""
+    import ringcomm
+    for dt in (np.float32, np.int32):
+        for n in counts:
+            ins = [_data(r, n, 1, dt) for r in range(world)]
+            for op in ("SUM", "MAX"):
+                ref = np.sum(ins, axis=0).astype(dt) if op == "SUM" else np.max(ins, axis=0)
+                x = ins[rank].copy()
+                comm.all_reduce(x, op=getattr(ringcomm.ReduceOp, op))
+                check(f"all_reduce {op} {dt.__name__} n={n}", np.array_equal(x, ref))
+            ref = np.sum(ins, axis=0).astype(dt)
+            lo = n // world * rank + min(rank, n % world)
+            m = n // world + (1 if rank < n % world else 0)
+            y = np.zeros(m, dt)
+            comm.reduce_scatter(y, ins[rank].copy())
+            check(f"reduce_scatter {dt.__name__} n={n}", np.array_equal(y, ref[lo:lo + m]))
+            y = np.zeros(n * world, dt)
+            comm.all_gather(y, ins[rank])
+            check(f"all_gather {dt.__name__} n={n}", np.array_equal(y, np.concatenate(ins)))
+            full = [_data(r, n * world, 4, dt) for r in range(world)]
+            y = np.zeros(n * world, dt)
+            comm.all_to_all(y, full[rank])
+            check(f"all_to_all {dt.__name__} n={n}",
+                  np.array_equal(y, np.concatenate([full[s][rank * n:(rank + 1) * n] for s in range(world)])))
+            for root in roots:
+                x = ins[rank].copy()
+                comm.broadcast(x, root=root)
+                check(f"broadcast root={root} {dt.__name__} n={n}", np.array_equal(x, ins[root]))
+                x = ins[rank].copy()
+                comm.reduce(x, root=root)
+                if rank == root:
+                    check(f"reduce root={root} {dt.__name__} n={n}", np.array_equal(x, ref))
+                g = np.zeros(n * world, dt) if rank == root else None
+                comm.gather(g, ins[rank], root=root)
+                if rank == root:
+                    check(f"gather root={root} {dt.__name__} n={n}", np.array_equal(g, np.concatenate(ins)))
+                y = np.zeros(n, dt)
+                comm.scatter(y, full[root] if rank == root else None, root=root)
+                check(f"scatter root={root} {dt.__name__} n={n}", np.array_equal(y, full[root][rank * n:(rank + 1) * n]))
+    comm.barrier()
+
+
+# Tiny slots: every case spans many pieces, and each outbox has 2 slots however many ranks read it.
+TINY = {"RINGCOMM_SLOT_BYTES": "1024", "RINGCOMM_NSLOTS": "2", "RINGCOMM_FAR_SLOT_BYTES": "256",
+        "RINGCOMM_OUTBOX_SLOTS": "2"}
+# The algorithms forced in turn (all-reduce; the direct configuration also takes the direct
+# broadcast, the ring one the chain), the LL protocol off where the slots are meant.
+TINY_CONFIGS = {
+    "ring": {"RINGCOMM_ALGO": "ring", "RINGCOMM_DIRECT_MAX_BYTES": "0"},
+    "direct": {"RINGCOMM_ALGO": "direct", "RINGCOMM_DIRECT_MAX_BYTES": "1G", "RINGCOMM_LL_MAX_BYTES": "0"},
+    "two_shot": {"RINGCOMM_ALGO": "two_shot", "RINGCOMM_DIRECT_MAX_BYTES": "0", "RINGCOMM_LL_MAX_BYTES": "0"},
+    "auto": {},
+}
+
+
+def many_ranks_tiny_slots(rank, world, names):
+    """One communicator per configuration of TINY_CONFIGS in `names`, each with TINY slots: every
+    collective and all-pairs point-to-point (two tags), checked against numpy. Returns failures."""
+    import os
+    failures = []
+
+    def check(name, ok):
+        if not ok:
+            failures.append(f"rank {rank}: {name}")
+
+    roots = sorted({0, world // 2, world - 1})
+    for name in names:
+        saved = dict(os.environ)
+        os.environ.update(TINY)
+        os.environ.update(TINY_CONFIGS[name])
+        comm = None
+        try:
+            comm = init_under_env(rank, world, "tiny-" + name, timeout=240)
+            every_collective(comm, rank, world, (0, 1, 7, 5 * world + 1, 700), lambda n, ok: check(f"[{name}] {n}", ok), roots)
+            all_pairs_p2p(comm, rank, world, 301, lambda n, ok: check(f"[{name}] {n}", ok), tags=(0, 1))
+            comm.barrier()
+        except Exception:
+            failures.append(f"rank {rank} [{name}]: exception\n{traceback.format_exc()}")
+        finally:
+            if comm is not None:
+                comm.close()
+            os.environ.clear()
+            os.environ.update(saved)
+    return failures
+
+
+def footprint_after_everything(rank, world):
+    """With the default knobs: every collective at sizes that take each algorithm and protocol
+    (LL, direct, two-shot, ring; chain and direct broadcasts), then all-pairs point-to-point
+    (48 KiB messages: more than an outbox slot), then this process's ringcomm mappings
+    (shm_mappings). Returns (failures, mappings)."""
+    failures = []
+
+    def check(name, ok):
+        if not ok:
+            failures.append(f"rank {rank}: {name}")
+
+    comm = init_under_env(rank, world, "fp", timeout=240)
+    try:
+        # floats: 100 (LL), 500 (direct at 16 ranks: 2 KB x 15), 20000 (two-shot: 80 KB), 300000 (ring)
+        every_collective(comm, rank, world, (100, 500, 20000), check, (0, world - 1))
+        x = _data(rank, 300000, 1)
+        comm.all_reduce(x)
+        check("all_reduce ring", np.array_equal(x, np.sum([_data(r, 300000, 1) for r in range(world)], axis=0)))
+        all_pairs_p2p(comm, rank, world, 12 * 1024, check)
+        comm.barrier()
+        maps = shm_mappings()
+    except Exception:
+        failures.append(f"rank {rank}: exception\n{traceback.format_exc()}")
+        maps = {}
+    finally:
+        comm.close()
+    return failures, maps
+
+
+def in_docker_default_shm(rank, world):
+    """With the default knobs, inside a 64 MiB /dev/shm (Docker's default): init, every collective,
+    all-pairs point-to-point. Returns failures (empty: everything fit and was correct)."""
+    failures = []
+
+    def check(name, ok):
+        if not ok:
+            failures.append(f"rank {rank}: {name}")
+
+    try:
+        comm = init_under_env(rank, world, "docker", timeout=120)
+    except Exception:
+        return [f"rank {rank}: init\n{traceback.format_exc()}"]
+    try:
+        every_collective(comm, rank, world, (100, 20000), check, (0,))
+        all_pairs_p2p(comm, rank, world, 12 * 1024, check)
+        comm.barrier()
+    except Exception:
+        failures.append(f"rank {rank}: exception\n{traceback.format_exc()}")
+    finally:
+        comm.close()
+    return failures

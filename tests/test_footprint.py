@@ -1,18 +1,22 @@
-"""Shared-memory footprint: one full channel per rank (from its ring predecessor, collectives) and
-small ones for every other peer and lane, so a rank's segment grows linearly with the world size
-and 8 ranks with the default knobs fit Docker's default 64 MiB /dev/shm."""
+"""Shared-memory footprint: from 3 ranks on every rank's segment holds one full push channel (from
+its ring predecessor, collectives) and two outboxes of fixed size (collectives, point-to-point)
+that its peers read in place, so it is the same at every world size; nothing is mapped after init
+(measured after every collective and all-pairs point-to-point at 16 and 32 ranks)."""
 import os
 import re
 
 import pytest
 
+import rank_pool
 from ringcomm import _C
 from ringcomm.launch import spawn
-from footprint_cases import eight_rank_cases, info_rank
+from footprint_cases import eight_rank_cases, footprint_after_everything, info_rank, many_ranks_tiny_slots
 from mp_cases import run_collective_cases
 
 PAGE = 4096
-KNOBS = ("RINGCOMM_SLOT_BYTES", "RINGCOMM_NSLOTS", "RINGCOMM_FAR_SLOT_BYTES", "RINGCOMM_LL_MAX_BYTES")
+MIB = 2**20
+KNOBS = ("RINGCOMM_SLOT_BYTES", "RINGCOMM_NSLOTS", "RINGCOMM_FAR_SLOT_BYTES", "RINGCOMM_OUTBOX_SLOTS",
+         "RINGCOMM_LL_MAX_BYTES")
 
 
 @pytest.fixture
@@ -22,39 +26,48 @@ def default_knobs(monkeypatch):
     return monkeypatch
 
 
-def reference_bytes(world, slot, nslots, far_slot, far_nslots_max=4, ll_bytes=4096):
+def reference_bytes(world, slot, nslots, far_slot, outbox_slots=16, ll_bytes=4096):
     """The segment layout computed independently: a header page, the two LL outboxes (the 40-byte
-    header and ll_bytes of data in 56-byte payloads of 64-byte lines, page-rounded), control words
-    (two cache lines plus one meta line per slot) for every lane and source, then the slots (each
-    with a page of slack): with two geometries, none for the rank itself."""
-    far_slot, far_nslots = min(far_slot, slot), min(far_nslots_max, nslots)
-    ctl = (128 + 64 * nslots) * 2 * world
+    header and ll_bytes of data in 56-byte payloads of 64-byte lines, page-rounded), control words,
+    then the slots (each with a page of slack). From 3 ranks: the one push channel's control (two
+    cache lines plus one meta line per slot) and the two outboxes' (three lines plus three per slot),
+    then nslots full slots and 2 x outbox_slots far ones: no term depends on the world size. Up to
+    two ranks (uniform): control and nslots full slots for every lane and source index."""
+    far_slot = min(far_slot, slot)
     ll = -(-(2 * 64 * -(-(40 + ll_bytes) // 56)) // PAGE) * PAGE
-    data = -(-(PAGE + ll + ctl) // PAGE) * PAGE
-    if world <= 2 or (far_slot, far_nslots) == (slot, nslots):  # uniform: every source index, own too
-        return data + 2 * world * nslots * (slot + PAGE)
-    return data + nslots * (slot + PAGE) + (2 * world - 3) * far_nslots * (far_slot + PAGE)
+    if world <= 2:
+        ctl = (128 + 64 * nslots) * 2 * world
+        return -(-(PAGE + ll + ctl) // PAGE) * PAGE + 2 * world * nslots * (slot + PAGE)
+    ctl = 128 + 64 * nslots + 2 * (192 + 192 * outbox_slots)
+    return -(-(PAGE + ll + ctl) // PAGE) * PAGE + nslots * (slot + PAGE) + 2 * outbox_slots * (far_slot + PAGE)
 
 
-def test_footprint_is_linear_and_fits_64mib(default_knobs):
-    got = {w: _C._shm_segment_bytes(w) for w in range(1, 9)}
+def test_footprint_is_the_same_at_every_world_size(default_knobs):
+    got = {w: _C._shm_segment_bytes(w) for w in list(range(1, 17)) + [24, 32, 48, 64, 96, 128]}
     for w, b in got.items():
         assert b == reference_bytes(w, 256 * 1024, 8, 32 * 1024), (w, b)
-    # Linear in the world size: constant increments from 3 ranks on (control words grow by whole
-    # pages only where the rounding crosses one: allow that page).
-    steps = [got[w + 1] - got[w] for w in range(3, 8)]
-    assert max(steps) - min(steps) <= PAGE, steps
-    assert max(steps) <= 2 * 4 * (32 * 1024 + PAGE) + PAGE, steps
+    # From 3 ranks on: one value, at most 4 MiB, with the default (unshrunk) slots; 16 ranks fit
+    # Docker's default 64 MiB /dev/shm.
+    assert len({b for w, b in got.items() if w >= 3}) == 1, got
+    assert got[8] <= 4 * MIB and got[128] == got[8], got
+    assert got[16] * 16 <= 56 * MIB < 64 * MIB, got[16] * 16
     # Up to two ranks the layout is the uniform one: every lane and source index, full slots.
     assert got[2] == reference_bytes(2, 256 * 1024, 8, 256 * 1024) > got[3], got
-    assert got[8] * 8 <= 48 * 2**20 < 64 * 2**20, got[8] * 8
 
 
 def test_footprint_follows_the_knobs(default_knobs):
     default_knobs.setenv("RINGCOMM_FAR_SLOT_BYTES", "64K")
     default_knobs.setenv("RINGCOMM_NSLOTS", "2")
-    for w in (2, 3, 5, 8):
+    for w in (2, 3, 5, 8, 64):
         assert _C._shm_segment_bytes(w) == reference_bytes(w, 256 * 1024, 2, 64 * 1024), w
+    default_knobs.setenv("RINGCOMM_OUTBOX_SLOTS", "4")
+    for w in (3, 40):
+        assert _C._shm_segment_bytes(w) == reference_bytes(w, 256 * 1024, 2, 64 * 1024, outbox_slots=4), w
+    for bad in ("3", "1", "2048"):
+        default_knobs.setenv("RINGCOMM_OUTBOX_SLOTS", bad)
+        with pytest.raises(ValueError, match="RINGCOMM_OUTBOX_SLOTS"):
+            _C._shm_segment_bytes(4)
+    default_knobs.delenv("RINGCOMM_OUTBOX_SLOTS")
     default_knobs.setenv("RINGCOMM_FAR_SLOT_BYTES", "1M")  # clamped to the full slot
     assert _C._shm_segment_bytes(4) == reference_bytes(4, 256 * 1024, 2, 256 * 1024)
     default_knobs.setenv("RINGCOMM_FAR_SLOT_BYTES", "16")
@@ -67,13 +80,51 @@ def test_footprint_follows_the_knobs(default_knobs):
             assert _C._shm_segment_bytes(w) == reference_bytes(w, 256 * 1024, 2, 32 * 1024, ll_bytes=ll), (w, ll)
 
 
+def check_measured(world, results):
+    """Every rank maps exactly `world` ringcomm segments (its own and its peers': nothing made after
+    init), each of the formula's size and allocated in full; per rank that is at most 4 MiB."""
+    failures = [f for fs, _ in results for f in fs]
+    assert not failures, "\n".join(failures[:30])
+    want = _C._shm_segment_bytes(world)
+    names = set()
+    for r, (_, maps) in enumerate(results):
+        assert len(maps) == world, (r, maps)
+        for name, (size, allocated) in maps.items():
+            assert size == want, (r, name, size, want)
+            assert allocated is None or allocated >= want, (r, name, allocated, want)
+        names |= set(maps)
+    assert len(names) == world, names
+    per_rank = sum(size for size, _ in results[0][1].values()) / world
+    assert per_rank == want <= 4 * MIB, per_rank
+    return per_rank
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("world", [8, 16])
+def test_many_ranks_tiny_slots_and_measured_footprint(world, store_env, default_knobs):
+    # One group of ranks per world size: every collective under every forced algorithm and all-
+    # pairs point-to-point, with tiny slots (outboxes of 2 slots shared by every reader); then, at
+    # 16 ranks, the default geometry's mappings after every collective and all-pairs p2p.
+    res = rank_pool.run(many_ranks_tiny_slots, world, (["ring", "direct", "two_shot", "auto"],), timeout=850,
+                        env=store_env)
+    failures = [f for fs in res for f in fs]
+    assert not failures, "\n".join(failures[:30])
+    if world == 16:
+        check_measured(world, rank_pool.run(footprint_after_everything, world, timeout=600, env=store_env))
+
+
+@pytest.mark.timeout(600)
+def test_measured_footprint_at_32_ranks(store_env, default_knobs):
+    check_measured(32, spawn(footprint_after_everything, 32, timeout=560, env=store_env))
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [3, 4])
 @pytest.mark.parametrize("algo", ["ring", "direct"])
 def test_collectives_with_small_far_channels(world, algo, store_env):
-    # 1 KiB slots to the ring neighbour, 256-byte slots (4 of them) everywhere else: ring and chain
-    # pieces are 4x the direct exchanges' and point-to-point's, every case spans many of both.
-    env = {"RINGCOMM_FAR_SLOT_BYTES": "256"}
+    # 1 KiB slots to the ring neighbour, outboxes of 4 slots of 256 bytes: ring and chain pieces
+    # are 4x the direct exchanges' and point-to-point's, every case spans many of both.
+    env = {"RINGCOMM_FAR_SLOT_BYTES": "256", "RINGCOMM_OUTBOX_SLOTS": "4"}
     results = spawn(run_collective_cases, world, (1024, 8, ["numpy"], algo, False, env), timeout=280, env=store_env)
     failures = [f for fs, _ in results for f in fs]
     assert not failures, "\n".join(failures[:30])
@@ -104,3 +155,82 @@ def test_debug_info_states_footprint_once(store_env, capfd, default_knobs):
         assert len(mine) == 1, lines
         m = re.search(r"shared memory (\d+) B per rank, (\d+) B for 3 ranks", mine[0])
         assert m and int(m.group(1)) == want and int(m.group(2)) == 3 * want, mine[0]
+        # The formula, term by term: it sums to the footprint.
+        f = re.search(r"at any world size: (\d+) B of header, LL outboxes and control \+ (\d+) x \((\d+) \+ 4096\)"
+                      r" \+ 2 x (\d+) x \((\d+) \+ 4096\)", mine[0])
+        assert f, mine[0]
+        head, ns, sb, ko, fb = (int(g) for g in f.groups())
+        assert head + ns * (sb + 4096) + 2 * ko * (fb + 4096) == want, mine[0]
+
+
+# Runs inside a private mount namespace whose /dev/shm is a 64 MiB tmpfs. The ranks are fork()ed
+# children (multiprocessing's spawn keeps its own queues and semaphores in /dev/shm); each writes
+# its failures to a file outside /dev/shm, and the parent reports every child's exit status.
+_DOCKER_SHM_SCRIPT = r"""
+import json, os, signal, sys, time
+tests_dir, store, out_dir, world = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sys.path.insert(0, tests_dir)
+os.environ["RC_TEST_STORE"] = store
+import footprint_cases
+pids = {}
+for rank in range(world):
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            res = footprint_cases.in_docker_default_shm(rank, world)
+            with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
+                json.dump(res, f)
+            code = 0
+        finally:
+            os._exit(code)
+    pids[pid] = rank
+status = {}
+t_end = time.monotonic() + 400
+while pids and time.monotonic() < t_end:
+    pid, st = os.waitpid(-1, os.WNOHANG)
+    if pid == 0:
+        time.sleep(0.05)
+        continue
+    rank = pids.pop(pid)
+    status[rank] = ("signal %d" % os.WTERMSIG(st)) if os.WIFSIGNALED(st) else "exit %d" % os.WEXITSTATUS(st)
+for pid, rank in pids.items():
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    status[rank] = "hung"
+results = []
+for rank in range(world):
+    path = os.path.join(out_dir, "rank%d.json" % rank)
+    results.append(json.load(open(path)) if os.path.exists(path) else None)
+print("RESULT " + json.dumps({"status": [status[r] for r in range(world)], "results": results}))
+"""
+
+
+@pytest.mark.timeout(480)
+def test_sixteen_ranks_fit_dockers_default_dev_shm(store_env, tmp_path, default_knobs):
+    import json
+    import shutil
+    import subprocess
+    import sys
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare(1)")
+    probe = subprocess.run([unshare, "-m", "sh", "-c", "mount -t tmpfs -o size=64M tmpfs /dev/shm"],
+                           capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip("private mount namespaces are not permitted here: " + probe.stderr.decode(errors="replace"))
+    world = 16
+    script = tmp_path / "docker_shm.py"
+    script.write_text(_DOCKER_SHM_SCRIPT)
+    out_dir = tmp_path / "results"
+    out_dir.mkdir()
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([unshare, "-m", "sh", "-c", "mount -t tmpfs -o size=64M tmpfs /dev/shm && exec \"$0\" \"$@\"",
+                        sys.executable, str(script), tests_dir, store_env["RC_TEST_STORE"], str(out_dir), str(world)],
+                       capture_output=True, text=True, timeout=460)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
+    got = json.loads(lines[-1][len("RESULT "):])
+    assert got["status"] == ["exit 0"] * world, (got["status"], r.stderr[-3000:])
+    failures = [f for fs in got["results"] for f in fs]
+    assert not failures, "\n".join(failures[:30])

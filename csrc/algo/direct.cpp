@@ -1,12 +1,18 @@
 // Direct exchanges: all-to-all, gather, scatter, and the direct (one-shot and two-shot)
-// all-reduces; one implementation for every transport. Each pair of ranks uses its own channel;
+// all-reduces; one implementation for every transport. Messages between two ranks arrive in the
+// order sent, over a per-pair channel or the sender's outbox, whose slots all its receivers
+// share (transport/shm.h, "Outboxes"): so no algorithm here sends many messages before it
+// receives any, except where its receivers read them without waiting on anything (the one-shot's,
+// broadcast's, gather's and scatter's pieces, read in order); a message for every peer is written
+// once where the channel allows (send_copy_all);
 // in the exchanges the two ends of a message place it at different offsets of their buffers, so
 // pieces carry no common offset (place -1); the all-reduces' pieces sit at the same offset of
 // both ends' full buffers. Pieces have the far geometry's size (Channel::far_piece_bytes), which
 // every channel carries.
 // all-to-all runs N-1 rounds; in round s rank r sends to r+s and receives from r-s, alternating
-// one piece out and one piece in. Receiving never waits on sending, so rounds cannot deadlock
-// (a chain of full channels around a cycle would need every rank to be ahead of its successor).
+// one piece out and one piece in: the message a rank sends at (round s, piece j) is read by its
+// receiver at the same (s, j), so two_shot_all_reduce's argument applies (the least rank always
+// moves; a shared outbox needs 2 slots).
 // Every all-to-all message carries its total size in its first slot (an empty block is one
 // empty slot), so a receiver whose expected size differs detects it instead of misreading.
 #include <algorithm>
@@ -106,11 +112,11 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
 }
 
 void direct_send_first(const AlgoCtx& c, const char* in, int64_t count) {
-  const int n = c.world, r = c.rank;
+  const int n = c.world;
   if (count == 0 || n == 1) return;
   int64_t o, m;
   piece_bounds(0, count, 0, c.far_piece_elems(), &o, &m);
-  for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * c.esize, o, m, wait_ctx(c, 0, 1));
+  send_copy_all(c, in + o * c.esize, o, m, wait_ctx(c, 0, 1));
 }
 
 void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, bool first_sent) {
@@ -131,9 +137,7 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
   for (int64_t j = 0; j < np; ++j) {
     int64_t o, m;
     piece_bounds(0, count, j, pe, &o, &m);
-    if (j > 0 || !first_sent) {
-      for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), in + o * es, o, m, wait_ctx(c, 0, 1));
-    }
+    if (j > 0 || !first_sent) send_copy_all(c, in + o * es, o, m, wait_ctx(c, 0, 1));
     for (int p = 0; p < n; ++p) src[p] = (p == r) ? in + o * es : recv_expect(c, p, o, m, wait_ctx(c, 0, 1));
     // The accumulator (3+ ranks) is the scratch, one piece.
     combine_in_ring_order(c, src.data(), out, o, m, count, op, c.scratch);
@@ -145,29 +149,32 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
 // Two-shot: a direct reduce-scatter over the all-reduce chunks (ring::ar_chunk_*), then a direct
 // all-gather of the reduced chunks. Rank k owns chunk k, as in the ring (the rank that combines
 // chunk k last), and combines it in the ring's order: bit-identical to the ring and the one-shot.
-// Per phase each rank copies (N-1)/N of the message into its peers' slots, and it combines only
-// its own chunk (N-1 reductions of 1/N of the message): the ring's traffic, in two hand-offs
-// instead of the ring's 2(N-1); the one-shot copies and combines the whole message N-1 times.
+// Per phase each rank copies (N-1)/N of the message into slots, and it combines only its own
+// chunk (N-1 reductions of 1/N of the message): the ring's traffic, in two hand-offs instead of
+// the ring's 2(N-1); the one-shot copies and combines the whole message N-1 times.
 //
 // Iteration j handles piece j (far pieces, Channel::far_piece_bytes) of every chunk:
-//   phase 1 (step 0): send piece j of chunk p of `in` to every peer p; take piece j of chunk r
-//     from every peer, combine it with this rank's own into `out`, release the slots;
-//   phase 2 (step 1): send that reduced piece to every peer; take piece j of chunk p from every
-//     peer p into `out`.
+//   phase 1 (step 0), in rounds t = 1..N-1: send piece j of chunk r-t of `in` to rank r-t, and
+//     take piece j of chunk r from rank r+t: the ring's order of combination (x[r+1], x[r+2], ...,
+//     x[r] last), so each piece is combined into the private accumulator as it arrives and its
+//     slot released (round 1's at round 2); the round-t message of rank q is read by rank q-t in
+//     ITS round t. Sends run ahead of the rounds while a slot is free at once (try_send_slot):
+//     with enough slots every send leaves before the first receive, as a plain send-all would;
+//   phase 2 (step 1): send the reduced piece to every peer (send_copy_all: one slot where the
+//     channel shares it); take piece j of chunk p from every peer p into `out`.
 // A message exists only for a non-empty piece (chunks may be empty when count < world, and the
 // last non-empty chunk may be shorter); both ends compute the same pieces from the same chunk
-// bounds, and each channel r->p carries, in order, P1_j (chunk p's piece j) and P2_j (chunk r's
-// piece j) for j = 0, 1, ..., each end skipping the same empty ones. The receiver consumes them in
-// that order: FIFO per channel.
-// Deadlock freedom with 2 slots per channel (the far channels have 2..4): no send ever finds its
-// channel full, and a rank otherwise waits only for a peer's send, which then never blocks.
-//  - P1_j on r->p (chunk p has a piece j, hence a piece j-1): in iteration j-1 rank r received
-//    P2_{j-1} from p, which p sent after it consumed P1_{j-1} from r. At most P2_{j-1} is unconsumed.
-//  - P2_j on r->p (chunk r has a piece j): rank r just received P1_j from p, which p sent after it
-//    finished iteration j-1, consuming everything r sent before P1_j. At most P1_j is unconsumed.
-// So at most one message waits in a channel when another is sent. Every rank's P1_j sends
-// therefore complete once it has finished iteration j-1, its P1_j receives once every peer has,
-// and its P2_j messages follow: by induction on j every rank finishes every iteration.
+// bounds and skip the same empty ones; messages between two ranks are consumed in the order sent.
+// Deadlock freedom, on per-pair channels and on a shared outbox (transport/shm.h) alike, with 2
+// or more slots: order every rank's steps by (collective, iteration, phase, round, send before
+// receive); a step that blocks is a blocking send (only the round's own send blocks: sends
+// leave in round order, so when round t's send blocks no later one has left) or a receive. Take
+// a rank whose next step is least. Everything it sent earlier was sent at an earlier step and
+// has been read by its receiver, who is at a later step and reads each message at the step it
+// was sent; all of it is released but at most one round-1 message held for its reader's round
+// 2: a slot is free, so its send completes. Its receive of round t (or of phase 2) awaits a
+// message its peer sends at the same step, before its own receive: the peer, at a step not
+// less, has sent it, or is at that send itself and completes it. So the least rank always moves.
 // In place (in == out): piece j of chunk p != r of `in` is sent (phase 1) before P2_j overwrites it
 // (phase 2 of the same iteration), and chunk r is read only by this rank's own combine, which
 // writes each element after reading it.
@@ -186,25 +193,62 @@ void two_shot_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t co
     max_cnt = std::max(max_cnt, cnt[k]);
   }
   const int64_t np = (max_cnt + pe - 1) / pe;
-  std::vector<const char*> src(n, nullptr);
+  const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
   for (int64_t j = 0; j < np; ++j) {
     const WaitCtx w1 = wait_ctx(c, 0, 2), w2 = wait_ctx(c, 1, 2);
-    int64_t o, m;
-    for (int s = 1; s < n; ++s) {
-      const int p = static_cast<int>(ring::mod(r + s, n));
+    // Round t's send (chunk r-t's piece j to rank r-t); blocking, or only if a slot is free now.
+    auto p1_send = [&](int t, bool block) {
+      const int p = static_cast<int>(ring::mod(r - t, n));
+      int64_t o, m;
       piece_bounds(off[p], cnt[p], j, pe, &o, &m);
-      if (m > 0) send_copy(c, p, in + o * es, o, m, w1);
-    }
-    piece_bounds(off[r], cnt[r], j, pe, &o, &m);
-    if (m > 0) {
-      for (int s = 1; s < n; ++s) {
-        const int p = static_cast<int>(ring::mod(r - s, n));
-        src[p] = recv_expect(c, p, o, m, w1);
+      if (m == 0) return true;
+      if (block) {
+        send_copy(c, p, in + o * es, o, m, w1);
+        return true;
       }
-      src[r] = in + o * es;
-      combine_chunk_in_ring_order(c, out + o * es, src.data(), 0, r, static_cast<size_t>(m), op, c.scratch);
-      for (int s = 1; s < n; ++s) c.ch->recv_done(static_cast<int>(ring::mod(r - s, n)));
-      for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), out + o * es, o, m, w2);
+      char* dst = c.ch->try_send_slot(p, place(c, in + o * es, o));
+      if (dst == nullptr) return false;
+      c.ch->copy_into_slot(dst, in + o * es, static_cast<size_t>(m) * es);
+      c.ch->send_post(p, static_cast<uint64_t>(m) * es, 0, c.seq);
+      if (c.trace) c.trace->slot_sent();
+      return true;
+    };
+    int sent = 0;  // rounds whose send is done
+    auto send_ahead = [&] {
+      while (sent < n - 1 && p1_send(sent + 1, false)) ++sent;
+    };
+    int64_t o, m;
+    piece_bounds(off[r], cnt[r], j, pe, &o, &m);
+    send_ahead();
+    const char* first = nullptr;  // round 1's piece, combined at round 2
+    for (int t = 1; t < n; ++t) {
+      if (sent < t) {
+        p1_send(t, true);
+        sent = t;
+        send_ahead();
+      }
+      if (m == 0) continue;
+      const int q = static_cast<int>(ring::mod(r + t, n));
+      const char* x = recv_expect(c, q, o, m, w1);
+      const size_t len = static_cast<size_t>(m);
+      if (n == 2) {  // x[r] (op) x[r+1]: the last and only step
+        c.ch->reduce(out + o * es, in + o * es, x, len, c.dtype, op, scale);
+        c.ch->recv_done(q);
+      } else if (t == 1) {
+        first = x;
+      } else {
+        if (t == 2) {
+          c.ch->reduce(c.scratch, x, first, len, c.dtype, op, 1.0);
+          c.ch->recv_done(static_cast<int>(ring::mod(r + 1, n)));
+        } else {
+          c.ch->reduce(c.scratch, x, c.scratch, len, c.dtype, op, 1.0);
+        }
+        c.ch->recv_done(q);
+      }
+    }
+    if (m > 0) {
+      if (n > 2) c.ch->reduce(out + o * es, in + o * es, c.scratch, static_cast<size_t>(m), c.dtype, op, scale);
+      send_copy_all(c, out + o * es, o, m, w2);
     }
     for (int s = 1; s < n; ++s) {
       const int p = static_cast<int>(ring::mod(r - s, n));
@@ -228,9 +272,7 @@ void direct_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root, bool
     int64_t o, m;
     piece_bounds(0, count, j, pe, &o, &m);
     if (r == root) {
-      if (j > 0 || !first_sent) {
-        for (int s = 1; s < n; ++s) send_copy(c, static_cast<int>(ring::mod(r + s, n)), buf + o * es, o, m, wait_ctx(c, 0, 1));
-      }
+      if (j > 0 || !first_sent) send_copy_all(c, buf + o * es, o, m, wait_ctx(c, 0, 1));
     } else {
       copy_elems(c, buf + o * es, recv_expect(c, root, o, m, wait_ctx(c, 0, 1)), m);
       c.ch->recv_done(root);

@@ -44,6 +44,22 @@ inline void send_copy(const AlgoCtx& c, int peer, const char* src, int64_t o, in
   if (c.trace) c.trace->slot_sent();
 }
 
+/// send_copy to every peer: the same piece is their next message from this rank. Written once
+/// where the channel has a slot for every peer (Channel::send_slot_all), else sent to ranks r+1,
+/// r+2, ..., r-1 in turn.
+inline void send_copy_all(const AlgoCtx& c, const char* src, int64_t o, int64_t m, const WaitCtx& w) {
+  if (c.world == 1) return;
+  if (!c.ch->has_send_all()) {
+    for (int s = 1; s < c.world; ++s) send_copy(c, (c.rank + s) % c.world, src, o, m, w);
+    return;
+  }
+  const size_t bytes = static_cast<size_t>(m) * c.esize;
+  char* dst = c.ch->send_slot_all(w, place(c, src, o));
+  if (bytes > 0) c.ch->copy_into_slot(dst, src, bytes);
+  c.ch->send_post_all(bytes, 0, c.seq);
+  if (c.trace) c.trace->slot_sent();
+}
+
 /// The fused step: the next slot to `peer` = a (op) b over m elements (full-buffer offset o), published.
 inline void send_reduced(const AlgoCtx& c, int peer, const char* a, const char* b, int64_t o, int64_t m, ReduceOp op,
                          const WaitCtx& w) {

@@ -195,8 +195,9 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
           target->begun = true;
         }
         in.op = target;
-      } else if ((!q.empty() || unmatched_any(0, true) != nullptr) && dev_->p2p_slots_in_host_memory()) {
-        // A posted receive waits behind it: buffer the message so that receive can match.
+      } else if ((drain_ || !q.empty() || unmatched_any(0, true) != nullptr) && dev_->p2p_slots_in_host_memory()) {
+        // A posted receive waits behind it, or the slot is in the sender's outbox (which every
+        // receiver of that sender shares): buffer the message so that the channel moves on.
         early.push_back(Early{tag, m->total, std::vector<char>(m->total), 0, false, arrivals_++});
         in.early = &early.back();
       } else {
@@ -296,6 +297,7 @@ void P2PEngine::loop() {
   dev_->p2p_thread_start();
   ShmTransport& t = dev_->control();
   const ShmConfig& cfg = t.config();
+  drain_ = t.has_outbox() && dev_->p2p_slots_in_host_memory();
   std::vector<std::deque<Op>> sendq(world_);
   std::vector<std::list<Op>> recvq(world_);
   std::list<Op> anyq;  // any-source receives, in posting order
@@ -321,7 +323,9 @@ void P2PEngine::loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu_);
-      if (pending == 0) cv_.wait(lk, [&] { return stopping_ || !new_.empty(); });
+      // Draining, the thread never waits here: it sleeps on the doorbell (below), which submit()
+      // and stop() ring as well as every peer that posts a message to this rank.
+      if (pending == 0 && !drain_) cv_.wait(lk, [&] { return stopping_ || !new_.empty(); });
       while (!new_.empty()) {
         Op op = std::move(new_.front());
         new_.pop_front();
@@ -388,7 +392,7 @@ void P2PEngine::loop() {
       }
     }
     for (int p = 0; p < world_ && !failed; ++p) {
-      if (recvq[p].empty() && incoming[p].early == nullptr && incoming[p].op == nullptr && anyq.empty()) continue;
+      if (!drain_ && recvq[p].empty() && incoming[p].early == nullptr && incoming[p].op == nullptr && anyq.empty()) continue;
       try {
         progressed |= progress_recvs(p, recvq[p], anyq, incoming[p], early[p], pending);
       } catch (...) {
@@ -399,8 +403,15 @@ void P2PEngine::loop() {
       }
     }
 
-    if (progressed || pending == 0) {
+    if (progressed || (pending == 0 && !drain_)) {
       idle_since = 0;
+      continue;
+    }
+    if (pending == 0) {
+      // Draining with nothing posted: no deadline runs and no peer is waited on; sleep until a
+      // peer posts (or a slice passes).
+      idle_since = 0;
+      t.doorbell_wait(bell, std::min<int64_t>(cfg.liveness_ns, 20'000'000));
       continue;
     }
     const int64_t now = now_ns();

@@ -13,7 +13,12 @@
 // while some receive from p is posted, the engine copies that message into a private buffer (on
 // devices whose slots are host memory) so the channel moves on; a later receive with its tag
 // takes it from there. With no receive from p posted, messages wait in the channel (flow
-// control), so programs that use tag 0 only never buffer.
+// control), so programs that use tag 0 only never buffer; except where the slots are the
+// sender's outbox (the shm transport's outbox layout, transport/shm.h): every receiver of that
+// sender shares them, so the engine drains every message that reaches this rank into a private
+// buffer at once when no posted receive takes it (MPI's unexpected-message queue; memory grows
+// with what is sent and not yet received), and an outbox never stays full behind a receive that
+// is not posted. Then the thread sleeps on the doorbell even with nothing posted.
 //
 // Any source: a receive submitted with peer kAnySource takes the first message with its tag that
 // arrives from any peer, and records that peer as its Work's source() before it completes.
@@ -111,6 +116,7 @@ class P2PEngine {
   bool forked_ = false;  // set in a forked child only (single-threaded there)
   std::thread thread_;
   uint64_t arrivals_ = 0;  // engine thread only: stamps Early messages in arrival order
+  bool drain_ = false;     // engine thread only: buffer every unmatched message (see the header)
 };
 
 }  // namespace rc

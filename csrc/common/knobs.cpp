@@ -20,7 +20,8 @@ const std::vector<KnobInfo>& table() {
       // shared-memory transport (csrc/transport/shm_*.cpp)
       {"RINGCOMM_SLOT_BYTES", T::kBytes, "256K", "", "size of one shared-memory slot (pieces stream through slots)", false},
       {"RINGCOMM_NSLOTS", T::kInt, "8", "", "slots per channel, a power of two in 2..1024 (the ring's deadlock-freedom argument needs two)", false},
-      {"RINGCOMM_FAR_SLOT_BYTES", T::kBytes, "32K", "", "slot size of the channels other than the one from the ring predecessor (direct exchanges, point-to-point; min(RINGCOMM_NSLOTS, 4) slots each; 3 or more ranks)", false},
+      {"RINGCOMM_FAR_SLOT_BYTES", T::kBytes, "32K", "", "slot size of each rank's two outboxes (collectives, point-to-point; 3 or more ranks): every message but the ring predecessor's collective hand-offs is written into its sender's outbox and read there by its receiver (direct exchanges, point-to-point); at most RINGCOMM_SLOT_BYTES", false},
+      {"RINGCOMM_OUTBOX_SLOTS", T::kInt, "16", "", "slots of each outbox (3 or more ranks), a power of two in 2..1024; per rank the shared memory is the same at any world size: header + RINGCOMM_NSLOTS x (RINGCOMM_SLOT_BYTES + 4K) + 2 x RINGCOMM_OUTBOX_SLOTS x (RINGCOMM_FAR_SLOT_BYTES + 4K)", false},
       {"RINGCOMM_TIMEOUT", T::kFloat, "300", "", "seconds any single wait may take (timeout= per communicator overrides)", false},
       {"RINGCOMM_WAIT", T::kChoice, "auto", "auto|spin|yield|adaptive", "wait policy: spin (pause-spin, then futex sleep), yield (spin with a sched_yield every RINGCOMM_YIELD_EVERY_NS, then futex), adaptive (spin, switching to yield for the next 64 waits after a spin ran out or was preempted) or auto (yield; the spin is 2 us instead of 50 when this node's ranks outnumber the CPUs they may run on)", false},
       {"RINGCOMM_SPIN_US", T::kInt, "50", "", "microseconds a waiter spins before sleeping on a futex (unset: 2 when ranks outnumber CPUs)", false},

@@ -69,6 +69,19 @@ class Channel {
   /// piece_bytes() is the ring neighbours' (ring and chains), which may be larger. Asked once per
   /// collective, never per piece.
   virtual size_t far_piece_bytes() const { return piece_bytes(); }
+  /// Whether send_slot_all exists: one slot whose payload EVERY peer receives as its next
+  /// message from this rank (written once however many peers read it). Without it a message for
+  /// every peer is sent to each (algo/pieces.h, send_copy_all).
+  virtual bool has_send_all() const { return false; }
+  /// With has_send_all: the slot (waits, bounded); send_post_all publishes it to every peer.
+  virtual char* send_slot_all(const WaitCtx& w, const PiecePlace& at) {
+    (void)w, (void)at;
+    RC_THROW(Unsupported, "ringcomm: this channel has no slot for every peer");
+  }
+  virtual void send_post_all(uint64_t bytes, uint64_t total, uint64_t tag) {
+    (void)bytes, (void)total, (void)tag;
+    RC_THROW(Unsupported, "ringcomm: this channel has no slot for every peer");
+  }
   RC_CHANNEL_PRIMITIVES(virtual, = 0)
 };
 

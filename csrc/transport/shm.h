@@ -1,17 +1,53 @@
 // Host shared-memory transport: processes on one machine exchange bytes through POSIX shared
 // memory in fixed-size slots, with flow control by atomic sequence counters.
 //
-// Layout. Every rank owns ONE segment: its inbox. For each lane (collectives, point-to-point)
-// and each source rank it holds a channel of slots plus the channel's control words. A sender writes into the RECEIVER's
-// segment ("push"). Two geometries: the collective channel from the ring predecessor (rank-1),
-// which carries every ring and chain hand-off, has `nslots` slots of `slot_bytes`; every other
-// channel (direct exchanges, point-to-point) has `far_nslots` slots of `far_slot_bytes`. So a
-// segment holds one full channel and 2*world-3 small ones: its size grows linearly with the
-// world size (see footprint_bytes), never with the message size. With a uniform geometry
-// (far = full: world <= 2, the CUDA control plane) every source index, the rank's own included,
-// has `nslots` slots of `slot_bytes`. In front of the channels, after the header page: the
-// rank's two LL outboxes (below), the one region of the segment its owner writes for readers
-// ("pull").
+// Layout. Every rank owns ONE segment, of a size that does not depend on the world size in the
+// outbox layout (the host communicator's from 3 ranks on; see footprint_bytes):
+//  - the header page (liveness, doorbell, header board) and the two LL outboxes (below);
+//  - ONE push channel: the collective lane from the ring predecessor (rank-1), which carries
+//    every ring and chain hand-off: `nslots` slots of `slot_bytes`. The sender writes into the
+//    RECEIVER's segment ("push"; Channel protocol below);
+//  - two outboxes, one per lane (collectives, point-to-point), of `far_nslots` slots of
+//    `far_slot_bytes` each (RINGCOMM_OUTBOX_SLOTS, RINGCOMM_FAR_SLOT_BYTES): every other message
+//    this rank sends (direct exchanges to any peer, point-to-point to any peer, the successor
+//    included) is written into its OWN outbox, and its reader copies it out of this segment
+//    ("pull"; Outboxes below).
+// So a segment is header + LL + nslots x (slot_bytes + 4 KiB) + 2 x far_nslots x
+// (far_slot_bytes + 4 KiB) + control words, the same at 3 ranks as at 128.
+// The uniform layout (up to 2 ranks, where the only peer is the ring neighbour on both sides, and
+// the CUDA control plane and the simulation, whose ShmConfig asks for no outbox) keeps a push
+// channel of `nslots` slots of `slot_bytes` for every lane and source index, the rank's own
+// included, and no outbox: its size grows with the world.
+//
+// Outboxes (one writer: the owner's thread of that lane). The owner numbers the messages of an
+// outbox 1, 2, ... (its sequence g) and puts message g in slot g % far_nslots. The slot's `key`
+// packs g and the message's reader (`dest`), or kAllDest: every rank except the owner and its
+// ring successor (the successor receives its copy through the push channel: send_slot_all); the
+// owner keeps each slot's reader count (1, or world - 2) in private memory.
+// Publishing g: the owner writes payload and meta, resets `done`, stores key = (g, dest)
+// (release), then posted = g (release), then bumps the outbox's `pub` word (seq_cst RMW, a futex
+// wake if a reader sleeps on it) and, on the point-to-point lane, rings each reader's doorbell.
+// Reading: a reader keeps, per owner and lane, the sequence of the last message it consumed
+// (`last`). It loads posted = P (acquire): every message up to P is then visible. Its next
+// message is the lowest g in (last, P] whose slot's key holds g and names it (one atomic load
+// gives both, so a slot reused meanwhile is never mistaken for it); only g > P - far_nslots can
+// be its, since the owner cannot publish g + far_nslots while the reader has not released g. It
+// releases the slot by incrementing `done` (seq_cst RMW: its reads happen-before the owner's
+// reuse) and bumps the outbox's `freed` word (and, point-to-point, the owner's doorbell). The
+// owner writes g only when slot g % far_nslots is unused or its `done` equals the reader count of
+// the message it held (acquire). Messages from one owner to one reader are therefore consumed in
+// the order they were sent (FIFO per pair, as a push channel), and a message for every reader
+// (the one-shot's and the direct broadcast's pieces, two-shot's all-gather phase) is written once.
+// Waits (wait_until with a predicate) sleep on the awaited outbox's `pub` (a reader) or on its own
+// outbox's `freed` (the owner): every event that can make them ready bumps that word. Their
+// deadline, the local interrupt (close, abort) and the peers' states and liveness are checked as
+// in every wait. Nothing is mapped or allocated after init: every pair's messages use the two
+// ranks' outboxes and the one push channel.
+// Progress: the owner's slots are shared by all its readers, so a message unread by one reader
+// delays messages to every other. The algorithms therefore send to many peers only in rounds in
+// which each message is read by its receiver at the position it was sent (algo/direct.cpp), and
+// the point-to-point engine drains every message into private memory when no receive for it is
+// posted (comm/p2p_engine.h), so an outbox never stays full behind an absent receive.
 //
 // Channel protocol (one writer per word):
 //   head  - written only by the sender: number of slots it has filled (wrapping uint32).
@@ -105,19 +141,21 @@ struct ShmConfig {
   int64_t yield_backoff_ns = 0;  // RINGCOMM_YIELD_BACKOFF_MS: then no yields for this long (0: never)
   int64_t liveness_ns = 0;   // RINGCOMM_LIVENESS_MS: how often a sleeping waiter checks peers
   int64_t heartbeat_timeout_ns = 0;  // RINGCOMM_HEARTBEAT_TIMEOUT_MS: a still heartbeat means dead
-  // Geometry of the channels other than the collective one from the ring predecessor; 0: the
-  // full geometry (slot_bytes, nslots). The transport clamps them to at most the full one.
+  // The outbox layout (world >= 3; see Layout): each rank's two outboxes have far_nslots slots of
+  // far_slot_bytes. Without it (uniform) far = full (slot_bytes, nslots). far_slot_bytes is
+  // clamped to at most slot_bytes.
+  bool outbox = false;
   size_t far_slot_bytes = 0;   // RINGCOMM_FAR_SLOT_BYTES
-  uint32_t far_nslots = 0;     // min(nslots, kFarMaxSlots)
+  uint32_t far_nslots = 0;     // RINGCOMM_OUTBOX_SLOTS
   size_t ll_bytes = 0;         // RINGCOMM_LL_MAX_BYTES: data bytes one LL outbox carries
-  static constexpr uint32_t kFarMaxSlots = 4;
   /// Uniform geometry (far = full): what the CUDA control plane and the simulation use.
   static ShmConfig from_env(int world_size, double timeout_s);
-  /// from_env plus the small far geometry (world >= 3): the host communicator's transport.
+  /// from_env plus the outboxes (world >= 3): the host communicator's transport.
   static ShmConfig host_from_env(int world_size, double timeout_s);
 };
 
-/// Bytes of one rank's segment for `world` ranks with configuration `cfg` (computes only).
+/// Bytes of one rank's segment for `world` ranks with configuration `cfg` (computes only): in the
+/// outbox layout the same for every world >= 3 (shm.h, Layout).
 size_t footprint_bytes(int world, const ShmConfig& cfg);
 
 /// Header posted before each collective (compared across ranks). 40 bytes: its first bytes are
@@ -173,6 +211,8 @@ enum class PeerState : uint32_t { kAlive = 0, kClosed = 1, kAborted = 2 };
 
 namespace shm_detail {
 struct ChannelCtl;  // transport/shm_layout.h
+struct OutSlot;
+struct OutboxCtl;
 }  // namespace shm_detail
 
 class ShmTransport {
@@ -253,6 +293,14 @@ class ShmTransport {
   }
   /// Publish the slot obtained by send_slot/try_send_slot.
   void send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag);
+  /// Whether this transport has outboxes (the outbox layout): then send_slot_all exists, and a
+  /// slot to any peer but the collective lane's ring successor is one of this rank's outbox slots.
+  bool has_outbox() const { return outbox_; }
+  /// Outbox layout, collective lane: one slot that every peer receives as its next message from
+  /// this rank (the ring successor through its push channel: send_post_all copies the payload
+  /// there). At most one unpublished outbox slot per lane at a time.
+  char* send_slot_all(const WaitCtx& w, uint32_t offset);
+  void send_post_all(uint64_t bytes, uint64_t total, uint64_t tag);
 
   // ---- channel, receiver side ----
   /// Wait for the next filled slot from `peer`; returns its payload and meta.
@@ -313,6 +361,17 @@ class ShmTransport {
     uint32_t nslots = 0;   // a power of two (0: the owner's own source index)
   };
   ChanGeom geom_of(int owner, Lane lane, int src) const;
+  // ---- outboxes (transport/shm_outbox.cpp; see "Outboxes") ----
+  bool pushes(int peer, Lane lane) const;    // this rank sends to peer through a push channel
+  bool pulls(int peer, Lane lane) const;     // this rank receives from peer through its outbox
+  shm_detail::OutSlot* out_slot(int owner, Lane lane, uint64_t g) const;
+  char* out_data(int owner, Lane lane, uint64_t g) const;
+  shm_detail::OutboxCtl* outbox(int owner, Lane lane) const;
+  // The next slot of this rank's outbox for `dest` (or kAllDest), waiting (w) or not (nullptr).
+  char* out_reserve(Lane lane, int dest, uint32_t offset, const WaitCtx* w);
+  void out_post(Lane lane, uint64_t bytes, uint64_t total, uint64_t tag);
+  const char* out_find(int peer, Lane lane, const SlotMeta** meta);
+  void out_release(int peer, Lane lane);
   shm_detail::ChannelCtl* ctl(int owner, Lane lane, int src) const;
   SlotMeta* slot_meta(int owner, Lane lane, int src, uint32_t slot) const;
   std::string describe(const WaitCtx& w) const;
@@ -345,6 +404,21 @@ class ShmTransport {
   std::vector<uint32_t> send_head_;  // [lane * world + peer]
   std::vector<uint32_t> recv_tail_;  // [lane * world + peer]
   std::vector<uint32_t> send_off_;   // payload offset chosen by send_slot, published by send_post
+  // Outbox state (outbox layout only). Sender side, per lane, touched by that lane's thread only:
+  // the next sequence number, the reserved slot's reader (kNoReserve: none), and per slot the
+  // reader count of the message it holds. Receiver side, [lane * world + peer], by that lane's
+  // thread: the last message consumed, how far its scan found nothing more, the message being read.
+  bool outbox_ = false;
+  static constexpr int kNoReserve = -2;
+  struct OutSend {
+    uint64_t next = 1;
+    int reserved = kNoReserve;
+    uint32_t offset = 0;
+    std::vector<int32_t> dest;
+    std::vector<uint32_t> readers;
+  };
+  OutSend out_send_[kNumLanes];
+  std::vector<uint64_t> out_last_, out_scanned_, out_cur_;
   // Local interrupt of every wait: 0 none, 1 closing, 2 aborting (interrupt_msg_ is written
   // before the release store of 2 and never again). Read by every waiting thread.
   std::atomic<int> interrupt_{0};

@@ -41,6 +41,10 @@ void ShmChannel::send_post(int peer, uint64_t bytes, uint64_t total, uint64_t ta
   t_->send_post(peer, lane_, bytes, total, tag);
 }
 
+char* ShmChannel::send_slot_all(const WaitCtx& w, const PiecePlace& at) { return t_->send_slot_all(w, offset_of(at)); }
+
+void ShmChannel::send_post_all(uint64_t bytes, uint64_t total, uint64_t tag) { t_->send_post_all(bytes, total, tag); }
+
 const char* ShmChannel::recv_slot(int peer, const WaitCtx& w, const PiecePlace&, const SlotMeta** meta) {
   return t_->recv_slot(peer, lane_, w, meta);  // at the offset the sender recorded in the meta
 }

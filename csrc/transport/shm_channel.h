@@ -40,6 +40,10 @@ class ShmChannel final : public Channel {
   bool forward_from_slot() const override { return opt_.forward_from_slot; }
   /// The far geometry's payload (ShmConfig::far_slot_bytes).
   size_t far_piece_bytes() const override;
+  /// The transport's outbox layout, collective lane: one outbox slot for every peer.
+  bool has_send_all() const override { return lane_ == Lane::kColl && t_->has_outbox(); }
+  char* send_slot_all(const WaitCtx& w, const PiecePlace& at) override;
+  void send_post_all(uint64_t bytes, uint64_t total, uint64_t tag) override;
   RC_CHANNEL_PRIMITIVES(, override)
 
  private:

@@ -107,7 +107,11 @@ ShmConfig ShmConfig::host_from_env(int world_size, double timeout_s) {
   const int64_t far = knob_bytes("RINGCOMM_FAR_SLOT_BYTES");
   RC_CHECK(far >= 64, InvalidArgument, "RINGCOMM_FAR_SLOT_BYTES must be >= 64, got " << far);
   c.far_slot_bytes = round_up(static_cast<size_t>(far), 64);
-  c.far_nslots = kFarMaxSlots;
+  const int64_t out = knob_int("RINGCOMM_OUTBOX_SLOTS");
+  RC_CHECK(out >= 2 && out <= 1024 && (out & (out - 1)) == 0, InvalidArgument,
+           "RINGCOMM_OUTBOX_SLOTS must be in [2, 1024] and a power of two, got " << out);
+  c.far_nslots = static_cast<uint32_t>(out);
+  c.outbox = true;
   const int64_t ll = knob_bytes("RINGCOMM_LL_MAX_BYTES");
   RC_CHECK(ll >= 0 && ll <= (int64_t{1} << 20), InvalidArgument,
            "RINGCOMM_LL_MAX_BYTES must be in [0, 1M], got " << ll);
@@ -118,10 +122,10 @@ ShmConfig ShmConfig::host_from_env(int world_size, double timeout_s) {
 size_t footprint_bytes(int world, const ShmConfig& cfg) {
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
   const ShmConfig c = normalized(world, cfg);
-  size_t b = data_offset(world, c);
-  for (int l = 0; l < kNumLanes; ++l)
-    for (int s = 0; s < world; ++s) b += chan_bytes(world, 0, static_cast<Lane>(l), s, c);
-  return b;  // the same for every owner: uniform, or one full channel and the rest far
+  const size_t full = static_cast<size_t>(c.nslots) * (c.slot_bytes + kPage);
+  if (uniform(c)) return data_offset(world, c) + full * kNumLanes * static_cast<size_t>(world);
+  // One push channel and two outboxes: nothing here depends on the world size.
+  return data_offset(world, c) + full + kNumLanes * static_cast<size_t>(c.far_nslots) * outbox_stride(c);
 }
 
 }  // namespace rc

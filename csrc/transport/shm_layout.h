@@ -4,6 +4,7 @@
 // same layout from the same configuration (ShmConfig, normalized), so offsets agree across
 // processes. See transport/shm.h for the protocols that use these words.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -17,7 +18,7 @@ namespace rc {
 namespace shm_detail {
 
 constexpr uint64_t kMagic = 0x52494e47434f4d4dULL;  // "RINGCOMM"
-constexpr uint32_t kVersion = 6;
+constexpr uint32_t kVersion = 7;
 constexpr size_t kPage = 4096;
 constexpr size_t kAbortMsgBytes = 1024;
 
@@ -83,15 +84,44 @@ struct ChannelCtl {
 };
 static_assert(sizeof(ChannelCtl) == 128, "ChannelCtl is two cache lines");
 
-// The geometry every rank applies to every segment: the far one clamped to the full one, and
-// uniform (far = full) up to 2 ranks, where the only peer is the ring neighbour on both sides.
+// One slot of an outbox (shm.h, "Outboxes"). The meta and `key` are written by the owner only,
+// while no reader may read the slot; `key` last, with release. `key` packs the message's outbox
+// sequence number g (0: none yet) and its reader, so that one atomic load tells a scanning reader
+// both: out_key(g, dest). `done` is incremented by the readers only (one each, after their last
+// read of the slot), and reset by the owner before it publishes the next key.
+struct OutSlot {
+  SlotMeta meta;                            // bytes, total, tag, payload offset
+  alignas(64) std::atomic<uint64_t> key;    // out_key(g, dest)
+  alignas(64) std::atomic<uint32_t> done;   // readers that released it
+};
+static_assert(sizeof(OutSlot) == 192, "OutSlot is three cache lines");
+// dest of a message every rank reads except the owner and its ring successor (which receives
+// its copy through the push channel).
+constexpr int32_t kAllDest = -1;
+constexpr int kMaxOutboxWorld = 0xFFFE;  // dest + 1 fits the key's low 16 bits
+inline uint64_t out_key(uint64_t g, int32_t dest) { return (g << 16) | static_cast<uint64_t>(dest + 1); }
+inline uint64_t out_key_seq(uint64_t key) { return key >> 16; }
+inline int32_t out_key_dest(uint64_t key) { return static_cast<int32_t>(key & 0xFFFF) - 1; }
+
+struct OutboxCtl {
+  alignas(64) std::atomic<uint64_t> posted;  // sequence number of the last published message (owner)
+  Word pub;    // bumped by the owner after each publication: its readers sleep on it
+  Word freed;  // bumped by a reader after each release: the owner sleeps on it for a free slot
+  // followed by OutSlot[outbox slots]
+};
+static_assert(sizeof(OutboxCtl) == 192, "OutboxCtl is three cache lines");
+
+// The geometry every rank applies to every segment: the far slot clamped to the full one; the
+// outbox layout from 3 ranks on where the configuration asks for it (the host communicator's),
+// else uniform (far = full): up to 2 ranks, where the only peer is the ring neighbour on both
+// sides, and for the CUDA control plane and the simulation.
 inline ShmConfig normalized(int world, ShmConfig c) {
-  if (world <= 2 || c.far_slot_bytes == 0 || c.far_nslots == 0) {
+  c.outbox = c.outbox && world >= 3 && c.far_slot_bytes > 0 && c.far_nslots > 0;
+  if (!c.outbox) {
     c.far_slot_bytes = c.slot_bytes;
     c.far_nslots = c.nslots;
   }
   c.far_slot_bytes = std::min(c.far_slot_bytes, c.slot_bytes);
-  c.far_nslots = std::min(c.far_nslots, c.nslots);  // both powers of two: so is the minimum
   return c;
 }
 
@@ -102,29 +132,30 @@ inline size_t ll_lines(const ShmConfig& c) {
 }
 inline size_t ctl_offset(const ShmConfig& c) { return ll_offset() + round_up(2 * ll_lines(c) * sizeof(LLLine), kPage); }
 inline size_t ctl_stride(const ShmConfig& c) { return sizeof(ChannelCtl) + sizeof(SlotMeta) * c.nslots; }
+inline bool uniform(const ShmConfig& c) { return !c.outbox; }
+// Uniform layout: channel control words for every lane and source index (the owner's own
+// included), then every channel's nslots full slots, in (lane, source) order.
+// Outbox layout: the control words of the ONE push channel (collective lane, from the ring
+// predecessor), then the two outboxes' control (one per lane), then the push channel's nslots
+// full slots, then each outbox's far_nslots slots of far_slot_bytes. Nothing depends on the world.
+inline size_t outbox_ctl_bytes(const ShmConfig& c) { return sizeof(OutboxCtl) + sizeof(OutSlot) * c.far_nslots; }
 inline size_t data_offset(int world, const ShmConfig& c) {
-  return round_up(ctl_offset(c) + ctl_stride(c) * kNumLanes * static_cast<size_t>(world), kPage);
+  if (uniform(c)) return round_up(ctl_offset(c) + ctl_stride(c) * kNumLanes * static_cast<size_t>(world), kPage);
+  return round_up(ctl_offset(c) + ctl_stride(c) + kNumLanes * outbox_ctl_bytes(c), kPage);
 }
-// Uniform geometry (far = full: up to 2 ranks, the CUDA control plane, the simulation) keeps the
-// plain layout: every source index, the owner's own included, has nslots full slots. Otherwise
-// channel (lane, src) of `owner`'s segment has the full geometry iff it is the collective channel
-// from owner's ring predecessor, and the owner's own index has no slots (nobody sends to itself).
-inline bool uniform(const ShmConfig& c) { return c.far_slot_bytes == c.slot_bytes && c.far_nslots == c.nslots; }
-inline bool full_channel(int world, int owner, Lane lane, int src) {
-  return lane == Lane::kColl && src == (owner + world - 1) % world;
+inline size_t outbox_ctl_offset(const ShmConfig& c, Lane lane) {
+  return ctl_offset(c) + ctl_stride(c) + static_cast<size_t>(lane) * outbox_ctl_bytes(c);
 }
-inline uint32_t chan_nslots(int world, int owner, Lane lane, int src, const ShmConfig& c) {
-  if (uniform(c)) return c.nslots;
-  if (src == owner) return 0;
-  return full_channel(world, owner, lane, src) ? c.nslots : c.far_nslots;
+inline size_t outbox_stride(const ShmConfig& c) { return c.far_slot_bytes + kPage; }
+inline size_t outbox_data_offset(int world, const ShmConfig& c, Lane lane) {
+  return data_offset(world, c) + c.nslots * (c.slot_bytes + kPage) +
+         static_cast<size_t>(lane) * c.far_nslots * outbox_stride(c);
 }
-inline size_t chan_slot_stride(int world, int owner, Lane lane, int src, const ShmConfig& c) {
-  return (uniform(c) || full_channel(world, owner, lane, src) ? c.slot_bytes : c.far_slot_bytes) + kPage;
+// Whether rank `src` sends to `owner` on `lane` through a push channel in owner's segment (all
+// pairs in the uniform layout; the ring predecessor's collective lane in the outbox layout).
+inline bool push_channel(const ShmConfig& c, int world, int owner, Lane lane, int src) {
+  return uniform(c) || (lane == Lane::kColl && src == (owner + world - 1) % world);
 }
-inline size_t chan_bytes(int world, int owner, Lane lane, int src, const ShmConfig& c) {
-  return chan_nslots(world, owner, lane, src, c) * chan_slot_stride(world, owner, lane, src, c);
-}
-
 
 }  // namespace shm_detail
 }  // namespace rc

@@ -45,17 +45,16 @@ std::string random_name() {
 
 ShmTransport::ChanGeom ShmTransport::geom_of(int owner, Lane lane, int src) const {
   ChanGeom g;
-  size_t off = data_offset_;
-  for (int l = 0; l < kNumLanes; ++l)
-    for (int s = 0; s < world_; ++s) {
-      if (l == static_cast<int>(lane) && s == src) {
-        g.data_off = off;
-        g.stride = chan_slot_stride(world_, owner, lane, src, cfg_);
-        g.nslots = chan_nslots(world_, owner, lane, src, cfg_);
-        return g;
-      }
-      off += chan_bytes(world_, owner, static_cast<Lane>(l), s, cfg_);
-    }
+  if (!uniform(cfg_)) {  // the one push channel: collectives from the ring predecessor
+    if (!push_channel(cfg_, world_, owner, lane, src)) return g;
+    g.data_off = data_offset_;
+    g.stride = cfg_.slot_bytes + kPage;
+    g.nslots = cfg_.nslots;
+    return g;
+  }
+  g.data_off = data_offset_ + (static_cast<size_t>(lane) * world_ + src) * cfg_.nslots * (cfg_.slot_bytes + kPage);
+  g.stride = cfg_.slot_bytes + kPage;
+  g.nslots = cfg_.nslots;
   return g;
 }
 
@@ -64,13 +63,17 @@ std::string ShmTransport::describe_geometry() const {
   if (uniform(cfg_)) {
     o << "slots " << cfg_.slot_bytes << " B x " << cfg_.nslots << " x " << kNumLanes << " lanes per peer";
   } else {
-    o << "slots " << cfg_.slot_bytes << " B x " << cfg_.nslots << " from the ring predecessor (collectives), "
-      << cfg_.far_slot_bytes << " B x " << cfg_.far_nslots << " on each of the other " << std::max(0, 2 * world_ - 3)
-      << " channels";
+    o << "slots " << cfg_.slot_bytes << " B x " << cfg_.nslots << " from the ring predecessor (collectives); "
+      << "outboxes of " << cfg_.far_nslots << " slots of " << cfg_.far_slot_bytes
+      << " B for each lane (collectives, point-to-point), read by the peers in place";
   }
   o << "; LL outboxes " << cfg_.ll_bytes << " B";
-  o << "; shared memory " << seg_bytes_ << " B per rank, " << seg_bytes_ * world_
-    << " B for " << world_ << " ranks";
+  o << "; shared memory " << seg_bytes_ << " B per rank, " << seg_bytes_ * world_ << " B for " << world_ << " ranks";
+  if (!uniform(cfg_)) {
+    o << " (per rank, at any world size: " << data_offset_ << " B of header, LL outboxes and control + "
+      << cfg_.nslots << " x (" << cfg_.slot_bytes << " + 4096) + " << kNumLanes << " x " << cfg_.far_nslots << " x ("
+      << cfg_.far_slot_bytes << " + 4096))";
+  }
   return o.str();
 }
 
@@ -86,6 +89,16 @@ ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
   ctl_stride_ = ctl_stride(cfg_);
   data_offset_ = data_offset(world_, cfg_);
   seg_bytes_ = footprint_bytes(world_, cfg_);
+  outbox_ = !uniform(cfg_);
+  RC_CHECK(!outbox_ || world_ <= kMaxOutboxWorld, InvalidArgument,
+           "ringcomm: the shared-memory outboxes address at most " << kMaxOutboxWorld << " ranks, got " << world_);
+  for (OutSend& s : out_send_) {
+    s.dest.assign(cfg_.far_nslots, kAllDest);
+    s.readers.assign(cfg_.far_nslots, 0);
+  }
+  out_last_.assign(kNumLanes * world_, 0);
+  out_scanned_.assign(kNumLanes * world_, 0);
+  out_cur_.assign(kNumLanes * world_, 0);
   send_geom_.resize(kNumLanes * world_);
   recv_geom_.resize(kNumLanes * world_);
   for (int l = 0; l < kNumLanes; ++l)
@@ -129,12 +142,15 @@ std::string ShmTransport::create() {
       o << "an unknown amount free";
     }
     o << ", and " << world_ << " ranks need about " << static_cast<uint64_t>(seg_bytes_) * world_
-      << " bytes in all (per rank: " << cfg_.nslots << " slots of " << cfg_.slot_bytes
-      << " bytes from the ring predecessor, " << cfg_.far_nslots << " slots of " << cfg_.far_slot_bytes
-      << " bytes on each of the other " << std::max(0, 2 * world_ - 3)
-      << " channels, and two LL outboxes of " << cfg_.ll_bytes << " bytes). Fixes: a larger /dev/shm (docker run --shm-size=1g, or remount "
+      << " bytes in all (per rank: " << cfg_.nslots << " slots of " << cfg_.slot_bytes << " bytes from the ring predecessor";
+    if (uniform(cfg_)) {
+      o << " and from every other source index and lane";
+    } else {
+      o << ", two outboxes of " << cfg_.far_nslots << " slots of " << cfg_.far_slot_bytes << " bytes";
+    }
+    o << ", and two LL outboxes of " << cfg_.ll_bytes << " bytes). Fixes: a larger /dev/shm (docker run --shm-size=1g, or remount "
       << "/dev/shm with a larger size=), or smaller slots (RINGCOMM_SLOT_BYTES, RINGCOMM_FAR_SLOT_BYTES) or fewer of them "
-      << "(RINGCOMM_NSLOTS)";
+      << "(RINGCOMM_NSLOTS, RINGCOMM_OUTBOX_SLOTS)";
     throw Error(o.str());
   }
   void* p = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -201,7 +217,7 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
       ::close(fd);
       RC_THROW(Mismatch, "ringcomm: rank " << p << "'s segment has " << st.st_size << " bytes, rank "
                          << rank_ << " expects " << seg_bytes_
-                         << " (RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES / RINGCOMM_LL_MAX_BYTES must be equal on every rank)");
+                         << " (RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES / RINGCOMM_OUTBOX_SLOTS / RINGCOMM_LL_MAX_BYTES must be equal on every rank)");
     }
     void* m = mmap(nullptr, seg_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
@@ -216,10 +232,10 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
                  h->far_slot_bytes == cfg_.far_slot_bytes && h->far_nslots == cfg_.far_nslots,
              Mismatch,
              "ringcomm: rank " << p << " uses " << h->nslots << " slots of " << h->slot_bytes << " bytes ("
-                               << h->far_nslots << " of " << h->far_slot_bytes << " on other channels), rank "
+                               << h->far_nslots << " of " << h->far_slot_bytes << " in its outboxes), rank "
                                << rank_ << " uses " << cfg_.nslots << " of " << cfg_.slot_bytes << " ("
                                << cfg_.far_nslots << " of " << cfg_.far_slot_bytes
-                               << ") (set RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES "
+                               << ") (set RINGCOMM_SLOT_BYTES / RINGCOMM_NSLOTS / RINGCOMM_FAR_SLOT_BYTES / RINGCOMM_OUTBOX_SLOTS "
                                << "equally on every rank)");
     RC_CHECK(h->ll_bytes == cfg_.ll_bytes, Mismatch,
              "ringcomm: rank " << p << "'s LL outbox carries " << h->ll_bytes << " bytes, rank " << rank_ << "'s "

@@ -1,5 +1,6 @@
 // The flow-controlled slot channels (shm.h, "Channel protocol"): a sender's free slot and its
-// publication, a receiver's filled slot and its release.
+// publication, a receiver's filled slot and its release. In the outbox layout a pair without a
+// push channel goes through the sender's outbox instead (transport/shm_outbox.cpp).
 #include "transport/shm.h"
 
 #include "common/errors.h"
@@ -10,7 +11,9 @@ namespace rc {
 
 using namespace shm_detail;
 
+// The outbox layout has one push channel per segment (collective lane, from the predecessor).
 ChannelCtl* ShmTransport::ctl(int owner, Lane lane, int src) const {
+  if (outbox_) return reinterpret_cast<ChannelCtl*>(base_[owner] + ctl_offset_);
   return reinterpret_cast<ChannelCtl*>(base_[owner] + ctl_offset_ +
                                        ctl_stride_ * (static_cast<size_t>(lane) * world_ + src));
 }
@@ -26,6 +29,7 @@ char* ShmTransport::try_send_slot(int peer, Lane lane, const void* like) {
 
 char* ShmTransport::try_send_slot_at(int peer, Lane lane, uint32_t offset) {
   RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
+  if (outbox_ && !pushes(peer, lane)) return out_reserve(lane, peer, offset, nullptr);
   const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
   const ChanGeom& g = send_geom_[ch];
@@ -43,6 +47,10 @@ char* ShmTransport::send_slot(int peer, Lane lane, const WaitCtx& w, const void*
 
 char* ShmTransport::send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset) {
   RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
+  if (outbox_ && !pushes(peer, lane)) {
+    RC_CHECK(peer != rank_, InvalidArgument, "ringcomm: rank " << rank_ << " has no channel to itself");
+    return out_reserve(lane, peer, offset, &w);
+  }
   const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
   const ChanGeom& g = send_geom_[ch];
@@ -58,6 +66,7 @@ char* ShmTransport::send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t
 }
 
 void ShmTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag) {
+  if (outbox_ && !pushes(peer, lane)) return out_post(lane, bytes, total, tag);
   ChannelCtl* c = ctl(peer, lane, rank_);
   uint32_t& head = send_head_[static_cast<size_t>(lane) * world_ + peer];
   SlotMeta* m = slot_meta(peer, lane, rank_, head % send_geom_[static_cast<size_t>(lane) * world_ + peer].nslots);
@@ -73,6 +82,7 @@ void ShmTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total
 }
 
 const char* ShmTransport::try_recv_slot(int peer, Lane lane, const SlotMeta** meta) {
+  if (outbox_ && pulls(peer, lane)) return out_find(peer, lane, meta);
   ChannelCtl* c = ctl(rank_, lane, peer);
   const ChanGeom& g = recv_geom_[static_cast<size_t>(lane) * world_ + peer];
   uint32_t tail = recv_tail_[static_cast<size_t>(lane) * world_ + peer];
@@ -83,6 +93,17 @@ const char* ShmTransport::try_recv_slot(int peer, Lane lane, const SlotMeta** me
 }
 
 const char* ShmTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, const SlotMeta** meta) {
+  if (outbox_ && pulls(peer, lane)) {
+    RC_CHECK(peer != rank_, InvalidArgument, "ringcomm: rank " << rank_ << " has no channel from itself");
+    const char* p = out_find(peer, lane, meta);
+    if (p != nullptr) return p;
+    WaitCtx ww = w;
+    ww.peer = peer;
+    ww.what = "data";
+    Word* b = &outbox(peer, lane)->pub;
+    wait_until(&b->v, &b->waiters, [&] { return (p = out_find(peer, lane, meta)) != nullptr; }, ww);
+    return p;
+  }
   ChannelCtl* c = ctl(rank_, lane, peer);
   const ChanGeom& g = recv_geom_[static_cast<size_t>(lane) * world_ + peer];
   RC_CHECK(g.nslots > 0, InvalidArgument, "ringcomm: rank " << rank_ << " has no channel from itself");
@@ -98,6 +119,7 @@ const char* ShmTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, const
 }
 
 void ShmTransport::recv_done(int peer, Lane lane) {
+  if (outbox_ && pulls(peer, lane)) return out_release(peer, lane);
   ChannelCtl* c = ctl(rank_, lane, peer);
   ++recv_tail_[static_cast<size_t>(lane) * world_ + peer];
   // seq_cst RMW: our reads of the slot happen-before the sender's next write into it.

@@ -22,6 +22,11 @@ class SplitChannel final : public Channel {
   bool forward_from_slot() const override { return in_->forward_from_slot(); }
   size_t far_piece_bytes() const override { return in_->far_piece_bytes(); }
   size_t piece_bytes() const override { return in_->piece_bytes(); }
+  bool has_send_all() const override { return in_->has_send_all(); }
+  char* send_slot_all(const WaitCtx& w, const PiecePlace& at) override { return in_->send_slot_all(w, at); }
+  void send_post_all(uint64_t bytes, uint64_t total, uint64_t tag) override {
+    in_->send_post_all(bytes, total, tag);
+  }
   char* send_slot(int peer, const WaitCtx& w, const PiecePlace& at) override { return in_->send_slot(peer, w, at); }
   char* try_send_slot(int peer, const PiecePlace& at) override { return in_->try_send_slot(peer, at); }
   void send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) override {
