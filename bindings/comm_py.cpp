@@ -61,6 +61,8 @@ void bind_comm(py::module_& m) {
            py::arg("count2"))
       .def("trace", [](const Communicator& c) { return trace_list(c.trace()); },
            "The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.")
+      .def("describe_wait", &Communicator::describe_wait,
+           "The wait policy in words: mode, spin and yield budgets, ranks against CPUs.")
       .def("wait_stats",
            [](const Communicator& c) {
              const auto st = c.wait_stats();
@@ -74,7 +76,7 @@ void bind_comm(py::module_& m) {
            "waits that found their peer on their own CPU.")
       .def("abort", &Communicator::abort, py::arg("reason") = "", rc_py::ReleaseGil())
       .def("set_timeout", &Communicator::set_timeout, py::arg("seconds"))
-      .def("set_cpus", &Communicator::set_cpus, py::arg("threads"), py::arg("min_bytes"), py::arg("where") = "",
+      .def("set_cpus", &Communicator::set_cpus, py::arg("threads"), py::arg("min_bytes"), py::arg("where") = "", py::arg("ranks_sharing") = 0,
            "Before connect(): split copies and reductions of >= min_bytes over `threads` threads (1: none); "
            "`where` (the rank's placement) ends the INFO line.")
       .def_property_readonly("cpu_threads", &Communicator::cpu_threads)

@@ -157,7 +157,7 @@ def test_registry_sees_a_live_job_and_drops_dead_entries(tmp_path):
 # ---- binding in spawned ranks ----------------------------------------------------------------
 def _where(comm):
     p = comm.cpu_plan
-    return sorted(os.sched_getaffinity(0)), p.applied, p.reason, p.ranks_sharing
+    return sorted(os.sched_getaffinity(0)), p.applied, p.reason, p.ranks_sharing, comm._c.describe_wait()
 
 
 def _narrowed_then_init(rank, world, store_dir, cpu):
@@ -189,6 +189,11 @@ def test_bind_core_spawned_ranks(tmp_path):
     allowed = _allowed()
     assert [g[0] for g in got] == [core_share(allowed, r, 2) for r in range(2)]
     assert all(g[1] and g[3] == 1 for g in got)
+    # A rank alone on its CPU waits like a rank with a CPU of its own (the long spin), although
+    # its affinity mask now holds fewer CPUs than the world has ranks.
+    env_spin = os.environ.get("RINGCOMM_SPIN_US")
+    if env_spin is None:
+        assert all("spin 50 us" in g[4] for g in got), [g[4] for g in got]
     # bind none (and None, with RINGCOMM_BIND unset): untouched.
     got = launch(_where, 2, bind="none", env=env, timeout=120)
     assert all(g[0] == allowed and not g[1] for g in got)

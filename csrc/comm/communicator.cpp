@@ -42,9 +42,10 @@ std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h,
   return nullptr;
 }
 
-void HostDevice::set_cpus(int threads, size_t min_bytes, const std::string& where) {
+void HostDevice::set_cpus(int threads, size_t min_bytes, const std::string& where, int ranks_sharing) {
   RC_CHECK(threads >= 1, InvalidArgument, "ringcomm: CPU threads per rank must be >= 1, got " << threads);
   cpus_ = where;
+  transport_.set_ranks_sharing(ranks_sharing);
   split_.reset();
   pool_.reset();
   if (threads == 1) return;

@@ -152,6 +152,10 @@ struct ShmConfig {
   static ShmConfig from_env(int world_size, double timeout_s);
   /// from_env plus the outboxes (world >= 3): the host communicator's transport.
   static ShmConfig host_from_env(int world_size, double timeout_s);
+  /// The spin before a wait yields or sleeps: RINGCOMM_SPIN_US, else short (2 us) when more
+  /// ranks share this process's CPUs than there are CPUs (the awaited rank may need our CPU),
+  /// else 50 us.
+  static int64_t spin_ns_for(int ranks_sharing, int cpus);
 };
 
 /// Bytes of one rank's segment for `world` ranks with configuration `cfg` (computes only): in the
@@ -246,6 +250,10 @@ class ShmTransport {
   /// Seconds any single wait may take; set_timeout changes it for waits that start afterwards.
   double timeout_s() const { return timeout_s_.load(std::memory_order_relaxed); }
   void set_timeout(double seconds);
+  /// Before attach(): how many local ranks (this one included) run on this process's CPUs, when
+  /// the front knows it (it bound the ranks): the wait policy then compares it, not the world
+  /// size, with the CPUs (ShmConfig::spin_ns_for). < 1: unknown, nothing changes.
+  void set_ranks_sharing(int ranks_sharing);
   /// In a forked child: forget the mappings without writing to any segment (they are the
   /// parent's: its state word, board and channels) and never unlink a name. Idempotent; close()
   /// afterwards does nothing.

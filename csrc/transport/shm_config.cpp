@@ -46,6 +46,16 @@ int64_t deadline_after(int64_t now_ns, double seconds) {
   return now_ns + static_cast<int64_t>(ns);
 }
 
+int64_t ShmConfig::spin_ns_for(int ranks_sharing, int cpus) {
+  const int64_t spin_default_us = ranks_sharing > cpus ? 2 : 50;  // oversubscribed: short spins
+  return (knob_is_set("RINGCOMM_SPIN_US") ? knob_int("RINGCOMM_SPIN_US") : spin_default_us) * 1000;
+}
+
+void ShmTransport::set_ranks_sharing(int ranks_sharing) {
+  if (ranks_sharing < 1) return;
+  cfg_.spin_ns = ShmConfig::spin_ns_for(ranks_sharing, cfg_.cpus);
+}
+
 ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   ShmConfig c;
   // Slot size and count: bytes in flight per channel = slot_bytes * nslots. Slots small enough to
@@ -69,13 +79,11 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   // kAdaptive yields only after a miss (a spin that ran out or was preempted), saving the
   // sched_yield calls; auto is kYield (docs/algorithms.md, "Waits"), kAdaptive stays selectable.
   c.cpus = affinity_cpus();
-  const bool oversubscribed = world_size > c.cpus;
   const std::string mode = knob_str("RINGCOMM_WAIT");
   c.wait_mode = mode == "spin"       ? WaitMode::kSpin
                 : mode == "adaptive" ? WaitMode::kAdaptive
                                      : WaitMode::kYield;  // yield, and auto
-  const int64_t spin_default_us = oversubscribed ? 2 : 50;
-  c.spin_ns = (knob_is_set("RINGCOMM_SPIN_US") ? knob_int("RINGCOMM_SPIN_US") : spin_default_us) * 1000;
+  c.spin_ns = spin_ns_for(world_size, c.cpus);
   RC_CHECK(c.spin_ns >= 0, InvalidArgument, "RINGCOMM_SPIN_US must be >= 0, got " << c.spin_ns / 1000);
   // Yielding waits spin yield_ns longer: sched_yield hands a runnable peer on our CPU the core
   // for a fraction of the cost of a futex sleep and wake-up.

@@ -202,7 +202,7 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
         # are first touched (allocated) by this rank on its own CPUs, hence its NUMA node.
         plan, threads, min_bytes = place_rank(rank, world_size)
         core = _C.Communicator(rank, world_size, timeout)
-        core.set_cpus(threads, min_bytes, plan.describe(threads, min_bytes))
+        core.set_cpus(threads, min_bytes, plan.describe(threads, min_bytes), plan.ranks_sharing)
         name = core.create()
         if world_size == 1:
             names = [name]
