@@ -29,6 +29,7 @@ std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h,
   coll_.set_streaming(h.store == static_cast<uint8_t>(Store::kStreaming));
   c.ch = &coll_;
   c.scratch = scratch_.data();
+  c.staging = &staging_;
   c.ll = &ll_;
   if (!log_enabled(LogLevel::kTrace)) {
     body(c);
