@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdio>
+#include <iterator>
 #include <string>
 
 #include "algo/context.h"
@@ -15,11 +16,12 @@ namespace py = pybind11;
 
 namespace {
 
-const char* const kParams[] = {"alpha_s", "alpha_shared_s", "copy_Bps", "reduce_Bps", "ll_Bps", "cpus"};
+const char* const kParams[] = {"alpha_s", "alpha_shared_s", "slot_s", "copy_Bps", "reduce_Bps", "ll_Bps", "cpus"};
 
 double* field(rc::CostProfile& p, const std::string& name) {
   if (name == "alpha_s") return &p.alpha_s;
   if (name == "alpha_shared_s") return &p.alpha_shared_s;
+  if (name == "slot_s") return &p.slot_s;
   if (name == "copy_Bps") return &p.copy_Bps;
   if (name == "reduce_Bps") return &p.reduce_Bps;
   if (name == "ll_Bps") return &p.ll_Bps;
@@ -87,23 +89,31 @@ py::dict work_dict(const rc::HalvingDoublingWork& w) {
 
 void bind_model(py::module_& m) {
   m.attr("PROFILE_VERSION") = rc::kProfileVersion;
-  m.attr("PROFILE_PARAMS") = py::make_tuple(kParams[0], kParams[1], kParams[2], kParams[3], kParams[4], kParams[5]);
+  py::tuple names(std::size(kParams));
+  for (size_t i = 0; i < std::size(kParams); ++i) names[i] = kParams[i];
+  m.attr("PROFILE_PARAMS") = names;
   m.def("_profile", [](const py::object& params) { return to_dict(from_params(params)); }, py::arg("params") = py::none(),
         "The profile (params, hash, source) of `params`, or RINGCOMM_PROFILE's (the defaults when unset).");
   m.def("_default_profile", [] { return to_dict(rc::default_profile()); });
   m.def("_load_profile", [](const std::string& path) { return to_dict(rc::load_profile(path)); }, py::arg("path"));
   m.def("_model_seconds",
-        [](const std::string& algo, const std::string& proto, int64_t bytes, int world, const py::object& params) {
-          return rc::model_seconds(from_params(params), algo_of(algo), proto_of(proto), bytes, world);
+        [](const std::string& algo, const std::string& proto, int64_t bytes, int world, const py::object& params,
+           int64_t ring_piece, int64_t far_piece) {
+          return rc::model_seconds(from_params(params), algo_of(algo), proto_of(proto), bytes, world,
+                                   rc::PieceSizes{ring_piece, far_piece});
         },
-        py::arg("algo"), py::arg("proto"), py::arg("bytes"), py::arg("world_size"), py::arg("params") = py::none());
+        py::arg("algo"), py::arg("proto"), py::arg("bytes"), py::arg("world_size"), py::arg("params") = py::none(),
+        py::arg("ring_piece") = rc::PieceSizes{}.ring, py::arg("far_piece") = rc::PieceSizes{}.far);
   m.def("_model_choose",
-        [](int64_t bytes, int world, int64_t ll_bytes, bool header_in_slot, const py::object& params) {
-          const rc::ModelChoice c = rc::model_choose(from_params(params), bytes, world, ll_bytes, header_in_slot);
+        [](int64_t bytes, int world, int64_t ll_bytes, bool header_in_slot, const py::object& params,
+           int64_t ring_piece, int64_t far_piece) {
+          const rc::ModelChoice c = rc::model_choose(from_params(params), bytes, world,
+                                                     rc::PieceSizes{ring_piece, far_piece}, ll_bytes, header_in_slot);
           return py::make_tuple(rc::algo_name(c.algo), rc::proto_name(c.proto));
         },
         py::arg("bytes"), py::arg("world_size"), py::arg("ll_bytes"), py::arg("header_in_slot") = true,
-        py::arg("params") = py::none(), "(algorithm, protocol) the cost model picks (comm/cost_model.h)");
+        py::arg("params") = py::none(), py::arg("ring_piece") = rc::PieceSizes{}.ring,
+        py::arg("far_piece") = rc::PieceSizes{}.far, "(algorithm, protocol) the cost model picks (comm/cost_model.h)");
   m.def("_hd_work", [](int rank, int world) { return work_dict(rc::halving_doubling_work(rank, world)); },
         py::arg("rank"), py::arg("world_size"), "halving_doubling's plan counted for one rank (chunk units)");
   m.def("_hd_work_rank0", [](int world) { return work_dict(rc::halving_doubling_work_of_rank0(world)); },

@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "comm/header_exchange.h"
@@ -21,6 +22,8 @@ DeviceCaps HostDevice::caps_for(const ShmConfig& cfg) {
   d.header_slot = true;
   d.ll_bytes = cfg.ll_bytes;
   d.streaming_stores = true;
+  d.pieces.ring = static_cast<int64_t>(cfg.slot_bytes);
+  d.pieces.far = static_cast<int64_t>(cfg.far_slot_bytes > 0 ? std::min(cfg.far_slot_bytes, cfg.slot_bytes) : cfg.slot_bytes);
   return d;
 }
 

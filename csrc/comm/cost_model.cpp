@@ -24,6 +24,7 @@ struct Field {
 };
 const Field kFields[] = {
     {"alpha_s", &CostProfile::alpha_s},     {"alpha_shared_s", &CostProfile::alpha_shared_s},
+    {"slot_s", &CostProfile::slot_s},
     {"copy_Bps", &CostProfile::copy_Bps},   {"reduce_Bps", &CostProfile::reduce_Bps},
     {"ll_Bps", &CostProfile::ll_Bps},       {"cpus", &CostProfile::cpus},
 };
@@ -63,12 +64,7 @@ double number_of(const std::string& text, const char* key, const std::string& pa
   return x;
 }
 
-// Effective latency and work factor: ranks that outnumber the CPUs take turns on them.
-void sharing(const CostProfile& p, int world, double* alpha, double* f) {
-  const bool shared = p.cpus > 0 && world > p.cpus;
-  *alpha = shared ? p.alpha_shared_s : p.alpha_s;
-  *f = shared ? world / p.cpus : 1.0;
-}
+double ceil_div(double a, double b) { return a <= 0 ? 0 : std::ceil(a / b); }
 
 }  // namespace
 
@@ -122,7 +118,8 @@ CostProfile default_profile() {
   // These reproduce the measured 2-4 rank thresholds' order of choices (docs/algorithms.md).
   CostProfile p;
   p.alpha_s = 1.5e-6;
-  p.alpha_shared_s = 40e-6;
+  p.alpha_shared_s = 4e-6;
+  p.slot_s = 0.3e-6;
   p.copy_Bps = 10e9;
   p.reduce_Bps = 8e9;
   p.ll_Bps = 5e9;
@@ -145,7 +142,7 @@ CostProfile load_profile(const std::string& path) {
     bad_profile(path, "version " + std::to_string(version) + ", this ringcomm reads version " + std::to_string(kProfileVersion));
   CostProfile p;
   for (const Field& fl : kFields) p.*(fl.member) = number_of(text, fl.name, path);
-  if (p.alpha_s <= 0 || p.alpha_shared_s <= 0 || p.copy_Bps <= 0 || p.reduce_Bps <= 0 || p.ll_Bps <= 0)
+  if (p.alpha_s <= 0 || p.alpha_shared_s <= 0 || p.slot_s <= 0 || p.copy_Bps <= 0 || p.reduce_Bps <= 0 || p.ll_Bps <= 0)
     bad_profile(path, "latencies and bandwidths must be > 0");
   p.hash = profile_hash(p);
   const char* h = value_of(text, "hash");
@@ -162,39 +159,52 @@ CostProfile profile_from_env() {
   return path.empty() ? default_profile() : load_profile(path);
 }
 
-double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes, int world) {
-  const double M = static_cast<double>(bytes), n = world;
-  double alpha, f;
-  sharing(p, world, &alpha, &f);
-  double H = 0, C = 0, R = 0, L = 0;  // hand-offs; bytes copied, reduced, moved through LL lines
+double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes, int world, const PieceSizes& ps) {
+  const double M = static_cast<double>(bytes), n = world, pf = static_cast<double>(ps.far),
+               pr = static_cast<double>(ps.ring);
+  // H steps, W peers waited for over them; S slots handed over; C, R, L bytes copied, reduced,
+  // moved through LL lines. "+ 1" / "+ (n - 1)": the header exchange (every rank reads every
+  // header) where the data does not carry the header.
+  double H = 0, W = 0, S = 0, C = 0, R = 0, L = 0;
   if (algo == Algo::kDirect && proto == Proto::kLL) {
-    H = 1;                  // header and data in the outbox lines
-    L = n * M;              // own lines written, every peer's read
+    H = 1, W = n - 1;
+    L = n * M;                // own lines written, every peer's read
     R = (n - 1) * M;
   } else if (algo == Algo::kDirect && (proto == Proto::kHeaderInSlot || proto == Proto::kSimple)) {
-    H = proto == Proto::kHeaderInSlot ? 1 : 2;  // simple: the header exchange first
-    C = (n - 1) * M;        // the input into every peer's slot
-    R = (n - 1) * M;        // every rank combines every element
+    const bool fused = proto == Proto::kHeaderInSlot;
+    H = fused ? 1 : 2, W = (fused ? 1 : 2) * (n - 1);
+    S = (n - 1) * std::max(1.0, ceil_div(M, pf));
+    C = (n - 1) * M;          // the input into every peer's slot
+    R = (n - 1) * M;          // every rank combines every element
   } else if (algo == Algo::kTwoShot && proto == Proto::kSimple) {
-    H = 3;                  // header, reduce-scatter, all-gather
+    H = 3, W = 3 * (n - 1);   // header, reduce-scatter, all-gather
+    S = 2 * (n - 1) * ceil_div(M / n, pf);
     C = 3 * (n - 1) / n * M;  // chunks out, the reduced chunk out, the others' in
     R = (n - 1) / n * M;
   } else if (algo == Algo::kRing && proto == Proto::kSimple) {
-    H = 2 * (n - 1) + 1;
+    H = 2 * (n - 1) + 1, W = 2 * (n - 1) + (n - 1);
+    S = 2 * (n - 1) * ceil_div(M / n, pr);
     C = (2 * n - 1) / n * M;  // reduce-scatter's first send, all-gather's sends and copies out
     R = (n - 1) / n * M;      // fused into the sends, and the last step
   } else if (algo == Algo::kHalvingDoubling && proto == Proto::kSimple) {
     const HalvingDoublingWork w = halving_doubling_work_of_rank0(world);
-    H = w.steps + 1;
-    C = static_cast<double>(w.sent + w.received) * M / n;
-    R = static_cast<double>(w.combined) * (n - 1) * M / n;
+    const double units = M / n;  // a unit is one chunk's bytes when the message fits one iteration
+    H = w.steps + 1, W = w.steps + (n - 1);
+    // Each step packs its units into far slots: about its bytes / pf slots, at least one.
+    S = std::max(static_cast<double>(w.steps), ceil_div(static_cast<double>(w.sent) * units, pf));
+    C = static_cast<double>(w.sent + w.received) * units;
+    R = static_cast<double>(w.combined) * (n - 1) * units;
   } else {
     RC_THROW(Error, "ringcomm: the cost model has no entry for " << algo_name(algo) << "/" << proto_name(proto));
   }
-  return H * alpha + f * (C / p.copy_Bps + R / p.reduce_Bps + L / p.ll_Bps);
+  const bool shared = p.cpus > 0 && n > p.cpus;
+  const double f = shared ? n / p.cpus : 1.0;
+  const double latency = shared ? W * p.alpha_shared_s * f : H * p.alpha_s;
+  return latency + f * (S * p.slot_s + C / p.copy_Bps + R / p.reduce_Bps + L / p.ll_Bps);
 }
 
-ModelChoice model_choose(const CostProfile& p, int64_t bytes, int world, int64_t ll_bytes, bool header_in_slot) {
+ModelChoice model_choose(const CostProfile& p, int64_t bytes, int world, const PieceSizes& ps, int64_t ll_bytes,
+                         bool header_in_slot) {
   const ModelChoice candidates[] = {
       {Algo::kDirect, Proto::kLL},
       {Algo::kDirect, header_in_slot ? Proto::kHeaderInSlot : Proto::kSimple},
@@ -206,7 +216,7 @@ ModelChoice model_choose(const CostProfile& p, int64_t bytes, int world, int64_t
   double best_s = -1;
   for (const ModelChoice& c : candidates) {
     if (c.proto == Proto::kLL && !(bytes > 0 && bytes <= ll_bytes)) continue;
-    const double s = model_seconds(p, c.algo, c.proto, bytes, world);
+    const double s = model_seconds(p, c.algo, c.proto, bytes, world, ps);
     if (best_s < 0 || s < best_s) {
       best = c;
       best_s = s;

@@ -114,7 +114,7 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
   switch (coll) {
     case Coll::kAllReduce:
       if (k.algo == SelectionKnobs::Forced::kAuto && caps.host_algorithms && world >= k.model_min_world) {
-        const ModelChoice m = model_choose(k.profile, bytes, world, fits_ll(bytes, world, caps) ? bytes : 0,
+        const ModelChoice m = model_choose(k.profile, bytes, world, caps.pieces, fits_ll(bytes, world, caps) ? bytes : 0,
                                            header_in_slot(bytes, world, k, caps));
         s.algo = m.algo;
         s.proto = m.proto;

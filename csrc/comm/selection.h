@@ -82,6 +82,8 @@ struct DeviceCaps {
   size_t ll_bytes = 0;
   /// Stores into peers' slots may be streaming (non-temporal).
   bool streaming_stores = false;
+  /// The slot payloads the host algorithms cut messages into (the cost model's input).
+  PieceSizes pieces;
 };
 
 /// The knobs of the selection, read once per communicator (SelectionKnobs::from_env).
