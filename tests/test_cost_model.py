@@ -23,7 +23,7 @@ from cost_model_cases import hd_cases, model_auto_case, profile_init_case
 KiB = 1024
 DEFAULT_PIECES = dict(ring=256 * KiB, far=32 * KiB)
 # A machine whose ranks share 2 CPUs (this VM's tuned profile, rounded).
-SHARED = {"alpha_s": 4e-6, "alpha_shared_s": 3.2e-6, "slot_s": 4e-6, "copy_Bps": 15e9, "reduce_Bps": 10e9,
+SHARED = {"alpha_s": 4e-6, "alpha_shared_s": 3.2e-6, "slot_s": 2.5e-6, "copy_Bps": 15e9, "reduce_Bps": 10e9,
           "ll_Bps": 18e9, "cpus": 2.0}
 MANY = {"alpha_s": 1e-6, "alpha_shared_s": 3e-6, "slot_s": 0.3e-6, "copy_Bps": 10e9, "reduce_Bps": 8e9,
         "ll_Bps": 20e9, "cpus": 0.0}
@@ -57,24 +57,23 @@ def py_seconds(p, algo, proto, M, n, ring=256 * KiB, far=32 * KiB):
     cdiv = lambda a, b: math.ceil(a / b) if a > 0 else 0   # noqa: E731
     S = C = R = L = 0.0
     if proto == "ll":
-        H, W, L, R = 1, n - 1, n * M, (n - 1) * M
+        H, L, R = 1, n * M, (n - 1) * M
     elif algo == "direct":
-        fused = proto == "header_in_slot"
-        H, W = (1, n - 1) if fused else (2, 2 * (n - 1))
+        H = 1 if proto == "header_in_slot" else 2
         S, C, R = (n - 1) * max(1, cdiv(M, far)), (n - 1) * M, (n - 1) * M
     elif algo == "two_shot":
-        H, W, S, C, R = 3, 3 * (n - 1), 2 * (n - 1) * cdiv(M / n, far), 3 * (n - 1) / n * M, (n - 1) / n * M
+        H, S, C, R = 3, 2 * (n - 1) * cdiv(M / n, far), 3 * (n - 1) / n * M, (n - 1) / n * M
     elif algo == "ring":
-        H, W = 2 * (n - 1) + 1, 3 * (n - 1)
+        H = 2 * (n - 1) + 1
         S, C, R = 2 * (n - 1) * cdiv(M / n, ring), (2 * n - 1) / n * M, (n - 1) / n * M
     else:
         w = hd_work(n)
-        H, W = w["steps"] + 1, w["steps"] + n - 1
+        H = w["steps"] + 1
         S = max(w["steps"], cdiv(w["sent"] * M / n, far))
         C, R = (w["sent"] + w["received"]) * M / n, w["combined"] * (n - 1) * M / n
     shared = p["cpus"] > 0 and n > p["cpus"]
     f = n / p["cpus"] if shared else 1.0
-    lat = W * p["alpha_shared_s"] * f if shared else H * p["alpha_s"]
+    lat = H * (p["alpha_shared_s"] * f if shared else p["alpha_s"])
     return lat + f * (S * p["slot_s"] + C / p["copy_Bps"] + R / p["reduce_Bps"] + L / p["ll_Bps"])
 
 

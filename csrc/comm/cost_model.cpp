@@ -112,17 +112,17 @@ uint64_t profile_hash(const CostProfile& p) {
 }
 
 CostProfile default_profile() {
-  // A many-core node with a CPU per rank: hand-offs through a spinning waiter (under a
-  // microsecond plus the header's), one core's memcpy and reduce of large buffers, and LL lines
-  // at about half the copy bandwidth (56 data bytes per 64-byte line, each line's flag polled).
-  // These reproduce the measured 2-4 rank thresholds' order of choices (docs/algorithms.md).
+  // A many-core node with a CPU per rank: hand-offs through a spinning waiter, one core's memcpy
+  // and reduce of large buffers, LL lines read from a peer's cache (lines written, flags polled
+  // in the same line). The choices they give at 2-4 ranks fall in the order of the measured
+  // thresholds (docs/algorithms.md), which still govern there.
   CostProfile p;
   p.alpha_s = 1.5e-6;
   p.alpha_shared_s = 4e-6;
   p.slot_s = 0.3e-6;
   p.copy_Bps = 10e9;
   p.reduce_Bps = 8e9;
-  p.ll_Bps = 5e9;
+  p.ll_Bps = 20e9;
   p.cpus = 0;
   p.hash = profile_hash(p);
   p.source = "defaults";
@@ -162,34 +162,33 @@ CostProfile profile_from_env() {
 double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes, int world, const PieceSizes& ps) {
   const double M = static_cast<double>(bytes), n = world, pf = static_cast<double>(ps.far),
                pr = static_cast<double>(ps.ring);
-  // H steps, W peers waited for over them; S slots handed over; C, R, L bytes copied, reduced,
-  // moved through LL lines. "+ 1" / "+ (n - 1)": the header exchange (every rank reads every
-  // header) where the data does not carry the header.
-  double H = 0, W = 0, S = 0, C = 0, R = 0, L = 0;
+  // H steps (hand-offs on the critical path); S slots handed over; C, R, L bytes copied, reduced,
+  // moved through LL lines. "+ 1": the header exchange where the data does not carry the header.
+  double H = 0, S = 0, C = 0, R = 0, L = 0;
   if (algo == Algo::kDirect && proto == Proto::kLL) {
-    H = 1, W = n - 1;
+    H = 1;
     L = n * M;                // own lines written, every peer's read
     R = (n - 1) * M;
   } else if (algo == Algo::kDirect && (proto == Proto::kHeaderInSlot || proto == Proto::kSimple)) {
     const bool fused = proto == Proto::kHeaderInSlot;
-    H = fused ? 1 : 2, W = (fused ? 1 : 2) * (n - 1);
+    H = fused ? 1 : 2;
     S = (n - 1) * std::max(1.0, ceil_div(M, pf));
     C = (n - 1) * M;          // the input into every peer's slot
     R = (n - 1) * M;          // every rank combines every element
   } else if (algo == Algo::kTwoShot && proto == Proto::kSimple) {
-    H = 3, W = 3 * (n - 1);   // header, reduce-scatter, all-gather
+    H = 3;                    // header, reduce-scatter, all-gather
     S = 2 * (n - 1) * ceil_div(M / n, pf);
     C = 3 * (n - 1) / n * M;  // chunks out, the reduced chunk out, the others' in
     R = (n - 1) / n * M;
   } else if (algo == Algo::kRing && proto == Proto::kSimple) {
-    H = 2 * (n - 1) + 1, W = 2 * (n - 1) + (n - 1);
+    H = 2 * (n - 1) + 1;
     S = 2 * (n - 1) * ceil_div(M / n, pr);
     C = (2 * n - 1) / n * M;  // reduce-scatter's first send, all-gather's sends and copies out
     R = (n - 1) / n * M;      // fused into the sends, and the last step
   } else if (algo == Algo::kHalvingDoubling && proto == Proto::kSimple) {
     const HalvingDoublingWork w = halving_doubling_work_of_rank0(world);
     const double units = M / n;  // a unit is one chunk's bytes when the message fits one iteration
-    H = w.steps + 1, W = w.steps + (n - 1);
+    H = w.steps + 1;
     // Each step packs its units into far slots: about its bytes / pf slots, at least one.
     S = std::max(static_cast<double>(w.steps), ceil_div(static_cast<double>(w.sent) * units, pf));
     C = static_cast<double>(w.sent + w.received) * units;
@@ -199,7 +198,7 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
   }
   const bool shared = p.cpus > 0 && n > p.cpus;
   const double f = shared ? n / p.cpus : 1.0;
-  const double latency = shared ? W * p.alpha_shared_s * f : H * p.alpha_s;
+  const double latency = H * (shared ? p.alpha_shared_s * f : p.alpha_s);
   return latency + f * (S * p.slot_s + C / p.copy_Bps + R / p.reduce_Bps + L / p.ll_Bps);
 }
 

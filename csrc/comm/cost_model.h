@@ -18,11 +18,11 @@
 //
 // Cost of an all-reduce of M bytes over N ranks (docs/algorithms.md derives each line):
 //   T = latency + f x (S x slot_s + C / copy_Bps + R / reduce_Bps + L / ll_Bps)
-// over the steps of the critical path (the header exchange included unless the data carries
-// it): latency = H x alpha with a CPU per rank; when N > cpus > 0 the ranks take turns on the
-// CPUs, every wait for a peer is a switch among N / cpus ranks per CPU: latency = W x alpha_shared
-// x N / cpus, W the peers waited for summed over the steps, and f = N / cpus. S the slots this rank
-// hands over, C, R, L the bytes it copies, reduces and moves through LL lines.
+// H the steps of the critical path (the header exchange included unless the data carries it):
+// latency = H x alpha with a CPU per rank; when N > cpus > 0 the ranks take turns on the CPUs and
+// a step completes only after a round of switches among the N / cpus ranks of each CPU:
+// latency = H x alpha_shared x N / cpus, and the work counts f = N / cpus times. S the slots this
+// rank hands over, C, R, L the bytes it copies, reduces and moves through LL lines.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -39,7 +39,7 @@ constexpr int kProfileVersion = 1;
 struct CostProfile {
   double alpha_s = 0;         ///< hand-off latency with a CPU per rank (seconds)
   double alpha_shared_s = 0;  ///< hand-off latency of two ranks on one CPU (seconds)
-  double slot_s = 0;          ///< cost of one slot handed over and taken (seconds)
+  double slot_s = 0;          ///< cost of one slot handed over and taken, beyond alpha (seconds)
   double copy_Bps = 0;        ///< one core's copy bandwidth (bytes copied per second)
   double reduce_Bps = 0;      ///< one core's reduce bandwidth (bytes of one input per second)
   double ll_Bps = 0;          ///< LL line bandwidth (data bytes written or read per second)

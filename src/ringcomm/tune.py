@@ -6,8 +6,8 @@ The all-reduce cost model (csrc/comm/cost_model.h, docs/algorithms.md) needs, pe
   time of a back-to-back 4-byte all_reduce, whose LL protocol is one hand-off);
 * ``alpha_shared_s``: the same with both ranks pinned to one CPU (every hand-off waits for the
   peer to be scheduled: what ranks that outnumber the CPUs pay);
-* ``slot_s``: one slot handed over: the 2-rank ring all_reduce of 64 KiB cut into 256-byte
-  slots against the same in one slot per chunk, per extra slot;
+* ``slot_s``: one slot handed over, beyond the hand-off: the 2-rank ring all_reduce of 64 KiB cut
+  into 256-byte slots against the same in one slot per chunk, per extra slot, less ``alpha_s``;
 * ``copy_Bps`` / ``reduce_Bps``: one process's copy into a slot and float32 SUM kernel over 4 MiB
   buffers (bytes of one input per second);
 * ``ll_Bps``: the LL lines' bandwidth, from the 2-rank all_reduce at 4 KiB against 4 bytes;
@@ -139,8 +139,10 @@ def measure(quick: bool = False) -> dict:
     m = 4096 - 4
     line_s = free["4096"] - free["4"] - m / reduce_Bps
     ll_Bps = 2 * m / line_s if line_s > 0 else copy_Bps / 2
-    # The ring at 2 ranks sends 2 slots per chunk piece: 2 x 128 slots of 256 B against 2.
-    slot_s = max((free["ring_64K_256B_slots"] - free["ring_64K"]) / (2 * 128 - 2), 1e-8)
+    # The ring at 2 ranks sends 2 slots per chunk piece: 2 x 128 slots of 256 B against 2; each
+    # waits for the peer's, a hand-off the model counts apart (alpha): slot_s is the rest.
+    per_slot = (free["ring_64K_256B_slots"] - free["ring_64K"]) / (2 * 128 - 2)
+    slot_s = max(per_slot - alpha, per_slot / 20, 1e-8)
     params = {"alpha_s": alpha, "alpha_shared_s": shared["4"], "slot_s": slot_s, "copy_Bps": copy_Bps,
               "reduce_Bps": reduce_Bps, "ll_Bps": ll_Bps, "cpus": float(len(cpus))}
     assert tuple(params) == tuple(_C.PROFILE_PARAMS)
