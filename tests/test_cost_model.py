@@ -125,13 +125,16 @@ def test_model_choice_is_the_documented_formula(params):
 
 def test_model_choices_at_landmarks():
     # Many cores: LL for tiny messages, the log-depth algorithm in the middle at many ranks, the
-    # ring for large ones; a machine whose 2 CPUs the ranks share: never two_shot's all-pairs waits.
+    # ring for large ones; ranks sharing 2 CPUs: every step a round of switches, so the ring's
+    # 2N-1 steps lose wherever latency dominates.
     assert _C._model_choose(1 * KiB, 64, 4 * KiB, params=MANY) == ("direct", "ll")
     assert _C._model_choose(16 * KiB, 64, 4 * KiB, params=MANY) == ("halving_doubling", "simple")
     assert _C._model_choose(64 << 20, 64, 4 * KiB, params=MANY) == ("ring", "simple")
     assert _C._model_choose(16 << 20, 8, 4 * KiB, params=SHARED) == ("ring", "simple")
     for n in (8, 16):
-        assert all(_C._model_choose(M, n, 4 * KiB, params=SHARED)[0] != "two_shot" for M in SIZES)
+        assert all(_C._model_choose(M, n, 4 * KiB, params=SHARED)[0] != "ring" for M in SIZES if M <= 64 * KiB)
+        step = SHARED["alpha_shared_s"] * n / SHARED["cpus"]
+        assert _C._model_seconds("ring", "simple", 0, n, params=SHARED) == pytest.approx((2 * n - 1) * step)
     # the ring's latency grows with N, halving_doubling's with log N
     ring = [_C._model_seconds("ring", "simple", 64, n, params=MANY) for n in (8, 64)]
     hd = [_C._model_seconds("halving_doubling", "simple", 64, n, params=MANY) for n in (8, 64)]
