@@ -220,7 +220,7 @@ def test_ranks_with_different_profiles_raise_at_init(tmp_path, store_env):
 @pytest.mark.timeout(120)
 def test_a_shared_profile_drives_auto(tmp_path, store_env):
     path = str(tmp_path / "p.json")
-    params = SHARED   # 4 ranks on 2 CPUs: halving_doubling at 64 KiB
+    params = dict(MANY, slot_s=20e-6)   # dear slots: halving_doubling (4 slots, not 6) at 64 KiB
     write_profile(path, params)
     sizes = [64, 16 * KiB, 64 * KiB, 1 << 20]
     res = rank_pool.run(model_auto_case, 4, (path, sizes), timeout=100, env=store_env)
