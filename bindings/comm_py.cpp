@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdio>
 #include <memory>
 
 #include "comm_methods_py.h"
@@ -59,6 +60,12 @@ void bind_comm(py::module_& m) {
       .def("_set_last_seq_for_test", &Communicator::set_last_seq_for_test)
       .def("_forge_next_header_for_test", &Communicator::forge_next_header_for_test, py::arg("count"),
            py::arg("count2"))
+      .def_property_readonly("profile_hash", [](const Communicator& c) {
+             char s[20];
+             std::snprintf(s, sizeof(s), "%016llx", static_cast<unsigned long long>(c.cost_profile().hash));
+             return std::string(s);
+           }, "The hash of the cost model's profile this rank loaded (compared across ranks at init).")
+      .def_property_readonly("profile_source", [](const Communicator& c) { return c.cost_profile().source; })
       .def("trace", [](const Communicator& c) { return trace_list(c.trace()); },
            "The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.")
       .def("describe_wait", &Communicator::describe_wait,

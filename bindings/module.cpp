@@ -10,6 +10,7 @@ void bind_comm(py::module_& m);
 void bind_kernels(py::module_& m);
 void bind_algo_sim(py::module_& m);
 void bind_pin_registry(py::module_& m);
+void bind_model(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "ringcomm C++ core: shared-memory ring collectives";
@@ -19,4 +20,5 @@ PYBIND11_MODULE(_C, m) {
   bind_kernels(m);
   bind_algo_sim(m);
   bind_pin_registry(m);
+  bind_model(m);
 }

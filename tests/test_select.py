@@ -12,7 +12,7 @@ from selection_cases import store_mismatch_case, threshold_mismatch_case
 KiB = 1024
 SELECTION_KNOBS = ("RINGCOMM_ALGO", "RINGCOMM_LL_MAX_BYTES", "RINGCOMM_DIRECT_MAX_BYTES", "RINGCOMM_TWO_SHOT_MAX_BYTES",
                    "RINGCOMM_TWO_SHOT_MIN_WORLD", "RINGCOMM_HEADER_IN_SLOT", "RINGCOMM_STREAM",
-                   "RINGCOMM_STREAM_MIN_BYTES")
+                   "RINGCOMM_STREAM_MIN_BYTES", "RINGCOMM_MODEL_MIN_WORLD", "RINGCOMM_PROFILE")
 SIZES = [0, 1, 16, 4 * KiB, 4 * KiB + 1, 16 * KiB, 21845, 21846, 32 * KiB, 64 * KiB, 64 * KiB + 1, 128 * KiB,
          128 * KiB + 1, 1 << 20, 64 << 20]
 COLLS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "gather", "scatter",
@@ -26,8 +26,10 @@ def knobs(monkeypatch):
     return monkeypatch
 
 
-def model(coll, b, n, algo="auto", ll=4 * KiB, direct=64 * KiB, ts_max=128 * KiB, ts_world=4, inslot=True):
-    """docs/algorithms.md's table for the host communicator, stores aside."""
+def model(coll, b, n, algo="auto", ll=4 * KiB, direct=64 * KiB, ts_max=128 * KiB, ts_world=4, inslot=True,
+          model_world=5):
+    """docs/algorithms.md's table for the host communicator, stores aside; all_reduce under auto
+    from `model_world` ranks: the cost model's choice (its own table: tests/test_cost_model.py)."""
     def ar_algo():
         if algo != "auto":
             return algo
@@ -37,6 +39,8 @@ def model(coll, b, n, algo="auto", ll=4 * KiB, direct=64 * KiB, ts_max=128 * KiB
     fits_ll = n >= 2 and 0 < b <= ll
     slot = inslot and n > 1 and b > 0
     if coll == "all_reduce":
+        if algo == "auto" and n >= model_world:
+            return _C._model_choose(b, n, ll if fits_ll else 0, slot)
         if algo == "auto" and fits_ll:
             return ("direct", "ll")
         a = ar_algo()
@@ -69,7 +73,7 @@ def test_defaults_follow_the_documented_table(knobs):
     assert _C._select("broadcast", 1 << 20, 4) == ("chain", "simple", "cached")
 
 
-@pytest.mark.parametrize("algo", ["ring", "direct", "two_shot"])
+@pytest.mark.parametrize("algo", ["ring", "direct", "two_shot", "halving_doubling"])
 def test_forced_algorithm(knobs, algo):
     knobs.setenv("RINGCOMM_ALGO", algo)
     _check_all(algo=algo)
@@ -84,6 +88,8 @@ def test_thresholds_are_the_knobs(knobs):
     knobs.setenv("RINGCOMM_LL_MAX_BYTES", "0")
     knobs.setenv("RINGCOMM_HEADER_IN_SLOT", "off")
     _check_all(ll=0, direct=8 * KiB, ts_max=1 << 20, ts_world=3, inslot=False)
+    knobs.setenv("RINGCOMM_MODEL_MIN_WORLD", "3")
+    _check_all(ll=0, direct=8 * KiB, ts_max=1 << 20, ts_world=3, inslot=False, model_world=3)
 
 
 def test_cuda_device_runs_the_ring_and_chains_over_slots(knobs):

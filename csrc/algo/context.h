@@ -26,6 +26,9 @@ struct AlgoCtx {
   /// piece_bytes of private memory the channel's reduce can write (direct all-reduce's
   /// accumulator with 3 or more ranks); nullptr where the channel offers none.
   char* scratch = nullptr;
+  /// Private memory the algorithm may grow (halving_doubling's staged inputs), kept by the device
+  /// between calls and used by the executing thread only; nullptr where the device has none.
+  std::vector<char>* staging = nullptr;
   /// The LL protocol over this rank's outbox (proto/ll.h), where the device has one; the LL
   /// collectives run only where it does (comm/selection.h).
   LLProtocol* ll = nullptr;
@@ -62,6 +65,20 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
 /// 2(N-1), and each rank combines 1/N of the message instead of all of it: bit-identical to the
 /// ring and the one-shot. in == out allowed.
 void two_shot_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
+/// Recursive halving / doubling all-reduce (algo/halving_doubling.cpp): 2 log2(P) hand-offs (P the
+/// largest power of two <= N; 2 more when N is not one: the extra ranks fold into ranks 0..N-P-1).
+/// The halving moves raw inputs, so that each chunk's owner combines all N of them in the ring's
+/// order: bit-identical to the ring for every dtype and op. Host channels only (staging memory).
+void halving_doubling_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
+/// What rank `rank` of a halving_doubling all-reduce over `world` ranks does, in chunk-sized
+/// units (a chunk is 1/world of the message): the cost model's input (comm/cost_model.h).
+struct HalvingDoublingWork {
+  int steps = 0;         ///< hand-offs (exchanges) on this rank's path
+  int64_t sent = 0;      ///< units copied into slots
+  int64_t received = 0;  ///< units copied out of slots
+  int64_t combined = 0;  ///< chunks this rank combines (each from world inputs)
+};
+HalvingDoublingWork halving_doubling_work(int rank, int world);
 /// Piece 0 of `in` to every peer (one slot each; nothing for count 0 or a world of one): the
 /// first sends of direct_all_reduce, and of direct_broadcast's root, made before the header.
 void direct_send_first(const AlgoCtx& c, const char* in, int64_t count);

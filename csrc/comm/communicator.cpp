@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "comm/header_exchange.h"
@@ -21,6 +22,8 @@ DeviceCaps HostDevice::caps_for(const ShmConfig& cfg) {
   d.header_slot = true;
   d.ll_bytes = cfg.ll_bytes;
   d.streaming_stores = true;
+  d.pieces.ring = static_cast<int64_t>(cfg.slot_bytes);
+  d.pieces.far = static_cast<int64_t>(cfg.far_slot_bytes > 0 ? std::min(cfg.far_slot_bytes, cfg.slot_bytes) : cfg.slot_bytes);
   return d;
 }
 
@@ -29,6 +32,7 @@ std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h,
   coll_.set_streaming(h.store == static_cast<uint8_t>(Store::kStreaming));
   c.ch = split_ ? static_cast<Channel*>(split_.get()) : &coll_;
   c.scratch = scratch_.data();
+  c.staging = &staging_;
   c.ll = &ll_;
   if (!log_enabled(LogLevel::kTrace)) {
     body(c);

@@ -52,6 +52,7 @@ class HostDevice final : public CommDevice {
  private:
   int rank_, world_;
   ShmTransport transport_;
+  std::vector<char> staging_;  // AlgoCtx::staging: grown by the algorithms that stage whole steps
   std::vector<char> scratch_;  // one slot of private memory (direct all-reduce, streamed fused reductions)
   ShmChannel coll_;            // the collective lane; used by the executing thread only
   ShmChannel p2p_;             // the point-to-point lane; used by the p2p thread only

@@ -122,6 +122,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   /// The first error that made this communicator unusable (a data-phase failure or abort()),
   /// or null.
   std::exception_ptr errored() const;
+  /// The cost model's profile this rank loaded (RINGCOMM_PROFILE, read at creation): every rank
+  /// of a communicator must hold the same (ringcomm/host.py compares the hashes at init).
+  const CostProfile& cost_profile() const { return knobs_.profile; }
 
  protected:
   CommCore(int rank, int world, std::unique_ptr<CommDevice> dev);

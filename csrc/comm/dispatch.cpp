@@ -22,6 +22,9 @@ void ar_direct_after_first(const AlgoCtx& c, const CollArgs& a, const std::vecto
 void ar_two_shot(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   two_shot_all_reduce(c, in_of(a), out_of(a), a.count, a.op);
 }
+void ar_halving_doubling(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  halving_doubling_all_reduce(c, in_of(a), out_of(a), a.count, a.op);
+}
 void ar_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   ll_all_reduce(c, in_of(a), out_of(a), a.count, a.op);
 }
@@ -78,6 +81,7 @@ const Route kRoutes[] = {
     {Coll::kAllReduce, Algo::kDirect, Proto::kHeaderInSlot, ar_direct_after_first, ar_direct_first},
     {Coll::kAllReduce, Algo::kDirect, Proto::kLL, ar_ll, ar_ll_first},
     {Coll::kAllReduce, Algo::kTwoShot, Proto::kSimple, ar_two_shot, nullptr},
+    {Coll::kAllReduce, Algo::kHalvingDoubling, Proto::kSimple, ar_halving_doubling, nullptr},
     {Coll::kReduceScatter, Algo::kRing, Proto::kSimple, rs_ring, nullptr},
     {Coll::kAllGather, Algo::kRing, Proto::kSimple, ag_ring, nullptr},
     {Coll::kBroadcast, Algo::kChain, Proto::kSimple, bc_chain, nullptr},

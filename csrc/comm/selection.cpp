@@ -1,5 +1,6 @@
 #include "comm/selection.h"
 
+#include <cstdio>
 #include <sstream>
 
 #include "common/dtype.h"
@@ -32,10 +33,15 @@ SelectionKnobs SelectionKnobs::from_env() {
   SelectionKnobs k;
   const std::string algo = knob_str("RINGCOMM_ALGO");
   k.algo = algo == "ring" ? Forced::kRing : algo == "direct" ? Forced::kDirect
-         : algo == "two_shot" ? Forced::kTwoShot : Forced::kAuto;
+         : algo == "two_shot" ? Forced::kTwoShot : algo == "halving_doubling" ? Forced::kHalvingDoubling
+         : Forced::kAuto;
   k.direct_max_bytes = knob_bytes("RINGCOMM_DIRECT_MAX_BYTES");
   k.two_shot_max_bytes = knob_bytes("RINGCOMM_TWO_SHOT_MAX_BYTES");
   k.two_shot_min_world = knob_int("RINGCOMM_TWO_SHOT_MIN_WORLD");
+  k.model_min_world = knob_int("RINGCOMM_MODEL_MIN_WORLD");
+  RC_CHECK(k.model_min_world >= 2, InvalidArgument,
+           "ringcomm: RINGCOMM_MODEL_MIN_WORLD must be >= 2, got " << k.model_min_world);
+  k.profile = profile_from_env();
   RC_CHECK(k.direct_max_bytes >= 0, InvalidArgument,
            "ringcomm: RINGCOMM_DIRECT_MAX_BYTES must be >= 0, got " << k.direct_max_bytes);
   RC_CHECK(k.two_shot_max_bytes >= 0, InvalidArgument,
@@ -51,7 +57,8 @@ SelectionKnobs SelectionKnobs::from_env() {
 
 namespace {
 
-// The all-reduce algorithm over slots: forced by RINGCOMM_ALGO, or auto's size rule. The
+// The all-reduce algorithm over slots: forced by RINGCOMM_ALGO, or auto's size rule (the measured
+// thresholds; the cost model replaces it for all_reduce from RINGCOMM_MODEL_MIN_WORLD ranks). The
 // direct range is bytes x (world-1) <= RINGCOMM_DIRECT_MAX_BYTES (the bytes each rank copies in
 // and combines beyond its own), written as a division so that it cannot overflow.
 Algo all_reduce_algo(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
@@ -60,6 +67,7 @@ Algo all_reduce_algo(int64_t bytes, int world, const SelectionKnobs& k, const De
     case SelectionKnobs::Forced::kRing: return Algo::kRing;
     case SelectionKnobs::Forced::kDirect: return Algo::kDirect;
     case SelectionKnobs::Forced::kTwoShot: return Algo::kTwoShot;
+    case SelectionKnobs::Forced::kHalvingDoubling: return Algo::kHalvingDoubling;
     case SelectionKnobs::Forced::kAuto: break;
   }
   if (world <= 1 || bytes <= k.direct_max_bytes / (world - 1)) return Algo::kDirect;
@@ -87,6 +95,17 @@ Store store_of(Coll coll, int64_t bytes, const SelectionKnobs& k, const DeviceCa
   return bytes > 0 && bytes >= k.stream_min_bytes ? Store::kStreaming : Store::kCached;
 }
 
+const char* all_reduce_algo_name(SelectionKnobs::Forced f) {
+  switch (f) {
+    case SelectionKnobs::Forced::kRing: return "ring";
+    case SelectionKnobs::Forced::kDirect: return "direct";
+    case SelectionKnobs::Forced::kTwoShot: return "two_shot";
+    case SelectionKnobs::Forced::kHalvingDoubling: return "halving_doubling";
+    case SelectionKnobs::Forced::kAuto: break;
+  }
+  return "auto";
+}
+
 }  // namespace
 
 Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
@@ -94,8 +113,15 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
   s.store = store_of(coll, bytes, k, caps);
   switch (coll) {
     case Coll::kAllReduce:
-      // The LL outbox only under auto: RINGCOMM_ALGO=ring|direct|two_shot forces the schedule
-      // over slots.
+      if (k.algo == SelectionKnobs::Forced::kAuto && caps.host_algorithms && world >= k.model_min_world) {
+        const ModelChoice m = model_choose(k.profile, bytes, world, caps.pieces, fits_ll(bytes, world, caps) ? bytes : 0,
+                                           header_in_slot(bytes, world, k, caps));
+        s.algo = m.algo;
+        s.proto = m.proto;
+        break;
+      }
+      // The LL outbox only under auto: RINGCOMM_ALGO=ring|direct|two_shot|halving_doubling forces
+      // the schedule over slots.
       if (k.algo == SelectionKnobs::Forced::kAuto && fits_ll(bytes, world, caps)) {
         s.algo = Algo::kDirect;
         s.proto = Proto::kLL;
@@ -163,8 +189,11 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   if (!caps.host_algorithms) {
     o << "ring";
   } else if (k.algo != SelectionKnobs::Forced::kAuto) {
-    o << (k.algo == SelectionKnobs::Forced::kRing ? "ring" : k.algo == SelectionKnobs::Forced::kDirect ? "direct" : "two_shot")
-      << " (RINGCOMM_ALGO)";
+    o << all_reduce_algo_name(k.algo) << " (RINGCOMM_ALGO)";
+  } else if (world >= k.model_min_world) {
+    char hash[20];
+    std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(k.profile.hash));
+    o << "auto (cost model, profile " << k.profile.source << " hash " << hash << ")";
   } else {
     o << "auto (";
     if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";

@@ -8,6 +8,10 @@
 //    ll: header and data in the sender's LL outbox lines, proto/ll.h);
 // plus the store policy: cached or streaming stores into peers' slots.
 //
+// all_reduce under RINGCOMM_ALGO=auto: with fewer than RINGCOMM_MODEL_MIN_WORLD ranks the
+// measured size thresholds below; from there on the cost model (comm/cost_model.h) over the
+// communicator's profile, which every rank must share (its hash is compared at init).
+//
 // The choice is made once per call, on each rank, from that rank's knobs; it travels in the
 // collective's header (CollHeader::algo, proto, store) and the header exchange compares it, so
 // ranks whose knobs differ raise MismatchError on every rank before any result is written
@@ -20,6 +24,7 @@
 #include <string>
 
 #include "comm/coll.h"
+#include "comm/cost_model.h"
 #include "transport/shm.h"
 
 namespace rc {
@@ -30,7 +35,8 @@ namespace rc {
   X(Ring, 1, "ring")     \
   X(Direct, 2, "direct") \
   X(TwoShot, 3, "two_shot") \
-  X(Chain, 4, "chain")
+  X(Chain, 4, "chain") \
+  X(HalvingDoubling, 5, "halving_doubling")
 
 #define RC_PROTOCOLS(X)  \
   X(None, 0, "none")     \
@@ -76,16 +82,20 @@ struct DeviceCaps {
   size_t ll_bytes = 0;
   /// Stores into peers' slots may be streaming (non-temporal).
   bool streaming_stores = false;
+  /// The slot payloads the host algorithms cut messages into (the cost model's input).
+  PieceSizes pieces;
 };
 
 /// The knobs of the selection, read once per communicator (SelectionKnobs::from_env).
 struct SelectionKnobs {
-  enum class Forced { kAuto, kRing, kDirect, kTwoShot };
+  enum class Forced { kAuto, kRing, kDirect, kTwoShot, kHalvingDoubling };
   enum class Stream { kAuto, kOn, kOff };
   Forced algo = Forced::kAuto;     ///< RINGCOMM_ALGO (all_reduce)
   int64_t direct_max_bytes = 0;    ///< RINGCOMM_DIRECT_MAX_BYTES: bytes x (world-1) of the direct range
   int64_t two_shot_max_bytes = 0;  ///< RINGCOMM_TWO_SHOT_MAX_BYTES
   int64_t two_shot_min_world = 0;  ///< RINGCOMM_TWO_SHOT_MIN_WORLD
+  int64_t model_min_world = 0;     ///< RINGCOMM_MODEL_MIN_WORLD: auto's all-reduce from the cost model
+  CostProfile profile;             ///< RINGCOMM_PROFILE's, or the compiled-in defaults
   bool header_in_slot = true;      ///< RINGCOMM_HEADER_IN_SLOT
   Stream stream = Stream::kAuto;   ///< RINGCOMM_STREAM
   int64_t stream_min_bytes = 0;    ///< RINGCOMM_STREAM_MIN_BYTES

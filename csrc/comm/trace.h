@@ -61,7 +61,7 @@ struct TraceRecord {
   int64_t t[kTracePhases] = {0, 0, 0, 0, 0, 0};
   uint64_t seq = 0;
   uint32_t coll = 0;     ///< the Coll code
-  const char* algo = "";  ///< the algorithm's name (comm/selection.h): "ring", "direct", "two_shot", "chain", "none"
+  const char* algo = "";  ///< the algorithm's name (comm/selection.h): "ring", "direct", "two_shot", "chain", "halving_doubling", "none"
   const char* proto = ""; ///< the protocol's name: "simple", "header_in_slot", "ll", "none"
   const char* store = ""; ///< the store policy's name: "cached", "streaming"
   int64_t bytes = 0;     ///< the header's element count x element size

@@ -14,7 +14,7 @@ import numpy as np
 from . import _C
 from .arrays import as_buf, is_cuda_array, maybe_cuda
 from .cpus import place_rank
-from .errors import InvalidArgumentError, PeerFailureError, RingcommError, from_code
+from .errors import InvalidArgumentError, MismatchError, PeerFailureError, RingcommError, from_code
 from .front import _SUM, CoreBackEnd
 from .rendezvous import GenerationSuperseded, exchange_segment_names, forget_segment_name
 from .tables import op_codes_by_value
@@ -207,10 +207,15 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
         if world_size == 1:
             names = [name]
         else:
+            # The profile's key goes first: a peer reads it only after connect(), which needs this
+            # rank's segment name, published next; so it is this run's value, never a stale one.
+            store.set(f"{prefix}/profile/{rank}", f"{core.profile_hash} {core.profile_source}")
             published = True  # exchange_segment_names publishes first
             names = exchange_segment_names(_FailureAware(store, started), prefix, rank, world_size, name,
                                            timeout, abandoned)
         core.connect(names)
+        if world_size > 1:
+            _check_profiles(store, prefix, rank, world_size)
     except BaseException as e:
         # Tell the peers at once instead of letting them wait out the timeout: a failure marker in
         # place of the segment name (peers still reading keys raise; the segment is unlinked
@@ -233,6 +238,22 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
         # connect() returned: every peer has mapped this rank's segment, so its key is read.
         forget_segment_name(store, prefix, rank)
     return Communicator(core, prefix, plan)
+
+
+def _check_profiles(store, prefix: str, rank: int, world_size: int) -> None:
+    """Every rank's cost-model profile (RINGCOMM_PROFILE's hash and path, published before its
+    segment name) must be the same: the all_reduce algorithm is the model's choice, so ranks whose
+    profiles differ could choose differently for one call. Every rank reads every rank's key and
+    so raises the same MismatchError."""
+    seen = []
+    for r in range(world_size):
+        v = store.get(f"{prefix}/profile/{r}")
+        seen.append((v.decode() if isinstance(v, (bytes, bytearray)) else str(v)).partition(" "))
+    if len({h for h, _, _ in seen}) > 1:
+        listed = ", ".join(f"rank {r}: {h} ({src})" for r, (h, _, src) in enumerate(seen))
+        raise MismatchError(f"ringcomm: init: the ranks loaded different cost-model profiles (RINGCOMM_PROFILE; "
+                            f"hash and source per rank: {listed}); every rank of a communicator must load the "
+                            f"same profile file (python -m ringcomm.tune writes one)")
 
 
 _FAILED = "!failed: "

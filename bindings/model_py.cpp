@@ -1,0 +1,121 @@
+// The cost model (comm/cost_model.h) for ringcomm.tune, the docs' table and the tests: profiles
+// as dicts, the modelled seconds and choice, halving_doubling's per-rank work.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdio>
+#include <iterator>
+#include <string>
+
+#include "algo/context.h"
+#include "comm/cost_model.h"
+#include "comm/selection.h"
+#include "common/errors.h"
+
+namespace py = pybind11;
+
+namespace {
+
+const char* const kParams[] = {"alpha_s", "alpha_shared_s", "slot_s", "copy_Bps", "reduce_Bps", "ll_Bps", "cpus"};
+
+double* field(rc::CostProfile& p, const std::string& name) {
+  if (name == "alpha_s") return &p.alpha_s;
+  if (name == "alpha_shared_s") return &p.alpha_shared_s;
+  if (name == "slot_s") return &p.slot_s;
+  if (name == "copy_Bps") return &p.copy_Bps;
+  if (name == "reduce_Bps") return &p.reduce_Bps;
+  if (name == "ll_Bps") return &p.ll_Bps;
+  if (name == "cpus") return &p.cpus;
+  RC_THROW(InvalidArgument, "ringcomm: '" << name << "' is not a profile parameter");
+}
+
+std::string hex(uint64_t h) {
+  char s[20];
+  std::snprintf(s, sizeof(s), "%016llx", static_cast<unsigned long long>(h));
+  return s;
+}
+
+py::dict to_dict(const rc::CostProfile& p) {
+  py::dict params;
+  rc::CostProfile q = p;
+  for (const char* k : kParams) params[k] = *field(q, k);
+  py::dict d;
+  d["params"] = params;
+  d["hash"] = hex(p.hash);
+  d["source"] = p.source;
+  return d;
+}
+
+// params: a dict of every kParams entry; None: RINGCOMM_PROFILE's profile (or the defaults).
+rc::CostProfile from_params(const py::object& params) {
+  if (params.is_none()) return rc::profile_from_env();
+  rc::CostProfile p;
+  py::dict d = params.cast<py::dict>();
+  for (const char* k : kParams) {
+    RC_CHECK(d.contains(k), InvalidArgument, "ringcomm: profile params lack '" << k << "'");
+    *field(p, k) = d[k].cast<double>();
+  }
+  p.hash = rc::profile_hash(p);
+  p.source = "params";
+  return p;
+}
+
+rc::Algo algo_of(const std::string& name) {
+#define RC_ALGO_BY_NAME_(en, code, str) \
+  if (name == str) return rc::Algo::k##en;
+  RC_ALGORITHMS(RC_ALGO_BY_NAME_)
+#undef RC_ALGO_BY_NAME_
+  RC_THROW(InvalidArgument, "ringcomm: unknown algorithm '" << name << "'");
+}
+
+rc::Proto proto_of(const std::string& name) {
+#define RC_PROTO_BY_NAME_(en, code, str) \
+  if (name == str) return rc::Proto::k##en;
+  RC_PROTOCOLS(RC_PROTO_BY_NAME_)
+#undef RC_PROTO_BY_NAME_
+  RC_THROW(InvalidArgument, "ringcomm: unknown protocol '" << name << "'");
+}
+
+py::dict work_dict(const rc::HalvingDoublingWork& w) {
+  py::dict d;
+  d["steps"] = w.steps;
+  d["sent"] = w.sent;
+  d["received"] = w.received;
+  d["combined"] = w.combined;
+  return d;
+}
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  m.attr("PROFILE_VERSION") = rc::kProfileVersion;
+  py::tuple names(std::size(kParams));
+  for (size_t i = 0; i < std::size(kParams); ++i) names[i] = kParams[i];
+  m.attr("PROFILE_PARAMS") = names;
+  m.def("_profile", [](const py::object& params) { return to_dict(from_params(params)); }, py::arg("params") = py::none(),
+        "The profile (params, hash, source) of `params`, or RINGCOMM_PROFILE's (the defaults when unset).");
+  m.def("_default_profile", [] { return to_dict(rc::default_profile()); });
+  m.def("_load_profile", [](const std::string& path) { return to_dict(rc::load_profile(path)); }, py::arg("path"));
+  m.def("_model_seconds",
+        [](const std::string& algo, const std::string& proto, int64_t bytes, int world, const py::object& params,
+           int64_t ring_piece, int64_t far_piece) {
+          return rc::model_seconds(from_params(params), algo_of(algo), proto_of(proto), bytes, world,
+                                   rc::PieceSizes{ring_piece, far_piece});
+        },
+        py::arg("algo"), py::arg("proto"), py::arg("bytes"), py::arg("world_size"), py::arg("params") = py::none(),
+        py::arg("ring_piece") = rc::PieceSizes{}.ring, py::arg("far_piece") = rc::PieceSizes{}.far);
+  m.def("_model_choose",
+        [](int64_t bytes, int world, int64_t ll_bytes, bool header_in_slot, const py::object& params,
+           int64_t ring_piece, int64_t far_piece) {
+          const rc::ModelChoice c = rc::model_choose(from_params(params), bytes, world,
+                                                     rc::PieceSizes{ring_piece, far_piece}, ll_bytes, header_in_slot);
+          return py::make_tuple(rc::algo_name(c.algo), rc::proto_name(c.proto));
+        },
+        py::arg("bytes"), py::arg("world_size"), py::arg("ll_bytes"), py::arg("header_in_slot") = true,
+        py::arg("params") = py::none(), py::arg("ring_piece") = rc::PieceSizes{}.ring,
+        py::arg("far_piece") = rc::PieceSizes{}.far, "(algorithm, protocol) the cost model picks (comm/cost_model.h)");
+  m.def("_hd_work", [](int rank, int world) { return work_dict(rc::halving_doubling_work(rank, world)); },
+        py::arg("rank"), py::arg("world_size"), "halving_doubling's plan counted for one rank (chunk units)");
+  m.def("_hd_work_rank0", [](int world) { return work_dict(rc::halving_doubling_work_of_rank0(world)); },
+        py::arg("world_size"), "the cost model's closed form of _hd_work(0, world_size)");
+}

@@ -1,0 +1,201 @@
+"""Measure this machine's cost-model profile once: ``python -m ringcomm.tune [-o FILE]``.
+
+The all-reduce cost model (csrc/comm/cost_model.h, docs/algorithms.md) needs, per machine:
+
+* ``alpha_s``: one hand-off between two ranks that each have a CPU (2 spawned ranks, the median
+  time of a back-to-back 4-byte all_reduce, whose LL protocol is one hand-off);
+* ``alpha_shared_s``: the same with both ranks pinned to one CPU (every hand-off waits for the
+  peer to be scheduled: what ranks that outnumber the CPUs pay);
+* ``slot_s``: one slot handed over, beyond the hand-off: the 2-rank ring all_reduce of 64 KiB cut
+  into 256-byte slots against the same in one slot per chunk, per extra slot, less ``alpha_s``;
+* ``copy_Bps`` / ``reduce_Bps``: one process's copy into a slot and float32 SUM kernel over 4 MiB
+  buffers (bytes of one input per second);
+* ``ll_Bps``: the LL lines' bandwidth, from the 2-rank all_reduce at 4 KiB against 4 bytes;
+* ``cpus``: the CPUs this process may run on.
+
+The run takes well under a minute. The profile is JSON with a format version and the hash of its
+params (computed by the C++ core, which refuses a file whose hash disagrees). Keep the file and
+point ``RINGCOMM_PROFILE`` at it on every rank: the ranks of a communicator must load the same
+profile (init raises MismatchError otherwise). The choice of algorithm is a function of the
+profile, never of timings taken while a communicator runs.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+__all__ = ["measure", "write_profile", "main"]
+
+DEFAULT_OUTPUT = "ringcomm-profile.json"
+
+
+def _bandwidths(nbytes: int = 4 << 20, budget_s: float = 1.0) -> tuple:
+    """(copy_Bps, reduce_Bps): the best of repeated runs over page-aligned, pre-touched buffers."""
+    from . import _C
+    from .tables import DTYPE_CODES, op_code
+    n = nbytes // 4
+    a, b, dst = (np.full(n, 1.0, np.float32) for _ in range(3))
+    raw_a, raw_d = a.view(np.uint8), dst.view(np.uint8)
+    f32, sum_ = DTYPE_CODES["float32"], op_code("sum")
+
+    def best(fn):
+        fn()
+        t_best, end = float("inf"), time.perf_counter() + budget_s / 2
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            fn()
+            t_best = min(t_best, time.perf_counter() - t0)
+        return t_best
+
+    copy_s = best(lambda: _C._copy_to_peer(raw_d, raw_a, False))
+    reduce_s = best(lambda: _C._reduce(dst, a, b, f32, sum_))
+    return nbytes / copy_s, nbytes / reduce_s
+
+
+def _per_call(comm, nbytes: int, iters: int) -> float:
+    """Median seconds per back-to-back all_reduce of `nbytes` (batches of 10 calls)."""
+    x = np.ones(nbytes // 4, np.float32)
+    for _ in range(max(20, iters // 10)):
+        comm.all_reduce(x)
+    batch = 10
+    per_call = []
+    for _ in range(max(1, iters // batch)):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            comm.all_reduce(x)
+        per_call.append((time.perf_counter() - t0) / batch)
+    return statistics.median(per_call)
+
+
+def _comm_under(env: dict, rank: int, world: int, store: str):
+    """A communicator created under `env` (knobs are read at creation; restored after)."""
+    import ringcomm
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return ringcomm.init(rank=rank, world_size=world, init_method="file://" + store, timeout=60)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _handoff_rank(rank: int, world: int, store: str, pin_cpu, iters: int) -> dict:
+    """Per-call median seconds of back-to-back all_reduces: 4 B and 4 KiB (LL at 2 ranks); with
+    slots measured (not pinned): 64 KiB by the ring in one slot per chunk and in 256-byte slots."""
+    if pin_cpu is not None:
+        os.sched_setaffinity(0, {pin_cpu})
+    out = {}
+    comm = _comm_under({}, rank, world, store)
+    try:
+        for nbytes in (4, 4096):
+            out[str(nbytes)] = _per_call(comm, nbytes, iters)
+        comm.barrier()
+    finally:
+        comm.close()
+    if pin_cpu is None:
+        for name, slot in (("ring_64K", "256K"), ("ring_64K_256B_slots", "256")):
+            comm = _comm_under({"RINGCOMM_ALGO": "ring", "RINGCOMM_SLOT_BYTES": slot}, rank, world, store + name)
+            try:
+                out[name] = _per_call(comm, 64 << 10, max(50, iters // 40))
+                comm.barrier()
+            finally:
+                comm.close()
+    return out
+
+
+def _handoffs(pin_cpu, iters: int) -> dict:
+    from .launch import spawn
+    d = tempfile.mkdtemp(prefix="ringcomm-tune-")
+    try:
+        res = spawn(_handoff_rank, 2, (os.path.join(d, "store"), pin_cpu, iters), timeout=120)
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+    return {k: max(r[k] for r in res) for k in res[0]}
+
+
+def measure(quick: bool = False) -> dict:
+    """The profile's params measured on this machine, and what they came from."""
+    from . import _C
+    t0 = time.time()
+    cpus = sorted(os.sched_getaffinity(0))
+    copy_Bps, reduce_Bps = _bandwidths(budget_s=0.4 if quick else 1.0)
+    free = _handoffs(None, 2000 if quick else 20000)
+    shared = _handoffs(cpus[0], 300 if quick else 3000)
+    alpha = free["4"]
+    # LL at 2 ranks: 2 M bytes through lines (own written, the peer's read) and M reduced.
+    m = 4096 - 4
+    line_s = free["4096"] - free["4"] - m / reduce_Bps
+    ll_Bps = 2 * m / line_s if line_s > 0 else copy_Bps / 2
+    # The ring at 2 ranks sends 2 slots per chunk piece: 2 x 128 slots of 256 B against 2; each
+    # waits for the peer's, a hand-off the model counts apart (alpha): slot_s is the rest.
+    per_slot = (free["ring_64K_256B_slots"] - free["ring_64K"]) / (2 * 128 - 2)
+    slot_s = max(per_slot - alpha, per_slot / 20, 1e-8)
+    params = {"alpha_s": alpha, "alpha_shared_s": shared["4"], "slot_s": slot_s, "copy_Bps": copy_Bps,
+              "reduce_Bps": reduce_Bps, "ll_Bps": ll_Bps, "cpus": float(len(cpus))}
+    assert tuple(params) == tuple(_C.PROFILE_PARAMS)
+    return {"params": params,
+            "measured": {"allreduce_2ranks_s": free, "allreduce_2ranks_one_cpu_s": shared,
+                         "buffer_bytes": 4 << 20, "seconds": round(time.time() - t0, 1)}}
+
+
+def write_profile(path: str, params: dict, measured: dict | None = None) -> dict:
+    """Write the profile JSON (format, version, params, hash) to `path`; returns the document."""
+    from . import _C
+    prof = _C._profile(params)
+    doc = {"format": "ringcomm-profile", "version": int(_C.PROFILE_VERSION), "params": prof["params"],
+           "hash": prof["hash"],
+           "machine": {"node": platform.node(), "processor": _cpu_model(), "python": platform.python_version()},
+           "written": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "measured": measured or {}}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+    _C._load_profile(path)  # the core reads it back (format, version, hash)
+    return doc
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ringcomm.tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, help=f"profile file to write (default {DEFAULT_OUTPUT})")
+    p.add_argument("--quick", action="store_true", help="fewer iterations (a few seconds; noisier)")
+    a = p.parse_args(argv)
+    got = measure(quick=a.quick)
+    doc = write_profile(a.output, got["params"], got["measured"])
+    pr = doc["params"]
+    print(f"alpha {pr['alpha_s'] * 1e6:.2f} us, alpha on a shared CPU {pr['alpha_shared_s'] * 1e6:.2f} us, "
+          f"slot {pr['slot_s'] * 1e6:.3f} us, "
+          f"copy {pr['copy_Bps'] / 1e9:.2f} GB/s, reduce {pr['reduce_Bps'] / 1e9:.2f} GB/s, "
+          f"LL {pr['ll_Bps'] / 1e9:.2f} GB/s, cpus {pr['cpus']:g} ({got['measured']['seconds']} s)")
+    print(f"wrote {a.output} (hash {doc['hash']}); use it on every rank: "
+          f"export RINGCOMM_PROFILE={os.path.abspath(a.output)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""The all-reduce cost model (csrc/comm/cost_model.h) and the halving_doubling all-reduce
+(csrc/algo/halving_doubling.cpp).
+
+Without ranks: the model's choice as a pure function of (profile, bytes, world), against the
+formulas of docs/algorithms.md written out independently here; halving_doubling's per-rank work
+against the closed form the model uses; profile files (format, version, hash) and the
+RINGCOMM_PROFILE / RINGCOMM_MODEL_MIN_WORLD knobs through the one selection. With ranks: ranks
+that load different profiles raise MismatchError at init, every one of them; a shared profile
+drives auto's choice; halving_doubling forced at 2, 3, 4, 5, 8 and 16 ranks (oversubscribed here)
+with tiny slots, every dtype x op, bit for bit the ring's result (one group of ranks per world).
+"""
+import json
+import math
+
+import pytest
+
+import ringcomm
+from ringcomm import _C
+from ringcomm.tune import write_profile
+import rank_pool
+from cost_model_cases import hd_cases, model_auto_case, profile_init_case
+
+KiB = 1024
+DEFAULT_PIECES = dict(ring=256 * KiB, far=32 * KiB)
+# A machine whose ranks share 2 CPUs (this VM's tuned profile, rounded).
+SHARED = {"alpha_s": 4e-6, "alpha_shared_s": 3.2e-6, "slot_s": 2.5e-6, "copy_Bps": 15e9, "reduce_Bps": 10e9,
+          "ll_Bps": 18e9, "cpus": 2.0}
+MANY = {"alpha_s": 1e-6, "alpha_shared_s": 3e-6, "slot_s": 0.3e-6, "copy_Bps": 10e9, "reduce_Bps": 8e9,
+        "ll_Bps": 20e9, "cpus": 0.0}
+CANDIDATES = [("direct", "ll"), ("direct", "header_in_slot"), ("two_shot", "simple"), ("ring", "simple"),
+              ("halving_doubling", "simple")]
+
+
+def hd_work(n):
+    """halving_doubling's work for rank 0, counted from the algorithm's description (P the largest
+    power of two <= n, q = n - P extra ranks fold into ranks 0..q-1; chunk k is owned by k mod P)."""
+    P = 1 << (n.bit_length() - 1)
+    q = n - P
+    owners = [k if k < P else k - P for k in range(n)]
+    steps, sent, recv = 0, 0, 0
+    if q:
+        steps, sent, recv = 2, n, n
+    for d in (P >> i for i in range(1, P.bit_length())):                    # halving: P/2 .. 1
+        held = lambda m: sum(1 + (w < q) for w in range(P) if w % (2 * d) == m)   # noqa: E731
+        steps += 1
+        sent += held(0) * sum(1 for o in owners if o // d == 1)
+        recv += held(d) * sum(1 for o in owners if o // d == 0)
+    for d in (1 << i for i in range(P.bit_length() - 1)):                   # doubling: 1 .. P/2
+        steps += 1
+        sent += sum(1 for o in owners if o // d == 0)
+        recv += sum(1 for o in owners if o // d == 1)
+    return {"steps": steps, "sent": sent, "received": recv, "combined": owners.count(0)}
+
+
+def py_seconds(p, algo, proto, M, n, ring=256 * KiB, far=32 * KiB):
+    """docs/algorithms.md's cost formulas."""
+    cdiv = lambda a, b: math.ceil(a / b) if a > 0 else 0   # noqa: E731
+    S = C = R = L = 0.0
+    if proto == "ll":
+        H, L, R = 1, n * M, (n - 1) * M
+    elif algo == "direct":
+        H = 1 if proto == "header_in_slot" else 2
+        S, C, R = (n - 1) * max(1, cdiv(M, far)), (n - 1) * M, (n - 1) * M
+    elif algo == "two_shot":
+        H, S, C, R = 3, 2 * (n - 1) * cdiv(M / n, far), 3 * (n - 1) / n * M, (n - 1) / n * M
+    elif algo == "ring":
+        H = 2 * (n - 1) + 1
+        S, C, R = 2 * (n - 1) * cdiv(M / n, ring), (2 * n - 1) / n * M, (n - 1) / n * M
+    else:
+        w = hd_work(n)
+        H = w["steps"] + 1
+        S = max(w["steps"], cdiv(w["sent"] * M / n, far))
+        C, R = (w["sent"] + w["received"]) * M / n, w["combined"] * (n - 1) * M / n
+    shared = p["cpus"] > 0 and n > p["cpus"]
+    f = n / p["cpus"] if shared else 1.0
+    lat = H * (p["alpha_shared_s"] * f if shared else p["alpha_s"])
+    return lat + f * (S * p["slot_s"] + C / p["copy_Bps"] + R / p["reduce_Bps"] + L / p["ll_Bps"])
+
+
+def py_choose(p, M, n, ll=4 * KiB):
+    best = None
+    for algo, proto in CANDIDATES:
+        if proto == "ll" and not 0 < M <= ll:
+            continue
+        s = py_seconds(p, algo, proto, M, n)
+        if best is None or s < best[0]:
+            best = (s, (algo, proto))
+    return best[1]
+
+
+SIZES = [0, 1, 64, 1 * KiB, 4 * KiB, 4 * KiB + 4, 16 * KiB, 64 * KiB, 256 * KiB, 1 << 20, 4 << 20, 16 << 20, 1 << 30]
+WORLDS = [2, 3, 4, 5, 6, 7, 8, 12, 16, 31, 32, 64, 100, 128]
+
+
+@pytest.fixture
+def knobs(monkeypatch):
+    for k in ("RINGCOMM_ALGO", "RINGCOMM_PROFILE", "RINGCOMM_MODEL_MIN_WORLD", "RINGCOMM_LL_MAX_BYTES",
+              "RINGCOMM_HEADER_IN_SLOT", "RINGCOMM_SLOT_BYTES", "RINGCOMM_FAR_SLOT_BYTES"):
+        monkeypatch.delenv(k, raising=False)
+    return monkeypatch
+
+
+def test_halving_doubling_work_matches_its_plan_and_closed_form():
+    for n in range(2, 70):
+        assert _C._hd_work(0, n) == _C._hd_work_rank0(n) == hd_work(n), n
+        works = [_C._hd_work(r, n) for r in range(n)]
+        # every unit sent is received; every chunk combined once; rank 0 carries the most
+        assert sum(w["sent"] for w in works) == sum(w["received"] for w in works), n
+        assert sum(w["combined"] for w in works) == n, n
+        assert max(w["steps"] for w in works) == works[0]["steps"], n
+        P = 1 << (n.bit_length() - 1)
+        assert works[0]["steps"] == 2 * int(math.log2(P)) + (2 if n > P else 0), n
+
+
+@pytest.mark.parametrize("params", [SHARED, MANY], ids=["shared", "many"])
+def test_model_choice_is_the_documented_formula(params):
+    for n in WORLDS:
+        for M in SIZES:
+            for algo, proto in CANDIDATES:
+                got = _C._model_seconds(algo, proto, M, n, params=params)
+                assert got == pytest.approx(py_seconds(params, algo, proto, M, n), rel=1e-9), (algo, proto, M, n)
+            assert _C._model_choose(M, n, 4 * KiB, params=params) == py_choose(params, M, n), (M, n)
+            assert _C._model_choose(M, n, 0, params=params)[1] != "ll"
+
+
+def test_model_choices_at_landmarks():
+    # Many cores: LL for tiny messages, the log-depth algorithm in the middle at many ranks, the
+    # ring for large ones; ranks sharing 2 CPUs: every step a round of switches, so the ring's
+    # 2N-1 steps lose wherever latency dominates.
+    assert _C._model_choose(1 * KiB, 64, 4 * KiB, params=MANY) == ("direct", "ll")
+    assert _C._model_choose(16 * KiB, 64, 4 * KiB, params=MANY) == ("halving_doubling", "simple")
+    assert _C._model_choose(64 << 20, 64, 4 * KiB, params=MANY) == ("ring", "simple")
+    assert _C._model_choose(16 << 20, 8, 4 * KiB, params=SHARED) == ("ring", "simple")
+    for n in (8, 16):
+        assert all(_C._model_choose(M, n, 4 * KiB, params=SHARED)[0] != "ring" for M in SIZES if M <= 64 * KiB)
+        step = SHARED["alpha_shared_s"] * n / SHARED["cpus"]
+        assert _C._model_seconds("ring", "simple", 0, n, params=SHARED) == pytest.approx((2 * n - 1) * step)
+    # the ring's latency grows with N, halving_doubling's with log N
+    ring = [_C._model_seconds("ring", "simple", 64, n, params=MANY) for n in (8, 64)]
+    hd = [_C._model_seconds("halving_doubling", "simple", 64, n, params=MANY) for n in (8, 64)]
+    assert ring[1] / ring[0] > 7 and hd[1] / hd[0] < 2.5
+
+
+def test_defaults_keep_the_measured_thresholds_below_the_model_world(knobs):
+    """2-4 ranks: auto is the size rule (tests/test_select.py's table); from 5 ranks the model."""
+    dflt = _C._default_profile()
+    assert _C._profile() == dflt and dflt["source"] == "defaults"
+    for n in (5, 8, 16, 64):
+        for M in SIZES:
+            want = _C._model_choose(M, n, 4 * KiB, M > 0, params=dflt["params"])
+            assert _C._select("all_reduce", M, n)[:2] == want, (M, n)
+    knobs.setenv("RINGCOMM_MODEL_MIN_WORLD", "2")
+    for M in SIZES:
+        assert _C._select("all_reduce", M, 2)[:2] == _C._model_choose(M, 2, 4 * KiB, M > 0)
+    knobs.setenv("RINGCOMM_MODEL_MIN_WORLD", "1")
+    with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_MODEL_MIN_WORLD"):
+        _C._select("all_reduce", 64, 8)
+
+
+def test_forced_halving_doubling_and_cuda(knobs):
+    knobs.setenv("RINGCOMM_ALGO", "halving_doubling")
+    for n in (2, 3, 8):
+        for M in (1, 4 * KiB, 1 << 20):
+            assert _C._select("all_reduce", M, n) == ("halving_doubling", "simple", "cached")
+            assert _C._select("all_reduce", M, n, "cuda")[:2] == ("ring", "simple")
+        assert _C._select("broadcast", 1 << 20, n)[:2] == ("chain", "simple")
+    assert ringcomm.config.knob("RINGCOMM_ALGO") == "halving_doubling"
+
+
+def test_profile_file_round_trip_and_refusals(knobs, tmp_path):
+    path = str(tmp_path / "p.json")
+    doc = write_profile(path, SHARED, {"note": "test"})
+    assert doc["version"] == _C.PROFILE_VERSION and doc["format"] == "ringcomm-profile"
+    loaded = _C._load_profile(path)
+    assert loaded["params"] == SHARED and loaded["hash"] == doc["hash"] == _C._profile(SHARED)["hash"]
+    assert _C._profile(MANY)["hash"] != doc["hash"]
+    knobs.setenv("RINGCOMM_PROFILE", path)
+    assert _C._profile()["source"] == path and _C._profile()["hash"] == doc["hash"]
+    knobs.setenv("RINGCOMM_MODEL_MIN_WORLD", "2")
+    for n in (2, 8, 16):
+        for M in (64, 64 * KiB, 4 << 20):
+            assert _C._select("all_reduce", M, n)[:2] == _C._model_choose(M, n, 4 * KiB, params=SHARED)
+
+    def refused(mutate, match):
+        d = json.load(open(path))
+        mutate(d)
+        bad = str(tmp_path / "bad.json")
+        with open(bad, "w") as f:
+            json.dump(d, f)
+        with pytest.raises(ringcomm.InvalidArgumentError, match=match):
+            _C._load_profile(bad)
+        knobs.setenv("RINGCOMM_PROFILE", bad)
+        with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_PROFILE"):
+            _C._select("all_reduce", 64, 8)
+        knobs.setenv("RINGCOMM_PROFILE", path)
+
+    refused(lambda d: d["params"].update(alpha_s=1e-3), "hash")
+    refused(lambda d: d.update(version=2), "version")
+    refused(lambda d: d["params"].pop("slot_s"), "slot_s")
+    refused(lambda d: d.update(format="other"), "not a ringcomm profile")
+    with pytest.raises(ringcomm.InvalidArgumentError, match="cannot be read"):
+        _C._load_profile(str(tmp_path / "missing.json"))
+
+
+@pytest.mark.timeout(120)
+def test_ranks_with_different_profiles_raise_at_init(tmp_path, store_env):
+    a, b = str(tmp_path / "a.json"), str(tmp_path / "b.json")
+    ha = write_profile(a, SHARED)["hash"]
+    hb = write_profile(b, dict(SHARED, alpha_s=5e-6))["hash"]
+    for paths, sub in (([a, b], "differ"), ([a, None], "one-unset")):
+        res = rank_pool.run(profile_init_case, 2, (paths, sub), timeout=100, env=store_env)
+        for rank, (kind, msg) in enumerate(res):
+            assert kind == "MismatchError", (paths, rank, kind, msg)
+            assert ha in msg and "RINGCOMM_PROFILE" in msg, msg
+            assert (hb if paths[1] else _C._default_profile()["hash"]) in msg, msg
+    res = rank_pool.run(profile_init_case, 2, ([a, a], "same"), timeout=100, env=store_env)
+    assert res == [("ok", ha), ("ok", ha)]
+
+
+@pytest.mark.timeout(120)
+def test_a_shared_profile_drives_auto(tmp_path, store_env):
+    path = str(tmp_path / "p.json")
+    params = dict(MANY, slot_s=20e-6)   # dear slots: halving_doubling (4 slots, not 6) at 64 KiB
+    write_profile(path, params)
+    sizes = [64, 16 * KiB, 64 * KiB, 1 << 20]
+    res = rank_pool.run(model_auto_case, 4, (path, sizes), timeout=100, env=store_env)
+    seen = set()
+    for rows in res:
+        for nbytes, algo, proto, equal in rows:
+            want = _C._model_choose(nbytes, 4, 4 * KiB, params=params)
+            assert (algo, proto) == want, (nbytes, algo, proto, want)
+            assert equal, f"auto's {algo} differs bitwise from the ring at {nbytes} B"
+            seen.add(algo)
+    assert {"halving_doubling", "ring", "direct"} <= seen, seen
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 8, 16])
+def test_halving_doubling_is_bit_identical_to_the_ring(world, store_env):
+    pytest.importorskip("torch")   # the bfloat16 cases
+    results = rank_pool.run(hd_cases, world, timeout=380, env=store_env)
+    fails = [f for fs in results for f in fs]
+    assert not fails, f"{len(fails)} failures:\n" + "\n".join(fails[:30])
