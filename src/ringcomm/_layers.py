@@ -8,7 +8,8 @@ every import of every module (at module level and inside functions, relative and
            back ends     torch (the torch.distributed backend), cuda (CUDA arrays),
                          hier (ranks on several nodes), torchft (a torchft ProcessGroup)
     1      wrappers      ddp, zero, tp, pp, recompute, memory, saved_tensors
-    2      applications  bench, train, parallel_demo, tiny_lm (their model), simulate, demo
+    2      applications  bench, train, parallel_demo, tiny_lm (their model), simulate, demo,
+                         tune (the machine profile of the cost model)
 
 Layer 0 is ordered too. A back end builds on the core and never imports another back end. The
 core imports a back end only where choosing that back end is the core's job, the pairs in
@@ -35,7 +36,7 @@ CORE_TO_BACK_END = {
 LAYERS = {
     0: CORE + BACK_ENDS,
     1: ("ddp", "zero", "tp", "pp", "recompute", "memory", "saved_tensors"),
-    2: ("bench", "train", "parallel_demo", "tiny_lm", "simulate", "demo"),
+    2: ("bench", "train", "parallel_demo", "tiny_lm", "simulate", "demo", "tune"),
 }
 LAYER_NAMES = {0: "core and back ends", 1: "training wrappers", 2: "applications"}
 
