@@ -72,6 +72,22 @@ def monitored(rank: int, world: int, timeout_s: float) -> dict:
     return out
 
 
+def monitored_zero(rank: int, world: int) -> str | None:
+    """monitoredBarrier with a zero timeout (not "unset") on rank 0 while the others stay away:
+    rank 0 raises at once. The first line of its message on rank 0, None elsewhere."""
+    helper = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=60))
+    g = dist.new_group(list(range(world)))
+    msg = None
+    if rank == 0:
+        try:
+            g.monitored_barrier(datetime.timedelta(0))
+            msg = "no error"
+        except RuntimeError as e:
+            msg = str(e).strip().splitlines()[0]
+    dist.barrier(group=helper)
+    return msg
+
+
 def set_timeout(rank: int, world: int, timeout_s: float) -> dict:
     """ProcessGroup.set_timeout (c10d setTimeout) shortens a group made with a long timeout: a
     collective the other ranks never join fails after the new timeout."""
@@ -178,6 +194,7 @@ def all_cases(rank: int, world: int, timeout_s: float, backend: str) -> dict:
     out = {"seq": sequence_numbers(rank, world),
            "detail": detail_debug(rank, world, timeout_s),
            "monitored": monitored(rank, world, timeout_s),
+           "monitored_zero": monitored_zero(rank, world),
            "set_timeout": set_timeout(rank, world, timeout_s)}
     if backend == "ringcomm":
         out["abort"] = ringcomm_abort(rank, world)

@@ -51,6 +51,13 @@ def test_values(observed):
     assert r0["monitored"][False] == "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 500 ms"
     assert r0["monitored"][True] == "[Rank 0]: Ranks 1 failed to pass monitoredBarrier in 500 ms"
     assert r0["monitored"][(False, "in_time")] and r0["monitored"][(True, "in_time")]
+    # A zero timeout: ringcomm names the time used up, as gloo does when a millisecond has passed
+    # before it looks at rank 1 (torch's DistributedTest relies on that message); within the same
+    # millisecond gloo reports rank 1 instead.
+    assert r0["monitored_zero"] == "Rank 0 timed out in monitoredBarrier after 0 ms."
+    assert observed["gloo"][0]["monitored_zero"] in (
+        "Rank 0 timed out in monitoredBarrier after 0 ms.",
+        "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 0 ms")
     assert r0["set_timeout"] == {"raised": True, "in_time": True}
     assert r0["detail"]["barrier"] is True
     assert r0["detail"]["objects"][1] == {"rank": 1, "x": [1, 1, 1]}

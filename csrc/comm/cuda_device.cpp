@@ -50,7 +50,7 @@ class EventFence final : public DeviceFence {
         if (e == cudaSuccess) return;
         RC_CHECK(e == cudaErrorNotReady, Error, "ringcomm: " << op << " failed on the GPU: " << cudaGetErrorName(e));
         if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit)
-          RC_THROW(TimeoutError, "ringcomm: wait() on " << op << " timed out after " << limit << " s");
+          RC_THROW(TimeoutError, "ringcomm: wait() on " << op << ": Timed out after " << limit << " s");
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     }

@@ -432,7 +432,7 @@ void P2PEngine::loop() {
       auto check_deadline = [&](const Op& op) {
         if (now > op.deadline_ns) {
           RC_THROW(TimeoutError, "ringcomm: " << (op.is_send ? "send to" : "recv from") << " rank " << op.peer
-                                              << " on rank " << rank_ << " (tag " << op.tag << ") timed out after "
+                                              << " on rank " << rank_ << " (tag " << op.tag << "): Timed out after "
                                               << t.timeout_s() << " s (" << op.done << " of " << op.bytes
                                               << " bytes moved)");
         }

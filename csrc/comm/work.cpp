@@ -16,7 +16,7 @@ void Work::wait_host(double timeout_s) {
     cv_.wait(lk, [&] { return done_.load(std::memory_order_relaxed); });
   } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s),
                            [&] { return done_.load(std::memory_order_relaxed); })) {
-    RC_THROW(TimeoutError, "ringcomm: wait() on " << op_ << " (seq " << seq_ << ") timed out after " << timeout_s
+    RC_THROW(TimeoutError, "ringcomm: wait() on " << op_ << " (seq " << seq_ << "): Timed out after " << timeout_s
                                                   << " s; the operation is still running");
   }
   if (error_) std::rethrow_exception(error_);

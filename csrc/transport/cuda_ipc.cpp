@@ -435,7 +435,7 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeo
       if (cudaEventQuery(ev) == cudaSuccess) return;
       (void)cudaGetLastError();
       if (!own_timeout) {
-        RC_THROW(TimeoutError, "ringcomm: wait() on " << w.op << " (seq " << w.seq << ") timed out after " << limit_s
+        RC_THROW(TimeoutError, "ringcomm: wait() on " << w.op << " (seq " << w.seq << "): Timed out after " << limit_s
                                                       << " s; the operation is still running");
       }
       RC_THROW(TimeoutError, "ringcomm: " << w.op << " (seq " << w.seq << ") on rank " << rank_

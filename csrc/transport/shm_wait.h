@@ -143,7 +143,7 @@ inline void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<ui
     check_peers(w, live_check);
     if (now >= deadline) {
       if (ready()) return;
-      RC_THROW(TimeoutError, "ringcomm: " << describe(w) << ": timed out after " << timeout_s()
+      RC_THROW(TimeoutError, "ringcomm: " << describe(w) << ": Timed out after " << timeout_s()
                                           << " s (RINGCOMM_TIMEOUT / timeout=)");
     }
   }

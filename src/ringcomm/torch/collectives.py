@@ -348,7 +348,8 @@ class Collectives(GroupCore):
 
     def monitored_barrier(self, timeout=None, wait_all_ranks: bool = False) -> None:
         """gloo's monitored barrier (c10d ``monitoredBarrier``): see ``monitored.py``.
-        ``timeout``: a timedelta or seconds; unset (None, zero or negative): the group's."""
+        ``timeout``: a timedelta or seconds; None or negative (unset): the group's; zero: none
+        (rank 0 raises unless every rank has arrived)."""
         run_monitored_barrier(self, timeout, wait_all_ranks)
 
     def _monitored_barrier(self, timeout, wait_all_ranks: bool) -> None:

@@ -10,7 +10,11 @@ Protocol (gloo's): every rank but 0 sends a message to group rank 0 and waits fo
 reply; rank 0 receives from ranks 1..n-1 in rank order, each wait bounded by what is left of the
 timeout, and replies to all once every rank arrived. A rank that did not arrive in time makes
 rank 0 raise naming it (the first such rank in rank order, or with ``wait_all_ranks=True`` every
-such rank); the other ranks then time out waiting for the reply. The messages carry a tag no
+such rank); the other ranks then time out waiting for the reply. Without ``wait_all_ranks``,
+rank 0 that finds the time used up before it looks at a rank whose message has not come raises
+"Rank 0 timed out in monitoredBarrier" instead (a zero timeout does so at once). The timeout is
+torch's ``BarrierOptions.timeout``: negative (unset) or None means the group's, zero means zero.
+Messages are gloo's, word for word. The messages carry a tag no
 torch call can carry (torch's tags are 32-bit), so they never match a user's send or recv.
 """
 from __future__ import annotations
@@ -66,7 +70,9 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks: bool = False) ->
 def run_monitored_barrier(be, timeout, wait_all_ranks: bool) -> None:
     """The protocol above on ringcomm group ``be`` (a ``Collectives``)."""
     comm, rank, size = be._comm, be._rank, be._size
-    limit = timeout_seconds(timeout, be._timeout_s)
+    zero = timeout is not None and (timeout.total_seconds() if isinstance(
+        timeout, datetime.timedelta) else float(timeout)) == 0
+    limit = 0.0 if zero else timeout_seconds(timeout, be._timeout_s)
     ms = int(round(limit * 1000))
     if size == 1:
         return
@@ -76,18 +82,26 @@ def run_monitored_barrier(be, timeout, wait_all_ranks: bool) -> None:
     if rank != 0:
         reply = torch.zeros(1, dtype=torch.uint8)
         r = comm.recv(reply, 0, async_op=True, tag=tag)
-        comm.send(token, 0, async_op=True, tag=tag).wait(max(limit, 0.0))
+        s = comm.send(token, 0, async_op=True, tag=tag)
         try:
+            s.wait(max(limit, 0.0))
             r.wait(max(deadline - time.monotonic(), 0.0))
         except ringcomm.TimeoutError as e:
             raise ringcomm.TimeoutError(
-                f"[Rank {rank}]: monitored_barrier: rank 0 did not release this rank within "
-                f"{ms} ms (a rank failed to pass monitoredBarrier; rank 0 names it)") from e
+                f"Rank {rank} successfully reached monitoredBarrier, but received errors while "
+                f"waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank."
+            ) from e
         return
     bufs = {p: torch.zeros(1, dtype=torch.uint8) for p in range(1, size)}
     recvs = {p: comm.recv(bufs[p], p, async_op=True, tag=tag) for p in range(1, size)}
-    missing = []
+    missing, processed = [], []
     for p in range(1, size):
+        if (not wait_all_ranks and time.monotonic() >= deadline
+                and not recvs[p].is_completed()):
+            info = (f"Successfully processed ranks: {', '.join(map(str, processed))}"
+                    if processed else "No ranks successfully processed in monitoredBarrier.")
+            raise ringcomm.TimeoutError(
+                f"Rank {rank} timed out in monitoredBarrier after {ms} ms.\n{info}")
         try:
             recvs[p].wait(max(deadline - time.monotonic(), 0.0))
         except ringcomm.TimeoutError:
@@ -97,6 +111,8 @@ def run_monitored_barrier(be, timeout, wait_all_ranks: bool) -> None:
             if not wait_all_ranks:
                 raise ringcomm.TimeoutError(
                     f"[Rank 0]: Rank {p} failed to pass monitoredBarrier in {ms} ms") from None
+            continue
+        processed.append(p)
     if missing:
         raise ringcomm.TimeoutError(
             f"[Rank 0]: Ranks {', '.join(map(str, missing))} failed to pass monitoredBarrier in "
