@@ -12,6 +12,7 @@ from ringcomm import _C
 from ringcomm.launch import spawn
 from footprint_cases import eight_rank_cases, footprint_after_everything, info_rank, many_ranks_tiny_slots
 from mp_cases import run_collective_cases
+from small_shm import run_with_dev_shm
 
 PAGE = 4096
 MIB = 2**20
@@ -163,74 +164,11 @@ def test_debug_info_states_footprint_once(store_env, capfd, default_knobs):
         assert head + ns * (sb + 4096) + 2 * ko * (fb + 4096) == want, mine[0]
 
 
-# Runs inside a private mount namespace whose /dev/shm is a 64 MiB tmpfs. The ranks are fork()ed
-# children (multiprocessing's spawn keeps its own queues and semaphores in /dev/shm); each writes
-# its failures to a file outside /dev/shm, and the parent reports every child's exit status.
-_DOCKER_SHM_SCRIPT = r"""
-import json, os, signal, sys, time
-tests_dir, store, out_dir, world = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-sys.path.insert(0, tests_dir)
-os.environ["RC_TEST_STORE"] = store
-import footprint_cases
-pids = {}
-for rank in range(world):
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            res = footprint_cases.in_docker_default_shm(rank, world)
-            with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
-                json.dump(res, f)
-            code = 0
-        finally:
-            os._exit(code)
-    pids[pid] = rank
-status = {}
-t_end = time.monotonic() + 400
-while pids and time.monotonic() < t_end:
-    pid, st = os.waitpid(-1, os.WNOHANG)
-    if pid == 0:
-        time.sleep(0.05)
-        continue
-    rank = pids.pop(pid)
-    status[rank] = ("signal %d" % os.WTERMSIG(st)) if os.WIFSIGNALED(st) else "exit %d" % os.WEXITSTATUS(st)
-for pid, rank in pids.items():
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    status[rank] = "hung"
-results = []
-for rank in range(world):
-    path = os.path.join(out_dir, "rank%d.json" % rank)
-    results.append(json.load(open(path)) if os.path.exists(path) else None)
-print("RESULT " + json.dumps({"status": [status[r] for r in range(world)], "results": results}))
-"""
-
-
 @pytest.mark.timeout(480)
 def test_sixteen_ranks_fit_dockers_default_dev_shm(store_env, tmp_path, default_knobs):
-    import json
-    import shutil
-    import subprocess
-    import sys
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.skip("no unshare(1)")
-    probe = subprocess.run([unshare, "-m", "sh", "-c", "mount -t tmpfs -o size=64M tmpfs /dev/shm"],
-                           capture_output=True, timeout=30)
-    if probe.returncode != 0:
-        pytest.skip("private mount namespaces are not permitted here: " + probe.stderr.decode(errors="replace"))
     world = 16
-    script = tmp_path / "docker_shm.py"
-    script.write_text(_DOCKER_SHM_SCRIPT)
-    out_dir = tmp_path / "results"
-    out_dir.mkdir()
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    r = subprocess.run([unshare, "-m", "sh", "-c", "mount -t tmpfs -o size=64M tmpfs /dev/shm && exec \"$0\" \"$@\"",
-                        sys.executable, str(script), tests_dir, store_env["RC_TEST_STORE"], str(out_dir), str(world)],
-                       capture_output=True, text=True, timeout=460)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
-    got = json.loads(lines[-1][len("RESULT "):])
-    assert got["status"] == ["exit 0"] * world, (got["status"], r.stderr[-3000:])
+    got = run_with_dev_shm("64M", "footprint_cases", "in_docker_default_shm", world, store_env["RC_TEST_STORE"],
+                           tmp_path, deadline_s=400, timeout_s=460)
+    assert got["status"] == ["exit 0"] * world, (got["status"], got["stderr"])
     failures = [f for fs in got["results"] for f in fs]
     assert not failures, "\n".join(failures[:30])

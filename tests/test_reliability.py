@@ -1,13 +1,13 @@
 """Reliability of the core: saturating deadlines, counter wrap-around, a small /dev/shm, closed
 peers, close() racing a call, attach checks, fork after init. Every case is checked against a
 value computed here (numpy sums) or an expected typed error."""
-import shutil
 
 import pytest
 
 from ringcomm.launch import spawn
 import fault_cases
 import rank_pool
+from small_shm import run_with_dev_shm
 
 
 @pytest.mark.timeout(90)
@@ -70,79 +70,13 @@ def test_closed_peer_is_closed_not_dead(store_env):
         assert out["coll_s"] < 10.0, (r, out)
 
 
-# Runs inside the private mount namespace, whose /dev/shm is the tiny tmpfs. The ranks are
-# fork()ed children, not multiprocessing's spawn: spawn's result queue and its semaphores live in
-# /dev/shm too, so in a full /dev/shm the harness itself fails before any rank reports. Each rank
-# writes its result to a file under a directory outside /dev/shm; the parent collects the files
-# and every child's exit status (a signal, e.g. SIGBUS, is reported as such).
-_SMALL_SHM_SCRIPT = r"""
-import json, os, signal, sys, time
-tests_dir, store, out_dir, world = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-sys.path.insert(0, tests_dir)
-os.environ["RC_TEST_STORE"] = store
-import fault_cases
-pids = {}
-for rank in range(world):
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            res = fault_cases.small_shm(rank, world)
-            with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as f:
-                json.dump(res, f)
-            code = 0
-        finally:
-            os._exit(code)
-    pids[pid] = rank
-status = {}
-t_end = time.monotonic() + 60
-while pids and time.monotonic() < t_end:
-    pid, st = os.waitpid(-1, os.WNOHANG)
-    if pid == 0:
-        time.sleep(0.05)
-        continue
-    rank = pids.pop(pid)
-    status[rank] = ("signal %d" % os.WTERMSIG(st)) if os.WIFSIGNALED(st) else "exit %d" % os.WEXITSTATUS(st)
-for pid, rank in pids.items():
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    status[rank] = "hung"
-results = []
-for rank in range(world):
-    path = os.path.join(out_dir, "rank%d.json" % rank)
-    results.append(json.load(open(path)) if os.path.exists(path) else None)
-print("RESULT " + json.dumps({"status": [status[r] for r in range(world)], "results": results}))
-"""
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [1, 4])
 def test_small_dev_shm_fails_at_init_with_a_clear_error(world, store_env, tmp_path):
-    import json
-    import os
-    import subprocess
-    import sys
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.skip("no unshare(1)")
-    probe = subprocess.run([unshare, "-m", "sh", "-c", "mount -t tmpfs -o size=4M tmpfs /dev/shm"],
-                           capture_output=True, timeout=30)
-    if probe.returncode != 0:
-        pytest.skip("private mount namespaces are not permitted here: " + probe.stderr.decode(errors="replace"))
-    script = tmp_path / "small_shm.py"
-    script.write_text(_SMALL_SHM_SCRIPT)
-    out_dir = tmp_path / "results"
-    out_dir.mkdir()
-    tests_dir = os.path.dirname(os.path.abspath(__file__))
-    cmd = ("mount -t tmpfs -o size=4M tmpfs /dev/shm && exec \"$0\" \"$@\"")
-    r = subprocess.run([unshare, "-m", "sh", "-c", cmd, sys.executable, str(script), tests_dir,
-                        store_env["RC_TEST_STORE"], str(out_dir), str(world)],
-                       capture_output=True, text=True, timeout=100)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, (r.returncode, r.stdout[-3000:], r.stderr[-3000:])
-    got = json.loads(lines[-1][len("RESULT "):])
+    got = run_with_dev_shm("4M", "fault_cases", "small_shm", world, store_env["RC_TEST_STORE"], tmp_path,
+                           deadline_s=60, timeout_s=100)
     # Every rank exited normally (no SIGBUS, no hang) and reported.
-    assert got["status"] == ["exit 0"] * world, (got, r.stderr[-3000:])
+    assert got["status"] == ["exit 0"] * world, got
     res = got["results"]
     for out in res:
         phase, kind, typed, msg = out
