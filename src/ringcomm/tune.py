@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from .machine import cpu_model
+
 __all__ = ["measure", "write_profile", "main"]
 
 DEFAULT_OUTPUT = "ringcomm-profile.json"
@@ -157,7 +159,7 @@ def write_profile(path: str, params: dict, measured: dict | None = None) -> dict
     prof = _C._profile(params)
     doc = {"format": "ringcomm-profile", "version": int(_C.PROFILE_VERSION), "params": prof["params"],
            "hash": prof["hash"],
-           "machine": {"node": platform.node(), "processor": _cpu_model(), "python": platform.python_version()},
+           "machine": {"node": platform.node(), "processor": cpu_model(), "python": platform.python_version()},
            "written": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "measured": measured or {}}
     tmp = path + ".tmp"
@@ -167,17 +169,6 @@ def write_profile(path: str, params: dict, measured: dict | None = None) -> dict
     os.replace(tmp, path)
     _C._load_profile(path)  # the core reads it back (format, version, hash)
     return doc
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main(argv=None) -> int:
