@@ -3,7 +3,7 @@ pickle them; torch is imported only by the bfloat16 cases, through mp_cases)."""
 import traceback
 
 import numpy as np
-from mp_cases import close_enough, init_under_env, make, pairs, reference, to_lib, to_np
+from mp_cases import all_reduce_checked, close_enough, init_under_env, make, pairs, reference
 from order_ref import ordered_sum
 
 ESIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
@@ -46,16 +46,7 @@ def hd_cases(rank, world):
             fails.append(f"rank {rank}: {what}")
 
     def run(comm, x_src, op, in_place, dt, lib):
-        x = to_lib(x_src, dt, lib)
-        if in_place:
-            comm.all_reduce(x, op=op)
-            y = x
-        else:
-            keep = np.ascontiguousarray(to_np(x)).tobytes()
-            y = to_lib(np.full_like(x_src, 3), dt, lib)
-            comm.all_reduce(x, op=op, output=y)
-            check(f"input untouched {dt} {op} n={x_src.size}", np.ascontiguousarray(to_np(x)).tobytes() == keep)
-        return np.ascontiguousarray(to_np(y)).tobytes(), y
+        return all_reduce_checked(comm, x_src, op, in_place, dt, lib, check)
 
     try:
         for dt, op in pairs():

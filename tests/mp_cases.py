@@ -148,6 +148,22 @@ def to_np(x):
     return x.numpy()
 
 
+def all_reduce_checked(comm, x_src, op, in_place, dt, lib, check):
+    """all_reduce of a copy of x_src in `lib`'s array type, in place or out of place into a
+    sentinel buffer (then check(what, cond) that the input is untouched); returns the result's
+    bytes and the result."""
+    x = to_lib(x_src, dt, lib)
+    if in_place:
+        comm.all_reduce(x, op=op)
+        y = x
+    else:
+        keep = np.ascontiguousarray(to_np(x)).tobytes()
+        y = to_lib(np.full_like(x_src, 3), dt, lib)
+        comm.all_reduce(x, op=op, output=y)
+        check(f"input untouched {dt} {op} n={x_src.size}", np.ascontiguousarray(to_np(x)).tobytes() == keep)
+    return np.ascontiguousarray(to_np(y)).tobytes(), y
+
+
 def close_enough(got, ref, dt, op):
     got = to_np(got)
     if dt in FLOAT and op == "AVG":

@@ -5,7 +5,7 @@ import traceback
 
 import numpy as np
 import ringcomm
-from mp_cases import FLOAT, close_enough, init_under_env, make, pairs, reference, to_lib, to_np
+from mp_cases import FLOAT, all_reduce_checked, close_enough, init_under_env, make, pairs, reference
 from order_ref import ordered_sum
 
 SENTINEL = -7
@@ -67,18 +67,7 @@ def correctness_cases(rank, world):
             fails.append(f"rank {rank}: {what}")
 
     def run(comm, x_src, op, in_place, dt, lib):
-        """all_reduce of a copy of x_src (in place, or out of place into a sentinel buffer);
-        returns the result's bytes and the result as numpy."""
-        x = to_lib(x_src, dt, lib)
-        if in_place:
-            comm.all_reduce(x, op=op)
-            y = x
-        else:
-            keep = np.ascontiguousarray(to_np(x)).tobytes()
-            y = to_lib(np.full_like(x_src, 3), dt, lib)
-            comm.all_reduce(x, op=op, output=y)
-            check(f"input untouched {dt} {op} n={x_src.size}", np.ascontiguousarray(to_np(x)).tobytes() == keep)
-        return np.ascontiguousarray(to_np(y)).tobytes(), y
+        return all_reduce_checked(comm, x_src, op, in_place, dt, lib, check)
 
     try:
         ran = {}

@@ -1,5 +1,6 @@
-// The chunks a ring collective (algo/ring.cpp) cuts its buffer into. Pure arithmetic over
-// ring_schedule.h.
+// The chunks a collective cuts its buffer into: the ring's (algo/ring.cpp), and the ring's
+// all_reduce chunks that the two-shot and halving_doubling combine in ring order. Pure arithmetic
+// over ring_schedule.h.
 #pragma once
 #include <algorithm>
 #include <cstdint>

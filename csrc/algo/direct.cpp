@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "algo/chunks.h"
 #include "algo/pieces.h"
 #include "algo/ring_schedule.h"
 #include "kernels/reduce_cpu.h"
@@ -185,13 +186,10 @@ void two_shot_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t co
   RC_CHECK(n == 2 || c.scratch != nullptr, Unsupported,
            "ringcomm: the two-shot all_reduce with more than 2 ranks needs the channel's scratch memory");
   const int64_t pe = c.far_piece_elems();
-  std::vector<int64_t> off(n), cnt(n);
-  int64_t max_cnt = 0;
-  for (int k = 0; k < n; ++k) {
-    off[k] = ring::ar_chunk_offset(count, n, static_cast<int64_t>(es), k);
-    cnt[k] = ring::ar_chunk_count(count, n, static_cast<int64_t>(es), k);
-    max_cnt = std::max(max_cnt, cnt[k]);
-  }
+  const Chunks chunks = all_reduce_chunks(count, n, es);
+  const std::vector<int64_t>& off = chunks.off;
+  const std::vector<int64_t>& cnt = chunks.cnt;
+  const int64_t max_cnt = chunks.max_cnt;
   const int64_t np = (max_cnt + pe - 1) / pe;
   const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
   for (int64_t j = 0; j < np; ++j) {

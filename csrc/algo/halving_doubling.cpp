@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "algo/chunks.h"
 #include "algo/pieces.h"
 #include "algo/ring_schedule.h"
 #include "kernels/reduce_cpu.h"
@@ -222,13 +223,10 @@ void halving_doubling_all_reduce(const AlgoCtx& c, const char* in, char* out, in
   const Plan plan = make_plan(r, n);
   const int64_t u = c.far_piece_elems();
   const size_t pb = c.ch->far_piece_bytes();
-  std::vector<int64_t> off(n), cnt(n);
-  int64_t max_cnt = 0;
-  for (int k = 0; k < n; ++k) {
-    off[k] = ring::ar_chunk_offset(count, n, static_cast<int64_t>(es), k);
-    cnt[k] = ring::ar_chunk_count(count, n, static_cast<int64_t>(es), k);
-    max_cnt = std::max(max_cnt, cnt[k]);
-  }
+  const Chunks chunks = all_reduce_chunks(count, n, es);
+  const std::vector<int64_t>& off = chunks.off;
+  const std::vector<int64_t>& cnt = chunks.cnt;
+  const int64_t max_cnt = chunks.max_cnt;
   // Staging: one unit-sized place per received input unit, the same places every iteration.
   const size_t unit_bytes = static_cast<size_t>(u) * es;
   if (c.staging->size() < plan.nstaged * unit_bytes) c.staging->resize(plan.nstaged * unit_bytes);
