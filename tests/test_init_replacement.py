@@ -70,7 +70,7 @@ def test_generation_rule_in_every_arrival_order(tmp_path):
     assert _claims(s, 0, 2, 1) == [1, 1, 1]          # survivors first, then the replacement
     assert _claims(s, 1, 2, 0) == [2, 2, 2]          # replacement first
     assert not rdzv.generation_abandoned(s, "ringcomm", 2)
-    # Rank 0 inits twice (its first re-init gave up): 3 then 4; ranks waiting in 3 see it passed
+    # Rank 0 inits twice (its first re-init failed): 3 then 4; ranks waiting in 3 see it passed
     # and the others, arriving later, start at the newest opened generation.
     assert _claims(s, 0, 0) == [3, 4]
     assert rdzv.generation_abandoned(s, "ringcomm", 3)
@@ -83,7 +83,7 @@ def test_generation_rule_in_every_arrival_order(tmp_path):
     assert _claims(s2, 0) == [1]                     # a survivor waits in 1 ...
     rdzv.close_generation(s2, "ringcomm", 1, ringcomm.TimeoutError("the ranks that never arrived: [1]"), 0)
     assert rdzv.generation_abandoned(s2, "ringcomm", 1)
-    with pytest.raises(ringcomm.TimeoutError, match=r"rank 0 gave up.*never arrived: \[1\]"):
+    with pytest.raises(ringcomm.TimeoutError, match=r"rank 0 failed during init.*never arrived: \[1\]"):
         rdzv.check_generation(s2, "ringcomm", 1, 2)    # a rank waiting in 1 reports the cause
     assert _claims(s2, 1, 0) == [2, 2]               # ... times out; the late replacement and its retry meet in 2
     # Generations of different roots (elastic attempts) are independent.

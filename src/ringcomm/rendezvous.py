@@ -279,13 +279,14 @@ def check_generation(store, root: str, g: int, rank: int) -> None:
 
 def close_generation(store, root: str, g: int, error: BaseException, rank: int) -> None:
     """Mark generation ``g`` dead after this rank's init in it failed with ``error``: the ranks
-    waiting in it raise the same cause (``check_generation``) and later claimants skip it. The
-    first closer's cause stays. Best effort (the failure being raised is what matters)."""
+    waiting in it raise the same cause (``check_generation``), in the words of the failure marker
+    (host.shm_communicator), so a waiter reports it the same whichever it sees first; later
+    claimants skip it. The first closer's cause stays. Best effort (the failure being raised is what matters)."""
     key = f"{root}/{g}/gen-closed"
     try:
         if not _has(store, key):
             kind = "TimeoutError" if isinstance(error, TimeoutError) else type(error).__name__
-            store.set(key, f"{kind}|rank {rank} gave up: {type(error).__name__}: {error}"[:1000])
+            store.set(key, f"{kind}|rank {rank} failed during init: {type(error).__name__}: {error}"[:1000])
     except Exception:  # noqa: BLE001 - the init failure is the error to report
         pass
 
