@@ -147,6 +147,18 @@ namespace {
 bool split(CpuPool* pool, size_t min_bytes, size_t bytes) {
   return pool != nullptr && pool->threads() > 1 && bytes >= min_bytes && bytes > 0;
 }
+// Runs fn(lo, hi) on every thread of the pool for its non-empty share [lo, hi) of n elements of
+// es bytes (split_range), and returns when every share is done.
+template <class Fn>
+void for_each_range(CpuPool* pool, size_t n, size_t es, Fn fn) {
+  const int parts = pool->threads();
+  pool->run([&](int k) {
+    size_t lo, hi;
+    split_range(n, es, parts, k, &lo, &hi);
+    if (hi > lo) fn(lo, hi);
+  });
+}
+
 }  // namespace
 
 void reduce_split(CpuPool* pool, size_t min_bytes, void* dst, const void* a, const void* b, size_t n,
@@ -157,13 +169,9 @@ void reduce_split(CpuPool* pool, size_t min_bytes, void* dst, const void* a, con
     return;
   }
   check_reduce_supported(dt, op);
-  const int parts = pool->threads();
-  pool->run([&](int k) {
-    size_t lo, hi;
-    split_range(n, es, parts, k, &lo, &hi);
-    if (hi > lo)
-      reduce_cpu(static_cast<char*>(dst) + lo * es, static_cast<const char*>(a) + lo * es,
-                 static_cast<const char*>(b) + lo * es, hi - lo, dt, op, scale);
+  for_each_range(pool, n, es, [&](size_t lo, size_t hi) {
+    reduce_cpu(static_cast<char*>(dst) + lo * es, static_cast<const char*>(a) + lo * es,
+               static_cast<const char*>(b) + lo * es, hi - lo, dt, op, scale);
   });
 }
 
@@ -172,11 +180,8 @@ void copy_split(CpuPool* pool, size_t min_bytes, void* dst, const void* src, siz
     copy_to_peer(dst, src, bytes, stream);
     return;
   }
-  const int parts = pool->threads();
-  pool->run([&](int k) {
-    size_t lo, hi;
-    split_range(bytes, 1, parts, k, &lo, &hi);
-    if (hi > lo) copy_to_peer(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, hi - lo, stream);
+  for_each_range(pool, bytes, 1, [&](size_t lo, size_t hi) {
+    copy_to_peer(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, hi - lo, stream);
   });
 }
 
@@ -189,11 +194,7 @@ void reduce_stream_split(CpuPool* pool, size_t min_bytes, char* slot, char* scra
     return;
   }
   check_reduce_supported(dt, op);
-  const int parts = pool->threads();
-  pool->run([&](int k) {
-    size_t lo, hi;
-    split_range(n, es, parts, k, &lo, &hi);
-    if (hi == lo) return;
+  for_each_range(pool, n, es, [&](size_t lo, size_t hi) {
     reduce_cpu(scratch + lo * es, static_cast<const char*>(a) + lo * es, static_cast<const char*>(b) + lo * es,
                hi - lo, dt, op, 1.0);
     copy_to_peer(slot + lo * es, scratch + lo * es, (hi - lo) * es, true);
