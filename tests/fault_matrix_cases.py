@@ -209,6 +209,10 @@ def _victim_kill(d, rank, world, case):
     while not watch():
         if h.is_completed() or time.monotonic() > t_end:
             return {"missed": "the collective finished before any data was seen"}
+    # A poller descheduled for the rest of the data phase sees the first data only once the
+    # collective is done: killing now would inject nothing.
+    if h.is_completed():
+        return {"missed": "the collective finished while its first data was being watched for"}
     os.kill(os.getpid(), signal.SIGKILL)
     return {}
 
