@@ -44,9 +44,9 @@ def model_for(big: bool) -> nn.Module:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
     if big:
-        # outside the forward (its gradient is zeros): a 16 MiB all_reduce, long enough to
-        # still move data when the peer dies, without changing the small model's numerics
-        model.pad = nn.Parameter(torch.zeros(4 << 20))
+        # outside the forward (its gradient is zeros): a 64 MiB all_reduce, several times longer
+        # than the peer's delay before it dies, without changing the small model's numerics
+        model.pad = nn.Parameter(torch.zeros(16 << 20))
     return model
 
 
