@@ -12,9 +12,10 @@ best measured algorithm (the target: at least 90%).
 Without --profile the script runs ``python -m ringcomm.tune`` first and judges that profile. Each
 bench run is one process group per (world, algorithm), sizes within a run sharing it; the runs
 are repeated --repeat times, the algorithms in a rotated order each round, and a cell keeps the
-least of its medians (a whole run can land in a slow scheduling state on a busy machine). A
-cell's "model" time is the auto runs'; "best" is the least among the forced runs and the auto
-runs (the LL protocol, which only auto runs, competes through it).
+least of its medians (a whole run can land in a slow scheduling state on a busy machine). LL is
+forced through the size rule (RINGCOMM_MODEL_MIN_WORLD above the world, sizes up to --ll-max). A
+cell's "model" time is the auto runs'; "best" is the least among the forced runs, LL's included;
+the model's choice is timed by its forced runs.
 """
 from __future__ import annotations
 
@@ -40,11 +41,11 @@ def size_name(b: int) -> str:
     return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB" if b >= 1 << 10 else f"{b} B"
 
 
-def bench(world: int, env_extra: dict, a, tmp: str, tag: str) -> dict:
-    """{size: (median_s, min_s)} of one bench run under env_extra."""
+def bench(world: int, env_extra: dict, a, tmp: str, tag: str, maxbytes: str | None = None) -> dict:
+    """{size: (median_s, min_s)} of one bench run under env_extra (sizes up to maxbytes, default -e)."""
     path = os.path.join(tmp, f"{tag}_{world}.json")
     cmd = [sys.executable, "-m", "ringcomm.bench", "-np", str(world), "--ops", "all_reduce", "-b", a.minbytes,
-           "-e", a.maxbytes, "-f", str(a.stepfactor), "--peers", "none", "--no-inplace",
+           "-e", maxbytes or a.maxbytes, "-f", str(a.stepfactor), "--peers", "none", "--no-inplace",
            "--time-budget", str(a.time_budget), "--min-iters", "5", "--json", path]
     env = dict(os.environ, **env_extra)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.run_timeout)
@@ -70,20 +71,22 @@ def choice(world: int, size: int, env_extra: dict) -> str:
 
 def judge(raw: dict) -> list:
     """Cells of {world: {config: {size: (median_s, min_s)}}}. The model's choice is timed by its
-    own forced runs (by the auto runs where it is the LL protocol, which nothing forces) and
-    "best" is the least forced time (or the auto runs' where they ran LL): the same number of runs
-    on both sides of the comparison."""
+    own forced runs (LL's by the "ll" runs; in runs saved without them, by the auto runs) and
+    "best" is the least forced time: the same number of runs on both sides of the comparison."""
     cells = []
     for w in sorted(raw, key=int):
         runs = raw[w]
         for size in sorted(runs["model"], key=int):
-            med = {k: runs[k][size][0] for k in runs if k != "choice"}
+            med = {k: runs[k][size][0] for k in runs if k != "choice" and size in runs[k]}
             picked = runs["choice"][size]
             algo, _, proto = picked.partition("/")
-            model_s = med["model"] if proto == "ll" else med[algo]
+            # LL: its own forced runs where the run has them ("ll", sizes up to the LL limit),
+            # else the auto runs' (older runs measured LL only through auto).
+            ll_name = "ll" if "ll" in med else "model"
+            model_s = med[ll_name] if proto == "ll" else med[algo]
             pool = {k: v for k, v in med.items() if k != "model"}
             if proto == "ll":
-                pool["model"] = med["model"]
+                pool[ll_name] = med[ll_name]
             best_name = min(pool, key=pool.get)
             cells.append({"world": int(w), "size": int(size), "model": picked, "median_s": med, "best": best_name,
                           "ratio": model_s / pool[best_name], "ok": model_s <= TOLERANCE * pool[best_name]})
@@ -98,21 +101,21 @@ def render(cells: list, prof: dict, cmd: str, note: str) -> str:
              f"{prof['params']['cpus']:g}. Float32 SUM all_reduce, out of place, the least of the runs' medians "
              "per cell (`python -m ringcomm.bench`). The forced columns run one algorithm each; \"model\" is "
              "RINGCOMM_ALGO=auto with RINGCOMM_MODEL_MIN_WORLD=2 (the model decides at every world) and its choice "
-             "is named. A cell counts when the chosen algorithm's forced time (the auto runs' for LL, which "
-             "nothing forces) is within 15% of the least forced one. Times in microseconds; the least per row "
+             "is named; \"ll\" forces LL through the size rule. A cell counts when the chosen algorithm's forced "
+             "time is within 15% of the least forced one. Times in microseconds; the least per row "
              "in bold.", "",
              f"**Model within 15% of the best: {ok}/{len(cells)} cells = {100 * ok / max(1, len(cells)):.0f}%**", ""]
     for n in sorted({c["world"] for c in cells}):
         mine = [c for c in cells if c["world"] == n]
         lines.append(f"- {n} ranks: {sum(c['ok'] for c in mine)}/{len(mine)}")
     lines.append("")
-    names = FORCED + ["model"]
+    names = FORCED + (["ll"] if any("ll" in c["median_s"] for c in cells) else []) + ["model"]
     lines.append("| ranks | size | model's choice | " + " | ".join(names) + " | choice / best |")
     lines.append("|---|---|---|" + "---|" * len(names) + "---|")
     for c in cells:
         best = min(c["median_s"].values())
-        row = [f"**{c['median_s'][k] * 1e6:.0f}**" if c["median_s"][k] == best else f"{c['median_s'][k] * 1e6:.0f}"
-               for k in names]
+        row = ["" if k not in c["median_s"] else f"**{c['median_s'][k] * 1e6:.0f}**"
+               if c["median_s"][k] == best else f"{c['median_s'][k] * 1e6:.0f}" for k in names]
         lines.append(f"| {c['world']} | {size_name(c['size'])} | {c['model']} | " + " | ".join(row)
                      + f" | {c['ratio']:.2f}{'' if c['ok'] else ' (miss)'} |")
     return "\n".join(lines) + "\n"
@@ -126,6 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("-e", "--maxbytes", default="16M")
     ap.add_argument("-f", "--stepfactor", type=int, default=4)
     ap.add_argument("--time-budget", type=float, default=0.05, help="bench seconds of timed calls per size")
+    ap.add_argument("--ll-max", default="4K", help="LL's limit (RINGCOMM_LL_MAX_BYTES): sizes up to it are "
+                    "also timed with LL forced")
     ap.add_argument("--repeat", type=int, default=2, help="rounds of runs; a cell keeps its least median")
     ap.add_argument("--run-timeout", type=float, default=600)
     ap.add_argument("--out", default="docs/model_check.md")
@@ -160,10 +165,16 @@ def main(argv=None) -> int:
     cells, raw = [], {}
     for n in worlds:
         configs = [(algo, {"RINGCOMM_ALGO": algo}) for algo in FORCED] + [("model", auto_env)]
+        ll_max = parse_size(a.ll_max)
+        if ll_max >= parse_size(a.minbytes):
+            # LL, forced the only way it can be: the size rule (the model never decides below
+            # this world) with LL up to ll_max, run on the sizes LL takes.
+            configs.append(("ll", {"RINGCOMM_ALGO": "auto", "RINGCOMM_MODEL_MIN_WORLD": str(1 << 30),
+                                   "RINGCOMM_LL_MAX_BYTES": str(ll_max)}))
         runs = {}
         for r in range(a.repeat):
             for name, env in configs[r % len(configs):] + configs[:r % len(configs)]:
-                got = bench(n, env, a, tmp, f"{name}{r}")
+                got = bench(n, env, a, tmp, f"{name}{r}", a.ll_max if name == "ll" else None)
                 prev = runs.setdefault(name, got)
                 for size, (med, mn) in got.items():
                     prev[size] = (min(prev[size][0], med), min(prev[size][1], mn))
