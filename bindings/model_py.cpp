@@ -98,22 +98,25 @@ void bind_model(py::module_& m) {
   m.def("_load_profile", [](const std::string& path) { return to_dict(rc::load_profile(path)); }, py::arg("path"));
   m.def("_model_seconds",
         [](const std::string& algo, const std::string& proto, int64_t bytes, int world, const py::object& params,
-           int64_t ring_piece, int64_t far_piece) {
+           int64_t ring_piece, int64_t far_piece, int64_t far_depth) {
           return rc::model_seconds(from_params(params), algo_of(algo), proto_of(proto), bytes, world,
-                                   rc::PieceSizes{ring_piece, far_piece});
+                                   rc::PieceSizes{ring_piece, far_piece, far_depth});
         },
         py::arg("algo"), py::arg("proto"), py::arg("bytes"), py::arg("world_size"), py::arg("params") = py::none(),
-        py::arg("ring_piece") = rc::PieceSizes{}.ring, py::arg("far_piece") = rc::PieceSizes{}.far);
+        py::arg("ring_piece") = rc::PieceSizes{}.ring, py::arg("far_piece") = rc::PieceSizes{}.far,
+        py::arg("far_depth") = rc::PieceSizes{}.far_depth);
   m.def("_model_choose",
         [](int64_t bytes, int world, int64_t ll_bytes, bool header_in_slot, const py::object& params,
-           int64_t ring_piece, int64_t far_piece) {
+           int64_t ring_piece, int64_t far_piece, int64_t far_depth) {
           const rc::ModelChoice c = rc::model_choose(from_params(params), bytes, world,
-                                                     rc::PieceSizes{ring_piece, far_piece}, ll_bytes, header_in_slot);
+                                                     rc::PieceSizes{ring_piece, far_piece, far_depth}, ll_bytes,
+                                                     header_in_slot);
           return py::make_tuple(rc::algo_name(c.algo), rc::proto_name(c.proto));
         },
         py::arg("bytes"), py::arg("world_size"), py::arg("ll_bytes"), py::arg("header_in_slot") = true,
         py::arg("params") = py::none(), py::arg("ring_piece") = rc::PieceSizes{}.ring,
-        py::arg("far_piece") = rc::PieceSizes{}.far, "(algorithm, protocol) the cost model picks (comm/cost_model.h)");
+        py::arg("far_piece") = rc::PieceSizes{}.far, py::arg("far_depth") = rc::PieceSizes{}.far_depth,
+        "(algorithm, protocol) the cost model picks (comm/cost_model.h)");
   m.def("_hd_work", [](int rank, int world) { return work_dict(rc::halving_doubling_work(rank, world)); },
         py::arg("rank"), py::arg("world_size"), "halving_doubling's plan counted for one rank (chunk units)");
   m.def("_hd_work_rank0", [](int world) { return work_dict(rc::halving_doubling_work_of_rank0(world)); },

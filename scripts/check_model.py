@@ -1,31 +1,37 @@
 """Judge the all_reduce cost model by measurement: for each world size and message size, time every
-forced algorithm (RINGCOMM_ALGO=ring|direct|two_shot|halving_doubling) and the model's own choice
-(RINGCOMM_ALGO=auto with RINGCOMM_MODEL_MIN_WORLD=2, so the model decides at every world, and
-RINGCOMM_PROFILE set) with ``python -m ringcomm.bench`` (short runs, float32 SUM, out of place),
-and report the fraction of (size, world) cells where the model's choice is within 15% of the
-best measured algorithm (the target: at least 90%).
+forced algorithm (RINGCOMM_ALGO=ring|direct|two_shot|halving_doubling, and LL) and the model's own
+choice (RINGCOMM_ALGO=auto with RINGCOMM_MODEL_MIN_WORLD=2, so the model decides at every world,
+and RINGCOMM_PROFILE set), float32 SUM, out of place, and report the fraction of (size, world)
+cells where the model's choice is within 15% of the best measured algorithm (the target: at least
+90%).
 
-    python scripts/check_model.py [--profile FILE] [-np 2,4,8] [-b 1K] [-e 16M] [-f 4] [--repeat 2] \
+    python scripts/check_model.py [--profile FILE] [-np 2,4,8] [-b 1K] [-e 16M] [-f 4] [--rounds 10] \
         [--out docs/model_check.md] [--json docs/bench/model_check.json]
     python scripts/check_model.py --from RUN.json [RUN.json ...] [--out docs/model_check.md]
 
-Without --profile the script runs ``python -m ringcomm.tune`` first and judges that profile. Each
-bench run is one process group per (world, algorithm), sizes within a run sharing it; the runs
-are repeated --repeat times, the algorithms in a rotated order each round, and a cell keeps the
-least of its medians (a whole run can land in a slow scheduling state on a busy machine). LL is
-forced through the size rule (RINGCOMM_MODEL_MIN_WORLD above the world, sizes up to --ll-max). A
-cell's "model" time is the auto runs'; "best" is the least among the forced runs, LL's included;
-the model's choice is timed by its forced runs.
+Without --profile the script runs ``python -m ringcomm.tune`` first and judges that profile.
+
+The algorithms are compared side by side, in the same run: per world one group of spawned ranks
+holds one communicator per configuration (each created under its own knobs), and for each size
+the configurations take turns, --rounds rounds of a few calls each, in a rotated order. Every
+configuration thus meets the same scheduling states (on ranks that outnumber the CPUs, a whole
+run can land in a slow one). A configuration's time is the median of its calls (each rank's
+median, the largest over the ranks). LL is forced through the size rule (RINGCOMM_MODEL_MIN_WORLD
+above the world, sizes up to --ll-max). The model's choice is timed by its forced
+configuration; "model" (the auto communicator) is shown beside them as a check.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 FORCED = ["ring", "direct", "two_shot", "halving_doubling"]
 TOLERANCE = 1.15
@@ -41,22 +47,55 @@ def size_name(b: int) -> str:
     return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB" if b >= 1 << 10 else f"{b} B"
 
 
-def bench(world: int, env_extra: dict, a, tmp: str, tag: str, maxbytes: str | None = None) -> dict:
-    """{size: (median_s, min_s)} of one bench run under env_extra (sizes up to maxbytes, default -e)."""
-    path = os.path.join(tmp, f"{tag}_{world}.json")
-    cmd = [sys.executable, "-m", "ringcomm.bench", "-np", str(world), "--ops", "all_reduce", "-b", a.minbytes,
-           "-e", maxbytes or a.maxbytes, "-f", str(a.stepfactor), "--peers", "none", "--no-inplace",
-           "--time-budget", str(a.time_budget), "--min-iters", "5", "--json", path]
-    env = dict(os.environ, **env_extra)
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.run_timeout)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} ({env_extra}) failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    with open(path) as f:
-        doc = json.load(f)
+def calls_per_turn(nbytes: int) -> int:
+    """Calls a configuration makes per turn: a few milliseconds of work at any size."""
+    return max(3, min(50, (1 << 20) // max(nbytes, 1)))
+
+
+def _paired_rank(rank: int, world: int, store: str, configs: list, sizes: list, rounds: int) -> dict:
+    """This rank's median seconds per call {config: {size: median}}: every configuration's
+    communicator on these ranks, taking turns per size (configs: (name, env, max_bytes))."""
+    from ringcomm.tune import _comm_under
+    comms = {name: _comm_under(env, rank, world, f"{store}-{name}") for name, env, _ in configs}
+    limit = {name: mx for name, _, mx in configs}
+    out = {name: {} for name in comms}
+    try:
+        for size in sizes:
+            x = np.zeros(size // 4, np.float32)
+            y = np.empty_like(x)
+            names = [n for n in comms if size <= limit[n]]
+            k = calls_per_turn(size)
+            per_call = {n: [] for n in names}
+            for n in names:                       # warm-up: first-use channels, caches
+                for _ in range(2):
+                    comms[n].all_reduce(x, output=y)
+            for r in range(rounds):
+                for n in names[r % len(names):] + names[:r % len(names)]:
+                    c = comms[n]
+                    c.barrier()
+                    for _ in range(k):
+                        t0 = time.perf_counter()
+                        c.all_reduce(x, output=y)
+                        per_call[n].append(time.perf_counter() - t0)
+            for n in names:
+                out[n][size] = statistics.median(per_call[n])
+    finally:
+        for c in comms.values():
+            c.close()
+    return out
+
+
+def paired(world: int, configs: list, sizes: list, rounds: int, timeout: float) -> dict:
+    """{config: {size: (median_s, median_s)}}: the largest of the ranks' medians (the pair keeps the
+    shape of runs saved by earlier versions, (median, min))."""
+    from ringcomm.launch import spawn
+    d = tempfile.mkdtemp(prefix="ringcomm-check-model-")
+    res = spawn(_paired_rank, world, (os.path.join(d, "store"), configs, sizes, rounds), timeout=timeout)
     out = {}
-    for row in doc["tables"][0]["rows"]:
-        res = row["libs"]["ringcomm/out-of-place"]
-        out[row["size"]] = (res["time_s"], res["min_s"])
+    for name, _, _ in configs:
+        for size in res[0][name]:
+            med = max(r[name][size] for r in res)
+            out.setdefault(name, {})[size] = (med, med)
     return out
 
 
@@ -98,11 +137,12 @@ def render(cells: list, prof: dict, cmd: str, note: str) -> str:
     lines = ["# The cost model judged by measurement", "",
              f"Command: `{cmd}`. Generated by scripts/check_model.py; do not edit by hand.", "", note, "",
              f"Profile: hash `{prof['hash']}`, {prof.get('machine', {}).get('processor', '?')}, cpus "
-             f"{prof['params']['cpus']:g}. Float32 SUM all_reduce, out of place, the least of the runs' medians "
-             "per cell (`python -m ringcomm.bench`). The forced columns run one algorithm each; \"model\" is "
-             "RINGCOMM_ALGO=auto with RINGCOMM_MODEL_MIN_WORLD=2 (the model decides at every world) and its choice "
-             "is named; \"ll\" forces LL through the size rule. A cell counts when the chosen algorithm's forced "
-             "time is within 15% of the least forced one. Times in microseconds; the least per row "
+             f"{prof['params']['cpus']:g}. Float32 SUM all_reduce, out of place; per world one group of ranks holds a "
+             "communicator per column and they take turns per size (scripts/check_model.py); a cell is the median "
+             "per call (the largest of the ranks' medians). The forced columns run one algorithm each, \"ll\" forces LL "
+             "through the size rule; \"model\" is RINGCOMM_ALGO=auto with RINGCOMM_MODEL_MIN_WORLD=2 (the model "
+             "decides at every world) and its choice is named. A cell counts when the chosen algorithm's forced time "
+             "is within 15% of the least forced one. Times in microseconds; the least per row "
              "in bold.", "",
              f"**Model within 15% of the best: {ok}/{len(cells)} cells = {100 * ok / max(1, len(cells)):.0f}%**", ""]
     for n in sorted({c["world"] for c in cells}):
@@ -128,10 +168,9 @@ def main(argv=None) -> int:
     ap.add_argument("-b", "--minbytes", default="1K")
     ap.add_argument("-e", "--maxbytes", default="16M")
     ap.add_argument("-f", "--stepfactor", type=int, default=4)
-    ap.add_argument("--time-budget", type=float, default=0.05, help="bench seconds of timed calls per size")
     ap.add_argument("--ll-max", default="4K", help="LL's limit (RINGCOMM_LL_MAX_BYTES): sizes up to it are "
                     "also timed with LL forced")
-    ap.add_argument("--repeat", type=int, default=2, help="rounds of runs; a cell keeps its least median")
+    ap.add_argument("--rounds", type=int, default=10, help="turns each configuration takes per size")
     ap.add_argument("--run-timeout", type=float, default=600)
     ap.add_argument("--out", default="docs/model_check.md")
     ap.add_argument("--json", default="docs/bench/model_check.json")
@@ -162,28 +201,27 @@ def main(argv=None) -> int:
         prof = json.load(f)
     auto_env = {"RINGCOMM_ALGO": "auto", "RINGCOMM_PROFILE": os.path.abspath(profile), "RINGCOMM_MODEL_MIN_WORLD": "2"}
     worlds = [int(w) for w in a.worlds.split(",")]
-    cells, raw = [], {}
+    sizes, size = [], parse_size(a.minbytes)
+    while size <= parse_size(a.maxbytes):
+        sizes.append(size)
+        size *= a.stepfactor
+    big = 1 << 62
+    configs = [(algo, {"RINGCOMM_ALGO": algo}, big) for algo in FORCED] + [("model", auto_env, big)]
+    ll_max = parse_size(a.ll_max)
+    if ll_max >= sizes[0]:
+        # LL, forced the only way it can be: the size rule (the model never decides below this
+        # world) with LL up to ll_max, on the sizes LL takes.
+        configs.append(("ll", {"RINGCOMM_ALGO": "auto", "RINGCOMM_MODEL_MIN_WORLD": str(1 << 30),
+                               "RINGCOMM_LL_MAX_BYTES": str(ll_max)}, ll_max))
+    raw = {}
     for n in worlds:
-        configs = [(algo, {"RINGCOMM_ALGO": algo}) for algo in FORCED] + [("model", auto_env)]
-        ll_max = parse_size(a.ll_max)
-        if ll_max >= parse_size(a.minbytes):
-            # LL, forced the only way it can be: the size rule (the model never decides below
-            # this world) with LL up to ll_max, run on the sizes LL takes.
-            configs.append(("ll", {"RINGCOMM_ALGO": "auto", "RINGCOMM_MODEL_MIN_WORLD": str(1 << 30),
-                                   "RINGCOMM_LL_MAX_BYTES": str(ll_max)}))
-        runs = {}
-        for r in range(a.repeat):
-            for name, env in configs[r % len(configs):] + configs[:r % len(configs)]:
-                got = bench(n, env, a, tmp, f"{name}{r}", a.ll_max if name == "ll" else None)
-                prev = runs.setdefault(name, got)
-                for size, (med, mn) in got.items():
-                    prev[size] = (min(prev[size][0], med), min(prev[size][1], mn))
+        runs = paired(n, configs, sizes, a.rounds, a.run_timeout)
         raw[str(n)] = {k: {str(s): v for s, v in r.items()} for k, r in runs.items()}
-        raw[str(n)]["choice"] = {str(size): choice(n, size, auto_env) for size in runs["model"]}
+        raw[str(n)]["choice"] = {str(size): choice(n, size, auto_env) for size in sizes}
         print(f"world {n} done ({time.time() - t0:.0f} s)", file=sys.stderr)
     cmd = "python scripts/check_model.py " + " ".join(argv if argv is not None else sys.argv[1:])
     note = (f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} in {time.time() - t0:.0f} s, "
-            f"{a.repeat} rounds, `--time-budget {a.time_budget}` per size.")
+            f"{a.rounds} rounds side by side.")
     cells = judge(raw)
     text = render(cells, prof, cmd.strip(), note)
     if a.out:

@@ -11,6 +11,9 @@ with tiny slots, every dtype x op, bit for bit the ring's result (one group of r
 """
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -52,28 +55,33 @@ def hd_work(n):
     return {"steps": steps, "sent": sent, "received": recv, "combined": owners.count(0)}
 
 
-def py_seconds(p, algo, proto, M, n, ring=256 * KiB, far=32 * KiB):
+def py_seconds(p, algo, proto, M, n, ring=256 * KiB, far=32 * KiB, depth=16):
     """docs/algorithms.md's cost formulas."""
     cdiv = lambda a, b: math.ceil(a / b) if a > 0 else 0   # noqa: E731
-    S = C = R = L = 0.0
+    refills = lambda slots: max(0, cdiv(slots, depth) - 1)   # noqa: E731
+    S = C = R = L = E = 0.0
     if proto == "ll":
         H, L, R = 1, n * M, (n - 1) * M
     elif algo == "direct":
         H = 1 if proto == "header_in_slot" else 2
         S, C, R = (n - 1) * max(1, cdiv(M, far)), (n - 1) * M, (n - 1) * M
+        E = refills(cdiv(M, far))
     elif algo == "two_shot":
         H, S, C, R = 3, 2 * (n - 1) * cdiv(M / n, far), 3 * (n - 1) / n * M, (n - 1) / n * M
+        E = 2 * refills(cdiv(M / n, far))
     elif algo == "ring":
         H = 2 * (n - 1) + 1
         S, C, R = 2 * (n - 1) * cdiv(M / n, ring), (2 * n - 1) / n * M, (n - 1) / n * M
+        E = 2 * (n - 1) * max(0, cdiv(M / n, ring) - 1)
     else:
         w = hd_work(n)
         H = w["steps"] + 1
         S = max(w["steps"], cdiv(w["sent"] * M / n, far))
         C, R = (w["sent"] + w["received"]) * M / n, w["combined"] * (n - 1) * M / n
+        E = max(0, cdiv(S, depth) - w["steps"])
     shared = p["cpus"] > 0 and n > p["cpus"]
     f = n / p["cpus"] if shared else 1.0
-    lat = H * (p["alpha_shared_s"] * f if shared else p["alpha_s"])
+    lat = (H + E) * p["alpha_shared_s"] * f if shared else H * p["alpha_s"]
     return lat + f * (S * p["slot_s"] + C / p["copy_Bps"] + R / p["reduce_Bps"] + L / p["ll_Bps"])
 
 
@@ -141,6 +149,22 @@ def test_model_choices_at_landmarks():
     assert ring[1] / ring[0] > 7 and hd[1] / hd[0] < 2.5
 
 
+def test_pieces_cost_rounds_only_where_ranks_share_cpus():
+    # A ring chunk in two pieces against one: 2(N-1) more slots, and where ranks share the CPUs
+    # a round of switches for each later piece; outbox pieces a round per outbox-full.
+    n, M = 8, 8 * 512 * KiB
+    for p, rounds in ((SHARED, True), (MANY, False)):
+        f = n / p["cpus"] if rounds else 1.0
+        two = _C._model_seconds("ring", "simple", M, n, params=p, ring_piece=256 * KiB)
+        one = _C._model_seconds("ring", "simple", M, n, params=p, ring_piece=512 * KiB)
+        extra = 2 * (n - 1) * (p["slot_s"] * f + (p["alpha_shared_s"] * f if rounds else 0))
+        assert two - one == pytest.approx(extra, rel=1e-9), p
+        shallow = _C._model_seconds("two_shot", "simple", M, n, params=p, far_depth=2)
+        deep = _C._model_seconds("two_shot", "simple", M, n, params=p, far_depth=16)
+        # 16 pieces of a 512 KiB chunk: 8 outbox-fulls of 2 against one of 16, in both phases
+        assert shallow - deep == pytest.approx(2 * 7 * p["alpha_shared_s"] * f if rounds else 0, rel=1e-9, abs=1e-15)
+
+
 def test_defaults_keep_the_measured_thresholds_below_the_model_world(knobs):
     """2-4 ranks: auto is the size rule (tests/test_select.py's table); from 5 ranks the model."""
     dflt = _C._default_profile()
@@ -200,6 +224,28 @@ def test_profile_file_round_trip_and_refusals(knobs, tmp_path):
     refused(lambda d: d.update(format="other"), "not a ringcomm profile")
     with pytest.raises(ringcomm.InvalidArgumentError, match="cannot be read"):
         _C._load_profile(str(tmp_path / "missing.json"))
+
+
+@pytest.mark.timeout(300)
+def test_tune_measures_a_profile_the_core_loads(tmp_path):
+    """`python -m ringcomm.tune --quick` on this machine: 2 spawned ranks and one process's kernels
+    give a profile file the core reads back, with every parameter in a physical range."""
+    out = tmp_path / "tuned.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
+    r = subprocess.run([sys.executable, "-m", "ringcomm.tune", "--quick", "-o", str(out)], env=env,
+                       capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    assert _C._load_profile(str(out))["hash"] == doc["hash"] and doc["hash"] in r.stdout
+    p = doc["params"]
+    assert list(p) == list(_C.PROFILE_PARAMS)
+    assert p["cpus"] == len(os.sched_getaffinity(0))
+    for k in ("alpha_s", "alpha_shared_s", "slot_s"):
+        assert 1e-9 < p[k] < 1e-2, (k, p)
+    for k in ("copy_Bps", "reduce_Bps", "ll_Bps"):
+        assert 1e8 < p[k] < 1e13, (k, p)
+    m = doc["measured"]["allreduce_2ranks_s"]
+    assert m["ll_65536"] > m["ll_4096"] > 0 and m["ring_64K_256B_slots"] > m["ring_64K"] > 0, m
 
 
 @pytest.mark.timeout(120)

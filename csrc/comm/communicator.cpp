@@ -24,6 +24,7 @@ DeviceCaps HostDevice::caps_for(const ShmConfig& cfg) {
   d.streaming_stores = true;
   d.pieces.ring = static_cast<int64_t>(cfg.slot_bytes);
   d.pieces.far = static_cast<int64_t>(cfg.far_slot_bytes > 0 ? std::min(cfg.far_slot_bytes, cfg.slot_bytes) : cfg.slot_bytes);
+  d.pieces.far_depth = cfg.far_nslots > 0 ? static_cast<int64_t>(cfg.far_nslots) : d.pieces.far_depth;
   return d;
 }
 

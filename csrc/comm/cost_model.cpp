@@ -164,7 +164,10 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
                pr = static_cast<double>(ps.ring);
   // H steps (hand-offs on the critical path); S slots handed over; C, R, L bytes copied, reduced,
   // moved through LL lines. "+ 1": the header exchange where the data does not carry the header.
-  double H = 0, S = 0, C = 0, R = 0, L = 0;
+  // E: the rounds of switches later pieces add where ranks share CPUs (cost_model.h).
+  const double depth = static_cast<double>(std::max<int64_t>(1, ps.far_depth));
+  auto refills = [&](double slots) { return std::max(0.0, ceil_div(slots, depth) - 1); };
+  double H = 0, S = 0, C = 0, R = 0, L = 0, E = 0;
   if (algo == Algo::kDirect && proto == Proto::kLL) {
     H = 1;
     L = n * M;                // own lines written, every peer's read
@@ -173,16 +176,19 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
     const bool fused = proto == Proto::kHeaderInSlot;
     H = fused ? 1 : 2;
     S = (n - 1) * std::max(1.0, ceil_div(M, pf));
+    E = refills(ceil_div(M, pf));
     C = (n - 1) * M;          // the input into every peer's slot
     R = (n - 1) * M;          // every rank combines every element
   } else if (algo == Algo::kTwoShot && proto == Proto::kSimple) {
     H = 3;                    // header, reduce-scatter, all-gather
     S = 2 * (n - 1) * ceil_div(M / n, pf);
+    E = 2 * refills(ceil_div(M / n, pf));
     C = 3 * (n - 1) / n * M;  // chunks out, the reduced chunk out, the others' in
     R = (n - 1) / n * M;
   } else if (algo == Algo::kRing && proto == Proto::kSimple) {
     H = 2 * (n - 1) + 1;
     S = 2 * (n - 1) * ceil_div(M / n, pr);
+    E = 2 * (n - 1) * std::max(0.0, ceil_div(M / n, pr) - 1);
     C = (2 * n - 1) / n * M;  // reduce-scatter's first send, all-gather's sends and copies out
     R = (n - 1) / n * M;      // fused into the sends, and the last step
   } else if (algo == Algo::kHalvingDoubling && proto == Proto::kSimple) {
@@ -191,6 +197,7 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
     H = w.steps + 1;
     // Each step packs its units into far slots: about its bytes / pf slots, at least one.
     S = std::max(static_cast<double>(w.steps), ceil_div(static_cast<double>(w.sent) * units, pf));
+    E = std::max(0.0, ceil_div(S, depth) - w.steps);
     C = static_cast<double>(w.sent + w.received) * units;
     R = static_cast<double>(w.combined) * (n - 1) * units;
   } else {
@@ -198,7 +205,7 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
   }
   const bool shared = p.cpus > 0 && n > p.cpus;
   const double f = shared ? n / p.cpus : 1.0;
-  const double latency = H * (shared ? p.alpha_shared_s * f : p.alpha_s);
+  const double latency = shared ? (H + E) * p.alpha_shared_s * f : H * p.alpha_s;
   return latency + f * (S * p.slot_s + C / p.copy_Bps + R / p.reduce_Bps + L / p.ll_Bps);
 }
 

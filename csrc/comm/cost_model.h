@@ -21,7 +21,11 @@
 // H the steps of the critical path (the header exchange included unless the data carries it):
 // latency = H x alpha with a CPU per rank; when N > cpus > 0 the ranks take turns on the CPUs and
 // a step completes only after a round of switches among the N / cpus ranks of each CPU:
-// latency = H x alpha_shared x N / cpus, and the work counts f = N / cpus times. S the slots this
+// latency = (H + E) x alpha_shared x N / cpus, and the work counts f = N / cpus times. E the
+// rounds a step's later pieces add there: a ring piece is passed on by every rank in turn, so
+// each piece after a step's first waits for a round (E = 2(N-1)(pieces per chunk - 1)); the
+// one-shot's, two-shot's and halving_doubling's pieces wait in the sender's outbox, far_depth
+// at a time, for readers to come (a round per outbox-full after the first). S the slots this
 // rank hands over, C, R, L the bytes it copies, reduces and moves through LL lines.
 #pragma once
 #include <cstdint>
@@ -63,6 +67,7 @@ CostProfile profile_from_env();
 struct PieceSizes {
   int64_t ring = 256 << 10;
   int64_t far = 32 << 10;
+  int64_t far_depth = 16;  ///< slots of an outbox (RINGCOMM_OUTBOX_SLOTS)
 };
 
 /// The modelled seconds of one all-reduce of `bytes` over `world` ranks by (algo, proto), for

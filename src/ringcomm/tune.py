@@ -10,7 +10,9 @@ The all-reduce cost model (csrc/comm/cost_model.h, docs/algorithms.md) needs, pe
   into 256-byte slots against the same in one slot per chunk, per extra slot, less ``alpha_s``;
 * ``copy_Bps`` / ``reduce_Bps``: one process's copy into a slot and float32 SUM kernel over 4 MiB
   buffers (bytes of one input per second);
-* ``ll_Bps``: the LL lines' bandwidth, from the 2-rank all_reduce at 4 KiB against 4 bytes;
+* ``ll_Bps``: the LL lines' bandwidth, from the 2-rank LL all_reduce at 64 KiB against 4 KiB (LL
+  raised to 64 KiB for the run: between 4 bytes and 4 KiB the lines cost a fraction of a
+  microsecond, less than the run-to-run noise);
 * ``cpus``: the CPUs this process may run on.
 
 The run takes well under a minute. The profile is JSON with a format version and the hash of its
@@ -38,6 +40,7 @@ from .machine import cpu_model
 __all__ = ["measure", "write_profile", "main"]
 
 DEFAULT_OUTPUT = "ringcomm-profile.json"
+LL_SMALL, LL_LARGE = 4 << 10, 64 << 10   # the LL all_reduces ll_Bps is measured between
 
 
 def _bandwidths(nbytes: int = 4 << 20, budget_s: float = 1.0) -> tuple:
@@ -94,8 +97,9 @@ def _comm_under(env: dict, rank: int, world: int, store: str):
 
 
 def _handoff_rank(rank: int, world: int, store: str, pin_cpu, iters: int) -> dict:
-    """Per-call median seconds of back-to-back all_reduces: 4 B and 4 KiB (LL at 2 ranks); with
-    slots measured (not pinned): 64 KiB by the ring in one slot per chunk and in 256-byte slots."""
+    """Per-call median seconds of back-to-back all_reduces: 4 B and 4 KiB (LL at 2 ranks); not
+    pinned, also: LL at 4 and 64 KiB, and 64 KiB by the ring in one slot per chunk and in
+    256-byte slots."""
     if pin_cpu is not None:
         os.sched_setaffinity(0, {pin_cpu})
     out = {}
@@ -107,6 +111,14 @@ def _handoff_rank(rank: int, world: int, store: str, pin_cpu, iters: int) -> dic
     finally:
         comm.close()
     if pin_cpu is None:
+        comm = _comm_under({"RINGCOMM_LL_MAX_BYTES": str(LL_LARGE), "RINGCOMM_MODEL_MIN_WORLD": str(1 << 30)},
+                           rank, world, store + "ll")
+        try:
+            for nbytes in (LL_SMALL, LL_LARGE):
+                out[f"ll_{nbytes}"] = _per_call(comm, nbytes, max(500, iters // 4))
+            comm.barrier()
+        finally:
+            comm.close()
         for name, slot in (("ring_64K", "256K"), ("ring_64K_256B_slots", "256")):
             comm = _comm_under({"RINGCOMM_ALGO": "ring", "RINGCOMM_SLOT_BYTES": slot}, rank, world, store + name)
             try:
@@ -138,8 +150,8 @@ def measure(quick: bool = False) -> dict:
     shared = _handoffs(cpus[0], 300 if quick else 3000)
     alpha = free["4"]
     # LL at 2 ranks: 2 M bytes through lines (own written, the peer's read) and M reduced.
-    m = 4096 - 4
-    line_s = free["4096"] - free["4"] - m / reduce_Bps
+    m = LL_LARGE - LL_SMALL
+    line_s = free[f"ll_{LL_LARGE}"] - free[f"ll_{LL_SMALL}"] - m / reduce_Bps
     ll_Bps = 2 * m / line_s if line_s > 0 else copy_Bps / 2
     # The ring at 2 ranks sends 2 slots per chunk piece: 2 x 128 slots of 256 B against 2; each
     # waits for the peer's, a hand-off the model counts apart (alpha): slot_s is the rest.
