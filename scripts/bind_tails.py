@@ -5,7 +5,7 @@ p90/p50 over the rounds, bound's over unbound's, and the spread of the rounds' m
 over fastest: a slow state slows a whole cell). The order alternates (none first in odd
 rounds, core first in even ones) so that a slow stretch of the machine does not favour one side.
 
-    python scripts/bind_tails.py -np 2 --rounds 3 -b 1K -e 64K [--budget 0.3] [--arrival apart:50] [--json out.json]
+    python scripts/bind_tails.py -np 2 --rounds 3 -b 1K -e 64K [--budget 0.3] [--arrival apart:50] [--load N] [--json out.json]
 """
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ import sys
 import tempfile
 
 
-def bench(world: int, bind: str, lo: str, hi: str, budget: float, arrival: str = "b2b") -> dict:
+def bench(world: int, bind: str, lo: str, hi: str, budget: float, arrival: str = "b2b", load: int = 0) -> dict:
     """{size: (p50_us, p90_us, calls)} of one bench run."""
     with tempfile.TemporaryDirectory(prefix="bind-tails-") as tmp:
         path = os.path.join(tmp, "b.json")
         cmd = [sys.executable, "-m", "ringcomm.bench", "-np", str(world), "--ops", "all_reduce",
                "-b", lo, "-e", hi, "--peers", "none", "--no-inplace", "--bind", bind,
-               "--time-budget", str(budget), "--arrival", arrival, "--json", path]
+               "--time-budget", str(budget), "--arrival", arrival, "--load", str(load),
+               "--json", path]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(path) as f:
             data = json.load(f)
@@ -43,15 +44,16 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=0.3, help="seconds of timed calls per cell")
     p.add_argument("--arrival", default="b2b", help="the bench's --arrival: b2b, apart[:US] (calls that "
                    "arrive apart: a barrier and US us of compute before each), skew:US")
+    p.add_argument("--load", type=int, default=0, help="the bench's --load: N busy processes beside the ranks")
     p.add_argument("--json", help="write the figures here")
     a = p.parse_args(argv)
     runs = {"none": [], "core": []}
     for r in range(a.rounds):
         for bind in (("none", "core") if r % 2 == 0 else ("core", "none")):
-            runs[bind].append(bench(a.np, bind, a.b, a.e, a.budget, a.arrival))
+            runs[bind].append(bench(a.np, bind, a.b, a.e, a.budget, a.arrival, a.load))
             print(f"# round {r + 1} bind {bind} done", file=sys.stderr)
     sizes = sorted(runs["none"][0])
-    print(f"# all_reduce float32 out-of-place, {a.np} ranks, {a.rounds} rounds, arrival {a.arrival}; per cell "
+    print(f"# all_reduce float32 out-of-place, {a.np} ranks, {a.rounds} rounds, arrival {a.arrival}, load {a.load}; per cell "
           f"p50 / p90 us and p90/p50 (unbound | bound)")
     print(f"{'size':>8} {'round':>5} {'none p50':>9} {'p90':>8} {'p90/p50':>8} | "
           f"{'core p50':>9} {'p90':>8} {'p90/p50':>8}")
