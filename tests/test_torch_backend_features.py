@@ -15,24 +15,17 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_ranks import require_backend, run_ranks  # noqa: E402
+from torch_ranks import require_backend, run_on_gloo_and_ringcomm, run_ranks  # noqa: E402
 
 import backend_features_cases as cases  # noqa: E402
 
 WORLD = 2
 TIMEOUT_S = 0.5
 
-_results: dict = {}
-
 
 @pytest.fixture(scope="module")
 def observed():
-    for backend in ("gloo", "ringcomm"):
-        if backend not in _results:
-            require_backend(backend)
-            _results[backend] = run_ranks(cases.all_cases, WORLD, backend=backend,
-                                          args=(TIMEOUT_S, backend), timeout=120)
-    return _results
+    return run_on_gloo_and_ringcomm(cases.all_cases, WORLD, lambda b: (TIMEOUT_S, b), timeout=120)
 
 
 @pytest.mark.timeout(240)

@@ -16,22 +16,16 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_ranks import require_backend, run_ranks  # noqa: E402
+from torch_ranks import run_on_gloo_and_ringcomm  # noqa: E402
 
 import split_cases as cases  # noqa: E402
 
 WORLD = 4
-_results: dict = {}
 
 
 @pytest.fixture(scope="module")
 def observed():
-    for backend in ("gloo", "ringcomm"):
-        if backend not in _results:
-            require_backend(backend)
-            _results[backend] = run_ranks(cases.all_cases, WORLD, backend=backend,
-                                          args=(backend,), timeout=150)
-    return _results
+    return run_on_gloo_and_ringcomm(cases.all_cases, WORLD, lambda b: (b,), timeout=150)
 
 
 # Where gloo 2.13 fails and ringcomm keeps torch's documented contract instead: split_group

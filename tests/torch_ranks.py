@@ -119,3 +119,14 @@ def run_ranks(fn: Callable[..., Any], world_size: int, backend: str = "gloo",
                              timeout=timeout, env=env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_on_gloo_and_ringcomm(fn: Callable[..., Any], world_size: int, args_for: Callable[[str], Sequence[Any]],
+                             timeout: float = 180) -> dict:
+    """{backend: run_ranks(fn, ...)} for gloo and ringcomm, the same code side by side
+    (``args_for(backend)`` gives fn's arguments); skips the calling test if either is missing."""
+    observed = {}
+    for backend in ("gloo", "ringcomm"):
+        require_backend(backend)
+        observed[backend] = run_ranks(fn, world_size, backend=backend, args=args_for(backend), timeout=timeout)
+    return observed
