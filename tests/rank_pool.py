@@ -84,9 +84,22 @@ def _issue_hooks():
     return None if mod is None else mod.issue_hooks
 
 
+def _context():
+    """The pools' start method: forkserver, its server having imported PRELOAD once, so a rank
+    starts as a fork of an interpreter that holds torch but has run nothing (no thread pool, no
+    communicator, no process group) instead of importing torch itself; spawn where the platform
+    has no forkserver."""
+    try:
+        ctx = mp.get_context("forkserver")
+    except ValueError:
+        return mp.get_context("spawn")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
 class _Pool:
     def __init__(self, world_size: int):
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         self.world_size = world_size
         self.results = ctx.Queue()
         self.jobs = [ctx.SimpleQueue() for _ in range(world_size)]

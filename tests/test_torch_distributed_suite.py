@@ -63,7 +63,7 @@ def test_torch_distributed_test_subset(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [src] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     proc = subprocess.run(
-        [sys.executable, HARNESS, "--world", "2", "--backends", "ringcomm", "--only", str(names),
+        [sys.executable, HARNESS, "--world", "2", "--backends", "ringcomm", "--only", str(names), "--start", "fork",
          "--timeout", str(PER_TEST_TIMEOUT_S), "--total-timeout", str(WALL_LIMIT_S),
          "--json", str(out), "--log-dir", str(tmp_path / "logs")],
         env=env, capture_output=True, text=True, timeout=WALL_LIMIT_S + 15)

@@ -2,14 +2,16 @@
 shipped in the wheel) on gloo and on ringcomm, side by side.
 
     python tests/torch_suite/run_distributed_test.py --world 2 --backends gloo,ringcomm \
-        [-k REGEX ...] [--only NAMES_FILE] [--timeout 120] [--json out.json] [--list]
+        [-k REGEX ...] [--only NAMES_FILE] [--timeout 120] [--start spawn|fork] [--json out.json] [--list]
 
 Each (backend, world size) runs in its own interpreter ("inner" mode, below) the way torch's
 test/distributed/test_distributed_spawn.py drives the suite: environment BACKEND, WORLD_SIZE,
 TEMP_DIR and INIT_METHOD=file://TEMP_DIR/, a class TestDistBackendWithSpawn(TestDistBackend,
 DistributedTest._DistTestBase) whose setUp spawns WORLD_SIZE ranks (spawn start method; the ranks
 re-import this file as __mp_main__, so the class is defined at module level whenever BACKEND is
-set). Every test gets DISTRIBUTED_TESTS_DEFAULT_TIMEOUT seconds (torch's own per-test timeout:
+set). ``--start fork`` forks the ranks instead, from the inner interpreter that has already
+imported torch and compiled the suite (it has no process group and no communicator yet), which
+saves each rank those imports. Every test gets DISTRIBUTED_TESTS_DEFAULT_TIMEOUT seconds (torch's own per-test timeout:
 the parent kills the ranks and fails the test).
 
 Backend "ringcomm" is registered as a plugin (``import ringcomm.torch``) and added to every
@@ -91,10 +93,18 @@ def _prepare_suite():
     from torch.testing._internal.distributed.distributed_test import (DistributedTest,
                                                                       TestDistBackend)
 
+    start = os.environ.get("RINGCOMM_DT_START", "spawn")
+
     class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         def setUp(self):
             super().setUp()
-            self._spawn_processes()
+            if start == "fork":
+                # The ranks are forks of this interpreter, which has imported torch and compiled
+                # the suite but created no process group and no communicator: each rank then
+                # runs the test exactly as a spawned one, without importing both again.
+                self._start_processes(torch.multiprocessing.get_context("fork").Process)
+            else:
+                self._spawn_processes()
             torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
     TestDistBackendWithSpawn.__module__ = __name__
@@ -195,7 +205,7 @@ def _run_backend(backend: str, world: int, args) -> dict:
     env = dict(os.environ, RINGCOMM_DT_INNER="1", BACKEND=backend, WORLD_SIZE=str(world),
                TEMP_DIR=tmp, INIT_METHOD=f"file://{tmp}/",
                DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(args.timeout),
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), RINGCOMM_DT_START=args.start)
     cmd = [sys.executable, HERE, "--inner", "--json", out_json]
     for p in args.k:
         cmd += ["-k", p]
@@ -242,6 +252,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every result here")
     ap.add_argument("--log-dir", help="keep each inner run's output here")
     ap.add_argument("--list", action="store_true", help="list the selected tests and stop")
+    ap.add_argument("--start", choices=("spawn", "fork"), default="spawn",
+                    help="how each test starts its ranks: spawn (torch's test_distributed_spawn.py, "
+                    "default) or fork (of an interpreter that has imported torch and the suite)")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.inner:
