@@ -84,6 +84,12 @@ def _issue_hooks():
     return None if mod is None else mod.issue_hooks
 
 
+# The environment the forkserver starts with: the session's, as it was when this module was
+# imported (conftest imports it at session start), not a test's that happens to start the first
+# pool. Jobs set their own environment; the server's shapes only what its preload imports read.
+_SESSION_ENV = dict(os.environ)
+
+
 def _context():
     """The pools' start method: forkserver, its server having imported PRELOAD once, so a rank
     starts as a fork of an interpreter that holds torch but has run nothing (no thread pool, no
@@ -94,6 +100,15 @@ def _context():
     except ValueError:
         return mp.get_context("spawn")
     ctx.set_forkserver_preload(list(PRELOAD))
+    from multiprocessing import forkserver
+    current = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(_SESSION_ENV)
+        forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(current)
     return ctx
 
 

@@ -11,6 +11,7 @@ tiny slots, one group per world size, which also checks where bind=core put them
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -403,3 +404,30 @@ def test_cpu_scale_check_script_syntax_and_plan():
     plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
     assert "fewer than 16 cores" in plan.stdout and "-np 8" not in plan.stdout and "-np 4" in plan.stdout
     assert subprocess.run([script, "--bogus"], capture_output=True).returncode == 2
+
+
+# ---- scripts/arrival_skew.py ---------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_arrival_skew_script_splits_each_call(tmp_path):
+    """One short round, bound and unbound, separated by the communicator's barrier: every cell has
+    the three figures, and they are consistent as a split of each call must be (the call, the max
+    over ranks of its time, is never shorter than the part after the last arrival; no quantile
+    decreases from p50 to p99)."""
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "arrival_skew.py")
+    out = tmp_path / "skew.json"
+    r = subprocess.run([sys.executable, script, "-np", "2", "--rounds", "1", "--sizes", "1K,8K",
+                        "--calls", "40", "--separator", "ringcomm", "--json", str(out)],
+                       capture_output=True, text=True, timeout=170)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    for bind in ("none", "core"):
+        (run,) = doc["runs"][bind]
+        assert len(run["plans"]) == 2
+        assert set(run["cells"]) == {"1024", "8192"}
+        for cell in run["cells"].values():
+            for k in ("call", "skew", "after"):
+                assert len(cell[k]) == 3 and 0 <= cell[k][0] <= cell[k][1] <= cell[k][2], (k, cell)
+            assert all(c >= a for c, a in zip(cell["call"], cell["after"])), cell
+            assert len(cell["waits"]) == 2 and all("slept" in w for w in cell["waits"])
+    assert set(doc["summary"]) == {"1024", "8192"}
+    assert "mean p90/p50" in r.stdout
