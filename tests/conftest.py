@@ -13,6 +13,12 @@ import pytest
 
 import rank_pool
 
+# Ranks of ringcomm.launch in this session start as forks of one server that imported numpy and
+# torch once (rank_pool.start_forkserver), as the rank pools' do: a spawned rank would import
+# torch itself, seconds on a 2-core machine. Subprocesses the tests start inherit the setting.
+os.environ["RINGCOMM_START_METHOD"] = "forkserver"
+rank_pool.start_forkserver()
+
 
 def _segments():
     try:

@@ -128,3 +128,9 @@ def successive_communicators(rank, world, path):
         c.all_reduce(z, op=ringcomm.ReduceOp.PRODUCT)
         prefixes.append(c.prefix)
     return x.tolist(), y.tolist(), z.tolist(), prefixes
+
+
+def environment_seen(rank, world):
+    """(the rank's RINGCOMM_TEST_MARK, RANK, its parent's pid, whether torch was imported before fn ran)."""
+    import sys
+    return os.environ.get("RINGCOMM_TEST_MARK"), os.environ["RANK"], os.getppid(), "torch" in sys.modules

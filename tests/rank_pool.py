@@ -84,32 +84,27 @@ def _issue_hooks():
     return None if mod is None else mod.issue_hooks
 
 
-# The environment the forkserver starts with: the session's, as it was when this module was
-# imported (conftest imports it at session start), not a test's that happens to start the first
-# pool. Jobs set their own environment; the server's shapes only what its preload imports read.
-_SESSION_ENV = dict(os.environ)
+def start_forkserver() -> None:
+    """Start multiprocessing's fork server now, with the session's environment and PRELOAD
+    imported once: the pools' ranks and the ranks ``ringcomm.launch`` starts (conftest sets
+    ``RINGCOMM_START_METHOD=forkserver`` for the session) are forks of it, each given its own
+    environment by the job or the launch. Called by conftest at session start, so the server's
+    environment is never a test's."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return
+    from multiprocessing import forkserver
+    mp.set_forkserver_preload(list(PRELOAD))
+    forkserver.ensure_running()
 
 
 def _context():
-    """The pools' start method: forkserver, its server having imported PRELOAD once, so a rank
-    starts as a fork of an interpreter that holds torch but has run nothing (no thread pool, no
-    communicator, no process group) instead of importing torch itself; spawn where the platform
-    has no forkserver."""
-    try:
-        ctx = mp.get_context("forkserver")
-    except ValueError:
+    """The pools' start method: forkserver (a rank starts as a fork of an interpreter that holds
+    torch but has run nothing: no thread pool, no communicator, no process group), or spawn where
+    the platform has none."""
+    if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
-    ctx.set_forkserver_preload(list(PRELOAD))
-    from multiprocessing import forkserver
-    current = dict(os.environ)
-    try:
-        os.environ.clear()
-        os.environ.update(_SESSION_ENV)
-        forkserver.ensure_running()
-    finally:
-        os.environ.clear()
-        os.environ.update(current)
-    return ctx
+    start_forkserver()   # a no-op once the server runs
+    return mp.get_context("forkserver")
 
 
 class _Pool:

@@ -184,7 +184,11 @@ needs_whole_machine = pytest.mark.skipif(
 
 
 @needs_whole_machine
-def test_bind_core_spawned_ranks(tmp_path):
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_bind_core_spawned_ranks(tmp_path, monkeypatch, method):
+    # Either start method: a forked rank ends with os._exit (no atexit), and still removes its
+    # registry file.
+    monkeypatch.setenv("RINGCOMM_START_METHOD", method)
     env = {"RINGCOMM_BIND_REGISTRY": str(tmp_path / "reg")}
     got = launch(_where, 2, bind="core", env=env, timeout=120)
     allowed = _allowed()

@@ -146,6 +146,9 @@ def test_eight_ranks_default_geometry(store_env, default_knobs):
 @pytest.mark.timeout(120)
 def test_debug_info_states_footprint_once(store_env, capfd, default_knobs):
     default_knobs.setenv("RINGCOMM_DEBUG", "INFO")
+    # Spawned: a rank writes to this process's (captured) stderr, where a fork of the session's
+    # fork server would write to the server's.
+    default_knobs.setenv("RINGCOMM_START_METHOD", "spawn")
     assert all(spawn(info_rank, 3, timeout=100, env=store_env))
     err = capfd.readouterr().err
     lines = [ln for ln in err.splitlines() if "shared memory" in ln and ln.startswith("ringcomm[rank")]

@@ -92,8 +92,9 @@ def test_fake_nodes_env_and_node_id(monkeypatch):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("node_id", [None, "same-node"])
-def test_single_node_stays_flat(node_id):
+def test_single_node_stays_flat(node_id, monkeypatch):
     """One node: the plain shared-memory Communicator, torch never imported (no engine)."""
+    monkeypatch.setenv("RINGCOMM_START_METHOD", "spawn")   # fresh interpreters: nothing preloaded
     d = tempfile.mkdtemp(prefix="rc-hier1-")
     try:
         res = spawn(single_node, 3, (d, node_id), timeout=50)

@@ -1,4 +1,5 @@
 """Rendezvous paths (env://, tcp://, file://, store=), the default communicator, the launcher."""
+import importlib.util
 import tempfile
 import os
 
@@ -60,6 +61,33 @@ def test_launch_reraises_with_rank_and_traceback():
     with pytest.raises(LaunchError) as ei:
         spawn(init_cases.raises_in_rank, 3, timeout=50)
     assert ei.value.rank == 1 and "boom on rank 1" in ei.value.remote_traceback
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_launch_ranks_see_the_environment_at_the_call(monkeypatch, method):
+    """Either start method: every rank runs with the launching process's environment as it is
+    at the call (a forkserver's child would otherwise inherit the server's, fixed when it
+    started) plus its RANK. Forked from the server, the ranks are its children and find the
+    modules it preloaded (this session's: torch) already imported."""
+    monkeypatch.setenv("RINGCOMM_START_METHOD", method)
+    for mark in ("first", "second"):
+        monkeypatch.setenv("RINGCOMM_TEST_MARK", mark)
+        seen = spawn(init_cases.environment_seen, 2, timeout=100)
+        assert [(m, r) for m, r, _, _ in seen] == [(mark, "0"), (mark, "1")]
+    parents = {p for _, _, p, _ in seen}
+    preloaded = {t for _, _, _, t in seen}
+    if method == "spawn":
+        assert parents == {os.getpid()} and preloaded == {False}
+    else:
+        assert os.getpid() not in parents and len(parents) == 1
+        assert preloaded == {importlib.util.find_spec("torch") is not None}
+
+
+def test_launch_refuses_an_unknown_start_method(monkeypatch):
+    monkeypatch.setenv("RINGCOMM_START_METHOD", "fork")
+    with pytest.raises(ValueError, match="RINGCOMM_START_METHOD"):
+        spawn(init_cases.environment_seen, 1, timeout=30)
 
 
 @pytest.mark.timeout(120)

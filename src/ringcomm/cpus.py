@@ -310,7 +310,7 @@ class _Registry:
                 with open(tmp, "w") as f:
                     f.write(f"{job} {_start_time(os.getpid())} {number}\n")
                 os.replace(tmp, self.mine)
-                atexit.register(self.unregister)
+                _at_exit(self.unregister)
                 entries.append((os.getpid(), job, number))
             mine = min(n for _, j, n in entries if j == job)
             earlier = sorted({pid for pid, j, n in entries if j != job and n < mine})
@@ -326,6 +326,15 @@ class _Registry:
             os.unlink(self.mine)
         except OSError:
             pass
+
+
+def _at_exit(fn) -> None:
+    """Run ``fn`` when this process exits normally: atexit in a process Python started itself;
+    multiprocessing's exit finalizers in one it forked (fork and forkserver children end with
+    os._exit, which skips atexit). ``fn`` may run twice and must not mind."""
+    from multiprocessing import util
+    atexit.register(fn)
+    util.Finalize(None, fn, exitpriority=0)
 
 
 # The placement this process's first binding communicator decided: the process has one

@@ -1,8 +1,8 @@
 """Run a function in several local processes: the launcher behind ``ringcomm.launch`` and the
 test harness.
 
-``spawn(fn, world_size, args)`` starts ``world_size`` processes with the ``spawn`` start method,
-calls ``fn(rank, world_size, *args)`` in each, and returns the results in rank order. The first
+``spawn(fn, world_size, args)`` starts ``world_size`` processes (multiprocessing's ``spawn``
+start method, or ``forkserver`` where ``RINGCOMM_START_METHOD`` says so), calls ``fn(rank, world_size, *args)`` in each, and returns the results in rank order. The first
 failure is re-raised in the parent as ``LaunchError`` carrying the rank and the child's
 traceback; the remaining ranks are killed. A run that exceeds ``timeout`` seconds is killed and
 reported with the stack of every rank still running (dumped by ``faulthandler`` on SIGUSR1), so a
@@ -35,10 +35,13 @@ class LaunchError(RuntimeError):
         self.exc_type = exc_type
 
 
-def _child(fn, rank, world_size, args, env, queue, stack_path):
+def _child(fn, rank, world_size, args, env, queue, stack_path, environ=None):
     # Dump every thread's stack to a per-rank file on SIGUSR1: the parent asks for it on timeout.
     stack_file = open(stack_path, "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    if environ is not None:   # a forkserver's child: the launching process's environment, not the server's
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ.update({k: str(v) for k, v in (env or {}).items()})
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
@@ -65,14 +68,19 @@ def spawn(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
     is None instead of an error."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    ctx = mp.get_context("spawn")
+    from .config import knob
+    method = knob("RINGCOMM_START_METHOD")
+    ctx = mp.get_context(method)
+    # A spawned child inherits this process's environment as it is now; a forkserver's child
+    # inherits the server's (as it was when the server started), so it is handed over.
+    environ = dict(os.environ) if method == "forkserver" else None
     queue = ctx.Queue()
     stack_dir = tempfile.mkdtemp(prefix="ringcomm-launch-")
     stack_paths = [os.path.join(stack_dir, f"rank{r}.stack") for r in range(world_size)]
     procs = []
     for r in range(world_size):
         p = ctx.Process(target=_child, args=(fn, r, world_size, tuple(args), env, queue,
-                                             stack_paths[r]), daemon=True)
+                                             stack_paths[r], environ), daemon=True)
         p.start()
         procs.append(p)
     results: list = [None] * world_size
