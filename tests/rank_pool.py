@@ -3,8 +3,8 @@
 Spawning a rank costs ~1 s of interpreter start-up and imports on a 2-core machine, and seconds
 more when it imports torch (the import, the first collective's lazy set-up, the exit), while most
 tests need only a few seconds of work in their ranks. ``run(fn, world_size, args)`` therefore
-hands ``fn(rank, world_size, *args)`` to a pool of ``world_size`` spawned processes (torch
-imported once) that stay up between calls, and returns the results in rank order, as
+hands ``fn(rank, world_size, *args)`` to a pool of ``world_size`` processes (forks of the
+session's fork server, which imported torch once) that stay up between calls, and returns the results in rank order, as
 ``ringcomm.launch.spawn`` would:
 
 * every job starts from the environment the caller has at the call (``os.environ`` as it is in

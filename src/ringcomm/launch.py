@@ -2,7 +2,8 @@
 test harness.
 
 ``spawn(fn, world_size, args)`` starts ``world_size`` processes (multiprocessing's ``spawn``
-start method, or ``forkserver`` where ``RINGCOMM_START_METHOD`` says so), calls ``fn(rank, world_size, *args)`` in each, and returns the results in rank order. The first
+start method, or ``forkserver`` where ``RINGCOMM_START_METHOD`` says so), calls
+``fn(rank, world_size, *args)`` in each, and returns the results in rank order. The first
 failure is re-raised in the parent as ``LaunchError`` carrying the rank and the child's
 traceback; the remaining ranks are killed. A run that exceeds ``timeout`` seconds is killed and
 reported with the stack of every rank still running (dumped by ``faulthandler`` on SIGUSR1), so a
