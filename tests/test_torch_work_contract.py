@@ -9,7 +9,7 @@ must equal gloo's, except the few where gloo 2.13 itself breaks the contract (li
 ``GLOO_DEVIATIONS``, where ringcomm must keep it).
 
 The same again with the peer process killed (SIGKILL) before or during every collective and
-send/recv, sync and async (work_kill_cases: one spawned driver forks each case's two ranks):
+send/recv, sync and async (work_kill_cases: a spawned driver per backend forks each case's two ranks):
 which calls raise, the work's and its future's state, then-callbacks seeing the error, equal to
 gloo's except where the two differ within torch's contract (``KILL_DEVIATIONS``); ringcomm raises
 within ``RAISE_BOUND_S``.
@@ -127,8 +127,9 @@ def test_ddp_comm_hook_chaining_then_matches_gloo(observed):
 
 
 # ---- a peer killed (SIGKILL) before or during the call -------------------------------------------
-# Every (op, sync/async, before/during) case of work_kill_cases on both backends, from one spawned
-# driver that forks the two ranks of each case. Compared: which calls raise, whether the error is
+# Every (op, sync/async, before/during) case of work_kill_cases on both backends, from a spawned
+# driver per backend (the two run side by side) that forks the two ranks of each case.
+# Compared: which calls raise, whether the error is
 # a RuntimeError, the work's and its future's state when wait() raises, then-callbacks seeing an
 # errored future, a future asked for after the failure. Not compared: timing (gloo sees the
 # peer's TCP connection close; ringcomm's waits check the peer's liveness), which ringcomm must
@@ -163,8 +164,10 @@ def killed():
     require_backend("ringcomm")
     from ringcomm.launch import spawn
     import work_kill_cases
-    res = spawn(work_kill_cases.kill_cases, 1, args=(("gloo", "ringcomm"), KILL_GROUP_TIMEOUT_S,
-                                                     30.0), timeout=240)[0]
+    res = {}
+    for part in spawn(work_kill_cases.kill_cases, 2, args=(("gloo", "ringcomm"), KILL_GROUP_TIMEOUT_S,
+                                                            30.0), timeout=240):
+        res.update(part)
     errors = {k: v["case_error"] for k, v in res.items() if "case_error" in v}
     assert not errors, errors
     return res

@@ -2,8 +2,8 @@
 peer process is killed (SIGKILL) before or during a call, the same code on "gloo" and
 "ringcomm".
 
-One spawned *driver* process (torch and the backends imported once) runs every case. Per case it
-forks two processes that form a fresh world-2 group on a file store of their own: the *survivor*
+A spawned *driver* process per backend (torch and the backend imported once) runs every case.
+Per case it forks two processes that form a fresh world-2 group on a file store of their own: the *survivor*
 (rank 0, the root of rooted calls) issues the call and records what a caller can observe; the
 *victim* (rank 1) joins the group and then only sleeps, so the survivor's call waits on it, until
 the driver kills it:
@@ -230,7 +230,9 @@ def _run_case(backend: str, case, timeout_s: float, tmp: str, deadline_s: float)
 
 
 def kill_cases(rank: int, world: int, backends, timeout_s: float, deadline_s: float) -> dict:
-    """The driver (spawned alone): every (op, mode, when) case on every backend."""
+    """A driver: every (op, mode, when) case on its share of the backends (``backends[rank::world]``:
+    with one driver per backend, the backends' cases run side by side)."""
+    backends = list(backends)[rank::world]
     import ringcomm.torch  # noqa: F401 - registers the backend
     if "ringcomm" in backends:
         from ringcomm.torch.backend import backend_class
