@@ -71,6 +71,9 @@ def replacements(proc, nproc, port):
         out["sums"].append(_reduce(third, proc))
         third.close()
         out["absent"] = absent_peer(0, port)
+        # This process serves the store: it must outlive process 3's wait for the absent rank,
+        # which would otherwise end with the store's connection reset instead of the timeout.
+        coord.get("test/absent-done")
         return out
     coord = _coord(port)
     if proc == 1:
@@ -94,6 +97,7 @@ def replacements(proc, nproc, port):
         out = {"proc2": coord.get("test/proc2-done").decode(), "prefix": comm.prefix,
                "sum": _reduce(comm, proc)}
     out["absent"] = absent_peer(2, port)
+    coord.set("test/absent-done", "1")
     return out
 
 
