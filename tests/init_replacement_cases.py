@@ -134,3 +134,26 @@ def predecessor_died_in_init(rank, world, path):
     start = time.monotonic()
     with ringcomm.init(rank=rank, world_size=world, init_method="file://" + path, timeout=30) as comm:
         return comm.prefix, _reduce(comm, rank), time.monotonic() - start
+
+
+def store_host_exits(proc, nproc, port):
+    """Process 0 serves a tcp:// store and exits once another rank has written to it; process 1
+    is rank 2 of a 3-rank init on that store (ranks 0 and 1 never come): what its init raised,
+    and the seconds it took."""
+    import ringcomm
+    if proc == 0:
+        from datetime import timedelta
+        import torch.distributed as dist
+        store = dist.TCPStore(HOST, port, 2, True, timedelta(seconds=30), wait_for_workers=False)
+        empty = store.num_keys()
+        deadline = time.monotonic() + 30
+        while store.num_keys() == empty and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)     # rank 2 is waiting for its peers by now
+        return None
+    start = time.monotonic()
+    try:
+        ringcomm.init(rank=2, world_size=3, init_method=f"tcp://{HOST}:{port}", timeout=20)
+    except Exception as e:  # noqa: BLE001 - the test checks the type
+        return (type(e).__module__ + "." + type(e).__qualname__, str(e), time.monotonic() - start)
+    return None

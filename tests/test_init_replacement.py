@@ -109,3 +109,16 @@ def _add_many(path, n):
         s.add("n", 1)
 
 
+
+
+@pytest.mark.timeout(90)
+def test_a_store_whose_server_exits_during_init_raises_peer_failure():
+    """The process serving the tcp:// store exits while rank 2 waits for its peers: rank 2's
+    init raises ringcomm.PeerFailureError naming itself, the ranks it waited for and the store,
+    at once (not torch's network error, not after its 20 s timeout)."""
+    pytest.importorskip("torch")
+    host, (kind, msg, elapsed) = spawn(cases.store_host_exits, 2, (free_port(),), timeout=80)
+    assert host is None
+    assert kind == "ringcomm.errors.PeerFailureError", (kind, msg)
+    assert "rank 2 of 3" in msg and "the store failed" in msg and "[0, 1]" in msg, msg
+    assert elapsed < 10, elapsed

@@ -17,7 +17,7 @@ import urllib.parse
 from typing import Optional
 
 from .config import default_timeout
-from .errors import InvalidArgumentError, PeerFailureError, TimeoutError
+from .errors import InvalidArgumentError, PeerFailureError, RingcommError, TimeoutError
 
 __all__ = ["FileStore", "store_from_init_method", "store_from_env", "exchange_segment_names",
            "forget_segment_name", "default_prefix", "generation_root", "supports_generations",
@@ -295,31 +295,43 @@ def _text(v) -> str:
     return v.decode(errors="replace") if isinstance(v, (bytes, bytearray)) else str(v)
 
 
-def _poll(store, keys: dict, timeout: float, accept, abandoned, timed_out) -> dict:
+def _poll(store, keys: dict, timeout: float, accept, abandoned, timed_out, who: str) -> dict:
     """Wait until every ``keys[r]`` holds a value ``accept(r, value)`` takes; return
     ``{r: value}``. Where the store has ``check`` this is a poll bounded by ``timeout``
-    (``timed_out(missing_ranks, last_values)`` builds the TimeoutError), and ``abandoned()``, when
-    given, is called while keys are missing and raises to stop the wait. A store without
-    ``check`` gets blocking ``get`` calls bounded by the store's own timeout."""
+    (``timed_out(missing_ranks, last_values)`` builds the TimeoutError), ``abandoned()``, when
+    given, is called while keys are missing and raises to stop the wait, and a store that fails
+    (its server gone) raises PeerFailureError naming ``who`` and the ranks still awaited. A store
+    without ``check`` gets blocking ``get`` calls bounded by the store's own timeout, whose errors
+    pass as they are (a timeout cannot be told from a lost server there)."""
     can_check = callable(getattr(store, "check", None))
     pending = dict(keys)
     got, last = {}, {}
     deadline = time.monotonic() + timeout
     delay = 0.0005
     while True:
-        for r, key in list(pending.items()):
-            if can_check and not store.check([key]):
-                continue
-            v = store.get(key)
-            if accept(r, v):
-                got[r] = v
-                del pending[r]
-            else:
-                last[r] = _text(v)
+        try:
+            for r, key in list(pending.items()):
+                if can_check and not store.check([key]):
+                    continue
+                v = store.get(key)
+                if accept(r, v):
+                    got[r] = v
+                    del pending[r]
+                else:
+                    last[r] = _text(v)
+            if pending and abandoned is not None:
+                abandoned()
+        except (RingcommError, GenerationSuperseded):
+            raise
+        except Exception as e:  # noqa: BLE001 - the store's own failure, typed here
+            if not can_check:
+                raise
+            raise PeerFailureError(
+                f"{who}: the store failed while waiting for ranks {sorted(pending)} "
+                f"({type(e).__name__}: {e}); has the process serving it exited (rank 0 for "
+                f"tcp:// and env://, torchrun's agent)?") from e
         if not pending:
             return got
-        if abandoned is not None:
-            abandoned()
         if time.monotonic() > deadline:
             raise timed_out(sorted(pending), last)
         time.sleep(delay)
@@ -341,7 +353,7 @@ def await_arrivals(store, prefix: str, rank: int, world_size: int, timeout: floa
                             f"every rank start, with the same store?)")
 
     _poll(store, {r: f"{prefix}/arrived/{r}" for r in range(world_size) if r != rank}, timeout,
-          lambda r, v: True, abandoned, timed_out)
+          lambda r, v: True, abandoned, timed_out, f"ringcomm.init: rank {rank} of {world_size}")
 
 
 def forget_arrival(store, prefix: str, rank: int) -> None:
@@ -375,7 +387,8 @@ def exchange_segment_names(store, prefix: str, rank: int, world_size: int, name:
                             f"{timeout:g} s; " + "; ".join(parts))
 
     got = _poll(store, {r: f"{prefix}/shm/{r}" for r in range(world_size) if r != rank}, timeout,
-                lambda r, v: _segment_exists(_text(v)), abandoned, timed_out)
+                lambda r, v: _segment_exists(_text(v)), abandoned, timed_out,
+                f"ringcomm: rank {rank} of {world_size}: rendezvous under {prefix!r}")
     return [name if r == rank else _text(got[r]) for r in range(world_size)]
 
 
