@@ -137,19 +137,18 @@ def predecessor_died_in_init(rank, world, path):
 
 
 def store_host_exits(proc, nproc, port):
-    """Process 0 serves a tcp:// store and exits once another rank has written to it; process 1
-    is rank 2 of a 3-rank init on that store (ranks 0 and 1 never come): what its init raised,
-    and the seconds it took."""
+    """Process 0 serves a tcp:// store and exits once rank 2 has published its arrival (the last
+    store write before init waits for its peers); process 1 is that rank 2 of a 3-rank init
+    (ranks 0 and 1 never come): what its init raised, and the seconds it took."""
     import ringcomm
     if proc == 0:
         from datetime import timedelta
         import torch.distributed as dist
         store = dist.TCPStore(HOST, port, 2, True, timedelta(seconds=30), wait_for_workers=False)
-        empty = store.num_keys()
+        arrived = "ringcomm/0/arrived/2"   # generation 0 of a fresh store (rendezvous.await_arrivals)
         deadline = time.monotonic() + 30
-        while store.num_keys() == empty and time.monotonic() < deadline:
+        while not store.check([arrived]) and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.3)     # rank 2 is waiting for its peers by now
         return None
     start = time.monotonic()
     try:

@@ -4,8 +4,8 @@ Spawning a rank costs ~1 s of interpreter start-up and imports on a 2-core machi
 more when it imports torch (the import, the first collective's lazy set-up, the exit), while most
 tests need only a few seconds of work in their ranks. ``run(fn, world_size, args)`` therefore
 hands ``fn(rank, world_size, *args)`` to a pool of ``world_size`` processes (forks of the
-session's fork server, which imported torch once) that stay up between calls, and returns the results in rank order, as
-``ringcomm.launch.spawn`` would:
+session's fork server, which imported torch once) that stay up between calls, and returns the
+results in rank order, as ``ringcomm.launch.spawn`` would:
 
 * every job starts from the environment the caller has at the call (``os.environ`` as it is in
   the parent, then ``env``, then RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE), and the rank's
@@ -84,27 +84,25 @@ def _issue_hooks():
     return None if mod is None else mod.issue_hooks
 
 
-def start_forkserver() -> None:
+def start_forkserver() -> bool:
     """Start multiprocessing's fork server now, with the session's environment and PRELOAD
     imported once: the pools' ranks and the ranks ``ringcomm.launch`` starts (conftest sets
     ``RINGCOMM_START_METHOD=forkserver`` for the session) are forks of it, each given its own
     environment by the job or the launch. Called by conftest at session start, so the server's
-    environment is never a test's."""
+    environment is never a test's. False where the platform has no fork server."""
     if "forkserver" not in mp.get_all_start_methods():
-        return
+        return False
     from multiprocessing import forkserver
     mp.set_forkserver_preload(list(PRELOAD))
-    forkserver.ensure_running()
+    forkserver.ensure_running()   # a no-op once the server runs
+    return True
 
 
 def _context():
     """The pools' start method: forkserver (a rank starts as a fork of an interpreter that holds
     torch but has run nothing: no thread pool, no communicator, no process group), or spawn where
     the platform has none."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    start_forkserver()   # a no-op once the server runs
-    return mp.get_context("forkserver")
+    return mp.get_context("forkserver" if start_forkserver() else "spawn")
 
 
 class _Pool:

@@ -9,9 +9,9 @@ must equal gloo's, except the few where gloo 2.13 itself breaks the contract (li
 ``GLOO_DEVIATIONS``, where ringcomm must keep it).
 
 The same again with the peer process killed (SIGKILL) before or during every collective and
-send/recv, sync and async (work_kill_cases: a spawned driver per backend forks each case's two ranks):
-which calls raise, the work's and its future's state, then-callbacks seeing the error, equal to
-gloo's except where the two differ within torch's contract (``KILL_DEVIATIONS``); ringcomm raises
+send/recv, sync and async (work_kill_cases: a spawned driver per backend forks each case's two
+ranks): which calls raise, the work's and its future's state, then-callbacks seeing the error, equal
+to gloo's except where the two differ within torch's contract (``KILL_DEVIATIONS``); ringcomm raises
 within ``RAISE_BOUND_S``.
 """
 from __future__ import annotations
@@ -128,12 +128,11 @@ def test_ddp_comm_hook_chaining_then_matches_gloo(observed):
 
 # ---- a peer killed (SIGKILL) before or during the call -------------------------------------------
 # Every (op, sync/async, before/during) case of work_kill_cases on both backends, from a spawned
-# driver per backend (the two run side by side) that forks the two ranks of each case.
-# Compared: which calls raise, whether the error is
-# a RuntimeError, the work's and its future's state when wait() raises, then-callbacks seeing an
-# errored future, a future asked for after the failure. Not compared: timing (gloo sees the
-# peer's TCP connection close; ringcomm's waits check the peer's liveness), which ringcomm must
-# bound instead (RAISE_BOUND_S).
+# driver per backend (the two run side by side) that forks the two ranks of each case. Compared:
+# which calls raise, whether the error is a RuntimeError, the work's and its future's state when
+# wait() raises, then-callbacks seeing an errored future, a future asked for after the failure. Not
+# compared: timing (gloo sees the peer's TCP connection close; ringcomm's waits check the peer's
+# liveness), which ringcomm must bound instead (RAISE_BOUND_S).
 KILL_GROUP_TIMEOUT_S = 10.0
 RAISE_BOUND_S = 3.0
 
@@ -165,8 +164,9 @@ def killed():
     from ringcomm.launch import spawn
     import work_kill_cases
     res = {}
-    for part in spawn(work_kill_cases.kill_cases, 2, args=(("gloo", "ringcomm"), KILL_GROUP_TIMEOUT_S,
-                                                            30.0), timeout=240):
+    backends = ("gloo", "ringcomm")
+    for part in spawn(work_kill_cases.kill_cases, len(backends),
+                      args=(backends, KILL_GROUP_TIMEOUT_S, 30.0), timeout=240):
         res.update(part)
     errors = {k: v["case_error"] for k, v in res.items() if "case_error" in v}
     assert not errors, errors

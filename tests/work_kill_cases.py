@@ -2,11 +2,11 @@
 peer process is killed (SIGKILL) before or during a call, the same code on "gloo" and
 "ringcomm".
 
-A spawned *driver* process per backend (torch and the backend imported once) runs every case.
-Per case it forks two processes that form a fresh world-2 group on a file store of their own: the *survivor*
-(rank 0, the root of rooted calls) issues the call and records what a caller can observe; the
-*victim* (rank 1) joins the group and then only sleeps, so the survivor's call waits on it, until
-the driver kills it:
+A spawned *driver* process per backend (torch and the backend imported once) runs every case. Per
+case it forks two processes that form a fresh world-2 group on a file store of their own: the
+*survivor* (rank 0, the root of rooted calls) issues the call and records what a caller can observe;
+the *victim* (rank 1) joins the group and then only sleeps, so the survivor's call waits on it,
+until the driver kills it:
 
 * ``before``: the survivor asks, and the driver kills the victim and reaps it before the call;
 * ``during``: the survivor says it is about to call, and the driver kills the victim
@@ -230,8 +230,8 @@ def _run_case(backend: str, case, timeout_s: float, tmp: str, deadline_s: float)
 
 
 def kill_cases(rank: int, world: int, backends, timeout_s: float, deadline_s: float) -> dict:
-    """A driver: every (op, mode, when) case on its share of the backends (``backends[rank::world]``:
-    with one driver per backend, the backends' cases run side by side)."""
+    """A driver: every (op, mode, when) case on its share of the backends
+    (``backends[rank::world]``: with one driver per backend, their cases run side by side)."""
     backends = list(backends)[rank::world]
     import ringcomm.torch  # noqa: F401 - registers the backend
     if "ringcomm" in backends:

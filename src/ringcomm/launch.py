@@ -40,7 +40,8 @@ def _child(fn, rank, world_size, args, env, queue, stack_path, environ=None):
     # Dump every thread's stack to a per-rank file on SIGUSR1: the parent asks for it on timeout.
     stack_file = open(stack_path, "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    if environ is not None:   # a forkserver's child: the launching process's environment, not the server's
+    if environ is not None:
+        # A forkserver's child: the launching process's environment, not the server's.
         os.environ.clear()
         os.environ.update(environ)
     os.environ.update({k: str(v) for k, v in (env or {}).items()})

@@ -16,11 +16,11 @@ The all-reduce cost model (csrc/comm/cost_model.h, docs/algorithms.md) needs, pe
 * ``cpus``: the CPUs this process may run on.
 
 The run takes a few seconds; run it on a quiet machine (beside other work it measures that work:
-with a busy process on the pinned CPU, ``alpha_shared_s`` becomes a scheduler slice). The profile is JSON with a format version and the hash of its
-params (computed by the C++ core, which refuses a file whose hash disagrees). Keep the file and
-point ``RINGCOMM_PROFILE`` at it on every rank: the ranks of a communicator must load the same
-profile (init raises MismatchError otherwise). The choice of algorithm is a function of the
-profile, never of timings taken while a communicator runs.
+with a busy process on the pinned CPU, ``alpha_shared_s`` becomes a scheduler slice). The profile is
+JSON with a format version and the hash of its params (computed by the C++ core, which refuses a
+file whose hash disagrees). Keep the file and point ``RINGCOMM_PROFILE`` at it on every rank: the
+ranks of a communicator must load the same profile (init raises MismatchError otherwise). The choice
+of algorithm is a function of the profile, never of timings taken while a communicator runs.
 """
 from __future__ import annotations
 
