@@ -1,7 +1,7 @@
 """Where the tail of calls that arrive apart comes from, bound and unbound, in one run.
 
-Each round launches ``-np`` ranks with ``bind=none`` and with ``bind=core`` (the order alternates
-between rounds, as in bind_tails.py). Every rank runs ``--calls`` all_reduces (float32 SUM,
+Each round launches ``-np`` ranks with ``bind=none`` and with ``bind=core`` (in the order of
+bind_rounds.py). Every rank runs ``--calls`` all_reduces (float32 SUM,
 out of place) per size, each after a separator (``--separator gloo``: torch.distributed gloo's
 barrier, the bench's ``--arrival apart``; ``ringcomm``: the communicator's own barrier) and
 ``--spin-us`` of compute, and records the call's entry and exit on CLOCK_MONOTONIC (one clock
@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import numpy as np
+from bind_rounds import run_alternating
 
 from ringcomm.bench.harness import spin_us
 from ringcomm.bench.spec import parse_size
@@ -106,11 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write every figure here")
     a = p.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",") if s]
-    runs = {"none": [], "core": []}
-    for r in range(a.rounds):
-        for bind in (("none", "core") if r % 2 == 0 else ("core", "none")):
-            runs[bind].append(measure(a.np, bind, sizes, a.calls, a.separator, a.spin_us))
-            print(f"# round {r + 1} bind {bind} done", file=sys.stderr)
+    runs = run_alternating(a.rounds, lambda bind: measure(a.np, bind, sizes, a.calls, a.separator, a.spin_us))
     print(f"# all_reduce float32 out-of-place, {a.np} ranks, {a.calls} calls a cell, separator "
           f"{a.separator} + {a.spin_us:g} us; p50 / p90 / p99 us; slept = futex sleeps (all ranks)")
     print(f"{'size':>7} {'round':>5} {'bind':>4} | {'call p50':>8} {'p90':>7} {'p99':>7} | "

@@ -1,7 +1,8 @@
 """``python -m ringcomm.bench --arrival apart|skew``, ``--trace`` and the DeepSpeed peer.
 
 In process: the separator runs before every warm-up and timed call and stays outside the timed
-interval; skew delays rank r by r x US; timed rounds go on until they fill the time budget, even
+interval, and each timed call's start is recorded for the figure after the last arrival (the
+last rank's end minus the last rank's start); skew delays rank r by r x US; timed rounds go on until they fill the time budget, even
 after a warm-up slowed by a descheduled stretch. End to end (2 ranks, tiny sizes): the new modes produce
 checked rows (the correctness check runs against the harness's numpy reference on every rank),
 the trace table covers every case on every rank, and DeepSpeed's shm all_reduce is measured and
@@ -10,9 +11,11 @@ import importlib.util
 import json
 import time
 
+import numpy as np
 import pytest
 
-from ringcomm.bench.harness import Policy, make_separator, parse_arrival, run_measurement, spin_us
+from ringcomm.bench.harness import (Policy, after_arrival, make_separator, merge_ranks, parse_arrival,
+                                    run_measurement, spin_us)
 
 from test_bench_cli import VERDICT, _check_cells, run_bench
 
@@ -71,6 +74,32 @@ def test_separator_precedes_every_call_and_is_not_timed():
     rest = ev[1:]
     assert rest == ["sep", "call"] * (len(rest) // 2) and len(rest) == 2 * (res["warmup"] + res["iters"])
     assert res["iters"] == 5 and max(res["times"]) < 0.01, res["times"]
+    # every timed call's start is recorded on the shared clock, after its separator
+    assert len(res["starts"]) == 5 and np.all(np.diff(res["starts"]) >= 0.02 * 0.9), res["starts"]
+    b2b = run_measurement(_FakeRunner(), lambda: _FakeCase([]), Policy(warmup=1, iters=3, budget=1e-9))
+    assert "starts" not in b2b                # back to back: no arrival to measure after
+
+
+def test_after_arrival_is_the_last_end_minus_the_last_start():
+    # [rank, call]: call 0 - rank 1 arrives 30 us late and both end 5 us after it; call 1 -
+    # both arrive together, rank 0 takes 7 us; call 2 - rank 0 arrives last and ends 2 us later
+    # while rank 1 (early) ends 1 us after that
+    us = 1e-6
+    starts = np.array([[0.0, 100.0, 230.0], [30.0, 100.0, 200.0]]) * us
+    ends = np.array([[35.0, 107.0, 232.0], [35.0, 104.0, 233.0]]) * us
+    got = after_arrival(starts, ends - starts)
+    after = np.array([5.0, 7.0, 3.0]) * us
+    assert got["after_p50_s"] == pytest.approx(np.percentile(after, 50))
+    assert got["after_p90_s"] == pytest.approx(np.percentile(after, 90))
+    assert got["after_p99_s"] is None                    # under P99_MIN_CALLS calls
+    # the call's figure (max over ranks of each rank's own time) includes the 30 us wait
+    rec = {"lib": "x", "mode": "oop", "op": "all_reduce", "dtype": "float32", "redop": "sum",
+           "size": 4, "nominal": 4, "count": 1, "warmup": 1, "wrong": 0}
+    merged = merge_ranks([{"records": [dict(rec, times=ends[r] - starts[r], starts=starts[r])]}
+                          for r in range(2)])[0]
+    assert merged["max_s"] == pytest.approx(35 * us) and merged["after_p50_s"] == pytest.approx(5 * us)
+    plain = merge_ranks([{"records": [dict(rec, times=ends[r] - starts[r])]} for r in range(2)])[0]
+    assert "after_p50_s" not in plain
 
 
 class _SlowStartCase(_FakeCase):
@@ -134,6 +163,12 @@ def test_cli_arrival_modes_rows_checked(tmp_path, arrival):
         (op, d) for op in ("all_reduce", "broadcast") for d in ("float32", "bfloat16")}
     measured = _check_cells(doc, 20)        # checked, >= 20 calls, min <= median <= p90
     assert {n.split("/")[0] for n, _ in measured} == {"ringcomm", "gloo"}
+    # the part after the last arrival, per cell. Per call it is at most the call's figure (the
+    # rank that ends last started no later than the last arrival), so its quantiles are too.
+    for name, c in measured:
+        assert 0 < c["after_p50_us"] <= c["after_p90_us"], (name, c)
+        assert c["after_p50_us"] <= c["time_us"] and c["after_p90_us"] <= c["p90_us"], (name, c)
+    assert "after p50" in r.stdout
     assert not VERDICT.search(r.stdout)
 
 

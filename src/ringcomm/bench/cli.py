@@ -182,7 +182,9 @@ def arrival_text(pol: dict) -> str:
     what = (f"then {us:g} us of compute" if kind == "apart" else
             f"then rank r computes r x {us:g} us (arrives that late)")
     return (f"{kind} (before every call: a torch.distributed gloo barrier in the same processes "
-            f"(under mpiexec too), {what}; only the call is timed)")
+            f"(under mpiexec too), {what}; only the call is timed; after p50 / p90 = the last "
+            f"rank's end - the last rank's start, per call: what the library adds once every rank "
+            f"has arrived)")
 
 
 def _bind_knob() -> str:

@@ -18,6 +18,13 @@ One *measurement* is (library, mode, collective, dtype, reduce op, size) on ever
 4. barrier, then each rank times every call on its own clock. The parent takes, per call, the
    max over ranks (the call ends for the job when its last rank is done) and reports the spread
    of those: min, median, p90, p99 (with 100 calls or more), mean and max, and the count.
+   With a separator (``apart``/``skew``) each rank also records when every call began, on
+   ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process of the machine,
+   and the bench's ranks share one machine), and the parent adds the spread of the time *after
+   the last arrival*: the last rank's end minus the last rank's start, per call. The call's time
+   of an early rank includes its wait for the late ones (the separator's release spread, or the
+   application's imbalance); the part after the last arrival is what the library adds to the
+   job's step.
 
 Arrival (``--arrival``): ``b2b`` times calls back to back. ``apart[:US]`` precedes every warm-up
 and timed call with a *separator*: a barrier on another library (torch.distributed gloo in the
@@ -345,8 +352,10 @@ def run_measurement(runner, build, policy: Policy, separator=None) -> dict:
     rounds, done, spent = [], 0, 0.0
     n = policy.timed_calls(est)
     runner.barrier()
+    starts_rounds = []
     while True:
         times = np.empty(n, dtype=np.float64)
+        starts = np.empty(n, dtype=np.float64)
         t_round = perf()
         for i in range(n):
             if separator is not None:
@@ -354,17 +363,21 @@ def run_measurement(runner, build, policy: Policy, separator=None) -> dict:
             t0 = perf()
             fn()
             times[i] = perf() - t0
+            starts[i] = t0
         spent_here = perf() - t_round
         rounds.append(times)
+        starts_rounds.append(starts)
         done += n
         spent = runner.agree_max(spent + spent_here)
         if spent >= policy.budget or done >= policy.iters:
             break
         per_call = max(spent, 1e-9) / done
         n = min(policy.iters - done, max(1, math.ceil((policy.budget - spent) / per_call)))
-    times = np.concatenate(rounds)
-    return {"times": times, "wrong": wrong, "warmup": n_warm, "iters": done,
-            "rounds": len(rounds), "check_s": t_check}
+    out = {"times": np.concatenate(rounds), "wrong": wrong, "warmup": n_warm, "iters": done,
+           "rounds": len(rounds), "check_s": t_check}
+    if separator is not None:
+        out["starts"] = np.concatenate(starts_rounds)
+    return out
 
 
 _BENIGN = re.compile(r"not support|unsupported|can't be cast|cannot be cast|cannot use|"
@@ -550,8 +563,19 @@ def spread(per_call) -> dict:
             "mean_s": float(a.mean()), "max_s": float(a.max()), "iters": int(a.size)}
 
 
+def after_arrival(starts, times) -> dict:
+    """``after_p50_s``, ``after_p90_s``, ``after_p99_s`` (None under ``P99_MIN_CALLS`` calls) of
+    the time after the last arrival: per call (column), the last rank's end minus the last rank's
+    start. ``starts`` and ``times`` are [rank, call] arrays on one clock."""
+    starts, times = np.asarray(starts, np.float64), np.asarray(times, np.float64)
+    after = (starts + times).max(axis=0) - starts.max(axis=0)
+    q = spread(after)
+    return {"after_p50_s": q["time_s"], "after_p90_s": q["p90_s"], "after_p99_s": q["p99_s"]}
+
+
 def merge_ranks(results: list[dict]) -> list[dict]:
-    """Per measurement: per-call time = max over ranks; the spread of those (``spread``);
+    """Per measurement: per-call time = max over ranks; the spread of those (``spread``); with
+    start times (calls that arrive apart), the spread after the last arrival (``after_arrival``);
     wrong = sum over ranks."""
     by_key: dict[tuple, list[dict]] = {}
     order: list[tuple] = []
@@ -583,8 +607,10 @@ def merge_ranks(results: list[dict]) -> list[dict]:
             if len(lens) != 1:
                 out["error"] = f"ranks timed different iteration counts {sorted(lens)}"
             else:
-                per_call = np.max(np.stack([np.asarray(r["times"]) for r in recs]), axis=0)
-                out.update(spread(per_call), warmup=int(first["warmup"]),
+                times = np.stack([np.asarray(r["times"]) for r in recs])
+                out.update(spread(times.max(axis=0)), warmup=int(first["warmup"]),
                            wrong=int(sum(r["wrong"] for r in recs)))
+                if all("starts" in r for r in recs):
+                    out.update(after_arrival(np.stack([np.asarray(r["starts"]) for r in recs]), times))
         merged.append(out)
     return merged

@@ -2,7 +2,8 @@
 
 Figures per cell (one library, form, collective, dtype, op and size): the count of timed calls,
 and the spread of their times (each call's time = max over ranks) in µs: min, median, p90 and,
-with at least 100 calls, p99; algbw = size / median, busbw = algbw * bus factor (GB/s = 1e9 B/s).
+with at least 100 calls, p99; for calls that arrive apart, the median / p90 (/ p99) of the time
+after the last rank's arrival; algbw = size / median, busbw = algbw * bus factor (GB/s = 1e9 B/s).
 A peer's speedup = peer median / ringcomm median, ringcomm taken in the peer's form of the
 collective (``spec.NATIVE_MODE``), which for equal bus factors is also ringcomm busbw / peer
 busbw. The report states what was measured; it judges nothing beyond the correctness check.
@@ -30,7 +31,7 @@ def enrich(records: list[dict], world: int) -> None:
     for r in records:
         if "time_s" in r:
             r["time_us"] = r["time_s"] * 1e6
-            for k in ("min", "p90", "p99", "mean", "max"):
+            for k in ("min", "p90", "p99", "mean", "max", "after_p50", "after_p90", "after_p99"):
                 v = r.get(f"{k}_s")
                 r[f"{k}_us"] = None if v is None else v * 1e6
             r["algbw"] = r["size"] / r["time_s"] / 1e9
@@ -167,6 +168,12 @@ def format_table(t: Table, world: int, memcpy: dict) -> list[str]:
             ("p90", "(us)", 9, measured("p90_us", _t))]
     if with_p99:
         cols.append(("p99", "(us)", 9, measured("p99_us", _t)))
+    if any(r.get("after_p50_s") is not None for r in t.cells.values()):
+        # calls that arrive apart: the part after the last rank's arrival (harness.after_arrival)
+        cols += [("after p50", "(us)", 9, measured("after_p50_us", _t)),
+                 ("after p90", "(us)", 9, measured("after_p90_us", _t))]
+        if with_p99:
+            cols.append(("after p99", "(us)", 9, measured("after_p99_us", _t)))
     cols += [("algbw", "(GB/s)", 7, measured("algbw", _bw)),
              ("busbw", "(GB/s)", 7, measured("busbw", _bw)),
              ("speedup", "(x)", 7, speedup),
