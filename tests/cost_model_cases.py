@@ -1,10 +1,9 @@
 """Cases of tests/test_cost_model.py that run inside spawned ranks (module-level so that spawn can
 pickle them; torch is imported only by the bfloat16 cases, through mp_cases)."""
-import traceback
-
 import numpy as np
-from mp_cases import all_reduce_checked, close_enough, init_under_env, make, pairs, reference
+from mp_cases import close_enough, init_under_env, make, pairs, reference
 from order_ref import ordered_sum
+from rank_checks import AllReduceChecks
 
 ESIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
          "int32": 4, "int64": 8, "bool": 1}
@@ -38,17 +37,8 @@ def hd_cases(rank, world):
     every dtype x op, counts 0, 1, odd, multi-unit, in place and out of place; order-sensitive
     floats for SUM, AVG, PRODUCT, MIN, MAX; a multi-iteration float32 SUM against the order model.
     Returns the failures."""
-    fails = []
-    comms = {name: init_under_env(rank, world, name, env) for name, env in CONFIGS.items()}
-
-    def check(what, cond):
-        if not cond:
-            fails.append(f"rank {rank}: {what}")
-
-    def run(comm, x_src, op, in_place, dt, lib):
-        return all_reduce_checked(comm, x_src, op, in_place, dt, lib, check)
-
-    try:
+    with AllReduceChecks(rank, world, CONFIGS) as checks:
+        comms, check, run = checks.comms, checks.check, checks.run
         for dt, op in pairs():
             lib = "torch" if dt == "bfloat16" else "numpy"
             for i, count in enumerate(counts_of(world, ESIZE[dt])):
@@ -84,12 +74,7 @@ def hd_cases(rank, world):
         x = order_sensitive(count, rank, np.float32)
         want = ordered_sum([order_sensitive(count, p, np.float32) for p in range(world)]).tobytes()
         check(f"hd differs from the order model at n={count}", run(comms["hd"], x, "SUM", True, "float32", "numpy")[0] == want)
-    except Exception:  # noqa: BLE001
-        fails.append(f"rank {rank}: " + traceback.format_exc())
-    finally:
-        for c in comms.values():
-            c.close()
-    return fails
+    return checks.failures
 
 
 def profile_init_case(rank, world, paths, sub):

@@ -1,12 +1,12 @@
 """Cases of tests/test_two_shot.py that run INSIDE spawned ranks (module-level so that spawn can
 pickle them; torch is imported only by the bfloat16 cases, through mp_cases)."""
 import os
-import traceback
 
 import numpy as np
 import ringcomm
-from mp_cases import FLOAT, all_reduce_checked, close_enough, init_under_env, make, pairs, reference
+from mp_cases import FLOAT, close_enough, init_under_env, make, pairs, reference
 from order_ref import ordered_sum
+from rank_checks import AllReduceChecks
 
 SENTINEL = -7
 
@@ -59,17 +59,8 @@ def auto_expected(world, nbytes):
 
 
 def correctness_cases(rank, world):
-    fails = []
-    comms = {name: init_under_env(rank, world, name, env) for name, env in CONFIGS.items()}
-
-    def check(what, cond):
-        if not cond:
-            fails.append(f"rank {rank}: {what}")
-
-    def run(comm, x_src, op, in_place, dt, lib):
-        return all_reduce_checked(comm, x_src, op, in_place, dt, lib, check)
-
-    try:
+    with AllReduceChecks(rank, world, CONFIGS) as checks:
+        comms, check, run = checks.comms, checks.check, checks.run
         ran = {}
         # Every dtype x op, exact data (small integers): against numpy, and bit for bit across
         # the algorithms; each algorithm checked to have run (the trace names it).
@@ -140,12 +131,7 @@ def correctness_cases(rank, world):
         want = ordered_sum([order_sensitive(count, p, np.float32) for p in range(world)]).tobytes()
         for name in ("two_shot", "ring"):
             check(f"{name} differs from the order model at n={count}", run(comms[name], x, "SUM", True, "float32", "numpy")[0] == want)
-    except Exception:  # noqa: BLE001
-        fails.append(f"rank {rank}: " + traceback.format_exc())
-    finally:
-        for c in comms.values():
-            c.close()
-    return fails
+    return checks.failures
 
 
 def _attempt(fn):
