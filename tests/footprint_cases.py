@@ -4,6 +4,7 @@ import traceback
 import numpy as np
 
 from mp_cases import init_under_env
+from rank_checks import RankChecks
 
 
 def eight_rank_cases(rank, world):
@@ -11,16 +12,12 @@ def eight_rank_cases(rank, world):
     non-neighbours with the default slot geometry, checked against numpy. Returns failures and
     this rank's segment bytes as the transport reports them."""
     comm = init_under_env(rank, world, "s", timeout=120)
-    failures = []
 
     def data(r, n, salt):
         return ((np.arange(n, dtype=np.int64) * 7 + r * 131 + salt) % 1000).astype(np.float32)
 
-    def check(name, ok):
-        if not ok:
-            failures.append(f"rank {rank}: {name}")
-
-    try:
+    with RankChecks(rank, [comm]) as checks:
+        check = checks.check
         # 1000 floats: bytes x (world-1) under RINGCOMM_DIRECT_MAX_BYTES (direct); 20000: the ring.
         # 20000 floats are 80 KB: several far (32 KiB) pieces and one full (256 KiB) ring piece.
         for n in (0, 1, 1000, 20000, 70001):
@@ -50,11 +47,7 @@ def eight_rank_cases(rank, world):
         hs.wait(); hr.wait()
         check("send/recv across", np.array_equal(y, data(peer, blk, 5)))
         comm.barrier()
-    except Exception:
-        failures.append(f"rank {rank}: exception\n{traceback.format_exc()}")
-    finally:
-        comm.close()
-    return failures
+    return checks.failures
 
 
 def info_rank(rank, world):
@@ -202,15 +195,11 @@ def footprint_after_everything(rank, world):
     """With the default knobs: every collective at sizes that take each algorithm and protocol
     (LL, direct, two-shot, ring; chain and direct broadcasts), then all-pairs point-to-point
     (48 KiB messages: more than an outbox slot), then this process's ringcomm mappings
-    (shm_mappings). Returns (failures, mappings)."""
-    failures = []
-
-    def check(name, ok):
-        if not ok:
-            failures.append(f"rank {rank}: {name}")
-
+    (shm_mappings). Returns (failures, mappings); the mappings are {} when a case raised."""
     comm = init_under_env(rank, world, "fp", timeout=240)
-    try:
+    maps = {}
+    with RankChecks(rank, [comm]) as checks:
+        check = checks.check
         # floats: 100 (LL), 500 (direct at 16 ranks: 2 KB x 15), 20000 (two-shot: 80 KB), 300000 (ring)
         every_collective(comm, rank, world, (100, 500, 20000), check, (0, world - 1))
         x = _data(rank, 300000, 1)
@@ -219,33 +208,18 @@ def footprint_after_everything(rank, world):
         all_pairs_p2p(comm, rank, world, 12 * 1024, check)
         comm.barrier()
         maps = shm_mappings()
-    except Exception:
-        failures.append(f"rank {rank}: exception\n{traceback.format_exc()}")
-        maps = {}
-    finally:
-        comm.close()
-    return failures, maps
+    return checks.failures, maps
 
 
 def in_docker_default_shm(rank, world):
     """With the default knobs, inside a 64 MiB /dev/shm (Docker's default): init, every collective,
     all-pairs point-to-point. Returns failures (empty: everything fit and was correct)."""
-    failures = []
-
-    def check(name, ok):
-        if not ok:
-            failures.append(f"rank {rank}: {name}")
-
     try:
         comm = init_under_env(rank, world, "docker", timeout=120)
     except Exception:
         return [f"rank {rank}: init\n{traceback.format_exc()}"]
-    try:
-        every_collective(comm, rank, world, (100, 20000), check, (0,))
-        all_pairs_p2p(comm, rank, world, 12 * 1024, check)
+    with RankChecks(rank, [comm]) as checks:
+        every_collective(comm, rank, world, (100, 20000), checks.check, (0,))
+        all_pairs_p2p(comm, rank, world, 12 * 1024, checks.check)
         comm.barrier()
-    except Exception:
-        failures.append(f"rank {rank}: exception\n{traceback.format_exc()}")
-    finally:
-        comm.close()
-    return failures
+    return checks.failures
