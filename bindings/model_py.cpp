@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <iterator>
 #include <string>
@@ -60,29 +61,19 @@ rc::CostProfile from_params(const py::object& params) {
   return p;
 }
 
-rc::Algo algo_of(const std::string& name) {
-#define RC_ALGO_BY_NAME_(en, code, str) \
-  if (name == str) return rc::Algo::k##en;
-  RC_ALGORITHMS(RC_ALGO_BY_NAME_)
-#undef RC_ALGO_BY_NAME_
-  RC_THROW(InvalidArgument, "ringcomm: unknown algorithm '" << name << "'");
-}
-
-rc::Proto proto_of(const std::string& name) {
-#define RC_PROTO_BY_NAME_(en, code, str) \
-  if (name == str) return rc::Proto::k##en;
-  RC_PROTOCOLS(RC_PROTO_BY_NAME_)
-#undef RC_PROTO_BY_NAME_
-  RC_THROW(InvalidArgument, "ringcomm: unknown protocol '" << name << "'");
+// The enumerator of E whose code name_of names `name` (name_of: selection.h's algo_name_of or
+// proto_name_of, "?" for a code without one); InvalidArgument "unknown <what>" for any other name.
+template <class E>
+E by_name(const std::string& name, const char* (*name_of)(uint8_t), const char* what) {
+  if (name != "?")
+    for (unsigned code = 0; code <= UINT8_MAX; ++code)
+      if (name == name_of(static_cast<uint8_t>(code))) return static_cast<E>(code);
+  RC_THROW(InvalidArgument, "ringcomm: unknown " << what << " '" << name << "'");
 }
 
 py::dict work_dict(const rc::HalvingDoublingWork& w) {
-  py::dict d;
-  d["steps"] = w.steps;
-  d["sent"] = w.sent;
-  d["received"] = w.received;
-  d["combined"] = w.combined;
-  return d;
+  return py::dict(py::arg("steps") = w.steps, py::arg("sent") = w.sent, py::arg("received") = w.received,
+                  py::arg("combined") = w.combined);
 }
 
 }  // namespace
@@ -99,7 +90,8 @@ void bind_model(py::module_& m) {
   m.def("_model_seconds",
         [](const std::string& algo, const std::string& proto, int64_t bytes, int world, const py::object& params,
            int64_t ring_piece, int64_t far_piece, int64_t far_depth) {
-          return rc::model_seconds(from_params(params), algo_of(algo), proto_of(proto), bytes, world,
+          return rc::model_seconds(from_params(params), by_name<rc::Algo>(algo, rc::algo_name_of, "algorithm"),
+                                   by_name<rc::Proto>(proto, rc::proto_name_of, "protocol"), bytes, world,
                                    rc::PieceSizes{ring_piece, far_piece, far_depth});
         },
         py::arg("algo"), py::arg("proto"), py::arg("bytes"), py::arg("world_size"), py::arg("params") = py::none(),

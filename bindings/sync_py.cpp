@@ -260,12 +260,8 @@ void bind_sync(py::module_& m) {
         "Address of the RcFastApi table (ringcomm/abi.h), valid while the process lives.");
   m.def("_sync_entry_stats", [] {
     const rc::SyncEntryStats s = rc::sync_entry_stats();
-    py::dict d;
-    d["all_reduce"] = s.all_reduce;
-    d["broadcast"] = s.broadcast;
-    d["reduce_scatter"] = s.reduce_scatter;
-    d["all_gather"] = s.all_gather;
-    return d;
+    return py::dict(py::arg("all_reduce") = s.all_reduce, py::arg("broadcast") = s.broadcast,
+                    py::arg("reduce_scatter") = s.reduce_scatter, py::arg("all_gather") = s.all_gather);
   }, "Calls the synchronous entries (comm/sync_entry.h) have taken in this process.");
   m.def("_abi_tables", [] {
     // The lists of ringcomm/abi.h as this module was compiled with them (tests compare
