@@ -200,6 +200,17 @@ def _exc_obs(e: BaseException) -> dict:
     return {"is_runtime_error": isinstance(e, RuntimeError)}
 
 
+def _future_wait_obs(fut, wait_msg, raised: str, same_message: str) -> dict:
+    """What ``fut.wait()`` shows: {raised: whether it raised} and, when it raised, {same_message:
+    whether its message contains `wait_msg`}, the message the work's own wait() raised with (None
+    where that wait() returned)."""
+    try:
+        fut.wait()
+        return {raised: False}
+    except Exception as e:  # noqa: BLE001
+        return {raised: True, same_message: wait_msg is not None and wait_msg in str(e)}
+
+
 def failure_cases(rank: int, world: int, timeout_s: float) -> dict:
     """Collectives that fail: rank 0 issues them on groups whose other ranks never join, so each
     fails by the group's timeout. One group per collective (a group whose op timed out is not
@@ -236,6 +247,7 @@ def failure_cases(rank: int, world: int, timeout_s: float) -> dict:
             pending.append(((n, m), w, fut, chained, ran))
         for key, w, fut, chained, ran in pending:
             obs = {}
+            wait_msg = None
             try:
                 w.wait()
                 obs["raised"] = False
@@ -255,12 +267,7 @@ def failure_cases(rank: int, world: int, timeout_s: float) -> dict:
                 continue
             f = w.get_future()
             obs["late_fut_done"] = f.done()
-            try:
-                f.wait()
-                obs["fut_raised"] = False
-            except Exception as e:  # noqa: BLE001
-                obs["fut_raised"] = True
-                obs["fut_same_message"] = obs["raised"] and wait_msg in str(e)
+            obs.update(_future_wait_obs(f, wait_msg, "fut_raised", "fut_same_message"))
             out[key] = obs
     dist.barrier(group=wt)
     return out

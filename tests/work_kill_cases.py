@@ -32,7 +32,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from work_contract_cases import _NO_FUTURE_IN_GLOO, _ops
+from work_contract_cases import _NO_FUTURE_IN_GLOO, _future_wait_obs, _ops
 
 DURING_DELAY_S = 0.3
 OPS = ["allreduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all", "gather",
@@ -106,12 +106,7 @@ def _observe(op: str, mode: str, t_kill) -> dict:
     if fut is None:
         return obs
     obs["fut_done_at_raise"] = fut.done()
-    try:
-        fut.wait()
-        obs["fut_raised"] = False
-    except Exception as e:  # noqa: BLE001
-        obs["fut_raised"] = True
-        obs["fut_same_message"] = msg is not None and msg in str(e)
+    obs.update(_future_wait_obs(fut, msg, "fut_raised", "fut_same_message"))
     try:
         chained.wait()
         obs["chained_raised"] = False
@@ -120,12 +115,7 @@ def _observe(op: str, mode: str, t_kill) -> dict:
     obs["callback_saw"] = list(seen)
     late = w.get_future()
     obs["late_fut_done"] = late.done()
-    try:
-        late.wait()
-        obs["late_fut_raised"] = False
-    except Exception as e:  # noqa: BLE001
-        obs["late_fut_raised"] = True
-        obs["late_same_message"] = msg is not None and msg in str(e)
+    obs.update(_future_wait_obs(late, msg, "late_fut_raised", "late_same_message"))
     return obs
 
 
