@@ -2,7 +2,8 @@
 //
 // How dispatch works:
 //  1. reduce_cpu_simd.h holds the typed loops (written once with vector extensions). It is
-//     included three times below: as namespace `generic` (16-byte vectors, the build's baseline
+//     included three times below, each through reduce_cpu_copy.h (which opens and closes the
+//     copy's target region): as namespace `generic` (16-byte vectors, the build's baseline
 //     flags) and, on x86-64, as namespace `avx2` inside `#pragma GCC target("avx2,f16c")` (32-byte
 //     vectors, F16C conversions) and as namespace `avx512` inside
 //     `#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c")` (64-byte vectors). The library is
@@ -50,54 +51,20 @@
 #define RC_KERN_VBYTES 16
 #define RC_KERN_AVX2 0
 #define RC_KERN_AVX512 0
-#include "kernels/reduce_cpu_simd.h"
-#undef RC_KERN_NS
-#undef RC_KERN_VBYTES
-#undef RC_KERN_AVX2
-#undef RC_KERN_AVX512
+#include "kernels/reduce_cpu_copy.h"
 
 #if RC_KERN_HAVE_X86
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c")  // deliberately not "fma": SUM/AVG must not be contracted
-#endif
 #define RC_KERN_NS avx2
 #define RC_KERN_VBYTES 32
 #define RC_KERN_AVX2 1
 #define RC_KERN_AVX512 0
-#include "kernels/reduce_cpu_simd.h"
-#undef RC_KERN_NS
-#undef RC_KERN_VBYTES
-#undef RC_KERN_AVX2
-#undef RC_KERN_AVX512
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "kernels/reduce_cpu_copy.h"
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c")  // not "fma" either (see above)
-#endif
 #define RC_KERN_NS avx512
 #define RC_KERN_VBYTES 64
 #define RC_KERN_AVX2 0
 #define RC_KERN_AVX512 1
-#include "kernels/reduce_cpu_simd.h"
-#undef RC_KERN_NS
-#undef RC_KERN_VBYTES
-#undef RC_KERN_AVX2
-#undef RC_KERN_AVX512
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+#include "kernels/reduce_cpu_copy.h"
 #endif  // RC_KERN_HAVE_X86
 
 #pragma GCC diagnostic pop

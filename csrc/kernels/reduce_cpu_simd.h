@@ -1,7 +1,8 @@
 // Typed elementwise reduce loops, written once with GCC/Clang vector extensions and compiled
-// once per instruction set. NOT a normal header: reduce_cpu.cpp includes it once per copy, each time
-// inside its own namespace and (for AVX2 and AVX-512) inside a `#pragma GCC target` region, so that every
-// function below -- templates included -- is compiled for that instruction set. The dtype x op
+// once per instruction set. NOT a normal header: reduce_cpu.cpp includes it once per copy (through
+// reduce_cpu_copy.h), each time inside its own namespace and (for AVX2 and AVX-512) inside a
+// `#pragma GCC target` region, so that every function below -- templates included -- is
+// compiled for that instruction set. The dtype x op
 // switch is not here; it lives in reduce_cpu.cpp and picks `Isa::run<Kind, Op>` from one of the
 // copies.
 //
