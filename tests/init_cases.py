@@ -134,3 +134,22 @@ def environment_seen(rank, world):
     """(the rank's RINGCOMM_TEST_MARK, RANK, its parent's pid, whether torch was imported before fn ran)."""
     import sys
     return os.environ.get("RINGCOMM_TEST_MARK"), os.environ["RANK"], os.getppid(), "torch" in sys.modules
+
+
+def slow_last_mapper(rank, world, path):
+    """The last rank pauses between mapping rank 0's segment and the others' (the test hook), so
+    rank 0 finishes init and closes while the middle ranks still wait for the last rank to map
+    theirs: closing after init is no failure of theirs. Then the ranks meet again."""
+    import time
+    import ringcomm
+    if rank == world - 1:
+        os.environ["RINGCOMM_TEST_ATTACH_PAUSE_MS"] = "1500"
+    t0 = time.monotonic()
+    with ringcomm.init(rank=rank, world_size=world, init_method=f"file://{path}", prefix="first"):
+        pass
+    took = time.monotonic() - t0
+    os.environ.pop("RINGCOMM_TEST_ATTACH_PAUSE_MS", None)
+    with ringcomm.init(rank=rank, world_size=world, init_method=f"file://{path}", prefix="again") as comm:
+        x = np.full(4, rank + 1.0)
+        comm.all_reduce(x)
+    return took, x.tolist()

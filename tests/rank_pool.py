@@ -11,7 +11,7 @@ results in rank order, as ``ringcomm.launch.spawn`` would:
   the parent, then ``env``, then RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE), and the rank's
   environment and ringcomm.torch's issue hooks are put back when the job ends, so a job sees no
   setting a previous job made;
-* the first failure in any rank is raised as ``LaunchError`` with that rank's traceback; a job that
+* a failure is raised as ``LaunchError`` with the traceback of the rank that failed first; a job that
   runs past ``timeout`` is reported with every still-running rank's stack (faulthandler on
   SIGUSR1); either way the pool is killed (its ranks may be inside a half-done collective) and the
   next call starts a new one;
@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import pickle
-import queue as queue_mod
 import signal
 import sys
 import tempfile
 import time
 from typing import Any, Callable, Sequence
 
-from ringcomm.launch import LaunchError
+from ringcomm.launch import LaunchError, collect
 from ringcomm.launch import _child as _launch_child
 
 __all__ = ["run", "close_all", "owns", "LaunchError"]
@@ -47,7 +45,7 @@ PRELOAD = ("numpy", "torch", "torch.distributed")
 def _serve(rank: int, world_size: int, jobs, results, stack_path: str) -> None:
     """A pool rank: run jobs from `jobs` until None arrives, each through ``ringcomm.launch``'s
     own child body (faulthandler stacks on SIGUSR1, RANK / WORLD_SIZE, the result or the failure
-    put on `results` as ``(rank, ok, payload, traceback, exception type)``)."""
+    put on `results` as ``ringcomm.launch.collect`` reads them)."""
     import importlib
     for name in PRELOAD:
         try:
@@ -127,36 +125,7 @@ class _Pool:
         environ.update({k: str(v) for k, v in (env or {}).items()})
         for q in self.jobs:
             q.put((fn, tuple(args), environ))
-        ws = self.world_size
-        out: list = [None] * ws
-        done = [False] * ws
-        deadline = time.monotonic() + timeout
-        while not all(done):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                running = [r for r in range(ws) if not done[r]]
-                raise LaunchError(f"rank pool: timed out after {timeout:.0f} s; ranks still "
-                                  f"running: {running}\n{self._stacks(running)}")
-            try:
-                rank, ok, payload, tb, exc_type = self.results.get(timeout=min(remaining, 0.5))
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(self.procs)
-                        if not done[r] and p.exitcode is not None]
-                if dead:
-                    try:  # a report may still be in flight
-                        rank, ok, payload, tb, exc_type = self.results.get(timeout=1.0)
-                    except queue_mod.Empty:
-                        raise LaunchError(f"rank pool: rank {dead[0]} exited with code "
-                                          f"{self.procs[dead[0]].exitcode} without reporting a "
-                                          f"result", rank=dead[0]) from None
-                else:
-                    continue
-            done[rank] = True
-            if not ok:
-                raise LaunchError(f"rank pool: rank {rank} failed with {exc_type}:\n{tb}",
-                                  rank=rank, remote_traceback=tb, exc_type=exc_type)
-            out[rank] = pickle.loads(payload)
-        return out
+        return collect(self.results, self.procs, timeout, "rank pool", self._stacks)
 
     def _stacks(self, ranks) -> str:
         for r in ranks:

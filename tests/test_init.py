@@ -64,6 +64,19 @@ def test_launch_reraises_with_rank_and_traceback():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [3, 5])
+def test_a_peer_that_closes_after_init_fails_no_one_still_waiting(tmp_path, world):
+    """A rank waits at init until every peer mapped its segment; a peer that did so, finished
+    and closed meanwhile must not fail that wait (a slow last mapper keeps the others waiting)."""
+    store = tmp_path / "rdzv"
+    store.mkdir(mode=0o700)
+    got = spawn(init_cases.slow_last_mapper, world, (str(store),), timeout=100)
+    total = float(sum(range(1, world + 1)))
+    assert [x for _, x in got] == [[total] * 4] * world
+    assert got[1][0] >= 1.4  # rank 1 did wait for the slow rank: the case under test happened
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_launch_ranks_see_the_environment_at_the_call(monkeypatch, method):
     """Either start method: every rank runs with the launching process's environment as it is

@@ -93,7 +93,11 @@ std::string ShmTransport::own_abort_message() const {
 std::string ShmTransport::describe(const WaitCtx& w) const {
   std::ostringstream o;
   o << w.op << " (seq " << w.seq << ") on rank " << rank_;
-  if (w.peer >= 0) o << ", waiting for " << (w.what && *w.what ? w.what : "peer") << " from rank " << w.peer;
+  if (w.peer >= 0) {
+    o << ", waiting for " << (w.what && *w.what ? w.what : "peer") << " from rank " << w.peer;
+  } else if (w.what && *w.what) {
+    o << ", waiting for " << w.what;
+  }
   if (w.step >= 0) o << " at step " << w.step << (w.nsteps > 0 ? "/" + std::to_string(w.nsteps) : "");
   return o.str();
 }

@@ -11,11 +11,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "common/errors.h"
+#include "common/knobs.h"
 #include "transport/shm_layout.h"
 #include "transport/shm_wait.h"
 
@@ -250,6 +253,10 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
       hb_seen_at_[p] = now_ns();
     }
     publish_add(&h->attached.v, &h->attached.waiters, 1);
+    if (p == (rank_ == 0 ? 1 : 0)) {
+      if (const int64_t pause_ms = knob_int("RINGCOMM_TEST_ATTACH_PAUSE_MS"); pause_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    }
   }
   // The relation is symmetric (same_pid_namespace), so when every peer shares our namespace no
   // peer reads our heartbeat: stop it, and collectives run with no thread besides the core's.
@@ -259,16 +266,14 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
   auto* own = reinterpret_cast<SegmentHeader*>(base_[rank_]);
   WaitCtx w;
   w.op = "init";
-  w.what = "peers to map this rank's shared memory";
+  w.what = "every peer to map this rank's shared memory";
+  // The counter has every peer as a writer, so the wait names no peer (w.peer = -1): a peer that
+  // mapped us, finished its own init and closed its communicator is done with this wait, while
+  // an aborted or dead one still fails it (check_peers).
   const uint32_t want = static_cast<uint32_t>(world_ - 1);
   try {
-    for (int p = 0; p < world_; ++p) {
-      if (p == rank_) continue;
-      w.peer = p;
-      wait_until(&own->attached.v, &own->attached.waiters,
-                 [&] { return own->attached.v.load(std::memory_order_acquire) >= want; }, w);
-      break;  // one wait covers all: the counter counts every peer
-    }
+    wait_until(&own->attached.v, &own->attached.waiters,
+               [&] { return own->attached.v.load(std::memory_order_acquire) >= want; }, w);
   } catch (...) {
     unlink_dead_peers(names);
     throw;

@@ -213,7 +213,16 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
             published = True  # exchange_segment_names publishes first
             names = exchange_segment_names(_FailureAware(store, started), prefix, rank, world_size, name,
                                            timeout, abandoned)
-        core.connect(names)
+        try:
+            core.connect(names)
+        except PeerFailureError:
+            # A peer whose init failed wrote its marker before releasing its segment: its reason
+            # is the cause, this rank's missing segment (or the peer's abort) only the effect.
+            cause = None if world_size == 1 else _peer_marker(_FailureAware(store, started), prefix, rank,
+                                                              world_size)
+            if cause is None:
+                raise
+            raise cause
         if world_size > 1:
             _check_profiles(store, prefix, rank, world_size)
     except BaseException as e:
@@ -258,6 +267,23 @@ def _check_profiles(store, prefix: str, rank: int, world_size: int) -> None:
 
 _FAILED = "!failed: "
 _MARKER_SLACK_S = 60.0  # ranks of one run start within this of each other
+
+
+def _peer_marker(store: "_FailureAware", prefix: str, rank: int, world_size: int):
+    """The PeerFailureError of the first peer whose key holds a fresh failure marker now, else
+    None (never waits: only a store with ``check`` is asked)."""
+    if store.check is None:
+        return None
+    for r in range(world_size):
+        key = f"{prefix}/shm/{r}"
+        try:
+            if r != rank and store.check([key]):
+                store.get(key)
+        except PeerFailureError as e:
+            return e
+        except Exception:  # noqa: BLE001 - the store's own failure: keep the original error
+            return None
+    return None
 
 
 class _FailureAware:

@@ -3,9 +3,10 @@ test harness.
 
 ``spawn(fn, world_size, args)`` starts ``world_size`` processes (multiprocessing's ``spawn``
 start method, or ``forkserver`` where ``RINGCOMM_START_METHOD`` says so), calls
-``fn(rank, world_size, *args)`` in each, and returns the results in rank order. The first
-failure is re-raised in the parent as ``LaunchError`` carrying the rank and the child's
-traceback; the remaining ranks are killed. A run that exceeds ``timeout`` seconds is killed and
+``fn(rank, world_size, *args)`` in each, and returns the results in rank order. A failure is
+re-raised in the parent as ``LaunchError`` carrying the rank and the child's traceback: the
+failure raised first, once the other ranks' reports have arrived (``collect``); the remaining
+ranks are then killed. A run that exceeds ``timeout`` seconds is killed and
 reported with the stack of every rank still running (dumped by ``faulthandler`` on SIGUSR1), so a
 hang names where each rank was stuck. No child outlives the call.
 """
@@ -49,15 +50,20 @@ def _child(fn, rank, world_size, args, env, queue, stack_path, environ=None):
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ.setdefault("LOCAL_RANK", str(rank))
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(world_size))
+    raised_at = 0.0
     try:
-        result = fn(rank, world_size, *args)
+        try:
+            result = fn(rank, world_size, *args)
+        except BaseException:
+            raised_at = time.time()  # before the traceback is formatted: the order of failures
+            raise
         try:
             payload = pickle.dumps(result)
         except Exception as e:  # noqa: BLE001 - report what could not be returned
             raise TypeError(f"rank {rank}: result of {fn!r} is not picklable: {e}") from e
-        queue.put((rank, True, payload, "", ""))
+        queue.put((rank, True, payload, "", "", 0.0))
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
-        queue.put((rank, False, b"", traceback.format_exc(), type(e).__name__))
+        queue.put((rank, False, b"", traceback.format_exc(), type(e).__name__, raised_at or time.time()))
     finally:
         stack_file.flush()
 
@@ -85,49 +91,12 @@ def spawn(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
                                              stack_paths[r], environ), daemon=True)
         p.start()
         procs.append(p)
-    results: list = [None] * world_size
-    done = [False] * world_size
-    deadline = time.monotonic() + timeout
-    error: LaunchError | None = None
+    results = None
     try:
-        while not all(done):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                running = [r for r in range(world_size) if not done[r]]
-                stacks = _collect_stacks(procs, running, stack_paths)
-                error = LaunchError(
-                    f"ringcomm.launch: timed out after {timeout:.0f} s; ranks still running: "
-                    f"{running}\n{stacks}")
-                break
-            try:
-                rank, ok, payload, tb, exc_type = queue.get(timeout=min(remaining, 0.5))
-            except Exception:  # queue.Empty: check for ranks that died without reporting
-                dead = [r for r, p in enumerate(procs) if not done[r] and p.exitcode is not None]
-                for r in dead:
-                    if r in may_die:
-                        done[r] = True
-                dead = [r for r in dead if r not in may_die]
-                if dead:
-                    # Give a report that may still be in flight a moment to arrive.
-                    try:
-                        rank, ok, payload, tb, exc_type = queue.get(timeout=1.0)
-                    except Exception:
-                        r = dead[0]
-                        error = LaunchError(
-                            f"ringcomm.launch: rank {r} exited with code {procs[r].exitcode} "
-                            f"without reporting a result", rank=r)
-                        break
-                else:
-                    continue
-            done[rank] = True
-            if ok:
-                results[rank] = pickle.loads(payload)
-            else:
-                error = LaunchError(f"ringcomm.launch: rank {rank} failed with {exc_type}:\n{tb}",
-                                    rank=rank, remote_traceback=tb, exc_type=exc_type)
-                break
+        results = collect(queue, procs, timeout, "ringcomm.launch",
+                          lambda ranks: _collect_stacks(procs, ranks, stack_paths), may_die)
     finally:
-        reap(procs, grace=0.0 if error else 5.0)
+        reap(procs, grace=5.0 if results is not None else 0.0)
         queue.close()
         for path in stack_paths:
             try:
@@ -138,9 +107,80 @@ def spawn(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
             os.rmdir(stack_dir)
         except OSError:
             pass
-    if error is not None:
-        raise error
     return results
+
+
+# After the first failure, how long the other ranks' reports are awaited: a failure in one rank
+# makes its peers fail too (a dead or aborted peer, a missing segment), and the one raised first
+# is the cause to report. Meanwhile the failing ranks release their shared memory themselves.
+SETTLE_S = 3.0
+
+
+def collect(reports, procs, timeout: float, who: str, stacks: Callable[[list], str],
+            may_die: Sequence[int] = ()) -> list:
+    """The results, in rank order, that ``procs`` put on ``reports`` as ``(rank, ok, payload,
+    traceback, exception type, raised at)``, each rank once. A failure raises LaunchError: after
+    it the other ranks' reports are awaited for up to SETTLE_S seconds, and the failure raised
+    first (a rank that exited without reporting counts as failing when that was seen) is the one
+    raised, naming the ranks that failed after it. Past ``timeout`` seconds: LaunchError with
+    ``stacks(running ranks)``. Ranks in ``may_die`` may exit without reporting (result None)."""
+    n = len(procs)
+    results: list = [None] * n
+    done = [False] * n
+    failures = []  # (raised at, rank, exception type, traceback)
+    deadline = time.monotonic() + timeout
+    settle_until = None
+    while not all(done):
+        now = time.monotonic()
+        if settle_until is not None and now >= settle_until:
+            break
+        if now >= deadline:
+            if failures:
+                break
+            running = [r for r in range(n) if not done[r]]
+            raise LaunchError(f"{who}: timed out after {timeout:.0f} s; ranks still running: "
+                              f"{running}\n{stacks(running)}")
+        limit = min(deadline, settle_until or deadline) - now
+        try:
+            rank, ok, payload, tb, exc_type, raised_at = reports.get(timeout=min(limit, 0.5))
+        except Exception:  # queue.Empty: look for ranks that exited without reporting
+            for r, p in enumerate(procs):
+                if done[r] or p.exitcode is None:
+                    continue
+                if r in may_die:
+                    done[r] = True
+                    continue
+                try:  # its report may still be in flight
+                    rank, ok, payload, tb, exc_type, raised_at = reports.get(timeout=1.0)
+                    break
+                except Exception:
+                    done[r] = True
+                    failures.append((time.time(), r, f"exited with code {p.exitcode}", ""))
+            else:
+                if failures and settle_until is None:
+                    settle_until = time.monotonic() + SETTLE_S
+                continue
+        done[rank] = True
+        if ok:
+            results[rank] = pickle.loads(payload)
+        else:
+            failures.append((raised_at, rank, exc_type, tb))
+            if settle_until is None:
+                settle_until = time.monotonic() + SETTLE_S
+    if not failures:
+        return results
+    failures.sort(key=lambda f: f[0])
+    _, rank, exc_type, tb = failures[0]
+    if tb:
+        text = f"{who}: rank {rank} failed with {exc_type}:\n{tb}"
+    else:
+        text = f"{who}: rank {rank} {exc_type} without reporting a result"
+    if len(failures) > 1:
+        # A traceback's last line is "Type: message".
+        later = "; ".join(f"rank {r} ({(b.strip().splitlines() or [t])[-1] if b else t})"
+                          for _, r, t, b in failures[1:])
+        text += f"\n{who}: after it, these ranks failed too: {later}"
+    raise LaunchError(text, rank=rank, remote_traceback=tb, exc_type=exc_type if tb else "")
 
 
 def _collect_stacks(procs, ranks, stack_paths) -> str:
