@@ -165,6 +165,9 @@ def test_debug_info_states_footprint_once(store_env, capfd, default_knobs):
         assert f, mine[0]
         head, ns, sb, ko, fb = (int(g) for g in f.groups())
         assert head + ns * (sb + 4096) + 2 * ko * (fb + 4096) == want, mine[0]
+        # Peers checked alike are listed once, as ranges: the line does not grow with the world.
+        others = {0: "ranks 1-2", 1: "ranks 0,2", 2: "ranks 0-1"}[r]
+        assert f"liveness: {others} pid probe (same PID namespace);" in mine[0], mine[0]
 
 
 @pytest.mark.timeout(480)

@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "common/errors.h"
 #include "transport/shm_layout.h"
@@ -19,21 +21,50 @@ namespace rc {
 
 using namespace shm_detail;
 
-std::string ShmTransport::describe_liveness() const {
+namespace {
+
+// "rank 3", or "ranks 0-7,9-31" for several (ascending).
+std::string rank_list(const std::vector<int>& ranks) {
   std::ostringstream o;
-  o << "liveness";
-  if (world_ <= 1) o << " -";
+  o << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    o << (i == 0 ? "" : ",") << ranks[i];
+    if (j > i) o << "-" << ranks[j];
+    i = j + 1;
+  }
+  return o.str();
+}
+
+}  // namespace
+
+// One entry per way of checking a peer, with the peers it applies to: a line of fixed length at
+// any world size where every peer shares our PID namespace.
+std::string ShmTransport::describe_liveness() const {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;  // in order of first appearance
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
-    o << (p == (rank_ == 0 ? 1 : 0) ? ": " : ", ") << "rank " << p;
+    std::ostringstream d;
     if (!by_heartbeat_[p]) {
-      o << " pid probe (same PID namespace)";
+      d << "pid probe (same PID namespace)";
     } else {
-      o << " heartbeat (PID namespace " << (pidns_[p].empty() ? "unknown" : pidns_[p]) << ", ours "
+      d << "heartbeat (PID namespace " << (pidns_[p].empty() ? "unknown" : pidns_[p]) << ", ours "
         << (pidns_[rank_].empty() ? "unknown" : pidns_[rank_]) << "; dead after " << hb_bound_ns_[p] / 1000000
         << " ms still)";
     }
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == d.str(); });
+    if (g == groups.end()) {
+      groups.push_back({d.str(), {p}});
+    } else {
+      g->second.push_back(p);
+    }
   }
+  std::ostringstream o;
+  o << "liveness";
+  if (groups.empty()) o << " -";
+  for (size_t i = 0; i < groups.size(); ++i)
+    o << (i == 0 ? ": " : ", ") << rank_list(groups[i].second) << " " << groups[i].first;
   return o.str();
 }
 
