@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 import sys
 import tempfile
 import time
 from typing import Any, Callable, Sequence
 
-from ringcomm.launch import LaunchError, collect
+from ringcomm.launch import LaunchError, collect, collect_stacks
 from ringcomm.launch import _child as _launch_child
 
 __all__ = ["run", "close_all", "owns", "LaunchError"]
@@ -128,22 +127,7 @@ class _Pool:
         return collect(self.results, self.procs, timeout, "rank pool", self._stacks)
 
     def _stacks(self, ranks) -> str:
-        for r in ranks:
-            if self.procs[r].is_alive():
-                try:
-                    os.kill(self.procs[r].pid, signal.SIGUSR1)
-                except OSError:
-                    pass
-        time.sleep(1.0)
-        parts = []
-        for r in ranks:
-            try:
-                with open(self.stack_paths[r]) as f:
-                    text = f.read()
-            except OSError:
-                text = ""
-            parts.append(f"--- rank {r} stack ---\n{text.strip() or '(no stack dumped)'}")
-        return "\n".join(parts)
+        return collect_stacks(self.procs, ranks, self.stack_paths, wait_s=1.0)
 
     def close(self, grace: float) -> None:
         for q, p in zip(self.jobs, self.procs):

@@ -65,3 +65,18 @@ def test_spawn_waits_for_the_other_reports_and_names_the_first_failure():
     assert e.value.rank in (1, 2), text
     assert "rank 0 (RuntimeError: rank 0: an effect, raised later)" in text
     assert "rank 1: the cause" in text and "rank 2 " in text and "exited with code 7" in text
+
+
+def _sleeps_past_the_timeout(rank, world):
+    time.sleep(60)
+
+
+@pytest.mark.timeout(60)
+def test_a_run_past_its_timeout_names_where_each_rank_was():
+    with pytest.raises(LaunchError) as e:
+        spawn(_sleeps_past_the_timeout, 2, timeout=3)
+    text = str(e.value)
+    assert "timed out after 3 s; ranks still running: [0, 1]" in text, text
+    for r in (0, 1):
+        assert f"--- rank {r} stack ---" in text, text
+    assert text.count("in _sleeps_past_the_timeout") == 2, text

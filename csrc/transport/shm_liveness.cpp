@@ -53,9 +53,10 @@ std::string ShmTransport::describe_liveness() const {
         << (pidns_[rank_].empty() ? "unknown" : pidns_[rank_]) << "; dead after " << hb_bound_ns_[p] / 1000000
         << " ms still)";
     }
-    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == d.str(); });
+    const std::string desc = d.str();
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == desc; });
     if (g == groups.end()) {
-      groups.push_back({d.str(), {p}});
+      groups.push_back({desc, {p}});
     } else {
       g->second.push_back(p);
     }

@@ -211,15 +211,14 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
             # rank's segment name, published next; so it is this run's value, never a stale one.
             store.set(f"{prefix}/profile/{rank}", f"{core.profile_hash} {core.profile_source}")
             published = True  # exchange_segment_names publishes first
-            names = exchange_segment_names(_FailureAware(store, started), prefix, rank, world_size, name,
-                                           timeout, abandoned)
+            aware = _FailureAware(store, started)
+            names = exchange_segment_names(aware, prefix, rank, world_size, name, timeout, abandoned)
         try:
             core.connect(names)
         except PeerFailureError:
             # A peer whose init failed wrote its marker before releasing its segment: its reason
             # is the cause, this rank's missing segment (or the peer's abort) only the effect.
-            cause = None if world_size == 1 else _peer_marker(_FailureAware(store, started), prefix, rank,
-                                                              world_size)
+            cause = None if world_size == 1 else _peer_marker(aware, prefix, rank, world_size)
             if cause is None:
                 raise
             raise cause

@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
-__all__ = ["spawn", "spawn_with_store", "launch", "LaunchError", "reap"]
+__all__ = ["spawn", "spawn_with_store", "launch", "LaunchError", "reap", "collect", "collect_stacks"]
 
 
 class LaunchError(RuntimeError):
@@ -50,20 +50,16 @@ def _child(fn, rank, world_size, args, env, queue, stack_path, environ=None):
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ.setdefault("LOCAL_RANK", str(rank))
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(world_size))
-    raised_at = 0.0
     try:
-        try:
-            result = fn(rank, world_size, *args)
-        except BaseException:
-            raised_at = time.time()  # before the traceback is formatted: the order of failures
-            raise
+        result = fn(rank, world_size, *args)
         try:
             payload = pickle.dumps(result)
         except Exception as e:  # noqa: BLE001 - report what could not be returned
             raise TypeError(f"rank {rank}: result of {fn!r} is not picklable: {e}") from e
         queue.put((rank, True, payload, "", "", 0.0))
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
-        queue.put((rank, False, b"", traceback.format_exc(), type(e).__name__, raised_at or time.time()))
+        raised_at = time.time()  # before the traceback is formatted: the order of failures
+        queue.put((rank, False, b"", traceback.format_exc(), type(e).__name__, raised_at))
     finally:
         stack_file.flush()
 
@@ -94,7 +90,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
     results = None
     try:
         results = collect(queue, procs, timeout, "ringcomm.launch",
-                          lambda ranks: _collect_stacks(procs, ranks, stack_paths), may_die)
+                          lambda ranks: collect_stacks(procs, ranks, stack_paths), may_die)
     finally:
         reap(procs, grace=5.0 if results is not None else 0.0)
         queue.close()
@@ -183,21 +179,24 @@ def collect(reports, procs, timeout: float, who: str, stacks: Callable[[list], s
     raise LaunchError(text, rank=rank, remote_traceback=tb, exc_type=exc_type if tb else "")
 
 
-def _collect_stacks(procs, ranks, stack_paths) -> str:
+def collect_stacks(procs, ranks, stack_paths, wait_s: float = 0.5) -> str:
+    """Every still-running rank's stack, dumped by faulthandler on SIGUSR1 into its
+    ``stack_paths`` file (``_child`` registers it), awaited ``wait_s`` seconds."""
     for r in ranks:
         if procs[r].is_alive():
             try:
                 os.kill(procs[r].pid, signal.SIGUSR1)
             except OSError:
                 pass
-    time.sleep(0.5)
+    time.sleep(wait_s)
     parts = []
     for r in ranks:
         try:
             with open(stack_paths[r]) as f:
-                parts.append(f"--- rank {r} stack ---\n{f.read()}")
+                text = f.read()
         except OSError:
-            parts.append(f"--- rank {r}: no stack available ---")
+            text = ""
+        parts.append(f"--- rank {r} stack ---\n{text.strip() or '(no stack dumped)'}")
     return "\n".join(parts)
 
 
