@@ -21,7 +21,7 @@ import pytest
 
 from ringcomm import cpus
 from ringcomm._C import _CpuPool, _reduce, _reduce_supported
-from ringcomm.cpus import (BindPlan, Topology, auto_threads, core_share, format_cpulist,
+from ringcomm.cpus import (Topology, auto_threads, core_share, format_cpulist,
                            numa_share, parse_cpulist, pinned_reason, plan_binding)
 from ringcomm.launch import launch, spawn
 
@@ -161,6 +161,21 @@ def _where(comm):
     return sorted(os.sched_getaffinity(0)), p.applied, p.reason, p.ranks_sharing, comm._c.describe_wait()
 
 
+def _torch_pool_then_init(rank, world, store_dir):
+    import torch
+    import ringcomm
+    # torch's pool started before init, as a model built before the communicator starts it.
+    torch.set_num_threads(len(_allowed()))
+    torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+    before = torch.get_num_threads()
+    with ringcomm.init(rank=rank, world_size=world, init_method="file://" + store_dir) as comm:
+        x = torch.ones(64, 64)
+        y = torch.mm(x, x)  # the capped pool still computes
+        comm.all_reduce(y)
+        return (before, torch.get_num_threads(), comm.cpu_plan.applied, comm.cpu_plan.torch_threads,
+                comm.cpu_plan.describe(1, 0), float(y[0, 0]))
+
+
 def _narrowed_then_init(rank, world, store_dir, cpu):
     import ringcomm
     os.sched_setaffinity(0, {cpu})
@@ -213,6 +228,26 @@ def test_bench_bind_option():
     assert resolve(build_parser().parse_args([]))["bind"] is None
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--bind", "socket"])
+
+
+@needs_whole_machine
+@pytest.mark.parametrize("bind", ["core", "none"])
+def test_bind_caps_a_torch_pool_started_before_init(tmp_path, bind):
+    # Pinned to its share, a rank whose torch pool already ran keeps no more intra-op threads than
+    # that share: every thread of the old pool would be moved onto the rank's CPUs.
+    pytest.importorskip("torch")
+    env = {"RINGCOMM_BIND": bind, "RINGCOMM_BIND_REGISTRY": str(tmp_path / "reg")}
+    store = tmp_path / "rdzv"
+    store.mkdir(mode=0o700)
+    got = spawn(_torch_pool_then_init, 2, (str(store),), env=env, timeout=120)
+    n = len(_allowed())
+    for before, after, applied, capped, line, value in got:
+        assert before == n and value == 2 * 64
+        if bind == "core":
+            assert applied and after == n // 2 and capped == (n, n // 2)
+            assert f"torch intra-op threads {n} -> {n // 2}" in line
+        else:
+            assert not applied and after == n and capped is None and "torch" not in line
 
 
 @needs_whole_machine

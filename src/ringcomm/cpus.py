@@ -15,7 +15,8 @@ NUMA node):
 It is never applied when the user already placed the process: an affinity mask narrower than the
 machine's online CPUs, a container cpuset narrower than the machine, a process an earlier
 communicator already bound, or another ringcomm job binding on this node (the registry below).
-Then the mask is left as it is and the INFO line says why.
+Then the mask is left as it is and the INFO line says why. Where it is applied and torch is
+imported, torch's intra-op pool is capped at the rank's share of its CPUs (:func:`cap_torch_threads`).
 
 The node registry: a directory (``RINGCOMM_BIND_REGISTRY``, default /tmp/.ringcomm-bind) holding
 one file per process that asked for binding, named by its pid, holding its job key (the parent
@@ -32,6 +33,7 @@ from __future__ import annotations
 import atexit
 import glob
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -130,6 +132,12 @@ class BindPlan:
     reason: str = ""             # why not applied (empty when applied or mode none)
     node: Optional[int] = None   # numa: the node
     extra: dict = field(default_factory=dict)
+    torch_threads: Optional[tuple[int, int]] = None  # torch's intra-op threads (before, after) where capped
+
+    def fair_threads(self, local_world: int) -> int:
+        """The rank's share of its CPUs: its CPUs over the local ranks sharing them (all local
+        ranks where that is not known), at least 1."""
+        return max(1, len(self.cpus) // max(1, self.ranks_sharing or local_world))
 
     def describe(self, threads: int, min_bytes: int) -> str:
         cpus = format_cpulist(self.cpus)
@@ -148,6 +156,8 @@ class BindPlan:
             share = "ranks share CPUs: no"
         par = (f"{threads} threads for copies and reductions of >= {min_bytes} B" if threads > 1
                else "1 thread for copies and reductions")
+        if self.torch_threads is not None:
+            par += f"; torch intra-op threads {self.torch_threads[0]} -> {self.torch_threads[1]}"
         return f"{head}; {share}; {par}"
 
 
@@ -197,8 +207,24 @@ def auto_threads(plan: BindPlan, local_world: int, knob: str, omp: Optional[str]
             return max(1, min(int(omp.split(",")[0]), ncpu))
         except ValueError:
             pass
-    sharing = plan.ranks_sharing or local_world
-    return max(1, ncpu // max(1, sharing))
+    return plan.fair_threads(local_world)
+
+
+def cap_torch_threads(plan: BindPlan, local_world: int) -> None:
+    """After ringcomm pinned this process: torch's intra-op pool, where torch is imported and
+    its pool is larger than the rank's share of its new CPUs (plan.fair_threads), shrinks to that
+    share, and plan.torch_threads records it. An OpenMP pool started before the pinning keeps its
+    thread count while every thread of it is moved onto the rank's few CPUs, where its threads'
+    spin-waits for each other take turns on one core (docs/binding.md). A pool that starts after
+    the pinning sizes itself from the new mask: nothing to do."""
+    torch = sys.modules.get("torch")
+    if not plan.applied or torch is None or not hasattr(torch, "get_num_threads"):
+        return
+    share = plan.fair_threads(local_world)
+    before = torch.get_num_threads()
+    if before > share:
+        torch.set_num_threads(share)
+        plan.torch_threads = (before, share)
 
 
 # ---- the OS ----------------------------------------------------------------------------------
@@ -390,5 +416,6 @@ def place_rank(rank: int, world: int) -> tuple[BindPlan, int, int]:
     from .config import knob
     lr, lw = _local(rank, world)
     plan = bind_process(knob("RINGCOMM_BIND"), lr, lw, knob("RINGCOMM_BIND_REGISTRY"))
+    cap_torch_threads(plan, lw)
     threads = auto_threads(plan, lw, knob("RINGCOMM_THREADS"), os.environ.get("OMP_NUM_THREADS"))
     return plan, threads, int(knob("RINGCOMM_THREADS_MIN_BYTES"))
