@@ -7,12 +7,25 @@
 
 #include "comm/header_exchange.h"
 #include "common/errors.h"
+#include "common/knobs.h"
 #include "transport/futex.h"
 
 namespace rc {
 
+namespace {
+// The kind of a message, in its first piece's `total` (see the header's Rendezvous).
+constexpr uint64_t kRdvData = 1ull << 63;  // total = size | kRdvData, tag = the send's id
+constexpr uint64_t kRts = 1ull << 62;      // total = size | kRts, tag = the tag, payload = the id
+constexpr uint64_t kCts = 1ull << 61;      // total = kCts, tag = the id, no payload
+constexpr uint64_t kKinds = kRdvData | kRts | kCts;
+}  // namespace
+
 P2PEngine::P2PEngine(int rank, int world, CommDevice* dev, std::function<void(const std::exception_ptr&)> on_failure)
-    : rank_(rank), world_(world), dev_(dev), on_failure_(std::move(on_failure)) {}
+    : rank_(rank),
+      world_(world),
+      dev_(dev),
+      on_failure_(std::move(on_failure)),
+      eager_bytes_(static_cast<uint64_t>(knob_bytes("RINGCOMM_P2P_EAGER_BYTES"))) {}
 
 P2PEngine::~P2PEngine() { stop(); }
 
@@ -51,6 +64,8 @@ WorkPtr P2PEngine::submit(bool is_send, char* buf, int64_t bytes, int peer, uint
   op.deadline_ns = deadline_after(now_ns(), dev_->control().timeout_s());
   op.work = std::make_shared<Work>(is_send ? "send" : "recv", 0);
   if (!is_send && peer != kAnySource) op.work->set_source(peer);
+  RC_CHECK(static_cast<uint64_t>(bytes) < kCts, InvalidArgument,
+           "ringcomm: " << (is_send ? "send" : "recv") << " of " << bytes << " bytes: at most 2^61 - 1");
   op.token = dev_->p2p_prepare(stream);
   WorkPtr w = op.work;
   {
@@ -69,40 +84,105 @@ WorkPtr P2PEngine::submit(bool is_send, char* buf, int64_t bytes, int peer, uint
   return w;
 }
 
-// Moves as many pieces as the channel allows right now; true if anything moved.
+// Moves as many pieces of a send as the channel allows right now; true if anything moved.
 bool P2PEngine::advance(Op& op) {
   Channel& ch = dev_->p2p_channel();
   const size_t slot = ch.piece_bytes();
+  // A rendezvous send's data is the message named by its id (only the receive that took its RTS
+  // takes it).
+  const uint64_t total = op.rdv ? (op.bytes | kRdvData) : op.bytes;
+  const uint64_t tag = op.rdv ? op.rdv_id : op.tag;
   bool moved = false;
   if (!op.begun) {
     dev_->p2p_begin(op.token);
     op.begun = true;
   }
   while (!op.started || op.done < op.bytes) {
-    if (op.is_send) {
-      char* dst = ch.try_send_slot(op.peer, PiecePlace{op.buf + op.done, -1});
-      if (dst == nullptr) return moved;
-      const uint64_t n = std::min<uint64_t>(slot, op.bytes - op.done);
-      if (n > 0) ch.copy_into_slot(dst, op.buf + op.done, n);
-      ch.send_post(op.peer, n, op.bytes, op.tag);
-      op.done += n;
-    } else {
-      const SlotMeta* m = nullptr;
-      const char* src = ch.try_recv_slot(op.peer, PiecePlace{}, &m);
-      if (src == nullptr) return moved;
-      if (!op.started && m->total != op.bytes) {
-        RC_THROW(Mismatch, "ringcomm: recv on rank " << rank_ << " from rank " << op.peer << ": the matching send has "
-                                                     << m->total << " bytes but the receive buffer has " << op.bytes);
-      }
-      RC_CHECK(op.done + m->bytes <= op.bytes, Error, "ringcomm: recv: message overruns the buffer");
-      if (m->bytes > 0) ch.copy(op.buf + op.done, src, m->bytes);
-      op.done += m->bytes;
-      ch.recv_done(op.peer);
-    }
+    char* dst = ch.try_send_slot(op.peer, PiecePlace{op.buf + op.done, -1});
+    if (dst == nullptr) return moved;
+    const uint64_t n = std::min<uint64_t>(slot, op.bytes - op.done);
+    if (n > 0) ch.copy_into_slot(dst, op.buf + op.done, n);
+    ch.send_post(op.peer, n, total, tag);
+    op.done += n;
     op.started = true;
     moved = true;
   }
   return moved;
+}
+
+bool P2PEngine::progress_sends(int peer, std::list<Op>& q) {
+  Channel& ch = dev_->p2p_channel();
+  bool moved = false;
+  const int64_t timeout = deadline_after(now_ns(), dev_->control().timeout_s());
+  // One message streams to a peer at a time: one whose pieces began goes on first.
+  auto streaming = std::find_if(q.begin(), q.end(), [](const Op& op) { return op.started && op.done < op.bytes; });
+  if (streaming != q.end()) {
+    if (advance(*streaming)) {
+      moved = true;
+      streaming->deadline_ns = timeout;
+    }
+    if (streaming->done < streaming->bytes) return moved;
+    finish(*streaming, nullptr);
+    q.erase(streaming);
+    if (!q.empty()) q.front().deadline_ns = timeout;
+  }
+  // Between messages: the CTS answers this rank owes the peer, then the queue in posting order.
+  while (!cts_out_[peer].empty()) {
+    if (ch.try_send_slot(peer, PiecePlace{}) == nullptr) return moved;
+    ch.send_post(peer, 0, kCts, cts_out_[peer].front());
+    cts_out_[peer].pop_front();
+    moved = true;
+  }
+  for (auto it = q.begin(); it != q.end();) {
+    Op& op = *it;
+    if (op.rdv && !op.cleared) {
+      if (!op.rts_sent) {
+        char* dst = ch.try_send_slot(peer, PiecePlace{});
+        if (dst == nullptr) return moved;
+        if (!op.begun) {
+          dev_->p2p_begin(op.token);
+          op.begun = true;
+        }
+        ch.copy_into_slot(dst, &op.rdv_id, sizeof(op.rdv_id));
+        ch.send_post(peer, sizeof(op.rdv_id), op.bytes | kRts, op.tag);
+        op.rts_sent = true;
+        op.deadline_ns = timeout;  // from here it waits for its receive
+        moved = true;
+      }
+      ++it;  // waits for its CTS; later sends go on
+      continue;
+    }
+    if (advance(op)) {
+      moved = true;
+      op.deadline_ns = timeout;
+    }
+    if (op.done < op.bytes || !op.started) return moved;  // the channel is full
+    finish(op, nullptr);
+    it = q.erase(it);
+    if (it != q.end()) it->deadline_ns = timeout;
+  }
+  return moved;
+}
+
+void P2PEngine::on_cts(int peer, uint64_t id) {
+  for (Op& op : sendq_[peer])
+    if (op.rdv && op.rts_sent && !op.cleared && op.rdv_id == id) {
+      op.cleared = true;
+      op.deadline_ns = deadline_after(now_ns(), dev_->control().timeout_s());
+      return;
+    }
+  RC_THROW(Error, "ringcomm: send on rank " << rank_ << ": rank " << peer << " cleared message " << id
+                                            << ", which this rank has not announced to it");
+}
+
+void P2PEngine::take_announced(Op& op, int peer, uint64_t id) {
+  if (!op.begun) {
+    dev_->p2p_begin(op.token);
+    op.begun = true;
+  }
+  op.rdv_matched = true;
+  op.rdv_id = id;
+  cts_out_[peer].push_back(id);
 }
 
 void P2PEngine::finish(Op& op, const std::exception_ptr& e) {
@@ -148,16 +228,24 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
                                                    << " bytes but the receive buffer has " << op.bytes);
     }
   };
-  // Posted receives whose message arrived before them (complete in `early`): copy and finish.
+  // Posted receives whose message arrived before them (complete in `early`): copy and finish;
+  // one that was announced (an RTS) is matched, its CTS queued, and its data awaited.
   if (!early.empty()) {
     for (auto it = q.begin(); it != q.end();) {
       Op& op = *it;
       auto e = std::find_if(early.begin(), early.end(), [&](const Early& x) { return x.tag == op.tag; });
-      if (&op == in.op || e == early.end() || !e->complete) {
+      if (&op == in.op || op.rdv_matched || e == early.end() || !e->complete) {
         ++it;
         continue;
       }
       size_check(op, e->total);
+      if (e->announced) {
+        take_announced(op, peer, e->rdv_id);
+        early.erase(e);
+        ++it;
+        moved = true;
+        continue;
+      }
       take_early(op, *e);
       early.erase(e);
       it = q.erase(it);
@@ -170,38 +258,75 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
     const char* src = ch.try_recv_slot(peer, PiecePlace{}, &m);
     if (src == nullptr) break;
     if (in.op == nullptr && in.early == nullptr) {
-      // A new message starts: the first posted receive with its tag takes it, unless an earlier
-      // message with that tag is still buffered (order per (peer, tag)).
-      const uint64_t tag = m->tag;
-      const bool earlier = std::any_of(early.begin(), early.end(), [&](const Early& x) { return x.tag == tag; });
-      Op* target = nullptr;
-      if (!earlier)
-        for (Op& op : q)
-          if (op.tag == tag) {
-            target = &op;
-            break;
-          }
-      if (target == nullptr && !earlier) {
-        target = unmatched_any(tag, false);
-        if (target != nullptr) {
-          target->peer = peer;
-          target->work->set_source(peer);
-        }
+      const uint64_t kind = m->total & kKinds, total = m->total & ~kKinds;
+      if (kind == kCts) {  // the peer's receive took our RTS: that send's data may go
+        on_cts(peer, m->tag);
+        ch.recv_done(peer);
+        moved = true;
+        continue;
       }
-      if (target != nullptr) {
-        size_check(*target, m->total);
-        if (!target->begun) {
-          dev_->p2p_begin(target->token);
-          target->begun = true;
-        }
+      if (kind == kRdvData) {  // the data of an RTS a receive of ours took: only that receive
+        Op* target = nullptr;
+        for (std::list<Op>* l : {&q, &anyq})
+          for (Op& op : *l)
+            if (target == nullptr && op.rdv_matched && op.peer == peer && op.rdv_id == m->tag) target = &op;
+        RC_CHECK(target != nullptr, Error,
+                 "ringcomm: recv on rank " << rank_ << ": rank " << peer << " sent the data of message " << m->tag
+                                           << ", which no receive of this rank cleared");
+        size_check(*target, total);
         in.op = target;
-      } else if ((drain_ || !q.empty() || unmatched_any(0, true) != nullptr) && dev_->p2p_slots_in_host_memory()) {
-        // A posted receive waits behind it, or the slot is in the sender's outbox (which every
-        // receiver of that sender shares): buffer the message so that the channel moves on.
-        early.push_back(Early{tag, m->total, std::vector<char>(m->total), 0, false, arrivals_++});
-        in.early = &early.back();
       } else {
-        break;  // no receive posted for it yet: it waits in the channel (flow control)
+        // A new message (or its RTS) starts: the first posted receive with its tag takes it,
+        // unless an earlier message with that tag is still buffered (order per (peer, tag)).
+        const uint64_t tag = m->tag;
+        const bool earlier = std::any_of(early.begin(), early.end(), [&](const Early& x) { return x.tag == tag; });
+        Op* target = nullptr;
+        if (!earlier)
+          for (Op& op : q)
+            if (op.tag == tag && !op.rdv_matched) {
+              target = &op;
+              break;
+            }
+        if (target == nullptr && !earlier) {
+          target = unmatched_any(tag, false);
+          if (target != nullptr) {
+            target->peer = peer;
+            target->work->set_source(peer);
+          }
+        }
+        if (kind == kRts) {
+          uint64_t id = 0;
+          RC_CHECK(m->bytes == sizeof(id), Error, "ringcomm: recv on rank " << rank_ << ": a malformed RTS from rank " << peer);
+          std::memcpy(&id, src, sizeof(id));
+          if (target != nullptr) {
+            size_check(*target, total);
+            take_announced(*target, peer, id);
+          } else {
+            // Held without data, in arrival order with the buffered messages.
+            Early e{tag, total, {}, 0, true, arrivals_++};
+            e.announced = true;
+            e.rdv_id = id;
+            early.push_back(std::move(e));
+          }
+          ch.recv_done(peer);
+          moved = true;
+          continue;
+        }
+        if (target != nullptr) {
+          size_check(*target, total);
+          if (!target->begun) {
+            dev_->p2p_begin(target->token);
+            target->begun = true;
+          }
+          in.op = target;
+        } else if ((drain_ || !q.empty() || unmatched_any(0, true) != nullptr) && dev_->p2p_slots_in_host_memory()) {
+          // A posted receive waits behind it, or the slot is in the sender's outbox (which every
+          // receiver of that sender shares): buffer the message so that the channel moves on.
+          early.push_back(Early{tag, total, std::vector<char>(total), 0, false, arrivals_++});
+          in.early = &early.back();
+        } else {
+          break;  // no receive posted for it yet: it waits in the channel (flow control)
+        }
       }
     }
     if (in.op != nullptr) {
@@ -267,7 +392,8 @@ bool P2PEngine::match_any_early(std::list<Op>& anyq, std::vector<std::list<Early
       auto e = std::find_if(early[p].begin(), early[p].end(), [&](const Early& x) { return x.tag == op.tag; });
       if (e == early[p].end() || !e->complete) continue;
       // A posted receive from p with this tag takes it first (progress_recvs, rule 2).
-      if (std::any_of(recvq[p].begin(), recvq[p].end(), [&](const Op& x) { return x.tag == op.tag; })) continue;
+      if (std::any_of(recvq[p].begin(), recvq[p].end(), [&](const Op& x) { return x.tag == op.tag && !x.rdv_matched; }))
+        continue;
       if (from < 0 || e->stamp < best->stamp) {
         from = p;
         best = e;
@@ -284,11 +410,17 @@ bool P2PEngine::match_any_early(std::list<Op>& anyq, std::vector<std::list<Early
     }
     op.peer = from;
     op.work->set_source(from);
+    moved = true;
+    if (best->announced) {  // its data streams in through progress_recvs, after our CTS
+      take_announced(op, from, best->rdv_id);
+      early[from].erase(best);
+      ++it;
+      continue;
+    }
     take_early(op, *best);
     early[from].erase(best);
     it = anyq.erase(it);
     --pending;
-    moved = true;
   }
   return moved;
 }
@@ -298,7 +430,9 @@ void P2PEngine::loop() {
   ShmTransport& t = dev_->control();
   const ShmConfig& cfg = t.config();
   drain_ = t.has_outbox() && dev_->p2p_slots_in_host_memory();
-  std::vector<std::deque<Op>> sendq(world_);
+  cts_out_.assign(world_, {});
+  sendq_.assign(world_, {});
+  std::vector<std::list<Op>>& sendq = sendq_;
   std::vector<std::list<Op>> recvq(world_);
   std::list<Op> anyq;  // any-source receives, in posting order
   std::vector<Incoming> incoming(world_);
@@ -318,6 +452,7 @@ void P2PEngine::loop() {
     for (auto& q : recvq) q.clear();
     anyq.clear();
     for (auto& in : incoming) in = Incoming{};
+    for (auto& c : cts_out_) c.clear();
     pending = 0;
   };
   for (;;) {
@@ -330,6 +465,8 @@ void P2PEngine::loop() {
         Op op = std::move(new_.front());
         new_.pop_front();
         if (op.is_send) {
+          op.rdv = drain_ && op.bytes > eager_bytes_;
+          if (op.rdv) op.rdv_id = next_rdv_id_++;
           sendq[op.peer].push_back(std::move(op));
         } else if (op.peer == kAnySource) {
           anyq.push_back(std::move(op));
@@ -352,33 +489,21 @@ void P2PEngine::loop() {
     const uint32_t bell = t.doorbell_value();
     bool progressed = false;
     bool failed = false;
-    for (auto& q : sendq) {
-      while (!q.empty() && !failed) {
-        Op& op = q.front();
-        try {
-          // The deadline counts from the operation's last progress: a long message that keeps
-          // moving, or one queued behind others, never times out while the pair is busy.
-          if (advance(op)) {
-            progressed = true;
-            op.deadline_ns = deadline_after(now_ns(), t.timeout_s());
-          }
-        } catch (...) {
-          const std::exception_ptr e = std::current_exception();
-          on_failure_(e);
-          fail_all(e);
-          failed = true;
-          break;
-        }
-        if (op.started && op.done == op.bytes) {
-          finish(op, nullptr);
-          q.pop_front();
-          --pending;
-          progressed = true;
-          if (!q.empty()) q.front().deadline_ns = deadline_after(now_ns(), t.timeout_s());
-        } else {
-          break;
-        }
+    for (int p = 0; p < world_ && !failed; ++p) {
+      if (sendq[p].empty() && cts_out_[p].empty()) continue;
+      const size_t before = sendq[p].size();
+      try {
+        // The deadline counts from the operation's last progress: a long message that keeps
+        // moving, or one queued behind others, never times out while the pair is busy.
+        progressed |= progress_sends(p, sendq[p]);
+      } catch (...) {
+        const std::exception_ptr e = std::current_exception();
+        on_failure_(e);
+        fail_all(e);
+        failed = true;
+        break;
       }
+      pending -= before - sendq[p].size();
     }
     // Buffered messages first (arrival order), then the channels (see the header's order rule).
     if (!anyq.empty() && !failed) {
@@ -433,12 +558,15 @@ void P2PEngine::loop() {
         if (now > op.deadline_ns) {
           RC_THROW(TimeoutError, "ringcomm: " << (op.is_send ? "send to" : "recv from") << " rank " << op.peer
                                               << " on rank " << rank_ << " (tag " << op.tag << "): Timed out after "
-                                              << t.timeout_s() << " s (" << op.done << " of " << op.bytes
-                                              << " bytes moved)");
+                                              << t.timeout_s() << " s ("
+                                              << (op.rts_sent && !op.cleared ? "announced; its receive was not posted, "
+                                                                             : "")
+                                              << op.done << " of " << op.bytes << " bytes moved)");
         }
       };
       for (auto& q : sendq)
-        if (!q.empty()) check_deadline(q.front());
+        for (const Op& op : q)  // the first, and every send waiting for its CTS
+          if (&op == &q.front() || (op.rts_sent && !op.cleared)) check_deadline(op);
       for (auto& q : recvq)
         if (!q.empty()) check_deadline(q.front());
       if (!anyq.empty()) check_deadline(anyq.front());

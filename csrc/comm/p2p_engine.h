@@ -20,6 +20,20 @@
 // with what is sent and not yet received), and an outbox never stays full behind a receive that
 // is not posted. Then the thread sleeps on the doorbell even with nothing posted.
 //
+// Rendezvous (draining engines only): a send of more than RINGCOMM_P2P_EAGER_BYTES is not
+// drained into the receiver's private memory. Its sender posts a request to send (RTS: a
+// one-piece message with the tag, the size and the send's id, this sender's counter) and keeps
+// it pending while later sends to that peer go on; the receive that takes the RTS (by the order
+// rule below, as it would take the message) answers with a clear to send (CTS: a one-piece
+// message naming the id) and waits; on the CTS the sender streams the data as a message named by
+// the id, which only that receive takes. An RTS that no posted receive takes is held as a
+// buffered message without data, so order per (peer, tag) holds across both protocols, and what
+// a rank holds for receives not yet posted is at most the eager size per message. A send that
+// waits for its CTS times out after the timeout, as a send in gloo waits for its receive.
+// Wire form: the kind sits in the top bits of the first piece's `total` (sizes stay below
+// 2^61); a data message's `tag` is the id. One message streams to a peer at a time: a CTS, an
+// RTS or another message's first piece goes only between two messages to that peer.
+//
 // Any source: a receive submitted with peer kAnySource takes the first message with its tag that
 // arrives from any peer, and records that peer as its Work's source() before it completes.
 // Order rule, per message from peer p with tag t, in this order of precedence: (1) an earlier
@@ -79,6 +93,13 @@ class P2PEngine {
     bool started = false;
     bool begun = false;     // p2p_begin called
     void* token = nullptr;  // the device's ordering token (p2p_prepare)
+    // Rendezvous. Send: rdv (its data waits for a CTS), rts_sent, cleared (the CTS came), rdv_id
+    // (its id). Receive: rdv_matched (it took an RTS; its data arrives as the message rdv_id).
+    bool rdv = false;
+    bool rts_sent = false;
+    bool cleared = false;
+    bool rdv_matched = false;
+    uint64_t rdv_id = 0;
     int64_t deadline_ns = 0;  // timeout after the last progress (or after reaching its queue's front)
     WorkPtr work;
   };
@@ -89,13 +110,21 @@ class P2PEngine {
     uint64_t got = 0;
     bool complete = false;
     uint64_t stamp = 0;  // arrival order across peers (the engine's counter when its first piece came)
+    bool announced = false;  // an RTS: no data here; the receive that takes it sends the CTS for rdv_id
+    uint64_t rdv_id = 0;
   };
   struct Incoming {  // the message of a peer now streaming in: into a receive or a buffer
     Op* op = nullptr;
     Early* early = nullptr;
   };
   void loop();
+  /// Sends to one peer: CTS answers first, then its queue in order (see Rendezvous above).
+  bool progress_sends(int peer, std::list<Op>& q);
   bool advance(Op& op);
+  /// A receive takes the RTS `id` from `peer`: it is matched, and the CTS is queued.
+  void take_announced(Op& op, int peer, uint64_t id);
+  /// The CTS `id` from `peer` clears that send's data.
+  void on_cts(int peer, uint64_t id);
   bool progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, Incoming& in, std::list<Early>& early,
                       size_t& pending);
   /// Any-source receives (not yet matched) whose message is buffered: copy and finish.
@@ -117,6 +146,12 @@ class P2PEngine {
   std::thread thread_;
   uint64_t arrivals_ = 0;  // engine thread only: stamps Early messages in arrival order
   bool drain_ = false;     // engine thread only: buffer every unmatched message (see the header)
+  // Engine thread only (rendezvous): the size above which a draining engine's sends use it, the
+  // next send id, the CTS answers owed per peer, and the send queues (per peer, posting order).
+  uint64_t eager_bytes_ = 0;
+  uint64_t next_rdv_id_ = 1;
+  std::vector<std::deque<uint64_t>> cts_out_;
+  std::vector<std::list<Op>> sendq_;
 };
 
 }  // namespace rc

@@ -46,8 +46,9 @@
 // Progress: the owner's slots are shared by all its readers, so a message unread by one reader
 // delays messages to every other. The algorithms therefore send to many peers only in rounds in
 // which each message is read by its receiver at the position it was sent (algo/direct.cpp), and
-// the point-to-point engine drains every message into private memory when no receive for it is
-// posted (comm/p2p_engine.h), so an outbox never stays full behind an absent receive.
+// the point-to-point engine drains every message (above the eager size, only its announcement)
+// into private memory when no receive for it is posted (comm/p2p_engine.h), so an outbox never
+// stays full behind an absent receive.
 //
 // Channel protocol (one writer per word):
 //   head  - written only by the sender: number of slots it has filled (wrapping uint32).

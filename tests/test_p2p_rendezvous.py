@@ -1,0 +1,65 @@
+"""Large point-to-point messages wait for their receives (rendezvous, from 3 ranks on; order and
+protocol in csrc/comm/p2p_engine.h): what a rank holds for receives not yet posted stays at most
+the eager size per message, order per (peer, tag) holds across eager and rendezvous messages,
+and a send whose receive is never posted fails with a TimeoutError. Checked against payloads
+every rank knows."""
+import pytest
+
+import rank_pool
+import p2p_rendezvous_cases as cases
+
+BIG = 1 << 20     # float32 elements: 4 MiB, above the default eager size and many slots
+SMALL = 1 << 12   # 16 KiB: eager
+TINY_EAGER = {"RINGCOMM_P2P_EAGER_BYTES": "64"}  # every multi-piece message takes the rendezvous
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [3, 4])
+def test_large_sends_wait_for_their_receives_and_hold_no_memory(world, store_env):
+    res = rank_pool.run(cases.large_sends_wait_for_their_receives, world, args=(BIG, SMALL, 8, {}),
+                        timeout=100, env=store_env)
+    grown, ok = res[0]
+    assert ok, res
+    assert res[1] == (True, True), res[1]  # the small send done at once, the 8 large ones pending
+    # 8 x 4 MiB are announced to rank 0 and none of it is held there.
+    assert grown < 8, f"rank 0 grew by {grown:.1f} MiB while 32 MiB of sends were pending"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env", [{}, TINY_EAGER], ids=["default", "tiny_eager"])
+def test_order_per_tag_holds_across_eager_and_rendezvous(env, store_env):
+    res = rank_pool.run(cases.order_per_tag_across_protocols, 3, args=(BIG, SMALL, env),
+                        timeout=100, env=store_env)
+    assert res[0] == [True] * 6, res[0]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world", [3, 4, 8])
+def test_crossing_large_exchange(world, store_env):
+    n = BIG if world < 8 else BIG // 8
+    res = rank_pool.run(cases.crossing_large_exchange, world, args=(n, TINY_EAGER), timeout=180, env=store_env)
+    assert res == [True] * world, res
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [3, 4])
+def test_any_source_takes_announced_messages(world, store_env):
+    res = rank_pool.run(cases.any_source_takes_an_announced_message, world, args=(BIG, {}),
+                        timeout=100, env=store_env)
+    assert res[0] == [(r, True) for r in range(1, world)], res[0]
+
+
+@pytest.mark.timeout(120)
+def test_a_large_send_never_received_times_out(store_env):
+    res = rank_pool.run(cases.unreceived_large_send_times_out, 3, args=(BIG, {}), timeout=100, env=store_env)
+    kind, msg, took = res[1]
+    assert kind == "TimeoutError", res[1]
+    assert "send to rank 0 on rank 1" in msg and "its receive was not posted" in msg, msg
+    assert took < 10, took
+
+
+@pytest.mark.timeout(120)
+def test_a_size_mismatch_raises_before_data_moves(store_env):
+    res = rank_pool.run(cases.size_mismatch_raises_on_the_receiver, 3, args=(BIG, {}), timeout=100, env=store_env)
+    assert res[0] == "MismatchError", res
+    assert res[1] in ("MismatchError", "PeerFailureError"), res  # the peer's failure, as it reported it
