@@ -322,7 +322,7 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
         } else if ((drain_ || !q.empty() || unmatched_any(0, true) != nullptr) && dev_->p2p_slots_in_host_memory()) {
           // A posted receive waits behind it, or the slot is in the sender's outbox (which every
           // receiver of that sender shares): buffer the message so that the channel moves on.
-          early.push_back(Early{tag, total, std::vector<char>(total), 0, false, arrivals_++});
+          early.push_back(Early{tag, total, std::unique_ptr<char[]>(new char[total]), 0, false, arrivals_++});
           in.early = &early.back();
         } else {
           break;  // no receive posted for it yet: it waits in the channel (flow control)
@@ -345,7 +345,7 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
     } else {
       Early& e = *in.early;
       RC_CHECK(e.got + m->bytes <= e.total, Error, "ringcomm: recv: message overruns its announced size");
-      if (m->bytes > 0) std::memcpy(e.data.data() + e.got, src, m->bytes);
+      if (m->bytes > 0) std::memcpy(e.data.get() + e.got, src, m->bytes);
       e.got += m->bytes;
       ch.recv_done(peer);
       moved = true;
@@ -369,7 +369,7 @@ void P2PEngine::take_early(Op& op, const Early& e) {
     dev_->p2p_begin(op.token);
     op.begun = true;
   }
-  if (e.total > 0) std::memcpy(op.buf, e.data.data(), e.total);
+  if (e.total > 0) std::memcpy(op.buf, e.data.get(), e.total);
   op.done = op.bytes;
   op.started = true;
   finish(op, nullptr);

@@ -52,6 +52,7 @@
 #include <exception>
 #include <functional>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -106,7 +107,7 @@ class P2PEngine {
   struct Early {  // a message buffered before a receive with its tag was posted
     uint64_t tag = 0;
     uint64_t total = 0;
-    std::vector<char> data;
+    std::unique_ptr<char[]> data;  // total bytes, written by the pieces before anyone reads them (not zeroed)
     uint64_t got = 0;
     bool complete = false;
     uint64_t stamp = 0;  // arrival order across peers (the engine's counter when its first piece came)
