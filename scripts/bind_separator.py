@@ -1,0 +1,91 @@
+"""What the separator between calls costs bound and unbound ranks: 2 ranks (``ringcomm.launch``,
+``bind`` none and core), each call of all_reduce (float32, ``--size`` bytes, in place) preceded by
+one of
+
+  gloo     a torch.distributed gloo barrier (the bench's ``--arrival apart``), then 50 us of compute
+  ringcomm ringcomm's own barrier, then 50 us of compute
+  sleep    ``--sleep`` us of time.sleep and no barrier (ranks idle between calls)
+
+and prints per (separator, bind) the call time after the last rank's arrival (p50 / p90 us and
+p90/p50: the last rank's end minus the last rank's start, as ``bench`` reports ``after``) and each
+rank's context switches per call (voluntary, involuntary: getrusage over the timed calls).
+
+    python scripts/bind_separator.py [--calls 3000] [--size 1024] [--sleep 200]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import sys
+import time
+
+import numpy as np
+
+import ringcomm
+
+
+def _spin_us(us: float) -> None:
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(comm, sep: str, calls: int, size: int, sleep_us: float, port: int):
+    if sep == "gloo":
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
+                                world_size=comm.size)
+        separate = lambda: (dist.barrier(), _spin_us(50))  # noqa: E731
+    elif sep == "ringcomm":
+        separate = lambda: (comm.barrier(), _spin_us(50))  # noqa: E731
+    else:
+        separate = lambda: time.sleep(sleep_us * 1e-6)  # noqa: E731
+    x = np.ones(size // 4, np.float32)
+    for _ in range(200):
+        separate()
+        comm.all_reduce(x)
+    starts, ends = np.zeros(calls, np.int64), np.zeros(calls, np.int64)
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    for i in range(calls):
+        separate()
+        starts[i] = time.monotonic_ns()
+        comm.all_reduce(x)
+        ends[i] = time.monotonic_ns()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    if sep == "gloo":
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return starts, ends, (ru1.ru_nvcsw - ru0.ru_nvcsw) / calls, (ru1.ru_nivcsw - ru0.ru_nivcsw) / calls
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--sleep", type=float, default=200.0)
+    a = p.parse_args(argv)
+    print(f"# 2 ranks, all_reduce float32 {a.size} B; after the last arrival: p50 / p90 us, p90/p50; "
+          f"context switches per call and rank (voluntary / involuntary); load average "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"{'separator':>9} {'bind':>5} {'p50':>8} {'p90':>8} {'p90/p50':>8}  switches per call")
+    for sep in ("gloo", "ringcomm", "sleep"):
+        for bind in ("none", "core"):
+            got = ringcomm.launch(_rank, 2, (sep, a.calls, a.size, a.sleep, _free_port()), bind=bind)
+            s, e = np.array([g[0] for g in got]), np.array([g[1] for g in got])
+            after = (e.max(axis=0) - s.max(axis=0)) / 1e3
+            p50, p90 = np.percentile(after, [50, 90])
+            sw = "  ".join(f"r{r} {g[2]:.1f} / {g[3]:.2f}" for r, g in enumerate(got))
+            print(f"{sep:>9} {bind:>5} {p50:>8.2f} {p90:>8.2f} {p90 / p50:>8.2f}  {sw}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
