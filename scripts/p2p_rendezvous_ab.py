@@ -30,20 +30,12 @@ def parse_size(text: str) -> int:
 
 
 def _init(rank, world, store, eager):
-    """A communicator whose engine reads RINGCOMM_P2P_EAGER_BYTES=eager (knobs are read at init)."""
-    import os
-
+    """A communicator whose engine reads RINGCOMM_P2P_EAGER_BYTES=eager (knobs are read at init;
+    ``default``: as the environment says)."""
     import ringcomm
-    saved = os.environ.get("RINGCOMM_P2P_EAGER_BYTES")
-    if eager != "default":
-        os.environ["RINGCOMM_P2P_EAGER_BYTES"] = eager
-    try:
+    from ringcomm.config import environment
+    with environment({} if eager == "default" else {"RINGCOMM_P2P_EAGER_BYTES": eager}):
         return ringcomm.init(rank=rank, world_size=world, init_method=f"file://{store}/{eager}")
-    finally:
-        if saved is None:
-            os.environ.pop("RINGCOMM_P2P_EAGER_BYTES", None)
-        else:
-            os.environ["RINGCOMM_P2P_EAGER_BYTES"] = saved
 
 
 def _pingpong(comm, rank, x, reps):

@@ -27,20 +27,13 @@ def init_under_env(rank, world, sub="", env=None, timeout=60, init=None, **kwarg
     (``ringcomm.init``; ``ringcomm.cuda.init`` for a device communicator); kwargs go to it."""
     import ringcomm
     env = env or {}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    from ringcomm.config import environment
+    with environment(env):
         if "init_method" not in kwargs and "store" not in kwargs:
             path = os.path.join(os.environ["RC_TEST_STORE"], sub) if sub else os.environ["RC_TEST_STORE"]
             os.makedirs(path, exist_ok=True)
             kwargs["init_method"] = "file://" + path
         return (init or ringcomm.init)(rank=rank, world_size=world, timeout=timeout, **kwargs)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def free_port() -> int:

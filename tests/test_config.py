@@ -274,3 +274,16 @@ def test_python_logger_follows_ringcomm_debug(level, shown):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == [f"ringcomm[rank 1/3] {m}" for m in shown]
+
+
+def test_environment_sets_knobs_for_a_block_and_restores_them(monkeypatch):
+    from ringcomm.config import environment, knob
+    monkeypatch.setenv("RINGCOMM_TIMEOUT", "7")
+    monkeypatch.delenv("RINGCOMM_P2P_EAGER_BYTES", raising=False)
+    with environment({"RINGCOMM_TIMEOUT": "9", "RINGCOMM_P2P_EAGER_BYTES": "4K"}):
+        assert knob("RINGCOMM_TIMEOUT") == 9.0 and knob("RINGCOMM_P2P_EAGER_BYTES") == 4096
+    assert knob("RINGCOMM_TIMEOUT") == 7.0 and "RINGCOMM_P2P_EAGER_BYTES" not in os.environ
+    with pytest.raises(RuntimeError):
+        with environment({"RINGCOMM_TIMEOUT": "11"}):
+            raise RuntimeError("the block failed")
+    assert knob("RINGCOMM_TIMEOUT") == 7.0

@@ -51,21 +51,20 @@ CpuPool::CpuPool(int threads, int spin_us)
   try {
     for (int k = 1; k < threads_; ++k) st_->workers.emplace_back([this, k] { worker(k); });
   } catch (...) {
-    st_->stop.store(true);
-    st_->gen.fetch_add(1);
-    { std::lock_guard<std::mutex> lk(st_->mu); }
-    st_->cv.notify_all();
-    for (auto& t : st_->workers) t.join();
-    delete st_;
+    stop_workers();
     throw;
   }
 }
 
 CpuPool::~CpuPool() {
   if (static_cast<int>(::getpid()) != owner_pid_) return;  // forked child: see the header
+  stop_workers();
+}
+
+void CpuPool::stop_workers() {
   st_->stop.store(true);
   st_->gen.fetch_add(1);
-  { std::lock_guard<std::mutex> lk(st_->mu); }
+  { std::lock_guard<std::mutex> lk(st_->mu); }  // a worker between its check and its wait sees stop
   st_->cv.notify_all();
   for (auto& t : st_->workers) t.join();
   delete st_;

@@ -33,6 +33,8 @@ class CpuPool {
  private:
   struct State;
   void worker(int k);
+  /// Stops and joins the workers and frees the shared state (the destructor; a failed constructor).
+  void stop_workers();
   int threads_;
   int spin_us_;
   int owner_pid_;

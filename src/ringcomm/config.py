@@ -12,13 +12,15 @@ Logging: ``RINGCOMM_DEBUG=WARN|INFO|TRACE`` (default WARN). :func:`logger` retur
 ``ringcomm`` Python logger set to that level, writing lines prefixed ``ringcomm[rank r/n]`` to
 stderr, the same format as the C++ core's lines.
 """
+import contextlib
 import logging
+import os
 import sys
 import types
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 __all__ = ["knob", "knob_is_set", "knobs", "config", "default_timeout", "logger", "format_table",
-           "format_markdown", "main"]
+           "format_markdown", "main", "environment"]
 
 
 def _c():
@@ -42,6 +44,23 @@ def knob(name: str):
 def knob_is_set(name: str) -> bool:
     """True when the environment sets knob ``name`` (to a non-empty value)."""
     return _c().knob_is_set(name)
+
+
+@contextlib.contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """Inside the block the process's environment holds ``env`` (knobs are read when a
+    communicator is created, so one created inside reads them); afterwards every variable is as
+    it was (set to its old value, or unset)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def default_timeout() -> float:

@@ -85,16 +85,9 @@ def _per_call(comm, nbytes: int, iters: int) -> float:
 def _comm_under(env: dict, rank: int, world: int, store: str):
     """A communicator created under `env` (knobs are read at creation; restored after)."""
     import ringcomm
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    from .config import environment
+    with environment(env):
         return ringcomm.init(rank=rank, world_size=world, init_method="file://" + store, timeout=60)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _handoff_rank(rank: int, world: int, store: str, pin_cpu, iters: int) -> dict:
