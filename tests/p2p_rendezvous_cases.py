@@ -1,6 +1,7 @@
 """Point-to-point messages larger than RINGCOMM_P2P_EAGER_BYTES (rendezvous, from 3 ranks on:
 csrc/comm/p2p_engine.h), run inside spawned ranks (module-level for spawn). Every payload is known
 on every rank (``payload``), which is the reference."""
+import random
 import resource
 import time
 
@@ -154,3 +155,122 @@ def size_mismatch_raises_on_the_receiver(rank, world, n_big, env):
         out = type(e).__name__
     comm.close()
     return out
+
+
+def cts_behind_a_long_stream(rank, world, n_huge, n_big, env):
+    """Rank 0 streams a huge message to rank 1 (whose receive is posted at once) for longer than the
+    timeout; meanwhile rank 1 sends a large message to rank 0, whose receive rank 0 posts while
+    its huge send still streams. Rank 0's CTS can only go once the huge message is through, so
+    neither rank 1's send nor rank 0's receive may time out while the pair is busy. Returns
+    (outcome, seconds the huge message took) on ranks 0 and 1."""
+    import ringcomm
+    huge = np.ones(n_huge, np.float32) if rank < 2 else None  # touched before the clock starts
+    comm = init_under_env(rank, world, "rdv-cts-behind", env=env, timeout=1)
+    out = None
+    comm.barrier()
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            h = comm.send(huge, dst=1, tag=0, async_op=True)
+            time.sleep(0.05)
+            y = np.zeros(n_big, np.float32)
+            r = comm.recv(y, src=1, tag=1, async_op=True)  # takes rank 1's RTS; its CTS waits behind `huge`
+            h.wait(timeout=60)
+            took = time.monotonic() - t0
+            r.wait(timeout=60)
+            out = ("ok" if np.array_equal(y, payload(1, 1, n_big)) else "wrong payload", took)
+        elif rank == 1:
+            r = comm.recv(huge, src=0, tag=0, async_op=True)
+            h = comm.send(payload(1, 1, n_big), dst=0, tag=1, async_op=True)
+            r.wait(timeout=60)
+            took = time.monotonic() - t0
+            h.wait(timeout=60)
+            out = ("ok", took)
+    except ringcomm.RingcommError as e:
+        out = (f"{type(e).__name__}: {e}", time.monotonic() - t0)
+    try:
+        comm.close()
+    except ringcomm.RingcommError:
+        pass  # a failure above broke the communicator; the outcome says why
+    return out
+
+
+ANY_TAG = 9  # random_traffic: the tag the any-source receives take
+
+
+def _traffic_plan(seed, world, rounds, sizes):
+    """{(src, dst): [(tag, n), ...]}: what each rank sends each other rank, in send order; one
+    message in four has ANY_TAG (and 3000 elements), the others tags 0-2 and a size from `sizes`."""
+    rng = random.Random(seed)
+    return {(s, d): [(ANY_TAG, 3000) if rng.random() < 0.25 else (rng.randrange(3), rng.choice(sizes))
+                     for _ in range(rounds)]
+            for s in range(world) for d in range(world) if s != d}
+
+
+def _traffic_value(src, k, tag, n):
+    """Message k of src (with its tag) as int64: its first element encodes (src, k, tag)."""
+    return np.arange(n, dtype=np.int64) + np.int64(((src * 1000 + k) * 16 + tag) * 100000)
+
+
+def random_traffic(rank, world, seed, rounds, sizes, name_some_sources, env):
+    """Every rank sends `rounds` messages to every other (eager and rendezvous sizes, tags 0-2 and
+    ANY_TAG, from _traffic_plan) and posts the receives for its own: per (source, tag) in send
+    order, and ANY_TAG's from any source (with `name_some_sources`, the first few of each source's
+    ANY_TAG messages by receives naming it, posted before the any-source ones), every stream
+    interleaved at random. Returns the list of violations: a payload not the expected one, an
+    ANY_TAG message taken twice or not at all, or one source's ANY_TAG messages taken out of send
+    order."""
+    comm = init_under_env(rank, world, f"rdv-random-{seed}", env=env, timeout=30)
+    plan = _traffic_plan(seed, world, rounds, sizes)
+    rng = random.Random(seed * 7919 + rank)
+    streams = [[("send", d, k, t, n) for k, (t, n) in enumerate(plan[(rank, d)])] for d in range(world) if d != rank]
+    for s in range(world):
+        if s != rank:
+            for tag in range(3):
+                streams.append([("recv", s, k, t, n) for k, (t, n) in enumerate(plan[(s, rank)]) if t == tag])
+    named, anys = [], []
+    for s in range(world):
+        if s != rank:
+            c = sum(1 for t, _ in plan[(s, rank)] if t == ANY_TAG)
+            c_named = rng.randrange(c + 1) if name_some_sources else 0
+            named += [("named", s, None, ANY_TAG, 3000)] * c_named
+            anys += [("any", None, None, ANY_TAG, 3000)] * (c - c_named)
+    rng.shuffle(named)
+    streams = [s for s in streams + [named + anys] if s]
+    posted = []
+    while streams:
+        i = rng.randrange(len(streams))
+        kind, peer, k, t, n = act = streams[i].pop(0)
+        if not streams[i]:
+            streams.pop(i)
+        if kind == "send":
+            buf = _traffic_value(rank, k, t, n)
+            posted.append((act, buf, comm.send(buf, dst=peer, tag=t, async_op=True)))
+        else:
+            buf = np.full(n, -1, dtype=np.int64)
+            posted.append((act, buf, comm.recv(buf, src=peer, tag=t, async_op=True)))
+        if rng.random() < 0.05:
+            time.sleep(0.01)
+    errors, taken = [], []
+    for (kind, peer, k, t, n), buf, h in posted:
+        h.wait(timeout=30)
+        if kind == "recv" and not np.array_equal(buf, _traffic_value(peer, k, t, n)):
+            errors.append(("payload", peer, k, t, n))
+        elif kind in ("named", "any"):
+            code = int(buf[0]) // 100000
+            s, kk, tt = code // 16000, code // 16 % 1000, code % 16
+            if (tt != ANY_TAG or h.source() != s or (peer is not None and peer != s)
+                    or not np.array_equal(buf, _traffic_value(s, kk, tt, n))):
+                errors.append((kind, peer, h.source(), s, kk, tt))
+            taken.append((s, kk))
+    expected = sorted((s, k) for s in range(world) if s != rank
+                      for k, (t, _) in enumerate(plan[(s, rank)]) if t == ANY_TAG)
+    if sorted(taken) != expected:
+        errors.append(("taken", sorted(taken), expected))
+    for s in range(world):
+        ks = [k for ss, k in taken if ss == s]  # named receives were posted first, then any-source
+        if ks != sorted(ks):
+            errors.append(("order", s, ks))
+    comm.barrier()
+    comm.close()
+    return errors

@@ -63,3 +63,24 @@ def test_a_size_mismatch_raises_before_data_moves(store_env):
     res = rank_pool.run(cases.size_mismatch_raises_on_the_receiver, 3, args=(BIG, {}), timeout=100, env=store_env)
     assert res[0] == "MismatchError", res
     assert res[1] in ("MismatchError", "PeerFailureError"), res  # the peer's failure, as it reported it
+
+
+@pytest.mark.timeout(200)
+def test_a_cts_held_behind_a_long_stream_times_nothing_out(store_env):
+    # A slow stream (two 256 B outbox slots) of 128 MiB outlasts the 1 s timeout (4-5 s on 2 vCPUs).
+    slow = {"RINGCOMM_FAR_SLOT_BYTES": "256", "RINGCOMM_OUTBOX_SLOTS": "2"}
+    res = rank_pool.run(cases.cts_behind_a_long_stream, 3, args=(1 << 25, BIG, slow), timeout=150, env=store_env)
+    assert res[0][0] == "ok" and res[1][0] == "ok", res
+    assert res[0][1] > 1.0, f"the stream took {res[0][1]:.2f} s: no longer than the timeout, it proves nothing"
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("name_some_sources", [False, True], ids=["any", "named_and_any"])
+@pytest.mark.parametrize("world", [3, 4])
+def test_random_traffic_keeps_the_order_rule(world, name_some_sources, store_env):
+    # Eager size 64 B: sizes 0-9 elements go eager, 40 to 70000 elements (int64) rendezvous.
+    sizes = [0, 1, 8, 9, 40, 5000, 70000]
+    for seed in range(3):
+        res = rank_pool.run(cases.random_traffic, world, args=(seed, 12, sizes, name_some_sources, TINY_EAGER),
+                            timeout=120, env=store_env)
+        assert res == [[]] * world, (seed, res)

@@ -206,6 +206,7 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
                                size_t& pending) {
   Channel& ch = dev_->p2p_channel();
   bool moved = false;
+  bool mid_message = false;  // a piece that continues a message of the peer moved (its CTSs wait behind it)
   auto erase_op = [&](Op* target) {
     for (std::list<Op>* l : {&q, &anyq})
       for (auto it = l->begin(); it != l->end(); ++it)
@@ -257,7 +258,8 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
     const SlotMeta* m = nullptr;
     const char* src = ch.try_recv_slot(peer, PiecePlace{}, &m);
     if (src == nullptr) break;
-    if (in.op == nullptr && in.early == nullptr) {
+    const bool continuing = in.op != nullptr || in.early != nullptr;
+    if (!continuing) {
       const uint64_t kind = m->total & kKinds, total = m->total & ~kKinds;
       if (kind == kCts) {  // the peer's receive took our RTS: that send's data may go
         on_cts(peer, m->tag);
@@ -329,6 +331,7 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
         }
       }
     }
+    mid_message |= continuing;
     if (in.op != nullptr) {
       Op& op = *in.op;
       RC_CHECK(op.done + m->bytes <= op.bytes, Error, "ringcomm: recv: message overruns the buffer");
@@ -360,6 +363,10 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
     const int64_t d = deadline_after(now_ns(), dev_->control().timeout_s());
     for (Op& op : q) op.deadline_ns = d;
     for (Op& op : anyq) op.deadline_ns = d;
+    // Our sends to this peer that wait for its CTS: it cannot send one while its message streams.
+    if (mid_message || in.op != nullptr || in.early != nullptr)
+      for (Op& op : sendq_[peer])
+        if (op.rts_sent && !op.cleared) op.deadline_ns = d;
   }
   return moved;
 }
@@ -495,7 +502,17 @@ void P2PEngine::loop() {
       try {
         // The deadline counts from the operation's last progress: a long message that keeps
         // moving, or one queued behind others, never times out while the pair is busy.
-        progressed |= progress_sends(p, sendq[p]);
+        const bool moved = progress_sends(p, sendq[p]);
+        progressed |= moved;
+        if (moved && !cts_out_[p].empty()) {
+          // Our message to p still streams and our CTS to p waits behind it: the receives
+          // awaiting that data are not idle.
+          const int64_t d = deadline_after(now_ns(), t.timeout_s());
+          for (Op& op : recvq[p])
+            if (op.rdv_matched) op.deadline_ns = d;
+          for (Op& op : anyq)
+            if (op.rdv_matched && op.peer == p) op.deadline_ns = d;
+        }
       } catch (...) {
         const std::exception_ptr e = std::current_exception();
         on_failure_(e);
