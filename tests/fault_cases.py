@@ -612,15 +612,16 @@ def p2p_deadline_from_progress(rank, world):
 
 
 def tagged_p2p(rank, world, n):
-    """Tag matching: rank 0 sends (synchronously, each larger than the channel) messages with
-    tags 1, 2, 1, 0; rank 1 receives tag 2 first, then tag 1 twice, then tag 0. Each receive
-    gets the message of its tag, in send order per tag."""
+    """Tag matching: rank 0 sends (asynchronously: each is larger than the channel and the eager
+    size, so it completes only once its receive takes it) messages with tags 1, 2, 1, 0; rank 1
+    receives tag 2 first, then tag 1 twice, then tag 0. Each receive gets the message of its tag,
+    in send order per tag."""
     comm = init_under_env(rank, world, "tags", timeout=30)
     msgs = [(1, np.arange(n, dtype=np.float32)), (2, np.arange(n, dtype=np.float32) + 1e6),
             (1, np.arange(n, dtype=np.float32) * 2), (0, np.full(n, 7.0, np.float32))]
     if rank == 0:
-        for tag, x in msgs:
-            comm.send(x, dst=1, tag=tag)
+        for h in [comm.send(x, dst=1, tag=tag, async_op=True) for tag, x in msgs]:
+            h.wait()
         res = "sent"
     else:
         got = []

@@ -164,6 +164,10 @@ bool P2PEngine::progress_sends(int peer, std::list<Op>& q) {
   return moved;
 }
 
+bool P2PEngine::awaits_cts(int peer) const {
+  return std::any_of(sendq_[peer].begin(), sendq_[peer].end(), [](const Op& op) { return op.rts_sent && !op.cleared; });
+}
+
 void P2PEngine::on_cts(int peer, uint64_t id) {
   for (Op& op : sendq_[peer])
     if (op.rdv && op.rts_sent && !op.cleared && op.rdv_id == id) {
@@ -321,9 +325,11 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
             target->begun = true;
           }
           in.op = target;
-        } else if ((drain_ || !q.empty() || unmatched_any(0, true) != nullptr) && dev_->p2p_slots_in_host_memory()) {
-          // A posted receive waits behind it, or the slot is in the sender's outbox (which every
-          // receiver of that sender shares): buffer the message so that the channel moves on.
+        } else if ((drain_ || !q.empty() || unmatched_any(0, true) != nullptr || awaits_cts(peer)) &&
+                   dev_->p2p_slots_in_host_memory()) {
+          // A posted receive or an awaited CTS waits behind it, or the slot is in the sender's
+          // outbox (which every receiver of that sender shares): buffer the message so that the
+          // channel moves on.
           early.push_back(Early{tag, total, std::unique_ptr<char[]>(new char[total]), 0, false, arrivals_++});
           in.early = &early.back();
         } else {
@@ -472,7 +478,7 @@ void P2PEngine::loop() {
         Op op = std::move(new_.front());
         new_.pop_front();
         if (op.is_send) {
-          op.rdv = drain_ && op.bytes > eager_bytes_;
+          op.rdv = dev_->p2p_slots_in_host_memory() && op.bytes > eager_bytes_;
           if (op.rdv) op.rdv_id = next_rdv_id_++;
           sendq[op.peer].push_back(std::move(op));
         } else if (op.peer == kAnySource) {
@@ -534,7 +540,9 @@ void P2PEngine::loop() {
       }
     }
     for (int p = 0; p < world_ && !failed; ++p) {
-      if (!drain_ && recvq[p].empty() && incoming[p].early == nullptr && incoming[p].op == nullptr && anyq.empty()) continue;
+      if (!drain_ && recvq[p].empty() && incoming[p].early == nullptr && incoming[p].op == nullptr && anyq.empty() &&
+          !awaits_cts(p))
+        continue;
       try {
         progressed |= progress_recvs(p, recvq[p], anyq, incoming[p], early[p], pending);
       } catch (...) {

@@ -17,11 +17,12 @@
 // sender's outbox (the shm transport's outbox layout, transport/shm.h): every receiver of that
 // sender shares them, so the engine drains every message that reaches this rank into a private
 // buffer at once when no posted receive takes it (MPI's unexpected-message queue; memory grows
-// with what is sent and not yet received), and an outbox never stays full behind a receive that
-// is not posted. Then the thread sleeps on the doorbell even with nothing posted.
+// with what is sent and not yet received, at most the eager size per message: see Rendezvous),
+// and an outbox never stays full behind a receive that is not posted. Then the thread sleeps on
+// the doorbell even with nothing posted.
 //
-// Rendezvous (draining engines only): a send of more than RINGCOMM_P2P_EAGER_BYTES is not
-// drained into the receiver's private memory. Its sender posts a request to send (RTS: a
+// Rendezvous (slots in host memory): a send of more than RINGCOMM_P2P_EAGER_BYTES is never
+// buffered in the receiver's private memory. Its sender posts a request to send (RTS: a
 // one-piece message with the tag, the size and the send's id, this sender's counter) and keeps
 // it pending while later sends to that peer go on; the receive that takes the RTS (by the order
 // rule below, as it would take the message) answers with a clear to send (CTS: a one-piece
@@ -30,6 +31,8 @@
 // buffered message without data, so order per (peer, tag) holds across both protocols, and what
 // a rank holds for receives not yet posted is at most the eager size per message. A send that
 // waits for its CTS times out after the timeout, as a send in gloo waits for its receive.
+// While a send to p waits for its CTS, p's channel is read as if a receive from p were posted
+// (messages no receive takes are buffered), so a CTS behind them always arrives.
 // Wire form: the kind sits in the top bits of the first piece's `total` (sizes stay below
 // 2^61); a data message's `tag` is the id. One message streams to a peer at a time: a CTS, an
 // RTS or another message's first piece goes only between two messages to that peer.
@@ -126,6 +129,9 @@ class P2PEngine {
   void take_announced(Op& op, int peer, uint64_t id);
   /// The CTS `id` from `peer` clears that send's data.
   void on_cts(int peer, uint64_t id);
+  /// Whether a send to `peer` waits for its CTS (then the peer's channel is read, and buffered
+  /// past what no receive takes, even with no receive from it posted).
+  bool awaits_cts(int peer) const;
   bool progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, Incoming& in, std::list<Early>& early,
                       size_t& pending);
   /// Any-source receives (not yet matched) whose message is buffered: copy and finish.
