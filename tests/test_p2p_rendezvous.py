@@ -59,7 +59,7 @@ def test_a_large_send_never_received_times_out(world, store_env):
     kind, msg, took = res[1]
     assert kind == "TimeoutError", res[1]
     assert "send to rank 0 on rank 1" in msg and "its receive was not posted" in msg, msg
-    assert took < 10, took
+    assert 0.9 < took < 5, took
 
 
 @pytest.mark.timeout(120)
