@@ -8,16 +8,18 @@
 # build_ext --inplace, RINGCOMM_CUDA=0; ringcomm is run from src/), then runs
 # `python -m ringcomm.bench` (all_reduce float32) at 2, 4, 8 and 16 ranks, each unbound and
 # bound (--bind core), beside gloo (required) and MPICH / DeepSpeed where importable, and the
-# thread A/B of the split kernels (scripts/cpu_threads_ab.py, 64 MiB, 1 vs 2 and 4 threads).
+# thread A/B of the split kernels (scripts/cpu_threads_ab.py, 64 MiB, 1 vs 2 and 4 threads) and
+# point-to-point with and without the rendezvous at 4 ranks (scripts/p2p_rendezvous_ab.py).
 # With fewer cores it says so and runs the world sizes that fit (one rank per core).
 # Output, written as it goes (partial results survive a timeout), 6 files so that a runner that
 # returns a bounded number of files returns them all:
-#   env.txt  build.log  tables.txt (every bench's report)  results.json (every bench's JSON,
-#   merged after each run)  threads.txt  summary.txt (also printed at the end)
+#   env.txt  build.log  tables.txt (every bench's report, the rendezvous A/B's last)
+#   results.json (every bench's JSON, merged after each run)  threads.txt  summary.txt (also
+#   printed at the end)
 # Time: <= TOTAL_BUDGET s (default 290): every section runs under `timeout` (BUILD_TIMEOUT 150,
-# BENCH_TIMEOUT 30 per bench run, THREADS_TIMEOUT 30), and a section whose limit would overrun
+# BENCH_TIMEOUT 30 per bench run, THREADS_TIMEOUT 30, P2P_TIMEOUT 30), and a section whose limit would overrun
 # the budget is skipped and named in the summary.
-# --quick: 2 ranks only (bound and unbound), sizes 1K..64K, no thread A/B (a smoke test).
+# --quick: 2 ranks only (bound and unbound), sizes 1K..64K, no thread or rendezvous A/B (a smoke test).
 # --dry-run: print the plan (the commands), run nothing.
 # CPU_SCALE_CORES overrides the core count (to see the plan of another machine with --dry-run).
 # Exit status: 0 when the build (or the existing build) and every bench run that ran passed and
@@ -39,6 +41,8 @@ TOTAL_BUDGET="${TOTAL_BUDGET:-290}"
 BUILD_TIMEOUT="${BUILD_TIMEOUT:-150}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-30}"
 THREADS_TIMEOUT="${THREADS_TIMEOUT:-30}"
+P2P_TIMEOUT="${P2P_TIMEOUT:-30}"
+P2P="scripts/p2p_rendezvous_ab.py -np 4 --sizes 256K,1M,4M,16M --reps 30 --rounds 5"
 CORES="${CPU_SCALE_CORES:-$(nproc)}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -61,6 +65,7 @@ if [ "$DRY" = 1 ]; then
     for bind in none core; do echo "timeout $BENCH_TIMEOUT $BENCH -np $n --bind $bind --json <tmp>"; done
   done
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY scripts/cpu_threads_ab.py --threads {2,4} --sizes 64M --reps 5"
+  [ "$QUICK" = 1 ] || [ "$CORES" -lt 4 ] || echo "timeout $P2P_TIMEOUT $PY $P2P"
   exit 0
 fi
 
@@ -152,6 +157,16 @@ if [ "$QUICK" = 0 ]; then
     note "threads A/B 1 vs $t: exit $?"
   done
   cat "$OUT/threads.txt" >> "$OUT/summary.txt"
+fi
+
+# ---- point-to-point: rendezvous against eager ----
+if [ "$QUICK" = 0 ]; then
+  if [ "$CORES" -lt 4 ]; then note "rendezvous A/B: fewer than 4 cores, skipped"
+  elif ! fits "$P2P_TIMEOUT"; then note "rendezvous A/B: SKIPPED (budget)"
+  else
+    timeout -k 5 "$P2P_TIMEOUT" $PY $P2P >> "$OUT/tables.txt" 2>&1
+    note "rendezvous A/B (4 ranks): exit $? (table at the end of tables.txt)"
+  fi
 fi
 
 note "done in $(( $(date +%s) - t_start )) s, status $status"

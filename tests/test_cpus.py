@@ -439,10 +439,43 @@ def test_cpu_scale_check_script_syntax_and_plan():
     assert [(ln.split("-np ")[1].split()[0], ln.split("--bind ")[1].split()[0]) for ln in runs] == \
         [(n, b) for n in ("2", "4", "8", "16") for b in ("none", "core")]
     assert all(ln.startswith("timeout ") and "gloo" in ln for ln in runs)
+    assert any(ln.startswith("timeout ") and "p2p_rendezvous_ab.py -np 4" in ln for ln in plan.stdout.splitlines())
     env["CPU_SCALE_CORES"] = "6"
     plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
     assert "fewer than 16 cores" in plan.stdout and "-np 8" not in plan.stdout and "-np 4" in plan.stdout
+    env["CPU_SCALE_CORES"] = "3"
+    plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert "p2p_rendezvous_ab" not in plan.stdout
     assert subprocess.run([script, "--bogus"], capture_output=True).returncode == 2
+
+
+# ---- scripts/bind_torch_pool.py, scripts/p2p_rendezvous_ab.py ----------------------------------
+@needs_whole_machine
+@pytest.mark.timeout(180)
+def test_bind_torch_pool_script_reports_both_pools():
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "bind_torch_pool.py")
+    r = subprocess.run([sys.executable, script, "-np", "2", "--n", "64", "--reps", "5", "--rounds", "1"],
+                       capture_output=True, text=True, timeout=170)
+    assert r.returncode == 0, r.stderr[-3000:]
+    n = len(_allowed())
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("rank ")]
+    assert len(rows) == 2 and all(f"kept: {n} threads" in ln and f"ringcomm: {n // 2} threads" in ln
+                                  for ln in rows), r.stdout
+
+
+@pytest.mark.timeout(180)
+def test_p2p_rendezvous_script_tables_and_memory():
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "p2p_rendezvous_ab.py")
+    r = subprocess.run([sys.executable, script, "-np", "3", "--sizes", "64K,2M", "--reps", "3", "--rounds", "1",
+                        "--unexpected", "8"], capture_output=True, text=True, timeout=170)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln and ln.split()[0].isdigit()]
+    assert [row[0] for row in rows] == ["65536", "2097152"] and all(len(row) == 4 for row in rows), r.stdout
+    # 8 MiB of 4 MiB sends wait for their receives: nothing of them is held under the default.
+    tail = r.stdout.splitlines()[-1]
+    held = float(tail.split("default=1048576: ")[1].split(" MiB")[0])
+    assert held < 4, tail
 
 
 # ---- scripts/arrival_skew.py ---------------------------------------------------------------------
