@@ -1,5 +1,6 @@
-"""Point-to-point with and without the rendezvous, in one run: ``-np`` ranks (3 or more: the
-outbox layout), each holding one communicator per ``--eager`` value of RINGCOMM_P2P_EAGER_BYTES
+"""Point-to-point with and without the rendezvous, in one run: ``-np`` ranks (2: the pair's
+channels; 3 or more: the outbox layout, where unreceived eager messages are held in private
+memory), each holding one communicator per ``--eager`` value of RINGCOMM_P2P_EAGER_BYTES
 (messages larger than it take the rendezvous; ``default``: the knob as the environment gives it;
 the last value, 1024G by default, sends every message eager). Ranks 0 and 1 ping-pong float32
 messages of each size back to back (blocking send, then recv), the communicators taking turns
@@ -114,8 +115,8 @@ def main(argv=None) -> int:
     p.add_argument("--eager", default="default,1024G", help="RINGCOMM_P2P_EAGER_BYTES values, comma-separated")
     p.add_argument("--unexpected", type=int, default=64, help="MiB rank 1 sends before rank 0 receives")
     a = p.parse_args(argv)
-    if a.np < 3:
-        p.error("-np must be at least 3 (the outbox layout)")
+    if a.np < 2:
+        p.error("-np must be at least 2")
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     modes = a.eager.split(",")
     with tempfile.TemporaryDirectory(prefix="p2p-rdv-") as tmp:
