@@ -84,6 +84,12 @@ WorkPtr P2PEngine::submit(bool is_send, char* buf, int64_t bytes, int peer, uint
   return w;
 }
 
+void P2PEngine::begin(Op& op) {
+  if (op.begun) return;
+  dev_->p2p_begin(op.token);
+  op.begun = true;
+}
+
 // Moves as many pieces of a send as the channel allows right now; true if anything moved.
 bool P2PEngine::advance(Op& op) {
   Channel& ch = dev_->p2p_channel();
@@ -93,10 +99,7 @@ bool P2PEngine::advance(Op& op) {
   const uint64_t total = op.rdv ? (op.bytes | kRdvData) : op.bytes;
   const uint64_t tag = op.rdv ? op.rdv_id : op.tag;
   bool moved = false;
-  if (!op.begun) {
-    dev_->p2p_begin(op.token);
-    op.begun = true;
-  }
+  begin(op);
   while (!op.started || op.done < op.bytes) {
     char* dst = ch.try_send_slot(op.peer, PiecePlace{op.buf + op.done, -1});
     if (dst == nullptr) return moved;
@@ -139,10 +142,7 @@ bool P2PEngine::progress_sends(int peer, std::list<Op>& q) {
       if (!op.rts_sent) {
         char* dst = ch.try_send_slot(peer, PiecePlace{});
         if (dst == nullptr) return moved;
-        if (!op.begun) {
-          dev_->p2p_begin(op.token);
-          op.begun = true;
-        }
+        begin(op);
         ch.copy_into_slot(dst, &op.rdv_id, sizeof(op.rdv_id));
         ch.send_post(peer, sizeof(op.rdv_id), op.bytes | kRts, op.tag);
         op.rts_sent = true;
@@ -165,12 +165,12 @@ bool P2PEngine::progress_sends(int peer, std::list<Op>& q) {
 }
 
 bool P2PEngine::awaits_cts(int peer) const {
-  return std::any_of(sendq_[peer].begin(), sendq_[peer].end(), [](const Op& op) { return op.rts_sent && !op.cleared; });
+  return std::any_of(sendq_[peer].begin(), sendq_[peer].end(), [](const Op& op) { return op.waits_for_cts(); });
 }
 
 void P2PEngine::on_cts(int peer, uint64_t id) {
   for (Op& op : sendq_[peer])
-    if (op.rdv && op.rts_sent && !op.cleared && op.rdv_id == id) {
+    if (op.waits_for_cts() && op.rdv_id == id) {
       op.cleared = true;
       op.deadline_ns = deadline_after(now_ns(), dev_->control().timeout_s());
       return;
@@ -180,10 +180,7 @@ void P2PEngine::on_cts(int peer, uint64_t id) {
 }
 
 void P2PEngine::take_announced(Op& op, int peer, uint64_t id) {
-  if (!op.begun) {
-    dev_->p2p_begin(op.token);
-    op.begun = true;
-  }
+  begin(op);
   op.rdv_matched = true;
   op.rdv_id = id;
   cts_out_[peer].push_back(id);
@@ -320,10 +317,7 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
         }
         if (target != nullptr) {
           size_check(*target, total);
-          if (!target->begun) {
-            dev_->p2p_begin(target->token);
-            target->begun = true;
-          }
+          begin(*target);
           in.op = target;
         } else if ((drain_ || !q.empty() || unmatched_any(0, true) != nullptr || awaits_cts(peer)) &&
                    dev_->p2p_slots_in_host_memory()) {
@@ -372,16 +366,13 @@ bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, 
     // Our sends to this peer that wait for its CTS: it cannot send one while its message streams.
     if (mid_message || in.op != nullptr || in.early != nullptr)
       for (Op& op : sendq_[peer])
-        if (op.rts_sent && !op.cleared) op.deadline_ns = d;
+        if (op.waits_for_cts()) op.deadline_ns = d;
   }
   return moved;
 }
 
 void P2PEngine::take_early(Op& op, const Early& e) {
-  if (!op.begun) {
-    dev_->p2p_begin(op.token);
-    op.begun = true;
-  }
+  begin(op);
   if (e.total > 0) std::memcpy(op.buf, e.data.get(), e.total);
   op.done = op.bytes;
   op.started = true;
@@ -584,14 +575,14 @@ void P2PEngine::loop() {
           RC_THROW(TimeoutError, "ringcomm: " << (op.is_send ? "send to" : "recv from") << " rank " << op.peer
                                               << " on rank " << rank_ << " (tag " << op.tag << "): Timed out after "
                                               << t.timeout_s() << " s ("
-                                              << (op.rts_sent && !op.cleared ? "announced; its receive was not posted, "
+                                              << (op.waits_for_cts() ? "announced; its receive was not posted, "
                                                                              : "")
                                               << op.done << " of " << op.bytes << " bytes moved)");
         }
       };
       for (auto& q : sendq)
         for (const Op& op : q)  // the first, and every send waiting for its CTS
-          if (&op == &q.front() || (op.rts_sent && !op.cleared)) check_deadline(op);
+          if (&op == &q.front() || op.waits_for_cts()) check_deadline(op);
       for (auto& q : recvq)
         if (!q.empty()) check_deadline(q.front());
       if (!anyq.empty()) check_deadline(anyq.front());

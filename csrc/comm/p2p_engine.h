@@ -104,7 +104,9 @@ class P2PEngine {
     bool cleared = false;
     bool rdv_matched = false;
     uint64_t rdv_id = 0;
-    int64_t deadline_ns = 0;  // timeout after the last progress (or after reaching its queue's front)
+    int64_t deadline_ns = 0;
+    /// A send whose RTS is out and whose CTS has not come.
+    bool waits_for_cts() const { return rts_sent && !cleared; }  // timeout after the last progress (or after reaching its queue's front)
     WorkPtr work;
   };
   struct Early {  // a message buffered before a receive with its tag was posted
@@ -124,6 +126,8 @@ class P2PEngine {
   void loop();
   /// Sends to one peer: CTS answers first, then its queue in order (see Rendezvous above).
   bool progress_sends(int peer, std::list<Op>& q);
+  /// p2p_begin, once per operation (before its first piece or its match).
+  void begin(Op& op);
   bool advance(Op& op);
   /// A receive takes the RTS `id` from `peer`: it is matched, and the CTS is queued.
   void take_announced(Op& op, int peer, uint64_t id);
@@ -153,8 +157,9 @@ class P2PEngine {
   std::thread thread_;
   uint64_t arrivals_ = 0;  // engine thread only: stamps Early messages in arrival order
   bool drain_ = false;     // engine thread only: buffer every unmatched message (see the header)
-  // Engine thread only (rendezvous): the size above which a draining engine's sends use it, the
-  // next send id, the CTS answers owed per peer, and the send queues (per peer, posting order).
+  // Rendezvous: the size above which sends over host-memory slots use it (read at construction);
+  // engine thread only: the next send id, the CTS answers owed per peer, and the send queues (per
+  // peer, posting order).
   uint64_t eager_bytes_ = 0;
   uint64_t next_rdv_id_ = 1;
   std::vector<std::deque<uint64_t>> cts_out_;
