@@ -451,6 +451,7 @@ void P2PEngine::loop() {
     for (auto& op : anyq) fn(op);
   };
   auto fail_all = [&](const std::exception_ptr& e) {
+    if (!failed_) failed_ = e;
     each_op([&](Op& op) { finish(op, e); });
     for (auto& q : sendq) q.clear();
     for (auto& q : recvq) q.clear();
@@ -462,9 +463,10 @@ void P2PEngine::loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lk(mu_);
-      // Draining, the thread never waits here: it sleeps on the doorbell (below), which submit()
-      // and stop() ring as well as every peer that posts a message to this rank.
-      if (pending == 0 && !drain_) cv_.wait(lk, [&] { return stopping_ || !new_.empty(); });
+      // Draining, the thread never waits here (until a failure, after which it reads no channel):
+      // it sleeps on the doorbell (below), which submit() and stop() ring as well as every peer
+      // that posts a message to this rank.
+      if (pending == 0 && (!drain_ || failed_)) cv_.wait(lk, [&] { return stopping_ || !new_.empty(); });
       while (!new_.empty()) {
         Op op = std::move(new_.front());
         new_.pop_front();
@@ -489,6 +491,10 @@ void P2PEngine::loop() {
         });
         return;
       }
+    }
+    if (failed_) {  // broken: what reached the engine since fails with the first error
+      fail_all(failed_);
+      continue;
     }
     const uint32_t bell = t.doorbell_value();
     bool progressed = false;

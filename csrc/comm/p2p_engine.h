@@ -157,6 +157,10 @@ class P2PEngine {
   std::thread thread_;
   uint64_t arrivals_ = 0;  // engine thread only: stamps Early messages in arrival order
   bool drain_ = false;     // engine thread only: buffer every unmatched message (see the header)
+  // Engine thread only: the first data-phase failure (or abort). From then on the channels are
+  // not read: the communicator is broken, and an operation that still reaches the engine fails
+  // with this error at once.
+  std::exception_ptr failed_;
   // Rendezvous: the size above which sends over host-memory slots use it (read at construction);
   // engine thread only: the next send id, the CTS answers owed per peer, and the send queues (per
   // peer, posting order).
