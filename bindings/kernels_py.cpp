@@ -127,6 +127,8 @@ void bind_kernels(py::module_& m) {
                       size_t min_bytes) { split_py(h, dst, src, py::none(), dtype, -1, 1.0, min_bytes, stream); },
            py::arg("dst"), py::arg("src"), py::arg("dtype"), py::arg("stream") = false, py::arg("min_bytes") = 0,
            "dst = src split likewise (stream: non-temporal stores, as into a peer's slot).")
+      .def_static("step_off_cpu", [](int cpu) { rc::step_off_cpu(cpu); }, py::arg("cpu"),
+                  "Test hook: rc::step_off_cpu on the calling thread (kernels/cpu_pool.h).")
       .def_static("split_range", [](size_t n, size_t esize, int parts, int k) {
              size_t b, e;
              rc::split_range(n, esize, parts, k, &b, &e);

@@ -7,12 +7,14 @@ topologies; the registry on files in a temporary directory; binding for real in 
 on the node: untouched). The split: every dtype x op at sizes 0, 1, odd and large on 1 to 4
 threads, bit for bit against the one-thread kernel, a forked child, and host communicators with
 and without threads giving identical results (2 ranks, and 8 and 16 oversubscribed ranks with
-tiny slots, one group per world size, which also checks where bind=core put them).
+tiny slots, one group per world size, which also checks where bind=core put them), and a pool
+worker placed on its caller's CPU stepping off it.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -358,6 +360,78 @@ def test_split_pool_in_a_forked_child(pools):
     assert np.array_equal(out, a + a)
 
 
+def _sched_getcpu() -> int:
+    import ctypes
+    return ctypes.CDLL(None, use_errno=True).sched_getcpu()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_step_off_cpu_moves_the_thread_and_keeps_its_mask():
+    mask = os.sched_getaffinity(0)
+    for _ in range(5):
+        here = _sched_getcpu()
+        _CpuPool.step_off_cpu(here)
+        assert _sched_getcpu() != here
+        assert os.sched_getaffinity(0) == mask
+    _CpuPool.step_off_cpu(-1)                     # no CPU named: nothing to do
+    assert os.sched_getaffinity(0) == mask
+
+
+_STEP_OFF_CHILD = r"""
+import json, os, sys
+import numpy as np
+from ringcomm._C import _CpuPool
+cpus = sorted(os.sched_getaffinity(0))
+def tids():
+    return {int(t) for t in os.listdir("/proc/self/task")}
+def last_cpu(tid):
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])
+before = tids()
+pool = _CpuPool(2, 10_000_000)                    # the worker spins between runs, never sleeps
+worker = (tids() - before).pop()
+caller = os.getpid()
+os.sched_setaffinity(caller, {cpus[0]})           # the caller stays on the first CPU
+os.sched_setaffinity(worker, {cpus[0]})           # the worker is moved onto it ...
+os.sched_setaffinity(worker, set(cpus))           # ... and may go anywhere again
+a = np.arange(1 << 20, dtype=np.float32)
+out = np.empty_like(a)
+ok = True
+after = []
+for _ in range(5):
+    pool.reduce(out, a, a, 0, 0, 1.0, 0)
+    ok = ok and bool(np.array_equal(out, a + a))
+    after.append(last_cpu(worker))
+print(json.dumps({"after": after, "caller": cpus[0], "mask": sorted(os.sched_getaffinity(worker)),
+                  "cpus": cpus, "ok": ok}))
+"""
+
+
+def _step_off_run(cpu_list):
+    cmd = [sys.executable, "-c", _STEP_OFF_CHILD]
+    if cpu_list is not None:
+        cmd = ["taskset", "-c", cpu_list] + cmd
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_a_pool_worker_runs_off_the_callers_cpu_and_keeps_its_mask():
+    res = _step_off_run(None)
+    assert res["ok"], res
+    assert res["caller"] not in res["after"], res
+    assert res["mask"] == res["cpus"], res
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
+def test_a_pool_worker_with_one_allowed_cpu_stays_and_the_split_is_exact():
+    cpu = int(sorted(os.sched_getaffinity(0))[0])
+    res = _step_off_run(str(cpu))
+    assert res["cpus"] == [cpu] and res["after"] == [cpu] * 5 and res["mask"] == [cpu], res
+    assert res["ok"], res
+
+
 def _threads_vs_one(rank, world, store_dir, scale=1):
     """Every collective through a communicator with 3 threads (small threshold, tiny slots,
     streaming stores) and one with 1: identical bytes. ``scale`` divides the sizes."""
@@ -462,6 +536,19 @@ def test_bind_torch_pool_script_reports_both_pools():
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("rank ")]
     assert len(rows) == 2 and all(f"kept: {n} threads" in ln and f"ringcomm: {n // 2} threads" in ln
                                   for ln in rows), r.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_pool_placement_script_rows_and_summary():
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "pool_placement.py")
+    r = subprocess.run([sys.executable, script, "--procs", "2", "--rounds", "2", "--calls", "3",
+                        "--size", "256K"], capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln[:1] == " " and ln.split()[0].isdigit()]
+    assert [(int(x[0]), int(x[1])) for x in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)], r.stdout
+    assert all(float(x[2]) > 0 and float(x[3]) > 0 and x[4] in ("yes", "no") for x in rows), r.stdout
+    assert "two threads slower than one in" in r.stdout.splitlines()[-1], r.stdout
 
 
 @pytest.mark.timeout(180)

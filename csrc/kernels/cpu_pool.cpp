@@ -34,6 +34,7 @@ namespace rc {
 // the other's write) and, when nonzero, takes mu before notifying: no wake-up is lost.
 struct CpuPool::State {
   std::atomic<uint64_t> gen{0};
+  std::atomic<int> caller_cpu{-1};  // the CPU the caller ran on when it published gen
   std::atomic<int> pending{0};
   std::atomic<int> sleepers{0};
   std::atomic<bool> stop{false};
@@ -70,6 +71,18 @@ void CpuPool::stop_workers() {
   delete st_;
 }
 
+// The mask is read at each step, never kept: ringcomm pins a rank's threads at init, before any
+// run, and the mask this restores is the one the thread had a moment before.
+void step_off_cpu(int cpu) {
+  if (cpu < 0 || sched_getcpu() != cpu) return;
+  cpu_set_t all;
+  if (sched_getaffinity(0, sizeof(all), &all) != 0) return;
+  cpu_set_t others = all;
+  CPU_CLR(cpu, &others);
+  if (CPU_COUNT(&others) == 0) return;
+  if (sched_setaffinity(0, sizeof(others), &others) == 0) sched_setaffinity(0, sizeof(all), &all);
+}
+
 void CpuPool::worker(int k) {
   State& s = *st_;
   uint64_t seen = 0;
@@ -92,6 +105,7 @@ void CpuPool::worker(int k) {
     }
     seen = g;
     if (s.stop.load()) return;
+    step_off_cpu(s.caller_cpu.load(std::memory_order_relaxed));
     try {
       (*s.job)(k);
     } catch (...) {
@@ -110,6 +124,7 @@ void CpuPool::run(const std::function<void(int)>& fn) {
   s.job = &fn;
   for (auto& e : s.errors) e = nullptr;
   s.pending.store(threads_ - 1);
+  s.caller_cpu.store(sched_getcpu(), std::memory_order_relaxed);  // ordered by gen's seq_cst store
   s.gen.fetch_add(1);
   if (s.sleepers.load() > 0) {
     { std::lock_guard<std::mutex> lk(s.mu); }
@@ -120,9 +135,10 @@ void CpuPool::run(const std::function<void(int)>& fn) {
   } catch (...) {
     s.errors[0] = std::current_exception();
   }
-  // Deadline-free: the workers run bounded memory loops and cannot block.
+  // Deadline-free: the workers run bounded memory loops and cannot block. After a few pauses
+  // the caller offers its CPU, which a worker woken onto it needs to finish its part.
   for (int i = 0; s.pending.load(std::memory_order_acquire) != 0; ++i) {
-    if (i < 4096) {
+    if (i < 64) {
       RC_POOL_PAUSE();
     } else {
       sched_yield();

@@ -41,6 +41,12 @@ class CpuPool {
   State* st_;  // owned; leaked on purpose in a forked child (its mutex may be held by a parent thread)
 };
 
+/// If the calling thread runs on `cpu`, move it to another CPU of its affinity mask and leave
+/// the mask as it was (narrowing the mask makes the kernel migrate the thread at once); nothing
+/// when it runs elsewhere or may use no other CPU. A worker the scheduler placed on the caller's
+/// CPU would run its part only by taking turns with the caller: it steps off before each run.
+void step_off_cpu(int cpu);
+
 /// The element range [*begin, *end) of part k of n elements of esize bytes split into `parts`:
 /// contiguous, in order, covering [0, n); every boundary but the last on a 4 KiB multiple of
 /// bytes where the parts are that large (no two parts write one cache line).
