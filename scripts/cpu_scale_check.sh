@@ -8,7 +8,8 @@
 # build_ext --inplace, RINGCOMM_CUDA=0; ringcomm is run from src/), then runs
 # `python -m ringcomm.bench` (all_reduce float32) at 2, 4, 8 and 16 ranks, each unbound and
 # bound (--bind core), beside gloo (required) and MPICH / DeepSpeed where importable, and the
-# thread A/B of the split kernels (scripts/cpu_threads_ab.py, 64 MiB, 1 vs 2 and 4 threads) and
+# thread A/B of the split kernels (scripts/cpu_threads_ab.py, 64 MiB, 1 vs 2 and 4 threads), where
+# the pool's worker runs against its caller (scripts/pool_placement.py, 1 MiB) and
 # point-to-point with and without the rendezvous at 4 ranks (scripts/p2p_rendezvous_ab.py).
 # With fewer cores it says so and runs the world sizes that fit (one rank per core).
 # Output, written as it goes (partial results survive a timeout), 6 files so that a runner that
@@ -43,6 +44,7 @@ BENCH_TIMEOUT="${BENCH_TIMEOUT:-30}"
 THREADS_TIMEOUT="${THREADS_TIMEOUT:-30}"
 P2P_TIMEOUT="${P2P_TIMEOUT:-30}"
 P2P="scripts/p2p_rendezvous_ab.py -np 4 --sizes 256K,1M,4M,16M --reps 30 --rounds 5"
+PLACEMENT="scripts/pool_placement.py --procs 5 --rounds 3 --size 1M"
 CORES="${CPU_SCALE_CORES:-$(nproc)}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
@@ -65,6 +67,7 @@ if [ "$DRY" = 1 ]; then
     for bind in none core; do echo "timeout $BENCH_TIMEOUT $BENCH -np $n --bind $bind --json <tmp>"; done
   done
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY scripts/cpu_threads_ab.py --threads {2,4} --sizes 64M --reps 5"
+  [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY $PLACEMENT"
   [ "$QUICK" = 1 ] || [ "$CORES" -lt 4 ] || echo "timeout $P2P_TIMEOUT $PY $P2P"
   exit 0
 fi
@@ -156,6 +159,12 @@ if [ "$QUICK" = 0 ]; then
         >> "$OUT/threads.txt" 2>&1
     note "threads A/B 1 vs $t: exit $?"
   done
+  if fits "$THREADS_TIMEOUT"; then
+    timeout -k 5 "$THREADS_TIMEOUT" $PY $PLACEMENT >> "$OUT/threads.txt" 2>&1
+    note "pool placement (2 threads, 1 MiB): exit $?"
+  else
+    note "pool placement: SKIPPED (budget)"
+  fi
   cat "$OUT/threads.txt" >> "$OUT/summary.txt"
 fi
 

@@ -514,6 +514,7 @@ def test_cpu_scale_check_script_syntax_and_plan():
         [(n, b) for n in ("2", "4", "8", "16") for b in ("none", "core")]
     assert all(ln.startswith("timeout ") and "gloo" in ln for ln in runs)
     assert any(ln.startswith("timeout ") and "p2p_rendezvous_ab.py -np 4" in ln for ln in plan.stdout.splitlines())
+    assert any(ln.startswith("timeout ") and "pool_placement.py" in ln for ln in plan.stdout.splitlines())
     env["CPU_SCALE_CORES"] = "6"
     plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
     assert "fewer than 16 cores" in plan.stdout and "-np 8" not in plan.stdout and "-np 4" in plan.stdout
