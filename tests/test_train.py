@@ -109,7 +109,7 @@ def test_quick_cli_end_to_end(backend, tmp_path):
     js, png = tmp_path / "quick.json", tmp_path / "quick.png"
     # The target backend runs the real --quick (it must finish in under 2 minutes); gloo, the
     # always-available reference, runs it with fewer steps to keep the default suite short.
-    steps = [] if backend == "ringcomm" else ["--steps", "6"]
+    steps = [] if backend == "ringcomm" else ["--steps", "2"]
     rc, out = _run_cli(["--quick", *steps, "--backend", backend, "--no-progress", "--json",
                         str(js), "--plot", str(png)], timeout=120)
     assert rc == 0, out
