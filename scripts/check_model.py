@@ -33,14 +33,10 @@ import time
 
 import numpy as np
 
+from ringcomm.bench.spec import parse_size
+
 FORCED = ["ring", "direct", "two_shot", "halving_doubling"]
 TOLERANCE = 1.15
-
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper().rstrip("B").rstrip("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(s[:-1] if s[-1:] in "KMG" else s) * mult
 
 
 def size_name(b: int) -> str:

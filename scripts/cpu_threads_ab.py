@@ -17,14 +17,9 @@ import time
 import numpy as np
 
 from ringcomm._C import _CpuPool
+from ringcomm.bench.spec import parse_size
 
 F32, U8, SUM = 0, 5, 0  # rc::DType / rc::ReduceOp codes
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper()
-    return int(t[:-1]) * units[t[-1]] if t[-1] in units else int(t)
 
 
 def main(argv=None) -> int:

@@ -21,13 +21,8 @@ import time
 
 import numpy as np
 
+from ringcomm.bench.spec import parse_size
 from ringcomm.launch import spawn
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper()
-    return int(t[:-1]) * units[t[-1]] if t[-1] in units else int(t)
 
 
 def _init(rank, world, store, eager):

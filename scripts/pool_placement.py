@@ -19,11 +19,7 @@ import time
 
 import numpy as np
 
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper()
-    return int(t[:-1]) * units[t[-1]] if t[-1] in units else int(t)
+from ringcomm.bench.spec import parse_size
 
 
 def _thread_state(tid: int) -> tuple[int, int, int]:
@@ -46,7 +42,7 @@ def child(size: int, rounds: int, calls: int) -> None:
     before = tids()
     two = _CpuPool(2)
     worker = (tids() - before).pop()
-    caller = os.getpid() if os.getpid() in tids() else min(before)
+    caller = os.getpid()  # the main thread's id is the process id
     a = np.ones(size // 4, np.float32)
     b, out = a.copy(), a.copy()
     rows = []

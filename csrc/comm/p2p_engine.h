@@ -104,9 +104,9 @@ class P2PEngine {
     bool cleared = false;
     bool rdv_matched = false;
     uint64_t rdv_id = 0;
-    int64_t deadline_ns = 0;
+    int64_t deadline_ns = 0;  // timeout after the last progress (or after reaching its queue's front)
     /// A send whose RTS is out and whose CTS has not come.
-    bool waits_for_cts() const { return rts_sent && !cleared; }  // timeout after the last progress (or after reaching its queue's front)
+    bool waits_for_cts() const { return rts_sent && !cleared; }
     WorkPtr work;
   };
   struct Early {  // a message buffered before a receive with its tag was posted
