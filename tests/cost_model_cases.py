@@ -36,12 +36,16 @@ def hd_cases(rank, world):
     """halving_doubling (tiny and default slots) against numpy and bit for bit against the ring:
     every dtype x op, counts 0, 1, odd, multi-unit, in place and out of place; order-sensitive
     floats for SUM, AVG, PRODUCT, MIN, MAX; a multi-iteration float32 SUM against the order model.
-    Returns the failures."""
+    From 16 ranks each dtype x op pair takes every third count, starting at its own offset: every
+    pair and every count still runs (8 ranks run every pair at every count). Returns the failures."""
+    stride = 3 if world >= 16 else 1
     with AllReduceChecks(rank, world, CONFIGS) as checks:
         comms, check, run = checks.comms, checks.check, checks.run
-        for dt, op in pairs():
+        for p, (dt, op) in enumerate(pairs()):
             lib = "torch" if dt == "bfloat16" else "numpy"
             for i, count in enumerate(counts_of(world, ESIZE[dt])):
+                if (i + p) % stride:
+                    continue
                 ins = [make(dt, count, r, 5, op) for r in range(world)]
                 ref = reference(ins, dt, op, world)
                 in_place = i % 2 == 0
@@ -63,7 +67,8 @@ def hd_cases(rank, world):
                     x = order_sensitive(count, rank, npdt)
                     if op == "PRODUCT":
                         x = (1 + x / 1e4).astype(npdt)
-                    got = {name: run(comms[name], x, op, op != "MAX", dt, lib)[0] for name in comms}
+                    got = {name: run(comms[name], x, op, op != "MAX", dt, lib)[0]
+                           for name in ("hd_tiny", "ring")}
                     check(f"hd_tiny differs bitwise from the ring, order-sensitive {dt} {op} n={count}",
                           got["hd_tiny"] == got["ring"])
                     if op == "SUM" and lib == "numpy":

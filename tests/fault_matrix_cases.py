@@ -1,11 +1,11 @@
 """The fault matrix: one peer killed (SIGKILL) in each phase of every collective, stopped
 (SIGSTOP), exiting cleanly, arriving late under an infinite timeout, and a stale file store.
 
-``run_matrix`` runs in one spawned driver process and runs every case in it: for each case it
-fork()s the case's ranks (a fresh communicator on a fresh file store each time, so one spawn
-covers the whole matrix), collects each rank's outcome from a file, reaps every child (a killed
-rank is reaped at once, so that its peers' liveness probe finds it gone) and kills whatever is
-left when the case's deadline passes. The phases are ordered by events, not by sleeps:
+``run_matrix`` runs in one spawned driver process and runs every case in it, two at a time: for
+each case it fork()s the case's ranks (a fresh communicator on a fresh file store each time, so
+one spawn covers the whole matrix), collects each rank's outcome from a file, reaps every child
+(a killed rank is reaped at once, so that its peers' liveness probe finds it gone) and kills
+whatever is left when the case's deadline passes. The phases are ordered by events, not by sleeps:
 
 * ``rendezvous``: the victim's store kills it at its first read of a peer's segment name (it has
   created and published its own); the survivors are in ``init`` with it.
@@ -309,60 +309,89 @@ def _child(d, rank, world, case):
         os._exit(code)
 
 
-def _run_case(root, idx, case, limit_s):
-    d = os.path.join(root, f"case{idx}")
-    os.makedirs(d, mode=0o700)
-    world = case["world"]
-    pids = {}
-    for rank in range(world):
-        pid = os.fork()
-        if pid == 0:
-            _child(d, rank, world, case)
-        pids[pid] = rank
-    status = {}
-    victim = world - 1
-    t_end = time.monotonic() + limit_s
-    while pids and time.monotonic() < t_end:
-        pid, st = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            if case["kind"] == "sigstop" and set(pids.values()) == {victim}:
-                # Every survivor is done: the stopped peer has served its purpose.
-                os.kill(next(iter(pids)), signal.SIGKILL)
-            time.sleep(0.002)
-            continue
-        rank = pids.pop(pid)
-        status[rank] = f"signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"exit {os.WEXITSTATUS(st)}"
-        if rank == victim:
-            _mark(d, "reaped")
-    for pid, rank in pids.items():
-        os.kill(pid, signal.SIGCONT)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        status[rank] = "hung"
-    results = []
-    for rank in range(world):
-        p = os.path.join(d, f"result-{rank}.json")
-        results.append(json.load(open(p)) if os.path.exists(p) else None)
-    return {"case": case, "status": [status[r] for r in range(world)], "results": results}
+class _CaseRun:
+    """One attempt at a case: its ranks fork()ed at construction; ``poll()`` reaps what has exited
+    (without blocking, and only this case's children) and says whether the case is over; a case
+    past its deadline has its ranks killed and reported as "hung"."""
+
+    def __init__(self, root, idx, case, limit_s):
+        self.d = os.path.join(root, f"case{idx}")
+        os.makedirs(self.d, mode=0o700)
+        self.case = case
+        self.world = world = case["world"]
+        self.pids = {}
+        for rank in range(world):
+            pid = os.fork()
+            if pid == 0:
+                _child(self.d, rank, world, case)
+            self.pids[pid] = rank
+        self.status = {}
+        self.t_end = time.monotonic() + limit_s
+
+    def poll(self) -> bool:
+        victim = self.world - 1
+        for pid, rank in list(self.pids.items()):
+            got, st = os.waitpid(pid, os.WNOHANG)
+            if got == 0:
+                continue
+            del self.pids[pid]
+            self.status[rank] = f"signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"exit {os.WEXITSTATUS(st)}"
+            if rank == victim:
+                _mark(self.d, "reaped")
+        if self.case["kind"] == "sigstop" and set(self.pids.values()) == {victim}:
+            # Every survivor is done: the stopped peer has served its purpose.
+            os.kill(next(iter(self.pids)), signal.SIGKILL)
+        if self.pids and time.monotonic() >= self.t_end:
+            for pid, rank in self.pids.items():
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                self.status[rank] = "hung"
+            self.pids = {}
+        return not self.pids
+
+    def record(self) -> dict:
+        results = []
+        for rank in range(self.world):
+            p = os.path.join(self.d, f"result-{rank}.json")
+            results.append(json.load(open(p)) if os.path.exists(p) else None)
+        return {"case": self.case, "status": [self.status[r] for r in range(self.world)],
+                "results": results}
+
+
+# Cases run this many at a time (each has its own store, segments and ranks; most of a case is
+# waiting for a death to be detected or a timeout to pass).
+PARALLEL = 2
 
 
 def run_matrix(rank, world, cases, limit_s):
-    """Run every case of ``cases`` (dicts: kind, world, phase, coll, timeout, ...) in turn; return
-    one record per case: the case, each rank's exit status, each rank's outcome."""
+    """Run every case of ``cases`` (dicts: kind, world, phase, coll, timeout, ...), PARALLEL at a
+    time; return one record per case, in order: the case, each rank's exit status, each rank's
+    outcome. A case is run again (up to 3 attempts) while the victim reports that its fault
+    missed the window it aims at (say, the collective completed between two polls of a
+    descheduled poller): such an attempt injected nothing, so it says nothing about the library.
+    The record says how many attempts it took."""
     import ringcomm  # noqa: F401 - imported once here, before the forks
     root = os.environ["RC_TEST_STORE"]
-    return [_run_case_until_injected(root, i, case, limit_s) for i, case in enumerate(cases)]
-
-
-def _run_case_until_injected(root, idx, case, limit_s, attempts=3):
-    """_run_case, again (up to ``attempts`` times) while the victim reports that its fault missed
-    the window it aims at (say, the collective completed between two polls of a descheduled
-    poller): such an attempt injected nothing, so it says nothing about the library. The record
-    says how many attempts it took."""
-    for a in range(attempts):
-        rec = _run_case(root, f"{idx}-{a}", case, limit_s)
-        victim_out = rec["results"][case["world"] - 1]
-        if not (isinstance(victim_out, dict) and "missed" in victim_out):
-            break
-    rec["attempts"] = a + 1
-    return rec
+    records = [None] * len(cases)
+    todo = list(range(len(cases)))
+    attempts = [0] * len(cases)
+    running = {}
+    while todo or running:
+        while todo and len(running) < PARALLEL:
+            i = todo.pop(0)
+            running[i] = _CaseRun(root, f"{i}-{attempts[i]}", cases[i], limit_s)
+            attempts[i] += 1
+        for i, run in list(running.items()):
+            if not run.poll():
+                continue
+            del running[i]
+            rec = run.record()
+            victim_out = rec["results"][cases[i]["world"] - 1]
+            if isinstance(victim_out, dict) and "missed" in victim_out and attempts[i] < 3:
+                todo.insert(0, i)
+                continue
+            rec["attempts"] = attempts[i]
+            records[i] = rec
+        time.sleep(0.002)
+    return records

@@ -80,8 +80,18 @@ def shm_mappings():
     return out
 
 
-def _data(r, n, salt, dtype=np.float32):
-    return ((np.arange(n, dtype=np.int64) * 7 + r * 131 + salt) % 1000).astype(dtype)
+def _data(r, n, salt, dtype=np.float32, lo=0):
+    """Rank ``r``'s elements ``lo .. lo + n`` (the same at any ``lo`` a slice of a longer input
+    would have): a rank checking its part of a collective builds only that part of each peer's
+    input, never all of it."""
+    return ((np.arange(lo, lo + n, dtype=np.int64) * 7 + r * 131 + salt) % 1000).astype(dtype)
+
+
+def _data_sum(world, n, salt):
+    """The float32 sum over ranks 0 .. world-1 of ``_data(r, n, salt)``, from one period of the
+    data (it repeats every 1000 elements)."""
+    period = np.sum([_data(r, 1000, salt) for r in range(world)], axis=0)
+    return np.resize(period, n)
 
 
 def all_pairs_p2p(comm, rank, world, n, check, tags=(0,)):
@@ -124,11 +134,11 @@ def every_collective(comm, rank, world, counts, check, roots):
             y = np.zeros(n * world, dt)
             comm.all_gather(y, ins[rank])
             check(f"all_gather {dt.__name__} n={n}", np.array_equal(y, np.concatenate(ins)))
-            full = [_data(r, n * world, 4, dt) for r in range(world)]
+            mine = _data(rank, n * world, 4, dt)     # this rank's all_to_all / scatter input
             y = np.zeros(n * world, dt)
-            comm.all_to_all(y, full[rank])
+            comm.all_to_all(y, mine)
             check(f"all_to_all {dt.__name__} n={n}",
-                  np.array_equal(y, np.concatenate([full[s][rank * n:(rank + 1) * n] for s in range(world)])))
+                  np.array_equal(y, np.concatenate([_data(s, n, 4, dt, lo=rank * n) for s in range(world)])))
             for root in roots:
                 x = ins[rank].copy()
                 comm.broadcast(x, root=root)
@@ -142,8 +152,8 @@ def every_collective(comm, rank, world, counts, check, roots):
                 if rank == root:
                     check(f"gather root={root} {dt.__name__} n={n}", np.array_equal(g, np.concatenate(ins)))
                 y = np.zeros(n, dt)
-                comm.scatter(y, full[root] if rank == root else None, root=root)
-                check(f"scatter root={root} {dt.__name__} n={n}", np.array_equal(y, full[root][rank * n:(rank + 1) * n]))
+                comm.scatter(y, mine if rank == root else None, root=root)
+                check(f"scatter root={root} {dt.__name__} n={n}", np.array_equal(y, _data(root, n, 4, dt, lo=rank * n)))
     comm.barrier()
 
 
@@ -204,7 +214,7 @@ def footprint_after_everything(rank, world):
         every_collective(comm, rank, world, (100, 500, 20000), check, (0, world - 1))
         x = _data(rank, 300000, 1)
         comm.all_reduce(x)
-        check("all_reduce ring", np.array_equal(x, np.sum([_data(r, 300000, 1) for r in range(world)], axis=0)))
+        check("all_reduce ring", np.array_equal(x, _data_sum(world, 300000, 1)))
         all_pairs_p2p(comm, rank, world, 12 * 1024, check)
         comm.barrier()
         maps = shm_mappings()

@@ -192,8 +192,10 @@ def run_collective_configs(rank, world, configs):
 
 
 def run_collective_cases(rank, world, slot_bytes, nslots, libs, algo="auto", all_reduce_only=False, env=None,
-                         sub=""):
-    """All collectives x dtypes x ops x counts on one communicator (on RC_TEST_STORE/sub)."""
+                         sub="", count_stride=1):
+    """All collectives x dtypes x ops x counts on one communicator (on RC_TEST_STORE/sub). With
+    ``count_stride`` k > 1, each dtype x op pair takes every k-th count, starting at its own offset:
+    every pair and every count still runs, each count under 1/k of the pairs."""
     import ringcomm
     os.environ.update(env or {})
     os.environ["RINGCOMM_SLOT_BYTES"] = str(slot_bytes)
@@ -208,10 +210,11 @@ def run_collective_cases(rank, world, slot_bytes, nslots, libs, algo="auto", all
 
     try:
         for lib in libs:
-            for dt, op in pairs():
+            for p, (dt, op) in enumerate(pairs()):
                 if lib == "numpy" and dt == "bfloat16":
                     continue
-                for count in counts_for(world):
+                counts = [c for i, c in enumerate(counts_for(world)) if (i + p) % count_stride == 0]
+                for count in counts:
                     tag = f"{lib} {dt} {op} n={count}"
                     ins = [make(dt, count, r, 1, op) for r in range(world)]
                     ref = reference(ins, dt, op, world)
@@ -245,7 +248,7 @@ def run_collective_cases(rank, world, slot_bytes, nslots, libs, algo="auto", all
                 # data-movement collectives, once per dtype
                 if all_reduce_only or op != "SUM" and not (dt == "bool" and op == "MIN"):
                     continue
-                for count in counts_for(world):
+                for count in counts:
                     tag = f"{lib} {dt} n={count}"
                     ins = [make(dt, count, r, 2) for r in range(world)]
                     # all_gather: equal contributions, out of place and in place

@@ -37,8 +37,11 @@ from ringcomm.launch import _child as _launch_child
 
 __all__ = ["run", "close_all", "owns", "LaunchError"]
 
-# Imported once per rank when a pool starts (the cost a pool exists to pay once).
-PRELOAD = ("numpy", "torch", "torch.distributed")
+# Imported once by the fork server, so every rank forked from it holds them (by each pool rank
+# itself where the platform has no fork server). torch imports torch._dynamo at the first call of
+# a function it guards against compilation (an optimizer's constructor, DDP's forward), which
+# every rank that trains would otherwise pay again.
+PRELOAD = ("numpy", "torch", "torch.distributed", "torch._dynamo")
 
 
 def _serve(rank: int, world_size: int, jobs, results, stack_path: str) -> None:

@@ -22,8 +22,10 @@ TOPOLOGIES = {
     "2x2": ["nodeA", "nodeA", "nodeB", "nodeB"],
     "2+1+2": ["nodeA", "nodeA", "nodeB", "nodeC", "nodeC"],
 }
-# numpy inputs take the same path as torch ones after a zero-copy view: one topology suffices.
-LIBS = {"2x2": ["numpy", "torch"], "2+1+2": ["torch"]}
+# The flat suite's runs per topology: (array library, all-reduce only). numpy inputs take the same
+# path as torch ones after a zero-copy view: its all-reduces on one topology (and the numpy
+# all_gather of hier_cases' extra section) check that view.
+LIBS = {"2x2": [("torch", False), ("numpy", True)], "2+1+2": [("torch", False)]}
 
 
 def _ddp_available():

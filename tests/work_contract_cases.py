@@ -214,7 +214,8 @@ def _future_wait_obs(fut, wait_msg, raised: str, same_message: str) -> dict:
 def failure_cases(rank: int, world: int, timeout_s: float) -> dict:
     """Collectives that fail: rank 0 issues them on groups whose other ranks never join, so each
     fails by the group's timeout. One group per collective (a group whose op timed out is not
-    reused); the async ones run concurrently, so the whole case costs about one timeout."""
+    reused); the async ones run concurrently, and each sync one in a thread of its own, so the
+    whole case costs about one timeout."""
     names = ["allreduce", "broadcast", "all_gather", "all_to_all_single", "barrier",
              "sendrecv_recv"]
     td = datetime.timedelta(seconds=timeout_s)
@@ -223,6 +224,14 @@ def failure_cases(rank: int, world: int, timeout_s: float) -> dict:
     wt = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=60))
     out = {}
     pending = []
+    sync_threads = []
+
+    def run_sync(key, issue):
+        try:
+            issue(False)
+            out[key] = {"raised": False}
+        except Exception as e:  # noqa: BLE001
+            out[key] = {"raised": True, **_exc_obs(e)}
     if rank == 0:
         for (n, m), g in groups.items():
             if n == "sendrecv_recv":
@@ -232,11 +241,8 @@ def failure_cases(rank: int, world: int, timeout_s: float) -> dict:
             else:
                 issue = (lambda a, n=n, g=g: _ops(rank, world, g)[n](a)[0])
             if m == "sync":
-                try:
-                    issue(False)
-                    out[(n, m)] = {"raised": False}
-                except Exception as e:  # noqa: BLE001
-                    out[(n, m)] = {"raised": True, **_exc_obs(e)}
+                sync_threads.append(threading.Thread(target=run_sync, args=((n, m), issue)))
+                sync_threads[-1].start()
                 continue
             w = issue(True)
             fut = chained = None
@@ -269,6 +275,8 @@ def failure_cases(rank: int, world: int, timeout_s: float) -> dict:
             obs["late_fut_done"] = f.done()
             obs.update(_future_wait_obs(f, wait_msg, "fut_raised", "fut_same_message"))
             out[key] = obs
+        for t in sync_threads:
+            t.join()
     dist.barrier(group=wt)
     return out
 
