@@ -9,8 +9,8 @@ must equal gloo's, except the few where gloo 2.13 itself breaks the contract (li
 ``GLOO_DEVIATIONS``, where ringcomm must keep it).
 
 The same again with the peer process killed (SIGKILL) before or during every collective and
-send/recv, sync and async (work_kill_cases: a spawned driver per backend forks each case's two
-ranks): which calls raise, the work's and its future's state, then-callbacks seeing the error, equal
+send/recv, sync and async (work_kill_cases: spawned drivers share the cases, and fork each case's
+two ranks): which calls raise, the work's and its future's state, then-callbacks seeing the error, equal
 to gloo's except where the two differ within torch's contract (``KILL_DEVIATIONS``); ringcomm raises
 within ``RAISE_BOUND_S``.
 """
@@ -127,14 +127,15 @@ def test_ddp_comm_hook_chaining_then_matches_gloo(observed):
 
 
 # ---- a peer killed (SIGKILL) before or during the call -------------------------------------------
-# Every (op, sync/async, before/during) case of work_kill_cases on both backends, from a spawned
-# driver per backend (the two run side by side) that forks the two ranks of each case. Compared:
+# Every (op, sync/async, before/during) case of work_kill_cases on both backends, from spawned
+# drivers that share the cases, run side by side, and fork the two ranks of each case. Compared:
 # which calls raise, whether the error is a RuntimeError, the work's and its future's state when
 # wait() raises, then-callbacks seeing an errored future, a future asked for after the failure. Not
 # compared: timing (gloo sees the peer's TCP connection close; ringcomm's waits check the peer's
 # liveness), which ringcomm must bound instead (RAISE_BOUND_S).
 KILL_GROUP_TIMEOUT_S = 10.0
 RAISE_BOUND_S = 3.0
+KILL_DRIVERS = 4   # each runs every 4th (backend, case): both backends' cases side by side
 
 # Where the two backends differ, both within torch's contract:
 # - reduce_scatter: gloo's work never marks itself completed, failed or not (is_completed False,
@@ -164,9 +165,8 @@ def killed():
     from ringcomm.launch import spawn
     import work_kill_cases
     res = {}
-    backends = ("gloo", "ringcomm")
-    for part in spawn(work_kill_cases.kill_cases, len(backends),
-                      args=(backends, KILL_GROUP_TIMEOUT_S, 30.0), timeout=240):
+    for part in spawn(work_kill_cases.kill_cases, KILL_DRIVERS,
+                      args=(("gloo", "ringcomm"), KILL_GROUP_TIMEOUT_S, 30.0), timeout=240):
         res.update(part)
     errors = {k: v["case_error"] for k, v in res.items() if "case_error" in v}
     assert not errors, errors

@@ -2,8 +2,8 @@
 peer process is killed (SIGKILL) before or during a call, the same code on "gloo" and
 "ringcomm".
 
-A spawned *driver* process per backend (torch and the backend imported once) runs every case. Per
-case it forks two processes that form a fresh world-2 group on a file store of their own: the
+Spawned *driver* processes (torch and the backends imported once each) share the cases and run
+them side by side, each driver its cases in turn. Per case it forks two processes that form a fresh world-2 group on a file store of their own: the
 *survivor* (rank 0, the root of rooted calls) issues the call and records what a caller can observe;
 the *victim* (rank 1) joins the group and then only sleeps, so the survivor's call waits on it,
 until the driver kills it:
@@ -220,11 +220,12 @@ def _run_case(backend: str, case, timeout_s: float, tmp: str, deadline_s: float)
 
 
 def kill_cases(rank: int, world: int, backends, timeout_s: float, deadline_s: float) -> dict:
-    """A driver: every (op, mode, when) case on its share of the backends
-    (``backends[rank::world]``: with one driver per backend, their cases run side by side)."""
-    backends = list(backends)[rank::world]
+    """A driver: its share of the (backend, op, mode, when) cases, every ``world``-th from its
+    rank's, so the drivers' cases run side by side (a case mostly waits for the kill)."""
+    mine = [(b, op, mode, when) for b in backends for op in OPS for mode in MODES
+            for when in WHENS][rank::world]
     import ringcomm.torch  # noqa: F401 - registers the backend
-    if "ringcomm" in backends:
+    if any(c[0] == "ringcomm" for c in mine):
         from ringcomm.torch.backend import backend_class
         backend_class()     # load the c10d trampoline once, before any fork
     torch.set_num_threads(1)
@@ -232,12 +233,9 @@ def kill_cases(rank: int, world: int, backends, timeout_s: float, deadline_s: fl
     out = {}
     tmp = tempfile.mkdtemp(prefix="ringcomm-kill-")
     try:
-        for backend in backends:
-            for op in OPS:
-                for mode in MODES:
-                    for when in WHENS:
-                        out[(backend, op, mode, when)] = _run_case(
-                            backend, (op, mode, when), timeout_s, tmp, deadline_s)
+        for backend, op, mode, when in mine:
+            out[(backend, op, mode, when)] = _run_case(backend, (op, mode, when), timeout_s, tmp,
+                                                      deadline_s)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
