@@ -18,8 +18,9 @@ import numpy as np
 
 from ringcomm._C import _CpuPool
 from ringcomm.bench.spec import parse_size
+from ringcomm.tables import DTYPE_CODES, op_code
 
-F32, U8, SUM = 0, 5, 0  # rc::DType / rc::ReduceOp codes
+F32, U8, SUM = DTYPE_CODES["float32"], DTYPE_CODES["uint8"], op_code("sum")
 
 
 def main(argv=None) -> int:

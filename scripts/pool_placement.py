@@ -37,6 +37,8 @@ def _thread_state(tid: int) -> tuple[int, int, int]:
 
 def child(size: int, rounds: int, calls: int) -> None:
     from ringcomm._C import _CpuPool
+    from ringcomm.tables import DTYPE_CODES, op_code
+    f32, sum_ = DTYPE_CODES["float32"], op_code("sum")
     tids = lambda: {int(t) for t in os.listdir("/proc/self/task")}  # noqa: E731
     one = _CpuPool(1)
     before = tids()
@@ -51,10 +53,10 @@ def child(size: int, rounds: int, calls: int) -> None:
         t1, t2 = [], []
         for _ in range(calls):
             t = time.perf_counter()
-            one.reduce(out, a, b, 0, 0, 1.0, 0)
+            one.reduce(out, a, b, f32, sum_, 1.0, 0)
             t1.append(time.perf_counter() - t)
             t = time.perf_counter()
-            two.reduce(out, a, b, 0, 0, 1.0, 0)
+            two.reduce(out, a, b, f32, sum_, 1.0, 0)
             t2.append(time.perf_counter() - t)
         w1, c1 = _thread_state(worker), _thread_state(caller)
         rows.append({"two_us": float(np.median(t2)) * 1e6, "one_us": float(np.median(t1)) * 1e6,

@@ -1,7 +1,7 @@
 """Cases of tests/test_cost_model.py that run inside spawned ranks (module-level so that spawn can
 pickle them; torch is imported only by the bfloat16 cases, through mp_cases)."""
 import numpy as np
-from mp_cases import close_enough, init_under_env, make, pairs, reference
+from mp_cases import close_enough, init_under_env, make, pairs, reference, thinned
 from order_ref import ordered_sum
 from rank_checks import AllReduceChecks
 
@@ -43,9 +43,7 @@ def hd_cases(rank, world):
         comms, check, run = checks.comms, checks.check, checks.run
         for p, (dt, op) in enumerate(pairs()):
             lib = "torch" if dt == "bfloat16" else "numpy"
-            for i, count in enumerate(counts_of(world, ESIZE[dt])):
-                if (i + p) % stride:
-                    continue
+            for i, count in thinned(counts_of(world, ESIZE[dt]), p, stride):
                 ins = [make(dt, count, r, 5, op) for r in range(world)]
                 ref = reference(ins, dt, op, world)
                 in_place = i % 2 == 0

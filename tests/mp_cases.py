@@ -171,6 +171,12 @@ def digest(x):
     return hashlib.sha1(np.ascontiguousarray(to_np(x)).tobytes()).hexdigest()[:16]
 
 
+def thinned(counts, pair, stride):
+    """``(index, count)`` of every ``stride``-th of ``counts``, starting at an offset set by the
+    dtype x op pair's index ``pair``: over all pairs, every count still runs (stride 1: all)."""
+    return [(i, c) for i, c in enumerate(counts) if (i + pair) % stride == 0]
+
+
 def counts_for(world):
     # 0, 1, 7, not divisible by the world size, and (with small slots) many slots.
     return [0, 1, 7, 5 * world + 1, 3001]
@@ -213,7 +219,7 @@ def run_collective_cases(rank, world, slot_bytes, nslots, libs, algo="auto", all
             for p, (dt, op) in enumerate(pairs()):
                 if lib == "numpy" and dt == "bfloat16":
                     continue
-                counts = [c for i, c in enumerate(counts_for(world)) if (i + p) % count_stride == 0]
+                counts = [c for _, c in thinned(counts_for(world), p, count_stride)]
                 for count in counts:
                     tag = f"{lib} {dt} {op} n={count}"
                     ins = [make(dt, count, r, 1, op) for r in range(world)]
