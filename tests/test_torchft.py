@@ -220,5 +220,8 @@ def test_replica_killed_and_restarted(tmp_path, gloo_reference, where, route):
     ev = events[0]
     assert ev["error"].startswith("PeerFailureError"), ev
     assert ("header" in ev["error"]) == (in_call["where"] == "header"), ev
-    assert ("waiting for data" in ev["error"]) == (in_call["where"] == "data"), ev
+    # Killed while its data moves, the peer leaves the survivor waiting on either side of the
+    # slots they share: for the peer's data, or for a slot the peer has not freed.
+    data_wait = "waiting for data" in ev["error"] or "waiting for a free slot" in ev["error"]
+    assert data_wait == (in_call["where"] == "data"), ev
     assert ev["raised"] - death < 2.0, (ev, death)
