@@ -52,6 +52,14 @@ def no_leaks():
     assert not alive, f"child processes left running: {alive}"
 
 
+def pytest_configure(config):
+    # No test here takes pytest-benchmark's fixture (benchmarks/ does, run on its own), so its
+    # plugin is switched off: under pytest-xdist it would print that it switches itself off, once
+    # per process.
+    if hasattr(config.option, "benchmark_disable"):
+        config.option.benchmark_disable = True
+
+
 def pytest_sessionfinish(session, exitstatus):
     rank_pool.close_all()
 
