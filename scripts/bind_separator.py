@@ -3,6 +3,9 @@
 one of
 
   gloo     a torch.distributed gloo barrier (the bench's ``--arrival apart``), then 50 us of compute
+  pipe     a barrier with no thread of its own: rank 0 computes 100 us and writes a byte into rank
+           1's FIFO, on which rank 1 sleeps in read(); rank 1 writes one back; then 50 us of
+           compute (every call starts from a wake-up, and no other thread shares a rank's CPU)
   ringcomm ringcomm's own barrier, then 50 us of compute
   sleep    ``--sleep`` us of time.sleep and no barrier (ranks idle between calls)
 
@@ -10,15 +13,17 @@ and prints per (separator, bind) the call time after the last rank's arrival (p5
 p90/p50: the last rank's end minus the last rank's start, as ``bench`` reports ``after``) and each
 rank's context switches per call (voluntary, involuntary: getrusage over the timed calls).
 
-    python scripts/bind_separator.py [--calls 3000] [--size 1024] [--sleep 200]
+    python scripts/bind_separator.py [--calls 3000] [--size 1024] [--sleep 200] [--separators gloo,pipe,ringcomm,sleep]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import resource
+import shutil
 import socket
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -38,12 +43,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(comm, sep: str, calls: int, size: int, sleep_us: float, port: int):
+def _rank(comm, sep: str, calls: int, size: int, sleep_us: float, port: int, fifo_dir: str):
     if sep == "gloo":
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
                                 world_size=comm.size)
         separate = lambda: (dist.barrier(), _spin_us(50))  # noqa: E731
+    elif sep == "pipe":
+        mine = os.open(os.path.join(fifo_dir, f"r{comm.rank}"), os.O_RDWR)
+        peer = os.open(os.path.join(fifo_dir, f"r{1 - comm.rank}"), os.O_RDWR)
+
+        def separate():
+            if comm.rank == 0:
+                _spin_us(100)
+                os.write(peer, b"x")
+                os.read(mine, 1)
+            else:
+                os.read(mine, 1)
+                os.write(peer, b"x")
+            _spin_us(50)
     elif sep == "ringcomm":
         separate = lambda: (comm.barrier(), _spin_us(50))  # noqa: E731
     else:
@@ -71,19 +89,26 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=3000)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--sleep", type=float, default=200.0)
+    p.add_argument("--separators", default="gloo,pipe,ringcomm,sleep")
     a = p.parse_args(argv)
     print(f"# 2 ranks, all_reduce float32 {a.size} B; after the last arrival: p50 / p90 us, p90/p50; "
           f"context switches per call and rank (voluntary / involuntary); load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"{'separator':>9} {'bind':>5} {'p50':>8} {'p90':>8} {'p90/p50':>8}  switches per call")
-    for sep in ("gloo", "ringcomm", "sleep"):
-        for bind in ("none", "core"):
-            got = ringcomm.launch(_rank, 2, (sep, a.calls, a.size, a.sleep, _free_port()), bind=bind)
-            s, e = np.array([g[0] for g in got]), np.array([g[1] for g in got])
-            after = (e.max(axis=0) - s.max(axis=0)) / 1e3
-            p50, p90 = np.percentile(after, [50, 90])
-            sw = "  ".join(f"r{r} {g[2]:.1f} / {g[3]:.2f}" for r, g in enumerate(got))
-            print(f"{sep:>9} {bind:>5} {p50:>8.2f} {p90:>8.2f} {p90 / p50:>8.2f}  {sw}")
+    fifo_dir = tempfile.mkdtemp(prefix="bind-separator-")
+    try:
+        for r in (0, 1):
+            os.mkfifo(os.path.join(fifo_dir, f"r{r}"))
+        for sep in a.separators.split(","):
+            for bind in ("none", "core"):
+                got = ringcomm.launch(_rank, 2, (sep, a.calls, a.size, a.sleep, _free_port(), fifo_dir), bind=bind)
+                s, e = np.array([g[0] for g in got]), np.array([g[1] for g in got])
+                after = (e.max(axis=0) - s.max(axis=0)) / 1e3
+                p50, p90 = np.percentile(after, [50, 90])
+                sw = "  ".join(f"r{r} {g[2]:.1f} / {g[3]:.2f}" for r, g in enumerate(got))
+                print(f"{sep:>9} {bind:>5} {p50:>8.2f} {p90:>8.2f} {p90 / p50:>8.2f}  {sw}", flush=True)
+    finally:
+        shutil.rmtree(fifo_dir, ignore_errors=True)
     return 0
 
 

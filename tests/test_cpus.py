@@ -591,3 +591,25 @@ def test_arrival_skew_script_splits_each_call(tmp_path):
             assert len(cell["waits"]) == 2 and all("slept" in w for w in cell["waits"])
     assert set(doc["summary"]) == {"1024", "8192"}
     assert "mean p90/p50" in r.stdout
+
+
+# ---- scripts/bind_separator.py -------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_bind_separator_script_pipe_separator_sleeps(tmp_path):
+    """The thread-free separator makes a rank sleep before its calls (voluntary context switches
+    in the timed loop, where back-to-back calls behind ringcomm's barrier have none), for bound
+    and unbound ranks alike, and the script leaves no FIFO behind."""
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "bind_separator.py")
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, script, "--calls", "200", "--separators", "pipe"],
+                       capture_output=True, text=True, timeout=170, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] == ["pipe"]]
+    assert [row[1] for row in rows] == ["none", "core"], r.stdout
+    for row in rows:
+        p50, p90 = float(row[2]), float(row[3])
+        assert 0 < p50 <= p90, row
+        # "r0 V / I  r1 V / I": voluntary switches per call of each rank
+        voluntary = [float(row[i + 1]) for i, tok in enumerate(row) if tok in ("r0", "r1")]
+        assert len(voluntary) == 2 and max(voluntary) > 0.2, row
+    assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
