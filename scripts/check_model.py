@@ -7,9 +7,12 @@ cells where the model's choice is within 15% of the best measured algorithm (the
 
     python scripts/check_model.py [--profile FILE] [-np 2,4,8] [-b 1K] [-e 16M] [-f 4] [--rounds 10] \
         [--out docs/model_check.md] [--json docs/bench/model_check.json]
-    python scripts/check_model.py --from RUN.json [RUN.json ...] [--out docs/model_check.md]
+    python scripts/check_model.py --from RUN.json [RUN.json ...] [--rechoose] [--out docs/model_check.md]
 
 Without --profile the script runs ``python -m ringcomm.tune`` first and judges that profile.
+With --from it measures nothing and judges saved runs: by the choices saved with them (the model
+of the ringcomm that measured them), or with --rechoose by the choices this ringcomm's model makes
+from each run's saved profile (the same forced timings, judged for the current model).
 
 The algorithms are compared side by side, in the same run: per world one group of spawned ranks
 holds one communicator per configuration (each created under its own knobs), and for each size
@@ -104,6 +107,14 @@ def choice(world: int, size: int, env_extra: dict) -> str:
     return r.stdout.strip()
 
 
+def current_choice(prof: dict, size: int, world: int) -> str:
+    """'algo/proto' this ringcomm's model picks for `prof` (a saved profile document), as auto does
+    with RINGCOMM_MODEL_MIN_WORLD=2: the header in the first slot, LL up to RINGCOMM_LL_MAX_BYTES."""
+    from ringcomm import _C
+    algo, proto = _C._model_choose(size, world, int(_C.knob("RINGCOMM_LL_MAX_BYTES")), True, params=prof["params"])
+    return f"{algo}/{proto}"
+
+
 def judge(raw: dict) -> list:
     """Cells of {world: {config: {size: (median_s, min_s)}}}. The model's choice is timed by its
     own forced runs (LL's by the "ll" runs; in runs saved without them, by the auto runs) and
@@ -173,14 +184,23 @@ def main(argv=None) -> int:
     ap.add_argument("--from", dest="sources", nargs="+", metavar="JSON",
                     help="measure nothing: judge the runs saved in these JSON files (a later file's worlds "
                          "replace an earlier one's) and write --out")
+    ap.add_argument("--rechoose", action="store_true",
+                    help="with --from: the choices of this ringcomm's model from each run's saved profile "
+                         "(RINGCOMM_LL_MAX_BYTES as set here), not the choices saved with the runs")
     a = ap.parse_args(argv)
     if a.sources:
         raw, notes = {}, []
         for path in a.sources:
             with open(path) as f:
                 doc = json.load(f)
-            raw.update(doc["raw"])
+            for w, runs in doc["raw"].items():
+                if a.rechoose:
+                    runs = dict(runs, choice={size: current_choice(doc["profile"], int(size), int(w))
+                                              for size in runs["choice"]})
+                raw[w] = runs
             notes.append(f"`{path}` ({', '.join(sorted(doc['raw'], key=int))} ranks): `{doc['command']}`; {doc['note']}")
+        if a.rechoose:
+            notes.append("Choices: this ringcomm's model from each run's profile (--rechoose), not the runs' own.")
         cmd = "python scripts/check_model.py " + " ".join(argv if argv is not None else sys.argv[1:])
         text = render(judge(raw), doc["profile"], cmd.strip(), "Judged from saved runs: " + " ".join(notes))
         with open(a.out, "w") as f:

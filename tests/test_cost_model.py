@@ -67,8 +67,9 @@ def py_seconds(p, algo, proto, M, n, ring=256 * KiB, far=32 * KiB, depth=16):
         S, C, R = (n - 1) * max(1, cdiv(M, far)), (n - 1) * M, (n - 1) * M
         E = refills(cdiv(M, far))
     elif algo == "two_shot":
-        H, S, C, R = 3, 2 * (n - 1) * cdiv(M / n, far), 3 * (n - 1) / n * M, (n - 1) / n * M
-        E = 2 * refills(cdiv(M / n, far))
+        pieces = cdiv(M / n, far)
+        H, S, C, R = 3, 2 * (n - 1) * pieces, 3 * (n - 1) / n * M, (n - 1) / n * M
+        E = max(0, pieces - 1) + pieces * refills(n - 1)
     elif algo == "ring":
         H = 2 * (n - 1) + 1
         S, C, R = 2 * (n - 1) * cdiv(M / n, ring), (2 * n - 1) / n * M, (n - 1) / n * M
@@ -151,7 +152,8 @@ def test_model_choices_at_landmarks():
 
 def test_pieces_cost_rounds_only_where_ranks_share_cpus():
     # A ring chunk in two pieces against one: 2(N-1) more slots, and where ranks share the CPUs
-    # a round of switches for each later piece; outbox pieces a round per outbox-full.
+    # a round of switches for each later piece; the two-shot a round per later iteration and per
+    # outbox-full within one.
     n, M = 8, 8 * 512 * KiB
     for p, rounds in ((SHARED, True), (MANY, False)):
         f = n / p["cpus"] if rounds else 1.0
@@ -161,8 +163,15 @@ def test_pieces_cost_rounds_only_where_ranks_share_cpus():
         assert two - one == pytest.approx(extra, rel=1e-9), p
         shallow = _C._model_seconds("two_shot", "simple", M, n, params=p, far_depth=2)
         deep = _C._model_seconds("two_shot", "simple", M, n, params=p, far_depth=16)
-        # 16 pieces of a 512 KiB chunk: 8 outbox-fulls of 2 against one of 16, in both phases
-        assert shallow - deep == pytest.approx(2 * 7 * p["alpha_shared_s"] * f if rounds else 0, rel=1e-9, abs=1e-15)
+        # 16 iterations of a 512 KiB chunk's 32 KiB pieces, each sending N - 1 = 7 phase-1 pieces:
+        # 4 outbox-fulls of 2 (3 rounds after the first) against one of 16
+        assert shallow - deep == pytest.approx(16 * 3 * p["alpha_shared_s"] * f if rounds else 0, rel=1e-9, abs=1e-15)
+        # the iterations run in lockstep: each after the first waits for a round
+        half = _C._model_seconds("two_shot", "simple", M // 2, n, params=p, far_depth=16)
+        lockstep = 8 * p["alpha_shared_s"] * f if rounds else 0
+        work = f * (8 * 2 * (n - 1) * p["slot_s"] + (3 * (n - 1) / n * M / 2) / p["copy_Bps"]
+                    + ((n - 1) / n * M / 2) / p["reduce_Bps"])
+        assert deep - half == pytest.approx(lockstep + work, rel=1e-9), p
 
 
 def test_defaults_keep_the_measured_thresholds_below_the_model_world(knobs):
@@ -224,6 +233,37 @@ def test_profile_file_round_trip_and_refusals(knobs, tmp_path):
     refused(lambda d: d.update(format="other"), "not a ringcomm profile")
     with pytest.raises(ringcomm.InvalidArgumentError, match="cannot be read"):
         _C._load_profile(str(tmp_path / "missing.json"))
+
+
+def test_check_model_rejudges_saved_runs_with_the_current_model(tmp_path):
+    """scripts/check_model.py --from judges a saved run by the choices saved with it, and with
+    --rechoose by the choices the model makes now from the run's saved profile (here: the formula
+    restated above)."""
+    root = os.path.join(os.path.dirname(__file__), "..")
+    saved = os.path.join(root, "docs", "bench", "model_check_r2.json")
+    with open(saved) as f:
+        doc = json.load(f)
+    units = {"B": 1, "KiB": KiB, "MiB": KiB * KiB}
+
+    def choices(*extra):
+        out = tmp_path / "judged.md"
+        r = subprocess.run([sys.executable, os.path.join(root, "scripts", "check_model.py"), "--from", saved,
+                            "--out", str(out), *extra], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, RINGCOMM_LL_MAX_BYTES="4K"))
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = [ln.split("|")[1:4] for ln in out.read_text().splitlines() if ln.split("|")[1:2] != []
+                and ln.split("|")[1].strip().isdigit()]
+        got = {}
+        for w, size, pick in rows:
+            num, unit = size.split()
+            got[(int(w), int(num) * units[unit])] = pick.strip()
+        return got
+
+    saved_choice = {(int(w), int(s)): c for w, runs in doc["raw"].items() for s, c in runs["choice"].items()}
+    assert choices() == saved_choice
+    params = doc["profile"]["params"]
+    now = {key: "/".join(py_choose(params, key[1], key[0])) for key in saved_choice}
+    assert choices("--rechoose") == now
 
 
 @pytest.mark.timeout(300)

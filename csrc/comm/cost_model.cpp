@@ -180,9 +180,13 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
     C = (n - 1) * M;          // the input into every peer's slot
     R = (n - 1) * M;          // every rank combines every element
   } else if (algo == Algo::kTwoShot && proto == Proto::kSimple) {
+    // Iteration j (piece j of every chunk) takes every peer's phase-1 piece and then every peer's
+    // reduced piece before iteration j + 1 sends anything: each later iteration waits for a
+    // round, and within one the N - 1 phase-1 pieces wait a round per outbox-full after the first.
+    const double pieces = ceil_div(M / n, pf);
     H = 3;                    // header, reduce-scatter, all-gather
-    S = 2 * (n - 1) * ceil_div(M / n, pf);
-    E = 2 * refills(ceil_div(M / n, pf));
+    S = 2 * (n - 1) * pieces;
+    E = std::max(0.0, pieces - 1) + pieces * refills(n - 1);
     C = 3 * (n - 1) / n * M;  // chunks out, the reduced chunk out, the others' in
     R = (n - 1) / n * M;
   } else if (algo == Algo::kRing && proto == Proto::kSimple) {

@@ -24,9 +24,11 @@
 // latency = (H + E) x alpha_shared x N / cpus, and the work counts f = N / cpus times. E the
 // rounds a step's later pieces add there: a ring piece is passed on by every rank in turn, so
 // each piece after a step's first waits for a round (E = 2(N-1)(pieces per chunk - 1)); the
-// one-shot's, two-shot's and halving_doubling's pieces wait in the sender's outbox, far_depth
-// at a time, for readers to come (a round per outbox-full after the first). S the slots this
-// rank hands over, C, R, L the bytes it copies, reduces and moves through LL lines.
+// two-shot's iterations run in lockstep (each takes every peer's pieces of both phases before
+// the next sends), so each iteration after the first waits for a round; the one-shot's,
+// two-shot's and halving_doubling's pieces wait in the sender's outbox, far_depth at a time,
+// for readers to come (a round per outbox-full after the first). S the slots this rank hands
+// over, C, R, L the bytes it copies, reduces and moves through LL lines.
 #pragma once
 #include <cstdint>
 #include <string>

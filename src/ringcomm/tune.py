@@ -2,8 +2,10 @@
 
 The all-reduce cost model (csrc/comm/cost_model.h, docs/algorithms.md) needs, per machine:
 
-* ``alpha_s``: one hand-off between two ranks that each have a CPU (2 spawned ranks, the median
-  time of a back-to-back 4-byte all_reduce, whose LL protocol is one hand-off);
+* ``alpha_s``: one hand-off between two ranks that each have a CPU (2 spawned ranks, median
+  times of back-to-back 64-byte all_reduces: the ring's three hand-offs, header, reduce-scatter
+  and all-gather, less LL's one, halved; what a call costs whatever its algorithm is the same for
+  every candidate and so is left out);
 * ``alpha_shared_s``: the same with both ranks pinned to one CPU (every hand-off waits for the
   peer to be scheduled: what ranks that outnumber the CPUs pay);
 * ``slot_s``: one slot handed over, beyond the hand-off: the 2-rank ring all_reduce of 64 KiB cut
@@ -91,15 +93,15 @@ def _comm_under(env: dict, rank: int, world: int, store: str):
 
 
 def _handoff_rank(rank: int, world: int, store: str, pin_cpu, iters: int) -> dict:
-    """Per-call median seconds of back-to-back all_reduces: 4 B and 4 KiB (LL at 2 ranks); not
-    pinned, also: LL at 4 and 64 KiB, and 64 KiB by the ring in one slot per chunk and in
-    256-byte slots."""
+    """Per-call median seconds of back-to-back all_reduces: 4 B, 64 B and 4 KiB (LL at 2 ranks);
+    not pinned, also: LL at 4 and 64 KiB, 64 B by the ring, and 64 KiB by the ring in one slot per
+    chunk and in 256-byte slots."""
     if pin_cpu is not None:
         os.sched_setaffinity(0, {pin_cpu})
     out = {}
     comm = _comm_under({}, rank, world, store)
     try:
-        for nbytes in (4, 4096):
+        for nbytes in (4, 64, 4096):
             out[str(nbytes)] = _per_call(comm, nbytes, iters)
         comm.barrier()
     finally:
@@ -116,6 +118,8 @@ def _handoff_rank(rank: int, world: int, store: str, pin_cpu, iters: int) -> dic
         for name, slot in (("ring_64K", "256K"), ("ring_64K_256B_slots", "256")):
             comm = _comm_under({"RINGCOMM_ALGO": "ring", "RINGCOMM_SLOT_BYTES": slot}, rank, world, store + name)
             try:
+                if name == "ring_64K":
+                    out["ring_64"] = _per_call(comm, 64, iters)
                 out[name] = _per_call(comm, 64 << 10, max(50, iters // 40))
                 comm.barrier()
             finally:
@@ -142,7 +146,9 @@ def measure(quick: bool = False) -> dict:
     copy_Bps, reduce_Bps = _bandwidths(budget_s=0.4 if quick else 1.0)
     free = _handoffs(None, 2000 if quick else 20000)
     shared = _handoffs(cpus[0], 300 if quick else 3000)
-    alpha = free["4"]
+    # At 2 ranks the ring's 64-byte all_reduce takes three hand-offs (each rank's 32-byte chunk a
+    # message of its own), LL's one.
+    alpha = max((free["ring_64"] - free["64"]) / 2, free["64"] / 20)
     # LL at 2 ranks: 2 M bytes through lines (own written, the peer's read) and M reduced. The
     # lines are credited with at least a tenth of the difference, so a reduce kernel measured
     # faster than it runs inside LL cannot make them look free.
