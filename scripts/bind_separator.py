@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import select
 import shutil
 import socket
 import sys
@@ -29,6 +30,10 @@ import time
 import numpy as np
 
 import ringcomm
+
+
+SEPARATORS = ("gloo", "pipe", "ringcomm", "sleep")
+PIPE_TIMEOUT_S = 60.0
 
 
 def _spin_us(us: float) -> None:
@@ -50,16 +55,24 @@ def _rank(comm, sep: str, calls: int, size: int, sleep_us: float, port: int, fif
                                 world_size=comm.size)
         separate = lambda: (dist.barrier(), _spin_us(50))  # noqa: E731
     elif sep == "pipe":
+        # O_RDWR: opening never blocks for the other end. Each rank is also a writer of its own
+        # FIFO, so a dead peer gives no end of file: the wait for the peer's byte has a deadline.
         mine = os.open(os.path.join(fifo_dir, f"r{comm.rank}"), os.O_RDWR)
         peer = os.open(os.path.join(fifo_dir, f"r{1 - comm.rank}"), os.O_RDWR)
+
+        def take():
+            if not select.select([mine], [], [], PIPE_TIMEOUT_S)[0]:
+                raise TimeoutError(f"bind_separator pipe: rank {comm.rank} had no byte from rank "
+                                   f"{1 - comm.rank} in {PIPE_TIMEOUT_S} s")
+            os.read(mine, 1)
 
         def separate():
             if comm.rank == 0:
                 _spin_us(100)
                 os.write(peer, b"x")
-                os.read(mine, 1)
+                take()
             else:
-                os.read(mine, 1)
+                take()
                 os.write(peer, b"x")
             _spin_us(50)
     elif sep == "ringcomm":
@@ -81,6 +94,9 @@ def _rank(comm, sep: str, calls: int, size: int, sleep_us: float, port: int, fif
     if sep == "gloo":
         import torch.distributed as dist
         dist.destroy_process_group()
+    elif sep == "pipe":
+        os.close(mine)
+        os.close(peer)
     return starts, ends, (ru1.ru_nvcsw - ru0.ru_nvcsw) / calls, (ru1.ru_nivcsw - ru0.ru_nivcsw) / calls
 
 
@@ -89,17 +105,20 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=3000)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--sleep", type=float, default=200.0)
-    p.add_argument("--separators", default="gloo,pipe,ringcomm,sleep")
+    p.add_argument("--separators", default=",".join(SEPARATORS), help="comma-separated, of " + ", ".join(SEPARATORS))
     a = p.parse_args(argv)
+    seps = a.separators.split(",")
+    if not seps or not set(seps) <= set(SEPARATORS):
+        p.error(f"--separators {a.separators!r}: each one of {', '.join(SEPARATORS)}")
     print(f"# 2 ranks, all_reduce float32 {a.size} B; after the last arrival: p50 / p90 us, p90/p50; "
           f"context switches per call and rank (voluntary / involuntary); load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"{'separator':>9} {'bind':>5} {'p50':>8} {'p90':>8} {'p90/p50':>8}  switches per call")
-    fifo_dir = tempfile.mkdtemp(prefix="bind-separator-")
+    fifo_dir = tempfile.mkdtemp(prefix="bind-separator-") if "pipe" in seps else ""
     try:
-        for r in (0, 1):
+        for r in (0, 1) if fifo_dir else ():
             os.mkfifo(os.path.join(fifo_dir, f"r{r}"))
-        for sep in a.separators.split(","):
+        for sep in seps:
             for bind in ("none", "core"):
                 got = ringcomm.launch(_rank, 2, (sep, a.calls, a.size, a.sleep, _free_port(), fifo_dir), bind=bind)
                 s, e = np.array([g[0] for g in got]), np.array([g[1] for g in got])
@@ -108,7 +127,8 @@ def main(argv=None) -> int:
                 sw = "  ".join(f"r{r} {g[2]:.1f} / {g[3]:.2f}" for r, g in enumerate(got))
                 print(f"{sep:>9} {bind:>5} {p50:>8.2f} {p90:>8.2f} {p90 / p50:>8.2f}  {sw}", flush=True)
     finally:
-        shutil.rmtree(fifo_dir, ignore_errors=True)
+        if fifo_dir:
+            shutil.rmtree(fifo_dir, ignore_errors=True)
     return 0
 
 

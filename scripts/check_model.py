@@ -107,12 +107,20 @@ def choice(world: int, size: int, env_extra: dict) -> str:
     return r.stdout.strip()
 
 
-def current_choice(prof: dict, size: int, world: int) -> str:
-    """'algo/proto' this ringcomm's model picks for `prof` (a saved profile document), as auto does
-    with RINGCOMM_MODEL_MIN_WORLD=2: the header in the first slot, LL up to RINGCOMM_LL_MAX_BYTES."""
+def current_choice(prof: dict, size: int, world: int, ll_bytes: int) -> str:
+    """'algo/proto' this ringcomm's model picks for `prof` (a saved profile document) with the
+    default piece sizes and outbox depth, the header in the first slot and LL up to `ll_bytes`."""
     from ringcomm import _C
-    algo, proto = _C._model_choose(size, world, int(_C.knob("RINGCOMM_LL_MAX_BYTES")), True, params=prof["params"])
+    algo, proto = _C._model_choose(size, world, ll_bytes, True, params=prof["params"])
     return f"{algo}/{proto}"
+
+
+def rechoose_ll_bytes(runs: dict) -> int:
+    """The LL limit a saved world's choices are remade with: RINGCOMM_LL_MAX_BYTES as set here,
+    but no more than the largest size the run timed LL at (a choice of LL must have LL's time)."""
+    from ringcomm import _C
+    limit = int(_C.knob("RINGCOMM_LL_MAX_BYTES"))
+    return min(limit, max(map(int, runs["ll"]))) if runs.get("ll") else limit
 
 
 def judge(raw: dict) -> list:
@@ -186,7 +194,8 @@ def main(argv=None) -> int:
                          "replace an earlier one's) and write --out")
     ap.add_argument("--rechoose", action="store_true",
                     help="with --from: the choices of this ringcomm's model from each run's saved profile "
-                         "(RINGCOMM_LL_MAX_BYTES as set here), not the choices saved with the runs")
+                         "(default piece sizes; LL up to RINGCOMM_LL_MAX_BYTES as set here, at most the "
+                         "largest size the run timed LL at), not the choices saved with the runs")
     a = ap.parse_args(argv)
     if a.sources:
         raw, notes = {}, []
@@ -195,7 +204,8 @@ def main(argv=None) -> int:
                 doc = json.load(f)
             for w, runs in doc["raw"].items():
                 if a.rechoose:
-                    runs = dict(runs, choice={size: current_choice(doc["profile"], int(size), int(w))
+                    ll_bytes = rechoose_ll_bytes(runs)
+                    runs = dict(runs, choice={size: current_choice(doc["profile"], int(size), int(w), ll_bytes)
                                               for size in runs["choice"]})
                 raw[w] = runs
             notes.append(f"`{path}` ({', '.join(sorted(doc['raw'], key=int))} ranks): `{doc['command']}`; {doc['note']}")

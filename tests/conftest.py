@@ -53,11 +53,14 @@ def no_leaks():
 
 
 def pytest_configure(config):
-    # No test here takes pytest-benchmark's fixture (benchmarks/ does, run on its own), so its
-    # plugin is switched off: under pytest-xdist it would print that it switches itself off, once
-    # per process.
-    if hasattr(config.option, "benchmark_disable"):
-        config.option.benchmark_disable = True
+    # Under pytest-xdist pytest-benchmark switches itself off and says so, once per process. No
+    # test here takes its fixture (benchmarks/ does, run on its own), so it is switched off
+    # quietly instead, unless the command line asks for benchmarks.
+    opt = config.option
+    xdist = config.getoption("dist", "no") != "no" or "PYTEST_XDIST_WORKER" in os.environ
+    asked = getattr(opt, "benchmark_enable", False) or getattr(opt, "benchmark_only", False)
+    if xdist and hasattr(opt, "benchmark_disable") and not asked:
+        opt.benchmark_disable = True
 
 
 def pytest_sessionfinish(session, exitstatus):

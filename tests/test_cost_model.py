@@ -286,6 +286,10 @@ def test_tune_measures_a_profile_the_core_loads(tmp_path):
         assert 1e8 < p[k] < 1e13, (k, p)
     m = doc["measured"]["allreduce_2ranks_s"]
     assert m["ll_65536"] > m["ll_4096"] > 0 and m["ring_64K_256B_slots"] > m["ring_64K"] > 0, m
+    # alpha_s: the ring's three hand-offs at 64 bytes less LL's one, halved (floored at a twentieth
+    # of the LL call); alpha_shared_s: a whole 4-byte LL call on one CPU
+    assert p["alpha_s"] == pytest.approx(max((m["ring_64"] - m["64"]) / 2, m["64"] / 20), rel=1e-12), m
+    assert p["alpha_shared_s"] == pytest.approx(doc["measured"]["allreduce_2ranks_one_cpu_s"]["4"], rel=1e-12)
 
 
 @pytest.mark.timeout(120)

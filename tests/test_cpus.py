@@ -577,7 +577,8 @@ def test_arrival_skew_script_splits_each_call(tmp_path):
     out = tmp_path / "skew.json"
     r = subprocess.run([sys.executable, script, "-np", "2", "--rounds", "1", "--sizes", "1K,8K",
                         "--calls", "40", "--separator", "ringcomm", "--json", str(out)],
-                       capture_output=True, text=True, timeout=170)
+                       capture_output=True, text=True, timeout=170,
+                       env=dict(os.environ, RINGCOMM_BIND_REGISTRY=str(tmp_path / "reg")))
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
     for bind in ("none", "core"):
@@ -600,7 +601,9 @@ def test_bind_separator_script_pipe_separator_sleeps(tmp_path):
     in the timed loop, where back-to-back calls behind ringcomm's barrier have none), for bound
     and unbound ranks alike, and the script leaves no FIFO behind."""
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "bind_separator.py")
-    env = dict(os.environ, TMPDIR=str(tmp_path))
+    tmp, registry = tmp_path / "tmp", tmp_path / "reg"   # its own bind registry: another job's is not ours
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), RINGCOMM_BIND_REGISTRY=str(registry))
     r = subprocess.run([sys.executable, script, "--calls", "200", "--separators", "pipe"],
                        capture_output=True, text=True, timeout=170, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -612,4 +615,4 @@ def test_bind_separator_script_pipe_separator_sleeps(tmp_path):
         # "r0 V / I  r1 V / I": voluntary switches per call of each rank
         voluntary = [float(row[i + 1]) for i, tok in enumerate(row) if tok in ("r0", "r1")]
         assert len(voluntary) == 2 and max(voluntary) > 0.2, row
-    assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
+    assert not list(tmp.iterdir()), list(tmp.iterdir())

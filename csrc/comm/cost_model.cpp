@@ -160,6 +160,10 @@ CostProfile profile_from_env() {
 }
 
 double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes, int world, const PieceSizes& ps) {
+  RC_CHECK(world >= 1 && bytes >= 0 && ps.ring > 0 && ps.far > 0 && ps.far_depth > 0, InvalidArgument,
+           "ringcomm: the cost model needs world >= 1, bytes >= 0 and positive piece sizes and outbox depth (world "
+               << world << ", bytes " << bytes << ", pieces " << ps.ring << "/" << ps.far << ", depth " << ps.far_depth
+               << ")");
   const double M = static_cast<double>(bytes), n = world, pf = static_cast<double>(ps.far),
                pr = static_cast<double>(ps.ring);
   // H steps (hand-offs on the critical path); S slots handed over; C, R, L bytes copied, reduced,
@@ -181,8 +185,10 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
     R = (n - 1) * M;          // every rank combines every element
   } else if (algo == Algo::kTwoShot && proto == Proto::kSimple) {
     // Iteration j (piece j of every chunk) takes every peer's phase-1 piece and then every peer's
-    // reduced piece before iteration j + 1 sends anything: each later iteration waits for a
-    // round, and within one the N - 1 phase-1 pieces wait a round per outbox-full after the first.
+    // reduced piece before iteration j + 1 sends anything. Where ranks share CPUs, a rank that
+    // runs later in a round finds its peers' phase-1 pieces and posts its reduced piece in the
+    // same turn, so each later iteration waits for one round (not one per phase); within one, the
+    // N - 1 phase-1 pieces wait a round per outbox-full after the first.
     const double pieces = ceil_div(M / n, pf);
     H = 3;                    // header, reduce-scatter, all-gather
     S = 2 * (n - 1) * pieces;

@@ -7,9 +7,12 @@ The all-reduce cost model (csrc/comm/cost_model.h, docs/algorithms.md) needs, pe
   and all-gather, less LL's one, halved; what a call costs whatever its algorithm is the same for
   every candidate and so is left out);
 * ``alpha_shared_s``: the same with both ranks pinned to one CPU (every hand-off waits for the
-  peer to be scheduled: what ranks that outnumber the CPUs pay);
+  peer to be scheduled: what ranks that outnumber the CPUs pay), taken as a whole 4-byte LL call:
+  the switches between the two ranks outweigh what the call itself costs;
 * ``slot_s``: one slot handed over, beyond the hand-off: the 2-rank ring all_reduce of 64 KiB cut
-  into 256-byte slots against the same in one slot per chunk, per extra slot, less ``alpha_s``;
+  into 256-byte slots against the same in one slot per chunk, per extra slot, less ``alpha_s``.
+  ``alpha_s``'s ring hands over a slot with each hand-off, so the two figures overlap and
+  ``slot_s`` often lands on its floor (a twentieth of the extra time per slot);
 * ``copy_Bps`` / ``reduce_Bps``: one process's copy into a slot and float32 SUM kernel over 4 MiB
   buffers (bytes of one input per second);
 * ``ll_Bps``: the LL lines' bandwidth, from the 2-rank LL all_reduce at 64 KiB against 4 KiB (LL
@@ -93,22 +96,24 @@ def _comm_under(env: dict, rank: int, world: int, store: str):
 
 
 def _handoff_rank(rank: int, world: int, store: str, pin_cpu, iters: int) -> dict:
-    """Per-call median seconds of back-to-back all_reduces: 4 B, 64 B and 4 KiB (LL at 2 ranks);
-    not pinned, also: LL at 4 and 64 KiB, 64 B by the ring, and 64 KiB by the ring in one slot per
-    chunk and in 256-byte slots."""
+    """Per-call median seconds of back-to-back all_reduces: 4 B and 4 KiB by LL; not pinned, also:
+    64 B by LL and by the ring, LL at 4 and 64 KiB, and 64 KiB by the ring in one slot per chunk and
+    in 256-byte slots."""
     if pin_cpu is not None:
         os.sched_setaffinity(0, {pin_cpu})
     out = {}
-    comm = _comm_under({}, rank, world, store)
+    # LL, whatever the caller's environment says: the size rule (the model never decides at 2
+    # ranks here), LL up to 4 KiB.
+    ll = {"RINGCOMM_ALGO": "auto", "RINGCOMM_MODEL_MIN_WORLD": str(1 << 30), "RINGCOMM_LL_MAX_BYTES": "4K"}
+    comm = _comm_under(ll, rank, world, store)
     try:
-        for nbytes in (4, 64, 4096):
+        for nbytes in (4, 4096) if pin_cpu is not None else (4, 64, 4096):
             out[str(nbytes)] = _per_call(comm, nbytes, iters)
         comm.barrier()
     finally:
         comm.close()
     if pin_cpu is None:
-        comm = _comm_under({"RINGCOMM_LL_MAX_BYTES": str(LL_LARGE), "RINGCOMM_MODEL_MIN_WORLD": str(1 << 30)},
-                           rank, world, store + "ll")
+        comm = _comm_under(dict(ll, RINGCOMM_LL_MAX_BYTES=str(LL_LARGE)), rank, world, store + "ll")
         try:
             for nbytes in (LL_SMALL, LL_LARGE):
                 out[f"ll_{nbytes}"] = _per_call(comm, nbytes, max(500, iters // 4))
