@@ -165,7 +165,12 @@ def cts_behind_a_long_stream(rank, world, n_huge, n_big, env):
     (outcome, seconds the huge message took) on ranks 0 and 1."""
     import ringcomm
     huge = np.ones(n_huge, np.float32) if rank < 2 else None  # touched before the clock starts
-    comm = init_under_env(rank, world, "rdv-cts-behind", env=env, timeout=1)
+    # Every rank past its allocation before the 1 s communicator forms: its init waits for the
+    # others no longer than that.
+    pre = init_under_env(rank, world, f"rdv-cts-pre-{n_huge}", env=env, timeout=60)
+    pre.barrier()
+    pre.close()
+    comm = init_under_env(rank, world, f"rdv-cts-behind-{n_huge}", env=env, timeout=1)
     out = None
     comm.barrier()
     t0 = time.monotonic()
