@@ -10,17 +10,20 @@
 # bound (--bind core), beside gloo (required) and MPICH / DeepSpeed where importable, and the
 # thread A/B of the split kernels (scripts/cpu_threads_ab.py, 64 MiB, 1 vs 2 and 4 threads), where
 # the pool's worker runs against its caller (scripts/pool_placement.py, 1 MiB) and
-# point-to-point with and without the rendezvous at 4 ranks (scripts/p2p_rendezvous_ab.py).
+# point-to-point with and without the rendezvous at 4 ranks (scripts/p2p_rendezvous_ab.py), and
+# the all_reduce cost model judged on this machine: `python -m ringcomm.tune`, then
+# scripts/check_model.py at the same world sizes, 1 KiB to 4 MiB (docs/algorithms.md).
 # With fewer cores it says so and runs the world sizes that fit (one rank per core).
-# Output, written as it goes (partial results survive a timeout), 6 files so that a runner that
+# Output, written as it goes (partial results survive a timeout), 7 files so that a runner that
 # returns a bounded number of files returns them all:
 #   env.txt  build.log  tables.txt (every bench's report, the rendezvous A/B's last)
-#   results.json (every bench's JSON, merged after each run)  threads.txt  summary.txt (also
-#   printed at the end)
+#   results.json (every bench's JSON, merged after each run)  threads.txt  model.txt (the judged
+#   table, then the profile)  summary.txt (also printed at the end)
 # Time: <= TOTAL_BUDGET s (default 290): every section runs under `timeout` (BUILD_TIMEOUT 150,
-# BENCH_TIMEOUT 30 per bench run, THREADS_TIMEOUT 30, P2P_TIMEOUT 30), and a section whose limit would overrun
-# the budget is skipped and named in the summary.
-# --quick: 2 ranks only (bound and unbound), sizes 1K..64K, no thread or rendezvous A/B (a smoke test).
+# BENCH_TIMEOUT 30 per bench run, THREADS_TIMEOUT 30, P2P_TIMEOUT 30, MODEL_TIMEOUT 60), and a
+# section whose limit would overrun the budget is skipped and named in the summary.
+# --quick: 2 ranks only (bound and unbound), sizes 1K..64K, no thread or rendezvous A/B and no
+# cost model (a smoke test).
 # --dry-run: print the plan (the commands), run nothing.
 # CPU_SCALE_CORES overrides the core count (to see the plan of another machine with --dry-run).
 # Exit status: 0 when the build (or the existing build) and every bench run that ran passed and
@@ -43,6 +46,7 @@ BUILD_TIMEOUT="${BUILD_TIMEOUT:-150}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-30}"
 THREADS_TIMEOUT="${THREADS_TIMEOUT:-30}"
 P2P_TIMEOUT="${P2P_TIMEOUT:-30}"
+MODEL_TIMEOUT="${MODEL_TIMEOUT:-60}"
 P2P="scripts/p2p_rendezvous_ab.py -np 4 --sizes 256K,1M,4M,16M --reps 30 --rounds 5"
 PLACEMENT="scripts/pool_placement.py --procs 5 --rounds 3 --size 1M"
 CORES="${CPU_SCALE_CORES:-$(nproc)}"
@@ -60,6 +64,11 @@ done
 if [ "$QUICK" = 1 ]; then SIZES="-b 1K -e 64K -f 8"; else SIZES="-b 1K -e 4M -f 16"; fi
 BENCH="$PY -m ringcomm.bench --ops all_reduce $SIZES --time-budget 0.05 --min-iters 10 -w 2 --peers gloo,mpi,deepspeed --timeout $BENCH_TIMEOUT"
 
+model_cmd() {  # check_model.py's arguments at this run's world sizes
+  echo "scripts/check_model.py --profile $TMP_HINT/profile.json -np $(echo $worlds | tr ' ' ',') -b 1K -e 4M --rounds 5"
+}
+TMP_HINT="<tmp>"
+
 if [ "$DRY" = 1 ]; then
   echo "cores: $CORES; world sizes:$worlds"
   [ "$CORES" -lt 16 ] && echo "fewer than 16 cores: running the world sizes that fit (one rank per core)"
@@ -69,6 +78,7 @@ if [ "$DRY" = 1 ]; then
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY scripts/cpu_threads_ab.py --threads {2,4} --sizes 64M --reps 5"
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY $PLACEMENT"
   [ "$QUICK" = 1 ] || [ "$CORES" -lt 4 ] || echo "timeout $P2P_TIMEOUT $PY $P2P"
+  [ "$QUICK" = 1 ] || echo "timeout $MODEL_TIMEOUT: $PY -m ringcomm.tune -o <tmp>/profile.json; $PY $(model_cmd)"
   exit 0
 fi
 
@@ -175,6 +185,19 @@ if [ "$QUICK" = 0 ]; then
   else
     timeout -k 5 "$P2P_TIMEOUT" $PY $P2P >> "$OUT/tables.txt" 2>&1
     note "rendezvous A/B (4 ranks): exit $? (table at the end of tables.txt)"
+  fi
+fi
+
+# ---- the cost model, judged on this machine ----
+if [ "$QUICK" = 0 ]; then
+  if ! fits "$MODEL_TIMEOUT"; then note "cost model: SKIPPED (budget)"
+  else
+    TMP_HINT="$TMP"
+    timeout -k 5 "$MODEL_TIMEOUT" bash -c "$PY -m ringcomm.tune -o '$TMP/profile.json' > /dev/null && \
+        $PY $(model_cmd) --json '$TMP/model.json' --out '$OUT/model.txt' > /dev/null" 2>> "$OUT/summary.txt"
+    rc=$?
+    [ -f "$TMP/profile.json" ] && cat "$TMP/profile.json" >> "$OUT/model.txt"
+    note "cost model: exit $rc; $(grep -o 'Model within[^*]*' "$OUT/model.txt" 2>/dev/null || echo 'no result')"
   fi
 fi
 

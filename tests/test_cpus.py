@@ -516,6 +516,9 @@ def test_cpu_scale_check_script_syntax_and_plan():
     assert all(ln.startswith("timeout ") and "gloo" in ln for ln in runs)
     assert any(ln.startswith("timeout ") and "p2p_rendezvous_ab.py -np 4" in ln for ln in plan.stdout.splitlines())
     assert any(ln.startswith("timeout ") and "pool_placement.py" in ln for ln in plan.stdout.splitlines())
+    model = [ln for ln in plan.stdout.splitlines() if "check_model.py" in ln]
+    assert len(model) == 1 and model[0].startswith("timeout ") and "ringcomm.tune" in model[0], plan.stdout
+    assert "-np 2,4,8,16 " in model[0], model
     env["CPU_SCALE_CORES"] = "6"
     plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
     assert "fewer than 16 cores" in plan.stdout and "-np 8" not in plan.stdout and "-np 4" in plan.stdout
@@ -523,6 +526,14 @@ def test_cpu_scale_check_script_syntax_and_plan():
     plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
     assert "p2p_rendezvous_ab" not in plan.stdout
     assert subprocess.run([script, "--bogus"], capture_output=True).returncode == 2
+    plan = subprocess.run([script, "--dry-run", "--quick"], env=env, capture_output=True, text=True, timeout=30)
+    assert "check_model.py" not in plan.stdout, plan.stdout
+
+
+def test_device_check_script_syntax():
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "device_check.sh")
+    assert os.access(script, os.X_OK)
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
 
 
 # ---- scripts/bind_torch_pool.py, scripts/p2p_rendezvous_ab.py ----------------------------------
