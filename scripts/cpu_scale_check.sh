@@ -64,10 +64,9 @@ done
 if [ "$QUICK" = 1 ]; then SIZES="-b 1K -e 64K -f 8"; else SIZES="-b 1K -e 4M -f 16"; fi
 BENCH="$PY -m ringcomm.bench --ops all_reduce $SIZES --time-budget 0.05 --min-iters 10 -w 2 --peers gloo,mpi,deepspeed --timeout $BENCH_TIMEOUT"
 
-model_cmd() {  # check_model.py's arguments at this run's world sizes
-  echo "scripts/check_model.py --profile $TMP_HINT/profile.json -np $(echo $worlds | tr ' ' ',') -b 1K -e 4M --rounds 5"
+model_cmd() {  # check_model.py's arguments at this run's world sizes, the profile in folder $1
+  echo "scripts/check_model.py --profile $1/profile.json -np $(echo $worlds | tr ' ' ',') -b 1K -e 4M --rounds 5"
 }
-TMP_HINT="<tmp>"
 
 if [ "$DRY" = 1 ]; then
   echo "cores: $CORES; world sizes:$worlds"
@@ -78,7 +77,7 @@ if [ "$DRY" = 1 ]; then
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY scripts/cpu_threads_ab.py --threads {2,4} --sizes 64M --reps 5"
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY $PLACEMENT"
   [ "$QUICK" = 1 ] || [ "$CORES" -lt 4 ] || echo "timeout $P2P_TIMEOUT $PY $P2P"
-  [ "$QUICK" = 1 ] || echo "timeout $MODEL_TIMEOUT: $PY -m ringcomm.tune -o <tmp>/profile.json; $PY $(model_cmd)"
+  [ "$QUICK" = 1 ] || echo "timeout $MODEL_TIMEOUT: $PY -m ringcomm.tune -o <tmp>/profile.json; $PY $(model_cmd '<tmp>')"
   exit 0
 fi
 
@@ -192,9 +191,8 @@ fi
 if [ "$QUICK" = 0 ]; then
   if ! fits "$MODEL_TIMEOUT"; then note "cost model: SKIPPED (budget)"
   else
-    TMP_HINT="$TMP"
     timeout -k 5 "$MODEL_TIMEOUT" bash -c "$PY -m ringcomm.tune -o '$TMP/profile.json' > /dev/null && \
-        $PY $(model_cmd) --json '$TMP/model.json' --out '$OUT/model.txt' > /dev/null" 2>> "$OUT/summary.txt"
+        $PY $(model_cmd "$TMP") --json '$TMP/model.json' --out '$OUT/model.txt' > /dev/null" 2>> "$OUT/summary.txt"
     rc=$?
     [ -f "$TMP/profile.json" ] && cat "$TMP/profile.json" >> "$OUT/model.txt"
     note "cost model: exit $rc; $(grep -o 'Model within[^*]*' "$OUT/model.txt" 2>/dev/null || echo 'no result')"

@@ -120,12 +120,13 @@ def _handoff_rank(rank: int, world: int, store: str, pin_cpu, iters: int) -> dic
             comm.barrier()
         finally:
             comm.close()
-        for name, slot in (("ring_64K", "256K"), ("ring_64K_256B_slots", "256")):
-            comm = _comm_under({"RINGCOMM_ALGO": "ring", "RINGCOMM_SLOT_BYTES": slot}, rank, world, store + name)
+        big = max(50, iters // 40)
+        for slot, runs in (("256K", (("ring_64", 64, iters), ("ring_64K", 64 << 10, big))),
+                           ("256", (("ring_64K_256B_slots", 64 << 10, big),))):
+            comm = _comm_under({"RINGCOMM_ALGO": "ring", "RINGCOMM_SLOT_BYTES": slot}, rank, world, store + "ring" + slot)
             try:
-                if name == "ring_64K":
-                    out["ring_64"] = _per_call(comm, 64, iters)
-                out[name] = _per_call(comm, 64 << 10, max(50, iters // 40))
+                for key, nbytes, n in runs:
+                    out[key] = _per_call(comm, nbytes, n)
                 comm.barrier()
             finally:
                 comm.close()
