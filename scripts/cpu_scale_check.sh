@@ -7,12 +7,12 @@
 # It records the machine, builds the extension in place if this tree has none (setup.py
 # build_ext --inplace, RINGCOMM_CUDA=0; ringcomm is run from src/), then runs
 # `python -m ringcomm.bench` (all_reduce float32) at 2, 4, 8 and 16 ranks, each unbound and
-# bound (--bind core), beside gloo (required) and MPICH / DeepSpeed where importable, and the
-# thread A/B of the split kernels (scripts/cpu_threads_ab.py, 64 MiB, 1 vs 2 and 4 threads), where
+# bound (--bind core), beside gloo (required) and MPICH / DeepSpeed where importable; then, most
+# telling first, the thread A/B of the split kernels (scripts/cpu_threads_ab.py, 64 MiB, 1 vs 2
+# and 4 threads), the all_reduce cost model judged on this machine (`python -m ringcomm.tune`,
+# then scripts/check_model.py at the same world sizes, 1 KiB to 4 MiB; docs/algorithms.md), where
 # the pool's worker runs against its caller (scripts/pool_placement.py, 1 MiB) and
-# point-to-point with and without the rendezvous at 4 ranks (scripts/p2p_rendezvous_ab.py), and
-# the all_reduce cost model judged on this machine: `python -m ringcomm.tune`, then
-# scripts/check_model.py at the same world sizes, 1 KiB to 4 MiB (docs/algorithms.md).
+# point-to-point with and without the rendezvous at 4 ranks (scripts/p2p_rendezvous_ab.py).
 # With fewer cores it says so and runs the world sizes that fit (one rank per core).
 # Output, written as it goes (partial results survive a timeout), 7 files so that a runner that
 # returns a bounded number of files returns them all:
@@ -75,9 +75,9 @@ if [ "$DRY" = 1 ]; then
     for bind in none core; do echo "timeout $BENCH_TIMEOUT $BENCH -np $n --bind $bind --json <tmp>"; done
   done
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY scripts/cpu_threads_ab.py --threads {2,4} --sizes 64M --reps 5"
+  [ "$QUICK" = 1 ] || echo "timeout $MODEL_TIMEOUT: $PY -m ringcomm.tune -o <tmp>/profile.json; $PY $(model_cmd '<tmp>')"
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY $PLACEMENT"
   [ "$QUICK" = 1 ] || [ "$CORES" -lt 4 ] || echo "timeout $P2P_TIMEOUT $PY $P2P"
-  [ "$QUICK" = 1 ] || echo "timeout $MODEL_TIMEOUT: $PY -m ringcomm.tune -o <tmp>/profile.json; $PY $(model_cmd '<tmp>')"
   exit 0
 fi
 
@@ -168,6 +168,22 @@ if [ "$QUICK" = 0 ]; then
         >> "$OUT/threads.txt" 2>&1
     note "threads A/B 1 vs $t: exit $?"
   done
+fi
+
+# ---- the cost model, judged on this machine ----
+if [ "$QUICK" = 0 ]; then
+  if ! fits "$MODEL_TIMEOUT"; then note "cost model: SKIPPED (budget)"
+  else
+    timeout -k 5 "$MODEL_TIMEOUT" bash -c "$PY -m ringcomm.tune -o '$TMP/profile.json' > /dev/null && \
+        $PY $(model_cmd "$TMP") --json '$TMP/model.json' --out '$OUT/model.txt' > /dev/null" 2>> "$OUT/summary.txt"
+    rc=$?
+    [ -f "$TMP/profile.json" ] && cat "$TMP/profile.json" >> "$OUT/model.txt"
+    note "cost model: exit $rc; $(grep -o 'Model within[^*]*' "$OUT/model.txt" 2>/dev/null || echo 'no result')"
+  fi
+fi
+
+# ---- where the pool's worker runs against its caller ----
+if [ "$QUICK" = 0 ]; then
   if fits "$THREADS_TIMEOUT"; then
     timeout -k 5 "$THREADS_TIMEOUT" $PY $PLACEMENT >> "$OUT/threads.txt" 2>&1
     note "pool placement (2 threads, 1 MiB): exit $?"
@@ -184,18 +200,6 @@ if [ "$QUICK" = 0 ]; then
   else
     timeout -k 5 "$P2P_TIMEOUT" $PY $P2P >> "$OUT/tables.txt" 2>&1
     note "rendezvous A/B (4 ranks): exit $? (table at the end of tables.txt)"
-  fi
-fi
-
-# ---- the cost model, judged on this machine ----
-if [ "$QUICK" = 0 ]; then
-  if ! fits "$MODEL_TIMEOUT"; then note "cost model: SKIPPED (budget)"
-  else
-    timeout -k 5 "$MODEL_TIMEOUT" bash -c "$PY -m ringcomm.tune -o '$TMP/profile.json' > /dev/null && \
-        $PY $(model_cmd "$TMP") --json '$TMP/model.json' --out '$OUT/model.txt' > /dev/null" 2>> "$OUT/summary.txt"
-    rc=$?
-    [ -f "$TMP/profile.json" ] && cat "$TMP/profile.json" >> "$OUT/model.txt"
-    note "cost model: exit $rc; $(grep -o 'Model within[^*]*' "$OUT/model.txt" 2>/dev/null || echo 'no result')"
   fi
 fi
 
