@@ -1,6 +1,7 @@
 // The CUDA IPC transport's implementation of Channel (transport/channel.h): one lane of
 // CudaIpcTransport, with every primitive enqueued on one stream (the caller's): copies with
-// cudaMemcpyAsync, reductions with the CUDA reduce kernels, slot waits/records as IPC events.
+// cudaMemcpyAsync, reductions with the CUDA reduce kernels, slot hand-offs ordered by
+// host waits on this process's own events (cuda_ipc.h).
 //
 // Placement: a piece sits in its slot at its full-buffer byte offset mod 16 (0 for direct
 // exchanges, whose two ends' offsets differ); sender and receiver compute it alike, the slot then

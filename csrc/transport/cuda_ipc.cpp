@@ -23,18 +23,6 @@ namespace rc {
 
 using namespace cuda_ipc_wire;
 
-namespace {
-
-// Destroy the created or imported events of *v (null entries: never created) and empty it.
-void destroy_events(std::vector<cudaEvent_t>* v) {
-  for (cudaEvent_t e : *v) {
-    if (e) (void)cudaEventDestroy(e);
-  }
-  v->clear();
-}
-
-}  // namespace
-
 // ---------------- per-channel state ----------------
 
 struct CudaIpcTransport::Chan {
@@ -42,14 +30,9 @@ struct CudaIpcTransport::Chan {
   ChannelKind in = ChannelKind::kIpc;   // peer -> this rank
   uint64_t sent = 0;                    // slots published to peer (mirrors the shm head)
   uint64_t received = 0;                // slots released from peer (mirrors the shm tail)
-  std::vector<cudaEvent_t> ready;          // out: created here, recorded after our writes (exported)
-  std::vector<cudaEvent_t> peer_consumed;  // out: the peer's "consumed" events (imported)
-  std::vector<cudaEvent_t> consumed;       // in: created here, recorded after our reads (exported)
-  std::vector<cudaEvent_t> peer_ready;     // in: the peer's "ready" events (imported)
-  std::vector<char*> out_dev;              // out, kHost*: device pointers of the peer's shm slots
-  std::vector<char*> in_dev;               // in, kHost*: device pointers of our shm slots
-  cudaEvent_t scratch = nullptr;           // kHostSync: host waits on it
-  std::vector<cudaIpcEventHandle_t> ready_h, consumed_h;
+  std::vector<char*> out_dev;           // out, kHost*: device pointers of the peer's shm slots
+  std::vector<char*> in_dev;            // in, kHost*: device pointers of our shm slots
+  cudaEvent_t done = nullptr;           // this process's own event: recorded after a slot's work, polled
 };
 
 CudaIpcTransport::CudaIpcTransport(int rank, int world, int device, double timeout_s)
@@ -168,35 +151,15 @@ std::string CudaIpcTransport::create(const std::vector<std::string>& infos) {
   }
   w.put<uint8_t>(inbox_ ? 1 : 0);
   w.bytes(&mh, sizeof(mh));
-  cudaIpcEventHandle_t zero;
-  std::memset(&zero, 0, sizeof(zero));
   for (int l = 0; l < kNumLanes; ++l) {
     for (int peer = 0; peer < world_; ++peer) {
+      if (peer == rank_) continue;
       Chan& c = chan(static_cast<Lane>(l), peer);
-      if (peer != rank_) {
-        c.out = kind(rank_, peer);
-        c.in = kind(peer, rank_);
-        c.out_dev.assign(cfg_.nslots, nullptr);
-        c.in_dev.assign(cfg_.nslots, nullptr);
-        auto make = [&](std::vector<cudaEvent_t>& evs, std::vector<cudaIpcEventHandle_t>& hs) {
-          evs.assign(cfg_.nslots, nullptr);
-          hs.assign(cfg_.nslots, zero);
-          for (uint32_t k = 0; k < cfg_.nslots; ++k) {
-            RC_CUDA(cudaEventCreateWithFlags(&evs[k], cudaEventInterprocess | cudaEventDisableTiming), "");
-            RC_CUDA(cudaIpcGetEventHandle(&hs[k], evs[k]), " (RINGCOMM_CUDA_P2P=hostsync avoids CUDA IPC events)");
-          }
-        };
-        if (c.out != ChannelKind::kHostSync) make(c.ready, c.ready_h);
-        if (c.in != ChannelKind::kHostSync) make(c.consumed, c.consumed_h);
-        if (c.out == ChannelKind::kHostSync || c.in == ChannelKind::kHostSync)
-          RC_CUDA(cudaEventCreateWithFlags(&c.scratch, cudaEventDisableTiming), "");
-      }
-      for (uint32_t k = 0; k < cfg_.nslots; ++k) {
-        const cudaIpcEventHandle_t& r = (k < c.ready_h.size()) ? c.ready_h[k] : zero;
-        const cudaIpcEventHandle_t& s = (k < c.consumed_h.size()) ? c.consumed_h[k] : zero;
-        w.bytes(&r, sizeof(r));
-        w.bytes(&s, sizeof(s));
-      }
+      c.out = kind(rank_, peer);
+      c.in = kind(peer, rank_);
+      c.out_dev.assign(cfg_.nslots, nullptr);
+      c.in_dev.assign(cfg_.nslots, nullptr);
+      RC_CUDA(cudaEventCreateWithFlags(&c.done, cudaEventDisableTiming), "");
     }
   }
   return w.take();
@@ -210,8 +173,6 @@ void CudaIpcTransport::attach(const std::vector<std::string>& blobs) {
     std::string name;
     bool has_inbox = false;
     cudaIpcMemHandle_t mh;
-    // [lane][src-of-that-rank's-view peer][slot]: ready, consumed
-    std::vector<cudaIpcEventHandle_t> ready, consumed;
   };
   std::vector<Peer> peers(world_);
   for (int p = 0; p < world_; ++p) {
@@ -225,13 +186,6 @@ void CudaIpcTransport::attach(const std::vector<std::string>& blobs) {
     x.name = r.str();
     x.has_inbox = r.get<uint8_t>() != 0;
     r.bytes(&x.mh, sizeof(x.mh));
-    const size_t n = static_cast<size_t>(kNumLanes) * world_ * cfg_.nslots;
-    x.ready.resize(n);
-    x.consumed.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      r.bytes(&x.ready[i], sizeof(cudaIpcEventHandle_t));
-      r.bytes(&x.consumed[i], sizeof(cudaIpcEventHandle_t));
-    }
   }
   std::vector<std::string> names;
   for (auto& x : peers) names.push_back(x.name);
@@ -255,24 +209,6 @@ void CudaIpcTransport::attach(const std::vector<std::string>& blobs) {
         throw;
       }
       peer_inbox_[p] = static_cast<char*>(ptr);
-    }
-    for (int l = 0; l < kNumLanes; ++l) {
-      Chan& c = chan(static_cast<Lane>(l), p);
-      // The peer's view: its channel from us (consumed events) and to us (ready events) sit at
-      // [lane][rank_] of its blob.
-      const size_t base = (static_cast<size_t>(l) * world_ + rank_) * cfg_.nslots;
-      if (c.out != ChannelKind::kHostSync) {
-        c.peer_consumed.assign(cfg_.nslots, nullptr);
-        for (uint32_t k = 0; k < cfg_.nslots; ++k)
-          RC_CUDA(cudaIpcOpenEventHandle(&c.peer_consumed[k], peers[p].consumed[base + k]),
-                  " opening rank " << p << "'s IPC event (RINGCOMM_CUDA_P2P=hostsync avoids IPC events)");
-      }
-      if (c.in != ChannelKind::kHostSync) {
-        c.peer_ready.assign(cfg_.nslots, nullptr);
-        for (uint32_t k = 0; k < cfg_.nslots; ++k)
-          RC_CUDA(cudaIpcOpenEventHandle(&c.peer_ready[k], peers[p].ready[base + k]),
-                  " opening rank " << p << "'s IPC event (RINGCOMM_CUDA_P2P=hostsync avoids IPC events)");
-      }
     }
   }
   attached_ = true;
@@ -312,12 +248,8 @@ char* CudaIpcTransport::map_host_slot(char* host) {
 
 char* CudaIpcTransport::finish_send(int peer, Lane lane, const WaitCtx& w, char* host) {
   Chan& c = chan(lane, peer);
+  // The receiver released this slot only after its GPU finished reading it (end_slot_work).
   const uint32_t k = static_cast<uint32_t>(c.sent % cfg_.nslots);
-  if (c.out != ChannelKind::kHostSync && c.sent >= cfg_.nslots) {
-    // The GPU must not overwrite the slot before the receiver's GPU has read it: its consumed
-    // record for this slot was made before it released the slot, which send_slot observed.
-    wait_peer_event(c.peer_consumed[k], w);
-  }
   if (c.out == ChannelKind::kIpc) return peer_inbox_[peer] + inbox_offset(lane, rank_, k);
   if (c.out_dev[k] == nullptr) c.out_dev[k] = map_host_slot(host);
   return c.out_dev[k];
@@ -348,39 +280,30 @@ char* CudaIpcTransport::try_send_slot(int peer, Lane lane, cudaStream_t s) {
 
 void CudaIpcTransport::end_slot_work(Chan& c, int peer, bool outgoing, cudaStream_t s, const char* wait_op,
                                      uint64_t seq) {
-  const uint32_t k = static_cast<uint32_t>((outgoing ? c.sent : c.received) % cfg_.nslots);
-  if ((outgoing ? c.out : c.in) != ChannelKind::kHostSync) {
-    // The peer's GPU binds to this record (finish_recv / finish_send on its side).
-    cudaEvent_t ev = outgoing ? c.ready[k] : c.consumed[k];
-    const int src = outgoing ? rank_ : peer, dst = outgoing ? peer : rank_;
-    RC_CUDA(cudaEventRecord(ev, s), " (rank " << src << " -> " << dst << ")");
-    return;
-  }
-  // No IPC events: the GPU's writes must be in host memory before the slot is published, and
-  // its reads done before the slot is released.
-  RC_CUDA(cudaEventRecord(c.scratch, s), "");
+  // The GPU's writes must be done before the slot is published, and its reads before the slot is
+  // released: the host waits (bounded) for this process's own record. No stream and no host poll
+  // ever depends on an event of another process.
+  const int src = outgoing ? rank_ : peer, dst = outgoing ? peer : rank_;
+  RC_CUDA(cudaEventRecord(c.done, s), " (rank " << src << " -> " << dst << ")");
   WaitCtx w;
   w.op = wait_op;
   w.seq = seq;
   w.peer = peer;
-  wait_event(c.scratch, w);
+  wait_event(c.done, w);
 }
 
 void CudaIpcTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag, cudaStream_t s) {
   Chan& c = chan(lane, peer);
   CudaDeviceGuard g(device_);
-  end_slot_work(c, peer, true, s, "send (host-synchronous staging)", tag);
+  end_slot_work(c, peer, true, s, "send (the GPU's writes into a slot)", tag);
   ctl_->send_post(peer, lane, bytes, total, tag);
   ++c.sent;
 }
 
 const char* CudaIpcTransport::finish_recv(int peer, Lane lane, const WaitCtx& w, const char* host) {
   Chan& c = chan(lane, peer);
+  // The sender published this slot only after its GPU finished writing it (end_slot_work).
   const uint32_t k = static_cast<uint32_t>(c.received % cfg_.nslots);
-  if (c.in != ChannelKind::kHostSync) {
-    // The sender recorded ready[k] after its writes and before publishing: wait for that record.
-    wait_peer_event(c.peer_ready[k], w);
-  }
   if (c.in == ChannelKind::kIpc) return inbox_ + inbox_offset(lane, peer, k);
   if (c.in_dev[k] == nullptr) c.in_dev[k] = map_host_slot(const_cast<char*>(host));
   return c.in_dev[k];
@@ -402,7 +325,7 @@ const char* CudaIpcTransport::try_recv_slot(int peer, Lane lane, cudaStream_t s,
 void CudaIpcTransport::recv_done(int peer, Lane lane, cudaStream_t s) {
   Chan& c = chan(lane, peer);
   CudaDeviceGuard g(device_);
-  end_slot_work(c, peer, false, s, "recv (host-synchronous staging)", 0);
+  end_slot_work(c, peer, false, s, "recv (the GPU's reads of a slot)", 0);
   ctl_->recv_done(peer, lane);
   ++c.received;
 }
@@ -444,52 +367,6 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeo
     }
     std::this_thread::sleep_for(std::chrono::nanoseconds(sleep_ns));
     sleep_ns = std::min<int64_t>(sleep_ns * 2, 1000000);
-  }
-}
-
-// Called on the thread that is about to enqueue work depending on the peer's record (the
-// collective's or the p2p engine's); the control segments are mapped (the core's close() lets
-// every call inside the transport leave before closing it).
-void CudaIpcTransport::wait_peer_event(cudaEvent_t ev, const WaitCtx& w0) {
-  cudaError_t e = cudaEventQuery(ev);
-  if (e == cudaSuccess) return;
-  WaitCtx w = w0;
-  w.what = "the GPU work on its slot";
-  const int64_t t0 = now_ns();
-  const double limit_s = ctl_->timeout_s();
-  const int64_t deadline = deadline_after(t0, limit_s);
-  int64_t next_liveness = t0 + cfg_.shm.liveness_ns;
-  int64_t sleep_ns = 1000;
-  for (;;) {
-    if (e != cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      ctl_->check_peers(w, true);  // a dead or aborted peer is the cause: raise its typed error
-      RC_CUDA(e, " while rank " << rank_ << " waited for rank " << w.peer << "'s GPU (" << w.op << ", seq " << w.seq
-                                << ")");
-    }
-    const int64_t now = now_ns();
-    if (ctl_->closing()) {
-      std::exception_ptr x = ctl_->interrupt_error(w);
-      if (x) std::rethrow_exception(x);
-    }
-    if (now >= next_liveness) {
-      next_liveness = now + cfg_.shm.liveness_ns;
-      ctl_->check_peers(w, true);
-    } else {
-      ctl_->check_peers(w, false);  // abort flags: a word in each peer's segment
-    }
-    if (now >= deadline) {
-      RC_THROW(TimeoutError, "ringcomm: " << w.op << " (seq " << w.seq << ") on rank " << rank_ << ": rank " << w.peer
-                                          << "'s GPU did not finish its work on a shared slot within " << limit_s
-                                          << " s (RINGCOMM_TIMEOUT / timeout=)");
-    }
-    if (now - t0 < cfg_.shm.spin_ns) {
-      cpu_relax();
-    } else {
-      std::this_thread::sleep_for(std::chrono::nanoseconds(sleep_ns));
-      sleep_ns = std::min<int64_t>(sleep_ns * 2, 50000);
-    }
-    e = cudaEventQuery(ev);
   }
 }
 
@@ -584,8 +461,8 @@ void CudaIpcTransport::close(bool drained) {
     }
     for (int p = 0; p < world_; ++p) peer_inbox_[p] = nullptr;
     for (auto& c : chans_) {
-      destroy_events(&c->peer_consumed);
-      destroy_events(&c->peer_ready);
+      if (c->done) (void)cudaEventDestroy(c->done);
+      c->done = nullptr;
     }
     bool byes = false;
     try {
@@ -595,12 +472,6 @@ void CudaIpcTransport::close(bool drained) {
       byes = false;
     }
     if (byes) {
-      for (auto& c : chans_) {
-        destroy_events(&c->ready);
-        destroy_events(&c->consumed);
-        if (c->scratch) (void)cudaEventDestroy(c->scratch);
-        c->scratch = nullptr;
-      }
       if (inbox_ != nullptr) (void)cudaFree(inbox_);
       inbox_ = nullptr;
     }

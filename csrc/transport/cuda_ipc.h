@@ -7,9 +7,9 @@
 //    transport its bounded waits (spin, futex, deadline, peer liveness, abort flags) and the
 //    header board. Host-side, a channel behaves exactly like a shm channel: send_slot() waits for
 //    a free slot, send_post() publishes it, recv_slot() waits for a filled one, recv_done()
-//    releases it. The host never waits for its own GPU on the normal paths; it waits (bounded)
-//    for a peer's GPU where its next step depends on the peer's slot work (below).
-//  - Data plane: the slot's bytes live in one of three places, per channel (src -> dst), chosen
+//    releases it. Before publishing or releasing a slot the host waits (bounded) for its own
+//    GPU's work on that slot (below); it never waits on a peer's GPU.
+//  - Data plane: the slot's bytes live in one of two places, per channel (src -> dst), chosen
 //    at setup identically by every rank from the device information all ranks exchanged:
 //      kIpc      the receiver's device memory (one cudaMalloc "inbox" exported with
 //                cudaIpcGetMemHandle, opened by the sender with cudaIpcOpenMemHandle). Used when
@@ -17,35 +17,28 @@
 //      kHost     the receiver's host shared-memory slot (the ShmTransport slot itself), pinned and
 //                mapped with cudaHostRegister in both processes: staged through host memory where
 //                peer access is impossible.
-//      kHostSync like kHost, for devices without IPC event support: the host waits for the GPU
-//                (bounded polling) before publishing and before releasing a slot.
-//    Ordering (kIpc, kHost) uses CUDA IPC events, one "ready" event per slot created by the
-//    sender and one "consumed" event per slot created by the receiver. Every dependency on a
-//    peer's GPU work is a bounded HOST wait: no stream of this process ever waits on a peer's
-//    event, so a peer that dies before its GPU recorded (or finished) its work can never leave
-//    a stream of ours blocked (a later cudaStreamSynchronize / torch.cuda.synchronize returns).
-//      sender   send_slot:  host waits for the slot to be free (tail), then polls (bounded)
-//                           consumed[slot] until the receiver's GPU finished reading the slot's
-//                           previous content, then returns the slot to write;
-//               send_post:  enqueues cudaEventRecord(ready[slot]) after the writes, then
-//                           publishes the slot (head, release).
-//      receiver recv_slot:  host waits for the slot (head, acquire), then polls (bounded)
-//                           ready[slot] until the sender's GPU finished writing it;
-//               recv_done:  enqueues cudaEventRecord(consumed[slot]) after the reads, then
-//                           releases the slot (tail, release).
-//    Each poll (wait_peer_event) spins, then sleeps, and checks this communicator's timeout,
-//    the peers' liveness and abort flags and the local close/abort: a dead peer raises
-//    PeerFailure naming the operation, the rank and the peer, before anything that depends on
-//    the dead peer is enqueued. What the stream already holds depends only on this process's
-//    own earlier work, so the stream stays usable.
-//    Why each poll sees the right record: a query reports the event's most recent record at the
-//    time of the call. A ready record is made before head is published and the receiver polls
-//    only after acquiring head; it is re-recorded for the slot's next use only after the
-//    receiver released the slot (tail), i.e. after its poll returned. Symmetrically for consumed.
+//      kHostSync the same placement as kHost, planned for devices without IPC event support
+//                (ordering uses no IPC event on any channel, so both behave alike).
+//    Ordering is host-synchronous on every channel, with events of this process only:
+//      sender   send_slot:  host waits for the slot to be free (tail): the receiver released it
+//                           only after its GPU finished reading it, so the slot may be written;
+//               send_post:  records its own event after the writes enqueued on the stream, polls
+//                           it (bounded) until the GPU is done, then publishes the slot (head,
+//                           release).
+//      receiver recv_slot:  host waits for the slot (head, acquire): its bytes are complete;
+//               recv_done:  records its own event after the reads, polls it until the GPU is
+//                           done, then releases the slot (tail, release).
+//    Each poll (wait_event) spins, then sleeps, and checks this communicator's timeout, the
+//    peers' liveness and abort flags: a dead peer raises PeerFailure naming the operation, the
+//    rank and the peer.
+//    Why no IPC event: polling a peer's imported event binds this process to work the peer
+//    enqueued but may not have submitted while it waits on the host; ranks of one GPU polling
+//    each other's events were seen to wait forever (docs/cuda.md). Polling one's own event
+//    submits one's own work.
 //    Deadlock freedom: a stream's work depends on nothing outside its own process, so every
-//    recorded event completes in bounded GPU time; every host poll waits for a record made
-//    earlier in (host) time; the host protocol itself is the shm ring's, whose deadlock freedom
-//    is argued in algo/ring.cpp.
+//    recorded event completes in bounded GPU time; every host wait is the shm ring's, whose
+//    deadlock freedom is argued in algo/ring.cpp. A dead peer can never leave a stream of ours
+//    blocked (a later cudaStreamSynchronize / torch.cuda.synchronize returns).
 //    Memory: host staging slots are pinned with cudaHostRegister and peer inboxes opened with
 //    cudaIpcOpenMemHandle only after a claim in the process's PinRegistry
 //    (transport/pin_registry.h). close(drained) unregisters / closes them; a close that could not
@@ -166,13 +159,9 @@ class CudaIpcTransport {
   Chan& chan(Lane lane, int peer);
   char* finish_send(int peer, Lane lane, const WaitCtx& w, char* host_ptr);
   const char* finish_recv(int peer, Lane lane, const WaitCtx& w, const char* host_ptr);
-  /// Bounded host wait for a peer's IPC event (its GPU work on a slot) before anything that
-  /// depends on it is enqueued; see the protocol above.
-  void wait_peer_event(cudaEvent_t ev, const WaitCtx& w);
   /// The end of this rank's GPU work (enqueued on s) on its current slot with `peer`: the writes
-  /// before send_post (outgoing) or the reads before recv_done. With IPC events it records the
-  /// slot's ready / consumed event on s; a host-synchronous channel instead waits on the host
-  /// until the work is done (wait_op and seq name that wait).
+  /// before send_post (outgoing) or the reads before recv_done. Records the channel's own event
+  /// on s and waits on the host until the work is done (wait_op and seq name that wait).
   void end_slot_work(Chan& c, int peer, bool outgoing, cudaStream_t s, const char* wait_op, uint64_t seq);
   char* map_host_slot(char* host_ptr);
   size_t inbox_offset(Lane lane, int src, uint32_t slot) const;
