@@ -40,7 +40,7 @@ for arg in "$@"; do
   esac
 done
 OUT="${OUT:-$PWD/cpu_scale_out}"
-PY="${PYTHON:-python}"
+PY="${PYTHON:-$(command -v python > /dev/null 2>&1 && echo python || echo python3)}"  # PYTHON overrides
 TOTAL_BUDGET="${TOTAL_BUDGET:-290}"
 BUILD_TIMEOUT="${BUILD_TIMEOUT:-150}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-30}"

@@ -26,7 +26,7 @@ mkdir -p "$OUT"
 TEST_TIMEOUT="${TEST_TIMEOUT:-300}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-150}"
 BENCH_ARGS="${BENCH_ARGS:--b 1M -e 256M -f 4 --iters 20}"
-PY="${PYTHON:-python}"
+PY="${PYTHON:-$(command -v python > /dev/null 2>&1 && echo python || echo python3)}"  # PYTHON overrides
 status=0
 t_start=$(date +%s)
 note() { echo "[gpu_check $(date +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }

@@ -257,3 +257,22 @@ def test_cli_min_iters_times_that_many_calls(tmp_path):
     assert cells and all(c["iters"] == 4 for c in cells), [c["iters"] for c in cells]
     r = run_bench("--min-iters", "0", timeout=30)
     assert r.returncode == 2 and "--min-iters" in r.stderr
+
+
+def test_mpi_phase_failure_names_mpiexecs_last_error_line_and_allows_root(tmp_path, monkeypatch, capfd):
+    """A failing mpiexec: the notice quotes its last stderr line (which is passed on to ours), and
+    run as root the child sees Open MPI's two allow-root variables."""
+    from ringcomm.bench import cli
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho \"root=${OMPI_ALLOW_RUN_AS_ROOT:-unset}/${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-unset}\" >&2\n"
+                    "echo 'fake mpiexec: cannot start' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(cli, "find_mpiexec", lambda: str(fake))
+    monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT", raising=False)
+    monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", raising=False)
+    notices = []
+    assert cli.run_mpi_phase({"world_size": 2, "timeout": 30}, str(tmp_path), notices) is None
+    assert len(notices) == 1 and "exited with 3: fake mpiexec: cannot start" in notices[0], notices
+    err = capfd.readouterr().err
+    assert "fake mpiexec: cannot start" in err
+    assert ("root=1/1" if os.geteuid() == 0 else "root=unset/unset") in err, err

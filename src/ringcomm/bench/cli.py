@@ -201,6 +201,17 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(ringcomm.__file__)))
 
 
+def _pass_on(err: bytes | None) -> str:
+    """Write a child's captured stderr to ours; return its last non-empty line (at most 200
+    characters), for a notice."""
+    if not err:
+        return ""
+    sys.stderr.write(err.decode(errors="replace"))
+    sys.stderr.flush()
+    lines = [ln.strip() for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else ""
+
+
 def run_mpi_phase(cfg: dict, tmp: str, notices: list[str]) -> list[dict] | None:
     mpiexec = find_mpiexec()
     cfg_path, out_path = os.path.join(tmp, "mpi_cfg.json"), os.path.join(tmp, "mpi_out.pickle")
@@ -209,21 +220,29 @@ def run_mpi_phase(cfg: dict, tmp: str, notices: list[str]) -> list[dict] | None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([_package_root()] + [p for p in env.get(
         "PYTHONPATH", "").split(os.pathsep) if p])
+    if os.geteuid() == 0:
+        # Open MPI's mpiexec refuses to start as root (containers often run as root) unless both
+        # are set; MPICH ignores them.
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     cmd = [mpiexec, "-n", str(cfg["world_size"]), sys.executable, "-m",
            "ringcomm.bench._mpi_worker", cfg_path, out_path]
     try:
-        # The workers' stdout goes to our stderr: stdout carries only the report.
-        proc = subprocess.run(cmd, env=env, stdout=sys.stderr, stderr=sys.stderr,
+        # The workers' stdout goes to our stderr: stdout carries only the report. Their stderr
+        # is kept to name the cause of a failure, then passed on.
+        proc = subprocess.run(cmd, env=env, stdout=sys.stderr, stderr=subprocess.PIPE,
                               stdin=subprocess.DEVNULL, timeout=cfg["timeout"])
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
+        _pass_on(e.stderr)
         notices.append(f"mpi: skipped (mpiexec did not finish within {cfg['timeout']:.0f} s)")
         return None
     except OSError as e:
         notices.append(f"mpi: skipped (cannot run {mpiexec}: {e})")
         return None
+    last = _pass_on(proc.stderr)
     if proc.returncode != 0 or not os.path.exists(out_path):
         notices.append(f"mpi: skipped (`{' '.join(shlex.quote(c) for c in cmd[:3])} ...` "
-                       f"exited with {proc.returncode})")
+                       f"exited with {proc.returncode}{': ' + last if last else ''})")
         return None
     import pickle
     with open(out_path, "rb") as f:
