@@ -60,6 +60,7 @@ def py_seconds(p, algo, proto, M, n, ring=256 * KiB, far=32 * KiB, depth=16):
     cdiv = lambda a, b: math.ceil(a / b) if a > 0 else 0   # noqa: E731
     refills = lambda slots: max(0, cdiv(slots, depth) - 1)   # noqa: E731
     S = C = R = L = E = 0.0
+    shared = p["cpus"] > 0 and n > p["cpus"]
     if proto == "ll":
         H, L, R = 1, n * M, (n - 1) * M
     elif algo == "direct":
@@ -68,7 +69,8 @@ def py_seconds(p, algo, proto, M, n, ring=256 * KiB, far=32 * KiB, depth=16):
         E = refills(cdiv(M, far))
     elif algo == "two_shot":
         pieces = cdiv(M / n, far)
-        H, S, C, R = 3, 2 * (n - 1) * pieces, 3 * (n - 1) / n * M, (n - 1) / n * M
+        # the reduced chunk's reads by N - 1 peers priced as copies only with a CPU per rank
+        H, S, C, R = 3, 2 * (n - 1) * pieces, ((2 * n - 1) if shared else 3 * (n - 1)) / n * M, (n - 1) / n * M
         E = max(0, pieces - 1) + pieces * refills(n - 1)
     elif algo == "ring":
         H = 2 * (n - 1) + 1
@@ -80,7 +82,6 @@ def py_seconds(p, algo, proto, M, n, ring=256 * KiB, far=32 * KiB, depth=16):
         S = max(w["steps"], cdiv(w["sent"] * M / n, far))
         C, R = (w["sent"] + w["received"]) * M / n, w["combined"] * (n - 1) * M / n
         E = max(0, cdiv(S, depth) - w["steps"])
-    shared = p["cpus"] > 0 and n > p["cpus"]
     f = n / p["cpus"] if shared else 1.0
     lat = (H + E) * p["alpha_shared_s"] * f if shared else H * p["alpha_s"]
     return lat + f * (S * p["slot_s"] + C / p["copy_Bps"] + R / p["reduce_Bps"] + L / p["ll_Bps"])
@@ -169,7 +170,8 @@ def test_pieces_cost_rounds_only_where_ranks_share_cpus():
         # the iterations run in lockstep: each after the first waits for a round
         half = _C._model_seconds("two_shot", "simple", M // 2, n, params=p, far_depth=16)
         lockstep = 8 * p["alpha_shared_s"] * f if rounds else 0
-        work = f * (8 * 2 * (n - 1) * p["slot_s"] + (3 * (n - 1) / n * M / 2) / p["copy_Bps"]
+        copied = ((2 * n - 1) if rounds else 3 * (n - 1)) / n * M / 2
+        work = f * (8 * 2 * (n - 1) * p["slot_s"] + copied / p["copy_Bps"]
                     + ((n - 1) / n * M / 2) / p["reduce_Bps"])
         assert deep - half == pytest.approx(lockstep + work, rel=1e-9), p
 

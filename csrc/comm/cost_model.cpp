@@ -169,6 +169,7 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
   // H steps (hand-offs on the critical path); S slots handed over; C, R, L bytes copied, reduced,
   // moved through LL lines. "+ 1": the header exchange where the data does not carry the header.
   // E: the rounds of switches later pieces add where ranks share CPUs (cost_model.h).
+  const bool shared = p.cpus > 0 && n > p.cpus;
   const double depth = static_cast<double>(std::max<int64_t>(1, ps.far_depth));
   auto refills = [&](double slots) { return std::max(0.0, ceil_div(slots, depth) - 1); };
   double H = 0, S = 0, C = 0, R = 0, L = 0, E = 0;
@@ -193,7 +194,11 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
     H = 3;                    // header, reduce-scatter, all-gather
     S = 2 * (n - 1) * pieces;
     E = std::max(0.0, pieces - 1) + pieces * refills(n - 1);
-    C = 3 * (n - 1) / n * M;  // chunks out, the reduced chunk out, the others' in
+    // Bytes copied: chunks out, the reduced chunk out, the others' in. The reduced chunk is
+    // written once (one slot every peer reads); with a CPU per rank its N - 1 reads cross cores
+    // and are priced as copies (3(N-1)/N in all). Where ranks share CPUs the model charges their
+    // work in turn and a reader finds what its CPU just wrote: the copies alone ((2N-1)/N).
+    C = (shared ? 2 * n - 1 : 3 * (n - 1)) / n * M;
     R = (n - 1) / n * M;
   } else if (algo == Algo::kRing && proto == Proto::kSimple) {
     H = 2 * (n - 1) + 1;
@@ -213,7 +218,6 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
   } else {
     RC_THROW(Error, "ringcomm: the cost model has no entry for " << algo_name(algo) << "/" << proto_name(proto));
   }
-  const bool shared = p.cpus > 0 && n > p.cpus;
   const double f = shared ? n / p.cpus : 1.0;
   const double latency = shared ? (H + E) * p.alpha_shared_s * f : H * p.alpha_s;
   return latency + f * (S * p.slot_s + C / p.copy_Bps + R / p.reduce_Bps + L / p.ll_Bps);
