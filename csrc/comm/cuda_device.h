@@ -1,13 +1,12 @@
 // The CUDA communicator's device part (comm/device.h) over the CUDA IPC transport.
 //
 // A collective's data phase runs on the thread that executes it (the caller's, unless other
-// work is queued): it walks the schedule enqueueing copies, reduce kernels and IPC-event
-// waits/records on the caller's stream (CudaChannel) and returns once everything is enqueued;
-// the host never waits for the GPU there (except on kHostSync channels, see
-// transport/cuda_ipc.h), but it does wait, bounded, for the peers to enqueue their side (slot
-// flow control). Enqueueing before the call returns is what keeps stream order: work the caller
-// enqueues after the call runs after the collective. The Work's fence is an event recorded after
-// the collective: wait() polls it, bounded by the timeout and checking the peers' liveness;
+// work is queued): it walks the schedule enqueueing copies and reduce kernels on the caller's
+// stream (CudaChannel) and returns once everything is enqueued. At each slot hand-off the host
+// waits, bounded, for its own GPU's work on that slot (transport/cuda_ipc.h) and for the peers'
+// side (slot flow control). Enqueueing before the call returns is what keeps stream order: work
+// the caller enqueues after the call runs after the collective. The Work's fence is an event
+// recorded after the collective: wait() polls it, bounded by the timeout and checking the peers' liveness;
 // stream_wait() makes another stream wait for it.
 // send/recv run on an internal stream that first waits for the caller's stream (an event
 // recorded at the call); their fence is recorded after the copies.

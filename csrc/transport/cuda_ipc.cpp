@@ -33,6 +33,7 @@ struct CudaIpcTransport::Chan {
   std::vector<char*> out_dev;           // out, kHost*: device pointers of the peer's shm slots
   std::vector<char*> in_dev;            // in, kHost*: device pointers of our shm slots
   cudaEvent_t done = nullptr;           // this process's own event: recorded after a slot's work, polled
+  WaitCtx out_w, in_w;                  // the current outgoing / incoming slot's operation (finish_*)
 };
 
 CudaIpcTransport::CudaIpcTransport(int rank, int world, int device, double timeout_s)
@@ -248,6 +249,8 @@ char* CudaIpcTransport::map_host_slot(char* host) {
 
 char* CudaIpcTransport::finish_send(int peer, Lane lane, const WaitCtx& w, char* host) {
   Chan& c = chan(lane, peer);
+  c.out_w = w;
+  c.out_w.peer = peer;
   // The receiver released this slot only after its GPU finished reading it (end_slot_work).
   const uint32_t k = static_cast<uint32_t>(c.sent % cfg_.nslots);
   if (c.out == ChannelKind::kIpc) return peer_inbox_[peer] + inbox_offset(lane, rank_, k);
@@ -278,30 +281,30 @@ char* CudaIpcTransport::try_send_slot(int peer, Lane lane, cudaStream_t s) {
   return finish_send(peer, lane, p2p_ctx(peer, "send"), host);
 }
 
-void CudaIpcTransport::end_slot_work(Chan& c, int peer, bool outgoing, cudaStream_t s, const char* wait_op,
-                                     uint64_t seq) {
+void CudaIpcTransport::end_slot_work(Chan& c, int peer, bool outgoing, cudaStream_t s) {
   // The GPU's writes must be done before the slot is published, and its reads before the slot is
   // released: the host waits (bounded) for this process's own record. No stream and no host poll
   // ever depends on an event of another process.
   const int src = outgoing ? rank_ : peer, dst = outgoing ? peer : rank_;
   RC_CUDA(cudaEventRecord(c.done, s), " (rank " << src << " -> " << dst << ")");
-  WaitCtx w;
-  w.op = wait_op;
-  w.seq = seq;
+  WaitCtx w = outgoing ? c.out_w : c.in_w;  // the operation that took the slot (finish_send / finish_recv)
   w.peer = peer;
+  w.what = "a slot hand-off (this rank's GPU work on it)";
   wait_event(c.done, w);
 }
 
 void CudaIpcTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag, cudaStream_t s) {
   Chan& c = chan(lane, peer);
   CudaDeviceGuard g(device_);
-  end_slot_work(c, peer, true, s, "send (the GPU's writes into a slot)", tag);
+  end_slot_work(c, peer, true, s);
   ctl_->send_post(peer, lane, bytes, total, tag);
   ++c.sent;
 }
 
 const char* CudaIpcTransport::finish_recv(int peer, Lane lane, const WaitCtx& w, const char* host) {
   Chan& c = chan(lane, peer);
+  c.in_w = w;
+  c.in_w.peer = peer;
   // The sender published this slot only after its GPU finished writing it (end_slot_work).
   const uint32_t k = static_cast<uint32_t>(c.received % cfg_.nslots);
   if (c.in == ChannelKind::kIpc) return inbox_ + inbox_offset(lane, peer, k);
@@ -325,7 +328,7 @@ const char* CudaIpcTransport::try_recv_slot(int peer, Lane lane, cudaStream_t s,
 void CudaIpcTransport::recv_done(int peer, Lane lane, cudaStream_t s) {
   Chan& c = chan(lane, peer);
   CudaDeviceGuard g(device_);
-  end_slot_work(c, peer, false, s, "recv (the GPU's reads of a slot)", 0);
+  end_slot_work(c, peer, false, s);
   ctl_->recv_done(peer, lane);
   ++c.received;
 }
@@ -343,7 +346,8 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeo
     cudaError_t e = cudaEventQuery(ev);
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) {
-      RC_CUDA(e, " while " << w.op << " (seq " << w.seq << ") on rank " << rank_ << " waited for the GPU");
+      RC_CUDA(e, " while " << w.op << " (seq " << w.seq << ") on rank " << rank_ << " waited for the GPU"
+                           << (w.peer >= 0 ? " (its work on a slot exchanged with rank " + std::to_string(w.peer) + ")" : ""));
     }
     const int64_t now = now_ns();
     if (now - t0 < cfg_.shm.spin_ns) {
@@ -362,8 +366,9 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeo
                                                       << " s; the operation is still running");
       }
       RC_THROW(TimeoutError, "ringcomm: " << w.op << " (seq " << w.seq << ") on rank " << rank_
-                                          << ": the GPU work did not complete within " << limit_s
-                                          << " s (RINGCOMM_TIMEOUT / timeout=)");
+                                          << ": the GPU work did not complete within " << limit_s << " s"
+                                          << (w.peer >= 0 ? " (its work on a slot exchanged with rank " + std::to_string(w.peer) + ")" : "")
+                                          << " (RINGCOMM_TIMEOUT / timeout=)");
     }
     std::this_thread::sleep_for(std::chrono::nanoseconds(sleep_ns));
     sleep_ns = std::min<int64_t>(sleep_ns * 2, 1000000);
@@ -391,8 +396,8 @@ bool CudaIpcTransport::peer_process_dead(int peer) const {
 // Every rank, once it has closed what it imported, sends "bye" on each collective channel and
 // then waits (bounded: RINGCOMM_CUDA_CLOSE_WAIT seconds) for every peer's bye. Channels are FIFO,
 // so a bye arrives after every message of the collectives the peer completed. CUDA requires an
-// importer to close a handle before the exporter frees it: a rank frees its inbox and events only
-// when every peer said bye (or exited: its imports died with its context).
+// importer to close a handle before the exporter frees it: a rank frees its inbox only when
+// every peer said bye (or exited: its imports died with its context).
 void CudaIpcTransport::exchange_byes(bool* all_done) {
   *all_done = false;
   const double wait_s = cfg_.close_wait_s;
@@ -448,6 +453,12 @@ void CudaIpcTransport::close(bool drained) {
   // behaviour, a leak until process exit is not. cudaFree also synchronises the device.
   const bool safe = drained && attached_;
   bool keep_mappings = false;
+  // The events are this process's own and never exported: destroying one with a record still
+  // pending releases it once the record completes.
+  for (auto& c : chans_) {
+    if (c->done) (void)cudaEventDestroy(c->done);
+    c->done = nullptr;
+  }
   if (safe) {
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
@@ -460,10 +471,6 @@ void CudaIpcTransport::close(bool drained) {
       else (void)cudaIpcCloseMemHandle(p);
     }
     for (int p = 0; p < world_; ++p) peer_inbox_[p] = nullptr;
-    for (auto& c : chans_) {
-      if (c->done) (void)cudaEventDestroy(c->done);
-      c->done = nullptr;
-    }
     bool byes = false;
     try {
       if (world_ > 1) exchange_byes(&byes);

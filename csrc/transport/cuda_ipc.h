@@ -31,10 +31,9 @@
 //    Each poll (wait_event) spins, then sleeps, and checks this communicator's timeout, the
 //    peers' liveness and abort flags: a dead peer raises PeerFailure naming the operation, the
 //    rank and the peer.
-//    Why no IPC event: polling a peer's imported event binds this process to work the peer
-//    enqueued but may not have submitted while it waits on the host; ranks of one GPU polling
-//    each other's events were seen to wait forever (docs/cuda.md). Polling one's own event
-//    submits one's own work.
+//    Why no IPC event: a host poll (or a stream wait) on a peer's imported event binds this
+//    process to work the peer enqueued, and is not guaranteed to complete while the peer waits
+//    on the host (docs/cuda.md); polling one's own event submits one's own work.
 //    Deadlock freedom: a stream's work depends on nothing outside its own process, so every
 //    recorded event completes in bounded GPU time; every host wait is the shm ring's, whose
 //    deadlock freedom is argued in algo/ring.cpp. A dead peer can never leave a stream of ours
@@ -52,10 +51,11 @@
 //
 // Setup (three steps, the Python side moves the bytes through the rendezvous store):
 //   info = local_info()            this rank's device, visible devices, P2P and IPC capabilities
-//   blob = create(all infos)       decides every channel's kind; allocates the inbox and events,
+//   blob = create(all infos)       decides every channel's kind; allocates the inbox and the
+//                                  channels' own events,
 //                                  creates the control segment; returns the handles
-//   attach(all blobs)              maps the control segments, opens peers' memory and events
-// Teardown (close): see cuda_ipc.cpp — importers close peers' memory and events before the
+//   attach(all blobs)              maps the control segments, opens peers' inboxes
+// Teardown (close): see cuda_ipc.cpp — importers close peers' inboxes before the
 // exporter frees them (CUDA requires it), with a bounded "bye" exchange on the control plane.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -161,8 +161,9 @@ class CudaIpcTransport {
   const char* finish_recv(int peer, Lane lane, const WaitCtx& w, const char* host_ptr);
   /// The end of this rank's GPU work (enqueued on s) on its current slot with `peer`: the writes
   /// before send_post (outgoing) or the reads before recv_done. Records the channel's own event
-  /// on s and waits on the host until the work is done (wait_op and seq name that wait).
-  void end_slot_work(Chan& c, int peer, bool outgoing, cudaStream_t s, const char* wait_op, uint64_t seq);
+  /// on s and waits on the host until the work is done; errors name the operation that took the
+  /// slot (finish_send / finish_recv) and the peer.
+  void end_slot_work(Chan& c, int peer, bool outgoing, cudaStream_t s);
   char* map_host_slot(char* host_ptr);
   size_t inbox_offset(Lane lane, int src, uint32_t slot) const;
   bool peer_process_dead(int peer) const;

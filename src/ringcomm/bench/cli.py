@@ -202,13 +202,15 @@ def _package_root() -> str:
 
 
 def _pass_on(err: bytes | None) -> str:
-    """Write a child's captured stderr to ours; return its last non-empty line (at most 200
-    characters), for a notice."""
+    """Write a child's captured stderr to ours; return its last line with a letter or digit in it
+    (MPI implementations end their error banners with a rule of dashes or '='), at most 200
+    characters, for a notice."""
     if not err:
         return ""
-    sys.stderr.write(err.decode(errors="replace"))
+    text = err.decode(errors="replace")
+    sys.stderr.write(text)
     sys.stderr.flush()
-    lines = [ln.strip() for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.splitlines() if any(ch.isalnum() for ch in ln)]
     return lines[-1][:200] if lines else ""
 
 
