@@ -261,8 +261,8 @@ def test_cli_min_iters_times_that_many_calls(tmp_path):
 
 def test_mpi_phase_failure_names_mpiexecs_last_error_line_and_allows_root(tmp_path, monkeypatch, capfd):
     """A failing mpiexec: the notice quotes its last stderr line with words in it, not the closing
-    rule of its banner (all of it is passed on to ours), and
-    run as root the child sees Open MPI's two allow-root variables."""
+    rule of its banner (all of it is passed on to ours), and run as root the child sees Open MPI's
+    two allow-root variables."""
     from ringcomm.bench import cli
     fake = tmp_path / "mpiexec"
     fake.write_text("#!/bin/sh\necho \"root=${OMPI_ALLOW_RUN_AS_ROOT:-unset}/${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-unset}\" >&2\n"

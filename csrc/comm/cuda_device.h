@@ -6,8 +6,8 @@
 // waits, bounded, for its own GPU's work on that slot (transport/cuda_ipc.h) and for the peers'
 // side (slot flow control). Enqueueing before the call returns is what keeps stream order: work
 // the caller enqueues after the call runs after the collective. The Work's fence is an event
-// recorded after the collective: wait() polls it, bounded by the timeout and checking the peers' liveness;
-// stream_wait() makes another stream wait for it.
+// recorded after the collective: wait() polls it, bounded by the timeout and checking the peers'
+// liveness; stream_wait() makes another stream wait for it.
 // send/recv run on an internal stream that first waits for the caller's stream (an event
 // recorded at the call); their fence is recorded after the copies.
 // Every fence's event is also kept in pending_ until seen complete, so that close() can let the

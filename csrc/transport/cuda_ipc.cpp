@@ -287,8 +287,7 @@ void CudaIpcTransport::end_slot_work(Chan& c, int peer, bool outgoing, cudaStrea
   // ever depends on an event of another process.
   const int src = outgoing ? rank_ : peer, dst = outgoing ? peer : rank_;
   RC_CUDA(cudaEventRecord(c.done, s), " (rank " << src << " -> " << dst << ")");
-  WaitCtx w = outgoing ? c.out_w : c.in_w;  // the operation that took the slot (finish_send / finish_recv)
-  w.peer = peer;
+  WaitCtx w = outgoing ? c.out_w : c.in_w;  // the operation and peer of the slot (finish_send / finish_recv)
   w.what = "a slot hand-off (this rank's GPU work on it)";
   wait_event(c.done, w);
 }
@@ -342,12 +341,15 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeo
   const int64_t deadline = deadline_after(t0, limit_s);
   int64_t next_liveness = t0 + cfg_.shm.liveness_ns;
   int64_t sleep_ns = 2000;
+  // Built only for an error message: the wait itself runs at every slot hand-off.
+  auto slot_peer = [&w] {
+    return w.peer >= 0 ? " (its work on a slot exchanged with rank " + std::to_string(w.peer) + ")" : std::string();
+  };
   for (;;) {
     cudaError_t e = cudaEventQuery(ev);
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) {
-      RC_CUDA(e, " while " << w.op << " (seq " << w.seq << ") on rank " << rank_ << " waited for the GPU"
-                           << (w.peer >= 0 ? " (its work on a slot exchanged with rank " + std::to_string(w.peer) + ")" : ""));
+      RC_CUDA(e, " while " << w.op << " (seq " << w.seq << ") on rank " << rank_ << " waited for the GPU" << slot_peer());
     }
     const int64_t now = now_ns();
     if (now - t0 < cfg_.shm.spin_ns) {
@@ -366,8 +368,7 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeo
                                                       << " s; the operation is still running");
       }
       RC_THROW(TimeoutError, "ringcomm: " << w.op << " (seq " << w.seq << ") on rank " << rank_
-                                          << ": the GPU work did not complete within " << limit_s << " s"
-                                          << (w.peer >= 0 ? " (its work on a slot exchanged with rank " + std::to_string(w.peer) + ")" : "")
+                                          << ": the GPU work did not complete within " << limit_s << " s" << slot_peer()
                                           << " (RINGCOMM_TIMEOUT / timeout=)");
     }
     std::this_thread::sleep_for(std::chrono::nanoseconds(sleep_ns));
@@ -453,6 +454,9 @@ void CudaIpcTransport::close(bool drained) {
   // behaviour, a leak until process exit is not. cudaFree also synchronises the device.
   const bool safe = drained && attached_;
   bool keep_mappings = false;
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+  (void)cudaSetDevice(device_);
   // The events are this process's own and never exported: destroying one with a record still
   // pending releases it once the record completes.
   for (auto& c : chans_) {
@@ -460,9 +464,6 @@ void CudaIpcTransport::close(bool drained) {
     c->done = nullptr;
   }
   if (safe) {
-    int prev = -1;
-    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-    (void)cudaSetDevice(device_);
     // What this process pinned or opened is used by this process's GPU only, and that is
     // drained: it goes whatever the peers do (their own registrations pin the pages they use).
     for (const PinRange& r : pins_->settle(pin_owner_, true)) {
@@ -482,8 +483,6 @@ void CudaIpcTransport::close(bool drained) {
       if (inbox_ != nullptr) (void)cudaFree(inbox_);
       inbox_ = nullptr;
     }
-    (void)cudaGetLastError();
-    if (prev >= 0 && prev != device_) (void)cudaSetDevice(prev);
   } else {
     // Copies may still run: the registrations and opened inboxes are retired (recorded until
     // exit, never handed out again) and the control segments stay mapped, so that no later mmap
@@ -496,6 +495,8 @@ void CudaIpcTransport::close(bool drained) {
              "segments stay until exit (" << pins_->retired_bytes() << " B retired in this process)");
     }
   }
+  (void)cudaGetLastError();
+  if (prev >= 0 && prev != device_) (void)cudaSetDevice(prev);
   if (ctl_) ctl_->close(keep_mappings);
 }
 
