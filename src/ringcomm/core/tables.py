@@ -21,7 +21,7 @@ __all__ = ["DType", "DTYPES", "DTYPE_CODES", "DTYPE_NAMES", "ITEMSIZE", "SUPPORT
            "FLOATING", "INTEGER", "ReduceOp", "OP_NAMES", "op_code", "op_supported",
            "COLL_CODES", "coll_code", "torch_dtype_codes", "ABI_HEADER"]
 
-ABI_HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "include", "ringcomm", "abi.h")
+ABI_HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "include", "ringcomm", "abi.h")
 
 
 def _parse_abi(path: str) -> tuple[dict, dict]:
