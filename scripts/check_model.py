@@ -6,8 +6,8 @@ cells where the model's choice is within 15% of the best measured algorithm (the
 90%).
 
     python scripts/check_model.py [--profile FILE] [-np 2,4,8] [-b 1K] [-e 16M] [-f 4] [--rounds 10] \
-        [--out docs/model_check.md] [--json docs/bench/model_check.json]
-    python scripts/check_model.py --from RUN.json [RUN.json ...] [--rechoose] [--out docs/model_check.md]
+        [--out model_check.md] [--json model_check.json]
+    python scripts/check_model.py --from RUN.json [RUN.json ...] [--rechoose] [--out model_check.md]
 
 Without --profile the script runs ``python -m ringcomm.tune`` first and judges that profile.
 With --from it measures nothing and judges saved runs: by the choices saved with them (the model
@@ -187,8 +187,8 @@ def main(argv=None) -> int:
                     "also timed with LL forced")
     ap.add_argument("--rounds", type=int, default=10, help="turns each configuration takes per size")
     ap.add_argument("--run-timeout", type=float, default=600)
-    ap.add_argument("--out", default="docs/model_check.md")
-    ap.add_argument("--json", default="docs/bench/model_check.json")
+    ap.add_argument("--out", default="model_check.md")
+    ap.add_argument("--json", default="model_check.json")
     ap.add_argument("--from", dest="sources", nargs="+", metavar="JSON",
                     help="measure nothing: judge the runs saved in these JSON files (a later file's worlds "
                          "replace an earlier one's) and write --out")

@@ -2,7 +2,7 @@
 a tuned one, as markdown; with --write, replaces the table between the markers in
 docs/algorithms.md.
 
-    python scripts/model_table.py --profile docs/bench/profile_vm.json --write docs/algorithms.md
+    python scripts/model_table.py --profile results/2026-12-02/model_check/profile_vm.json --write docs/algorithms.md
 
 The choice is ringcomm._C._model_choose (csrc/comm/cost_model.cpp) at the host communicator's
 default geometry (LL up to 4 KiB, 256 KiB ring slots, 32 KiB far slots, header in slot): what
@@ -46,8 +46,8 @@ def render(profile_path: str | None) -> str:
         with open(profile_path) as f:
             doc = json.load(f)
         where = doc.get("machine", {})
-        out += [f"This machine's tuned profile (`{profile_path}`, hash `{tuned['hash']}`, "
-                f"{where.get('processor', '?')}, written {doc.get('written', '?')}: {fmt(tuned['params'])}):",
+        out += [f"The tuned profile (`{profile_path}`, hash `{tuned['hash']}`, "
+                f"{where.get('processor', '?')}: {fmt(tuned['params'])}):",
                 "", table(tuned["params"]), ""]
     out += ["LL = direct/ll, 1shot = direct (header in slot), 2shot = two_shot, HD = halving_doubling.", "", END]
     return "\n".join(out)

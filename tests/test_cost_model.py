@@ -242,7 +242,7 @@ def test_check_model_rejudges_saved_runs_with_the_current_model(tmp_path):
     --rechoose by the choices the model makes now from the run's saved profile (here: the formula
     restated above)."""
     root = os.path.join(os.path.dirname(__file__), "..")
-    saved = os.path.join(root, "docs", "bench", "model_check_r2.json")
+    saved = os.path.join(root, "results", "2026-12-02", "model_check", "model_check_r2.json")
     with open(saved) as f:
         doc = json.load(f)
     units = {"B": 1, "KiB": KiB, "MiB": KiB * KiB}
