@@ -392,3 +392,28 @@ def test_back_end_rule():
     assert len(bad) == 2, bad
     assert bad[0].startswith("ringcomm.host:53: the core imports the torch back end")
     assert bad[1].startswith("ringcomm.hier.gloo_engine:9: the hier back end imports another")
+
+
+def test_architecture_page_shows_the_folders_as_declared():
+    """docs/architecture.md's folder table says what _layers.py says: each layer's folders and
+    modules, so the page a reader opens first cannot drift from the rules the checks enforce."""
+    page = (SRC_DIR.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    start, end = "<!-- layer-folders", "<!-- /layer-folders -->"
+    assert start in page and end in page, "docs/architecture.md lost its layer-folders table"
+    rows = [line for line in page[page.index(start):page.index(end)].splitlines()
+            if line.startswith("| ") and not line.startswith("| layer ")]
+    seen = {}
+    for row in rows:
+        layer, folders, modules, _ = [c.strip() for c in row.strip("|").split("|")]
+        number = int(layer.split()[0])
+        names = {m.strip() for m in modules.split(",")}
+        dirs = set(re.findall(r"`src/ringcomm/([\w/]+)/`", folders))
+        if "back ends" in layer:
+            assert names == set(_layers.BACK_ENDS), row
+            assert dirs == {b for b in _layers.BACK_ENDS if (PKG_DIR / b).is_dir()}, row
+        else:
+            assert dirs == {_layers.LAYER_FOLDERS[number]}, row
+            expected = set(_layers.LAYERS[number]) - set(_layers.BACK_ENDS) - {"_layers"}
+            assert names == expected, f"{row}: _layers says {sorted(expected)}"
+        seen.setdefault(number, set()).update(names)
+    assert set(seen) == set(_layers.LAYERS)
