@@ -152,7 +152,7 @@ def test_table_shows_count_spread_speedup_and_no_verdict():
 
 
 def test_bench_package_states_no_target_or_verdict():
-    """Our targets and their verdicts live in scripts/check_targets.py, not in the bench."""
+    """Our targets and their verdicts live in benchmarks/report/check_targets.py, not in the bench."""
     bench_dir = Path(harness.__file__).parent
     found = []
     for path in sorted(bench_dir.glob("*.py")):
