@@ -135,12 +135,11 @@ def main(argv=None) -> int:
             print(f"{proc:>4} {row['size']:>10} {row['kernel']:>12} {row['threads']:>7} "
                   f"{row['median_s'] * 1e3:>10.3f} {row['best_s'] * 1e3:>9.3f} {row['gbps']:>7.2f} "
                   f"{row['speedup']:>8.2f} {placed}".rstrip(), flush=True)
-    many = [r for r in out["rows"] if r["threads"] > 1]
-    slower = sum(r["speedup"] < 1 for r in many)
-    print(f"# {a.threads} threads slower than one in {slower} of {len(many)} cells")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
+    many = [r for r in out["rows"] if r["threads"] > 1]
+    print(f"# {a.threads} threads slower than one in {sum(r['speedup'] < 1 for r in many)} of {len(many)} cells")
     return 0
 
 
