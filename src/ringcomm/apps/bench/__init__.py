@@ -5,7 +5,7 @@ per cell, a correctness check per size, algbw/busbw with nccl-tests' bus factors
 collectives beside torch.distributed gloo, MPI (mpi4py, ``pip install 'ringcomm[bench]'``) and
 NCCL, in one run, with this machine's memcpy bandwidth as the ceiling. Each cell reports its count
 of timed calls and their spread (min / median / p90 / p99), each library's busbw and a peer's
-speedup: measurements only (the judging is scripts/check_targets.py's). See
+speedup: measurements only (the judging is benchmarks/report/check_targets.py's). See
 ``cli.py`` for the phases, ``spec.py`` for what names a measurement, ``harness.py`` for how one
 is taken, ``report.py`` for the figures.
 

@@ -1,5 +1,5 @@
 """A persistent group of local ranks for in-process benchmarking (the pytest-benchmark suites in
-``benchmarks/``): rank 0 runs in the calling process, so a timer there (pytest-benchmark's) can
+``benchmarks/suites/``): rank 0 runs in the calling process, so a timer there (pytest-benchmark's) can
 wrap single collective calls; ranks 1..N-1 are spawned followers (``ringcomm.launch.spawn``)
 that mirror every call. Same runners, buffers and correctness check as the CLI's sweep.
 

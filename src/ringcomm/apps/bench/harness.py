@@ -1,5 +1,5 @@
 """The measurement core shared by ``python -m ringcomm.bench``, its MPI worker and the
-pytest-benchmark suites in ``benchmarks/``.
+pytest-benchmark suites in ``benchmarks/suites/``.
 
 One *measurement* is (library, mode, collective, dtype, reduce op, size) on every rank:
 
