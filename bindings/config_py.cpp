@@ -80,6 +80,18 @@ void bind_config(py::module_& m) {
       if (field == rc::knob_table()[i].field && !rc::knob_table()[i].build) return k.is_set(static_cast<rc::KnobId>(i));
     throw rc::Error("ringcomm: '" + field + "' is not a runtime knob's field (csrc/common/knobs.def)");
   }, py::arg("field"), "True when the environment set this knob (to a non-empty value) when it was read.");
+  knobs.def("__repr__", [](py::object self) {
+    std::string out = "Knobs(";
+    const char* sep = "";
+#define RC_KNOB(NAME, field, kind, def, choices, doc) \
+    out += sep + std::string(#field "=") + py::repr(self.attr(#field)).cast<std::string>(); \
+    sep = ", ";
+#define RC_BUILD_KNOB(NAME, field, kind, def, choices, doc)
+#include "common/knobs.def"
+#undef RC_KNOB
+#undef RC_BUILD_KNOB
+    return out + ")";
+  });
   m.def("read_knobs", [] { return rc::Knobs::read(); },
         "Every runtime knob parsed from the environment now (Knobs). Raises InvalidArgumentError for "
         "a malformed value, naming the knob and what it accepts.");

@@ -23,7 +23,8 @@ namespace rc {
 constexpr size_t kPidNsBytes = 64;
 
 /// This process's PID-namespace identity as text: "test:<test_pidns>" when the test hook
-/// RINGCOMM_TEST_PIDNS (ShmConfig::test_pidns) is set, else "pid:[<inode>]@<dev>" from stat("/proc/self/ns/pid"), else "" (unknown: no /proc).
+/// RINGCOMM_TEST_PIDNS (ShmConfig::test_pidns) is set, else "pid:[<inode>]@<dev>" from
+/// stat("/proc/self/ns/pid"), else "" (unknown: no /proc).
 /// Two ranks share a namespace iff both identities are non-empty and equal; an unknown identity
 /// shares none (the heartbeat works in every case, the pid probe only within one namespace).
 std::string pid_namespace_id(const std::string& test_pidns);

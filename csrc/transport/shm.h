@@ -160,8 +160,8 @@ struct ShmConfig {
   /// from_knobs plus the outboxes (world >= 3): the host communicator's transport.
   static ShmConfig host_from_knobs(const Knobs& k, int world_size, double timeout_s);
   /// The spin before a wait yields or sleeps: RINGCOMM_SPIN_US (spin_us), else short (2 us)
-  /// when more ranks share this process's CPUs (`cpus`) than there are CPUs (the awaited rank
-  /// may need our CPU), else 50 us.
+  /// when more ranks share this process's CPUs than there are (`cpus`: the awaited rank may
+  /// need our CPU), else 50 us.
   int64_t spin_ns_for(int ranks_sharing) const;
 };
 

@@ -1,5 +1,5 @@
-// ShmConfig from the knobs (rc::Knobs fields) (slot geometry, wait policy, liveness, LL outbox size) and the
-// footprint of a segment; deadline arithmetic shared by every wait.
+// ShmConfig from the communicator's rc::Knobs (slot geometry, wait policy, liveness, LL outbox
+// size) and the footprint of a segment; deadline arithmetic shared by every wait.
 #include "transport/shm.h"
 
 #include <sched.h>
