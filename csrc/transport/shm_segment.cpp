@@ -18,7 +18,6 @@
 #include <thread>
 
 #include "common/errors.h"
-#include "common/knobs.h"
 #include "transport/shm_layout.h"
 #include "transport/shm_wait.h"
 
@@ -176,7 +175,7 @@ std::string ShmTransport::create() {
   h->far_slot_bytes = cfg_.far_slot_bytes;
   h->far_nslots = cfg_.far_nslots;
   h->ll_bytes = cfg_.ll_bytes;
-  pidns_[rank_] = pid_namespace_id();
+  pidns_[rank_] = pid_namespace_id(cfg_.test_pidns);
   std::memcpy(h->pidns, pidns_[rank_].c_str(), pidns_[rank_].size() + 1);
   h->hb_timeout_ns = cfg_.heartbeat_timeout_ns;
   h->hb_period_ns = std::max<int64_t>(1000000, cfg_.heartbeat_timeout_ns / 8);
@@ -254,7 +253,7 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
     }
     publish_add(&h->attached.v, &h->attached.waiters, 1);
     if (p == (rank_ == 0 ? 1 : 0)) {
-      if (const int64_t pause_ms = knob_int("RINGCOMM_TEST_ATTACH_PAUSE_MS"); pause_ms > 0)
+      if (const int64_t pause_ms = cfg_.test_attach_pause_ms; pause_ms > 0)
         std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     }
   }
