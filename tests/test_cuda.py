@@ -4,7 +4,7 @@ Without a GPU (CI, most dev machines) this checks everything that does not need 
 module builds and imports (or reports unavailability cleanly), the GPU's dtype x op table equals the
 CPU's, the channel planner, the Python adapters' validation, the host API's routing of CUDA arrays
 (a clear UnsupportedError on every rank), a compile check of the kernels, and — through
-ringcomm._C._AlgoSim, in every build — the one algorithm layer with the CUDA channel's options, run
+ringcomm._C_test.AlgoSim, in every build — the one algorithm layer with the CUDA channel's options, run
 between processes over host memory.
 
 With a GPU: every collective x dtype x op against numpy with 2-4 processes sharing the visible GPUs
@@ -22,7 +22,7 @@ import pytest
 
 import ringcomm
 import ringcomm.cuda as rcc
-from ringcomm import _C
+from ringcomm import _C, _C_test
 from ringcomm.launch import spawn
 
 import cuda_cases
@@ -88,7 +88,7 @@ def test_gpu_dtype_op_table_equals_cpu_table():
     # Same enums, same supported-pair rule: the GPU switch has a kernel exactly where the CPU has one.
     for d in range(-1, 10):
         for o in range(-1, 9):
-            assert _C_cuda.reduce_supported(d, o) == _C._reduce_supported(d, o), (d, o)
+            assert _C_cuda.reduce_supported(d, o) == _C_test.reduce_supported(d, o), (d, o)
     assert sum(_C_cuda.reduce_supported(d, o) for d in range(9) for o in range(8)) == 50
 
 
