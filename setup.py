@@ -22,14 +22,14 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
-        # ringcomm._C_test (always) and ringcomm._C_cuda (when a CUDA toolkit is found) come out
-        # of the same CMake run as ringcomm._C; they are listed as extensions only so that
-        # setuptools copies them into the source tree for editable installs (_C_cuda as optional:
-        # skipped when it was not built).
+        # ringcomm._C_test (always), ringcomm._C_cuda and ringcomm._C_cuda_test (when a CUDA
+        # toolkit is found) come out of the same CMake run as ringcomm._C; they are listed as
+        # extensions only so that setuptools copies them into the source tree for editable
+        # installs (the CUDA ones as optional: skipped when they were not built).
         if ext.name == "ringcomm._C_test":
             return
         # ---- CUDA ----
-        if ext.name == "ringcomm._C_cuda":
+        if ext.name in ("ringcomm._C_cuda", "ringcomm._C_cuda_test"):
             return
         # ---- end CUDA ----
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
@@ -52,6 +52,7 @@ class CMakeBuild(build_ext):
 setup(
     ext_modules=[CMakeExtension("ringcomm._C"),
                  CMakeExtension("ringcomm._C_test"),
-                 CMakeExtension("ringcomm._C_cuda", optional=True)],  # CUDA: see build_extension
+                 CMakeExtension("ringcomm._C_cuda", optional=True),  # CUDA: see build_extension
+                 CMakeExtension("ringcomm._C_cuda_test", optional=True)],
     cmdclass={"build_ext": CMakeBuild},
 )
