@@ -1,4 +1,4 @@
-"""Build ringcomm._C with CMake (`pip install .` / `pip install -e .`).
+"""Build ringcomm._C (and ringcomm._C_test, the tests' hooks) with CMake (`pip install .` / `pip install -e .`).
 
 Environment: RINGCOMM_CUDA=auto|1|0 (default auto: CUDA sources are built when a toolkit is
 found), RINGCOMM_BUILD_JOBS (parallel build jobs, default: CPU count), RINGCOMM_BUILD_TYPE
@@ -22,11 +22,14 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
+        # ringcomm._C_test (always), ringcomm._C_cuda and ringcomm._C_cuda_test (when a CUDA
+        # toolkit is found) come out of the same CMake run as ringcomm._C; they are listed as
+        # extensions only so that setuptools copies them into the source tree for editable
+        # installs (the CUDA ones as optional: skipped when they were not built).
+        if ext.name == "ringcomm._C_test":
+            return
         # ---- CUDA ----
-        # ringcomm._C_cuda comes out of the same CMake run as ringcomm._C (when a CUDA toolkit is
-        # found); it is listed as an optional extension only so that setuptools copies it into
-        # the source tree for editable installs (and skips it when it was not built).
-        if ext.name == "ringcomm._C_cuda":
+        if ext.name in ("ringcomm._C_cuda", "ringcomm._C_cuda_test"):
             return
         # ---- end CUDA ----
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
@@ -48,6 +51,8 @@ class CMakeBuild(build_ext):
 
 setup(
     ext_modules=[CMakeExtension("ringcomm._C"),
-                 CMakeExtension("ringcomm._C_cuda", optional=True)],  # CUDA: see build_extension
+                 CMakeExtension("ringcomm._C_test"),
+                 CMakeExtension("ringcomm._C_cuda", optional=True),  # CUDA: see build_extension
+                 CMakeExtension("ringcomm._C_cuda_test", optional=True)],
     cmdclass={"build_ext": CMakeBuild},
 )

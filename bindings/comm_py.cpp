@@ -60,9 +60,6 @@ void bind_comm(py::module_& m) {
       .def("create", &Communicator::create, rc_py::ReleaseGil())
       .def("connect", &Communicator::connect, rc_py::ReleaseGil())
       .def_property_readonly("closed_reason", &Communicator::closed_reason)
-      .def("_set_last_seq_for_test", &Communicator::set_last_seq_for_test)
-      .def("_forge_next_header_for_test", &Communicator::forge_next_header_for_test, py::arg("count"),
-           py::arg("count2"))
       .def_property_readonly("profile_hash", [](const Communicator& c) {
              char s[20];
              std::snprintf(s, sizeof(s), "%016llx", static_cast<unsigned long long>(c.cost_profile().hash));
@@ -102,13 +99,6 @@ void bind_comm(py::module_& m) {
   rc_py::def_sync_methods(comm);
   rc_py::bind_sync(m);
 
-  // Test-only: the header board's 32-bit word for collective `seq` (its entry is word & 1).
-  m.def("_board_seq_of", &rc::board_seq_of, py::arg("seq"));
-  // Test-only: bytes of one rank's shared-memory segment for world_size ranks with the current
-  // knobs (the host communicator's geometry); computes only, creates nothing.
-  m.def("_shm_segment_bytes", [](int world_size) {
-    return rc::footprint_bytes(world_size, rc::ShmConfig::host_from_knobs(rc::Knobs::read(), world_size, 0));
-  }, py::arg("world_size"));
   // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
   // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than
   // ndarray.ctypes.data; the caller keeps the object alive.
@@ -124,37 +114,11 @@ void bind_comm(py::module_& m) {
     return std::move(t);
   });
 
-  // The pure ring schedule, for tests and for other transports' cross-checks.
-  m.def("ring_schedule", [](int n, int r, int shift) {
-    py::dict d;
-    py::list rs_s, rs_r, ag_s, ag_r;
-    for (int s = 0; s < n - 1; ++s) {
-      rs_s.append(rc::ring::rs_send(r, s, n, shift));
-      rs_r.append(rc::ring::rs_recv(r, s, n, shift));
-      ag_s.append(rc::ring::ag_send(r, s, n, shift));
-      ag_r.append(rc::ring::ag_recv(r, s, n, shift));
-    }
-    d["rs_send"] = rs_s;
-    d["rs_recv"] = rs_r;
-    d["ag_send"] = ag_s;
-    d["ag_recv"] = ag_r;
-    d["owner"] = rc::ring::owner(r, n, shift);
-    d["right"] = rc::ring::right(r, n);
-    d["left"] = rc::ring::left(r, n);
-    return d;
-  }, py::arg("world_size"), py::arg("rank"), py::arg("shift") = 0);
   m.def("chunk_bounds", [](int64_t count, int n) {
     std::vector<std::pair<int64_t, int64_t>> v;
     for (int k = 0; k < n; ++k) v.emplace_back(rc::ring::chunk_offset(count, n, k), rc::ring::chunk_count(count, n, k));
     return v;
   });
-  m.def("ar_chunk_bounds", [](int64_t count, int n, int64_t esize) {
-    std::vector<std::pair<int64_t, int64_t>> v;
-    for (int k = 0; k < n; ++k)
-      v.emplace_back(rc::ring::ar_chunk_offset(count, n, esize, k), rc::ring::ar_chunk_count(count, n, esize, k));
-    return v;
-  }, py::arg("count"), py::arg("world_size"), py::arg("esize"),
-     "all_reduce's chunks (offset, count) per rank: gloo's ring segmentation (ring_schedule.h).");
   py::dict coll_codes;
 #define RC_COLL_CODE_(name, code, str, reduces) coll_codes[str] = code;
   RC_COLLECTIVES(RC_COLL_CODE_)

@@ -97,12 +97,6 @@ void split_py(PoolHolder& h, const py::object& dst_obj, const py::object& a_obj,
   rc::reduce_split(h.pool.get(), min_bytes, d, pa, pb, n, dt, op, scale);
 }
 
-bool reduce_supported_py(int64_t dtype_code, int64_t op_code) {
-  if (dtype_code < 0 || dtype_code >= static_cast<int64_t>(rc::DType::kCount)) return false;
-  if (op_code < 0 || op_code >= static_cast<int64_t>(rc::ReduceOp::kCount)) return false;
-  return rc::reduce_supported(static_cast<rc::DType>(dtype_code), static_cast<rc::ReduceOp>(op_code));
-}
-
 }  // namespace
 
 void bind_kernels(py::module_& m) {
@@ -126,26 +120,12 @@ void bind_kernels(py::module_& m) {
       .def("copy", [](PoolHolder& h, const py::object& dst, const py::object& src, int64_t dtype, bool stream,
                       size_t min_bytes) { split_py(h, dst, src, py::none(), dtype, -1, 1.0, min_bytes, stream); },
            py::arg("dst"), py::arg("src"), py::arg("dtype"), py::arg("stream") = false, py::arg("min_bytes") = 0,
-           "dst = src split likewise (stream: non-temporal stores, as into a peer's slot).")
-      .def_static("step_off_cpu", [](int cpu) { rc::step_off_cpu(cpu); }, py::arg("cpu"),
-                  "Test hook: rc::step_off_cpu on the calling thread (kernels/cpu_pool.h).")
-      .def_static("split_range", [](size_t n, size_t esize, int parts, int k) {
-             size_t b, e;
-             rc::split_range(n, esize, parts, k, &b, &e);
-             return py::make_tuple(b, e);
-           }, py::arg("n"), py::arg("esize"), py::arg("parts"), py::arg("k"));
+           "dst = src split likewise (stream: non-temporal stores, as into a peer's slot).");
   m.def("_reduce", &reduce_py, py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("dtype"), py::arg("op"),
         py::arg("scale") = 1.0, py::arg("isa") = "auto",
         "dst[:] = a (op) b elementwise with the CPU reduce kernels (tests/benchmarks).\n"
         "dtype/op are rc::DType / rc::ReduceOp codes; scale applies to AVG only; isa is 'auto' (the\n"
         "RINGCOMM_CPU_ISA choice for dtype), 'generic', 'avx2' or 'avx512'. Runs with the GIL released.");
-  m.def("_reduce_isa", [](int64_t dtype_code) {
-    RC_CHECK(dtype_code >= 0 && dtype_code < static_cast<int64_t>(rc::DType::kCount), InvalidArgument,
-             "_reduce_isa: unknown dtype code " << dtype_code);
-    return std::string(rc::cpu_isa_name(rc::reduce_cpu_isa(static_cast<rc::DType>(dtype_code))));
-  }, py::arg("dtype"), "Name of the kernel copy isa='auto' runs for this dtype code (RINGCOMM_CPU_ISA, read once).");
-  m.def("_reduce_supported", &reduce_supported_py, py::arg("dtype"), py::arg("op"),
-        "True when the (dtype code, op code) pair is a supported reduction.");
 
   // Tests only: the copy into a peer's slot (cached or streaming stores).
   m.def("_copy_to_peer", [](py::buffer dst, py::buffer src, bool stream) {

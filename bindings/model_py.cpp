@@ -1,5 +1,6 @@
-// The cost model (comm/cost_model.h) for ringcomm.tune, the docs' table and the tests: profiles
-// as dicts, the modelled seconds and choice, halving_doubling's per-rank work.
+// The cost model (comm/cost_model.h) for ringcomm.tune and the tools: profiles as dicts and the
+// modelled choice. The test module adds the modelled seconds and halving_doubling's per-rank work
+// (bindings/test/model_py.cpp), with profiles parsed here (model_py.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -13,6 +14,7 @@
 #include "comm/selection.h"
 #include "common/errors.h"
 #include "common/knobs.h"
+#include "model_py.h"
 
 namespace py = pybind11;
 
@@ -48,7 +50,10 @@ py::dict to_dict(const rc::CostProfile& p) {
   return d;
 }
 
-// params: a dict of every kParams entry; None: RINGCOMM_PROFILE's profile (or the defaults).
+}  // namespace
+
+namespace rc_py {
+
 rc::CostProfile from_params(const py::object& params) {
   if (params.is_none()) return rc::profile_at(rc::Knobs::read().profile);
   rc::CostProfile p;
@@ -62,22 +67,9 @@ rc::CostProfile from_params(const py::object& params) {
   return p;
 }
 
-// The enumerator of E whose code name_of names `name` (name_of: selection.h's algo_name_of or
-// proto_name_of, "?" for a code without one); InvalidArgument "unknown <what>" for any other name.
-template <class E>
-E by_name(const std::string& name, const char* (*name_of)(uint8_t), const char* what) {
-  if (name != "?")
-    for (unsigned code = 0; code <= UINT8_MAX; ++code)
-      if (name == name_of(static_cast<uint8_t>(code))) return static_cast<E>(code);
-  RC_THROW(InvalidArgument, "ringcomm: unknown " << what << " '" << name << "'");
-}
+}  // namespace rc_py
 
-py::dict work_dict(const rc::HalvingDoublingWork& w) {
-  return py::dict(py::arg("steps") = w.steps, py::arg("sent") = w.sent, py::arg("received") = w.received,
-                  py::arg("combined") = w.combined);
-}
-
-}  // namespace
+using rc_py::from_params;
 
 void bind_model(py::module_& m) {
   m.attr("PROFILE_VERSION") = rc::kProfileVersion;
@@ -88,16 +80,6 @@ void bind_model(py::module_& m) {
         "The profile (params, hash, source) of `params`, or RINGCOMM_PROFILE's (the defaults when unset).");
   m.def("_default_profile", [] { return to_dict(rc::default_profile()); });
   m.def("_load_profile", [](const std::string& path) { return to_dict(rc::load_profile(path)); }, py::arg("path"));
-  m.def("_model_seconds",
-        [](const std::string& algo, const std::string& proto, int64_t bytes, int world, const py::object& params,
-           int64_t ring_piece, int64_t far_piece, int64_t far_depth) {
-          return rc::model_seconds(from_params(params), by_name<rc::Algo>(algo, rc::algo_name_of, "algorithm"),
-                                   by_name<rc::Proto>(proto, rc::proto_name_of, "protocol"), bytes, world,
-                                   rc::PieceSizes{ring_piece, far_piece, far_depth});
-        },
-        py::arg("algo"), py::arg("proto"), py::arg("bytes"), py::arg("world_size"), py::arg("params") = py::none(),
-        py::arg("ring_piece") = rc::PieceSizes{}.ring, py::arg("far_piece") = rc::PieceSizes{}.far,
-        py::arg("far_depth") = rc::PieceSizes{}.far_depth);
   m.def("_model_choose",
         [](int64_t bytes, int world, int64_t ll_bytes, bool header_in_slot, const py::object& params,
            int64_t ring_piece, int64_t far_piece, int64_t far_depth) {
@@ -110,8 +92,4 @@ void bind_model(py::module_& m) {
         py::arg("params") = py::none(), py::arg("ring_piece") = rc::PieceSizes{}.ring,
         py::arg("far_piece") = rc::PieceSizes{}.far, py::arg("far_depth") = rc::PieceSizes{}.far_depth,
         "(algorithm, protocol) the cost model picks (comm/cost_model.h)");
-  m.def("_hd_work", [](int rank, int world) { return work_dict(rc::halving_doubling_work(rank, world)); },
-        py::arg("rank"), py::arg("world_size"), "halving_doubling's plan counted for one rank (chunk units)");
-  m.def("_hd_work_rank0", [](int world) { return work_dict(rc::halving_doubling_work_of_rank0(world)); },
-        py::arg("world_size"), "the cost model's closed form of _hd_work(0, world_size)");
 }

@@ -1,5 +1,5 @@
 // Pinned / IPC-mapped ranges (transport/pin_registry.h) as Python dicts, for the bindings that
-// show them to tests: ringcomm._C._PinRegistry and ringcomm._C_cuda._pinned_ranges.
+// show them to tests: ringcomm._C_test.PinRegistry and ringcomm._C_cuda._pinned_ranges.
 #pragma once
 #include <pybind11/pybind11.h>
 

@@ -263,22 +263,6 @@ void bind_sync(py::module_& m) {
     return py::dict(py::arg("all_reduce") = s.all_reduce, py::arg("broadcast") = s.broadcast,
                     py::arg("reduce_scatter") = s.reduce_scatter, py::arg("all_gather") = s.all_gather);
   }, "Calls the synchronous entries (comm/sync_entry.h) have taken in this process.");
-  m.def("_abi_tables", [] {
-    // The lists of ringcomm/abi.h as this module was compiled with them (tests compare
-    // ringcomm.tables, which parses the header, against these).
-    py::list dtypes, ops;
-#define RC_ABI_DTYPE_ROW_(name, code, bytes, str, kind, dl) dtypes.append(py::make_tuple(str, code, bytes, kind, dl));
-    RC_DTYPES(RC_ABI_DTYPE_ROW_)
-#undef RC_ABI_DTYPE_ROW_
-#define RC_ABI_OP_ROW_(name, code, str, kinds) ops.append(py::make_tuple(str, code, kinds));
-    RC_REDUCE_OPS(RC_ABI_OP_ROW_)
-#undef RC_ABI_OP_ROW_
-    py::dict d;
-    d["dtypes"] = dtypes;
-    d["ops"] = ops;
-    d["fast_api_version"] = RC_FAST_API_VERSION;
-    return d;
-  });
 }
 
 }  // namespace rc_py

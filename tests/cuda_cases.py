@@ -1,7 +1,7 @@
 """Cases for tests/test_cuda.py that run INSIDE spawned ranks (module-level for spawn).
 
 - sim_cases: the one algorithm layer (csrc/algo/) driven over a host shared-memory channel
-  (ringcomm._C._AlgoSim) with the CUDA channel's options (pieces at their offset mod 16, copy out
+  (ringcomm._C_test.AlgoSim) with the CUDA channel's options (pieces at their offset mod 16, copy out
   before forwarding) or the host's: every collective x dtype x op x count against numpy, with tiny
   slots and misaligned buffers. Needs no GPU and no CUDA build.
 - unavailable_cases: a CUDA-like array handed to the host API raises a clear UnsupportedError on
@@ -50,9 +50,9 @@ def _misaligned(n, like, shift):
 
 
 def sim_cases(rank, world, slot_bytes, nslots, style="cuda", streaming=False):
-    from ringcomm import _C
+    from ringcomm import _C_test
     store = _store(rank, world)
-    sim = _C._AlgoSim(rank, world, slot_bytes, nslots, 60.0, style, streaming)
+    sim = _C_test.AlgoSim(rank, world, slot_bytes, nslots, 60.0, style, streaming)
     fails = []
     try:
         store.set(f"sim/{rank}", sim.create())

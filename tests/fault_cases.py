@@ -160,8 +160,9 @@ def board_wrap(rank, world, last_seq):
     the first barrier, so it leaves it at once and posts the next header while rank 0 may still
     be reading the previous one (a board entry reused too early loses it)."""
     import ringcomm
+    from ringcomm import _C_test
     comm = init_under_env(rank, world, timeout=5)
-    comm._c._set_last_seq_for_test(last_seq)
+    _C_test.set_last_seq(comm._c, last_seq)
     try:
         if rank == 1:
             # Late, then two headers back to back from the progress thread: the second is
@@ -439,6 +440,7 @@ def forged_counts(rank, world):
     count balanced by a larger one): every rank raises MismatchError before any data moves, no
     buffer is written out of bounds, and the communicator stays usable."""
     import ringcomm
+    from ringcomm import _C_test
     comm = init_under_env(rank, world, "forged", timeout=20)
     out = []
     guard = 4096
@@ -456,16 +458,16 @@ def forged_counts(rank, world):
     buf = np.full(guard + 2 * world + guard, -7.0, np.float32)
     dst = buf[guard:guard + 2 * world]
     if rank < 2:
-        comm._c._forge_next_header_for_test(2 * world, -2 if rank == 0 else 6)
+        _C_test.forge_next_header(comm._c, 2 * world, -2 if rank == 0 else 6)
     attempt("all_gather", lambda: comm.all_gather(dst, np.full(2, rank + 1.0, np.float32)))
     intact = bool((buf == -7.0).all())
     # all_to_all: inputs total 2*world^2 across ranks and so do the claimed outputs, but rank 0
     # claims -1 output elements (and rank 1 the difference).
     if rank < 2:
-        comm._c._forge_next_header_for_test(2 * world, -1 if rank == 0 else 4 * world + 1)
+        _C_test.forge_next_header(comm._c, 2 * world, -1 if rank == 0 else 4 * world + 1)
     attempt("all_to_all", lambda: comm.all_to_all(np.zeros(2 * world, np.float32), np.ones(2 * world, np.float32)))
     # gather: every rank claims -3 elements (equal, so the equality check alone passes).
-    comm._c._forge_next_header_for_test(-3, 0)
+    _C_test.forge_next_header(comm._c, -3, 0)
     gout = np.full(4 * world, -7.0, np.float32) if rank == 0 else None
     attempt("gather", lambda: comm.gather(gout, np.ones(4, np.float32), root=0))
     x = np.full(5, rank + 1.0, np.float32)

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import ringcomm
-from ringcomm import _C
+from ringcomm import _C, _C_test
 from ringcomm.tune import write_profile
 import rank_pool
 from cost_model_cases import hd_cases, model_auto_case, profile_init_case
@@ -112,8 +112,8 @@ def knobs(monkeypatch):
 
 def test_halving_doubling_work_matches_its_plan_and_closed_form():
     for n in range(2, 70):
-        assert _C._hd_work(0, n) == _C._hd_work_rank0(n) == hd_work(n), n
-        works = [_C._hd_work(r, n) for r in range(n)]
+        assert _C_test.hd_work(0, n) == _C_test.hd_work_rank0(n) == hd_work(n), n
+        works = [_C_test.hd_work(r, n) for r in range(n)]
         # every unit sent is received; every chunk combined once; rank 0 carries the most
         assert sum(w["sent"] for w in works) == sum(w["received"] for w in works), n
         assert sum(w["combined"] for w in works) == n, n
@@ -127,7 +127,7 @@ def test_model_choice_is_the_documented_formula(params):
     for n in WORLDS:
         for M in SIZES:
             for algo, proto in CANDIDATES:
-                got = _C._model_seconds(algo, proto, M, n, params=params)
+                got = _C_test.model_seconds(algo, proto, M, n, params=params)
                 assert got == pytest.approx(py_seconds(params, algo, proto, M, n), rel=1e-9), (algo, proto, M, n)
             assert _C._model_choose(M, n, 4 * KiB, params=params) == py_choose(params, M, n), (M, n)
             assert _C._model_choose(M, n, 0, params=params)[1] != "ll"
@@ -144,10 +144,10 @@ def test_model_choices_at_landmarks():
     for n in (8, 16):
         assert all(_C._model_choose(M, n, 4 * KiB, params=SHARED)[0] != "ring" for M in SIZES if M <= 64 * KiB)
         step = SHARED["alpha_shared_s"] * n / SHARED["cpus"]
-        assert _C._model_seconds("ring", "simple", 0, n, params=SHARED) == pytest.approx((2 * n - 1) * step)
+        assert _C_test.model_seconds("ring", "simple", 0, n, params=SHARED) == pytest.approx((2 * n - 1) * step)
     # the ring's latency grows with N, halving_doubling's with log N
-    ring = [_C._model_seconds("ring", "simple", 64, n, params=MANY) for n in (8, 64)]
-    hd = [_C._model_seconds("halving_doubling", "simple", 64, n, params=MANY) for n in (8, 64)]
+    ring = [_C_test.model_seconds("ring", "simple", 64, n, params=MANY) for n in (8, 64)]
+    hd = [_C_test.model_seconds("halving_doubling", "simple", 64, n, params=MANY) for n in (8, 64)]
     assert ring[1] / ring[0] > 7 and hd[1] / hd[0] < 2.5
 
 
@@ -158,17 +158,17 @@ def test_pieces_cost_rounds_only_where_ranks_share_cpus():
     n, M = 8, 8 * 512 * KiB
     for p, rounds in ((SHARED, True), (MANY, False)):
         f = n / p["cpus"] if rounds else 1.0
-        two = _C._model_seconds("ring", "simple", M, n, params=p, ring_piece=256 * KiB)
-        one = _C._model_seconds("ring", "simple", M, n, params=p, ring_piece=512 * KiB)
+        two = _C_test.model_seconds("ring", "simple", M, n, params=p, ring_piece=256 * KiB)
+        one = _C_test.model_seconds("ring", "simple", M, n, params=p, ring_piece=512 * KiB)
         extra = 2 * (n - 1) * (p["slot_s"] * f + (p["alpha_shared_s"] * f if rounds else 0))
         assert two - one == pytest.approx(extra, rel=1e-9), p
-        shallow = _C._model_seconds("two_shot", "simple", M, n, params=p, far_depth=2)
-        deep = _C._model_seconds("two_shot", "simple", M, n, params=p, far_depth=16)
+        shallow = _C_test.model_seconds("two_shot", "simple", M, n, params=p, far_depth=2)
+        deep = _C_test.model_seconds("two_shot", "simple", M, n, params=p, far_depth=16)
         # 16 iterations of a 512 KiB chunk's 32 KiB pieces, each sending N - 1 = 7 phase-1 pieces:
         # 4 outbox-fulls of 2 (3 rounds after the first) against one of 16
         assert shallow - deep == pytest.approx(16 * 3 * p["alpha_shared_s"] * f if rounds else 0, rel=1e-9, abs=1e-15)
         # the iterations run in lockstep: each after the first waits for a round
-        half = _C._model_seconds("two_shot", "simple", M // 2, n, params=p, far_depth=16)
+        half = _C_test.model_seconds("two_shot", "simple", M // 2, n, params=p, far_depth=16)
         lockstep = 8 * p["alpha_shared_s"] * f if rounds else 0
         copied = ((2 * n - 1) if rounds else 3 * (n - 1)) / n * M / 2
         work = f * (8 * 2 * (n - 1) * p["slot_s"] + copied / p["copy_Bps"]

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from ringcomm import cpus
-from ringcomm._C import _CpuPool, _reduce, _reduce_supported
+from ringcomm._C import _CpuPool, _reduce
+from ringcomm._C_test import reduce_supported, split_range, step_off_cpu
 from ringcomm.cpus import (Topology, auto_threads, core_share, format_cpulist,
                            numa_share, parse_cpulist, pinned_reason, plan_binding)
 from ringcomm.launch import launch, spawn
@@ -297,7 +298,7 @@ def pools():
 
 def test_split_range_covers_in_order():
     for n, es, parts in ((0, 4, 3), (1, 4, 4), (100_003, 4, 3), (4096, 1, 2), (10, 8, 4), (1 << 20, 2, 4)):
-        ranges = [_CpuPool.split_range(n, es, parts, k) for k in range(parts)]
+        ranges = [split_range(n, es, parts, k) for k in range(parts)]
         assert ranges[0][0] == 0 and ranges[-1][1] == n
         for (b0, e0), (b1, e1) in zip(ranges, ranges[1:]):
             assert b0 <= e0 == b1 <= e1
@@ -308,7 +309,7 @@ def test_split_range_covers_in_order():
 def test_split_reduce_bit_identical_every_op_size_and_thread_count(pools, dt):
     rng = np.random.default_rng(dt)
     for op in range(8):
-        if not _reduce_supported(dt, op):
+        if not reduce_supported(dt, op):
             continue
         scale = 1.0 / 3.0 if op == AVG else 1.0
         for n in SPLIT_SIZES:
@@ -371,10 +372,10 @@ def test_step_off_cpu_moves_the_thread_and_keeps_its_mask():
     mask = os.sched_getaffinity(0)
     for _ in range(5):
         here = _sched_getcpu()
-        _CpuPool.step_off_cpu(here)
+        step_off_cpu(here)
         assert _sched_getcpu() != here
         assert os.sched_getaffinity(0) == mask
-    _CpuPool.step_off_cpu(-1)                     # no CPU named: nothing to do
+    step_off_cpu(-1)                     # no CPU named: nothing to do
     assert os.sched_getaffinity(0) == mask
 
 

@@ -4,7 +4,7 @@ Without a GPU (CI, most dev machines) this checks everything that does not need 
 module builds and imports (or reports unavailability cleanly), the GPU's dtype x op table equals the
 CPU's, the channel planner, the Python adapters' validation, the host API's routing of CUDA arrays
 (a clear UnsupportedError on every rank), a compile check of the kernels, and — through
-ringcomm._C._AlgoSim, in every build — the one algorithm layer with the CUDA channel's options, run
+ringcomm._C_test.AlgoSim, in every build — the one algorithm layer with the CUDA channel's options, run
 between processes over host memory.
 
 With a GPU: every collective x dtype x op against numpy with 2-4 processes sharing the visible GPUs
@@ -22,7 +22,7 @@ import pytest
 
 import ringcomm
 import ringcomm.cuda as rcc
-from ringcomm import _C
+from ringcomm import _C, _C_test
 from ringcomm.launch import spawn
 
 import cuda_cases
@@ -30,9 +30,9 @@ import cuda_cases
 ROOT = Path(__file__).resolve().parents[1]
 
 try:
-    from ringcomm import _C_cuda
+    from ringcomm import _C_cuda, _C_cuda_test
 except ImportError:  # built without a CUDA toolkit
-    _C_cuda = None
+    _C_cuda = _C_cuda_test = None
 
 needs_module = pytest.mark.skipif(_C_cuda is None, reason="ringcomm._C_cuda was not built (no CUDA toolkit)")
 needs_gpu = pytest.mark.skipif(not rcc.is_available(), reason=f"CUDA unavailable: {rcc.unavailable_reason()}")
@@ -88,8 +88,8 @@ def test_gpu_dtype_op_table_equals_cpu_table():
     # Same enums, same supported-pair rule: the GPU switch has a kernel exactly where the CPU has one.
     for d in range(-1, 10):
         for o in range(-1, 9):
-            assert _C_cuda.reduce_supported(d, o) == _C._reduce_supported(d, o), (d, o)
-    assert sum(_C_cuda.reduce_supported(d, o) for d in range(9) for o in range(8)) == 50
+            assert _C_cuda_test.reduce_supported(d, o) == _C_test.reduce_supported(d, o), (d, o)
+    assert sum(_C_cuda_test.reduce_supported(d, o) for d in range(9) for o in range(8)) == 50
 
 
 @needs_module
@@ -97,10 +97,10 @@ def test_unsupported_pair_and_no_device_raise_typed_errors():
     # An unsupported pair is rejected before any CUDA call; with no device, CUDA calls raise
     # UnsupportedError ("CUDA unavailable"), never crash.
     with pytest.raises(ringcomm.UnsupportedError, match="AVG is not supported for dtype int32"):
-        _C_cuda._reduce(1, 1, 1, 4, 6, 4, 1.0, 0, 0, True)
+        _C_cuda_test.reduce(1, 1, 1, 4, 6, 4, 1.0, 0, 0, True)
     if not rcc.is_available():
         with pytest.raises(ringcomm.UnsupportedError, match="CUDA unavailable"):
-            _C_cuda._reduce(1, 1, 1, 4, 0, 0, 1.0, 0, 0, True)
+            _C_cuda_test.reduce(1, 1, 1, 4, 0, 0, 1.0, 0, 0, True)
         with pytest.raises(ringcomm.UnsupportedError, match="CUDA unavailable"):
             _C_cuda.Communicator(0, 1, 0, 5.0).local_info()
 
@@ -161,12 +161,12 @@ def test_cuda_kernel_body_matches_cpu_kernels(dt):
                             if src is not None:
                                 v[:] = src
                             bufs.append(v)
-                        _C_cuda._reduce_emulated(bufs[0], bufs[1], bufs[2], code, opc, scale, nth)
+                        _C_cuda_test.reduce_emulated(bufs[0], bufs[1], bufs[2], code, opc, scale, nth)
                         if not _bitwise_same(bufs[0], want, dt):
                             bad.append(f"{op} n={n} scale={scale} shifts={(sa, sb, sd)} threads={nth}")
                 # in place (dst aliases a)
                 x = a.copy()
-                _C_cuda._reduce_emulated(x, x, b, code, opc, scale, 64)
+                _C_cuda_test.reduce_emulated(x, x, b, code, opc, scale, 64)
                 if not _bitwise_same(x, want, dt):
                     bad.append(f"{op} n={n} scale={scale} in place")
     assert not bad, bad[:20]
@@ -183,7 +183,7 @@ U = [bytes([i]) * 16 for i in range(4)]  # four GPU uuids
 @needs_module
 @pytest.mark.parametrize("case", ["one-gpu", "p2p", "no-p2p", "invisible", "no-ipc-events", "forced"])
 def test_channel_plan(case):
-    plan = _C_cuda._plan_channels
+    plan = _C_cuda_test.plan_channels
 
     def kinds(infos, mode=0):
         n = len(infos)
@@ -343,7 +343,7 @@ def test_gpu_reduce_kernels_match_cpu_bitwise():
                 dev = [torch.zeros(n + shift, dtype=host[0].dtype, device="cuda")[shift:] for _ in range(3)]
                 dev[0].copy_(host[0])
                 dev[1].copy_(host[1])
-                _C_cuda._reduce(dev[2].data_ptr(), dev[0].data_ptr(), dev[1].data_ptr(), n, code, opc, scale,
+                _C_cuda_test.reduce(dev[2].data_ptr(), dev[0].data_ptr(), dev[1].data_ptr(), n, code, opc, scale,
                                 torch.cuda.current_stream().cuda_stream, torch.cuda.current_device(), True)
                 got = dev[2].cpu().numpy()
                 got = got.view(np.uint16) if a.dtype == np.uint16 else got

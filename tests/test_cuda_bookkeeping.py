@@ -1,6 +1,6 @@
 """The CUDA path's bookkeeping, checked on the host (no GPU, no CUDA build needed).
 
-- Pinned / IPC-mapped range ownership (csrc/transport/pin_registry.h through ringcomm._C._PinRegistry):
+- Pinned / IPC-mapped range ownership (csrc/transport/pin_registry.h through ringcomm._C_test.PinRegistry):
   what a drained close releases, what a non-drained close retires, and that a later claim never
   gets a retired (or foreign, or another owner's) range; against an independent interval model.
 - The Python guards of arrays used on another stream (ringcomm.cuda.inflight and the CUDA
@@ -16,7 +16,7 @@ import weakref
 import pytest
 
 import ringcomm
-from ringcomm import _C
+from ringcomm import _C, _C_test
 from ringcomm.cuda import communicator as cuda_comm
 from ringcomm.cuda.buffers import CudaBuf
 from ringcomm.cuda.inflight import InflightRefs, StreamGuard
@@ -27,7 +27,7 @@ PAGE = 4096
 # ================= pinned-range ownership =================
 
 def test_claim_held_and_conflicting_owner():
-    r = _C._PinRegistry()
+    r = _C_test.PinRegistry()
     a, b = r.new_owner(), r.new_owner()
     assert a != b and a != 0 and b != 0
     assert r.claim(a, 10 * PAGE, 2 * PAGE) == "fresh"
@@ -44,7 +44,7 @@ def test_claim_held_and_conflicting_owner():
 
 
 def test_drained_close_releases_and_the_pages_may_be_claimed_again():
-    r = _C._PinRegistry()
+    r = _C_test.PinRegistry()
     a = r.new_owner()
     r.claim(a, 0x10000, PAGE)
     r.claim(a, 0x20000, 4 * PAGE, "ipc")
@@ -57,7 +57,7 @@ def test_drained_close_releases_and_the_pages_may_be_claimed_again():
 
 
 def test_non_drained_close_retires_and_no_later_owner_gets_the_pages():
-    r = _C._PinRegistry()
+    r = _C_test.PinRegistry()
     a = r.new_owner()
     r.claim(a, 100 * PAGE, 4 * PAGE)
     r.claim(a, 200 * PAGE, 2 * PAGE, "ipc")
@@ -77,7 +77,7 @@ def test_non_drained_close_retires_and_no_later_owner_gets_the_pages():
 
 
 def test_foreign_registration_is_refused_and_forgotten():
-    r = _C._PinRegistry()
+    r = _C_test.PinRegistry()
     a = r.new_owner()
     assert r.claim(a, 5 * PAGE, PAGE) == "fresh"
     with pytest.raises(ringcomm.RingcommError, match="already registered"):
@@ -92,7 +92,7 @@ def test_foreign_registration_is_refused_and_forgotten():
 
 
 def test_bad_claims_raise_invalid_argument():
-    r = _C._PinRegistry()
+    r = _C_test.PinRegistry()
     with pytest.raises(ringcomm.InvalidArgumentError):
         r.claim(0, PAGE, PAGE)
     with pytest.raises(ringcomm.InvalidArgumentError):
@@ -136,7 +136,7 @@ class _Model:
 @pytest.mark.parametrize("seed", range(6))
 def test_registry_matches_an_interval_model(seed):
     rng = random.Random(seed)
-    r, m = _C._PinRegistry(), _Model()
+    r, m = _C_test.PinRegistry(), _Model()
     owners = [r.new_owner() for _ in range(4)]
     for _ in range(400):
         owner = rng.choice(owners)

@@ -8,7 +8,7 @@ import re
 import pytest
 
 import rank_pool
-from ringcomm import _C
+from ringcomm import _C_test
 from ringcomm.launch import spawn
 from footprint_cases import eight_rank_cases, footprint_after_everything, info_rank, many_ranks_tiny_slots
 from mp_cases import run_collective_cases
@@ -44,7 +44,7 @@ def reference_bytes(world, slot, nslots, far_slot, outbox_slots=16, ll_bytes=409
 
 
 def test_footprint_is_the_same_at_every_world_size(default_knobs):
-    got = {w: _C._shm_segment_bytes(w) for w in list(range(1, 17)) + [24, 32, 48, 64, 96, 128]}
+    got = {w: _C_test.shm_segment_bytes(w) for w in list(range(1, 17)) + [24, 32, 48, 64, 96, 128]}
     for w, b in got.items():
         assert b == reference_bytes(w, 256 * 1024, 8, 32 * 1024), (w, b)
     # From 3 ranks on: one value, at most 4 MiB, with the default (unshrunk) slots; 16 ranks fit
@@ -60,25 +60,25 @@ def test_footprint_follows_the_knobs(default_knobs):
     default_knobs.setenv("RINGCOMM_FAR_SLOT_BYTES", "64K")
     default_knobs.setenv("RINGCOMM_NSLOTS", "2")
     for w in (2, 3, 5, 8, 64):
-        assert _C._shm_segment_bytes(w) == reference_bytes(w, 256 * 1024, 2, 64 * 1024), w
+        assert _C_test.shm_segment_bytes(w) == reference_bytes(w, 256 * 1024, 2, 64 * 1024), w
     default_knobs.setenv("RINGCOMM_OUTBOX_SLOTS", "4")
     for w in (3, 40):
-        assert _C._shm_segment_bytes(w) == reference_bytes(w, 256 * 1024, 2, 64 * 1024, outbox_slots=4), w
+        assert _C_test.shm_segment_bytes(w) == reference_bytes(w, 256 * 1024, 2, 64 * 1024, outbox_slots=4), w
     for bad in ("3", "1", "2048"):
         default_knobs.setenv("RINGCOMM_OUTBOX_SLOTS", bad)
         with pytest.raises(ValueError, match="RINGCOMM_OUTBOX_SLOTS"):
-            _C._shm_segment_bytes(4)
+            _C_test.shm_segment_bytes(4)
     default_knobs.delenv("RINGCOMM_OUTBOX_SLOTS")
     default_knobs.setenv("RINGCOMM_FAR_SLOT_BYTES", "1M")  # clamped to the full slot
-    assert _C._shm_segment_bytes(4) == reference_bytes(4, 256 * 1024, 2, 256 * 1024)
+    assert _C_test.shm_segment_bytes(4) == reference_bytes(4, 256 * 1024, 2, 256 * 1024)
     default_knobs.setenv("RINGCOMM_FAR_SLOT_BYTES", "16")
     with pytest.raises(ValueError, match="RINGCOMM_FAR_SLOT_BYTES"):
-        _C._shm_segment_bytes(4)
+        _C_test.shm_segment_bytes(4)
     default_knobs.delenv("RINGCOMM_FAR_SLOT_BYTES")
     for ll in (0, 1000, 64 * 1024):
         default_knobs.setenv("RINGCOMM_LL_MAX_BYTES", str(ll))
         for w in (2, 3):
-            assert _C._shm_segment_bytes(w) == reference_bytes(w, 256 * 1024, 2, 32 * 1024, ll_bytes=ll), (w, ll)
+            assert _C_test.shm_segment_bytes(w) == reference_bytes(w, 256 * 1024, 2, 32 * 1024, ll_bytes=ll), (w, ll)
 
 
 def check_measured(world, results):
@@ -86,7 +86,7 @@ def check_measured(world, results):
     init), each of the formula's size and allocated in full; per rank that is at most 4 MiB."""
     failures = [f for fs, _ in results for f in fs]
     assert not failures, "\n".join(failures[:30])
-    want = _C._shm_segment_bytes(world)
+    want = _C_test.shm_segment_bytes(world)
     names = set()
     for r, (_, maps) in enumerate(results):
         assert len(maps) == world, (r, maps)
@@ -153,7 +153,7 @@ def test_debug_info_states_footprint_once(store_env, capfd, default_knobs):
     err = capfd.readouterr().err
     lines = [ln for ln in err.splitlines() if "shared memory" in ln and ln.startswith("ringcomm[rank")]
     assert len(lines) == 3, err[-3000:]
-    want = _C._shm_segment_bytes(3)
+    want = _C_test.shm_segment_bytes(3)
     for r in range(3):
         mine = [ln for ln in lines if ln.startswith(f"ringcomm[rank {r}/3]")]
         assert len(mine) == 1, lines

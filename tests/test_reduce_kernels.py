@@ -14,7 +14,8 @@ import functools
 import numpy as np
 import pytest
 
-from ringcomm._C import _reduce, _reduce_supported
+from ringcomm._C import _reduce
+from ringcomm._C_test import reduce_supported
 
 # rc::DType / rc::ReduceOp codes (csrc/common/dtype.h; part of the wire format, never renumbered).
 F32, F64, F16, BF16, I8, U8, I32, I64, BOOL = range(9)
@@ -238,9 +239,9 @@ def test_unknown_isa_name_rejected():
 def test_supported_matrix():
     for dt in DT_NAME:
         for op in OP_NAME:
-            assert _reduce_supported(dt, op) == expected_supported(dt, op), (DT_NAME[dt], OP_NAME[op])
+            assert reduce_supported(dt, op) == expected_supported(dt, op), (DT_NAME[dt], OP_NAME[op])
     for dt, op in [(-1, SUM), (9, SUM), (F32, -1), (F32, 8), (100, 100)]:
-        assert _reduce_supported(dt, op) is False
+        assert reduce_supported(dt, op) is False
 
 
 @pytest.mark.parametrize("dt,op", UNSUPPORTED, ids=[_id(v) for v in UNSUPPORTED])
@@ -486,9 +487,10 @@ def test_isa_auto_choice_per_dtype():
     import subprocess
     import sys
     import ringcomm._C
+    import ringcomm._C_test
 
-    code = ("from ringcomm._C import _reduce_isa\n"
-            f"print(','.join(_reduce_isa(c) for c in {sorted(DT_NAME)!r}))\n")
+    code = ("from ringcomm._C_test import reduce_isa\n"
+            f"print(','.join(reduce_isa(c) for c in {sorted(DT_NAME)!r}))\n")
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(ringcomm._C.__file__)))
     path = os.pathsep.join([pkg_root] + [p for p in sys.path if p])
     base = "avx2" if "avx2" in ISAS else "generic"
@@ -501,4 +503,4 @@ def test_isa_auto_choice_per_dtype():
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip().split(",") == want, (value, out.stdout)
     with pytest.raises(ValueError, match="dtype code"):
-        ringcomm._C._reduce_isa(len(DT_NAME))
+        ringcomm._C_test.reduce_isa(len(DT_NAME))

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm import _C, tables
+from ringcomm import _C, _C_test, tables
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "src" / "ringcomm" / "include" / "ringcomm" / "abi.h"
@@ -89,7 +89,7 @@ def test_reduce_scatter_and_all_gather_through_the_entry(world):
 # ---- the single copy ---------------------------------------------------------------------------
 
 def test_tables_are_the_headers_as_compiled_into_C():
-    abi = _C._abi_tables()
+    abi = _C_test.abi_tables()
     kinds = {"float": tables._KIND_FLOAT, "int": tables._KIND_INT, "bool": tables._KIND_BOOL}
     got = [(d.name, d.code, d.itemsize,
             kinds["float"] if d.is_float else kinds["int"] if d.is_int else kinds["bool"])
@@ -210,7 +210,7 @@ def test_entry_rule_on_shapes_and_strides(comm1):
 
 def test_entry_rule_on_torch_tensors(comm1):
     torch = pytest.importorskip("torch")
-    for name, code, *_ in _C._abi_tables()["dtypes"]:
+    for name, code, *_ in _C_test.abi_tables()["dtypes"]:
         t = torch.ones(5, dtype=getattr(torch, name))
         for op in tables.ReduceOp:
             assert comm1._c.sync_all_reduce(t, None, int(op)) is tables.op_supported(int(op), code), (name, op)

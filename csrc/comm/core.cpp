@@ -112,12 +112,6 @@ uint64_t CommCore::next_seq() const {
   return seq_ + 1;
 }
 
-void CommCore::set_last_seq_for_test(uint64_t last) {
-  std::lock_guard<std::mutex> lk(mu_);
-  RC_CHECK(seq_ == 0 && queue_.empty() && !busy_, Error, "set_last_seq_for_test: collectives already ran");
-  seq_ = last;
-}
-
 CommCore::Call::Call(CommCore* c) : c_(c) {
   if (c->forked_pid_.load() != 0) throw Closed(c->closed_reason());
   std::lock_guard<std::mutex> lk(c->mu_);
@@ -131,13 +125,6 @@ CommCore::Call::~Call() {
   // Only close() waits for calls_ to reach 0 (draining_ set, under mu_, before it checks): a
   // notify otherwise would wake the progress thread for nothing on every call.
   if (--c_->calls_ == 0 && c_->draining_) c_->cv_.notify_all();
-}
-
-void CommCore::forge_next_header_for_test(int64_t count, int64_t count2) {
-  std::lock_guard<std::mutex> lk(mu_);
-  forge_ = true;
-  forge_count_ = count;
-  forge_count2_ = count2;
 }
 
 void CommCore::check_usable() const {
@@ -226,10 +213,9 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int
       RC_THROW(Closed, "ringcomm: " << coll_name(coll) << " on rank " << rank_ << ": the " << dev_->name()
                                     << " is closed");
     const uint64_t seq = ++seq_;
-    if (forge_ && coll != Coll::kRejected) {
-      hdr.count = forge_count_;
-      hdr.count2 = forge_count2_;
-      forge_ = false;
+    if (next_header_hook_ && coll != Coll::kRejected) {
+      next_header_hook_(hdr);
+      next_header_hook_ = nullptr;
     }
     task.work = std::make_shared<Work>(coll_name(coll), seq);
     task.seq = seq;

@@ -80,12 +80,6 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   /// Why calls raise Closed when that is not close(): the fork message, or empty.
   std::string closed_reason() const;
   uint64_t next_seq() const;
-  /// Test-only: number the next collective `last + 1` (call before the first collective, with
-  /// the same value on every rank): exercises the board's counter wrap without 2^32 calls.
-  void set_last_seq_for_test(uint64_t last);
-  /// Test-only: the next collective's header carries these counts instead of the checked ones
-  /// (a forged peer header, which the public API cannot produce).
-  void forge_next_header_for_test(int64_t count, int64_t count2);
 
   // Collectives. Pointers must stay valid until the returned Work completes. Without l.async the
   // call returns after the host part completed (and throws on failure).
@@ -162,6 +156,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   void check_usable() const;
   void reject_now(Coll coll);
   friend struct ForkRegistry;
+  // The test module (bindings/test/comm_py.cpp): numbers collectives from a given value and sets
+  // next_header_hook_, under mu_.
+  friend struct CommCoreTestAccess;
   void mark_forked(int pid);
   /// One public call inside the core (RAII): refuses (Closed) once close() began; close() waits
   /// until none is left before it releases the device.
@@ -194,8 +191,10 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   bool stopping_ = false;
   int calls_ = 0;             // threads inside a public call (see Call)
   bool draining_ = false;     // close() waits for calls_ == 0 and !busy_ (cv_ notified then)
-  bool forge_ = false;        // forge_next_header_for_test: applies to the next submit
-  int64_t forge_count_ = 0, forge_count2_ = 0;
+  // Rewrites the next collective's header after its local checks, then is dropped (under mu_,
+  // in submit). Empty unless CommCoreTestAccess set it (a forged header, which the public API
+  // cannot produce).
+  std::function<void(CollHeader&)> next_header_hook_;
   uint64_t seq_ = 0;          // last collective sequence number handed out
   std::string broken_;        // non-empty after a data-phase failure or abort()
   // Set (release, under mu_) right after broken_ first becomes non-empty and never cleared: the

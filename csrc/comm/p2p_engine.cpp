@@ -113,7 +113,8 @@ bool P2PEngine::advance(Op& op) {
   return moved;
 }
 
-bool P2PEngine::progress_sends(int peer, std::list<Op>& q) {
+bool P2PEngine::progress_sends(int peer) {
+  std::list<Op>& q = sendq_[peer];
   Channel& ch = dev_->p2p_channel();
   bool moved = false;
   const int64_t timeout = deadline_after(now_ns(), dev_->control().timeout_s());
@@ -127,6 +128,7 @@ bool P2PEngine::progress_sends(int peer, std::list<Op>& q) {
     if (streaming->done < streaming->bytes) return moved;
     finish(*streaming, nullptr);
     q.erase(streaming);
+    --pending_;
     if (!q.empty()) q.front().deadline_ns = timeout;
   }
   // Between messages: the CTS answers this rank owes the peer, then the queue in posting order.
@@ -159,6 +161,7 @@ bool P2PEngine::progress_sends(int peer, std::list<Op>& q) {
     if (op.done < op.bytes || !op.started) return moved;  // the channel is full
     finish(op, nullptr);
     it = q.erase(it);
+    --pending_;
     if (it != q.end()) it->deadline_ns = timeout;
   }
   return moved;
@@ -202,173 +205,201 @@ void P2PEngine::finish(Op& op, const std::exception_ptr& e) {
   }
 }
 
-// The receive side of one peer: tag matching (see the header). Returns true if anything moved.
-bool P2PEngine::progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, Incoming& in, std::list<Early>& early,
-                               size_t& pending) {
-  Channel& ch = dev_->p2p_channel();
-  bool moved = false;
-  bool mid_message = false;  // a piece that continues a message of the peer moved (its CTSs wait behind it)
-  auto erase_op = [&](Op* target) {
-    for (std::list<Op>* l : {&q, &anyq})
-      for (auto it = l->begin(); it != l->end(); ++it)
-        if (&*it == target) {
-          l->erase(it);
-          --pending;
-          return;
-        }
-  };
-  // An any-source receive not yet matched to a peer's message (its peer is still kAnySource).
-  auto unmatched_any = [&](uint64_t tag, bool any_tag) -> Op* {
-    for (Op& op : anyq)
-      if (op.peer == kAnySource && (any_tag || op.tag == tag)) return &op;
-    return nullptr;
-  };
-  auto size_check = [&](const Op& op, uint64_t total) {
-    if (total != op.bytes) {
-      RC_THROW(Mismatch, "ringcomm: recv on rank " << rank_ << " from rank " << peer << " (tag " << op.tag
-                                                   << "): the matching send has " << total
-                                                   << " bytes but the receive buffer has " << op.bytes);
-    }
-  };
-  // Posted receives whose message arrived before them (complete in `early`): copy and finish;
-  // one that was announced (an RTS) is matched, its CTS queued, and its data awaited.
-  if (!early.empty()) {
-    for (auto it = q.begin(); it != q.end();) {
-      Op& op = *it;
-      auto e = std::find_if(early.begin(), early.end(), [&](const Early& x) { return x.tag == op.tag; });
-      if (&op == in.op || op.rdv_matched || e == early.end() || !e->complete) {
-        ++it;
-        continue;
-      }
-      size_check(op, e->total);
-      if (e->announced) {
-        take_announced(op, peer, e->rdv_id);
-        early.erase(e);
-        ++it;
-        moved = true;
-        continue;
-      }
-      take_early(op, *e);
-      early.erase(e);
-      it = q.erase(it);
-      --pending;
-      moved = true;
-    }
+bool P2PEngine::reads_channel(int peer) const {
+  return drain_ || !recvq_[peer].empty() || incoming_[peer].early != nullptr || incoming_[peer].op != nullptr ||
+         !anyq_.empty() || awaits_cts(peer);
+}
+
+P2PEngine::Op* P2PEngine::unmatched_any(uint64_t tag, bool any_tag) {
+  for (Op& op : anyq_)
+    if (op.peer == kAnySource && (any_tag || op.tag == tag)) return &op;
+  return nullptr;
+}
+
+void P2PEngine::check_size(const Op& op, int peer, uint64_t total) const {
+  if (total != op.bytes) {
+    RC_THROW(Mismatch, "ringcomm: recv on rank " << rank_ << " from rank " << peer << " (tag " << op.tag
+                                                 << "): the matching send has " << total
+                                                 << " bytes but the receive buffer has " << op.bytes);
   }
+}
+
+void P2PEngine::erase_recv(int peer, Op* target) {
+  for (std::list<Op>* l : {&recvq_[peer], &anyq_})
+    for (auto it = l->begin(); it != l->end(); ++it)
+      if (&*it == target) {
+        l->erase(it);
+        --pending_;
+        return;
+      }
+}
+
+// Reads `peer`'s channel piece by piece while something takes the pieces. A piece is released
+// (recv_done) only after it was copied out: the sender reuses the slot from then on.
+bool P2PEngine::progress_recvs(int peer) {
+  Channel& ch = dev_->p2p_channel();
+  const Incoming& in = incoming_[peer];
+  bool moved = take_buffered(peer);
+  bool mid_message = false;  // a piece that continues a message of the peer moved (its CTSs wait behind it)
   for (;;) {
     const SlotMeta* m = nullptr;
     const char* src = ch.try_recv_slot(peer, PiecePlace{}, &m);
     if (src == nullptr) break;
     const bool continuing = in.op != nullptr || in.early != nullptr;
     if (!continuing) {
-      const uint64_t kind = m->total & kKinds, total = m->total & ~kKinds;
-      if (kind == kCts) {  // the peer's receive took our RTS: that send's data may go
-        on_cts(peer, m->tag);
+      const Start s = start_message(peer, *m, src);
+      if (s == Start::kWaits) break;
+      if (s == Start::kControl) {
         ch.recv_done(peer);
         moved = true;
         continue;
       }
-      if (kind == kRdvData) {  // the data of an RTS a receive of ours took: only that receive
-        Op* target = nullptr;
-        for (std::list<Op>* l : {&q, &anyq})
-          for (Op& op : *l)
-            if (target == nullptr && op.rdv_matched && op.peer == peer && op.rdv_id == m->tag) target = &op;
-        RC_CHECK(target != nullptr, Error,
-                 "ringcomm: recv on rank " << rank_ << ": rank " << peer << " sent the data of message " << m->tag
-                                           << ", which no receive of this rank cleared");
-        size_check(*target, total);
-        in.op = target;
-      } else {
-        // A new message (or its RTS) starts: the first posted receive with its tag takes it,
-        // unless an earlier message with that tag is still buffered (order per (peer, tag)).
-        const uint64_t tag = m->tag;
-        const bool earlier = std::any_of(early.begin(), early.end(), [&](const Early& x) { return x.tag == tag; });
-        Op* target = nullptr;
-        if (!earlier)
-          for (Op& op : q)
-            if (op.tag == tag && !op.rdv_matched) {
-              target = &op;
-              break;
-            }
-        if (target == nullptr && !earlier) {
-          target = unmatched_any(tag, false);
-          if (target != nullptr) {
-            target->peer = peer;
-            target->work->set_source(peer);
-          }
-        }
-        if (kind == kRts) {
-          uint64_t id = 0;
-          RC_CHECK(m->bytes == sizeof(id), Error, "ringcomm: recv on rank " << rank_ << ": a malformed RTS from rank " << peer);
-          std::memcpy(&id, src, sizeof(id));
-          if (target != nullptr) {
-            size_check(*target, total);
-            take_announced(*target, peer, id);
-          } else {
-            // Held without data, in arrival order with the buffered messages.
-            Early e{tag, total, {}, 0, true, arrivals_++};
-            e.announced = true;
-            e.rdv_id = id;
-            early.push_back(std::move(e));
-          }
-          ch.recv_done(peer);
-          moved = true;
-          continue;
-        }
-        if (target != nullptr) {
-          size_check(*target, total);
-          begin(*target);
-          in.op = target;
-        } else if ((drain_ || !q.empty() || unmatched_any(0, true) != nullptr || awaits_cts(peer)) &&
-                   dev_->p2p_slots_in_host_memory()) {
-          // A posted receive or an awaited CTS waits behind it, or the slot is in the sender's
-          // outbox (which every receiver of that sender shares): buffer the message so that the
-          // channel moves on.
-          early.push_back(Early{tag, total, std::unique_ptr<char[]>(new char[total]), 0, false, arrivals_++});
-          in.early = &early.back();
-        } else {
-          break;  // no receive posted for it yet: it waits in the channel (flow control)
-        }
-      }
     }
     mid_message |= continuing;
-    if (in.op != nullptr) {
-      Op& op = *in.op;
-      RC_CHECK(op.done + m->bytes <= op.bytes, Error, "ringcomm: recv: message overruns the buffer");
-      if (m->bytes > 0) ch.copy(op.buf + op.done, src, m->bytes);
-      op.done += m->bytes;
-      op.started = true;
-      ch.recv_done(peer);
-      moved = true;
-      if (op.done == op.bytes) {
-        in.op = nullptr;
-        finish(op, nullptr);
-        erase_op(&op);
-      }
-    } else {
-      Early& e = *in.early;
-      RC_CHECK(e.got + m->bytes <= e.total, Error, "ringcomm: recv: message overruns its announced size");
-      if (m->bytes > 0) std::memcpy(e.data.get() + e.got, src, m->bytes);
-      e.got += m->bytes;
-      ch.recv_done(peer);
-      moved = true;
-      if (e.got == e.total) {
-        e.complete = true;
-        in.early = nullptr;
-      }
-    }
+    take_piece(peer, *m, src);
+    moved = true;
   }
-  if (moved) {
-    // Progress with this peer: every receive from it counts its deadline from now.
-    const int64_t d = deadline_after(now_ns(), dev_->control().timeout_s());
-    for (Op& op : q) op.deadline_ns = d;
-    for (Op& op : anyq) op.deadline_ns = d;
-    // Our sends to this peer that wait for its CTS: it cannot send one while its message streams.
-    if (mid_message || in.op != nullptr || in.early != nullptr)
-      for (Op& op : sendq_[peer])
-        if (op.waits_for_cts()) op.deadline_ns = d;
+  if (moved) refresh_recv_deadlines(peer, mid_message);
+  return moved;
+}
+
+bool P2PEngine::take_buffered(int peer) {
+  std::list<Op>& q = recvq_[peer];
+  std::list<Early>& early = early_[peer];
+  if (early.empty()) return false;
+  bool moved = false;
+  for (auto it = q.begin(); it != q.end();) {
+    Op& op = *it;
+    auto e = std::find_if(early.begin(), early.end(), [&](const Early& x) { return x.tag == op.tag; });
+    // The receive streaming in already has its message; a matched one waits for its data.
+    if (&op == incoming_[peer].op || op.rdv_matched || e == early.end() || !e->complete) {
+      ++it;
+      continue;
+    }
+    check_size(op, peer, e->total);
+    moved = true;
+    if (e->announced) {
+      take_announced(op, peer, e->rdv_id);
+      early.erase(e);
+      ++it;
+      continue;
+    }
+    take_early(op, *e);
+    early.erase(e);
+    it = q.erase(it);
+    --pending_;
   }
   return moved;
+}
+
+P2PEngine::Start P2PEngine::start_message(int peer, const SlotMeta& m, const char* src) {
+  const uint64_t kind = m.total & kKinds, total = m.total & ~kKinds;
+  if (kind == kCts) {  // the peer's receive took our RTS: that send's data may go
+    on_cts(peer, m.tag);
+    return Start::kControl;
+  }
+  if (kind == kRdvData) {  // the data of an RTS a receive of ours took: only that receive
+    Op* target = nullptr;
+    for (std::list<Op>* l : {&recvq_[peer], &anyq_})
+      for (Op& op : *l)
+        if (target == nullptr && op.rdv_matched && op.peer == peer && op.rdv_id == m.tag) target = &op;
+    RC_CHECK(target != nullptr, Error,
+             "ringcomm: recv on rank " << rank_ << ": rank " << peer << " sent the data of message " << m.tag
+                                       << ", which no receive of this rank cleared");
+    check_size(*target, peer, total);
+    incoming_[peer].op = target;
+    return Start::kData;
+  }
+  Op* target = match_new(peer, m.tag);
+  if (kind == kRts) {
+    uint64_t id = 0;
+    RC_CHECK(m.bytes == sizeof(id), Error, "ringcomm: recv on rank " << rank_ << ": a malformed RTS from rank " << peer);
+    std::memcpy(&id, src, sizeof(id));
+    if (target != nullptr) {
+      check_size(*target, peer, total);
+      take_announced(*target, peer, id);
+    } else {
+      // Held without data, in arrival order with the buffered messages.
+      Early e{m.tag, total, {}, 0, true, arrivals_++};
+      e.announced = true;
+      e.rdv_id = id;
+      early_[peer].push_back(std::move(e));
+    }
+    return Start::kControl;
+  }
+  if (target == nullptr) return buffer_or_wait(peer, m.tag, total);
+  check_size(*target, peer, total);
+  begin(*target);
+  incoming_[peer].op = target;
+  return Start::kData;
+}
+
+P2PEngine::Op* P2PEngine::match_new(int peer, uint64_t tag) {
+  // (1) An earlier message of (peer, tag) still buffered goes first: no receive takes this one.
+  const std::list<Early>& early = early_[peer];
+  if (std::any_of(early.begin(), early.end(), [&](const Early& x) { return x.tag == tag; })) return nullptr;
+  // (2) The first posted receive from the peer with the tag.
+  for (Op& op : recvq_[peer])
+    if (op.tag == tag && !op.rdv_matched) return &op;
+  // (3) The first unmatched any-source receive with the tag, bound to the peer from now on.
+  Op* any = unmatched_any(tag, false);
+  if (any != nullptr) {
+    any->peer = peer;
+    any->work->set_source(peer);
+  }
+  return any;
+}
+
+P2PEngine::Start P2PEngine::buffer_or_wait(int peer, uint64_t tag, uint64_t total) {
+  // A posted receive or an awaited CTS waits behind it, or the slot is in the sender's outbox
+  // (which every receiver of that sender shares): buffer the message so that the channel moves
+  // on. Otherwise no receive is posted for it yet: it waits in the channel (flow control).
+  const bool behind = drain_ || !recvq_[peer].empty() || unmatched_any(0, true) != nullptr || awaits_cts(peer);
+  if (!behind || !dev_->p2p_slots_in_host_memory()) return Start::kWaits;
+  std::list<Early>& early = early_[peer];
+  early.push_back(Early{tag, total, std::unique_ptr<char[]>(new char[total]), 0, false, arrivals_++});
+  incoming_[peer].early = &early.back();
+  return Start::kData;
+}
+
+void P2PEngine::take_piece(int peer, const SlotMeta& m, const char* src) {
+  Channel& ch = dev_->p2p_channel();
+  Incoming& in = incoming_[peer];
+  if (in.op != nullptr) {
+    Op& op = *in.op;
+    RC_CHECK(op.done + m.bytes <= op.bytes, Error, "ringcomm: recv: message overruns the buffer");
+    if (m.bytes > 0) ch.copy(op.buf + op.done, src, m.bytes);
+    op.done += m.bytes;
+    op.started = true;
+    ch.recv_done(peer);
+    if (op.done == op.bytes) {
+      in.op = nullptr;
+      finish(op, nullptr);
+      erase_recv(peer, &op);
+    }
+    return;
+  }
+  Early& e = *in.early;
+  RC_CHECK(e.got + m.bytes <= e.total, Error, "ringcomm: recv: message overruns its announced size");
+  if (m.bytes > 0) std::memcpy(e.data.get() + e.got, src, m.bytes);
+  e.got += m.bytes;
+  ch.recv_done(peer);
+  if (e.got == e.total) {
+    e.complete = true;
+    in.early = nullptr;
+  }
+}
+
+void P2PEngine::refresh_recv_deadlines(int peer, bool mid_message) {
+  // Progress with this peer: every receive from it counts its deadline from now.
+  const int64_t d = deadline_after(now_ns(), dev_->control().timeout_s());
+  for (Op& op : recvq_[peer]) op.deadline_ns = d;
+  for (Op& op : anyq_) op.deadline_ns = d;
+  // Our sends to this peer that wait for its CTS: it cannot send one while its message streams.
+  const Incoming& in = incoming_[peer];
+  if (mid_message || in.op != nullptr || in.early != nullptr)
+    for (Op& op : sendq_[peer])
+      if (op.waits_for_cts()) op.deadline_ns = d;
 }
 
 void P2PEngine::take_early(Op& op, const Early& e) {
@@ -379,10 +410,9 @@ void P2PEngine::take_early(Op& op, const Early& e) {
   finish(op, nullptr);
 }
 
-bool P2PEngine::match_any_early(std::list<Op>& anyq, std::vector<std::list<Early>>& early,
-                                const std::vector<std::list<Op>>& recvq, size_t& pending) {
+bool P2PEngine::match_any_early() {
   bool moved = false;
-  for (auto it = anyq.begin(); it != anyq.end();) {
+  for (auto it = anyq_.begin(); it != anyq_.end();) {
     Op& op = *it;
     if (op.peer != kAnySource) {  // matched: its message streams in through progress_recvs
       ++it;
@@ -393,10 +423,10 @@ bool P2PEngine::match_any_early(std::list<Op>& anyq, std::vector<std::list<Early
     int from = -1;
     std::list<Early>::iterator best;
     for (int p = 0; p < world_; ++p) {
-      auto e = std::find_if(early[p].begin(), early[p].end(), [&](const Early& x) { return x.tag == op.tag; });
-      if (e == early[p].end() || !e->complete) continue;
-      // A posted receive from p with this tag takes it first (progress_recvs, rule 2).
-      if (std::any_of(recvq[p].begin(), recvq[p].end(), [&](const Op& x) { return x.tag == op.tag && !x.rdv_matched; }))
+      auto e = std::find_if(early_[p].begin(), early_[p].end(), [&](const Early& x) { return x.tag == op.tag; });
+      if (e == early_[p].end() || !e->complete) continue;
+      // A posted receive from p with this tag takes it first (the order rule's (2)).
+      if (std::any_of(recvq_[p].begin(), recvq_[p].end(), [&](const Op& x) { return x.tag == op.tag && !x.rdv_matched; }))
         continue;
       if (from < 0 || e->stamp < best->stamp) {
         from = p;
@@ -417,194 +447,184 @@ bool P2PEngine::match_any_early(std::list<Op>& anyq, std::vector<std::list<Early
     moved = true;
     if (best->announced) {  // its data streams in through progress_recvs, after our CTS
       take_announced(op, from, best->rdv_id);
-      early[from].erase(best);
+      early_[from].erase(best);
       ++it;
       continue;
     }
     take_early(op, *best);
-    early[from].erase(best);
-    it = anyq.erase(it);
-    --pending;
+    early_[from].erase(best);
+    it = anyq_.erase(it);
+    --pending_;
   }
   return moved;
 }
 
+// ---------------- the engine thread ----------------
+
 void P2PEngine::loop() {
   dev_->p2p_thread_start();
-  ShmTransport& t = dev_->control();
-  const ShmConfig& cfg = t.config();
-  drain_ = t.has_outbox() && dev_->p2p_slots_in_host_memory();
+  drain_ = dev_->control().has_outbox() && dev_->p2p_slots_in_host_memory();
   cts_out_.assign(world_, {});
   sendq_.assign(world_, {});
-  std::vector<std::list<Op>>& sendq = sendq_;
-  std::vector<std::list<Op>> recvq(world_);
-  std::list<Op> anyq;  // any-source receives, in posting order
-  std::vector<Incoming> incoming(world_);
-  std::vector<std::list<Early>> early(world_);
-  size_t pending = 0;
-  int64_t idle_since = 0, next_liveness = 0;
-  auto each_op = [&](const std::function<void(Op&)>& fn) {
-    for (auto& q : sendq)
-      for (auto& op : q) fn(op);
-    for (auto& q : recvq)
-      for (auto& op : q) fn(op);
-    for (auto& op : anyq) fn(op);
-  };
-  auto fail_all = [&](const std::exception_ptr& e) {
-    if (!failed_) failed_ = e;
-    each_op([&](Op& op) { finish(op, e); });
-    for (auto& q : sendq) q.clear();
-    for (auto& q : recvq) q.clear();
-    anyq.clear();
-    for (auto& in : incoming) in = Incoming{};
-    for (auto& c : cts_out_) c.clear();
-    pending = 0;
-  };
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      // Draining, the thread never waits here (until a failure, after which it reads no channel):
-      // it sleeps on the doorbell (below), which submit() and stop() ring as well as every peer
-      // that posts a message to this rank.
-      if (pending == 0 && (!drain_ || failed_)) cv_.wait(lk, [&] { return stopping_ || !new_.empty(); });
-      while (!new_.empty()) {
-        Op op = std::move(new_.front());
-        new_.pop_front();
-        if (op.is_send) {
-          op.rdv = dev_->p2p_slots_in_host_memory() && op.bytes > eager_bytes_;
-          if (op.rdv) op.rdv_id = next_rdv_id_++;
-          sendq[op.peer].push_back(std::move(op));
-        } else if (op.peer == kAnySource) {
-          anyq.push_back(std::move(op));
-        } else {
-          recvq[op.peer].push_back(std::move(op));
-        }
-        ++pending;
-      }
-      if (stopping_) {
-        lk.unlock();
-        each_op([&](Op& op) {
-          finish(op, std::make_exception_ptr(Closed(
-              std::string("ringcomm: ") + (op.is_send ? "send to" : "recv from") + " rank " +
-              (op.peer == kAnySource ? std::string("(any)") : std::to_string(op.peer)) + " on rank " + std::to_string(rank_) + " (" + std::to_string(op.done) +
-              " of " + std::to_string(op.bytes) + " bytes moved): the communicator was closed while it was pending")));
-        });
-        return;
-      }
-    }
+  recvq_.assign(world_, {});
+  incoming_.assign(world_, {});
+  early_ = std::vector<std::list<Early>>(world_);
+  int64_t idle_since = 0;  // when the passes began to move nothing (0: the last one moved something)
+  while (take_new()) {
     if (failed_) {  // broken: what reached the engine since fails with the first error
       fail_all(failed_);
       continue;
     }
-    const uint32_t bell = t.doorbell_value();
-    bool progressed = false;
-    bool failed = false;
-    for (int p = 0; p < world_ && !failed; ++p) {
-      if (sendq[p].empty() && cts_out_[p].empty()) continue;
-      const size_t before = sendq[p].size();
-      try {
-        // The deadline counts from the operation's last progress: a long message that keeps
-        // moving, or one queued behind others, never times out while the pair is busy.
-        const bool moved = progress_sends(p, sendq[p]);
-        progressed |= moved;
-        if (moved && !cts_out_[p].empty()) {
-          // Our message to p still streams and our CTS to p waits behind it: the receives
-          // awaiting that data are not idle.
-          const int64_t d = deadline_after(now_ns(), t.timeout_s());
-          for (Op& op : recvq[p])
-            if (op.rdv_matched) op.deadline_ns = d;
-          for (Op& op : anyq)
-            if (op.rdv_matched && op.peer == p) op.deadline_ns = d;
-        }
-      } catch (...) {
-        const std::exception_ptr e = std::current_exception();
-        on_failure_(e);
-        fail_all(e);
-        failed = true;
-        break;
-      }
-      pending -= before - sendq[p].size();
-    }
-    // Buffered messages first (arrival order), then the channels (see the header's order rule).
-    if (!anyq.empty() && !failed) {
-      try {
-        progressed |= match_any_early(anyq, early, recvq, pending);
-      } catch (...) {
-        const std::exception_ptr e = std::current_exception();
-        on_failure_(e);
-        fail_all(e);
-        failed = true;
-      }
-    }
-    for (int p = 0; p < world_ && !failed; ++p) {
-      if (!drain_ && recvq[p].empty() && incoming[p].early == nullptr && incoming[p].op == nullptr && anyq.empty() &&
-          !awaits_cts(p))
-        continue;
-      try {
-        progressed |= progress_recvs(p, recvq[p], anyq, incoming[p], early[p], pending);
-      } catch (...) {
-        const std::exception_ptr e = std::current_exception();
-        on_failure_(e);
-        fail_all(e);
-        failed = true;
-      }
-    }
-
-    if (progressed || (pending == 0 && !drain_)) {
-      idle_since = 0;
-      continue;
-    }
-    if (pending == 0) {
-      // Draining with nothing posted: no deadline runs and no peer is waited on; sleep until a
-      // peer posts (or a slice passes).
-      idle_since = 0;
-      t.doorbell_wait(bell, std::min<int64_t>(cfg.liveness_ns, 20'000'000));
-      continue;
-    }
-    const int64_t now = now_ns();
-    if (idle_since == 0) idle_since = now;
-    if (now - idle_since < cfg.spin_ns) {
-      for (int i = 0; i < 64; ++i) cpu_relax();
-      continue;
-    }
-    // Idle: check deadlines and peers, then sleep until the doorbell rings (or a slice passes).
-    if (t.aborting()) {
-      // comm.abort(): the core told the peers; pending operations fail with the abort's error.
-      WaitCtx w;
-      w.op = "send/recv";
-      fail_all(t.interrupt_error(w));
-      continue;
-    }
+    // Read before the pass: a peer that posts (or a submit() that rings) during the pass changes
+    // the doorbell, so the wait below returns at once instead of missing it.
+    const uint32_t bell = dev_->control().doorbell_value();
+    bool sleep = false;
     try {
-      auto check_deadline = [&](const Op& op) {
-        if (now > op.deadline_ns) {
-          RC_THROW(TimeoutError, "ringcomm: " << (op.is_send ? "send to" : "recv from") << " rank " << op.peer
-                                              << " on rank " << rank_ << " (tag " << op.tag << "): Timed out after "
-                                              << t.timeout_s() << " s ("
-                                              << (op.waits_for_cts() ? "announced; its receive was not posted, "
-                                                                             : "")
-                                              << op.done << " of " << op.bytes << " bytes moved)");
-        }
-      };
-      for (auto& q : sendq)
-        for (const Op& op : q)  // the first, and every send waiting for its CTS
-          if (&op == &q.front() || op.waits_for_cts()) check_deadline(op);
-      for (auto& q : recvq)
-        if (!q.empty()) check_deadline(q.front());
-      if (!anyq.empty()) check_deadline(anyq.front());
-      WaitCtx w;
-      w.op = "send/recv";
-      const bool live = now >= next_liveness;
-      if (live) next_liveness = now + cfg.liveness_ns;
-      t.check_peers(w, live);
+      if (progress_all()) {
+        idle_since = 0;
+        continue;
+      }
+      sleep = settle(idle_since);
     } catch (...) {
+      // The one failure path: a data-phase error breaks the communicator (the core records it
+      // and tells the peers), and every pending operation fails with it.
       const std::exception_ptr e = std::current_exception();
       on_failure_(e);
       fail_all(e);
       continue;
     }
-    t.doorbell_wait(bell, std::min<int64_t>(cfg.liveness_ns, 20'000'000));
+    if (sleep) dev_->control().doorbell_wait(bell, std::min<int64_t>(dev_->control().config().liveness_ns, 20'000'000));
   }
+}
+
+bool P2PEngine::take_new() {
+  std::unique_lock<std::mutex> lk(mu_);
+  // Draining, the thread never waits here (until a failure, after which it reads no channel):
+  // it sleeps on the doorbell (loop), which submit() and stop() ring as well as every peer that
+  // posts a message to this rank.
+  if (pending_ == 0 && (!drain_ || failed_)) cv_.wait(lk, [&] { return stopping_ || !new_.empty(); });
+  while (!new_.empty()) {
+    Op op = std::move(new_.front());
+    new_.pop_front();
+    if (op.is_send) {
+      op.rdv = dev_->p2p_slots_in_host_memory() && op.bytes > eager_bytes_;
+      if (op.rdv) op.rdv_id = next_rdv_id_++;
+      sendq_[op.peer].push_back(std::move(op));
+    } else if (op.peer == kAnySource) {
+      anyq_.push_back(std::move(op));
+    } else {
+      recvq_[op.peer].push_back(std::move(op));
+    }
+    ++pending_;
+  }
+  if (!stopping_) return true;
+  lk.unlock();
+  fail_closed();
+  return false;
+}
+
+bool P2PEngine::progress_all() {
+  // Sends first: they also carry the CTS answers this rank owes, which the peers' data waits for.
+  bool progressed = false;
+  for (int p = 0; p < world_; ++p) progressed |= progress_sends_to(p);
+  // Buffered messages first (arrival order), then the channels (see the header's order rule).
+  if (!anyq_.empty()) progressed |= match_any_early();
+  for (int p = 0; p < world_; ++p)
+    if (reads_channel(p)) progressed |= progress_recvs(p);
+  return progressed;
+}
+
+bool P2PEngine::progress_sends_to(int peer) {
+  if (sendq_[peer].empty() && cts_out_[peer].empty()) return false;
+  // The deadline counts from the operation's last progress: a long message that keeps moving,
+  // or one queued behind others, never times out while the pair is busy.
+  const bool moved = progress_sends(peer);
+  if (moved && !cts_out_[peer].empty()) {
+    // Our message to the peer still streams and our CTS to it waits behind it: the receives
+    // awaiting that data are not idle.
+    const int64_t d = deadline_after(now_ns(), dev_->control().timeout_s());
+    for (Op& op : recvq_[peer])
+      if (op.rdv_matched) op.deadline_ns = d;
+    for (Op& op : anyq_)
+      if (op.rdv_matched && op.peer == peer) op.deadline_ns = d;
+  }
+  return moved;
+}
+
+bool P2PEngine::settle(int64_t& idle_since) {
+  if (pending_ == 0) {
+    // Nothing posted: no deadline runs and no peer is waited on. Draining, sleep until a peer
+    // posts (or a slice passes); else take_new() waits for a submit.
+    idle_since = 0;
+    return drain_;
+  }
+  ShmTransport& t = dev_->control();
+  const int64_t now = now_ns();
+  if (idle_since == 0) idle_since = now;
+  if (now - idle_since < t.config().spin_ns) {
+    for (int i = 0; i < 64; ++i) cpu_relax();
+    return false;
+  }
+  // Idle: check deadlines and peers, then sleep until the doorbell rings (or a slice passes).
+  WaitCtx w;
+  w.op = "send/recv";
+  if (t.aborting()) {
+    // comm.abort(): the core told the peers; pending operations fail with the abort's error.
+    fail_all(t.interrupt_error(w));
+    return false;
+  }
+  check_deadlines(now);
+  const bool live = now >= next_liveness_;
+  if (live) next_liveness_ = now + t.config().liveness_ns;
+  t.check_peers(w, live);
+  return true;
+}
+
+void P2PEngine::check_deadlines(int64_t now) const {
+  auto check = [&](const Op& op) {
+    if (now > op.deadline_ns) {
+      RC_THROW(TimeoutError, "ringcomm: " << (op.is_send ? "send to" : "recv from") << " rank " << op.peer
+                                          << " on rank " << rank_ << " (tag " << op.tag << "): Timed out after "
+                                          << dev_->control().timeout_s() << " s ("
+                                          << (op.waits_for_cts() ? "announced; its receive was not posted, " : "")
+                                          << op.done << " of " << op.bytes << " bytes moved)");
+    }
+  };
+  for (const auto& q : sendq_)
+    for (const Op& op : q)  // the first, and every send waiting for its CTS
+      if (&op == &q.front() || op.waits_for_cts()) check(op);
+  for (const auto& q : recvq_)
+    if (!q.empty()) check(q.front());
+  if (!anyq_.empty()) check(anyq_.front());
+}
+
+void P2PEngine::for_each_op(const std::function<void(Op&)>& fn) {
+  for (auto& q : sendq_)
+    for (auto& op : q) fn(op);
+  for (auto& q : recvq_)
+    for (auto& op : q) fn(op);
+  for (auto& op : anyq_) fn(op);
+}
+
+void P2PEngine::fail_all(const std::exception_ptr& e) {
+  if (!failed_) failed_ = e;
+  for_each_op([&](Op& op) { finish(op, e); });
+  for (auto& q : sendq_) q.clear();
+  for (auto& q : recvq_) q.clear();
+  anyq_.clear();
+  for (auto& in : incoming_) in = Incoming{};
+  for (auto& c : cts_out_) c.clear();
+  pending_ = 0;
+}
+
+void P2PEngine::fail_closed() {
+  for_each_op([&](Op& op) {
+    finish(op, std::make_exception_ptr(Closed(
+        std::string("ringcomm: ") + (op.is_send ? "send to" : "recv from") + " rank " +
+        (op.peer == kAnySource ? std::string("(any)") : std::to_string(op.peer)) + " on rank " +
+        std::to_string(rank_) + " (" + std::to_string(op.done) + " of " + std::to_string(op.bytes) +
+        " bytes moved): the communicator was closed while it was pending")));
+  });
 }
 
 }  // namespace rc

@@ -125,9 +125,35 @@ class P2PEngine {
     Op* op = nullptr;
     Early* early = nullptr;
   };
+  // The engine thread's pass (loop), in this order: take what submit() queued; if broken, fail
+  // it; else move sends (every peer), then any-source receives whose message is buffered, then
+  // every channel that is read (peer order). Buffered messages go before the channels' next
+  // messages: that is the header's "first to arrive" order. Any error a pass throws reaches the
+  // one catch in loop(), which tells the core (on_failure_) and fails everything pending
+  // (fail_all).
   void loop();
+  /// Moves new_ into the queues (sleeping on cv_ while there is nothing to do and no channel to
+  /// drain); false once stop() was called, after every pending operation failed with Closed.
+  bool take_new();
+  /// One pass over every peer; true if anything moved. Throws the first error.
+  bool progress_all();
+  /// After a pass that moved nothing: spin for the spin time, then check the deadlines and the
+  /// peers (throws their error; an abort fails what is pending). True: sleep on the doorbell.
+  bool settle(int64_t& idle_since);
+  /// Throws TimeoutError for the first operation past its deadline (`now`).
+  void check_deadlines(int64_t now) const;
+  /// Every pending operation fails with e (the first failure is kept in failed_); the queues and
+  /// the streams in progress are dropped.
+  void fail_all(const std::exception_ptr& e);
+  /// Every pending operation fails with Closed (stop()).
+  void fail_closed();
+  void for_each_op(const std::function<void(Op&)>& fn);
+
+  /// Sends to `peer` and their bookkeeping (pending_, the deadlines of the receives that wait
+  /// behind this rank's CTS to it).
+  bool progress_sends_to(int peer);
   /// Sends to one peer: CTS answers first, then its queue in order (see Rendezvous above).
-  bool progress_sends(int peer, std::list<Op>& q);
+  bool progress_sends(int peer);
   /// p2p_begin, once per operation (before its first piece or its match).
   void begin(Op& op);
   bool advance(Op& op);
@@ -138,11 +164,41 @@ class P2PEngine {
   /// Whether a send to `peer` waits for its CTS (then the peer's channel is read, and buffered
   /// past what no receive takes, even with no receive from it posted).
   bool awaits_cts(int peer) const;
-  bool progress_recvs(int peer, std::list<Op>& q, std::list<Op>& anyq, Incoming& in, std::list<Early>& early,
-                      size_t& pending);
+
+  /// Whether this pass reads `peer`'s channel: a receive (from it or from any source) is posted,
+  /// a message of it streams in, a send to it waits for its CTS, or every channel is drained.
+  bool reads_channel(int peer) const;
+  /// The receive side of one peer: tag matching (see the header). True if anything moved.
+  bool progress_recvs(int peer);
+  /// Posted receives from `peer` whose message is buffered (complete): copy it and finish; one
+  /// that was announced (an RTS) is matched, its CTS queued, and its data awaited.
+  bool take_buffered(int peer);
+  /// What the first piece of a message from `peer` started (the piece is not released yet).
+  enum class Start {
+    kControl,  // a CTS or an RTS, handled whole: release the piece
+    kData,     // data: incoming_[peer] names the receive or buffer it streams into
+    kWaits,    // no receive takes it and it is not buffered: it stays in the channel
+  };
+  Start start_message(int peer, const SlotMeta& m, const char* src);
+  /// The posted receive that takes a new message of `tag` from `peer` by the order rule (an
+  /// any-source receive it picks is bound to `peer`), or null.
+  Op* match_new(int peer, uint64_t tag);
+  /// A data or RTS piece from `peer` that no receive takes: buffer it (host-memory slots, while
+  /// something waits behind it or while draining) and return kData, else kWaits.
+  Start buffer_or_wait(int peer, uint64_t tag, uint64_t total);
+  /// Copies one piece of the message streaming in from `peer` and releases it.
+  void take_piece(int peer, const SlotMeta& m, const char* src);
+  /// After progress with `peer`: its receives count their deadline from now (and the sends to it
+  /// waiting for a CTS that its message streaming in holds back).
+  void refresh_recv_deadlines(int peer, bool mid_message);
+  /// An any-source receive not yet matched to a peer's message (any tag when any_tag).
+  Op* unmatched_any(uint64_t tag, bool any_tag);
+  /// Throws Mismatch when a message of `total` bytes from `peer` does not fit op's buffer.
+  void check_size(const Op& op, int peer, uint64_t total) const;
+  /// Drops a finished receive from its queue (recvq_[peer] or anyq_).
+  void erase_recv(int peer, Op* target);
   /// Any-source receives (not yet matched) whose message is buffered: copy and finish.
-  bool match_any_early(std::list<Op>& anyq, std::vector<std::list<Early>>& early,
-                       const std::vector<std::list<Op>>& recvq, size_t& pending);
+  bool match_any_early();
   /// Posts a begun receive's buffered message: copy it and finish the receive.
   void take_early(Op& op, const Early& e);
   void finish(Op& op, const std::exception_ptr& e);
@@ -150,6 +206,9 @@ class P2PEngine {
   const int rank_, world_;
   CommDevice* dev_;
   std::function<void(const std::exception_ptr&)> on_failure_;
+  // submit() (any thread) appends to new_ and stop() sets stopping_, both under mu_; the engine
+  // thread moves new_ into its own queues under mu_. Everything below them is the engine
+  // thread's alone.
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> new_;
@@ -170,6 +229,15 @@ class P2PEngine {
   uint64_t next_rdv_id_ = 1;
   std::vector<std::deque<uint64_t>> cts_out_;
   std::vector<std::list<Op>> sendq_;
+  // Engine thread only: receives per peer (posting order), any-source receives (posting order;
+  // one stays here once bound to a peer), the message streaming in per peer, the messages
+  // buffered per peer (arrival order), and how many operations are queued in all.
+  std::vector<std::list<Op>> recvq_;
+  std::list<Op> anyq_;
+  std::vector<Incoming> incoming_;
+  std::vector<std::list<Early>> early_;
+  size_t pending_ = 0;
+  int64_t next_liveness_ = 0;  // engine thread only: when settle() next runs the liveness check
 };
 
 }  // namespace rc

@@ -14,7 +14,7 @@
 // hold is a registration ringcomm does not own, and is refused too (reject_foreign).
 //
 // Pure bookkeeping (no CUDA): compiled into every build and unit-tested on the host through
-// ringcomm._C._PinRegistry. Thread-safe: one mutex guards the table (both lanes' threads of one
+// ringcomm._C_test.PinRegistry. Thread-safe: one mutex guards the table (both lanes' threads of one
 // transport, and several transports of one process, claim concurrently).
 #pragma once
 #include <cstddef>

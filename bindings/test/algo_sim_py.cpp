@@ -1,4 +1,4 @@
-// Tests only: ringcomm._C._AlgoSim runs the one algorithm layer (csrc/algo/) between processes
+// ringcomm._C_test.AlgoSim runs the one algorithm layer (csrc/algo/) between processes
 // over a shm channel of its own, without a communicator, with either channel style:
 //  - "host": the host communicator's options (slots take the source's in-page offset, pieces
 //    forwarded straight from their slot);
@@ -31,7 +31,7 @@ using GIL = py::call_guard<py::gil_scoped_release>;
 rc::ShmChannelOptions style_options(const std::string& style) {
   rc::ShmChannelOptions o;
   if (style == "host") return o;
-  RC_CHECK(style == "cuda", InvalidArgument, "_AlgoSim: style must be 'host' or 'cuda', got '" << style << "'");
+  RC_CHECK(style == "cuda", InvalidArgument, "AlgoSim: style must be 'host' or 'cuda', got '" << style << "'");
   o.placement = rc::ShmChannelOptions::Placement::kResidue16;
   o.forward_from_slot = false;
   return o;
@@ -82,7 +82,7 @@ class AlgoSim {
  private:
   static rc::ShmConfig make_cfg(int world, int64_t slot_bytes, int nslots, double timeout_s) {
     rc::ShmConfig c = rc::ShmConfig::from_knobs(rc::Knobs::read(), world, timeout_s);
-    RC_CHECK(slot_bytes >= 64 && nslots >= 2, InvalidArgument, "_AlgoSim: slot_bytes >= 64 and nslots >= 2");
+    RC_CHECK(slot_bytes >= 64 && nslots >= 2, InvalidArgument, "AlgoSim: slot_bytes >= 64 and nslots >= 2");
     c.slot_bytes = static_cast<size_t>((slot_bytes + 63) / 64 * 64);
     c.nslots = static_cast<uint32_t>(nslots);
     return c;
@@ -108,8 +108,8 @@ class AlgoSim {
 
 }  // namespace
 
-void bind_algo_sim(py::module_& m) {
-  py::class_<AlgoSim>(m, "_AlgoSim")
+void bind_test_algo_sim(py::module_& m) {
+  py::class_<AlgoSim>(m, "AlgoSim")
       .def(py::init<int, int, int64_t, int, double, const std::string&, bool>(), py::arg("rank"),
            py::arg("world_size"), py::arg("slot_bytes"), py::arg("nslots"), py::arg("timeout") = 60.0,
            py::arg("style") = "host", py::arg("streaming") = false)

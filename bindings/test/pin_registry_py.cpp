@@ -1,5 +1,5 @@
 // Test binding of the pinned-range ownership bookkeeping (transport/pin_registry.h):
-// ringcomm._C._PinRegistry, a private registry (never the process's) driven with integer
+// ringcomm._C_test.PinRegistry, a private registry (never the process's) driven with integer
 // addresses, so that tests/test_cuda_bookkeeping.py checks the CUDA transport's close policy on
 // the host, without a GPU.
 #include <pybind11/pybind11.h>
@@ -19,16 +19,16 @@ namespace {
 rc::PinKind kind_of(const std::string& k) {
   if (k == "host") return rc::PinKind::kHostRegistered;
   if (k == "ipc") return rc::PinKind::kIpcMapped;
-  RC_THROW(InvalidArgument, "_PinRegistry: kind must be 'host' or 'ipc', got '" << k << "'");
+  RC_THROW(InvalidArgument, "PinRegistry: kind must be 'host' or 'ipc', got '" << k << "'");
 }
 
 const void* addr_of(uintptr_t a) { return reinterpret_cast<const void*>(a); }
 
 }  // namespace
 
-void bind_pin_registry(py::module_& m) {
-  py::class_<rc::PinRegistry>(m, "_PinRegistry",
-                              "Pinned / IPC-mapped range ownership (csrc/transport/pin_registry.h); tests only.")
+void bind_test_pin_registry(py::module_& m) {
+  py::class_<rc::PinRegistry>(m, "PinRegistry",
+                              "Pinned / IPC-mapped range ownership (csrc/transport/pin_registry.h).")
       .def(py::init<>())
       .def("new_owner", &rc::PinRegistry::new_owner)
       .def("claim", [](rc::PinRegistry& r, uint64_t owner, uintptr_t addr, size_t bytes, const std::string& kind) {

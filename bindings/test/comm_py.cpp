@@ -1,0 +1,102 @@
+// ringcomm._C_test: the communicator's numbering and header (CommCoreTestAccess), the pure ring
+// schedule, the header board's word, the segment's size, and the ABI tables as compiled.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "algo/ring_schedule.h"
+#include "comm/communicator.h"
+#include "common/errors.h"
+#include "ringcomm/abi.h"
+#include "transport/shm.h"
+
+namespace py = pybind11;
+
+namespace rc {
+
+// Friend of CommCore (comm/core.h). Touches only the core's members, under its mutex mu_, as
+// submit() does: the communicator may be in use by other threads.
+struct CommCoreTestAccess {
+  // Number the next collective `last + 1`: exercises the board's counter wrap without 2^32
+  // calls. Before the first collective only, with the same value on every rank.
+  static void set_last_seq(CommCore& c, uint64_t last) {
+    std::lock_guard<std::mutex> lk(c.mu_);
+    RC_CHECK(c.seq_ == 0 && c.queue_.empty() && !c.busy_, Error, "set_last_seq: collectives already ran");
+    c.seq_ = last;
+  }
+  // The next collective's header (a rejection excepted) carries these counts instead of the
+  // checked ones: a forged peer header, which the public API cannot produce.
+  static void forge_next_header(CommCore& c, int64_t count, int64_t count2) {
+    std::lock_guard<std::mutex> lk(c.mu_);
+    c.next_header_hook_ = [count, count2](CollHeader& h) {
+      h.count = count;
+      h.count2 = count2;
+    };
+  }
+};
+
+}  // namespace rc
+
+void bind_test_comm(py::module_& m) {
+  m.def("set_last_seq", [](rc::Communicator& c, uint64_t last) { rc::CommCoreTestAccess::set_last_seq(c, last); },
+        py::arg("comm"), py::arg("last"));
+  m.def("forge_next_header", [](rc::Communicator& c, int64_t count, int64_t count2) {
+    rc::CommCoreTestAccess::forge_next_header(c, count, count2);
+  }, py::arg("comm"), py::arg("count"), py::arg("count2"));
+
+  // The header board's 32-bit word for collective `seq` (its entry is word & 1).
+  m.def("board_seq_of", &rc::board_seq_of, py::arg("seq"));
+  // Bytes of one rank's shared-memory segment for world_size ranks with the current knobs (the
+  // host communicator's geometry); computes only, creates nothing.
+  m.def("shm_segment_bytes", [](int world_size) {
+    return rc::footprint_bytes(world_size, rc::ShmConfig::host_from_knobs(rc::Knobs::read(), world_size, 0));
+  }, py::arg("world_size"));
+
+  // The pure ring schedule (algo/ring_schedule.h) of rank r.
+  m.def("ring_schedule", [](int n, int r, int shift) {
+    py::dict d;
+    py::list rs_s, rs_r, ag_s, ag_r;
+    for (int s = 0; s < n - 1; ++s) {
+      rs_s.append(rc::ring::rs_send(r, s, n, shift));
+      rs_r.append(rc::ring::rs_recv(r, s, n, shift));
+      ag_s.append(rc::ring::ag_send(r, s, n, shift));
+      ag_r.append(rc::ring::ag_recv(r, s, n, shift));
+    }
+    d["rs_send"] = rs_s;
+    d["rs_recv"] = rs_r;
+    d["ag_send"] = ag_s;
+    d["ag_recv"] = ag_r;
+    d["owner"] = rc::ring::owner(r, n, shift);
+    d["right"] = rc::ring::right(r, n);
+    d["left"] = rc::ring::left(r, n);
+    return d;
+  }, py::arg("world_size"), py::arg("rank"), py::arg("shift") = 0);
+  m.def("ar_chunk_bounds", [](int64_t count, int n, int64_t esize) {
+    std::vector<std::pair<int64_t, int64_t>> v;
+    for (int k = 0; k < n; ++k)
+      v.emplace_back(rc::ring::ar_chunk_offset(count, n, esize, k), rc::ring::ar_chunk_count(count, n, esize, k));
+    return v;
+  }, py::arg("count"), py::arg("world_size"), py::arg("esize"),
+     "all_reduce's chunks (offset, count) per rank: gloo's ring segmentation (ring_schedule.h).");
+
+  m.def("abi_tables", [] {
+    // The lists of ringcomm/abi.h as the C++ is compiled with them (tests compare ringcomm.tables,
+    // which parses the header, against these).
+    py::list dtypes, ops;
+#define RC_ABI_DTYPE_ROW_(name, code, bytes, str, kind, dl) dtypes.append(py::make_tuple(str, code, bytes, kind, dl));
+    RC_DTYPES(RC_ABI_DTYPE_ROW_)
+#undef RC_ABI_DTYPE_ROW_
+#define RC_ABI_OP_ROW_(name, code, str, kinds) ops.append(py::make_tuple(str, code, kinds));
+    RC_REDUCE_OPS(RC_ABI_OP_ROW_)
+#undef RC_ABI_OP_ROW_
+    py::dict d;
+    d["dtypes"] = dtypes;
+    d["ops"] = ops;
+    d["fast_api_version"] = RC_FAST_API_VERSION;
+    return d;
+  });
+}
