@@ -230,12 +230,12 @@ def temp_dir(prefix: str):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def run_in_dir(fn: Callable[..., Any], world_size: int, prefix: str, *, timeout: float,
-               env: dict | None = None) -> list:
-    """``fn(rank, world_size, d)`` on the session's group of ``world_size`` ranks, ``d`` a fresh
-    directory (``temp_dir(prefix)``) shared by the ranks and removed after."""
+def run_in_dir(fn: Callable[..., Any], world_size: int, prefix: str, args: Sequence[Any] = (), *,
+               timeout: float, env: dict | None = None) -> list:
+    """``fn(rank, world_size, d, *args)`` on the session's group of ``world_size`` ranks, ``d`` a
+    fresh directory (``temp_dir(prefix)``) shared by the ranks and removed after."""
     with temp_dir(prefix) as d:
-        return run(fn, world_size, (d,), timeout=timeout, env=env)
+        return run(fn, world_size, (d, *args), timeout=timeout, env=env)
 
 
 # ---- one group, many cases, many tests -------------------------------------------------------------

@@ -24,7 +24,7 @@ import torch.distributed as dist  # noqa: E402
 import ranks  # noqa: E402
 from mp_cases import free_port  # noqa: E402
 from torch_backend_cases import CASES, assert_same, case  # noqa: E402
-from torch_battery import fail_on_error, init_world, run_battery, run_cases  # noqa: E402
+from torch_battery import fail_on_error, init_world, run_cases  # noqa: E402
 
 WORLD_SIZES = [2, 3]
 CASE_TIMEOUT_S = 30        # ringcomm/gloo group timeout inside the battery: a desync fails fast
@@ -364,10 +364,10 @@ def _check_world(ws):
     assert_same(t, torch.full((2,), float(ws)), "subgroup after re-init")
 
 
-def _battery(rank, ws, file_path, tcp_port, store_port):
+def _battery(rank, ws, d, tcp_port, store_port):
     import ringcomm.torch  # noqa: F401 - registers the backend
     torch.set_num_threads(1)  # ranks outnumber cores: intra-op thread pools would only fight
-    ctx = init_world(rank, ws, file_path, CASE_TIMEOUT_S)
+    ctx = init_world(rank, ws, d, CASE_TIMEOUT_S)
     timeout = ctx.timeout
     assert dist.get_backend() == "ringcomm"
     results = {name: (err, seconds)
@@ -422,8 +422,8 @@ def battery_results(ws: int) -> dict:
     the battery left, from ONE group per world size."""
     def start():
         before = ranks.shm_segments(_shm_entry)
-        per_rank = run_battery(_battery, ws, "ringcomm-torch-test-", BATTERY_TIMEOUT_S,
-                               args=(free_port(), free_port()))
+        per_rank = ranks.run_in_dir(_battery, ws, "ringcomm-torch-test-", (free_port(), free_port()),
+                                    timeout=BATTERY_TIMEOUT_S)
         leaked = ranks.lasting(ranks.shm_segments(_shm_entry) - before, _shm_entry)
         merged = {}
         for name in list(CASES) + INIT_CASES:

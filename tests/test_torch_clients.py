@@ -23,7 +23,7 @@ import torch.nn as nn  # noqa: E402
 
 from mp_cases import free_port, max_abs_diff  # noqa: E402
 import ranks  # noqa: E402
-from torch_battery import init_world, registry, run_battery, run_cases  # noqa: E402
+from torch_battery import init_world, registry, run_cases  # noqa: E402
 
 WORLD_SIZES = [2, 3]
 STEPS = 5
@@ -324,10 +324,10 @@ def case_device_mesh(ctx):
 
 
 # ---- the spawned group ----------------------------------------------------------------------------
-def _clients(rank, ws, store_path):
+def _clients(rank, ws, d):
     import ringcomm.torch  # noqa: F401
     torch.set_num_threads(1)
-    ctx = init_world(rank, ws, store_path, 60)
+    ctx = init_world(rank, ws, d, 60)
     results = {name: (err, info or "", seconds)
                for name, (err, info, seconds) in run_cases(ctx, CASES).items()}
     dist.destroy_process_group()
@@ -337,7 +337,7 @@ def _clients(rank, ws, store_path):
 def client_results(ws: int) -> dict:
     """``{case: (every rank's error or None, rank 0's info)}`` from ONE group per world size."""
     def start():
-        per_rank = run_battery(_clients, ws, "ringcomm-torch-clients-", TIMEOUT_S)
+        per_rank = ranks.run_in_dir(_clients, ws, "ringcomm-torch-clients-", timeout=TIMEOUT_S)
         merged = {}
         for name in CASES:
             errs = [res[name][0] for res in per_rank if res[name][0]]
