@@ -1,5 +1,5 @@
 """Shared test fixtures: every test must leave no ringcomm segment in /dev/shm and no child
-process behind (but the session's rank pools, ``rank_pool``, which end with the session)."""
+process behind (but the session's groups of ranks, ``ranks``, which end with the session)."""
 import importlib.util
 import multiprocessing
 import os
@@ -7,24 +7,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
-import rank_pool
+import ranks
 
 # Ranks of ringcomm.launch in this session start as forks of one server that imported numpy and
-# torch once (rank_pool.start_forkserver), as the rank pools' do: a spawned rank would import
+# torch once (ranks.start_forkserver), as the groups' ranks do: a spawned rank would import
 # torch itself, seconds on a 2-core machine. Subprocesses the tests start inherit the setting.
 os.environ["RINGCOMM_START_METHOD"] = "forkserver"
-rank_pool.start_forkserver()
-
-
-def _segments():
-    try:
-        return {f for f in os.listdir("/dev/shm") if f.startswith("ringcomm-")}
-    except FileNotFoundError:
-        return set()
+ranks.start_forkserver()
 
 
 @pytest.fixture
@@ -36,19 +28,22 @@ def store_env():
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture
+def comm1():
+    """A communicator of one rank (no store, no peers), closed after the test."""
+    import ringcomm
+    c = ringcomm.init(rank=0, world_size=1)
+    yield c
+    c.close()
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
-    before = _segments()
+    before = ranks.shm_segments()
     yield
-    # Segments are unlinked within milliseconds of creation; another test run on the same machine
-    # may have one in flight, so only a segment that stays is a leak.
-    deadline = time.monotonic() + 3.0
-    leaked = _segments() - before
-    while leaked and time.monotonic() < deadline:
-        time.sleep(0.05)
-        leaked &= _segments()
+    leaked = ranks.lasting(ranks.shm_segments() - before)
     assert not leaked, f"shared-memory segments left in /dev/shm: {sorted(leaked)}"
-    alive = [p for p in multiprocessing.active_children() if not rank_pool.owns(p)]
+    alive = [p for p in multiprocessing.active_children() if not ranks.owns(p)]
     assert not alive, f"child processes left running: {alive}"
 
 
@@ -64,7 +59,7 @@ def pytest_configure(config):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    rank_pool.close_all()
+    ranks.close_all()
 
 
 def pytest_sessionstart(session):

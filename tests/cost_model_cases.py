@@ -1,35 +1,16 @@
 """Cases of tests/test_cost_model.py that run inside spawned ranks (module-level so that spawn can
 pickle them; torch is imported only by the bfloat16 cases, through mp_cases)."""
 import numpy as np
-from mp_cases import close_enough, init_under_env, make, pairs, reference, thinned
-from order_ref import ordered_sum
+from mp_cases import (ESIZE, TINY, close_enough, counts_of, init_under_env, make, pairs, reference,
+                      thinned)
+from order_ref import order_sensitive, ordered_sum
 from rank_checks import AllReduceChecks
 
-ESIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
-         "int32": 4, "int64": 8, "bool": 1}
-
-# Tiny slots: far pieces of 128 bytes (halving_doubling's units and slots), ring pieces of 256,
-# two slots per channel: small counts span many units per chunk, many slots per step, and every
-# channel runs full.
-TINY = {"RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "128", "RINGCOMM_NSLOTS": "2"}
 CONFIGS = {
     "hd_tiny": {"RINGCOMM_ALGO": "halving_doubling", "RINGCOMM_TRACE": "2", **TINY},
     "hd": {"RINGCOMM_ALGO": "halving_doubling", "RINGCOMM_TRACE": "2"},
     "ring": {"RINGCOMM_ALGO": "ring"},
 }
-
-
-def counts_of(world, esize):
-    """0, 1, odd counts, below and not divisible by the world size, and counts whose chunks span
-    several tiny units (128 / esize elements each)."""
-    pe = 128 // esize
-    return sorted({0, 1, 2, 3, 7, max(world - 1, 1), 5 * world + 1, world * pe + 1, 3 * world * pe + world - 1, 1001})
-
-
-def order_sensitive(count, rank, dtype):
-    """Values of wide-ranging magnitude: sums and products of three or more depend on their order."""
-    rng = np.random.default_rng(31 * count + rank)
-    return (rng.standard_normal(count) * 10.0 ** rng.uniform(-3, 3, count)).astype(dtype)
 
 
 def hd_cases(rank, world):
@@ -43,7 +24,7 @@ def hd_cases(rank, world):
         comms, check, run = checks.comms, checks.check, checks.run
         for p, (dt, op) in enumerate(pairs()):
             lib = "torch" if dt == "bfloat16" else "numpy"
-            for i, count in thinned(counts_of(world, ESIZE[dt]), p, stride):
+            for i, count in thinned(counts_of(world, ESIZE[dt], extra=(1001,)), p, stride):
                 ins = [make(dt, count, r, 5, op) for r in range(world)]
                 ref = reference(ins, dt, op, world)
                 in_place = i % 2 == 0

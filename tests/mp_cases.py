@@ -17,6 +17,12 @@ DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32",
 FLOAT = {"float32", "float64", "float16", "bfloat16"}
 INTS = {"int8", "uint8", "int32", "int64"}
 OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"]
+# Element sizes of DTYPES.
+ESIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
+         "int32": 4, "int64": 8, "bool": 1}
+# Tiny slots: far pieces of 128 bytes, ring pieces of 256, two slots per channel, so that small
+# counts span many pieces (and halving_doubling's units) per chunk and every channel runs full.
+TINY = {"RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "128", "RINGCOMM_NSLOTS": "2"}
 
 
 
@@ -175,6 +181,14 @@ def thinned(counts, pair, stride):
     """``(index, count)`` of every ``stride``-th of ``counts``, starting at an offset set by the
     dtype x op pair's index ``pair``: over all pairs, every count still runs (stride 1: all)."""
     return [(i, c) for i, c in enumerate(counts) if (i + pair) % stride == 0]
+
+
+def counts_of(world, esize, extra=()):
+    """0, 1, 2, 3, 7, below the world size, not divisible by it, and counts whose chunks span
+    several TINY far pieces (128 / esize elements each), with the caller's `extra` counts."""
+    pe = 128 // esize
+    return sorted({0, 1, 2, 3, 7, max(world - 1, 1), 5 * world + 1, world * pe + 1,
+                   3 * world * pe + world - 1, *extra})
 
 
 def counts_for(world):

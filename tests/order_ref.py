@@ -32,3 +32,9 @@ def ordered_sum(xs):
             acc = (xs[(k + t) % n][sl] + acc).astype(dt)
         out[sl] = (xs[k][sl] + acc).astype(dt)
     return out
+
+
+def order_sensitive(count, rank, dtype):
+    """Values of wide-ranging magnitude: sums and products of three or more depend on their order."""
+    rng = np.random.default_rng(31 * count + rank)
+    return (rng.standard_normal(count) * 10.0 ** rng.uniform(-3, 3, count)).astype(dtype)

@@ -52,6 +52,7 @@ import traceback
 import numpy as np
 
 # Run as a script: its folder, tests/, is on sys.path.
+import ranks
 from soak_calls import KINDS, describe, draw_call, epoch_knobs, epoch_seconds, make_lib_of, run_call, size_cap
 
 CTL_EVERY = 8                # calls between control words
@@ -316,12 +317,7 @@ def main(argv=None):
         sampler.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     elapsed = time.monotonic() - t0
-    # Leaks: segments unlink within milliseconds of creation; only one that stays is a leak.
-    leak_deadline = time.monotonic() + 3.0
-    leaked = set(ringcomm_segments()) - segs_before
-    while leaked and time.monotonic() < leak_deadline:
-        time.sleep(0.05)
-        leaked &= set(ringcomm_segments())
+    leaked = ranks.lasting(set(ringcomm_segments()) - segs_before)
     children = sorted(set(child_pids(os.getpid())) | {p.pid for p in mp.active_children()})
     errors = sum(s.get("errors", 0) for s in per_rank.values())
     print("# final", flush=True)

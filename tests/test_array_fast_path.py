@@ -15,13 +15,6 @@ torch = pytest.importorskip("torch")   # the general path's second array type
 TAKEN = [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int32, np.int64, np.bool_]
 
 
-@pytest.fixture
-def comm1():
-    c = ringcomm.init(rank=0, world_size=1)
-    yield c
-    c.close()
-
-
 @pytest.mark.parametrize("dt", TAKEN)
 def test_binding_takes_native_contiguous_writable_arrays(comm1, dt):
     for n in (0, 1, 1000):

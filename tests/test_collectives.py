@@ -1,13 +1,8 @@
 """Every collective x dtype x op x count, numpy and torch inputs, world sizes 1-4, against numpy.
 One group of ranks per world size runs all cases (spawning is the expensive part)."""
-import shutil
-import tempfile
-
 import pytest
 
-from ringcomm.launch import LaunchError
-
-import rank_pool
+import ranks
 from mp_cases import run_collective_configs
 
 torch = pytest.importorskip("torch")
@@ -30,25 +25,14 @@ def _config_args(config):
     return slot_bytes, nslots, libs, algo, config == "tiny-direct", env
 
 
-_groups: dict = {}
-
-
 def _group(world):
     """Every config's (failures, digests) per rank, from ONE group of `world` ranks (each config on
     a communicator of its own, created under its knobs)."""
-    if world not in _groups:
-        d = tempfile.mkdtemp(prefix="rc-test-store-")
-        try:
-            _groups[world] = rank_pool.run(run_collective_configs, world,
-                                   ({c: _config_args(c) for c in CONFIGS},), timeout=560,
-                                   env={"RC_TEST_STORE": d})
-        except LaunchError as e:
-            _groups[world] = e
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
-    if isinstance(_groups[world], LaunchError):
-        pytest.fail(f"the world-{world} group failed: {_groups[world]}")
-    return _groups[world]
+    def start():
+        with ranks.temp_dir("rc-test-store-") as d:
+            return ranks.run(run_collective_configs, world, ({c: _config_args(c) for c in CONFIGS},),
+                             timeout=560, env={"RC_TEST_STORE": d})
+    return ranks.once(("collectives", world), start, f"the world-{world} group")
 
 
 @pytest.mark.timeout(600)

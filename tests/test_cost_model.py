@@ -20,7 +20,7 @@ import pytest
 import ringcomm
 from ringcomm import _C, _C_test
 from ringcomm.tune import write_profile
-import rank_pool
+import ranks
 from cost_model_cases import hd_cases, model_auto_case, profile_init_case
 
 KiB = 1024
@@ -303,12 +303,12 @@ def test_ranks_with_different_profiles_raise_at_init(tmp_path, store_env):
     ha = write_profile(a, SHARED)["hash"]
     hb = write_profile(b, dict(SHARED, alpha_s=5e-6))["hash"]
     for paths, sub in (([a, b], "differ"), ([a, None], "one-unset")):
-        res = rank_pool.run(profile_init_case, 2, (paths, sub), timeout=100, env=store_env)
+        res = ranks.run(profile_init_case, 2, (paths, sub), timeout=100, env=store_env)
         for rank, (kind, msg) in enumerate(res):
             assert kind == "MismatchError", (paths, rank, kind, msg)
             assert ha in msg and "RINGCOMM_PROFILE" in msg, msg
             assert (hb if paths[1] else _C._default_profile()["hash"]) in msg, msg
-    res = rank_pool.run(profile_init_case, 2, ([a, a], "same"), timeout=100, env=store_env)
+    res = ranks.run(profile_init_case, 2, ([a, a], "same"), timeout=100, env=store_env)
     assert res == [("ok", ha), ("ok", ha)]
 
 
@@ -318,7 +318,7 @@ def test_a_shared_profile_drives_auto(tmp_path, store_env):
     params = dict(MANY, slot_s=20e-6)   # dear slots: halving_doubling (4 slots, not 6) at 64 KiB
     write_profile(path, params)
     sizes = [64, 16 * KiB, 64 * KiB, 1 << 20]
-    res = rank_pool.run(model_auto_case, 4, (path, sizes), timeout=100, env=store_env)
+    res = ranks.run(model_auto_case, 4, (path, sizes), timeout=100, env=store_env)
     seen = set()
     for rows in res:
         for nbytes, algo, proto, equal in rows:
@@ -333,6 +333,6 @@ def test_a_shared_profile_drives_auto(tmp_path, store_env):
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8, 16])
 def test_halving_doubling_is_bit_identical_to_the_ring(world, store_env):
     pytest.importorskip("torch")   # the bfloat16 cases
-    results = rank_pool.run(hd_cases, world, timeout=380, env=store_env)
+    results = ranks.run(hd_cases, world, timeout=380, env=store_env)
     fails = [f for fs in results for f in fs]
     assert not fails, f"{len(fails)} failures:\n" + "\n".join(fails[:30])

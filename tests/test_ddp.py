@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mp_cases import max_abs_diff
-from torch_ranks import BACKENDS, require_backend, run_ranks
+import ranks
+from ranks import BACKENDS, require_backend, run_ranks
 
 WORLD_SIZES = [2, 3]
 STEPS = 5
@@ -259,20 +260,11 @@ def _ddp_cases(rank, world_size):
 
 
 # ----------------------------------------------------------------------------- the tests
-_CACHE: dict = {}
-
-
 def _results(world_size, backend):
     require_backend(backend)
-    key = (world_size, backend)
-    if key not in _CACHE:
-        try:
-            _CACHE[key] = run_ranks(_ddp_cases, world_size, backend=backend, timeout=150)
-        except Exception as e:  # noqa: BLE001 - report the same failure to every test
-            _CACHE[key] = e
-    if isinstance(_CACHE[key], Exception):
-        raise _CACHE[key]
-    return _CACHE[key]
+    return ranks.once(("ddp", world_size, backend),
+                      lambda: run_ranks(_ddp_cases, world_size, backend=backend, timeout=150),
+                      f"the world-{world_size} {backend} group")
 
 
 params = pytest.mark.parametrize("world_size,backend",

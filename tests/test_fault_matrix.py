@@ -5,11 +5,10 @@ communicator; the survivors must raise the expected typed error within the bound
 liveness slices, or the timeout plus that), no rank may crash or hang, and no /dev/shm segment
 may be left (conftest's no_leaks)."""
 import re
-import time
 
 import pytest
 
-from conftest import _segments
+import ranks
 from ringcomm.launch import spawn
 from fault_matrix_cases import COLLECTIVES, run_matrix
 
@@ -58,16 +57,11 @@ def matrix(tmp_path_factory):
     """Every case's record, from one spawned driver (it forks each case's ranks)."""
     d = tmp_path_factory.mktemp("fault-matrix")
     cases = _kill_cases() + _other_cases()
-    before = _segments()
+    before = ranks.shm_segments()
     records = spawn(run_matrix, 1, args=(cases, 40.0), timeout=240, env={"RC_TEST_STORE": str(d)})[0]
     # This fixture runs before any test's own leak check (conftest's no_leaks): the segments the
-    # cases leave are collected here. Segments of other runs on the machine are gone within
-    # seconds; only one that stays is a leak.
-    t_end = time.monotonic() + 3.0
-    leaked = _segments() - before
-    while leaked and time.monotonic() < t_end:
-        time.sleep(0.05)
-        leaked &= _segments()
+    # cases leave are collected here.
+    leaked = ranks.lasting(ranks.shm_segments() - before)
     by_name = {_name(r["case"]): r for r in records}
     by_name["leaked"] = sorted(leaked)
     return by_name

@@ -4,7 +4,7 @@ import pytest
 
 from ringcomm.launch import spawn
 import fault_cases
-import rank_pool
+import ranks
 
 
 @pytest.mark.timeout(60)
@@ -23,7 +23,7 @@ def test_killed_rank_raises_peer_failure_quickly(world, store_env):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world", [2, 3])
 def test_mismatch_raises_on_every_rank_and_recovers(world, store_env):
-    res = rank_pool.run(fault_cases.mismatch, world, timeout=50, env=store_env)
+    res = ranks.run(fault_cases.mismatch, world, timeout=50, env=store_env)
     for r, out in enumerate(res):
         assert [o[0] for o in out[:3]] == ["MismatchError"] * 3, (r, out)
         assert "count=10" in out[0][1] and "count=11" in out[0][1], out[0][1]
@@ -33,7 +33,7 @@ def test_mismatch_raises_on_every_rank_and_recovers(world, store_env):
 
 @pytest.mark.timeout(60)
 def test_timeout_names_op_rank_peer(store_env):
-    res = rank_pool.run(fault_cases.timeout, 2, timeout=50, env=store_env)
+    res = ranks.run(fault_cases.timeout, 2, timeout=50, env=store_env)
     kind, dt, msg = res[0]
     assert kind == "TimeoutError", res[0]
     assert dt < 3.0
@@ -45,7 +45,7 @@ def test_timeout_names_op_rank_peer(store_env):
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("world", [2, 3])
 def test_bad_inputs_raise_everywhere(world, store_env):
-    res = rank_pool.run(fault_cases.bad_inputs, world, timeout=80, env=store_env)
+    res = ranks.run(fault_cases.bad_inputs, world, timeout=80, env=store_env)
     expected0 = {
         "non-contiguous": "InvalidArgumentError", "read-only": "InvalidArgumentError",
         "wrong output size": "InvalidArgumentError", "dtype mismatch": "InvalidArgumentError",

@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-import rank_pool
+import ranks
 from ringcomm import _C_test
 from ringcomm.launch import spawn
 from footprint_cases import eight_rank_cases, footprint_after_everything, info_rank, many_ranks_tiny_slots
 from mp_cases import run_collective_cases
-from small_shm import run_with_dev_shm
+from ranks import run_with_dev_shm
 
 PAGE = 4096
 MIB = 2**20
@@ -106,12 +106,12 @@ def test_many_ranks_tiny_slots_and_measured_footprint(world, store_env, default_
     # One group of ranks per world size: every collective under every forced algorithm and all-
     # pairs point-to-point, with tiny slots (outboxes of 2 slots shared by every reader); then, at
     # 16 ranks, the default geometry's mappings after every collective and all-pairs p2p.
-    res = rank_pool.run(many_ranks_tiny_slots, world, (["ring", "direct", "two_shot", "auto"],), timeout=850,
-                        env=store_env)
+    res = ranks.run(many_ranks_tiny_slots, world, (["ring", "direct", "two_shot", "auto"],), timeout=850,
+                    env=store_env)
     failures = [f for fs in res for f in fs]
     assert not failures, "\n".join(failures[:30])
     if world == 16:
-        check_measured(world, rank_pool.run(footprint_after_everything, world, timeout=600, env=store_env))
+        check_measured(world, ranks.run(footprint_after_everything, world, timeout=600, env=store_env))
 
 
 @pytest.mark.timeout(600)

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 
 import ringcomm
-import rank_pool
+import ranks
 
 from front_cases import cases, host_only_cases, run
 
@@ -31,7 +31,7 @@ EXPECTED = {
 def _outcomes(kind, lib):
     d = tempfile.mkdtemp(prefix=f"rc-front-{kind}-")
     try:
-        return rank_pool.run(run, 2, (d, kind, lib), timeout=240)
+        return ranks.run(run, 2, (d, kind, lib), timeout=240)
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

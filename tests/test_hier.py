@@ -1,13 +1,10 @@
 """Hierarchical collectives on one machine: ranks faked as several nodes through
-RINGCOMM_NODE_ID. One group of ranks per fake topology (the session's, tests/rank_pool.py) runs
+RINGCOMM_NODE_ID. One group of ranks per fake topology (the session's, tests/ranks.py) runs
 every section (tests/hier_cases.py); the tests below only look the results up.
 
     2 nodes x 2 ranks (uniform: reduce-scatter -> inter-node all-reduce of the shard -> all-gather)
     3 nodes, 2 + 1 + 2 ranks (uneven: the leader paths)
 """
-import shutil
-import tempfile
-
 import pytest
 
 from ringcomm.launch import spawn
@@ -15,7 +12,7 @@ from ringcomm.launch import spawn
 torch = pytest.importorskip("torch")
 import ringcomm.hier as hier  # noqa: E402
 
-import rank_pool  # noqa: E402
+import ranks  # noqa: E402
 from hier_cases import run_topology, single_node  # noqa: E402
 
 TOPOLOGIES = {
@@ -36,20 +33,13 @@ def _ddp_available():
     return True, ""
 
 
-_RESULTS: dict = {}
-
-
 def results_for(name):
-    if name not in _RESULTS:
+    def start():
         ids = TOPOLOGIES[name]
-        d = tempfile.mkdtemp(prefix="rc-hier-")
-        try:
+        with ranks.temp_dir("rc-hier-") as d:
             ddp = name == "2x2" and _ddp_available()[0]
-            _RESULTS[name] = rank_pool.run(run_topology, len(ids), (ids, d, ddp, LIBS[name]),
-                                           timeout=240)
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
-    return _RESULTS[name]
+            return ranks.run(run_topology, len(ids), (ids, d, ddp, LIBS[name]), timeout=240)
+    return ranks.once(("hier", name), start, f"the {name} topology's group")
 
 
 def _failures(results, section):
@@ -97,11 +87,8 @@ def test_fake_nodes_env_and_node_id(monkeypatch):
 def test_single_node_stays_flat(node_id, monkeypatch):
     """One node: the plain shared-memory Communicator, torch never imported (no engine)."""
     monkeypatch.setenv("RINGCOMM_START_METHOD", "spawn")   # fresh interpreters: nothing preloaded
-    d = tempfile.mkdtemp(prefix="rc-hier1-")
-    try:
+    with ranks.temp_dir("rc-hier1-") as d:
         res = spawn(single_node, 3, (d, node_id), timeout=50)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
     for r in res:
         assert r == {"type": "Communicator", "torch_imported": False, "ok": True, "node_key": True}, res
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ringcomm.launch import spawn
-from order_ref import ar_chunk_elems, ordered_sum
+from order_ref import ar_chunk_elems, order_sensitive, ordered_sum
 from ringcomm import _C_test
 
 torch = pytest.importorskip("torch")
@@ -21,13 +21,6 @@ def store_dir():
     d = tempfile.mkdtemp(prefix="rc-test-order-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
-
-
-def order_sensitive(count, rank, dtype):
-    """Values of wide-ranging magnitude: sums of three or more depend on their order."""
-    rng = np.random.default_rng(31 * count + rank)
-    v = rng.standard_normal(count) * 10.0 ** rng.uniform(-3, 3, count)
-    return v.astype(dtype)
 
 
 COUNTS = [1, 7, 13, 1000, 3001, 40000, 300001]

@@ -6,14 +6,14 @@ import pytest
 
 from ringcomm.launch import spawn
 import fault_cases
-import rank_pool
-from small_shm import run_with_dev_shm
+import ranks
+from ranks import run_with_dev_shm
 
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("timeout", [float("inf"), 1e10, 1e300])
 def test_huge_timeout_waits_for_a_late_peer(timeout, store_env):
-    res = rank_pool.run(fault_cases.huge_timeout, 2, args=(timeout, 0.5), timeout=80, env=store_env)
+    res = ranks.run(fault_cases.huge_timeout, 2, args=(timeout, 0.5), timeout=80, env=store_env)
     for r, out in enumerate(res):
         assert out[0] == "ok", (r, out)
         assert out[1] == 3.0 and out[2] == [4.0] * 8, (r, out)
@@ -47,7 +47,7 @@ def test_board_word_alternates_entries_across_the_wrap():
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("last_seq", [2**32 - 2, 2 * (2**32 - 2) - 1])
 def test_collectives_across_the_board_wrap(last_seq, store_env):
-    res = rank_pool.run(fault_cases.board_wrap, 2, args=(last_seq,), timeout=80, env=store_env)
+    res = ranks.run(fault_cases.board_wrap, 2, args=(last_seq,), timeout=80, env=store_env)
     want = [[3.0 + 2 * i] * (10 + i) for i in range(4)]
     for r, out in enumerate(res):
         assert out[0] == "ok", (r, out)
@@ -92,8 +92,8 @@ CLOSE_MODES = ["barrier", "all_reduce", "async", "recv", "race"]
 
 @pytest.mark.timeout(150)
 def test_close_from_another_thread_during_a_call(store_env):
-    res = rank_pool.run(fault_cases.close_during_call, 2, args=(CLOSE_MODES,), timeout=140,
-                        env=store_env)
+    res = ranks.run(fault_cases.close_during_call, 2, args=(CLOSE_MODES,), timeout=140,
+                    env=store_env)
     for mode in CLOSE_MODES:
         out = res[0][mode]
         assert out["joined"], (mode, out)
@@ -113,8 +113,8 @@ def test_close_from_another_thread_during_a_call(store_env):
 @pytest.mark.timeout(90)
 def test_calls_from_several_threads_are_serialized(store_env):
     nthreads, ncalls = 3, 40
-    res = rank_pool.run(fault_cases.calls_from_threads, 2, args=(nthreads, ncalls), timeout=80,
-                        env=store_env)
+    res = ranks.run(fault_cases.calls_from_threads, 2, args=(nthreads, ncalls), timeout=80,
+                    env=store_env)
     for r, (bad, alive, done, next_seq) in enumerate(res):
         assert bad == [] and alive == 0 and done == nthreads * ncalls, (r, bad, alive, done)
         assert next_seq == nthreads * ncalls + 1, (r, next_seq)
@@ -139,7 +139,7 @@ def test_fork_after_init_child_sees_closed_parent_keeps_working(store_env):
 @pytest.mark.timeout(90)
 def test_forged_peer_counts_raise_mismatch_everywhere(store_env):
     world = 2
-    res = rank_pool.run(fault_cases.forged_counts, world, timeout=80, env=store_env)
+    res = ranks.run(fault_cases.forged_counts, world, timeout=80, env=store_env)
     for r, (out, intact, after, gather_intact) in enumerate(res):
         assert [o[:2] for o in out] == [("all_gather", "MismatchError"), ("all_to_all", "MismatchError"),
                                         ("gather", "MismatchError")], (r, out)
@@ -213,7 +213,7 @@ def _launch_sum(comm):
 @pytest.mark.timeout(90)
 def test_all_to_all_self_split_mismatch_raises_everywhere_and_recovers(store_env):
     world = 3
-    res = rank_pool.run(fault_cases.self_split_mismatch, world, timeout=80, env=store_env)
+    res = ranks.run(fault_cases.self_split_mismatch, world, timeout=80, env=store_env)
     for r, (err, y) in enumerate(res):
         assert err[0] == "MismatchError", (r, err)
         if r == 0:
@@ -226,7 +226,7 @@ def test_all_to_all_self_split_mismatch_raises_everywhere_and_recovers(store_env
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [2, 3])
 def test_abort_fails_pending_and_later_calls_everywhere_then_a_new_communicator_works(world, store_env):
-    res = rank_pool.run(fault_cases.abort_and_recover, world, timeout=110, env=store_env)
+    res = ranks.run(fault_cases.abort_and_recover, world, timeout=110, env=store_env)
     for r, out in enumerate(res):
         assert out["a_sum"] == world * (world + 1) / 2 and out["errored_before"] is None, (r, out)
         kind, msg = out["recv"] if r == 0 else out["pending"]
@@ -265,7 +265,7 @@ def test_a_rank_failing_during_init_fails_its_peers_promptly(world, store_env):
 
 @pytest.mark.timeout(60)
 def test_p2p_deadline_counts_from_the_last_progress(store_env):
-    res = rank_pool.run(fault_cases.p2p_deadline_from_progress, 2, timeout=50, env=store_env)
+    res = ranks.run(fault_cases.p2p_deadline_from_progress, 2, timeout=50, env=store_env)
     for r, out in enumerate(res):
         assert out[0] == "ok" and out[3] is True, (r, out)
     assert 2.0 < res[1][2] < 3.4, res[1]
@@ -273,7 +273,7 @@ def test_p2p_deadline_counts_from_the_last_progress(store_env):
 
 @pytest.mark.timeout(90)
 def test_p2p_tags_match_per_peer_and_tag_in_order(store_env):
-    res = rank_pool.run(fault_cases.tagged_p2p, 2, args=(1 << 20,), timeout=80, env=store_env)
+    res = ranks.run(fault_cases.tagged_p2p, 2, args=(1 << 20,), timeout=80, env=store_env)
     assert res[0] == ("sent", [2.0] * 4), res[0]
     assert res[1] == ([True] * 5, [2.0] * 4), res[1]
 
@@ -282,8 +282,8 @@ def test_p2p_tags_match_per_peer_and_tag_in_order(store_env):
 @pytest.mark.parametrize("set_after", [False, True], ids=["at_init", "set_timeout"])
 def test_torch_work_wait_honours_the_group_timeout(set_after, store_env):
     group_timeout = 2.0
-    res = rank_pool.run(fault_cases.torch_work_group_timeout, 2, args=(group_timeout, set_after),
-                        timeout=80, env=store_env)
+    res = ranks.run(fault_cases.torch_work_group_timeout, 2, args=(group_timeout, set_after),
+                    timeout=80, env=store_env)
     kind, msg, dt = res[0]
     assert kind != "no error", res[0]
     assert kind == "TimeoutError", res[0]

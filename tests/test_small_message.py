@@ -8,7 +8,7 @@ import pytest
 
 import ringcomm
 from ringcomm import _C
-import rank_pool
+import ranks
 from small_message_cases import correctness_cases, mismatch_cases
 
 torch = pytest.importorskip("torch")   # the bfloat16 cases
@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")   # the bfloat16 cases
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_small_all_reduce_matches_numpy_and_the_ring(world, store_env):
-    results = rank_pool.run(correctness_cases, world, timeout=380, env=store_env)
+    results = ranks.run(correctness_cases, world, timeout=380, env=store_env)
     fails = [f for fs, _ in results for f in fs]
     assert not fails, "\n".join(fails[:30])
     for r, (_, d) in enumerate(results[1:], 1):
@@ -27,7 +27,7 @@ def test_small_all_reduce_matches_numpy_and_the_ring(world, store_env):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_mismatch_through_the_in_slot_path_raises_everywhere(world, store_env):
-    results = rank_pool.run(mismatch_cases, world, timeout=280, env=store_env)
+    results = ranks.run(mismatch_cases, world, timeout=280, env=store_env)
     assert all(ok for _, ok in results), "a communicator was unusable after the scenarios"
     names = [row[0] for row in results[0][0]]
     for i, name in enumerate(names):

@@ -158,13 +158,6 @@ def test_the_trampoline_takes_codes_and_abi_from_the_header(tmp_path, monkeypatc
 
 # ---- the entry's rule, as the bindings apply it ---------------------------------------------------
 
-@pytest.fixture
-def comm1():
-    c = ringcomm.init(rank=0, world_size=1)
-    yield c
-    c.close()
-
-
 def _taken(f):
     before = _C._sync_entry_stats()
     assert f() is True

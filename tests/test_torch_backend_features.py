@@ -15,7 +15,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_ranks import require_backend, run_on_gloo_and_ringcomm, run_ranks  # noqa: E402
+from ranks import require_backend, run_on_gloo_and_ringcomm, run_ranks  # noqa: E402
 
 import backend_features_cases as cases  # noqa: E402
 

@@ -22,7 +22,8 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from mp_cases import free_port, max_abs_diff  # noqa: E402
-from torch_battery import init_world, registry, run_cases, spawn_battery  # noqa: E402
+import ranks  # noqa: E402
+from torch_battery import init_world, registry, run_cases  # noqa: E402
 
 WORLD_SIZES = [2, 3]
 STEPS = 5
@@ -323,41 +324,33 @@ def case_device_mesh(ctx):
 
 
 # ---- the spawned group ----------------------------------------------------------------------------
-def _clients(rank, ws, store_path):
+def _clients(rank, ws, d):
     import ringcomm.torch  # noqa: F401
     torch.set_num_threads(1)
-    ctx = init_world(rank, ws, store_path, 60)
+    ctx = init_world(rank, ws, d, 60)
     results = {name: (err, info or "", seconds)
                for name, (err, info, seconds) in run_cases(ctx, CASES).items()}
     dist.destroy_process_group()
     return results
 
 
-_results: dict = {}
-
-
 def client_results(ws: int) -> dict:
-    if ws not in _results:
-        per_rank, failure = spawn_battery(_clients, ws, "ringcomm-torch-clients-", TIMEOUT_S)
-        if per_rank is None:
-            _results[ws] = {"__launch__": failure}
-            return _results[ws]
+    """``{case: (every rank's error or None, rank 0's info)}`` from ONE group per world size."""
+    def start():
+        per_rank = ranks.run_in_dir(_clients, ws, "ringcomm-torch-clients-", timeout=TIMEOUT_S)
         merged = {}
         for name in CASES:
             errs = [res[name][0] for res in per_rank if res[name][0]]
             merged[name] = ("\n".join(errs) if errs else None, per_rank[0][name][1])
-        _results[ws] = merged
-    return _results[ws]
+        return merged
+    return ranks.once(("clients", ws), start, f"the world-{ws} group of the torch clients")
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_client(ws, name):
-    res = client_results(ws)
-    if "__launch__" in res:
-        pytest.fail(res["__launch__"])
-    err, info = res[name]
+    err, info = client_results(ws)[name]
     if err is not None:
         pytest.fail(f"world size {ws}, case {name}:\n{err}")
     print(f"[ws={ws}] {info}")

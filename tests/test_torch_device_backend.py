@@ -29,7 +29,7 @@ import torch.distributed as dist  # noqa: E402
 
 from ringcomm.launch import spawn  # noqa: E402
 
-import rank_pool  # noqa: E402
+import ranks  # noqa: E402
 
 TIMEOUT = datetime.timedelta(seconds=30)
 SPAWN_TIMEOUT_S = 150
@@ -166,16 +166,12 @@ def _battery(rank: int, ws: int, d: str):
     return out
 
 
-_results: dict = {}
-
-
 def _battery_results(ws: int) -> dict:
-    if ws not in _results:
-        with tempfile.TemporaryDirectory(prefix="ringcomm-c10d-test-") as d:
-            per_rank = rank_pool.run(_battery, ws, (d,), timeout=SPAWN_TIMEOUT_S,
-                                     env={"RINGCOMM_TORCH_BACKEND": "c10d"})
-        _results[ws] = {name: [r[name] for r in per_rank] for name in per_rank[0]}
-    return _results[ws]
+    def start():
+        per_rank = ranks.run_in_dir(_battery, ws, "ringcomm-c10d-test-", timeout=SPAWN_TIMEOUT_S,
+                                    env={"RINGCOMM_TORCH_BACKEND": "c10d"})
+        return {name: [r[name] for r in per_rank] for name in per_rank[0]}
+    return ranks.once(("device_backend", ws), start, f"the world-{ws} c10d battery")
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 30)

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from torch_battery import battery_results, fail_on_error, registry  # noqa: E402
+from torch_battery import battery_test, registry  # noqa: E402
 
 WORLD_SIZES = [2, 3]
 GROUP_TIMEOUT_S = 30
@@ -557,9 +557,5 @@ def case_no_deprecation_from_ringcomm(ctx):
 
 
 # ---- the spawned battery ----------------------------------------------------------------------
-@pytest.mark.timeout(BATTERY_TIMEOUT_S + 60)
-@pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("ws", WORLD_SIZES)
-def test_dropin(ws, name):
-    fail_on_error(battery_results(__name__, CASES, ws, "ringcomm-dropin-test-", BATTERY_TIMEOUT_S,
-                                  GROUP_TIMEOUT_S), ws, name)
+test_dropin = battery_test(__name__, CASES, WORLD_SIZES, "ringcomm-dropin-test-", BATTERY_TIMEOUT_S,
+                           GROUP_TIMEOUT_S)

@@ -3,7 +3,7 @@ backend string that puts CPU tensors on ringcomm: ``"ringcomm"``, ``"cpu:ringcom
 ``"cpu:ringcomm,cuda:nccl"`` (where the torch wheel has NCCL; a CPU wheel cannot create it, see
 ``NO_NCCL``) / ``"cpu:ringcomm,cuda:gloo"``.
 
-ONE group of ranks per world size (2 and 4; the session's, ``rank_pool``) runs the same program
+ONE group of ranks per world size (2 and 4; the session's, ``ranks``) runs the same program
 (``_program``) once per backend string, on a fresh default group each time, and once on gloo; every
 result is compared with gloo's run and with a single-process value computed locally:
 * ``_get_backend(cpu)`` of the default group and of every mesh sub-group is ringcomm's Backend, and
@@ -30,9 +30,9 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from ringcomm.launch import LaunchError, spawn  # noqa: E402
+from ringcomm.launch import spawn  # noqa: E402
 
-import rank_pool  # noqa: E402
+import ranks  # noqa: E402
 from mp_cases import max_abs_diff  # noqa: E402
 
 WORLD_SIZES = [2, 4]
@@ -264,30 +264,19 @@ def _ranks(rank: int, ws: int, d: str) -> dict:
     return report
 
 
-_results: dict = {}
-
-
 def mesh_results(ws: int) -> dict:
-    if ws not in _results:
-        with tempfile.TemporaryDirectory(prefix="ringcomm-fsdp-mesh-") as d:
-            try:
-                per_rank = rank_pool.run(_ranks, ws, (d,), timeout=SPAWN_TIMEOUT_S,
-                                         env={"RINGCOMM_TORCH_BACKEND": "c10d"})
-            except LaunchError as e:
-                _results[ws] = {"__launch__": str(e)}
-                return _results[ws]
-        _results[ws] = {s: [r[s] for r in per_rank] for s in ["gloo", *STRINGS]}
-    return _results[ws]
+    def start():
+        per_rank = ranks.run_in_dir(_ranks, ws, "ringcomm-fsdp-mesh-", timeout=SPAWN_TIMEOUT_S,
+                                    env={"RINGCOMM_TORCH_BACKEND": "c10d"})
+        return {s: [r[s] for r in per_rank] for s in ["gloo", *STRINGS]}
+    return ranks.once(("fsdp_mesh", ws), start, f"the world-{ws} FSDP/mesh group")
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 60)
 @pytest.mark.parametrize("string", ["gloo", *STRINGS])
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_fsdp_mesh(ws, string):
-    res = mesh_results(ws)
-    if "__launch__" in res:
-        pytest.fail(res["__launch__"])
-    per_rank = res[string]
+    per_rank = mesh_results(ws)[string]
     if all(r.startswith("skip: ") for r in per_rank):
         pytest.skip(per_rank[0][len("skip: "):])
     bad = [r for r in per_rank if not r.startswith("ok")]

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from torch_ranks import require_backend, run_ranks  # noqa: E402
+from ranks import require_backend, run_ranks  # noqa: E402
 
 FAST = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
         torch.int32, torch.int64]

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from torch_battery import battery_results, fail_on_error, registry  # noqa: E402
+from torch_battery import battery_test, registry  # noqa: E402
 
 WORLD_SIZES = [2, 3]
 CASE_TIMEOUT_S = 30
@@ -46,6 +46,11 @@ def peers(ctx):
     return [p for p in range(ctx.ws) if p != ctx.rank]
 
 
+def wait_works(works) -> None:
+    for w in works:
+        w.wait()
+
+
 @case
 def case_tags_isend_irecv_reordered(ctx):
     r = ctx.rank
@@ -55,8 +60,7 @@ def case_tags_isend_irecv_reordered(ctx):
         rw = [(p, t, dist.irecv(bufs[p, t], src=p, group=g, tag=t))
               for p in peers(ctx) for t in recv_order]
         sw = [dist.isend(payload(r, p, t), dst=p, group=g, tag=t) for p in peers(ctx) for t in TAGS]
-        for w in sw:
-            w.wait()
+        wait_works(sw)
         for p, t, w in rw:
             w.wait()
             check(bufs[p, t], p, r, t, f"{name} irecv")
@@ -75,8 +79,7 @@ def case_tags_blocking_recv_reordered(ctx):
                 src = dist.recv(got, src=p, group=g, tag=t)
                 assert src == p, (name, src, p)
                 check(got, p, r, t, f"{name} recv")
-        for w in sw:
-            w.wait()
+        wait_works(sw)
 
 
 @case
@@ -88,8 +91,7 @@ def case_tags_batch_isend_irecv(ctx):
                for p in peers(ctx) for t in (11, 0, 3, 7)]
         ops += [dist.P2POp(dist.isend, payload(r, p, t), p, group=g, tag=t)
                 for p in peers(ctx) for t in TAGS]
-        for w in dist.batch_isend_irecv(ops):
-            w.wait()
+        wait_works(dist.batch_isend_irecv(ops))
         for (p, t), b in bufs.items():
             check(b, p, r, t, f"{name} batch_isend_irecv")
 
@@ -112,8 +114,7 @@ def case_tags_same_tag_in_order(ctx):
                     dist.recv(got, src=p, group=g, tag=tag)
                     want = torch.full((4,), sign * (i + 10 * p))
                     assert torch.equal(got, want), (name, p, tag, i, got.tolist(), want.tolist())
-        for w in sw:
-            w.wait()
+        wait_works(sw)
 
 
 @case
@@ -143,8 +144,7 @@ def case_recv_any_source(ctx):
         else:
             ws = [dist.isend(any_payload(r, 3), dst=0, group=g, tag=3),
                   dist.isend(any_payload(r, 8), dst=0, group=g, tag=8)]
-            for w in ws:
-                w.wait()
+            wait_works(ws)
             dist.barrier(group=g)
             if r == 1:
                 dist.send(any_payload(r, 8), dst=0, group=g, tag=8)
@@ -277,9 +277,5 @@ def case_monitored_barrier(ctx):
 
 
 # ---- the battery ----------------------------------------------------------------------------------
-@pytest.mark.timeout(BATTERY_TIMEOUT_S + 60)
-@pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("ws", WORLD_SIZES)
-def test_torch_extras(ws, name):
-    fail_on_error(battery_results(__name__, CASES, ws, "ringcomm-torch-p2p-", BATTERY_TIMEOUT_S,
-                                  CASE_TIMEOUT_S), ws, name)
+test_torch_extras = battery_test(__name__, CASES, WORLD_SIZES, "ringcomm-torch-p2p-", BATTERY_TIMEOUT_S,
+                                 CASE_TIMEOUT_S)

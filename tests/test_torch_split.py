@@ -16,7 +16,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_ranks import run_on_gloo_and_ringcomm  # noqa: E402
+from ranks import run_on_gloo_and_ringcomm  # noqa: E402
 
 import split_cases as cases  # noqa: E402
 

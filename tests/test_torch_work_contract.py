@@ -22,7 +22,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from torch_ranks import require_backend, run_ranks  # noqa: E402
+from ranks import require_backend, run_ranks  # noqa: E402
 
 import work_contract_cases as cases  # noqa: E402
 

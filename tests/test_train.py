@@ -13,7 +13,7 @@ from torch import nn
 
 from ringcomm import train
 from helpers_cli import run_module
-from torch_ranks import BACKENDS, require_backend
+from ranks import BACKENDS, require_backend
 
 
 def test_activation_meter_counts_and_releases():

@@ -19,7 +19,7 @@ import pytest
 
 from ringcomm.train import report_model as rm
 from helpers_cli import run_module
-from torch_ranks import require_backend
+from ranks import require_backend
 
 
 def test_memory_formulas_match_the_seeds():

@@ -9,7 +9,7 @@ import pytest
 
 import ringcomm
 from ringcomm import _C
-import rank_pool
+import ranks
 from two_shot_cases import correctness_cases, mismatch_cases
 
 torch = pytest.importorskip("torch")   # the bfloat16 cases
@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")   # the bfloat16 cases
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_two_shot_matches_numpy_the_ring_and_the_one_shot(world, store_env):
-    results = rank_pool.run(correctness_cases, world, timeout=140, env=store_env)
+    results = ranks.run(correctness_cases, world, timeout=140, env=store_env)
     fails = [f for fs in results for f in fs]
     assert not fails, f"{len(fails)} failures:\n" + "\n".join(fails[:30])
 
@@ -26,7 +26,7 @@ def test_two_shot_matches_numpy_the_ring_and_the_one_shot(world, store_env):
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_differently_forced_algorithms_raise_everywhere(world, store_env):
-    results = rank_pool.run(mismatch_cases, world, timeout=80, env=store_env)
+    results = ranks.run(mismatch_cases, world, timeout=80, env=store_env)
     names = [row[0] for row in results[0]]
     assert len(names) == 9, names
     for i, name in enumerate(names):

@@ -1,9 +1,10 @@
 """A battery of torch.distributed cases run in one spawned group of ranks per world size.
 
 Spawning a rank that imports torch costs seconds here, so a test module registers its cases
-(``registry``), runs them ONCE per world size (``spawn_battery``, on the session's group of ranks
-of that size: ``rank_pool``) whose ranks call ``init_world`` then ``run_cases``, and its pytest
-tests only look the outcomes up (``fail_on_error``). Each rank holds a ringcomm world group and a gloo group over the same ranks.
+(``registry``), runs them ONCE per world size (``battery_results``, on the session's group of ranks
+of that size: ``ranks.once``) whose ranks call ``init_world`` then ``run_cases``, and its pytest
+tests only look the outcomes up (``battery_test``, ``fail_on_error``). Each rank holds a ringcomm
+world group and a gloo group over the same ranks.
 
 After every case all ranks agree on its outcome over gloo (so every rank reports every rank's
 error); after a failure the battery goes on on a fresh ringcomm group, since the failed one may
@@ -13,17 +14,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import shutil
-import tempfile
 import time
 import traceback
 from typing import Callable
 
 import pytest
 
-from ringcomm.launch import LaunchError
-
-import rank_pool
+import ranks
 
 SKIPPED = "skipped"
 
@@ -46,10 +43,12 @@ class Ctx:
         self.rank, self.ws, self.rc, self.gloo, self.timeout = rank, ws, rc, gloo, timeout
 
 
-def init_world(rank: int, ws: int, store_path: str, timeout_s: float) -> Ctx:
-    """In a rank: the ringcomm default group on a file store, and a gloo group beside it."""
+def init_world(rank: int, ws: int, d: str, timeout_s: float) -> Ctx:
+    """In a rank: the ringcomm default group on a file store in directory ``d``, and a gloo group
+    beside it."""
     import torch.distributed as dist
     timeout = datetime.timedelta(seconds=timeout_s)
+    store_path = os.path.join(d, "store")
     dist.init_process_group("ringcomm", init_method=f"file://{store_path}", rank=rank,
                             world_size=ws, timeout=timeout)
     gloo = dist.new_group(backend="gloo", timeout=timeout)
@@ -83,28 +82,13 @@ def run_cases(ctx: Ctx, cases: dict) -> dict:
     return results
 
 
-def spawn_battery(entry: Callable, ws: int, prefix: str, timeout: float,
-                  args: tuple = ()) -> tuple[list | None, str | None]:
-    """Run ``entry(rank, ws, store_path, *args)`` on the session's ``ws`` ranks (``rank_pool``)
-    with a fresh file store: ``(per-rank results, None)``, or ``(None, the launch failure)``."""
-    tmp = tempfile.mkdtemp(prefix=prefix)
-    try:
-        return rank_pool.run(entry, ws, (os.path.join(tmp, "store"), *args), timeout=timeout), None
-    except LaunchError as e:
-        return None, str(e)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def fail_on_error(res: dict, ws: int, name: str) -> None:
-    """Fail the calling test if the battery did not start, or if case ``name`` failed."""
-    if "__launch__" in res:
-        pytest.fail(res["__launch__"])
+    """Fail the calling test if case ``name`` failed."""
     if res[name] is not None:
         pytest.fail(f"world size {ws}, case {name}:\n{res[name]}")
 
 
-def battery_entry(rank: int, ws: int, store_path: str, module: str, case_timeout_s: float) -> dict:
+def battery_entry(rank: int, ws: int, d: str, module: str, case_timeout_s: float) -> dict:
     """In a rank: the ringcomm default group, then every case of ``module``'s ``CASES`` in turn;
     ``{name: error or None}``. Top-level (not a closure) so that a spawned rank can import it."""
     import importlib
@@ -115,27 +99,33 @@ def battery_entry(rank: int, ws: int, store_path: str, module: str, case_timeout
     import ringcomm.torch  # noqa: F401 - registers the backend
     torch.set_num_threads(1)
     cases = importlib.import_module(module).CASES
-    ctx = init_world(rank, ws, store_path, case_timeout_s)
+    ctx = init_world(rank, ws, d, case_timeout_s)
     results = {name: err for name, (err, _, _) in run_cases(ctx, cases).items()}
     dist.destroy_process_group()
     return results
 
 
-_battery_cache: dict = {}
-
-
 def battery_results(module: str, cases: dict, ws: int, prefix: str, timeout: float,
                     case_timeout_s: float) -> dict:
     """``{name: error or None}`` for every case of ``module`` at world size ``ws``, from ONE
-    spawned group (``battery_entry``), cached per (module, ws); ``{"__launch__": why}`` when the
-    group did not start or finish. Every rank holds every rank's errors (``run_cases`` agrees on
-    them), so rank 0's suffice."""
-    key = (module, ws)
-    if key not in _battery_cache:
-        per_rank, failure = spawn_battery(battery_entry, ws, prefix, timeout,
-                                          (module, case_timeout_s))
-        if per_rank is None:
-            _battery_cache[key] = {"__launch__": failure}
-        else:
-            _battery_cache[key] = {name: per_rank[0][name] for name in cases}
-    return _battery_cache[key]
+    group (``battery_entry``) for the session (``ranks.once``: a group that did not start or
+    finish fails every test that reads it). Every rank holds every rank's errors (``run_cases``
+    agrees on them), so rank 0's suffice."""
+    def start():
+        per_rank = ranks.run_in_dir(battery_entry, ws, prefix, (module, case_timeout_s),
+                                    timeout=timeout)
+        return {name: per_rank[0][name] for name in cases}
+    return ranks.once(("battery", module, ws), start, f"the world-{ws} battery of {module}")
+
+
+def battery_test(module: str, cases: dict, world_sizes: list, prefix: str, timeout: float,
+                 case_timeout_s: float) -> Callable:
+    """A pytest test ``(ws, name)`` over every world size and case of ``module``'s battery (its
+    ``CASES``, complete when this is called), failing on the case's error; its timeout covers
+    running the battery."""
+    @pytest.mark.timeout(timeout + 60)
+    @pytest.mark.parametrize("name", list(cases))
+    @pytest.mark.parametrize("ws", world_sizes)
+    def test(ws, name):
+        fail_on_error(battery_results(module, cases, ws, prefix, timeout, case_timeout_s), ws, name)
+    return test

@@ -1,17 +1,17 @@
 """One group of 4 spawned ranks per backend runs the cases of both ``test_tp.py`` and
 ``test_pp.py`` (``test_tp._rank_cases`` then ``test_pp._rank_cases``): each rank that imports
 torch costs seconds on these 2 cores, so the two files share one group instead of starting their
-own. Results are cached for the session, keyed ``"tp/<case>"`` and ``"pp/<case>"``."""
+own. Results are kept for the session (``ranks.once``), keyed ``"tp/<case>"`` and ``"pp/<case>"``."""
 from __future__ import annotations
 
 import traceback
 
 import pytest
 
-from torch_ranks import BACKENDS, require_backend, run_ranks
+import ranks
+from ranks import BACKENDS, require_backend, run_ranks
 
 WORLD = 4
-_GROUPS: dict = {}
 
 
 def _rank_cases(rank, world_size):
@@ -45,16 +45,7 @@ def group_test(fn):
 def case(backend: str, name: str) -> list:
     """Every rank's result of case ``name`` (fails the calling test on a case's error)."""
     require_backend(backend)
-    if backend not in _GROUPS:
-        try:
-            _GROUPS[backend] = run_ranks(_rank_cases, WORLD, backend=backend, timeout=240)
-        except BaseException as e:  # noqa: BLE001 - every test of the group reports it
-            _GROUPS[backend] = e
-    res = _GROUPS[backend]
-    if isinstance(res, BaseException):
-        pytest.fail(f"the {WORLD}-rank {backend} group failed: {res}")
-    per_rank = [r[name] for r in res]
-    for rank, r in enumerate(per_rank):
-        if "error" in r:
-            pytest.fail(f"case {name!r}, rank {rank} ({backend}):\n{r['error']}")
-    return per_rank
+    what = f"the {WORLD}-rank {backend} group"
+    per_rank = ranks.once(("tp_pp", backend), lambda: run_ranks(_rank_cases, WORLD, backend=backend,
+                                                                timeout=240), what)
+    return ranks.case_of(per_rank, name, what)

@@ -4,19 +4,12 @@ import os
 
 import numpy as np
 import ringcomm
-from mp_cases import FLOAT, close_enough, init_under_env, make, pairs, reference
-from order_ref import ordered_sum
+from mp_cases import (ESIZE, FLOAT, TINY, close_enough, counts_of, init_under_env, make, pairs,
+                      reference)
+from order_ref import order_sensitive, ordered_sum
 from rank_checks import AllReduceChecks
 
 SENTINEL = -7
-
-# Element sizes of the library's dtypes (mp_cases.DTYPES).
-ESIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
-         "int32": 4, "int64": 8, "bool": 1}
-
-# Tiny slots: far pieces of 128 bytes, ring pieces of 256, two slots per channel, so that small
-# counts span many pieces per chunk and every channel runs full.
-TINY = {"RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "128", "RINGCOMM_NSLOTS": "2"}
 
 # The communicators the correctness cases compare: the two-shot (default and tiny slots), the
 # ring (the reference order), the one-shot (default and tiny slots) and auto.
@@ -28,21 +21,6 @@ CONFIGS = {
     "direct_tiny": {"RINGCOMM_ALGO": "direct", "RINGCOMM_TRACE": "4", **TINY},
     "auto": {"RINGCOMM_TRACE": "4"},
 }
-
-
-
-def counts_of(world, esize):
-    """0, 1, 2, 3, 5, below the world size, not divisible by it, and counts whose chunks span
-    several tiny pieces (128-byte pieces: 128 / esize elements)."""
-    pe = 128 // esize
-    return sorted({0, 1, 2, 3, 5, 7, max(world - 1, 1), 5 * world + 1, world * pe + 1,
-                   3 * world * pe + world - 1, 1000})
-
-
-def order_sensitive(count, rank, dtype):
-    """Values of wide-ranging magnitude: sums and products of three or more depend on their order."""
-    rng = np.random.default_rng(31 * count + rank)
-    return (rng.standard_normal(count) * 10.0 ** rng.uniform(-3, 3, count)).astype(dtype)
 
 
 def auto_expected(world, nbytes):
@@ -66,7 +44,7 @@ def correctness_cases(rank, world):
         # the algorithms; each algorithm checked to have run (the trace names it).
         for dt, op in pairs():
             lib = "torch" if dt == "bfloat16" else "numpy"
-            for count in counts_of(world, ESIZE[dt]):
+            for count in counts_of(world, ESIZE[dt], extra=(5, 1000)):
                 ins = [make(dt, count, r, 3, op) for r in range(world)]
                 ref = reference(ins, dt, op, world)
                 for in_place in (True, False):

@@ -1,12 +1,12 @@
-"""The session's rank pool (tests/rank_pool.py): results in rank order, every job in the
+"""The session's groups of ranks (tests/ranks.py): results in rank order, every job in the
 caller's environment with nothing kept from the job before, a failure raised with the rank's
-traceback and a fresh pool after it."""
+traceback and a fresh group after it."""
 import os
 
 import pytest
 
 pytest.importorskip("torch")   # the jobs register an issue hook on ringcomm.torch
-import rank_pool  # noqa: E402
+import ranks  # noqa: E402
 from ringcomm.launch import LaunchError  # noqa: E402
 
 
@@ -30,9 +30,9 @@ def _fail_on_rank_1(rank, world):
 
 def test_jobs_see_the_callers_environment_and_nothing_a_previous_job_left(monkeypatch):
     monkeypatch.setenv("RC_POOL_PARENT", "first")
-    first = rank_pool.run(_report, 2, ("RC_POOL_PARENT",), timeout=120)
+    first = ranks.run(_report, 2, ("RC_POOL_PARENT",), timeout=120)
     monkeypatch.setenv("RC_POOL_PARENT", "second")
-    second = rank_pool.run(_report, 2, ("RC_POOL_PARENT",), timeout=120, env={"RC_POOL_EXTRA": "1"})
+    second = ranks.run(_report, 2, ("RC_POOL_PARENT",), timeout=120, env={"RC_POOL_EXTRA": "1"})
     for r, (a, b) in enumerate(zip(first, second)):
         assert a[:3] == (r, 2, str(r)) and b[:3] == (r, 2, str(r))
         assert (a[3], b[3]) == ("first", "second")       # the caller's value at each call
@@ -42,9 +42,9 @@ def test_jobs_see_the_callers_environment_and_nothing_a_previous_job_left(monkey
 
 
 def test_a_failure_raises_with_the_rank_and_the_next_job_gets_a_fresh_pool():
-    before = rank_pool.run(_report, 2, ("RC_POOL_PARENT",), timeout=120)
+    before = ranks.run(_report, 2, ("RC_POOL_PARENT",), timeout=120)
     with pytest.raises(LaunchError, match="rank 1 fails on purpose") as e:
-        rank_pool.run(_fail_on_rank_1, 2, timeout=120)
+        ranks.run(_fail_on_rank_1, 2, timeout=120)
     assert e.value.rank == 1
-    after = rank_pool.run(_report, 2, ("RC_POOL_PARENT",), timeout=120)
+    after = ranks.run(_report, 2, ("RC_POOL_PARENT",), timeout=120)
     assert {p for *_, p, _ in before}.isdisjoint(p for *_, p, _ in after)
