@@ -52,26 +52,17 @@ struct ProdWrap {
     return static_cast<T>(static_cast<U>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
   }
 };
-struct MinI {
-  explicit MinI(double) {}
-  template <class T> RC_HD T operator()(T a, T b) const { return (a < b) ? a : b; }
-};
-struct MaxI {
-  explicit MaxI(double) {}
-  template <class T> RC_HD T operator()(T a, T b) const { return (a > b) ? a : b; }
-};
-struct BAnd {
-  explicit BAnd(double) {}
-  template <class T> RC_HD T operator()(T a, T b) const { return static_cast<T>(a & b); }
-};
-struct BOr {
-  explicit BOr(double) {}
-  template <class T> RC_HD T operator()(T a, T b) const { return static_cast<T>(a | b); }
-};
-struct BXor {
-  explicit BXor(double) {}
-  template <class T> RC_HD T operator()(T a, T b) const { return static_cast<T>(a ^ b); }
-};
+// The stateless ops, one line each: a functor whose operator() returns `expr` of (a, b) as T.
+#define RC_ELEMENT_OP(Name, expr)                                                             \
+  struct Name {                                                                               \
+    explicit Name(double) {}                                                                  \
+    template <class T> RC_HD T operator()(T a, T b) const { return static_cast<T>(expr); } \
+  };
+RC_ELEMENT_OP(MinI, (a < b) ? a : b)
+RC_ELEMENT_OP(MaxI, (a > b) ? a : b)
+RC_ELEMENT_OP(BAnd, a & b)
+RC_ELEMENT_OP(BOr, a | b)
+RC_ELEMENT_OP(BXor, a ^ b)
 struct LAnd {  // bool MIN
   explicit LAnd(double) {}
   RC_HD uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) & (b != 0); }
@@ -81,23 +72,14 @@ struct LOr {  // bool MAX
   RC_HD uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) | (b != 0); }
 };
 
-// float32 / float64 (S = the arithmetic type; equal to T).
-struct SumF {
-  explicit SumF(double) {}
-  template <class T> RC_HD T operator()(T a, T b) const { return a + b; }
-};
-struct ProdF {
-  explicit ProdF(double) {}
-  template <class T> RC_HD T operator()(T a, T b) const { return a * b; }
-};
-struct MinF {  // (a < b || isnan(a)) ? a : b
-  explicit MinF(double) {}
-  template <class T> RC_HD T operator()(T a, T b) const { return (a < b || a != a) ? a : b; }
-};
-struct MaxF {  // (a > b || isnan(a)) ? a : b
-  explicit MaxF(double) {}
-  template <class T> RC_HD T operator()(T a, T b) const { return (a > b || a != a) ? a : b; }
-};
+// float32 / float64 (S = the arithmetic type; equal to T). MIN and MAX keep a NaN operand:
+// (a < b || isnan(a)) ? a : b, as the CPU kernels do.
+RC_ELEMENT_OP(SumF, a + b)
+RC_ELEMENT_OP(ProdF, a * b)
+RC_ELEMENT_OP(MinF, (a < b || a != a) ? a : b)
+RC_ELEMENT_OP(MaxF, (a > b || a != a) ? a : b)
+#undef RC_ELEMENT_OP
+
 template <class S> struct AvgF {  // (a + b) * s in S
   S s;
   explicit AvgF(double scale) : s(static_cast<S>(scale)) {}

@@ -200,6 +200,29 @@ RC_KINLINE void unpack16(const char* p, u32v& lo, u32v& hi) {
 }
 RC_KINLINE void pack16(char* p, u32v lo, u32v hi) { store<u32v>(p, lo | (hi << 16)); }
 
+#if RC_KERN_AVX512
+// The instruction set's whole-register forms, named once so that the conversions below are
+// written once for both x86 widths: IVec is one integer register, HVec the 16-bit halves of one
+// f32v (the fp16 source of a widening).
+using IVec = __m512i;
+using HVec = __m256i;
+RC_KINLINE IVec ivec_zero() { return _mm512_setzero_si512(); }
+RC_KINLINE IVec unpacklo16(IVec a, IVec b) { return _mm512_unpacklo_epi16(a, b); }
+RC_KINLINE IVec unpackhi16(IVec a, IVec b) { return _mm512_unpackhi_epi16(a, b); }
+RC_KINLINE IVec packus32(IVec a, IVec b) { return _mm512_packus_epi32(a, b); }
+RC_KINLINE f32v cvtph_ps(HVec h) { return (f32v)_mm512_cvtph_ps(h); }
+RC_KINLINE HVec cvtps_ph(f32v f) { return _mm512_cvtps_ph((__m512)f, _MM_FROUND_TO_NEAREST_INT); }
+#elif RC_KERN_AVX2
+using IVec = __m256i;
+using HVec = __m128i;
+RC_KINLINE IVec ivec_zero() { return _mm256_setzero_si256(); }
+RC_KINLINE IVec unpacklo16(IVec a, IVec b) { return _mm256_unpacklo_epi16(a, b); }
+RC_KINLINE IVec unpackhi16(IVec a, IVec b) { return _mm256_unpackhi_epi16(a, b); }
+RC_KINLINE IVec packus32(IVec a, IVec b) { return _mm256_packus_epi32(a, b); }
+RC_KINLINE f32v cvtph_ps(HVec h) { return (f32v)_mm256_cvtph_ps(h); }
+RC_KINLINE HVec cvtps_ph(f32v f) { return _mm256_cvtps_ph((__m256)f, _MM_FROUND_TO_NEAREST_INT); }
+#endif
+
 // bf16 <-> fp32 with integer ops. Widening is exact (bf16 is the top half of an fp32).
 // Narrowing rounds to nearest even; overflow carries into the exponent and gives inf; a NaN
 // keeps its sign and top payload bits and gets the quiet bit (never turns into inf or -0).
@@ -209,26 +232,17 @@ struct CvtBF16 {
     const u32v rne = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     return (f != f) ? ((u >> 16) | 0x40u) : rne;
   }
-#if RC_KERN_AVX512
-  // As the AVX2 form below, per 128-bit lane of a 512-bit vector (unpack and packus are in-lane).
+#if RC_KERN_AVX512 || RC_KERN_AVX2
+  // In-lane unpack with zero puts each bf16 in the top half of an fp32: per 128-bit lane, lo =
+  // elements 0-3 and hi = 4-7 of the lane's eight. packus (in-lane, exact for values <= 0xFFFF)
+  // restores the original order.
   static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
-    const __m512i x = load<__m512i>(p), z = _mm512_setzero_si512();
-    lo = (f32v)_mm512_unpacklo_epi16(z, x);
-    hi = (f32v)_mm512_unpackhi_epi16(z, x);
+    const IVec x = load<IVec>(p), z = ivec_zero();
+    lo = (f32v)unpacklo16(z, x);
+    hi = (f32v)unpackhi16(z, x);
   }
   static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
-    store<__m512i>(p, _mm512_packus_epi32((__m512i)round_bits(lo), (__m512i)round_bits(hi)));
-  }
-#elif RC_KERN_AVX2
-  // In-lane unpack with zero puts each bf16 in the top half of an fp32: lo = elements 0-3, 8-11,
-  // hi = 4-7, 12-15. packus (in-lane, exact for values <= 0xFFFF) restores the original order.
-  static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
-    const __m256i x = load<__m256i>(p), z = _mm256_setzero_si256();
-    lo = (f32v)_mm256_unpacklo_epi16(z, x);
-    hi = (f32v)_mm256_unpackhi_epi16(z, x);
-  }
-  static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
-    store<__m256i>(p, _mm256_packus_epi32((__m256i)round_bits(lo), (__m256i)round_bits(hi)));
+    store<IVec>(p, packus32((IVec)round_bits(lo), (IVec)round_bits(hi)));
   }
 #else
   static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
@@ -241,30 +255,17 @@ struct CvtBF16 {
 #endif
 };
 
-#if RC_KERN_AVX512
-// fp16 <-> fp32 with AVX-512F's vcvtph2ps / vcvtps2ph (the F16C conversions, 16 lanes; imm 0 =
-// round to nearest even, independent of MXCSR).
+#if RC_KERN_AVX512 || RC_KERN_AVX2
+// fp16 <-> fp32 with the F16C conversions (vcvtph2ps / vcvtps2ph; AVX-512F's 16-lane forms under
+// AVX-512): exact widening; narrowing with imm 0 = round to nearest even, independent of MXCSR.
 struct CvtF16 {
   static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
-    lo = (f32v)_mm512_cvtph_ps(load<__m256i>(p));
-    hi = (f32v)_mm512_cvtph_ps(load<__m256i>(p + 32));
+    lo = cvtph_ps(load<HVec>(p));
+    hi = cvtph_ps(load<HVec>(p + sizeof(HVec)));
   }
   static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
-    store<__m256i>(p, _mm512_cvtps_ph((__m512)lo, _MM_FROUND_TO_NEAREST_INT));
-    store<__m256i>(p + 32, _mm512_cvtps_ph((__m512)hi, _MM_FROUND_TO_NEAREST_INT));
-  }
-};
-#elif RC_KERN_AVX2
-// fp16 <-> fp32 with F16C (exact widening; narrowing with imm 0 = round to nearest even,
-// independent of MXCSR).
-struct CvtF16 {
-  static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
-    lo = (f32v)_mm256_cvtph_ps(load<__m128i>(p));
-    hi = (f32v)_mm256_cvtph_ps(load<__m128i>(p + 16));
-  }
-  static RC_KINLINE void narrow(char* p, f32v lo, f32v hi) {
-    store<__m128i>(p, _mm256_cvtps_ph((__m256)lo, _MM_FROUND_TO_NEAREST_INT));
-    store<__m128i>(p + 16, _mm256_cvtps_ph((__m256)hi, _MM_FROUND_TO_NEAREST_INT));
+    store<HVec>(p, cvtps_ph(lo));
+    store<HVec>(p + sizeof(HVec), cvtps_ph(hi));
   }
 };
 #else
