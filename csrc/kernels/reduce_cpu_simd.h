@@ -200,27 +200,27 @@ RC_KINLINE void unpack16(const char* p, u32v& lo, u32v& hi) {
 }
 RC_KINLINE void pack16(char* p, u32v lo, u32v hi) { store<u32v>(p, lo | (hi << 16)); }
 
-#if RC_KERN_AVX512
 // The instruction set's whole-register forms, named once so that the conversions below are
 // written once for both x86 widths: IVec is one integer register, HVec the 16-bit halves of one
-// f32v (the fp16 source of a widening).
+// f32v (the fp16 source of a widening), FVec one float register.
+#if RC_KERN_AVX512
 using IVec = __m512i;
 using HVec = __m256i;
-RC_KINLINE IVec ivec_zero() { return _mm512_setzero_si512(); }
-RC_KINLINE IVec unpacklo16(IVec a, IVec b) { return _mm512_unpacklo_epi16(a, b); }
-RC_KINLINE IVec unpackhi16(IVec a, IVec b) { return _mm512_unpackhi_epi16(a, b); }
-RC_KINLINE IVec packus32(IVec a, IVec b) { return _mm512_packus_epi32(a, b); }
-RC_KINLINE f32v cvtph_ps(HVec h) { return (f32v)_mm512_cvtph_ps(h); }
-RC_KINLINE HVec cvtps_ph(f32v f) { return _mm512_cvtps_ph((__m512)f, _MM_FROUND_TO_NEAREST_INT); }
+using FVec = __m512;
+#define RC_X86(op) _mm512_##op
 #elif RC_KERN_AVX2
 using IVec = __m256i;
 using HVec = __m128i;
-RC_KINLINE IVec ivec_zero() { return _mm256_setzero_si256(); }
-RC_KINLINE IVec unpacklo16(IVec a, IVec b) { return _mm256_unpacklo_epi16(a, b); }
-RC_KINLINE IVec unpackhi16(IVec a, IVec b) { return _mm256_unpackhi_epi16(a, b); }
-RC_KINLINE IVec packus32(IVec a, IVec b) { return _mm256_packus_epi32(a, b); }
-RC_KINLINE f32v cvtph_ps(HVec h) { return (f32v)_mm256_cvtph_ps(h); }
-RC_KINLINE HVec cvtps_ph(f32v f) { return _mm256_cvtps_ph((__m256)f, _MM_FROUND_TO_NEAREST_INT); }
+using FVec = __m256;
+#define RC_X86(op) _mm256_##op
+#endif
+#if RC_KERN_AVX512 || RC_KERN_AVX2
+RC_KINLINE IVec unpacklo16(IVec a, IVec b) { return RC_X86(unpacklo_epi16)(a, b); }
+RC_KINLINE IVec unpackhi16(IVec a, IVec b) { return RC_X86(unpackhi_epi16)(a, b); }
+RC_KINLINE IVec packus32(IVec a, IVec b) { return RC_X86(packus_epi32)(a, b); }
+RC_KINLINE f32v cvtph_ps(HVec h) { return (f32v)RC_X86(cvtph_ps)(h); }
+RC_KINLINE HVec cvtps_ph(f32v f) { return RC_X86(cvtps_ph)((FVec)f, _MM_FROUND_TO_NEAREST_INT); }
+#undef RC_X86
 #endif
 
 // bf16 <-> fp32 with integer ops. Widening is exact (bf16 is the top half of an fp32).
@@ -237,7 +237,7 @@ struct CvtBF16 {
   // elements 0-3 and hi = 4-7 of the lane's eight. packus (in-lane, exact for values <= 0xFFFF)
   // restores the original order.
   static RC_KINLINE void widen(const char* p, f32v& lo, f32v& hi) {
-    const IVec x = load<IVec>(p), z = ivec_zero();
+    const IVec x = load<IVec>(p), z{};
     lo = (f32v)unpacklo16(z, x);
     hi = (f32v)unpackhi16(z, x);
   }
