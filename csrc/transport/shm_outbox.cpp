@@ -13,7 +13,7 @@ using namespace shm_detail;
 
 ShmOutbox::ShmOutbox(int rank, int world, const ShmConfig& cfg, const ShmSegments& segs, ShmWaits& waits,
                      ShmDoorbell& bell)
-    : rank_(rank), world_(world), cfg_(cfg), segs_(segs), waits_(waits), bell_(bell), last_(kNumLanes * world, 0),
+    : ShmPath(rank, world, cfg, segs, waits, bell), last_(kNumLanes * world, 0),
       scanned_(kNumLanes * world, 0), cur_(kNumLanes * world, 0) {
   for (OutSend& s : send_) {
     s.dest.assign(cfg_.far_nslots, kAllDest);

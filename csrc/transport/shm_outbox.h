@@ -36,11 +36,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "transport/shm_config.h"
-#include "transport/shm_doorbell.h"
-#include "transport/shm_segments.h"
+#include "transport/shm_path.h"
 #include "transport/shm_types.h"
-#include "transport/shm_wait.h"
 
 namespace rc {
 
@@ -49,7 +46,7 @@ struct OutSlot;    // transport/shm_layout.h
 struct OutboxCtl;
 }  // namespace shm_detail
 
-class ShmOutbox {
+class ShmOutbox : private ShmPath {
  public:
   /// `cfg` (normalized, outbox layout or not), `segs`, `waits` and `bell` are the transport's:
   /// they outlive this part.
@@ -77,12 +74,6 @@ class ShmOutbox {
   char* data(int owner, Lane lane, uint64_t g) const;
   shm_detail::OutboxCtl* box(int owner, Lane lane) const;
 
-  int rank_;
-  int world_;
-  const ShmConfig& cfg_;
-  const ShmSegments& segs_;
-  ShmWaits& waits_;
-  ShmDoorbell& bell_;
   // Sender side, per lane, touched by that lane's thread only: the next sequence number, the
   // reserved slot's reader (kNoReserve: none) and payload offset, and per slot the reader and
   // reader count of the message it holds.

@@ -11,7 +11,7 @@ using namespace shm_detail;
 
 ShmSlots::ShmSlots(int rank, int world, const ShmConfig& cfg, const ShmSegments& segs, ShmWaits& waits,
                    ShmDoorbell& bell)
-    : rank_(rank), world_(world), cfg_(cfg), segs_(segs), waits_(waits), bell_(bell), single_(!uniform(cfg)),
+    : ShmPath(rank, world, cfg, segs, waits, bell), single_(!uniform(cfg)),
       ctl_offset_(ctl_offset(cfg)), ctl_stride_(ctl_stride(cfg)), data_offset_(data_offset(world, cfg)),
       send_geom_(kNumLanes * world), recv_geom_(kNumLanes * world), send_head_(kNumLanes * world, 0),
       recv_tail_(kNumLanes * world, 0), send_off_(kNumLanes * world, 0) {

@@ -25,11 +25,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "transport/shm_config.h"
-#include "transport/shm_doorbell.h"
-#include "transport/shm_segments.h"
+#include "transport/shm_path.h"
 #include "transport/shm_types.h"
-#include "transport/shm_wait.h"
 
 namespace rc {
 
@@ -37,7 +34,7 @@ namespace shm_detail {
 struct ChannelCtl;  // transport/shm_layout.h
 }  // namespace shm_detail
 
-class ShmSlots {
+class ShmSlots : private ShmPath {
  public:
   /// `cfg` (normalized), `segs`, `waits` and `bell` are the transport's: they outlive this part.
   ShmSlots(int rank, int world, const ShmConfig& cfg, const ShmSegments& segs, ShmWaits& waits, ShmDoorbell& bell);
@@ -68,12 +65,6 @@ class ShmSlots {
   SlotMeta* slot_meta(int owner, Lane lane, int src, uint32_t slot) const;
   const char* recv_at(int peer, Lane lane, uint32_t tail, const SlotMeta** meta) const;
 
-  int rank_;
-  int world_;
-  const ShmConfig& cfg_;
-  const ShmSegments& segs_;
-  ShmWaits& waits_;
-  ShmDoorbell& bell_;
   bool single_ = false;  // the outbox layout: one push channel per segment
   size_t ctl_offset_ = 0, ctl_stride_ = 0, data_offset_ = 0;
   // The channels this rank uses, [lane * world + peer]: sending into peer's segment, receiving in
