@@ -1,5 +1,5 @@
-// rc::ErrorCode -> its Python class in ringcomm/errors.py, from the one table of error kinds
-// (RC_ERROR_KINDS, common/errors.h; ringcomm/errors.py holds the same table the other way,
+// rc::ErrorCode -> its Python class in ringcomm/core/errors.py, from the one table of error kinds
+// (RC_ERROR_KINDS, common/errors.h; ringcomm/core/errors.py holds the same table the other way,
 // BY_CODE, and tests/test_errors.py checks that they agree). Compiled into
 // both extension modules (ringcomm._C registers the translator globally, ringcomm._C_cuda
 // module-locally), so the mapping exists once.

@@ -54,7 +54,7 @@ def no_leaks():
 
 def pytest_configure(config):
     # Under pytest-xdist pytest-benchmark switches itself off and says so, once per process. No
-    # test here takes its fixture (benchmarks/ does, run on its own), so it is switched off
+    # test here takes its fixture (benchmarks/suites/ does, run on its own), so it is switched off
     # quietly instead, unless the command line asks for benchmarks.
     opt = config.option
     xdist = config.getoption("dist", "no") != "no" or "PYTEST_XDIST_WORKER" in os.environ

@@ -17,7 +17,7 @@ from mp_cases import close_enough, counts_for, digest, init_under_env, make, pai
 
 DTYPE_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6,
                "int64": 7, "bool": 8}
-# Per-collective timeout of the GPU cases (s); scripts/gpu_check.sh lowers it so that a hang in a short
+# Per-collective timeout of the GPU cases (s); benchmarks/device/gpu_check.sh lowers it so that a hang in a short
 # device session costs seconds, not minutes.
 COMM_TIMEOUT = float(os.environ.get("RC_TEST_GPU_COMM_TIMEOUT", "120"))
 OP_CODES = {"SUM": 0, "PRODUCT": 1, "MIN": 2, "MAX": 3, "AVG": 4, "BAND": 5, "BOR": 6, "BXOR": 7}

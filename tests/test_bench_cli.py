@@ -24,7 +24,7 @@ from ringcomm.bench.spec import DTYPES, parse_size, size_sweep
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(ringcomm.__file__)))
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 OPS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all"]
-# What the bench must not print or contain: our own targets and verdicts live in scripts/.
+# What the bench must not print or contain: our own targets and verdicts live in benchmarks/report/.
 VERDICT = re.compile(r"\b(targets?|verdicts?|not met|met|goals?)\b", re.IGNORECASE)
 
 
@@ -152,7 +152,7 @@ def test_table_shows_count_spread_speedup_and_no_verdict():
 
 
 def test_bench_package_states_no_target_or_verdict():
-    """Our targets and their verdicts live in scripts/check_targets.py, not in the bench."""
+    """Our targets and their verdicts live in benchmarks/report/check_targets.py, not in the bench."""
     bench_dir = Path(harness.__file__).parent
     found = []
     for path in sorted(bench_dir.glob("*.py")):

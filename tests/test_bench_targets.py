@@ -1,4 +1,4 @@
-"""scripts/check_targets.py: our targets, judged on the bench's JSON (the bench prints none).
+"""benchmarks/report/check_targets.py: our targets, judged on the bench's JSON (the bench prints none).
 Each target takes the worst size of its range; MET / NOT MET / not measured and the exit status
 follow from it. Made-up JSON documents, in process (milliseconds)."""
 import importlib.util
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_targets.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "report" / "check_targets.py"
 _spec = importlib.util.spec_from_file_location("check_targets", SCRIPT)
 ct = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("check_targets", ct)        # dataclasses look their module up by name
@@ -89,7 +89,7 @@ def test_cli_on_files_and_runs(tmp_path, capsys):
 
 
 def test_tables_and_targets_read_the_same_runs(tmp_path, capsys):
-    """scripts/bench_readme_tables.py prints the runs through check_targets.load_runs: every timed
+    """benchmarks/report/bench_readme_tables.py prints the runs through check_targets.load_runs: every timed
     in-place all_reduce cell, a wrong one too; the targets leave the wrong one out."""
     ip = lambda us, wrong=0: {"time_us": us, "wrong": wrong}  # noqa: E731
     doc = {"meta": {"world_size": 2}, "tables": [

@@ -238,18 +238,19 @@ def test_profile_file_round_trip_and_refusals(knobs, tmp_path):
 
 
 def test_check_model_rejudges_saved_runs_with_the_current_model(tmp_path):
-    """scripts/check_model.py --from judges a saved run by the choices saved with it, and with
+    """benchmarks/report/check_model.py --from judges a saved run by the choices saved with it, and with
     --rechoose by the choices the model makes now from the run's saved profile (here: the formula
     restated above)."""
     root = os.path.join(os.path.dirname(__file__), "..")
-    saved = os.path.join(root, "docs", "bench", "model_check_r2.json")
+    saved = os.path.join(root, "results", "2026-12-02", "model_check", "model_check_r2.json")
     with open(saved) as f:
         doc = json.load(f)
     units = {"B": 1, "KiB": KiB, "MiB": KiB * KiB}
 
     def choices(*extra):
         out = tmp_path / "judged.md"
-        r = subprocess.run([sys.executable, os.path.join(root, "scripts", "check_model.py"), "--from", saved,
+        script = os.path.join(root, "benchmarks", "report", "check_model.py")
+        r = subprocess.run([sys.executable, script, "--from", saved,
                             "--out", str(out), *extra], capture_output=True, text=True, timeout=120,
                            env=dict(os.environ, RINGCOMM_LL_MAX_BYTES="4K"))
         assert r.returncode == 0, r.stderr[-3000:]

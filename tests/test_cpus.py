@@ -503,9 +503,9 @@ def test_communicator_threads_bit_identical(tmp_path):
     assert all(spawn(_threads_vs_one, 2, (str(store),), env=env, timeout=240))
 
 
-# ---- scripts/cpu_scale_check.sh ------------------------------------------------------------------
+# ---- benchmarks/device/cpu_scale_check.sh --------------------------------------------------------
 def test_cpu_scale_check_script_syntax_and_plan():
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "cpu_scale_check.sh")
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "device", "cpu_scale_check.sh")
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     env = dict(os.environ, CPU_SCALE_CORES="16")
     plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
@@ -515,7 +515,7 @@ def test_cpu_scale_check_script_syntax_and_plan():
         [(n, b) for n in ("2", "4", "8", "16") for b in ("none", "core")]
     assert all(ln.startswith("timeout ") and "gloo" in ln for ln in runs)
     assert any(ln.startswith("timeout ") and "p2p_rendezvous_ab.py -np 4" in ln for ln in plan.stdout.splitlines())
-    assert any(ln.startswith("timeout ") and "pool_placement.py" in ln for ln in plan.stdout.splitlines())
+    assert any(ln.startswith("timeout ") and "cpu_threads_ab.py --procs 5" in ln for ln in plan.stdout.splitlines())
     model = [ln for ln in plan.stdout.splitlines() if "check_model.py" in ln]
     assert len(model) == 1 and model[0].startswith("timeout ") and "ringcomm.tune" in model[0], plan.stdout
     assert "-np 2,4,8,16 " in model[0], model
@@ -531,17 +531,17 @@ def test_cpu_scale_check_script_syntax_and_plan():
 
 
 def test_device_check_script_syntax():
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "device_check.sh")
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "device", "device_check.sh")
     assert os.access(script, os.X_OK)
     assert subprocess.run(["bash", "-n", script]).returncode == 0
 
 
-# ---- scripts/bind_torch_pool.py, scripts/p2p_rendezvous_ab.py ----------------------------------
+# ---- benchmarks/ab/: bind_torch_pool.py, cpu_threads_ab.py, p2p_rendezvous_ab.py ----------------
 @needs_whole_machine
 @pytest.mark.timeout(180)
 def test_bind_torch_pool_script_reports_both_pools():
     pytest.importorskip("torch")
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "bind_torch_pool.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ab", "bind_torch_pool.py")
     r = subprocess.run([sys.executable, script, "-np", "2", "--n", "64", "--reps", "5", "--rounds", "1"],
                        capture_output=True, text=True, timeout=170)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -553,20 +553,28 @@ def test_bind_torch_pool_script_reports_both_pools():
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
-def test_pool_placement_script_rows_and_summary():
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "pool_placement.py")
-    r = subprocess.run([sys.executable, script, "--procs", "2", "--rounds", "2", "--calls", "3",
-                        "--size", "256K"], capture_output=True, text=True, timeout=110)
+def test_cpu_threads_ab_script_in_fresh_processes(tmp_path):
+    """--procs: the A/B in each of two fresh processes, a 1-thread and a 2-thread row per cell,
+    where the 2-thread pool's worker ran beside them, and the count of cells 2 threads lost."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ab", "cpu_threads_ab.py")
+    out = tmp_path / "threads.json"
+    r = subprocess.run([sys.executable, script, "--procs", "2", "--kernels", "reduce", "--sizes", "64K,256K",
+                        "--reps", "3", "--json", str(out)], capture_output=True, text=True, timeout=110)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [ln.split() for ln in r.stdout.splitlines() if ln[:1] == " " and ln.split()[0].isdigit()]
-    assert [(int(x[0]), int(x[1])) for x in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)], r.stdout
-    assert all(float(x[2]) > 0 and float(x[3]) > 0 and x[4] in ("yes", "no") for x in rows), r.stdout
-    assert "two threads slower than one in" in r.stdout.splitlines()[-1], r.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [(x["proc"], x["size"], x["threads"]) for x in rows] == \
+        [(p, s, t) for p in (0, 1) for s in (65536, 262144) for t in (1, 2)], rows
+    assert all(x["kernel"] == "reduce" and 0 < x["best_s"] <= x["median_s"] for x in rows), rows
+    assert all(isinstance(x["one_cpu"], bool) and x["vol"] >= 0 and x["invol"] >= 0 for x in rows), rows
+    printed = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] in (["0"], ["1"])]
+    assert len(printed) == 8 and all(ln[8] in ("yes", "no") for ln in printed if ln[3] == "2"), r.stdout
+    slower = sum(x["speedup"] < 1 for x in rows if x["threads"] == 2)
+    assert r.stdout.splitlines()[-1] == f"# 2 threads slower than one in {slower} of 4 cells", r.stdout
 
 
 @pytest.mark.timeout(180)
 def test_p2p_rendezvous_script_tables_and_memory():
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "p2p_rendezvous_ab.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ab", "p2p_rendezvous_ab.py")
     r = subprocess.run([sys.executable, script, "-np", "3", "--sizes", "64K,2M", "--reps", "3", "--rounds", "1",
                         "--unexpected", "8"], capture_output=True, text=True, timeout=170)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -578,14 +586,14 @@ def test_p2p_rendezvous_script_tables_and_memory():
     assert held < 4, tail
 
 
-# ---- scripts/arrival_skew.py ---------------------------------------------------------------------
+# ---- benchmarks/ab/arrival_skew.py ---------------------------------------------------------------
 @pytest.mark.timeout(180)
 def test_arrival_skew_script_splits_each_call(tmp_path):
     """One short round, bound and unbound, separated by the communicator's barrier: every cell has
     the three figures, and they are consistent as a split of each call must be (the call, the max
     over ranks of its time, is never shorter than the part after the last arrival; no quantile
     decreases from p50 to p99)."""
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "arrival_skew.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ab", "arrival_skew.py")
     out = tmp_path / "skew.json"
     r = subprocess.run([sys.executable, script, "-np", "2", "--rounds", "1", "--sizes", "1K,8K",
                         "--calls", "40", "--separator", "ringcomm", "--json", str(out)],
@@ -606,27 +614,30 @@ def test_arrival_skew_script_splits_each_call(tmp_path):
     assert "mean p90/p50" in r.stdout
 
 
-# ---- scripts/bind_separator.py -------------------------------------------------------------------
 @pytest.mark.timeout(180)
-def test_bind_separator_script_pipe_separator_sleeps(tmp_path):
+def test_arrival_skew_script_pipe_separator_sleeps(tmp_path):
     """The thread-free separator makes a rank sleep before its calls (voluntary context switches
     in the timed loop, where back-to-back calls behind ringcomm's barrier have none), for bound
     and unbound ranks alike, and the script leaves no FIFO behind."""
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "bind_separator.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ab", "arrival_skew.py")
     # its own bind registry: another job's is not ours (TMPDIR stays: the fork server's socket path
     # under a test's tmp_path would be too long for AF_UNIX)
     env = dict(os.environ, RINGCOMM_BIND_REGISTRY=str(tmp_path / "reg"))
-    fifo_dirs = lambda: {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("bind-separator-")}  # noqa: E731
+    fifo_dirs = lambda: {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("arrival-skew-")}  # noqa: E731
     before = fifo_dirs()
-    r = subprocess.run([sys.executable, script, "--calls", "200", "--separators", "pipe"],
+    out = tmp_path / "pipe.json"
+    r = subprocess.run([sys.executable, script, "-np", "2", "--rounds", "1", "--sizes", "1K", "--calls", "200",
+                        "--separator", "pipe", "--json", str(out)],
                        capture_output=True, text=True, timeout=170, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] == ["pipe"]]
-    assert [row[1] for row in rows] == ["none", "core"], r.stdout
-    for row in rows:
-        p50, p90 = float(row[2]), float(row[3])
-        assert 0 < p50 <= p90, row
-        # "r0 V / I  r1 V / I": voluntary switches per call of each rank
-        voluntary = [float(row[i + 1]) for i, tok in enumerate(row) if tok in ("r0", "r1")]
-        assert len(voluntary) == 2 and max(voluntary) > 0.2, row
+    doc = json.loads(out.read_text())
+    assert set(doc["runs"]) == {"none", "core"}, doc["runs"].keys()
+    for bind, (run,) in doc["runs"].items():
+        cell = run["cells"]["1024"]
+        assert 0 < cell["after"][0] <= cell["after"][1], (bind, cell["after"])
+        # each rank's (voluntary, involuntary) switches per timed call
+        voluntary = [sw[0] for sw in cell["switches"]]
+        assert len(voluntary) == 2 and max(voluntary) > 0.2, (bind, cell["switches"])
+        shared = cell["shared"]
+        assert 0 <= shared["calls"] <= 200 and (shared["call_p50"] is None) == (shared["calls"] == 0), shared
     assert fifo_dirs() <= before, fifo_dirs() - before

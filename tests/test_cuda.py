@@ -430,7 +430,7 @@ GPU_CONFIGS = [(2, "auto", "tiny"), (4, "auto", "tiny"), (2, "host", "tiny"), (2
                (3, "auto", "default"), (4, "host", "tiny"), (3, "hostsync", "tiny"), (2, "auto", "default")]
 
 
-# Whole-case limit (s) of one GPU configuration; scripts/gpu_check.sh lowers it to fit a device session.
+# Whole-case limit (s) of one GPU configuration; benchmarks/device/gpu_check.sh lowers it to fit a device session.
 GPU_CASE_TIMEOUT = float(os.environ.get("RC_TEST_GPU_CASE_TIMEOUT", "880"))
 
 
@@ -455,8 +455,8 @@ def test_gpu_all_collectives(world, mode, slots, store_env):
 
 def test_cuda_benchmark_skips_cleanly_without_gpu():
     if rcc.is_available():
-        pytest.skip("CUDA is available: the benchmark would run (scripts/gpu_check.sh runs it)")
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/cuda_bench.py"), "-e", "1M"], capture_output=True,
+        pytest.skip("CUDA is available: the benchmark would run (benchmarks/device/gpu_check.sh runs it)")
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks/device/cuda_bench.py"), "-e", "1M"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("SKIP: CUDA unavailable"), r.stdout

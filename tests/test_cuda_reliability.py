@@ -1,4 +1,4 @@
-"""CUDA reliability on a real GPU (skipped without one; scripts/gpu_check.sh runs them):
+"""CUDA reliability on a real GPU (skipped without one; benchmarks/device/gpu_check.sh runs them):
 
 - a peer that dies while this rank depends on its GPU work raises PeerFailureError naming the
   operation, the rank and the peer, and never leaves this rank's stream blocked;

@@ -1,7 +1,8 @@
 """The README and docs/ stay usable: the README is short, every relative link resolves,
 docs/knobs.md is the registry's generated text, every file and function docs/architecture.md
-names exists, and no work history (issue numbers, session names, verdicts against internal
-targets) appears in the README or docs/."""
+names exists, no work history (issue numbers, session names, verdicts against internal
+targets, dates, before/after wording) appears in the README or docs/, and every results/ file
+they cite exists."""
 import re
 from pathlib import Path
 
@@ -206,6 +207,86 @@ def history_hits(text: str) -> list:
     return hits
 
 
+# A page says how things work now; a figure's date lives in the results folder it cites
+# (results/YYYY-MM-DD/...), and the story of how it got there lives in CHANGELOG.md.
+_MONTH = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|"
+          r"Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)")
+NOW_PATTERNS = [
+    (r"\b\d{4}-\d{2}-\d{2}\b", "a date"),
+    (rf"\b{_MONTH}\.? \d{{1,2}}(?:st|nd|rd|th)?\b(?:, \d{{4}})?|\b\d{{1,2}} {_MONTH}\b|\b{_MONTH} \d{{4}}\b",
+     "a date"),
+    (r"\b\d{1,2}:\d{2}(?::\d{2})?(?:[-\u2013]\d{1,2}:\d{2})? UTC\b", "a time of day"),
+    (r"(?i)\bno longer\b", "before/after wording"),
+    (r"(?i)\bused to\b", "before/after wording"),
+    (r"(?i)\bpreviously\b", "before/after wording"),
+    (r"(?i)\bbefore this change\b", "before/after wording"),
+    (r"(?i)\bwas changed\b", "before/after wording"),
+    (r"(?i)\bwe changed\b", "before/after wording"),
+]
+# A citation of a results file: the path (relative or from the root) carries the run's date.
+_RESULTS_PATH = re.compile(r"(?:\.\./)*\bresults/[\w.,/{}*-]*")
+
+
+def now_hits(text: str) -> list:
+    hits = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        bare = _RESULTS_PATH.sub("", line)
+        for pat, what in NOW_PATTERNS:
+            m = re.search(pat, bare)
+            if m:
+                hits.append(f"line {lineno} ({what}: {m.group(0)!r}): {line.strip()[:120]}")
+    return hits
+
+
+@pytest.mark.parametrize("path", _doc_files(), ids=_rel)
+def test_docs_say_how_things_work_now(path):
+    hits = now_hits(path.read_text())
+    assert not hits, (f"{_rel(path)} dates or narrates (dates belong in a results/ citation, history in "
+                      f"CHANGELOG.md):\n" + "\n".join(hits))
+
+
+def test_now_patterns_are_precise():
+    flagged = ["Measured 2026-12-02 on a VM", "run on December 3", "Dec 4, 2026", "4 December 2026",
+               "in November 2026", "at 06:51 UTC", "06:51-06:54 UTC", "ringcomm no longer registers",
+               "It used to spin", "Previously the ring", "before this change the header",
+               "the default was changed", "We changed the slot size"]
+    for line in flagged:
+        assert now_hits(line), line
+    fine = ["[np2_b2b.txt](../results/2026-12-02/tables/np2_b2b.txt)", "`results/2026-12-04/device/`",
+            "results/2026-12-03/model_check/profile_epyc.json", "16 MiB", "1-2 MiB", "x86-64",
+            "the longer wait", "the ranks use the slots", "sizes 2^10 to 2^26", "May raise",
+            "a 2-vCPU VM", "p90/p50 of 1.4-1.9", "RINGCOMM_SPIN_US=50", "the model makes now"]
+    for line in fine:
+        assert not now_hits(line), line
+
+
+_CITED = re.compile(r"(?:\.\./)*\bresults/[\w./-]*[\w/]")
+
+
+@pytest.mark.parametrize("path", _doc_files(), ids=_rel)
+def test_cited_results_exist(path):
+    """Every results/ path a page names (outside brace or glob patterns) exists."""
+    missing = []
+    for m in _CITED.finditer(path.read_text()):
+        token, after = m.group(0), path.read_text()[m.end():m.end() + 1]
+        if after in "{*":
+            continue
+        target = (path.parent / token) if token.startswith("../") else (ROOT / token.lstrip("./"))
+        if not target.exists():
+            missing.append(token)
+    assert not missing, f"{_rel(path)} cites results that do not exist: {missing}"
+
+
+def test_results_index_lists_every_run():
+    """results/README.md has a row per run folder (results/DATE/RUN/), and each row's folder exists."""
+    index = (ROOT / "results" / "README.md").read_text()
+    listed = set(re.findall(r"\[`?(\d{4}-\d{2}-\d{2}/[\w.-]+)/?`?\]", index))
+    runs = {f"{d.name}/{r.name}" for d in (ROOT / "results").iterdir() if d.is_dir() for r in d.iterdir()
+            if r.is_dir()}
+    assert runs <= listed, f"results/README.md lists no row for: {sorted(runs - listed)}"
+    assert listed <= runs, f"results/README.md lists folders that do not exist: {sorted(listed - runs)}"
+
+
 @pytest.mark.parametrize("path", _doc_files(), ids=_rel)
 def test_no_history_in_readme_and_docs(path):
     hits = history_hits(path.read_text())
@@ -214,12 +295,12 @@ def test_no_history_in_readme_and_docs(path):
 
 def test_history_patterns_are_precise():
     flagged = ["fixed in issue 4", "Issue 14's targets", "measured in session 1", "items 2 and 3 of the brief",
-               "see docs/bench/2026-12-01-s7/", "target: NOT MET", "### Known gaps and the plan",
+               "see results/2026-12-01-s7/", "target: NOT MET", "### Known gaps and the plan",
                "## What was not done (next steps)", "### Not built: the two-shot"]
     for line in flagged:
         assert history_hits(line), line
     fine = ["an issue hook sees the collectives", "ranks that issue random collectives",
-            "np2_b2b.json", "-s 4", "docs/bench/2026-12-02/np4_b2b.txt", "the first 2 items",
+            "np2_b2b.json", "-s 4", "results/2026-12-02/tables/np4_b2b.txt", "the first 2 items",
             "x86-64", "sm_80, sm_90", "RINGCOMM_SPIN_US=2", "it was not met"]
     for line in fine:
         assert not history_hits(line), line

@@ -2,7 +2,7 @@
 
 Every module under src/ringcomm is parsed with ast; every import counts, at module level and
 inside functions, relative and absolute, and ``importlib.import_module`` with a literal name.
-Checked: every module has a layer; no chain of imports leads from a module back to itself; each
+Checked: every module has a layer and sits in its layer's folder; no chain of imports leads from a module back to itself; each
 layer imports only from its own layer and those below; the core imports a back end only where
 ``_layers.CORE_TO_BACK_END`` says it chooses it, and no back end imports another; no source file
 under src/ is longer than 700 lines. The checker itself is tested on small made-up sources, so a
@@ -30,17 +30,26 @@ COMPILED = re.compile(r"^_C(_\w+)?$")
 # ---------------------------------------------------------------------------------------------
 # The checker: modules, their imports, cycles.
 
-def find_modules(pkg_dir: Path, package: str) -> dict[str, tuple[Path, bool]]:
-    """{dotted name: (path, is a package's __init__)} for every .py file under pkg_dir."""
+def find_modules(pkg_dir: Path, package: str, folders=()) -> dict[str, tuple[Path, bool]]:
+    """{dotted name: (path, is a package's __init__)} for every .py file under pkg_dir. A file
+    under one of ``folders`` (the layer folders on the package's __path__) is a module of the
+    package itself: ``core/front.py`` is ``<package>.front``; the folder's own __init__.py is
+    ``<package>.<folder>``. A name found twice raises (one file would shadow the other)."""
     mods = {}
     for path in sorted(pkg_dir.rglob("*.py")):
         if "__pycache__" in path.parts:
             continue
-        parts = [package, *path.relative_to(pkg_dir).with_suffix("").parts]
+        rel = list(path.relative_to(pkg_dir).with_suffix("").parts)
+        if len(rel) > 2 and rel[0] in folders or len(rel) == 2 and rel[0] in folders and rel[1] != "__init__":
+            rel.pop(0)
+        parts = [package, *rel]
         is_pkg = parts[-1] == "__init__"
         if is_pkg:
             parts.pop()
-        mods[".".join(parts)] = (path, is_pkg)
+        name = ".".join(parts)
+        if name in mods:
+            raise ValueError(f"{name} is both {mods[name][0]} and {path}")
+        mods[name] = (path, is_pkg)
     return mods
 
 
@@ -92,9 +101,9 @@ def _is_import_module(func) -> bool:
         (isinstance(func, ast.Name) and func.id == "import_module")
 
 
-def import_graph(pkg_dir: Path, package: str) -> dict[str, list[tuple[str, int]]]:
+def import_graph(pkg_dir: Path, package: str, folders=()) -> dict[str, list[tuple[str, int]]]:
     """{module: [(imported module, line)]}, a module's imports of itself left out."""
-    mods = find_modules(pkg_dir, package)
+    mods = find_modules(pkg_dir, package, folders)
     graph = {}
     for name, (path, is_pkg) in mods.items():
         found = imports_of(name, path.read_text(encoding="utf-8"), is_pkg, package, mods)
@@ -206,9 +215,13 @@ def layer_violations(graph, layers=_layers) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # The package.
 
+FOLDERS = tuple(_layers.LAYER_FOLDERS.values())
+MAX_ENTRIES = 12
+
+
 @pytest.fixture(scope="module")
 def graph():
-    return import_graph(PKG_DIR, _layers.PACKAGE)
+    return import_graph(PKG_DIR, _layers.PACKAGE, FOLDERS)
 
 
 def test_the_package_has_its_modules(graph):
@@ -222,6 +235,48 @@ def test_every_module_has_a_layer(graph):
     for names in _layers.LAYERS.values():       # and every name in the table is a module
         for name in names:
             assert f"{_layers.PACKAGE}.{name}" in graph, f"_layers names {name}, no such module"
+
+
+def test_every_module_sits_in_its_layers_folder(graph):
+    misplaced = []
+    for m, (path, _) in find_modules(PKG_DIR, _layers.PACKAGE, FOLDERS).items():
+        folder = _layers.folder_of(m)
+        rel = path.relative_to(PKG_DIR).parts
+        if m[len(_layers.PACKAGE) + 1:] in FOLDERS:
+            continue                                   # a layer folder's own docstring module
+        first = rel[0] if len(rel) > 1 else ""
+        if _layers.back_end_of(m) is not None:         # a back end: its own subpackage or file
+            ok = first in ("", _layers.back_end_of(m))
+        else:
+            ok = first == folder
+        if not ok:
+            misplaced.append(f"{m} is {path.relative_to(PKG_DIR)}, its layer's folder is {folder!r}/")
+    assert not misplaced, "\n".join(misplaced)
+
+
+def test_layer_folders_are_on_the_package_path_and_name_their_layer():
+    import importlib
+    for layer, folder in _layers.LAYER_FOLDERS.items():
+        assert str(PKG_DIR / folder) in ringcomm.__path__
+        doc_module = importlib.import_module(f"{_layers.PACKAGE}.{folder}")
+        assert doc_module.__path__ == []               # no second name for the folder's modules
+        assert doc_module.__doc__.startswith(f"Layer {layer}, ")
+        assert f"ringcomm.{folder}.<name>" in doc_module.__doc__
+    with pytest.raises(ImportError):
+        importlib.import_module("ringcomm.core.front")
+    for back_end in ("cuda", "hier", "torch"):
+        doc = importlib.import_module(f"ringcomm.{back_end}").__doc__ or ""
+        assert "back end" in doc and "import" in doc, f"ringcomm.{back_end}'s docstring names no layer"
+
+
+def test_the_package_folder_holds_at_most_twelve_entries():
+    import subprocess
+    listed = subprocess.run(["git", "ls-files", "--", "."], cwd=PKG_DIR, capture_output=True,
+                            text=True)
+    if listed.returncode != 0 or not listed.stdout:
+        pytest.skip("not a git checkout: the tracked entries cannot be listed")
+    entries = sorted({line.split("/", 1)[0] for line in listed.stdout.splitlines()})
+    assert len(entries) <= MAX_ENTRIES, entries
 
 
 def test_every_import_resolves(graph):
@@ -313,6 +368,21 @@ def test_checker_reports_unknown_modules_and_layer_breaks(tmp_path):
     assert [len(c) for c in find_cycles(g)] == [2]
 
 
+def test_checker_reads_layer_folders_as_the_package(tmp_path):
+    root = _fake_package(tmp_path, {
+        "__init__.py": "", "lib/__init__.py": '"""doc"""\n', "lib/a.py": "from . import b\n",
+        "lib/b.py": "", "apps/__init__.py": "", "apps/tool/__init__.py": "",
+        "apps/tool/cli.py": "from pkg.a import x\nfrom ..b import y\n",
+    })
+    g = import_graph(root, "pkg", ("lib", "apps"))
+    assert set(g) == {"pkg", "pkg.lib", "pkg.apps", "pkg.a", "pkg.b", "pkg.tool", "pkg.tool.cli"}
+    assert {t for t, _ in g["pkg.a"]} == {"pkg.b"}
+    assert {t for t, _ in g["pkg.tool.cli"]} == {"pkg.a", "pkg.b"}
+    (root / "b.py").write_text("")                     # the same name beside the folder: refused
+    with pytest.raises(ValueError, match="pkg.b is both"):
+        find_modules(root, "pkg", ("lib", "apps"))
+
+
 def test_back_end_rule():
     g = {"ringcomm.api": [("ringcomm.hier", 50)], "ringcomm.host": [("ringcomm.torch.extension", 53)],
          "ringcomm.hier.gloo_engine": [("ringcomm.torch.core", 9), ("ringcomm.work", 8)],
@@ -322,3 +392,28 @@ def test_back_end_rule():
     assert len(bad) == 2, bad
     assert bad[0].startswith("ringcomm.host:53: the core imports the torch back end")
     assert bad[1].startswith("ringcomm.hier.gloo_engine:9: the hier back end imports another")
+
+
+def test_architecture_page_shows_the_folders_as_declared():
+    """docs/architecture.md's folder table says what _layers.py says: each layer's folders and
+    modules, so the page a reader opens first cannot drift from the rules the checks enforce."""
+    page = (SRC_DIR.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    start, end = "<!-- layer-folders", "<!-- /layer-folders -->"
+    assert start in page and end in page, "docs/architecture.md lost its layer-folders table"
+    rows = [line for line in page[page.index(start):page.index(end)].splitlines()
+            if line.startswith("| ") and not line.startswith("| layer ")]
+    seen = {}
+    for row in rows:
+        layer, folders, modules, _ = [c.strip() for c in row.strip("|").split("|")]
+        number = int(layer.split()[0])
+        names = {m.strip() for m in modules.split(",")}
+        dirs = set(re.findall(r"`src/ringcomm/([\w/]+)/`", folders))
+        if "back ends" in layer:
+            assert names == set(_layers.BACK_ENDS), row
+            assert dirs == {b for b in _layers.BACK_ENDS if (PKG_DIR / b).is_dir()}, row
+        else:
+            assert dirs == {_layers.LAYER_FOLDERS[number]}, row
+            expected = set(_layers.LAYERS[number]) - set(_layers.BACK_ENDS) - {"_layers"}
+            assert names == expected, f"{row}: _layers says {sorted(expected)}"
+        seen.setdefault(number, set()).update(names)
+    assert set(seen) == set(_layers.LAYERS)

@@ -453,13 +453,13 @@ def test_modules_work_without_torch():
     code = textwrap.dedent(f"""
         import importlib.util, sys
         sys.modules["torch"] = None          # any "import torch" now raises ImportError
-        def load(name):
+        def load(folder, name):
             spec = importlib.util.spec_from_file_location(
-                "rc_" + name, {SRC!r} + "/ringcomm/" + name + ".py")
+                "rc_" + name, {SRC!r} + "/ringcomm/" + folder + "/" + name + ".py")
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
             return mod
-        sim, mem = load("simulate"), load("memory")
+        sim, mem = load("apps", "simulate"), load("wrappers", "memory")
         import numpy as np
         assert sim.ring_all_reduce([[1, 2, 3], [10, 20, 30], [100, 200, 300]]) == [[111, 222, 333]] * 3
         W = np.ones((2, 3)); xs = [np.ones((2, 3))] * 2; ys = [np.zeros((2, 2))] * 2

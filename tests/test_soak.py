@@ -1,4 +1,4 @@
-"""The soak script (benchmarks/soak.py) for ~20 s at 2 and 3 ranks: random collectives, every
+"""The soak script (tests/soak.py) for ~20 s at 2 and 3 ranks: random collectives, every
 result checked against numpy, communicators re-created with random slot knobs every few seconds;
 and a check that its checker fails on a corrupted result and that the printed replay command
 reruns that call. Slow: runs only with RINGCOMM_TEST_SOAK=1."""
@@ -20,7 +20,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-SOAK = ROOT / "benchmarks" / "soak.py"
+SOAK = ROOT / "tests" / "soak.py"
 
 
 def run_soak(args, timeout):

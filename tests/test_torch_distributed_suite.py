@@ -49,7 +49,7 @@ SUBSET = [
 ]
 
 # Each test spawns two fresh interpreters that import torch; the limits leave room for a loaded
-# machine (docs/torch.md gives the subset's duration on a quiet one).
+# machine.
 PER_TEST_TIMEOUT_S = 60
 WALL_LIMIT_S = 300
 

@@ -4,7 +4,7 @@
 // every algorithm and protocol, streaming stores) and applies the store policy each call's
 // header carries. Collectives run on the host and are complete when their host part is.
 // With more than one CPU thread per rank (set_cpu_threads, chosen by the Python front from the
-// rank's CPUs: src/ringcomm/cpus.py) the collective lane is a SplitChannel over the ShmChannel:
+// rank's CPUs: src/ringcomm/core/cpus.py) the collective lane is a SplitChannel over the ShmChannel:
 // large copies and reductions run on the device's CpuPool.
 #pragma once
 #include <memory>

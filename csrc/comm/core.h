@@ -123,7 +123,7 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   /// or null.
   std::exception_ptr errored() const;
   /// The cost model's profile this rank loaded (RINGCOMM_PROFILE, read at creation): every rank
-  /// of a communicator must hold the same (ringcomm/host.py compares the hashes at init).
+  /// of a communicator must hold the same (ringcomm/core/host.py compares the hashes at init).
   const CostProfile& cost_profile() const { return knobs_.profile; }
 
  protected:

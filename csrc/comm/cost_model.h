@@ -1,7 +1,7 @@
 // The all-reduce cost model: what each algorithm costs on a machine described by a profile, and
 // the cheapest one. A pure function of (profile, bytes, world): never of timings taken while a
 // communicator runs, so every rank of a communicator that loaded the same profile makes the same
-// choice (the profile's hash is compared across ranks at init: ringcomm/host.py).
+// choice (the profile's hash is compared across ranks at init: ringcomm/core/host.py).
 //
 // The profile: the machine's per hand-off latency (alpha: a waiting rank sees a peer's flag;
 // alpha_shared: the same when two ranks share one CPU, so a hand-off is a switch between them),

@@ -1,6 +1,6 @@
 // Typed errors. Every error carries an ErrorCode; RC_ERROR_KINDS below is the one table of the
 // kinds: code, C++ class and the Python exception class the bindings map it to
-// (bindings/errors_py.cpp; ringcomm/errors.py's BY_CODE mirrors it, tests/test_errors.py checks).
+// (bindings/errors_py.cpp; ringcomm/core/errors.py's BY_CODE mirrors it, tests/test_errors.py checks).
 // InvalidArgumentError is a ValueError and UnsupportedError a TypeError on the Python side.
 // The subclasses exist so that C++ code can catch one kind; code() is what crosses process and
 // language boundaries (abort flags in shared memory, Work handles, the bindings).

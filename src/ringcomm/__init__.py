@@ -7,7 +7,19 @@
 
 Importing ringcomm creates nothing and changes no environment; ``import ringcomm.torch``
 registers the "ringcomm" torch.distributed backend.
+
+The folders are the layers (``ringcomm._layers``; docs/architecture.md): core/ holds the library
+itself, cuda/, hier/ and torch/ the back ends, wrappers/ the training wrappers, apps/ the
+applications. The three layer folders are on this package's ``__path__``, so the modules in them
+are modules of the package itself: ``ringcomm.front``, ``ringcomm.ddp``, ``ringcomm.bench``.
 """
+import os as _os
+
+from . import _layers
+
+__path__ = [*__path__, *(_os.path.join(_os.path.dirname(__file__), folder)
+                         for folder in _layers.LAYER_FOLDERS.values())]
+
 from .errors import (ClosedError, InvalidArgumentError, MismatchError, PeerFailureError,
                      RingcommError, TimeoutError, UnsupportedError)
 from .launch import LaunchError, launch

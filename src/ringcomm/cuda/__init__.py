@@ -1,5 +1,9 @@
 """ringcomm on CUDA: ring collectives on torch CUDA tensors and CuPy arrays.
 
+Layer 0, a back end: imports the core (ringcomm.front, .errors, .tables, ...) and the compiled
+ringcomm._C_cuda, never another back end; the core's host communicator imports it to route CUDA
+arrays here.
+
     import ringcomm.cuda
     if ringcomm.cuda.is_available():
         comm = ringcomm.cuda.init(rank=r, world_size=n, init_method="file:///tmp/rdzv")

@@ -1,5 +1,8 @@
 """Beyond one machine: topology discovery and the two-level (hierarchical) communicator.
 
+Layer 0, a back end: imports the core (and torch.distributed or mpi4py for the engines between
+nodes), never another back end; the core's ``ringcomm.init()`` imports it when ranks span nodes.
+
 Inside a node ringcomm keeps its shared-memory ring; between nodes it hands the node-level step
 to an existing engine (torch.distributed's gloo for CPU tensors). ``ringcomm.init()`` calls
 :func:`from_init` once the store is known: every rank publishes its node id, and when the ranks

@@ -1,5 +1,8 @@
 """ringcomm as a torch.distributed backend.
 
+Layer 0, a back end: imports the core and torch, never another back end; no core module imports
+it (importing it is what registers the backend).
+
 ``import ringcomm.torch`` registers the backend ``"ringcomm"``; then::
 
     dist.init_process_group("ringcomm")          # torchrun, tcp://, file://, or store=
