@@ -81,7 +81,7 @@ class AlgoSim {
 
  private:
   static rc::ShmConfig make_cfg(int world, int64_t slot_bytes, int nslots, double timeout_s) {
-    rc::ShmConfig c = rc::ShmConfig::from_env(world, timeout_s);
+    rc::ShmConfig c = rc::ShmConfig::from_knobs(rc::Knobs::read(), world, timeout_s);
     RC_CHECK(slot_bytes >= 64 && nslots >= 2, InvalidArgument, "_AlgoSim: slot_bytes >= 64 and nslots >= 2");
     c.slot_bytes = static_cast<size_t>((slot_bytes + 63) / 64 * 64);
     c.nslots = static_cast<uint32_t>(nslots);

@@ -11,6 +11,7 @@
 
 #include "algo/ring_schedule.h"
 #include "comm/communicator.h"
+#include "common/knobs.h"
 #include "comm/header_exchange.h"
 #include "comm/selection.h"
 
@@ -54,6 +55,8 @@ void bind_comm(py::module_& m) {
 
   py::class_<Communicator, std::shared_ptr<Communicator>> comm(m, "Communicator");
   comm.def(py::init<int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("timeout") = 0.0)
+      .def(py::init<int, int, double, const rc::Knobs&>(), py::arg("rank"), py::arg("world_size"),
+           py::arg("timeout"), py::arg("knobs"))
       .def("create", &Communicator::create, rc_py::ReleaseGil())
       .def("connect", &Communicator::connect, rc_py::ReleaseGil())
       .def_property_readonly("closed_reason", &Communicator::closed_reason)
@@ -104,7 +107,7 @@ void bind_comm(py::module_& m) {
   // Test-only: bytes of one rank's shared-memory segment for world_size ranks with the current
   // knobs (the host communicator's geometry); computes only, creates nothing.
   m.def("_shm_segment_bytes", [](int world_size) {
-    return rc::footprint_bytes(world_size, rc::ShmConfig::host_from_env(world_size, 0));
+    return rc::footprint_bytes(world_size, rc::ShmConfig::host_from_knobs(rc::Knobs::read(), world_size, 0));
   }, py::arg("world_size"));
   // Address of a C-contiguous buffer-protocol object (numpy arrays): (address, nbytes), or None
   // when the object is not C-contiguous or (writable=True) is read-only. Cheaper than
@@ -168,9 +171,10 @@ void bind_comm(py::module_& m) {
 #undef RC_COLL_BY_NAME_
     RC_CHECK(coll != rc::Coll::kRejected, InvalidArgument, "ringcomm: unknown collective '" << collective << "'");
     RC_CHECK(device == "host" || device == "cuda", InvalidArgument, "ringcomm: device must be host or cuda");
+    const rc::Knobs knobs = rc::Knobs::read();
     const rc::DeviceCaps caps = device == "host"
-        ? rc::HostDevice::caps_for(rc::ShmConfig::host_from_env(world_size, 1.0)) : rc::DeviceCaps{};
-    const rc::Selection s = rc::select(coll, bytes, world_size, rc::SelectionKnobs::from_env(), caps);
+        ? rc::HostDevice::caps_for(rc::ShmConfig::host_from_knobs(knobs, world_size, 1.0)) : rc::DeviceCaps{};
+    const rc::Selection s = rc::select(coll, bytes, world_size, rc::SelectionKnobs::from_knobs(knobs), caps);
     return py::make_tuple(rc::algo_name(s.algo), rc::proto_name(s.proto), rc::store_name(s.store));
   }, py::arg("collective"), py::arg("bytes"), py::arg("world_size"), py::arg("device") = "host",
      "(algorithm, protocol, store) names the selection picks (csrc/comm/selection.h)");

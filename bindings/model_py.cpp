@@ -12,6 +12,7 @@
 #include "comm/cost_model.h"
 #include "comm/selection.h"
 #include "common/errors.h"
+#include "common/knobs.h"
 
 namespace py = pybind11;
 
@@ -49,7 +50,7 @@ py::dict to_dict(const rc::CostProfile& p) {
 
 // params: a dict of every kParams entry; None: RINGCOMM_PROFILE's profile (or the defaults).
 rc::CostProfile from_params(const py::object& params) {
-  if (params.is_none()) return rc::profile_from_env();
+  if (params.is_none()) return rc::profile_at(rc::Knobs::read().profile);
   rc::CostProfile p;
   py::dict d = params.cast<py::dict>();
   for (const char* k : kParams) {

@@ -1,8 +1,9 @@
-"""The knob registry (csrc/common/knobs.cpp via ringcomm.config; docs/knobs.md is generated from it,
-checked by tests/test_docs.py): every RINGCOMM_* name in the sources is registered,
-values parse with the registry's rules (checked against independent Python parsing), config()
-and `python -m ringcomm.config` report them, nothing reads a knob at import time, and
-RINGCOMM_DEBUG=INFO/TRACE log from a spawned rank's C++ core."""
+"""The knob registry (csrc/common/knobs.def via ringcomm.config; docs/knobs.md is generated from it,
+checked by tests/test_docs.py): every RINGCOMM_* name in the sources is registered, the typed
+struct (ringcomm.config.read(), rc::Knobs) has one field per runtime knob with the values the
+by-name lookup gives, values parse with the registry's rules (checked against independent Python
+parsing), config() and `python -m ringcomm.config` report them, nothing reads a knob at import
+time, and RINGCOMM_DEBUG=INFO/TRACE log from a spawned rank's C++ core."""
 import os
 import re
 import subprocess
@@ -51,7 +52,8 @@ def test_every_knob_name_in_the_sources_is_registered():
     reg = set(_registry())
     # RINGCOMM_CUDA_ARCHS is a CMake cache variable / compile definition, not an environment knob.
     not_knobs = {"RINGCOMM_CUDA_ARCHS"}
-    files = [p for d in ("csrc", "bindings") for p in (ROOT / d).rglob("*") if p.suffix in (".h", ".cpp", ".cu")]
+    files = [p for d in ("csrc", "bindings") for p in (ROOT / d).rglob("*")
+             if p.suffix in (".h", ".cpp", ".cu", ".def")]
     files += list(SRC.rglob("*.py")) + [ROOT / "setup.py", ROOT / "CMakeLists.txt"]
     seen = set()
     for p in files:
@@ -61,13 +63,67 @@ def test_every_knob_name_in_the_sources_is_registered():
     assert reg - seen == set(), f"registered but never mentioned in the sources: {sorted(reg - seen)}"
 
 
+def _def_lines():
+    """(macro, name, field, type) of every line of csrc/common/knobs.def, in its order."""
+    text = (ROOT / "csrc" / "common" / "knobs.def").read_text()
+    return re.findall(r"^(RC_KNOB|RC_BUILD_KNOB)\((RINGCOMM_\w+), (\w+), k(\w+),", text, re.M)
+
+
+def test_registry_is_the_def_file():
+    """knobs() (through _C) lists knobs.def's lines, in order, each field named by its knob."""
+    lines = _def_lines()
+    assert [(k["name"], k["field"], k["type"], k["build"]) for k in config.knobs()] == [
+        (name, field, typ.lower(), macro == "RC_BUILD_KNOB") for macro, name, field, typ in lines]
+    for _, name, field, _ in lines:
+        assert field == name[len("RINGCOMM_"):].lower(), name
+
+
+def test_read_is_typed_and_agrees_with_the_lookup(clean_env):
+    """read(): one read-only attribute per runtime knob (none for build knobs), equal to
+    knob(name), typed by the knob's type, documented by its doc; is_set() follows the environment."""
+    clean_env.setenv("RINGCOMM_SLOT_BYTES", "64K")
+    clean_env.setenv("RINGCOMM_ALGO", "RING")
+    clean_env.setenv("RINGCOMM_TIMEOUT", "12.5")
+    cfg = config.read()
+    types = {"int": int, "bytes": int, "float": float, "str": str, "choice": str}
+    for k in config.knobs():
+        if k["build"]:
+            assert not hasattr(cfg, k["field"]), k["name"]
+            continue
+        value = getattr(cfg, k["field"])
+        assert type(value) is types[k["type"]] and value == config.knob(k["name"]), k["name"]
+        assert cfg.is_set(k["field"]) == config.knob_is_set(k["name"]), k["name"]
+        assert k["doc"] in getattr(type(cfg), k["field"]).__doc__, k["name"]
+    assert (cfg.slot_bytes, cfg.algo, cfg.timeout) == (64 * 1024, "ring", 12.5)
+    assert cfg.is_set("slot_bytes") and not cfg.is_set("nslots")
+    with pytest.raises(AttributeError):
+        cfg.slot_bytes = 1
+    clean_env.setenv("RINGCOMM_SLOT_BYTES", "1M")
+    assert cfg.slot_bytes == 64 * 1024 and config.read().slot_bytes == 1 << 20   # read once, kept
+    with pytest.raises(ringcomm.RingcommError, match="not a runtime knob"):
+        cfg.is_set("cuda")   # a build knob has no field
+
+
+def test_read_raises_for_a_malformed_value(clean_env):
+    clean_env.setenv("RINGCOMM_ZERO_MAX_INFLIGHT", "two")
+    with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_ZERO_MAX_INFLIGHT='two'"):
+        config.read()
+
+
 def test_no_direct_environment_reads_of_knobs():
-    """Knobs are read only through the registry (setup.py / CMake read the build knobs)."""
+    """Knobs are read only through the registry (setup.py / CMake read the build knobs), and the
+    library's code reads them as typed fields, never by name (the by-name lookup is for users)."""
     bad = []
     for p in SRC.rglob("*.py"):
         for i, line in enumerate(p.read_text().splitlines(), 1):
             if re.search(r"environ(\.get\(|\[)\s*[\"']RINGCOMM_|getenv\(\s*[\"']RINGCOMM_", line):
                 bad.append(f"{p.name}:{i}: {line.strip()}")
+            if p.name != "config.py" and re.search(r"\bknob(_is_set)?\(\s*[\"']?RINGCOMM_|\bknob\(\s*[A-Z_]+\)", line):
+                bad.append(f"{p.name}:{i}: {line.strip()}")
+    for d in ("csrc", "bindings"):
+        for p in (ROOT / d).rglob("*"):
+            if p.suffix in (".h", ".cpp", ".cu") and re.search(r"knob_info\(\s*\"|parse_knob\(knob_info\(\s*\"", p.read_text()):
+                bad.append(str(p.relative_to(ROOT)))
     for d in ("csrc", "bindings"):
         for p in (ROOT / d).rglob("*"):
             if p.suffix in (".h", ".cpp", ".cu") and p.name != "knobs.cpp" and "getenv" in p.read_text():

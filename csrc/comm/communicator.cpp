@@ -10,9 +10,9 @@
 
 namespace rc {
 
-HostDevice::HostDevice(int rank, int world, double timeout_s)
+HostDevice::HostDevice(int rank, int world, double timeout_s, const Knobs& knobs)
     : rank_(rank), world_(world),
-      transport_(rank, world, ((void)refresh_log_level(), ShmConfig::host_from_env(world, timeout_s))),
+      transport_(rank, world, ((void)set_log_level(knobs.debug), ShmConfig::host_from_knobs(knobs, world, timeout_s))),
       scratch_(transport_.config().slot_bytes), coll_(&transport_, Lane::kColl, scratch_.data()),
       p2p_(&transport_, Lane::kP2P, nullptr), ll_(&transport_) {}
 
@@ -59,7 +59,10 @@ void HostDevice::set_cpus(int threads, size_t min_bytes, const std::string& wher
 }
 
 Communicator::Communicator(int rank, int world, double timeout_s)
-    : CommCore(rank, world, std::make_unique<HostDevice>(rank, world, timeout_s)),
+    : Communicator(rank, world, timeout_s, Knobs::read()) {}
+
+Communicator::Communicator(int rank, int world, double timeout_s, const Knobs& knobs)
+    : CommCore(rank, world, std::make_unique<HostDevice>(rank, world, timeout_s, knobs), knobs),
       host_(static_cast<HostDevice*>(&device_part())) {}
 
 void HostDevice::log_connected(const std::string& selection) {

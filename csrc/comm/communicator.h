@@ -22,7 +22,7 @@ namespace rc {
 
 class HostDevice final : public CommDevice {
  public:
-  HostDevice(int rank, int world, double timeout_s);
+  HostDevice(int rank, int world, double timeout_s, const Knobs& knobs);
   ShmTransport& transport() { return transport_; }
   /// The INFO line a connected communicator logs (transport, slots, selection, ISA, waits).
   void log_connected(const std::string& selection);
@@ -64,8 +64,10 @@ class HostDevice final : public CommDevice {
 
 class Communicator final : public CommCore {
  public:
-  /// timeout_s <= 0 takes RINGCOMM_TIMEOUT (default 300 s).
+  /// timeout_s <= 0 takes RINGCOMM_TIMEOUT (default 300 s). The knobs are read once, here
+  /// (Knobs::read()), or given; every layer takes its values from them.
   Communicator(int rank, int world, double timeout_s);
+  Communicator(int rank, int world, double timeout_s, const Knobs& knobs);
 
   /// Rendezvous, step 1: create this rank's shared memory; publish the returned name.
   std::string create() { return host_->transport().create(); }

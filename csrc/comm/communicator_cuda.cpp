@@ -7,7 +7,10 @@
 namespace rc {
 
 CudaCommunicator::CudaCommunicator(int rank, int world, int device, double timeout_s)
-    : CommCore(rank, world, std::make_unique<CudaDevice>(rank, world, device, timeout_s)),
+    : CudaCommunicator(rank, world, device, timeout_s, Knobs::read()) {}
+
+CudaCommunicator::CudaCommunicator(int rank, int world, int device, double timeout_s, const Knobs& knobs)
+    : CommCore(rank, world, std::make_unique<CudaDevice>(rank, world, device, timeout_s, knobs), knobs),
       cuda_(static_cast<CudaDevice*>(&device_part())) {
   cuda_->set_core(this);
 }

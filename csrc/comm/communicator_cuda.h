@@ -16,8 +16,10 @@ namespace rc {
 
 class CudaCommunicator final : public CommCore {
  public:
-  /// device: the CUDA device ordinal every buffer of this communicator lives on.
+  /// device: the CUDA device ordinal every buffer of this communicator lives on. The knobs are
+  /// read once, here (Knobs::read()), or given.
   CudaCommunicator(int rank, int world, int device, double timeout_s);
+  CudaCommunicator(int rank, int world, int device, double timeout_s, const Knobs& knobs);
 
   /// Setup (the caller moves the bytes between ranks; see transport/cuda_ipc.h).
   std::string local_info() { return cuda_->transport().local_info(); }

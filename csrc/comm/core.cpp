@@ -8,7 +8,6 @@
 #include "comm/header_exchange.h"
 #include "common/clock.h"
 #include "common/errors.h"
-#include "common/knobs.h"
 #include "common/log.h"
 #include "kernels/reduce_cpu.h"
 
@@ -60,11 +59,11 @@ struct ForkRegistry {
   }
 };
 
-CommCore::CommCore(int rank, int world, std::unique_ptr<CommDevice> dev)
+CommCore::CommCore(int rank, int world, std::unique_ptr<CommDevice> dev, const Knobs& knobs)
     : rank_(rank), world_(world), dev_(std::move(dev)), checks_(rank, world, dev_->memory()),
-      knobs_(SelectionKnobs::from_env()), caps_(dev_->caps()),
-      p2p_(rank, world, dev_.get(), [this](const std::exception_ptr& e) { mark_broken(e); }) {
-  const int64_t keep = knob_int("RINGCOMM_TRACE");
+      knobs_(SelectionKnobs::from_knobs(knobs)), caps_(dev_->caps()),
+      p2p_(rank, world, dev_.get(), knobs.p2p_eager_bytes, [this](const std::exception_ptr& e) { mark_broken(e); }) {
+  const int64_t keep = knobs.trace;
   RC_CHECK(keep >= 0 && keep <= (int64_t{1} << 20), InvalidArgument,
            "ringcomm: RINGCOMM_TRACE=" << keep << " must be 0 (off) or the number of calls to keep, at most 1048576");
   tracer_.configure(keep);

@@ -127,7 +127,7 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   const CostProfile& cost_profile() const { return knobs_.profile; }
 
  protected:
-  CommCore(int rank, int world, std::unique_ptr<CommDevice> dev);
+  CommCore(int rank, int world, std::unique_ptr<CommDevice> dev, const Knobs& knobs);
   /// After the transport is connected: start the threads.
   void start();
   bool connected() const { return connected_; }

@@ -11,7 +11,6 @@
 #include "algo/context.h"
 #include "comm/selection.h"
 #include "common/errors.h"
-#include "common/knobs.h"
 
 namespace rc {
 
@@ -154,8 +153,7 @@ CostProfile load_profile(const std::string& path) {
   return p;
 }
 
-CostProfile profile_from_env() {
-  const std::string path = knob_str("RINGCOMM_PROFILE");
+CostProfile profile_at(const std::string& path) {
   return path.empty() ? default_profile() : load_profile(path);
 }
 

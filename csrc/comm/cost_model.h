@@ -60,8 +60,9 @@ CostProfile default_profile();
 /// The profile of the JSON file at `path`; throws InvalidArgument naming the path for a missing,
 /// unreadable or malformed file, another version, or a hash that disagrees with the params.
 CostProfile load_profile(const std::string& path);
-/// RINGCOMM_PROFILE's profile, or default_profile() when it is unset.
-CostProfile profile_from_env();
+/// The profile RINGCOMM_PROFILE names (Knobs::profile): load_profile(path), or default_profile()
+/// when `path` is empty (the knob unset).
+CostProfile profile_at(const std::string& path);
 
 /// The slot payloads the algorithms cut messages into: the ring's (ring neighbours) and the far
 /// channels' (direct exchanges, two-shot, halving_doubling). Equal on every rank (the transport

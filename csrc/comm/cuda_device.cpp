@@ -103,9 +103,9 @@ void DeviceMemoryCheck::check(const void* p, const char* what, const char* op) c
 
 // ---------------- the device part ----------------
 
-CudaDevice::CudaDevice(int rank, int world, int device, double timeout_s)
+CudaDevice::CudaDevice(int rank, int world, int device, double timeout_s, const Knobs& knobs)
     : rank_(rank), world_(world), device_(device),
-      transport_(rank, world, device, ((void)refresh_log_level(), timeout_s)), memcheck_(device) {}
+      transport_(rank, world, device, ((void)set_log_level(knobs.debug), timeout_s), knobs), memcheck_(device) {}
 
 CudaDevice::~CudaDevice() = default;
 

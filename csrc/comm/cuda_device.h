@@ -52,7 +52,7 @@ class DeviceMemoryCheck final : public MemoryCheck {
 
 class CudaDevice final : public CommDevice {
  public:
-  CudaDevice(int rank, int world, int device, double timeout_s);
+  CudaDevice(int rank, int world, int device, double timeout_s, const Knobs& knobs);
   ~CudaDevice() override;
   /// The core whose device part this is (fences hold it weakly: they must never own it).
   void set_core(CommCore* core) { core_ = core; }

@@ -7,7 +7,6 @@
 
 #include "comm/header_exchange.h"
 #include "common/errors.h"
-#include "common/knobs.h"
 #include "transport/futex.h"
 
 namespace rc {
@@ -20,12 +19,13 @@ constexpr uint64_t kCts = 1ull << 61;      // total = kCts, tag = the id, no pay
 constexpr uint64_t kKinds = kRdvData | kRts | kCts;
 }  // namespace
 
-P2PEngine::P2PEngine(int rank, int world, CommDevice* dev, std::function<void(const std::exception_ptr&)> on_failure)
+P2PEngine::P2PEngine(int rank, int world, CommDevice* dev, int64_t eager_bytes,
+                     std::function<void(const std::exception_ptr&)> on_failure)
     : rank_(rank),
       world_(world),
       dev_(dev),
       on_failure_(std::move(on_failure)),
-      eager_bytes_(static_cast<uint64_t>(knob_bytes("RINGCOMM_P2P_EAGER_BYTES"))) {}
+      eager_bytes_(static_cast<uint64_t>(eager_bytes)) {}
 
 P2PEngine::~P2PEngine() { stop(); }
 

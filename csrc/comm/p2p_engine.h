@@ -71,7 +71,9 @@ constexpr int kAnySource = -1;
 class P2PEngine {
  public:
   /// on_failure(e): a data-phase failure (the core marks itself broken and tells the peers).
-  P2PEngine(int rank, int world, CommDevice* dev, std::function<void(const std::exception_ptr&)> on_failure);
+  /// eager_bytes: RINGCOMM_P2P_EAGER_BYTES.
+  P2PEngine(int rank, int world, CommDevice* dev, int64_t eager_bytes,
+            std::function<void(const std::exception_ptr&)> on_failure);
   ~P2PEngine();
 
   void start();

@@ -5,7 +5,6 @@
 
 #include "common/dtype.h"
 #include "common/errors.h"
-#include "common/knobs.h"
 
 namespace rc {
 
@@ -29,27 +28,27 @@ const char* algo_name(Algo a) { return algo_name_of(static_cast<uint8_t>(a)); }
 const char* proto_name(Proto p) { return proto_name_of(static_cast<uint8_t>(p)); }
 const char* store_name(Store s) { return store_name_of(static_cast<uint8_t>(s)); }
 
-SelectionKnobs SelectionKnobs::from_env() {
+SelectionKnobs SelectionKnobs::from_knobs(const Knobs& env) {
   SelectionKnobs k;
-  const std::string algo = knob_str("RINGCOMM_ALGO");
+  const std::string& algo = env.algo;
   k.algo = algo == "ring" ? Forced::kRing : algo == "direct" ? Forced::kDirect
          : algo == "two_shot" ? Forced::kTwoShot : algo == "halving_doubling" ? Forced::kHalvingDoubling
          : Forced::kAuto;
-  k.direct_max_bytes = knob_bytes("RINGCOMM_DIRECT_MAX_BYTES");
-  k.two_shot_max_bytes = knob_bytes("RINGCOMM_TWO_SHOT_MAX_BYTES");
-  k.two_shot_min_world = knob_int("RINGCOMM_TWO_SHOT_MIN_WORLD");
-  k.model_min_world = knob_int("RINGCOMM_MODEL_MIN_WORLD");
+  k.direct_max_bytes = env.direct_max_bytes;
+  k.two_shot_max_bytes = env.two_shot_max_bytes;
+  k.two_shot_min_world = env.two_shot_min_world;
+  k.model_min_world = env.model_min_world;
   RC_CHECK(k.model_min_world >= 2, InvalidArgument,
            "ringcomm: RINGCOMM_MODEL_MIN_WORLD must be >= 2, got " << k.model_min_world);
-  k.profile = profile_from_env();
+  k.profile = profile_at(env.profile);
   RC_CHECK(k.direct_max_bytes >= 0, InvalidArgument,
            "ringcomm: RINGCOMM_DIRECT_MAX_BYTES must be >= 0, got " << k.direct_max_bytes);
   RC_CHECK(k.two_shot_max_bytes >= 0, InvalidArgument,
            "ringcomm: RINGCOMM_TWO_SHOT_MAX_BYTES must be >= 0, got " << k.two_shot_max_bytes);
-  k.header_in_slot = knob_str("RINGCOMM_HEADER_IN_SLOT") == "on";
-  const std::string stream = knob_str("RINGCOMM_STREAM");
+  k.header_in_slot = env.header_in_slot == "on";
+  const std::string& stream = env.stream;
   k.stream = stream == "on" ? Stream::kOn : stream == "off" ? Stream::kOff : Stream::kAuto;
-  k.stream_min_bytes = knob_bytes("RINGCOMM_STREAM_MIN_BYTES");
+  k.stream_min_bytes = env.stream_min_bytes;
   RC_CHECK(k.stream_min_bytes >= 0, InvalidArgument,
            "ringcomm: RINGCOMM_STREAM_MIN_BYTES must be >= 0, got " << k.stream_min_bytes);
   return k;

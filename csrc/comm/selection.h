@@ -87,7 +87,7 @@ struct DeviceCaps {
   PieceSizes pieces;
 };
 
-/// The knobs of the selection, read once per communicator (SelectionKnobs::from_env).
+/// The knobs of the selection, read once per communicator (SelectionKnobs::from_knobs).
 struct SelectionKnobs {
   enum class Forced { kAuto, kRing, kDirect, kTwoShot, kHalvingDoubling };
   enum class Stream { kAuto, kOn, kOff };
@@ -100,8 +100,9 @@ struct SelectionKnobs {
   bool header_in_slot = true;      ///< RINGCOMM_HEADER_IN_SLOT
   Stream stream = Stream::kAuto;   ///< RINGCOMM_STREAM
   int64_t stream_min_bytes = 0;    ///< RINGCOMM_STREAM_MIN_BYTES
-  /// From the environment; a malformed or out-of-range value throws InvalidArgument naming it.
-  static SelectionKnobs from_env();
+  /// From the knobs `k` (and RINGCOMM_PROFILE's file, loaded now); an out-of-range value throws
+  /// InvalidArgument naming it.
+  static SelectionKnobs from_knobs(const Knobs& k);
 };
 
 /// THE selection. `bytes`: the collective's message size as every rank computes it alike (the

@@ -2,7 +2,7 @@
 
 #include <unistd.h>
 
-#include "common/knobs.h"
+#include "common/errors.h"
 
 namespace rc {
 
@@ -10,11 +10,12 @@ namespace detail {
 std::atomic<int> g_log_level{static_cast<int>(LogLevel::kWarn)};
 }
 
-LogLevel refresh_log_level() {
-  const std::string v = knob_str("RINGCOMM_DEBUG");
+LogLevel set_log_level(const std::string& debug) {
+  RC_CHECK(debug == "WARN" || debug == "INFO" || debug == "TRACE", InvalidArgument,
+           "ringcomm: log level '" << debug << "' is not one of WARN, INFO, TRACE");
   LogLevel l = LogLevel::kWarn;
-  if (v == "INFO") l = LogLevel::kInfo;
-  else if (v == "TRACE") l = LogLevel::kTrace;
+  if (debug == "INFO") l = LogLevel::kInfo;
+  else if (debug == "TRACE") l = LogLevel::kTrace;
   detail::g_log_level.store(static_cast<int>(l), std::memory_order_relaxed);
   return l;
 }

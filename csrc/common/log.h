@@ -3,8 +3,8 @@
 //         store-policy choices, reduce ISA, timeout);
 //   TRACE also one line per collective (op, seq, dtype, count, algorithm, time).
 // Every line starts "ringcomm[rank r/n]". The level is cached in an atomic that
-// refresh_log_level() sets from the knob (called when a communicator is created); a disabled
-// log statement costs one relaxed load and one branch.
+// set_log_level() sets from the knob's field (Knobs::debug, when a communicator is created, and
+// from ringcomm.config.logger); a disabled log statement costs one relaxed load and one branch.
 #pragma once
 #include <atomic>
 #include <sstream>
@@ -18,8 +18,9 @@ namespace detail {
 extern std::atomic<int> g_log_level;
 }
 
-/// Read RINGCOMM_DEBUG now and cache it; returns the level. Throws InvalidArgument on a bad value.
-LogLevel refresh_log_level();
+/// Cache the level named by RINGCOMM_DEBUG's parsed value (Knobs::debug: WARN, INFO or TRACE);
+/// returns it. Another text throws InvalidArgument.
+LogLevel set_log_level(const std::string& debug);
 inline bool log_enabled(LogLevel l) {
   return detail::g_log_level.load(std::memory_order_relaxed) >= static_cast<int>(l);
 }

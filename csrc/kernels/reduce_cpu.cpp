@@ -283,7 +283,7 @@ namespace {
 // Knob RINGCOMM_CPU_ISA (auto|avx512|avx2|generic), read once; the static is immutable afterwards.
 CpuIsa knob_cpu_isa() {
   static const CpuIsa isa = [] {
-    const std::string v = knob_str("RINGCOMM_CPU_ISA");
+    const std::string v = read_knob<KnobId::cpu_isa>();
     RC_CHECK(v == "auto" || v == "generic" || v == "avx2" || v == "avx512", InvalidArgument,
              "ringcomm: RINGCOMM_CPU_ISA='" << v << "' is not one of auto, generic, avx2, avx512");
     const CpuIsa want = parse_cpu_isa(v.c_str());

@@ -82,7 +82,8 @@ struct CudaIpcConfig {
   int max_blocks = 0;        // RINGCOMM_CUDA_MAX_BLOCKS: reduce grid cap (0: 4 x SMs)
   double close_wait_s = 30;  // RINGCOMM_CUDA_CLOSE_WAIT: bound on close()'s GPU drain and goodbyes
   ShmConfig shm;             // timeout, spin, liveness (from the shm knobs)
-  static CudaIpcConfig from_env(int world, double timeout_s);
+  /// From the knobs `k` (their range checks throw InvalidArgument).
+  static CudaIpcConfig from_knobs(const Knobs& k, int world, double timeout_s);
 };
 
 /// Device placement for one process: a pure description, decoded from the exchanged bytes.
@@ -108,7 +109,7 @@ CudaPeerInfo decode_peer_info(const std::string& bytes);
 
 class CudaIpcTransport {
  public:
-  CudaIpcTransport(int rank, int world, int device, double timeout_s);
+  CudaIpcTransport(int rank, int world, int device, double timeout_s, const Knobs& knobs);
   ~CudaIpcTransport();
   CudaIpcTransport(const CudaIpcTransport&) = delete;
   CudaIpcTransport& operator=(const CudaIpcTransport&) = delete;

@@ -63,11 +63,11 @@ const char* channel_kind_name(ChannelKind k) {
   return m >= 1 && m < kNumModes ? kModeNames[m] : "?";
 }
 
-CudaIpcConfig CudaIpcConfig::from_env(int world, double timeout_s) {
+CudaIpcConfig CudaIpcConfig::from_knobs(const Knobs& k, int world, double timeout_s) {
   CudaIpcConfig c;
-  c.shm = ShmConfig::from_env(world, timeout_s);
-  int64_t slot = knob_bytes("RINGCOMM_CUDA_SLOT_BYTES");
-  int64_t nslots = knob_int("RINGCOMM_CUDA_NSLOTS");
+  c.shm = ShmConfig::from_knobs(k, world, timeout_s);
+  const int64_t slot = k.cuda_slot_bytes;
+  const int64_t nslots = k.cuda_nslots;
   RC_CHECK(slot >= static_cast<int64_t>(kPageBytes), InvalidArgument,
            "RINGCOMM_CUDA_SLOT_BYTES must be >= " << kPageBytes << ", got " << slot);
   RC_CHECK(nslots >= 2 && nslots <= 64, InvalidArgument,
@@ -76,10 +76,10 @@ CudaIpcConfig CudaIpcConfig::from_env(int world, double timeout_s) {
   // see two slots share a page.
   c.slot_bytes = (static_cast<size_t>(slot) + kPageBytes - 1) / kPageBytes * kPageBytes;
   c.nslots = static_cast<uint32_t>(nslots);
-  c.mode = parse_mode(knob_str("RINGCOMM_CUDA_P2P"));
-  c.max_blocks = static_cast<int>(knob_int("RINGCOMM_CUDA_MAX_BLOCKS"));
+  c.mode = parse_mode(k.cuda_p2p);
+  c.max_blocks = static_cast<int>(k.cuda_max_blocks);
   RC_CHECK(c.max_blocks >= 0, InvalidArgument, "RINGCOMM_CUDA_MAX_BLOCKS must be >= 0");
-  c.close_wait_s = knob_double("RINGCOMM_CUDA_CLOSE_WAIT");
+  c.close_wait_s = k.cuda_close_wait;
   return c;
 }
 

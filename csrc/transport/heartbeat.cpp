@@ -4,15 +4,14 @@
 
 #include <sstream>
 
-#include "common/knobs.h"
 #include "transport/futex.h"
 
 namespace rc {
 
-std::string pid_namespace_id() {
+std::string pid_namespace_id(const std::string& test_pidns) {
   std::string id;
-  if (knob_is_set("RINGCOMM_TEST_PIDNS")) {
-    id = "test:" + knob_str("RINGCOMM_TEST_PIDNS");
+  if (!test_pidns.empty()) {
+    id = "test:" + test_pidns;
   } else {
     struct stat st;
     if (stat("/proc/self/ns/pid", &st) == 0) {

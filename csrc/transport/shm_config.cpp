@@ -1,5 +1,5 @@
-// ShmConfig from the knobs (slot geometry, wait policy, liveness, LL outbox size) and the
-// footprint of a segment; deadline arithmetic shared by every wait.
+// ShmConfig from the communicator's rc::Knobs (slot geometry, wait policy, liveness, LL outbox
+// size) and the footprint of a segment; deadline arithmetic shared by every wait.
 #include "transport/shm.h"
 
 #include <sched.h>
@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "common/errors.h"
-#include "common/knobs.h"
 #include "transport/shm_layout.h"
 
 namespace rc {
@@ -46,22 +45,22 @@ int64_t deadline_after(int64_t now_ns, double seconds) {
   return now_ns + static_cast<int64_t>(ns);
 }
 
-int64_t ShmConfig::spin_ns_for(int ranks_sharing, int cpus) {
+int64_t ShmConfig::spin_ns_for(int ranks_sharing) const {
   const int64_t spin_default_us = ranks_sharing > cpus ? 2 : 50;  // oversubscribed: short spins
-  return (knob_is_set("RINGCOMM_SPIN_US") ? knob_int("RINGCOMM_SPIN_US") : spin_default_us) * 1000;
+  return (spin_us ? *spin_us : spin_default_us) * 1000;
 }
 
 void ShmTransport::set_ranks_sharing(int ranks_sharing) {
   if (ranks_sharing < 1) return;
-  cfg_.spin_ns = ShmConfig::spin_ns_for(ranks_sharing, cfg_.cpus);
+  cfg_.spin_ns = cfg_.spin_ns_for(ranks_sharing);
 }
 
-ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
+ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s) {
   ShmConfig c;
   // Slot size and count: bytes in flight per channel = slot_bytes * nslots. Slots small enough to
   // stay in L2/L3 between the sender's write and the receiver's read; enough of them to pipeline.
-  int64_t slot = knob_bytes("RINGCOMM_SLOT_BYTES");
-  int64_t nslots = knob_int("RINGCOMM_NSLOTS");
+  const int64_t slot = k.slot_bytes;
+  const int64_t nslots = k.nslots;
   RC_CHECK(slot >= 64, InvalidArgument, "RINGCOMM_SLOT_BYTES must be >= 64, got " << slot);
   // A power of two divides 2^32, so the slot index `counter % nslots` stays in step across the
   // wrap of the 32-bit head/tail counters.
@@ -70,7 +69,7 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
            "the slot index wraps with the 32-bit counters), got " << nslots);
   c.slot_bytes = round_up(static_cast<size_t>(slot), 64);
   c.nslots = static_cast<uint32_t>(nslots);
-  c.timeout_s = timeout_s > 0 ? timeout_s : knob_double("RINGCOMM_TIMEOUT");
+  c.timeout_s = timeout_s > 0 ? timeout_s : k.timeout;
   RC_CHECK(c.timeout_s > 0, InvalidArgument, "timeout must be > 0 s, got " << c.timeout_s);
   // Wait policy. world_size is the number of ranks on this node (the transport spans one node);
   // against it, the CPUs this process may run on. With more ranks than CPUs the rank a waiter
@@ -79,17 +78,17 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   // kAdaptive yields only after a miss (a spin that ran out or was preempted), saving the
   // sched_yield calls; auto is kYield (docs/algorithms.md, "Waits"), kAdaptive stays selectable.
   c.cpus = affinity_cpus();
-  const std::string mode = knob_str("RINGCOMM_WAIT");
-  c.wait_mode = mode == "spin"       ? WaitMode::kSpin
-                : mode == "adaptive" ? WaitMode::kAdaptive
-                                     : WaitMode::kYield;  // yield, and auto
-  c.spin_ns = spin_ns_for(world_size, c.cpus);
+  c.wait_mode = k.wait == "spin"       ? WaitMode::kSpin
+                : k.wait == "adaptive" ? WaitMode::kAdaptive
+                                       : WaitMode::kYield;  // yield, and auto
+  if (k.is_set(KnobId::spin_us)) c.spin_us = k.spin_us;
+  c.spin_ns = c.spin_ns_for(world_size);
   RC_CHECK(c.spin_ns >= 0, InvalidArgument, "RINGCOMM_SPIN_US must be >= 0, got " << c.spin_ns / 1000);
   // Yielding waits spin yield_ns longer: sched_yield hands a runnable peer on our CPU the core
   // for a fraction of the cost of a futex sleep and wake-up.
-  c.yield_ns = knob_int("RINGCOMM_YIELD_US") * 1000;
+  c.yield_ns = k.yield_us * 1000;
   RC_CHECK(c.yield_ns >= 0, InvalidArgument, "RINGCOMM_YIELD_US must be >= 0, got " << c.yield_ns / 1000);
-  c.yield_every_ns = std::max<int64_t>(100, knob_int("RINGCOMM_YIELD_EVERY_NS"));
+  c.yield_every_ns = std::max<int64_t>(100, k.yield_every_ns);
   // A lost yield: under the kernel's EEVDF scheduler every sched_yield that finds another task
   // runnable moves the yielder's virtual deadline a whole slice later, so a waiter that yields
   // every few microseconds beside a CPU-bound process of another job hands it slice after slice
@@ -98,29 +97,31 @@ ShmConfig ShmConfig::from_env(int world_size, double timeout_s) {
   // with our word still unset means such a process. Then waits stop yielding for the back-off:
   // they spin and sleep on the futex (a sleep resets the deadline; the waker's futex_wake
   // preempts the other process's task).
-  c.yield_lost_ns = knob_int("RINGCOMM_YIELD_LOST_US") * 1000;
+  c.yield_lost_ns = k.yield_lost_us * 1000;
   RC_CHECK(c.yield_lost_ns > 0, InvalidArgument, "RINGCOMM_YIELD_LOST_US must be > 0, got " << c.yield_lost_ns / 1000);
-  c.yield_backoff_ns = knob_int("RINGCOMM_YIELD_BACKOFF_MS") * 1000000;
+  c.yield_backoff_ns = k.yield_backoff_ms * 1000000;
   RC_CHECK(c.yield_backoff_ns >= 0, InvalidArgument,
            "RINGCOMM_YIELD_BACKOFF_MS must be >= 0, got " << c.yield_backoff_ns / 1000000);
-  c.liveness_ns = knob_int("RINGCOMM_LIVENESS_MS") * 1000000;
+  c.liveness_ns = k.liveness_ms * 1000000;
   RC_CHECK(c.liveness_ns > 0, InvalidArgument, "RINGCOMM_LIVENESS_MS must be > 0");
-  c.heartbeat_timeout_ns = knob_int("RINGCOMM_HEARTBEAT_TIMEOUT_MS") * 1000000;
+  c.heartbeat_timeout_ns = k.heartbeat_timeout_ms * 1000000;
   RC_CHECK(c.heartbeat_timeout_ns > 0, InvalidArgument, "RINGCOMM_HEARTBEAT_TIMEOUT_MS must be > 0");
+  c.test_attach_pause_ms = k.test_attach_pause_ms;
+  c.test_pidns = k.test_pidns;
   return c;
 }
 
-ShmConfig ShmConfig::host_from_env(int world_size, double timeout_s) {
-  ShmConfig c = from_env(world_size, timeout_s);
-  const int64_t far = knob_bytes("RINGCOMM_FAR_SLOT_BYTES");
+ShmConfig ShmConfig::host_from_knobs(const Knobs& k, int world_size, double timeout_s) {
+  ShmConfig c = from_knobs(k, world_size, timeout_s);
+  const int64_t far = k.far_slot_bytes;
   RC_CHECK(far >= 64, InvalidArgument, "RINGCOMM_FAR_SLOT_BYTES must be >= 64, got " << far);
   c.far_slot_bytes = round_up(static_cast<size_t>(far), 64);
-  const int64_t out = knob_int("RINGCOMM_OUTBOX_SLOTS");
+  const int64_t out = k.outbox_slots;
   RC_CHECK(out >= 2 && out <= 1024 && (out & (out - 1)) == 0, InvalidArgument,
            "RINGCOMM_OUTBOX_SLOTS must be in [2, 1024] and a power of two, got " << out);
   c.far_nslots = static_cast<uint32_t>(out);
   c.outbox = true;
-  const int64_t ll = knob_bytes("RINGCOMM_LL_MAX_BYTES");
+  const int64_t ll = k.ll_max_bytes;
   RC_CHECK(ll >= 0 && ll <= (int64_t{1} << 20), InvalidArgument,
            "RINGCOMM_LL_MAX_BYTES must be in [0, 1M], got " << ll);
   c.ll_bytes = static_cast<size_t>(ll);

@@ -5,8 +5,11 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "common/clock.h"
+#include "common/knobs.h"
 
 namespace rc {
 
@@ -21,9 +24,10 @@ struct ShmConfig {
   size_t slot_bytes = 0;     // RINGCOMM_SLOT_BYTES
   uint32_t nslots = 0;       // RINGCOMM_NSLOTS
   double timeout_s = 300;    // RINGCOMM_TIMEOUT (per communicator override)
-  WaitMode wait_mode = WaitMode::kAdaptive;  // RINGCOMM_WAIT (auto resolved, see from_env)
+  WaitMode wait_mode = WaitMode::kAdaptive;  // RINGCOMM_WAIT (auto resolved, see from_knobs)
   int cpus = 1;              // CPUs this process may run on (sched_getaffinity) when configured
-  int64_t spin_ns = 0;       // RINGCOMM_SPIN_US
+  int64_t spin_ns = 0;       // RINGCOMM_SPIN_US, or by the CPUs (spin_ns_for)
+  std::optional<int64_t> spin_us;  // RINGCOMM_SPIN_US where the environment sets it
   int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: yielding waits spin this much longer
   int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: yielding waits sched_yield this often
   int64_t yield_lost_ns = 0;   // RINGCOMM_YIELD_LOST_US: a sched_yield this long lost the CPU
@@ -37,14 +41,17 @@ struct ShmConfig {
   size_t far_slot_bytes = 0;   // RINGCOMM_FAR_SLOT_BYTES
   uint32_t far_nslots = 0;     // RINGCOMM_OUTBOX_SLOTS
   size_t ll_bytes = 0;         // RINGCOMM_LL_MAX_BYTES: data bytes one LL outbox carries
-  /// Uniform geometry (far = full): what the CUDA control plane and the simulation use.
-  static ShmConfig from_env(int world_size, double timeout_s);
-  /// from_env plus the outboxes (world >= 3): the host communicator's transport.
-  static ShmConfig host_from_env(int world_size, double timeout_s);
-  /// The spin before a wait yields or sleeps: RINGCOMM_SPIN_US, else short (2 us) when more
-  /// ranks share this process's CPUs than there are CPUs (the awaited rank may need our CPU),
-  /// else 50 us.
-  static int64_t spin_ns_for(int ranks_sharing, int cpus);
+  int64_t test_attach_pause_ms = 0;  // RINGCOMM_TEST_ATTACH_PAUSE_MS (test hook)
+  std::string test_pidns;           // RINGCOMM_TEST_PIDNS (test hook; heartbeat.h)
+  /// Uniform geometry (far = full) from the knobs `k` (their range checks throw
+  /// InvalidArgument): what the CUDA control plane and the simulation use.
+  static ShmConfig from_knobs(const Knobs& k, int world_size, double timeout_s);
+  /// from_knobs plus the outboxes (world >= 3): the host communicator's transport.
+  static ShmConfig host_from_knobs(const Knobs& k, int world_size, double timeout_s);
+  /// The spin before a wait yields or sleeps: RINGCOMM_SPIN_US (spin_us), else short (2 us)
+  /// when more ranks share this process's CPUs than there are (`cpus`: the awaited rank may
+  /// need our CPU), else 50 us.
+  int64_t spin_ns_for(int ranks_sharing) const;
 };
 
 /// Bytes of one rank's segment for `world` ranks with configuration `cfg` (computes only): in the

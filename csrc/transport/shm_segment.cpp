@@ -19,7 +19,6 @@
 #include <thread>
 
 #include "common/errors.h"
-#include "common/knobs.h"
 #include "transport/shm_layout.h"
 
 namespace rc {
@@ -197,7 +196,7 @@ void ShmSegments::map_peers(const std::vector<std::string>& names,
     on_mapped(p, h);
     publish_add(&h->attached.v, &h->attached.waiters, 1);
     if (p == (rank_ == 0 ? 1 : 0)) {
-      if (const int64_t pause_ms = knob_int("RINGCOMM_TEST_ATTACH_PAUSE_MS"); pause_ms > 0)
+      if (const int64_t pause_ms = cfg_.test_attach_pause_ms; pause_ms > 0)
         std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     }
   }

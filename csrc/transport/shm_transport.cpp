@@ -28,7 +28,7 @@ ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
 ShmTransport::~ShmTransport() { close(); }
 
 std::string ShmTransport::create() {
-  std::string name = segs_.create(pid_namespace_id());
+  std::string name = segs_.create(pid_namespace_id(cfg_.test_pidns));
   live_.on_created();
   return name;
 }

@@ -150,7 +150,7 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
       }
       const int64_t back = now_ns();
       if (back - now >= cfg_.yield_lost_ns) {
-        // A lost yield (see ShmConfig::from_env): stop yielding, and sleep now.
+        // A lost yield (see ShmConfig::from_knobs): stop yielding, and sleep now.
         n_yields_lost_.fetch_add(1, std::memory_order_relaxed);
         if (cfg_.yield_backoff_ns > 0) no_yield_until_.store(back + cfg_.yield_backoff_ns, std::memory_order_relaxed);
         break;

@@ -10,6 +10,7 @@ import itertools
 import time
 from typing import Optional
 
+from . import config
 from .errors import RingcommError
 from .front import CommunicatorBase, check_splits
 from .host import Communicator, shm_communicator
@@ -45,39 +46,41 @@ def init(rank: Optional[int] = None, world_size: Optional[int] = None, *, store=
     The first communicator created becomes the default one used by ringcomm.all_reduce(...).
     """
     global _default
-    rank, world_size, t = init_args("ringcomm.init", rank, world_size, timeout)
+    knobs = config.read()  # every layer below takes its knobs from this one reading
+    rank, world_size, t = init_args("ringcomm.init", rank, world_size, timeout, knobs)
     if prefix is None and world_size > 1:
         rdzv.refuse_sub_communicator_default(rank, world_size)
     store = resolve_store(store, init_method, rank, world_size, t)
     if world_size == 1:
         # A single rank meets nobody through the store: it takes no number and no generation.
-        comm = shm_communicator(rank, world_size, store, prefix or "ringcomm/single", t)
+        comm = shm_communicator(rank, world_size, store, prefix or "ringcomm/single", t, knobs=knobs)
     elif prefix is not None:
-        comm = _connect(rank, world_size, store, prefix, t, t)
+        comm = _connect(rank, world_size, store, prefix, t, t, knobs)
     elif rdzv.supports_generations(store):
-        comm = _join_generation(rank, world_size, store, t)
+        comm = _join_generation(rank, world_size, store, t, knobs)
     else:
-        comm = _connect(rank, world_size, store, default_prefix(next(_counter), rank, world_size), t, t)
+        comm = _connect(rank, world_size, store, default_prefix(next(_counter), rank, world_size), t, t, knobs)
     if _default is None or _default.closed:
         _default = comm
     return comm
 
 
-def _connect(rank, world_size, store, prefix, timeout, wait_s, abandoned=None) -> CommunicatorBase:
+def _connect(rank, world_size, store, prefix, timeout, wait_s, knobs, abandoned=None) -> CommunicatorBase:
     """Wait (``wait_s``) until every rank arrived under ``prefix``, then build the communicator:
     the two-level one when the ranks span several nodes (one store round trip), else shared
     memory. ``timeout`` bounds the communicator's waits; ``abandoned`` (init's generations) is
-    called while a key is missing and raises when the generation cannot complete."""
+    called while a key is missing and raises when the generation cannot complete; ``knobs``:
+    init's ``config.read()``."""
     rdzv.await_arrivals(store, prefix, rank, world_size, wait_s, abandoned, timeout)
     from . import hier
-    comm = hier.from_init(rank, world_size, store, prefix, timeout)
+    comm = hier.from_init(rank, world_size, store, prefix, timeout, knobs)
     if comm is None:
-        comm = shm_communicator(rank, world_size, store, prefix, timeout, abandoned)
+        comm = shm_communicator(rank, world_size, store, prefix, timeout, abandoned, knobs)
     rdzv.forget_arrival(store, prefix, rank)
     return comm
 
 
-def _join_generation(rank, world_size, store, timeout) -> CommunicatorBase:
+def _join_generation(rank, world_size, store, timeout, knobs) -> CommunicatorBase:
     """Claim a generation on the store and connect in it; while a needed key is missing and a
     later generation was opened, claim the newest one and wait there instead, all within
     ``timeout`` from now. A failure here closes the generation: the ranks waiting in it raise the
@@ -88,7 +91,7 @@ def _join_generation(rank, world_size, store, timeout) -> CommunicatorBase:
         g = rdzv.claim_generation(store, root, rank)
         try:
             return _connect(rank, world_size, store, f"{root}/{g}", timeout,
-                            max(deadline - time.monotonic(), 0.001),
+                            max(deadline - time.monotonic(), 0.001), knobs,
                             lambda g=g: rdzv.check_generation(store, root, g, rank))
         except rdzv.GenerationSuperseded:
             continue

@@ -1,10 +1,14 @@
 """ringcomm's knobs: the one way Python code reads a ``RINGCOMM_*`` environment variable.
 
-The registry itself lives in C++ (csrc/common/knobs.cpp: name, type, default, accepted values,
-doc) so that C++ and Python parse every knob with the same rule; this module reads it through
-``ringcomm._C``. Knobs are read when a communicator (or trainer) is created, never at import.
+The registry is one file, csrc/common/knobs.def (name, field, type, default, accepted values,
+doc, build flag per knob); C++ and Python parse every knob with the same rule, and this module
+reads the registry and the values through ``ringcomm._C``. Code reads the knobs once, when the
+object that uses them (a communicator, a trainer, a launch) is created, never at import, and
+then uses the typed fields:
 
-    ringcomm.config.knob("RINGCOMM_TIMEOUT")   # 300.0, or the parsed environment value
+    cfg = ringcomm.config.read()               # every runtime knob, parsed now (typed attributes)
+    cfg.timeout, cfg.slot_bytes, cfg.algo      # 300.0, 262144, "auto" (or the environment's)
+    ringcomm.config.knob("RINGCOMM_TIMEOUT")   # one knob by name (users, docs, the table)
     ringcomm.config()                          # {name: {"value", "default", "doc", ...}}
     python -m ringcomm.config                  # the table: what is set, what is default
 
@@ -19,7 +23,7 @@ import sys
 import types
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
-__all__ = ["knob", "knob_is_set", "knobs", "config", "default_timeout", "logger", "format_table",
+__all__ = ["read", "knob", "knob_is_set", "knobs", "config", "default_timeout", "logger", "format_table",
            "format_markdown", "main", "environment"]
 
 
@@ -29,8 +33,23 @@ def _c():
 
 
 def knobs() -> List[Dict[str, Any]]:
-    """The registry: one dict per knob (name, type, default, choices, doc, build)."""
+    """The registry: one dict per knob (name, field, type, default, choices, doc, build)."""
     return _c().knobs()
+
+
+def read() -> "Knobs":
+    """Every runtime knob parsed from the environment now: a ``ringcomm._C.Knobs`` whose
+    read-only attributes are the registry's fields (``RINGCOMM_SLOT_BYTES`` is ``slot_bytes``),
+    typed (int for int and bytes knobs, float, str; choices as spelled in the registry), each
+    documented by the registry's doc. ``is_set(field)`` says whether the environment set it. A
+    malformed value raises ``InvalidArgumentError`` naming the knob and what it accepts."""
+    return _c().read_knobs()
+
+
+def __getattr__(name):
+    if name == "Knobs":  # the class, from the extension (loaded on first use, not at import)
+        return _c().Knobs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def knob(name: str):
@@ -65,7 +84,7 @@ def environment(env: Mapping[str, str]) -> Iterator[None]:
 
 def default_timeout() -> float:
     """``RINGCOMM_TIMEOUT``: the seconds any single wait may take when no ``timeout=`` is given."""
-    return float(knob("RINGCOMM_TIMEOUT"))
+    return read().timeout
 
 
 def config() -> Dict[str, Dict[str, Any]]:
@@ -112,14 +131,18 @@ def format_markdown(registry: Optional[List[Dict[str, Any]]] = None) -> str:
     out = [
         "# Environment knobs",
         "",
-        f"<!-- Generated from the knob registry (csrc/common/knobs.cpp) by `{MARKDOWN_COMMAND}`;",
+        f"<!-- Generated from the knob registry (csrc/common/knobs.def) by `{MARKDOWN_COMMAND}`;",
         "     tests/test_docs.py checks that this file equals the generated text. Do not edit by hand. -->",
         "",
         "Every tunable is an environment variable `RINGCOMM_<NAME>`, declared once in the registry",
-        "`csrc/common/knobs.cpp`, which C++ and Python both read (`ringcomm.config.knob(name)`).",
-        "Knobs are read when a communicator (or trainer) is created, never at import. A malformed value",
-        "raises `InvalidArgumentError` naming the knob and what it accepts. Byte sizes take K/M/G",
-        "suffixes (binary: `256K` = 262144); choices are case-insensitive.",
+        "`csrc/common/knobs.def`, one line per knob. From it come the C++ struct `rc::Knobs` (one typed",
+        "field per runtime knob, named `<name>` in lower case: `RINGCOMM_SLOT_BYTES` is `slot_bytes`) and",
+        "its Python view `ringcomm.config.read()`; `ringcomm.config.knob(name)` reads one knob by name.",
+        "Each communicator (or trainer, or launch) reads the knobs once, when it is created, never at",
+        "import: every runtime knob is parsed then, and a malformed value raises `InvalidArgumentError`",
+        "naming the knob and what it accepts. `RINGCOMM_CPU_ISA` is read once per process, at its first",
+        "reduction. Byte sizes take K/M/G suffixes (binary: `256K` = 262144); choices are",
+        "case-insensitive.",
         "`python -m ringcomm.config` prints each knob's current value and whether it is set or the",
         "default; `ringcomm.config()` returns the same as a dict.",
         "",
@@ -141,11 +164,13 @@ def format_markdown(registry: Optional[List[Dict[str, Any]]] = None) -> str:
 _LEVELS = {"WARN": logging.WARNING, "INFO": logging.INFO, "TRACE": logging.DEBUG}
 
 
-def logger(rank: int, world_size: int) -> logging.LoggerAdapter:
-    """The ``ringcomm`` logger at the level of ``RINGCOMM_DEBUG`` (read now; TRACE = logging.DEBUG),
-    its lines prefixed ``ringcomm[rank r/n]``. Also refreshes the C++ core's cached level."""
-    level = _LEVELS[knob("RINGCOMM_DEBUG")]
-    _c().refresh_log_level()
+def logger(rank: int, world_size: int, knobs: Optional["Knobs"] = None) -> logging.LoggerAdapter:
+    """The ``ringcomm`` logger at the level of ``RINGCOMM_DEBUG`` (``knobs.debug``; read now when
+    ``knobs`` is None; TRACE = logging.DEBUG), its lines prefixed ``ringcomm[rank r/n]``. Also
+    sets the C++ core's cached level."""
+    debug = (read() if knobs is None else knobs).debug
+    level = _LEVELS[debug]
+    _c().set_log_level(debug)
     log = logging.getLogger("ringcomm")
     if not any(getattr(h, "_ringcomm", False) for h in log.handlers):
         h = logging.StreamHandler(sys.stderr)

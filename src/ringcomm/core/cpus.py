@@ -409,13 +409,12 @@ def _local(rank: int, world: int) -> tuple[int, int]:
     return rank, world
 
 
-def place_rank(rank: int, world: int) -> tuple[BindPlan, int, int]:
+def place_rank(rank: int, world: int, knobs) -> tuple[BindPlan, int, int]:
     """At a host communicator's init, before its shared memory is created: (the binding plan,
-    threads per rank, the split's byte threshold), from the knobs RINGCOMM_BIND,
+    threads per rank, the split's byte threshold), from the knobs (``config.read()``) RINGCOMM_BIND,
     RINGCOMM_BIND_REGISTRY, RINGCOMM_THREADS, RINGCOMM_THREADS_MIN_BYTES and OMP_NUM_THREADS."""
-    from .config import knob
     lr, lw = _local(rank, world)
-    plan = bind_process(knob("RINGCOMM_BIND"), lr, lw, knob("RINGCOMM_BIND_REGISTRY"))
+    plan = bind_process(knobs.bind, lr, lw, knobs.bind_registry)
     cap_torch_threads(plan, lw)
-    threads = auto_threads(plan, lw, knob("RINGCOMM_THREADS"), os.environ.get("OMP_NUM_THREADS"))
-    return plan, threads, int(knob("RINGCOMM_THREADS_MIN_BYTES"))
+    threads = auto_threads(plan, lw, knobs.threads, os.environ.get("OMP_NUM_THREADS"))
+    return plan, threads, knobs.threads_min_bytes

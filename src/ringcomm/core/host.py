@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from . import _C
+from . import _C, config
 from .arrays import as_buf, is_cuda_array, maybe_cuda
 from .cpus import place_rank
 from .errors import InvalidArgumentError, MismatchError, PeerFailureError, RingcommError, from_code
@@ -188,11 +188,12 @@ class Communicator(CoreBackEnd):
 
 
 def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: float,
-                     abandoned=None) -> Communicator:
+                     abandoned=None, knobs=None) -> Communicator:
     """The shared-memory Communicator of `world_size` ranks on this host: create this rank's
     segment, publish its name under `{prefix}/shm/{rank}`, map every peer's (the segments are
     unlinked as soon as all ranks have mapped them). ``abandoned``: see
-    ``rendezvous.exchange_segment_names`` (init's generations)."""
+    ``rendezvous.exchange_segment_names`` (init's generations). ``knobs``: the caller's
+    ``config.read()`` (read here when None), which the placement and the C++ core both use."""
     key = f"{prefix}/shm/{rank}"
     started = time.time()
     core = None
@@ -200,8 +201,10 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
     try:
         # Placement first: threads started from here on inherit the mask, and the segment's pages
         # are first touched (allocated) by this rank on its own CPUs, hence its NUMA node.
-        plan, threads, min_bytes = place_rank(rank, world_size)
-        core = _C.Communicator(rank, world_size, timeout)
+        if knobs is None:
+            knobs = config.read()
+        plan, threads, min_bytes = place_rank(rank, world_size, knobs)
+        core = _C.Communicator(rank, world_size, timeout, knobs)
         core.set_cpus(threads, min_bytes, plan.describe(threads, min_bytes), plan.ranks_sharing)
         name = core.create()
         if world_size == 1:

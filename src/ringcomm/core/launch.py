@@ -72,8 +72,8 @@ def spawn(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
     is None instead of an error."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    from .config import knob
-    method = knob("RINGCOMM_START_METHOD")
+    from .config import read
+    method = read().start_method
     ctx = mp.get_context(method)
     # A spawned child inherits this process's environment as it is now; a forkserver's child
     # inherits the server's (as it was when the server started), so it is handed over.

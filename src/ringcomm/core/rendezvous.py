@@ -408,10 +408,11 @@ def _delete(store, key: str) -> None:
         pass
 
 
-def init_args(who: str, rank, world_size, timeout):
+def init_args(who: str, rank, world_size, timeout, knobs=None):
     """``(rank, world_size, timeout_s)`` for a communicator's ``init``: the arguments given, else
-    RANK / WORLD_SIZE from the environment and RINGCOMM_TIMEOUT (default 300 s); ``who`` names
-    the function in the messages. InvalidArgumentError for anything out of range."""
+    RANK / WORLD_SIZE from the environment and RINGCOMM_TIMEOUT (``knobs.timeout``, the knobs the
+    caller read; read now when None; default 300 s); ``who`` names the function in the messages.
+    InvalidArgumentError for anything out of range."""
     if rank is None:
         rank = int(_env(who, "RANK"))
     if world_size is None:
@@ -420,7 +421,7 @@ def init_args(who: str, rank, world_size, timeout):
         raise InvalidArgumentError(f"{who}: world_size must be >= 1, got {world_size!r}")
     if not (isinstance(rank, int) and 0 <= rank < world_size):
         raise InvalidArgumentError(f"{who}: rank {rank!r} out of range for world size {world_size}")
-    t = float(timeout) if timeout is not None else default_timeout()
+    t = float(timeout) if timeout is not None else (default_timeout() if knobs is None else knobs.timeout)
     if t <= 0:
         raise InvalidArgumentError(f"{who}: timeout must be > 0 s, got {t}")
     return rank, world_size, t

@@ -11,7 +11,7 @@ import time
 from typing import Optional
 
 from ..arrays import as_buf
-from ..config import knob, logger
+from ..config import logger, read
 from ..errors import ClosedError, PeerFailureError, RingcommError
 from ..front import CommunicatorBase
 from ..host import shm_communicator
@@ -26,14 +26,17 @@ from .topology import Topology, discover
 __all__ = ["HierarchicalCommunicator", "from_init"]
 
 
-def from_init(rank: int, world_size: int, store, prefix: str, timeout: float):
+def from_init(rank: int, world_size: int, store, prefix: str, timeout: float, knobs=None):
     """The hook ``ringcomm.init`` calls (world_size > 1, store resolved): discover the topology
     and return a HierarchicalCommunicator when the ranks span several nodes, else None (init
-    goes on with its shared-memory communicator)."""
-    topo = discover(rank, world_size, store, prefix)
+    goes on with its shared-memory communicator). ``knobs``: init's ``config.read()`` (read here
+    when None)."""
+    if knobs is None:
+        knobs = read()
+    topo = discover(rank, world_size, store, prefix, knobs)
     if topo.num_nodes == 1:
         return None
-    return HierarchicalCommunicator(topo, store, prefix, timeout)
+    return HierarchicalCommunicator(topo, store, prefix, timeout, knobs)
 
 
 class HierarchicalCommunicator(TwoLevelAlgorithms, CommunicatorBase):
@@ -47,7 +50,9 @@ class HierarchicalCommunicator(TwoLevelAlgorithms, CommunicatorBase):
 
     _adapt = staticmethod(as_buf)
 
-    def __init__(self, topology: Topology, store, prefix: str, timeout: float):
+    def __init__(self, topology: Topology, store, prefix: str, timeout: float, knobs=None):
+        if knobs is None:
+            knobs = read()
         self.topology = topology
         self.rank: int = topology.rank
         self.world_size: int = topology.world_size
@@ -57,7 +62,7 @@ class HierarchicalCommunicator(TwoLevelAlgorithms, CommunicatorBase):
         self.local_rank = topology.local_rank
         self.local_size = topology.local_size
         self._timeout = float(timeout)
-        self._scratch_cache = knob("RINGCOMM_HIER_SCRATCH_CACHE")
+        self._scratch_cache = knobs.hier_scratch_cache
         self._closed = False
         self._broken: Optional[RingcommError] = None
         self._seq = 0
@@ -67,14 +72,14 @@ class HierarchicalCommunicator(TwoLevelAlgorithms, CommunicatorBase):
         # The node's shared-memory communicator: init's single-node path for (local rank,
         # local size) under the store prefix {prefix}/node{n}.
         self.intra = shm_communicator(topology.local_rank, topology.local_size, store,
-                                      f"{prefix}/node{topology.node}", timeout)
+                                      f"{prefix}/node{topology.node}", timeout, knobs=knobs)
         try:
-            self._inter = make_engine(topology, store, prefix, timeout)
+            self._inter = make_engine(topology, store, prefix, timeout, knobs.inter)
         except BaseException:
             self.intra.close()
             raise
         self.inter_backend = self._inter.name
-        logger(self.rank, self.world_size).info(
+        logger(self.rank, self.world_size, knobs).info(
             f"hierarchical: node {self.node}/{self.num_nodes}, local rank {self.local_rank}/{self.local_size}, "
             f"inter-node engine {self.inter_backend}")
         self._exec = Executor(f"{prefix}/{self.rank}")

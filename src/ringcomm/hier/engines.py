@@ -2,7 +2,6 @@
 engine_base."""
 from __future__ import annotations
 
-from ..config import knob
 from ..errors import InvalidArgumentError, UnsupportedError
 from .gloo_engine import GlooEngine
 from .mpi_engine import MPIEngine
@@ -13,8 +12,8 @@ __all__ = ["ENV_INTER", "make_engine"]
 ENV_INTER = "RINGCOMM_INTER"
 
 
-def make_engine(topo: Topology, store, prefix: str, timeout: float):
-    choice = knob(ENV_INTER)
+def make_engine(topo: Topology, store, prefix: str, timeout: float, choice: str):
+    """The inter-node engine ``choice`` (RINGCOMM_INTER's value, ``knobs.inter``) names."""
     if choice in ("auto", "gloo"):
         try:
             import torch.distributed as dist

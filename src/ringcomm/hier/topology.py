@@ -4,7 +4,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from ..config import knob
+from ..config import read
 
 __all__ = ["ENV_NODE_ID", "node_id", "Topology", "discover"]
 
@@ -12,10 +12,11 @@ ENV_NODE_ID = "RINGCOMM_NODE_ID"
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
-def node_id() -> str:
-    """This process's node identity: ``RINGCOMM_NODE_ID`` if set, else ``hostname:boot_id``
-    (the boot id tells apart two machines or containers that share a hostname)."""
-    v = (knob(ENV_NODE_ID) or "").strip()
+def node_id(knobs=None) -> str:
+    """This process's node identity: ``RINGCOMM_NODE_ID`` (``knobs.node_id``; the knobs read now
+    when None) if set, else ``hostname:boot_id`` (the boot id tells apart two machines or
+    containers that share a hostname)."""
+    v = (read() if knobs is None else knobs).node_id.strip()
     if v:
         return v
     host = socket.gethostname()
@@ -97,10 +98,11 @@ class Topology:
         return [self.nodes[n][l] for l in range(L) for n in range(N)]
 
 
-def discover(rank: int, world_size: int, store, prefix: str) -> Topology:
-    """Publish this rank's node id under ``{prefix}/node/{rank}`` and read everyone's (one store
-    round trip where the store has ``multi_get``, e.g. torch's TCPStore)."""
-    store.set(f"{prefix}/node/{rank}", node_id())
+def discover(rank: int, world_size: int, store, prefix: str, knobs=None) -> Topology:
+    """Publish this rank's node id (:func:`node_id` of ``knobs``) under ``{prefix}/node/{rank}``
+    and read everyone's (one store round trip where the store has ``multi_get``, e.g. torch's
+    TCPStore)."""
+    store.set(f"{prefix}/node/{rank}", node_id(knobs))
     keys = [f"{prefix}/node/{r}" for r in range(world_size)]
     vals = None
     multi_get = getattr(store, "multi_get", None)

@@ -70,8 +70,8 @@ def backend_class() -> type:
 
 def backend_mode() -> str:
     """``RINGCOMM_TORCH_BACKEND``, lower case: ``auto``, ``c10d`` or ``group``."""
-    from ringcomm.config import knob
-    return str(knob("RINGCOMM_TORCH_BACKEND")).lower()
+    from ringcomm.config import read
+    return read().torch_backend.lower()
 
 
 def _per_device_class() -> type | None:

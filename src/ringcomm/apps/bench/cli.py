@@ -188,8 +188,8 @@ def arrival_text(pol: dict) -> str:
 
 
 def _bind_knob() -> str:
-    from ..config import knob
-    return str(knob("RINGCOMM_BIND"))
+    from ..config import read
+    return read().bind
 
 
 def _rank_entry(rank: int, world: int, cfg: dict, libs: list[str]) -> dict:

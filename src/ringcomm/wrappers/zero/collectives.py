@@ -8,7 +8,6 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ..config import knob
 from ..work import WrappedWork
 from .knobs import _COLLECTIVES_ENV
 
@@ -50,8 +49,9 @@ class _Collectives:
     # subclasses; ringcomm.UnsupportedError is a TypeError.
     _CATCH = (RuntimeError, NotImplementedError, TypeError)
 
-    def __init__(self, group, policy: str | None):
-        policy = policy if policy is not None else knob(_COLLECTIVES_ENV)
+    def __init__(self, group, policy: str | None, knob_policy: str):
+        """``policy``: the argument collectives=; None takes ``knob_policy`` (RINGCOMM_ZERO_COLLECTIVES)."""
+        policy = policy if policy is not None else knob_policy
         if policy not in ("auto", "native", "fallback"):
             raise ValueError(f"collectives policy must be 'auto', 'native' or 'fallback', got "
                              f"{policy!r} (argument collectives= or ${_COLLECTIVES_ENV})")

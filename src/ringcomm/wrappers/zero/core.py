@@ -11,7 +11,8 @@ import torch.distributed as dist
 
 from .collectives import _Collectives, _require_dist
 from .flat import _FlatGroup, _nbytes
-from .knobs import _MAX_INFLIGHT_ENV, _env_float
+from ..config import read
+from .knobs import _MAX_INFLIGHT_ENV, _positive
 from .precision import DynamicLossScaler, _resolve_precision
 
 CHECKPOINT_FORMAT = "ringcomm.zero/1"
@@ -25,7 +26,10 @@ class _ZeroCore:
     _OFFLOADS = (None, "none", "cpu")
 
     def _core_init(self, process_group, mixed_precision, loss_scaler, collectives,
-                   offload: str | None = None) -> None:
+                   offload: str | None = None, knobs=None) -> None:
+        """``knobs``: the optimizer's ``config.read()`` (read here when None)."""
+        if knobs is None:
+            knobs = read()
         if offload not in self._OFFLOADS:
             raise ValueError(f"offload must be None or 'cpu', got {offload!r}")
         #: "cpu": master shards and optimizer states live in host memory (see ``step``).
@@ -38,7 +42,7 @@ class _ZeroCore:
                                     self.compute_dtype_override])
         _require_dist()
         self.process_group = process_group
-        self._comm = _Collectives(process_group, collectives)
+        self._comm = _Collectives(process_group, collectives, knobs.zero_collectives)
         self.world_size = self._comm.world_size
         self.rank = self._comm.rank
         if loss_scaler is None:
@@ -51,7 +55,7 @@ class _ZeroCore:
         self._scaler: DynamicLossScaler | None = loss_scaler
         self._pending: list = []
         self._prepared: bool | None = None
-        self._max_inflight = int(_env_float(_MAX_INFLIGHT_ENV))
+        self._max_inflight = int(_positive(_MAX_INFLIGHT_ENV, knobs.zero_max_inflight))
         self.last_step_skipped = False
         self.skipped_steps = 0
 

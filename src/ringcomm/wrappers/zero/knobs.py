@@ -1,9 +1,8 @@
 """The knobs of ringcomm.zero (RINGCOMM_ZERO_BUCKET_MB, RINGCOMM_ZERO_MAX_INFLIGHT,
-RINGCOMM_ZERO_COLLECTIVES): their names (the registry, with defaults and parsing rules, is
-``ringcomm.config``) and the positive-number check ZeRO adds."""
+RINGCOMM_ZERO_COLLECTIVES; read through ``ringcomm.config.read()`` as ``zero_bucket_mb``,
+``zero_max_inflight``, ``zero_collectives``): their names for the messages (the registry, with
+defaults and parsing rules, is ``ringcomm.config``) and the positive-number check ZeRO adds."""
 from __future__ import annotations
-
-from ..config import knob
 
 _MB = 1024 * 1024
 #: Knob: bucket cap (MiB of compute-dtype gradients) of ZeroOptimizer, default 25 (as torch DDP).
@@ -14,8 +13,9 @@ _MAX_INFLIGHT_ENV = "RINGCOMM_ZERO_MAX_INFLIGHT"
 _COLLECTIVES_ENV = "RINGCOMM_ZERO_COLLECTIVES"
 
 
-def _env_float(name: str) -> float:
-    value = float(knob(name))
+def _positive(name: str, value) -> float:
+    """Knob ``name``'s parsed ``value`` as a float; ValueError naming the knob unless > 0."""
+    value = float(value)
     if not value > 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
     return value

@@ -8,7 +8,8 @@ import torch
 
 from .core import _ZeroCore
 from .flat import _FlatGroup, _nbytes
-from .knobs import _BUCKET_MB_ENV, _MB, _env_float
+from ..config import read
+from .knobs import _BUCKET_MB_ENV, _MB, _positive
 from .precision import DynamicLossScaler, _resolve_precision
 
 class _Bucket(_FlatGroup):
@@ -89,12 +90,13 @@ class ZeroOptimizer(_ZeroCore):
                              f"(stage 3 is ringcomm.zero.ZeroStage3)")
         _resolve_precision(mixed_precision)
         groups = _normalize_param_groups(params)
-        cap_mb = _env_float(_BUCKET_MB_ENV) if bucket_cap_mb is None \
+        knobs = read()
+        cap_mb = _positive(_BUCKET_MB_ENV, knobs.zero_bucket_mb) if bucket_cap_mb is None \
             else float(bucket_cap_mb)
         if not cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
         self._stage = stage
-        self._core_init(process_group, mixed_precision, loss_scaler, collectives, offload)
+        self._core_init(process_group, mixed_precision, loss_scaler, collectives, offload, knobs)
         self.bucket_cap_bytes = cap_mb * _MB
         self._buckets: list[_Bucket] = []
         self._frozen: list[torch.Tensor] = []
