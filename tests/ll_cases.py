@@ -20,7 +20,7 @@ def reuse_cases(rank, world, calls, seed):
     """A long random sequence of LL and non-LL collectives, synchronous and asynchronous, with
     random delays before calls on random ranks, every result checked against the exact value: a
     rank that rewrote its outbox while a peer still read it (the reuse rule in
-    csrc/transport/shm.h) would show up as a wrong result or a diverged stream."""
+    csrc/transport/shm_board.h) would show up as a wrong result or a diverged stream."""
     fails = []
     comm = init_under_env(rank, world, "reuse", {"RINGCOMM_LL_MAX_BYTES": "1K", "RINGCOMM_TRACE": "8"})
     rng = random.Random(seed)            # the same sequence of calls on every rank

@@ -1,4 +1,4 @@
-"""The low-latency outbox (csrc/transport/shm.h "Low-latency outbox", csrc/algo/ll.cpp): its reuse
+"""The low-latency outbox (csrc/transport/shm_board.h "LL outboxes", csrc/algo/ll.cpp): its reuse
 without acknowledgements under a long random mix of collectives with uneven arrival, its knob's
 validation and agreement across ranks. Results against numpy, mismatches and every dtype x op are
 in tests/test_small_message.py (its "ll" configuration); the segment's size with the outboxes in

@@ -1,4 +1,4 @@
-"""The wait's defences against sharing a CPU (csrc/transport/shm_wait.h, ShmTransport::wait_until):
+"""The wait's defences against sharing a CPU (csrc/transport/shm_wait.h, ShmWaits::until):
 
 - a sched_yield that kept the CPU away for RINGCOMM_YIELD_LOST_US with the awaited word still
   unset (another process's task ran a scheduler slice) ends the spin and stops yielding for

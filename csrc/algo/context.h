@@ -93,7 +93,7 @@ void direct_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root, bool
 /// LL outbox before the header is posted (the all_reduce's input on every rank, the broadcast's
 /// message on its root, nothing on the other ranks); then every rank reads what it needs from its
 /// peers' outboxes. Results bit-identical to the ring's and the direct all-reduce's.
-void ll_send_first(const AlgoCtx& c, const CollHeader& h, const void* data, int64_t count);
+void ll_send_first(const AlgoCtx& c, const HeaderBlob& h, const void* data, int64_t count);
 void ll_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
 void ll_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
 

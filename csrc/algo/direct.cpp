@@ -1,7 +1,7 @@
 // Direct exchanges: all-to-all, gather, scatter, and the direct (one-shot and two-shot)
 // all-reduces; one implementation for every transport. Messages between two ranks arrive in the
 // order sent, over a per-pair channel or the sender's outbox, whose slots all its receivers
-// share (transport/shm.h, "Outboxes"): so no algorithm here sends many messages before it
+// share (transport/shm_outbox.h): so no algorithm here sends many messages before it
 // receives any, except where its receivers read them without waiting on anything (the one-shot's,
 // broadcast's, gather's and scatter's pieces, read in order); a message for every peer is written
 // once where the channel allows (send_copy_all);

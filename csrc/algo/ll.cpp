@@ -1,5 +1,5 @@
 // The low-latency (LL) collectives for small messages: every rank wrote its header and data
-// into its own LL outbox before posting the header (transport/shm.h, "Low-latency outbox";
+// into its own LL outbox before posting the header (transport/shm_board.h, "LL outboxes";
 // the first phase, ll_send_first), so the header exchange already delivered everything but the
 // data lines; the peers pull those from the owner's outbox. No slot is taken or released, no
 // head or tail word is exchanged, and the data goes out once however many peers read it. The
@@ -11,7 +11,7 @@
 
 namespace rc {
 
-void ll_send_first(const AlgoCtx& c, const CollHeader& h, const void* data, int64_t count) {
+void ll_send_first(const AlgoCtx& c, const HeaderBlob& h, const void* data, int64_t count) {
   c.ll->write(c.seq, h, data, static_cast<size_t>(count) * c.esize);
 }
 

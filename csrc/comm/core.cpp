@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "comm/header_exchange.h"
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "kernels/reduce_cpu.h"
@@ -195,7 +196,7 @@ std::exception_ptr CommCore::errored() const {
 
 WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int64_t entry_ns) {
   check_usable();
-  if (tracer_.on() && entry_ns == 0) entry_ns = trace_now_ns();
+  if (tracer_.on() && entry_ns == 0) entry_ns = now_ns();
   hdr.coll = static_cast<uint32_t>(coll);
   const Selection sel = select(coll, selection_bytes(coll, hdr), world_, knobs_, caps_);
   hdr.algo = static_cast<uint8_t>(sel.algo);
@@ -387,7 +388,7 @@ void CommCore::reject_now(Coll coll) {
 
 template <class Check>
 WorkPtr CommCore::collective(Coll coll, const Check& check, CollArgs args, Launch l) {
-  const int64_t entry_ns = tracer_.on() ? trace_now_ns() : 0;
+  const int64_t entry_ns = tracer_.on() ? now_ns() : 0;
   Call call(this);
   check_usable();
   CollHeader h;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "comm/core.h"
+#include "common/clock.h"
 #include "common/cuda_check.h"
 #include "common/log.h"
 #include "common/errors.h"
@@ -214,13 +215,8 @@ void CudaDevice::close(bool broken) {
     }
     WaitCtx w;
     w.op = broken ? "close (after a failure)" : "close";
-    const int64_t t0 = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now().time_since_epoch()).count();
-    auto left_s = [&] {
-      const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::steady_clock::now().time_since_epoch()).count();
-      return std::max(0.0, wait_s - static_cast<double>(now - t0) * 1e-9);
-    };
+    const int64_t t0 = now_ns();
+    auto left_s = [&] { return std::max(0.0, wait_s - static_cast<double>(now_ns() - t0) * 1e-9); };
     for (auto& e : pending) transport_.wait_event(e->ev, w, left_s(), /*check_peers=*/false);
     if (p2p_stream_) {
       // Copies of failed point-to-point operations have no fence in pending_: drain the stream.

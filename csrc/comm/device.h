@@ -9,6 +9,7 @@
 
 #include "algo/context.h"
 #include "comm/coll.h"
+#include "comm/coll_header.h"
 #include "comm/header_exchange.h"
 #include "comm/selection.h"
 #include "comm/validation.h"

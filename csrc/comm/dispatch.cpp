@@ -29,7 +29,9 @@ void ar_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) 
   ll_all_reduce(c, in_of(a), out_of(a), a.count, a.op);
 }
 void ar_direct_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) { direct_send_first(c, in_of(a), a.count); }
-void ar_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) { ll_send_first(c, mine, a.in, a.count); }
+void ar_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
+  ll_send_first(c, header_blob(mine), a.in, a.count);
+}
 
 void rs_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   ring_reduce_scatter(c, in_of(a), out_of(a), a.count, a.op);
@@ -56,7 +58,7 @@ void bc_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) 
 void bc_direct_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) { direct_send_first(c, out_of(a), a.count); }
 // Every rank writes its header to its outbox; only the root's carries the message.
 void bc_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
-  ll_send_first(c, mine, a.out, c.rank == a.root ? a.count : 0);
+  ll_send_first(c, header_blob(mine), a.out, c.rank == a.root ? a.count : 0);
 }
 
 void reduce_chain(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {

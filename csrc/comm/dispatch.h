@@ -8,6 +8,7 @@
 
 #include "algo/context.h"
 #include "comm/coll.h"
+#include "comm/coll_header.h"
 #include "comm/selection.h"
 #include "common/dtype.h"
 #include "transport/shm.h"

@@ -1,6 +1,5 @@
 #include "comm/header_exchange.h"
 
-#include <chrono>
 #include <limits>
 #include <sstream>
 
@@ -9,12 +8,6 @@
 #include "common/dtype.h"
 
 namespace rc {
-
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 uint32_t abort_kind_of(ErrorCode code) {
   // A peer's Mismatch or Timeout is the same kind on every rank; any other failure is, seen from
@@ -47,12 +40,12 @@ std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, u
     return all;
   }
   if (hooks.before_post) hooks.before_post();
-  t.post_header(seq, mine);
+  t.post_header(seq, header_blob(mine));
   WaitCtx w;
   w.op = coll_name(coll);
   w.seq = seq;
   for (int p = 0; p < world; ++p) {
-    if (p != rank) all[p] = t.wait_header(p, seq, w);
+    if (p != rank) all[p] = coll_header(t.wait_header(p, seq, w));
   }
   auto fail = [&](const std::string& why) {
     std::ostringstream o;

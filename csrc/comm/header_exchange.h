@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "comm/coll.h"
+#include "comm/coll_header.h"
 #include "common/errors.h"
 #include "transport/shm.h"
 
@@ -57,8 +58,5 @@ std::string describe_header(const CollHeader& h);
 /// The ErrorCode (as stored in the abort flag) that peers' waits raise when this rank fails with
 /// `code`: kMismatch and kTimeout as they are, anything else kPeerFailure.
 uint32_t abort_kind_of(ErrorCode code);
-
-/// Monotonic nanoseconds.
-int64_t now_ns();
 
 }  // namespace rc

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "comm/coll.h"
+#include "comm/coll_header.h"
 #include "comm/cost_model.h"
 #include "transport/shm.h"
 

@@ -21,8 +21,6 @@
 // allocation: the ring of records is allocated once when the communicator is created).
 // commit() and snapshot() take mu_, so Python may read the ring while a collective runs.
 #pragma once
-#include <time.h>
-
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -30,6 +28,7 @@
 #include "comm/coll.h"
 #include "comm/header_exchange.h"
 #include "comm/selection.h"
+#include "common/clock.h"
 #include "common/dtype.h"
 #include "transport/shm.h"
 
@@ -51,12 +50,6 @@ inline const char* trace_phase_name(int p) {
   return (p >= 0 && p < kTracePhases) ? names[p] : "?";
 }
 
-inline int64_t trace_now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
 struct TraceRecord {
   int64_t t[kTracePhases] = {0, 0, 0, 0, 0, 0};
   uint64_t seq = 0;
@@ -67,14 +60,14 @@ struct TraceRecord {
   int64_t bytes = 0;     ///< the header's element count x element size
   bool ok = false;       ///< false when the call raised
 
-  void mark(int phase) { t[phase] = trace_now_ns(); }
+  void mark(int phase) { t[phase] = now_ns(); }
   /// A slot handed off to a peer: the first one sets first_slot; every slot event moves last_slot.
   void slot_sent() {
-    const int64_t now = trace_now_ns();
+    const int64_t now = now_ns();
     if (t[kTraceFirstSlot] == 0) t[kTraceFirstSlot] = now;
     t[kTraceLastSlot] = now;
   }
-  void slot_received() { t[kTraceLastSlot] = trace_now_ns(); }
+  void slot_received() { t[kTraceLastSlot] = now_ns(); }
 };
 
 class Tracer {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/coll.h"
+#include "comm/coll_header.h"
 #include "common/dtype.h"
 #include "transport/shm.h"
 

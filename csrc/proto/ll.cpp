@@ -9,17 +9,17 @@
 namespace rc {
 
 namespace {
-constexpr size_t kHead = sizeof(CollHeader);
+constexpr size_t kHead = kHeaderBytes;
 constexpr size_t kLine = LLLine::kPayload;
 }  // namespace
 
-void LLProtocol::write(uint64_t seq, const CollHeader& h, const void* data, size_t bytes) {
+void LLProtocol::write(uint64_t seq, const HeaderBlob& h, const void* data, size_t bytes) {
   RC_CHECK(bytes <= max_bytes(), InvalidArgument,
            "ringcomm: " << bytes << " bytes do not fit the LL outbox (" << max_bytes() << " bytes)");
   LLLine* lines = t_->ll_outbox(t_->rank(), seq);
   const char* src = static_cast<const char*>(data);
   const size_t first = std::min(bytes, kLine - kHead);
-  std::memcpy(lines[0].payload, &h, kHead);
+  std::memcpy(lines[0].payload, h.bytes, kHead);
   if (first > 0) std::memcpy(lines[0].payload + kHead, src, first);
   lines[0].flag.store(seq, std::memory_order_release);
   size_t done = first;

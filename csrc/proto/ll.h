@@ -1,5 +1,5 @@
 // The LL (low-latency) protocol: a small collective's header and data travel together in the
-// sender's own LL outbox (transport/shm.h, "Low-latency outbox"), 56 payload bytes and a flag per
+// sender's own LL outbox (transport/shm_board.h, "LL outboxes"), 56 payload bytes and a flag per
 // 64-byte line, and every peer reads them in place. No slot is taken or released and no head or
 // tail word is exchanged: a line is current iff its flag equals the collective's sequence number,
 // so one release store per line publishes it and one acquire load per line reads it.
@@ -12,7 +12,7 @@
 // it posts its header for s on the board (seq_cst); a reader that found a line not yet current
 // waits for the line or the board, whichever comes first. Once the board says s, every line the
 // owner wrote for s is current, so a line still stale then means the ranks' streams diverged.
-// Reuse without acknowledgement: see transport/shm.h (the two outboxes alternate with the board).
+// Reuse without acknowledgement: see transport/shm_board.h (the two outboxes alternate with the board).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -30,7 +30,7 @@ class LLProtocol {
   size_t max_bytes() const { return t_->ll_max_bytes(); }
   /// This rank's header `h` and `bytes` (<= max_bytes()) of `data` into its outbox for collective
   /// `seq`; post_header(seq, h) must follow.
-  void write(uint64_t seq, const CollHeader& h, const void* data, size_t bytes);
+  void write(uint64_t seq, const HeaderBlob& h, const void* data, size_t bytes);
   /// `bytes` of `peer`'s data for collective `seq` into local memory `dst` (its header said it
   /// wrote them). Waits (bounded) for lines still being written; a line that never becomes current
   /// although the peer posted its header raises rc::Error.

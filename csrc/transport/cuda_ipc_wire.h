@@ -4,11 +4,11 @@
 #pragma once
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "transport/cuda_ipc.h"
 
@@ -21,12 +21,6 @@ inline constexpr uint32_t kBlobMagic = 0x52434842;  // "RCHB"
 inline constexpr uint32_t kWireVersion = 2;
 inline constexpr uint64_t kByeTag = ~0ull;          // the control-plane message a closing rank sends
 inline constexpr size_t kPageBytes = 4096;
-
-inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // ---- a tiny binary writer / reader for the exchanged bytes (little-endian host order: every
 // rank runs on the same host) ----

@@ -1,18 +1,20 @@
 // The shm transport's shared-memory layout, private to its implementation files
-// (transport/shm_*.cpp and the LL protocol, proto/ll.cpp): the segment header, the header board,
-// the channel control words, and where each region sits in a segment. Every rank computes the
-// same layout from the same configuration (ShmConfig, normalized), so offsets agree across
-// processes. See transport/shm.h for the protocols that use these words.
+// (transport/shm_*.cpp): the segment header, the header board, the channel and outbox control
+// words, and where each region sits in a segment. Every rank computes the same layout from the
+// same configuration (ShmConfig, normalized), so offsets agree across processes. Which part
+// writes which word, and with what ordering, is stated in that part's header
+// (transport/shm_segments.h, shm_liveness.h, shm_wait.h, shm_doorbell.h, shm_board.h,
+// shm_slots.h, shm_outbox.h).
 #pragma once
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
 #include "transport/futex.h"
 #include "transport/heartbeat.h"
-#include "transport/shm.h"
+#include "transport/shm_config.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 namespace shm_detail {
@@ -24,12 +26,6 @@ constexpr size_t kAbortMsgBytes = 1024;
 
 inline size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // A futex word and its sleeper count on a cache line of their own.
 struct alignas(64) Word {
   std::atomic<uint32_t> v;
@@ -37,7 +33,7 @@ struct alignas(64) Word {
 };
 
 // Publish a new value of a word and wake sleepers. The seq_cst RMW pairs with the waiter's
-// seq_cst increment of `waiters` (see the header comment): no lost wake-ups.
+// seq_cst increment of `waiters` (transport/shm_wait.h): no lost wake-ups.
 inline void publish_add(std::atomic<uint32_t>* v, std::atomic<uint32_t>* waiters, uint32_t add) {
   v->fetch_add(add, std::memory_order_seq_cst);
   if (waiters->load(std::memory_order_seq_cst) != 0) futex_wake_all(v);
@@ -45,8 +41,9 @@ inline void publish_add(std::atomic<uint32_t>* v, std::atomic<uint32_t>* waiters
 
 struct BoardEntry {
   Word seq;        // the collective sequence number this entry holds (0 = none yet)
-  CollHeader h;    // written before seq is published (release), read after it is acquired
+  HeaderBlob h;    // written before seq is published (release), read after it is acquired
 };
+static_assert(sizeof(BoardEntry) == 128, "a board entry is its word's line and the header's line");
 
 struct SegmentHeader {
   uint64_t magic;
@@ -71,9 +68,9 @@ struct SegmentHeader {
   char abort_msg[kAbortMsgBytes];
   // 1 + the CPU the owner's last wait began on (0: none yet). Stored by the owner's waiting
   // threads only when it changed (relaxed), read by peers' waits as a placement hint: a peer
-  // that waits for us on our own CPU cannot see us move while it spins (see wait_until).
+  // that waits for us on our own CPU cannot see us move while it spins (transport/shm_wait.h).
   alignas(64) std::atomic<int32_t> on_cpu;
-  alignas(64) Word doorbell;   // p2p activity counter (see ring_doorbell)
+  alignas(64) Word doorbell;   // p2p activity counter (transport/shm_doorbell.h)
   alignas(64) BoardEntry board[2];
 };
 
@@ -84,7 +81,7 @@ struct ChannelCtl {
 };
 static_assert(sizeof(ChannelCtl) == 128, "ChannelCtl is two cache lines");
 
-// One slot of an outbox (shm.h, "Outboxes"). The meta and `key` are written by the owner only,
+// One slot of an outbox (transport/shm_outbox.h). The meta and `key` are written by the owner only,
 // while no reader may read the slot; `key` last, with release. `key` packs the message's outbox
 // sequence number g (0: none yet) and its reader, so that one atomic load tells a scanning reader
 // both: out_key(g, dest). `done` is incremented by the readers only (one each, after their last
@@ -128,7 +125,7 @@ inline ShmConfig normalized(int world, ShmConfig c) {
 // The two LL outboxes follow the segment header's pages; each holds the header and ll_bytes of data.
 inline size_t ll_offset() { return round_up(sizeof(SegmentHeader), kPage); }
 inline size_t ll_lines(const ShmConfig& c) {
-  return (sizeof(CollHeader) + c.ll_bytes + LLLine::kPayload - 1) / LLLine::kPayload;
+  return (kHeaderBytes + c.ll_bytes + LLLine::kPayload - 1) / LLLine::kPayload;
 }
 inline size_t ctl_offset(const ShmConfig& c) { return ll_offset() + round_up(2 * ll_lines(c) * sizeof(LLLine), kPage); }
 inline size_t ctl_stride(const ShmConfig& c) { return sizeof(ChannelCtl) + sizeof(SlotMeta) * c.nslots; }

@@ -1,7 +1,6 @@
-// Liveness and interruption: this rank's state word (closed / aborted with a reason), the local
-// interrupt of every wait (close() or abort() from another thread), and the checks a waiter
-// makes of its peers (abort flags, pid probe or heartbeat), with the errors they raise.
-#include "transport/shm.h"
+// Liveness and interruption (transport/shm_liveness.h): this rank's state word, the local
+// interrupt of every wait, and the checks a waiter makes of its peers, with the errors they raise.
+#include "transport/shm_liveness.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -14,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "transport/shm_layout.h"
 
@@ -39,9 +39,49 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
+ShmLiveness::ShmLiveness(int rank, int world, const ShmConfig& cfg, const ShmSegments& segs)
+    : rank_(rank), world_(world), cfg_(cfg), segs_(segs), pids_(world, 0), by_heartbeat_(world, 0), pidns_(world),
+      hb_bound_ns_(world, 0), hb_seen_(world, 0), hb_seen_at_(world, 0) {}
+
+void ShmLiveness::on_created() {
+  SegmentHeader* h = segs_.header(rank_);
+  pidns_[rank_] = std::string(h->pidns, strnlen(h->pidns, kPidNsBytes - 1));
+  pids_[rank_] = getpid();
+  heartbeat_.start(&h->heartbeat, h->hb_period_ns);
+}
+
+void ShmLiveness::on_mapped(int p, const SegmentHeader* h) {
+  pids_[p] = h->pid;
+  pidns_[p] = std::string(h->pidns, strnlen(h->pidns, kPidNsBytes - 1));
+  by_heartbeat_[p] = same_pid_namespace(pidns_[rank_], pidns_[p]) ? 0 : 1;
+  hb_bound_ns_[p] = std::max<int64_t>(cfg_.heartbeat_timeout_ns, h->hb_timeout_ns);
+  std::lock_guard<std::mutex> lk(hb_mu_);
+  hb_seen_[p] = h->heartbeat.load(std::memory_order_relaxed);
+  hb_seen_at_[p] = now_ns();
+}
+
+// The relation is symmetric (same_pid_namespace), so when every peer shares our namespace no peer
+// reads our heartbeat: stop it, and collectives run with no thread besides the core's.
+void ShmLiveness::stop_heartbeat_if_unused() {
+  if (std::none_of(by_heartbeat_.begin(), by_heartbeat_.end(), [](char b) { return b != 0; })) heartbeat_.stop();
+}
+
+void ShmLiveness::close() {
+  if (segs_.mapped(rank_)) {
+    SegmentHeader* h = segs_.header(rank_);
+    uint32_t expected = static_cast<uint32_t>(PeerState::kAlive);
+    h->state.v.compare_exchange_strong(expected, static_cast<uint32_t>(PeerState::kClosed),
+                                       std::memory_order_seq_cst);
+    if (h->state.waiters.load()) futex_wake_all(&h->state.v);
+  }
+  // After the state word says closed (peers then never judge us by the heartbeat), and before
+  // the unmap (the thread writes our segment).
+  heartbeat_.stop();
+}
+
 // One entry per way of checking a peer, with the peers it applies to: a line of fixed length at
 // any world size where every peer shares our PID namespace.
-std::string ShmTransport::describe_liveness() const {
+std::string ShmLiveness::describe_liveness() const {
   std::vector<std::pair<std::string, std::vector<int>>> groups;  // in order of first appearance
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
@@ -69,9 +109,9 @@ std::string ShmTransport::describe_liveness() const {
   return o.str();
 }
 
-void ShmTransport::abort(uint32_t kind, const std::string& msg) {
-  if (base_.empty() || base_[rank_] == nullptr) return;
-  auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+void ShmLiveness::abort(uint32_t kind, const std::string& msg) {
+  if (!segs_.mapped(rank_)) return;
+  SegmentHeader* h = segs_.header(rank_);
   if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAlive)) return;
   if (abort_claimed_.exchange(true, std::memory_order_acq_rel)) return;
   // kind and message first, then the state with release: a peer that acquires kAborted sees them.
@@ -85,24 +125,19 @@ void ShmTransport::abort(uint32_t kind, const std::string& msg) {
   for (auto& e : h->board) futex_wake_all(&e.seq.v);
 }
 
-void ShmTransport::set_closing() {
+void ShmLiveness::set_closing() {
   int none = 0;
   interrupt_.compare_exchange_strong(none, 1, std::memory_order_acq_rel);
 }
 
-void ShmTransport::set_aborting(const std::string& msg) {
+void ShmLiveness::set_aborting(const std::string& msg) {
   if (interrupt_claimed_.exchange(true)) return;
   interrupt_msg_ = msg;
   int none = 0;
   interrupt_.compare_exchange_strong(none, 2, std::memory_order_acq_rel);
 }
 
-void ShmTransport::set_timeout(double seconds) {
-  RC_CHECK(seconds > 0, InvalidArgument, "timeout must be > 0 s, got " << seconds);
-  timeout_s_.store(seconds, std::memory_order_relaxed);
-}
-
-std::exception_ptr ShmTransport::interrupt_error(const WaitCtx& w) const {
+std::exception_ptr ShmLiveness::interrupt_error(const WaitCtx& w) const {
   const int i = interrupt_.load(std::memory_order_acquire);
   if (i == 0) return nullptr;
   std::ostringstream o;
@@ -115,14 +150,14 @@ std::exception_ptr ShmTransport::interrupt_error(const WaitCtx& w) const {
   return std::make_exception_ptr(Error(o.str()));
 }
 
-std::string ShmTransport::own_abort_message() const {
-  if (base_.empty() || base_[rank_] == nullptr) return {};
-  auto* h = reinterpret_cast<SegmentHeader*>(base_[rank_]);
+std::string ShmLiveness::own_abort_message() const {
+  if (!segs_.mapped(rank_)) return {};
+  const SegmentHeader* h = segs_.header(rank_);
   if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAborted)) return {};
   return std::string(h->abort_msg);
 }
 
-std::string ShmTransport::describe(const WaitCtx& w) const {
+std::string ShmLiveness::describe(const WaitCtx& w) const {
   std::ostringstream o;
   o << w.op << " (seq " << w.seq << ") on rank " << rank_;
   if (w.peer >= 0) {
@@ -134,8 +169,8 @@ std::string ShmTransport::describe(const WaitCtx& w) const {
   return o.str();
 }
 
-bool ShmTransport::heartbeat_stale(int peer) const {
-  auto* h = reinterpret_cast<SegmentHeader*>(base_[peer]);
+bool ShmLiveness::heartbeat_stale(int peer) const {
+  const SegmentHeader* h = segs_.header(peer);
   const uint64_t v = h->heartbeat.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lk(hb_mu_);
   const int64_t now = now_ns();
@@ -147,7 +182,7 @@ bool ShmTransport::heartbeat_stale(int peer) const {
   return now - hb_seen_at_[peer] > hb_bound_ns_[peer];
 }
 
-bool ShmTransport::peer_dead(int peer) const {
+bool ShmLiveness::peer_dead(int peer) const {
   if (by_heartbeat_[peer]) return heartbeat_stale(peer);
   pid_t pid = pids_[peer];
   if (pid <= 0) return false;
@@ -167,8 +202,12 @@ bool ShmTransport::peer_dead(int peer) const {
   return st == 'Z' || st == 'X';
 }
 
-void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
-  auto* h = reinterpret_cast<SegmentHeader*>(base_[peer]);
+bool ShmLiveness::peer_left(int peer) const {
+  return segs_.header(peer)->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAlive);
+}
+
+void ShmLiveness::fail_peer_state(int peer, const WaitCtx& w) const {
+  const SegmentHeader* h = segs_.header(peer);
   uint32_t st = h->state.v.load(std::memory_order_acquire);
   if (st == static_cast<uint32_t>(PeerState::kAborted)) {
     std::string msg(h->abort_msg, strnlen(h->abort_msg, kAbortMsgBytes));
@@ -181,7 +220,7 @@ void ShmTransport::fail_peer_state(int peer, const WaitCtx& w) {
                                      << " closed)");
 }
 
-void ShmTransport::fail_dead(int peer, const WaitCtx& w) const {
+void ShmLiveness::fail_dead(int peer, const WaitCtx& w) const {
   if (!by_heartbeat_[peer]) {
     RC_THROW(PeerFailure, "ringcomm: " << describe(w) << ": rank " << peer << " (pid " << pids_[peer] << ") died");
   }
@@ -197,16 +236,16 @@ void ShmTransport::fail_dead(int peer, const WaitCtx& w) const {
                                      << " ms)");
 }
 
-void ShmTransport::fail_closing(const WaitCtx& w) { std::rethrow_exception(interrupt_error(w)); }
+void ShmLiveness::fail_closing(const WaitCtx& w) const { std::rethrow_exception(interrupt_error(w)); }
 
-void ShmTransport::check_peers(const WaitCtx& w, bool check_liveness) {
+void ShmLiveness::check_peers(const WaitCtx& w, bool check_liveness) const {
   for (int p = 0; p < world_; ++p) {
     if (p == rank_) continue;
-    auto* h = reinterpret_cast<SegmentHeader*>(base_[p]);
+    const SegmentHeader* h = segs_.header(p);
     uint32_t st = h->state.v.load(std::memory_order_acquire);
     if (st == static_cast<uint32_t>(PeerState::kAborted)) fail_peer_state(p, w);
     // A peer that closed cleanly may have exited: it is closed, never dead. A wait on it raises
-    // "closed" (wait_until's state check); other waits go on.
+    // "closed" (the wait's state check, transport/shm_wait.h); other waits go on.
     if (st == static_cast<uint32_t>(PeerState::kClosed)) continue;
     if (check_liveness && peer_dead(p)) fail_dead(p, w);
   }

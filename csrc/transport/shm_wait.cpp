@@ -1,24 +1,46 @@
-// The wait policy in words and its counters (the waits themselves: transport/shm_wait.h).
-#include "transport/shm.h"
+// The waits' placement hint, timeout, counters and policy in words (the waits themselves:
+// transport/shm_wait.h).
+#include "transport/shm_wait.h"
 
 #include <sstream>
 
 #include "transport/shm_layout.h"
-#include "transport/shm_wait.h"
 
 namespace rc {
 
 using namespace shm_detail;
 
-ShmTransport::WaitStats ShmTransport::wait_stats() const {
-  WaitStats st;
+ShmWaits::ShmWaits(int rank, int world, const ShmConfig& cfg, ShmSegments& segs, const ShmLiveness& live)
+    : rank_(rank), world_(world), cfg_(cfg), segs_(segs), live_(live) {
+  timeout_s_.store(cfg_.timeout_s, std::memory_order_relaxed);
+}
+
+bool ShmWaits::placed_with(int peer, bool backing_off) {
+  const int cpu = sched_getcpu();
+  if (cpu < 0) return false;
+  SegmentHeader* own = segs_.header(rank_);
+  if (own->on_cpu.load(std::memory_order_relaxed) != cpu + 1) own->on_cpu.store(cpu + 1, std::memory_order_relaxed);
+  bool colocated = false;
+  if ((world_ > cfg_.cpus || backing_off) && peer >= 0 && peer != rank_ && segs_.mapped(peer))
+    colocated = segs_.header(peer)->on_cpu.load(std::memory_order_relaxed) == cpu + 1;
+  if (colocated) n_colocated_.fetch_add(1, std::memory_order_relaxed);
+  return colocated;
+}
+
+void ShmWaits::set_timeout(double seconds) {
+  RC_CHECK(seconds > 0, InvalidArgument, "timeout must be > 0 s, got " << seconds);
+  timeout_s_.store(seconds, std::memory_order_relaxed);
+}
+
+ShmWaitStats ShmWaits::stats() const {
+  ShmWaitStats st;
   st.slept = n_slept_.load(std::memory_order_relaxed);
   st.yields_lost = n_yields_lost_.load(std::memory_order_relaxed);
   st.colocated = n_colocated_.load(std::memory_order_relaxed);
   return st;
 }
 
-std::string ShmTransport::describe_wait() const {
+std::string ShmWaits::describe() const {
   std::ostringstream o;
   o << "wait ";
   switch (cfg_.wait_mode) {

@@ -1,18 +1,46 @@
-// The wait policy of the shm transport (ShmTransport::wait_until): spin, optionally yield, then
-// sleep on the futex in slices that check the deadline, the local interrupt and the peers.
-// Private to the transport's implementation files; a template so that each caller's readiness
-// test is inlined into the spin.
+// The waits of the shm transport: every wait for a word in shared memory (a slot, a header, a
+// free outbox slot, an attachment) spins, optionally yields, then sleeps on the futex in slices
+// that check the deadline, the local interrupt and the peers (transport/shm_liveness.h).
+//
+// Sleeping without a lost wake-up: a waiter loads the word, increments its `waiters` word
+// (seq_cst), re-checks readiness, then futex-sleeps on the value it loaded; a publisher changes the
+// word with a seq_cst RMW, then wakes only if `waiters` != 0 (shm_detail::publish_add). Both sides
+// use seq_cst operations, so either the waiter sees the new value or the publisher sees the
+// waiter. Readiness itself is read with acquire by each caller's predicate, which orders the data
+// the word publishes before the caller's reads.
+//
+// Placement: a wait publishes the CPU it runs on in this rank's segment header (`on_cpu`, relaxed,
+// only when it changed) and, where CPUs are shared, reads the awaited peer's: a hint, ordering
+// nothing. The policy state below (yield credit, yield back-off, counters) is shared by every
+// waiting thread of the transport, with relaxed atomics: hints and statistics, never ordering.
+//
+// A template, so that each caller's readiness test is inlined into the spin.
 #pragma once
 #include <sched.h>
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "transport/futex.h"
-#include "transport/shm_layout.h"
+#include "transport/shm_config.h"
+#include "transport/shm_liveness.h"
+#include "transport/shm_segments.h"
+#include "transport/shm_types.h"
 
 namespace rc {
+
+/// Counters of the waits' slow paths since creation (any thread; relaxed reads).
+struct ShmWaitStats {
+  uint64_t slept = 0;        ///< waits that went to the futex sleep
+  uint64_t yields_lost = 0;  ///< sched_yields that lost the CPU (each starts the back-off)
+  uint64_t colocated = 0;    ///< waits that found their peer on their own CPU (no pure spin)
+};
+
 namespace shm_detail {
 
 // Involuntary context switches of the calling thread so far: the scheduler took its CPU while it
@@ -34,11 +62,49 @@ constexpr int kYieldCreditWaits = 64;
 
 }  // namespace shm_detail
 
-using namespace shm_detail;  // NOLINT: the transport's private layout, in its private headers only
+class ShmWaits {
+ public:
+  /// `cfg`, `segs` and `live` are the transport's: they outlive this part. cfg's spin_ns may
+  /// change before attach() (ShmTransport::set_ranks_sharing); waits read it when they start.
+  ShmWaits(int rank, int world, const ShmConfig& cfg, ShmSegments& segs, const ShmLiveness& live);
+
+  /// Return once ready() holds; `word` is what its publisher bumps (futex word), `waiters` the
+  /// sleeper count beside it. Bounded by timeout_s(); raises the local interrupt's error, the
+  /// awaited peer's close or abort, any peer's abort or death, or TimeoutError, naming `w`.
+  template <class Ready>
+  void until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* waiters, Ready ready, const WaitCtx& w);
+
+  /// Seconds any single wait may take; set_timeout changes it for waits that start afterwards.
+  double timeout_s() const { return timeout_s_.load(std::memory_order_relaxed); }
+  void set_timeout(double seconds);
+  ShmWaitStats stats() const;
+  /// The resolved wait policy in words (ShmTransport::describe_wait).
+  std::string describe() const;
+
+ private:
+  // Publish the CPU this wait runs on, and tell whether the awaited peer's last wait began on the
+  // same CPU, where sharing is expected (ranks outnumber CPUs, or `backing_off`).
+  bool placed_with(int peer, bool backing_off);
+
+  int rank_;
+  int world_;
+  const ShmConfig& cfg_;
+  ShmSegments& segs_;
+  const ShmLiveness& live_;
+  std::atomic<double> timeout_s_;
+  // WaitMode::kAdaptive: how many more waits yield while spinning. Set by a waiter whose spin
+  // ran out or was preempted, counted down by waits that ended within their spin unpreempted.
+  std::atomic<int> yield_credit_{0};
+  // Yielding waits: until this now_ns() time no wait calls sched_yield (it spins, then sleeps).
+  // Set by a waiter whose sched_yield lost the CPU for yield_lost_ns or more without its word
+  // becoming ready: another process's task, not a rank, ran a whole slice on our CPU.
+  std::atomic<int64_t> no_yield_until_{0};
+  std::atomic<uint64_t> n_slept_{0}, n_yields_lost_{0}, n_colocated_{0};
+};
 
 template <class Ready>
-inline void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* waiters, Ready ready,
-                              const WaitCtx& w) {
+inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* waiters, Ready ready,
+                            const WaitCtx& w) {
   if (ready()) return;
   const int64_t t0 = now_ns();
   // Placement: publish the CPU this wait runs on, and read the awaited peer's. When the peer last
@@ -49,14 +115,7 @@ inline void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<ui
   // with a CPU per rank, the load balancer separates two ranks that meet on one CPU only if both
   // stay runnable there, which a spinning waiter does and one that gives the CPU up does not.
   const int64_t no_yield_until = no_yield_until_.load(std::memory_order_relaxed);
-  bool colocated = false;
-  if (const int cpu = sched_getcpu(); cpu >= 0) {
-    auto* own = reinterpret_cast<SegmentHeader*>(base_[rank_]);
-    if (own->on_cpu.load(std::memory_order_relaxed) != cpu + 1) own->on_cpu.store(cpu + 1, std::memory_order_relaxed);
-    if ((world_ > cfg_.cpus || t0 < no_yield_until) && w.peer >= 0 && w.peer != rank_ && base_[w.peer] != nullptr)
-      colocated = reinterpret_cast<SegmentHeader*>(base_[w.peer])->on_cpu.load(std::memory_order_relaxed) == cpu + 1;
-    if (colocated) n_colocated_.fetch_add(1, std::memory_order_relaxed);
-  }
+  const bool colocated = placed_with(w.peer, t0 < no_yield_until);
   // Spin phase: poll the word with `pause`. A yielding wait (WaitMode::kYield, or kAdaptive after
   // a miss) also hands the CPU to whoever else is runnable on it every yield_every_ns,
   // and spins yield_ns longer: when the peer sits runnable on OUR CPU (ranks outnumber CPUs, or
@@ -99,17 +158,17 @@ inline void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<ui
       next_yield = back + cfg_.yield_every_ns;
     }
     if (now >= active_end) break;
-    if (closing()) fail_closing(w);
-    if (adaptive && nivcsw0 < 0 && now - t0 >= kProbeAfterNs) nivcsw0 = thread_nivcsw();
+    if (live_.closing()) live_.fail_closing(w);
+    if (adaptive && nivcsw0 < 0 && now - t0 >= shm_detail::kProbeAfterNs) nivcsw0 = shm_detail::thread_nivcsw();
   }
   if (adaptive && active) {
     // A miss: the spin ran out (the peer did not get to run within our budget: on a shared CPU it
     // may be queued behind us), or this thread was preempted while spinning (its CPU is shared
     // right now). Then the next waits yield while they spin. A wait that ended within its spin
     // unpreempted counts the credit down: back to pure spinning once the sharing stops.
-    const bool preempted = nivcsw0 >= 0 && thread_nivcsw() > nivcsw0;
+    const bool preempted = nivcsw0 >= 0 && shm_detail::thread_nivcsw() > nivcsw0;
     if (!done || preempted) {
-      yield_credit_.store(kYieldCreditWaits, std::memory_order_relaxed);
+      yield_credit_.store(shm_detail::kYieldCreditWaits, std::memory_order_relaxed);
     } else if (yield_credit_.load(std::memory_order_relaxed) > 0) {
       yield_credit_.fetch_sub(1, std::memory_order_relaxed);
     }
@@ -129,21 +188,18 @@ inline void ShmTransport::wait_until(std::atomic<uint32_t>* word, std::atomic<ui
     }
     waiters->fetch_sub(1, std::memory_order_seq_cst);
     if (ready()) return;
-    if (closing()) fail_closing(w);
+    if (live_.closing()) live_.fail_closing(w);
     const int64_t now = now_ns();
     const bool live_check = now >= next_liveness;
     if (live_check) next_liveness = now + cfg_.liveness_ns;
-    if (w.peer >= 0 && w.peer != rank_) {
-      auto* h = reinterpret_cast<SegmentHeader*>(base_[w.peer]);
-      if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAlive)) {
-        if (ready()) return;  // it finished its part before closing
-        fail_peer_state(w.peer, w);
-      }
+    if (w.peer >= 0 && w.peer != rank_ && live_.peer_left(w.peer)) {
+      if (ready()) return;  // it finished its part before closing
+      live_.fail_peer_state(w.peer, w);
     }
-    check_peers(w, live_check);
+    live_.check_peers(w, live_check);
     if (now >= deadline) {
       if (ready()) return;
-      RC_THROW(TimeoutError, "ringcomm: " << describe(w) << ": Timed out after " << timeout_s()
+      RC_THROW(TimeoutError, "ringcomm: " << live_.describe(w) << ": Timed out after " << timeout_s()
                                           << " s (RINGCOMM_TIMEOUT / timeout=)");
     }
   }

@@ -1,0 +1,65 @@
+// The shm transport's configuration: slot geometry, wait policy and liveness bounds, resolved from
+// the knobs once per transport (transport/shm_config.cpp), and the deadline arithmetic every wait
+// shares. Every rank of a communicator computes its segment layout from the same configuration
+// (transport/shm_layout.h, normalized), so the offsets agree across processes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/clock.h"
+#include "common/knobs.h"
+
+namespace rc {
+
+/// How a waiter spends the time before it sleeps on the futex (RINGCOMM_WAIT, resolved).
+enum class WaitMode : int {
+  kSpin = 0,      // pause-spin spin_ns, then sleep: never sched_yield
+  kYield = 1,     // spin spin_ns + yield_ns with a sched_yield every yield_every_ns, then sleep
+  kAdaptive = 2,  // kSpin; after a miss (the spin ran out, or was preempted) kYield for a while
+};
+
+struct ShmConfig {
+  size_t slot_bytes = 0;     // RINGCOMM_SLOT_BYTES
+  uint32_t nslots = 0;       // RINGCOMM_NSLOTS
+  double timeout_s = 300;    // RINGCOMM_TIMEOUT (per communicator override)
+  WaitMode wait_mode = WaitMode::kAdaptive;  // RINGCOMM_WAIT (auto resolved, see from_knobs)
+  int cpus = 1;              // CPUs this process may run on (sched_getaffinity) when configured
+  int64_t spin_ns = 0;       // RINGCOMM_SPIN_US, or by the CPUs (spin_ns_for)
+  std::optional<int64_t> spin_us;  // RINGCOMM_SPIN_US where the environment sets it
+  int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: yielding waits spin this much longer
+  int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: yielding waits sched_yield this often
+  int64_t yield_lost_ns = 0;   // RINGCOMM_YIELD_LOST_US: a sched_yield this long lost the CPU
+  int64_t yield_backoff_ns = 0;  // RINGCOMM_YIELD_BACKOFF_MS: then no yields for this long (0: never)
+  int64_t liveness_ns = 0;   // RINGCOMM_LIVENESS_MS: how often a sleeping waiter checks peers
+  int64_t heartbeat_timeout_ns = 0;  // RINGCOMM_HEARTBEAT_TIMEOUT_MS: a still heartbeat means dead
+  // The outbox layout (world >= 3; see transport/shm.h, Layout): each rank's two outboxes have
+  // far_nslots slots of far_slot_bytes. Without it (uniform) far = full (slot_bytes, nslots).
+  // far_slot_bytes is clamped to at most slot_bytes.
+  bool outbox = false;
+  size_t far_slot_bytes = 0;   // RINGCOMM_FAR_SLOT_BYTES
+  uint32_t far_nslots = 0;     // RINGCOMM_OUTBOX_SLOTS
+  size_t ll_bytes = 0;         // RINGCOMM_LL_MAX_BYTES: data bytes one LL outbox carries
+  int64_t test_attach_pause_ms = 0;  // RINGCOMM_TEST_ATTACH_PAUSE_MS (test hook)
+  std::string test_pidns;           // RINGCOMM_TEST_PIDNS (test hook; heartbeat.h)
+  /// Uniform geometry (far = full) from the knobs `k` (their range checks throw
+  /// InvalidArgument): what the CUDA control plane and the simulation use.
+  static ShmConfig from_knobs(const Knobs& k, int world_size, double timeout_s);
+  /// from_knobs plus the outboxes (world >= 3): the host communicator's transport.
+  static ShmConfig host_from_knobs(const Knobs& k, int world_size, double timeout_s);
+  /// The spin before a wait yields or sleeps: RINGCOMM_SPIN_US (spin_us), else short (2 us)
+  /// when more ranks share this process's CPUs than there are (`cpus`: the awaited rank may
+  /// need our CPU), else 50 us.
+  int64_t spin_ns_for(int ranks_sharing) const;
+};
+
+/// Bytes of one rank's segment for `world` ranks with configuration `cfg` (computes only): in the
+/// outbox layout the same for every world >= 3 (shm.h, Layout).
+size_t footprint_bytes(int world, const ShmConfig& cfg);
+
+/// now_ns + seconds, saturated: an infinite or huge timeout gives a deadline in the far future
+/// (INT64_MAX), never an overflowed one in the past; seconds <= 0 (or NaN) gives now_ns.
+int64_t deadline_after(int64_t now_ns, double seconds);
+
+}  // namespace rc

@@ -1,0 +1,146 @@
+// ShmTransport (transport/shm.h): the composition of the parts. Setup and teardown order the
+// parts' steps; a slot operation is routed to the push channel or the outbox; send_slot_all uses
+// both.
+#include "transport/shm.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+
+#include "common/errors.h"
+#include "transport/shm_layout.h"
+
+namespace rc {
+
+using namespace shm_detail;
+
+ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
+    : rank_(rank), world_(world), cfg_(normalized(world, cfg)), outbox_(!uniform(cfg_)), segs_(rank, world, cfg_),
+      live_(rank, world, cfg_, segs_), waits_(rank, world, cfg_, segs_, live_), bell_(rank, segs_),
+      board_(rank, cfg_, segs_, waits_), slots_(rank, world, cfg_, segs_, waits_, bell_),
+      out_(rank, world, cfg_, segs_, waits_, bell_) {
+  RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
+  RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
+  RC_CHECK(!outbox_ || world_ <= kMaxOutboxWorld, InvalidArgument,
+           "ringcomm: the shared-memory outboxes address at most " << kMaxOutboxWorld << " ranks, got " << world_);
+}
+
+ShmTransport::~ShmTransport() { close(); }
+
+std::string ShmTransport::create() {
+  std::string name = segs_.create(pid_namespace_id(cfg_.test_pidns));
+  live_.on_created();
+  return name;
+}
+
+void ShmTransport::attach(const std::vector<std::string>& names) {
+  segs_.map_peers(names, [this](int p, const SegmentHeader* h) { live_.on_mapped(p, h); });
+  live_.stop_heartbeat_if_unused();
+  // Every peer maps our segment before we unlink it; after that the name is gone and the memory
+  // lives exactly as long as the mappings.
+  SegmentHeader* own = segs_.header(rank_);
+  WaitCtx w;
+  w.op = "init";
+  w.what = "every peer to map this rank's shared memory";
+  // The counter has every peer as a writer, so the wait names no peer (w.peer = -1): a peer that
+  // mapped us, finished its own init and closed its communicator is done with this wait, while
+  // an aborted or dead one still fails it (check_peers).
+  const uint32_t want = static_cast<uint32_t>(world_ - 1);
+  try {
+    waits_.until(&own->attached.v, &own->attached.waiters,
+                 [&] { return own->attached.v.load(std::memory_order_acquire) >= want; }, w);
+  } catch (...) {
+    unlink_dead_peers(names);
+    throw;
+  }
+  segs_.unlink_own();
+}
+
+// A peer that died during init, before unlinking its segment, never will. Its `attached`
+// counter counts the ranks that mapped it: once that is every other rank, nobody needs the name
+// any more and a rank that finds the owner dead unlinks it (the last mapper does; a second
+// unlink of the same name fails with ENOENT, harmlessly). Before that, a rank still reading the
+// name from the store would take a missing segment for a stale key, so the name stays.
+void ShmTransport::unlink_dead_peers(const std::vector<std::string>& names) {
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_ || !segs_.mapped(p) || !live_.peer_dead(p)) continue;
+    if (segs_.header(p)->attached.v.load(std::memory_order_acquire) >= static_cast<uint32_t>(world_ - 1))
+      shm_unlink(names[p].c_str());
+  }
+}
+
+void ShmTransport::close(bool keep_mappings) {
+  segs_.unlink_own();
+  live_.close();
+  segs_.unmap(keep_mappings);
+}
+
+void ShmTransport::drop_mappings_after_fork() {
+  live_.forget_after_fork();
+  segs_.forget_after_fork();
+}
+
+void ShmTransport::abort(uint32_t kind, const std::string& msg) { live_.abort(kind, msg); }
+
+bool ShmTransport::pushes(int peer, Lane lane) const { return push_channel(cfg_, world_, peer, lane, rank_); }
+
+bool ShmTransport::pulls(int peer, Lane lane) const { return !push_channel(cfg_, world_, rank_, lane, peer); }
+
+char* ShmTransport::try_send_slot_at(int peer, Lane lane, uint32_t offset) {
+  RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
+  if (outbox_ && !pushes(peer, lane)) return out_.reserve(lane, peer, offset, nullptr);
+  return slots_.try_send(peer, lane, offset);
+}
+
+char* ShmTransport::send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset) {
+  RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
+  if (outbox_ && !pushes(peer, lane)) {
+    RC_CHECK(peer != rank_, InvalidArgument, "ringcomm: rank " << rank_ << " has no channel to itself");
+    return out_.reserve(lane, peer, offset, &w);
+  }
+  return slots_.send(peer, lane, w, offset);
+}
+
+void ShmTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag) {
+  if (outbox_ && !pushes(peer, lane)) return out_.post(lane, bytes, total, tag);
+  slots_.post(peer, lane, bytes, total, tag);
+}
+
+const char* ShmTransport::try_recv_slot(int peer, Lane lane, const SlotMeta** meta) {
+  if (outbox_ && pulls(peer, lane)) return out_.find(peer, lane, meta);
+  return slots_.try_recv(peer, lane, meta);
+}
+
+const char* ShmTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, const SlotMeta** meta) {
+  if (outbox_ && pulls(peer, lane)) {
+    RC_CHECK(peer != rank_, InvalidArgument, "ringcomm: rank " << rank_ << " has no channel from itself");
+    return out_.wait(peer, lane, w, meta);
+  }
+  return slots_.recv(peer, lane, w, meta);
+}
+
+void ShmTransport::recv_done(int peer, Lane lane) {
+  if (outbox_ && pulls(peer, lane)) return out_.release(peer, lane);
+  slots_.done(peer, lane);
+}
+
+char* ShmTransport::send_slot_all(const WaitCtx& w, uint32_t offset) {
+  RC_CHECK(outbox_, Unsupported, "ringcomm: send_slot_all needs the outbox layout");
+  char* p = out_.reserve(Lane::kColl, kAllDest, offset, &w);
+  send_slot_at((rank_ + 1) % world_, Lane::kColl, w, offset);
+  return p;
+}
+
+// The outbox slot is published first (its readers start at once); then the successor's copy goes
+// through the push channel, copied from the outbox slot just written (cache hot): the owner alone
+// writes the slot, and only after its next reservation of it, which waits for every reader.
+void ShmTransport::send_post_all(uint64_t bytes, uint64_t total, uint64_t tag) {
+  const int succ = (rank_ + 1) % world_;
+  char* push = slots_.pending(succ, Lane::kColl);
+  const char* src = out_.reserved(Lane::kColl);
+  out_.post(Lane::kColl, bytes, total, tag);
+  if (bytes > 0) std::memcpy(push, src, bytes);
+  send_post(succ, Lane::kColl, bytes, total, tag);
+}
+
+}  // namespace rc
