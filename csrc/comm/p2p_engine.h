@@ -14,7 +14,7 @@
 // devices whose slots are host memory) so the channel moves on; a later receive with its tag
 // takes it from there. With no receive from p posted, messages wait in the channel (flow
 // control), so programs that use tag 0 only never buffer; except where the slots are the
-// sender's outbox (the shm transport's outbox layout, transport/shm.h): every receiver of that
+// sender's outbox (the shm transport's outbox layout, transport/shm_outbox.h): every receiver of that
 // sender shares them, so the engine drains every message that reaches this rank into a private
 // buffer at once when no posted receive takes it (MPI's unexpected-message queue; memory grows
 // with what is sent and not yet received, at most the eager size per message: see Rendezvous),
