@@ -2,7 +2,15 @@
 
 Environment: RINGCOMM_CUDA=auto|1|0 (default auto: CUDA sources are built when a toolkit is
 found), RINGCOMM_BUILD_JOBS (parallel build jobs, default: CPU count), RINGCOMM_BUILD_TYPE
-(default Release). torch is not needed to build.
+(default Release), RINGCOMM_BUILD_DIR (the CMake build folder, default build/setup-cmake: kept
+between builds, so that a wheel built after an editable install compiles only what changed).
+torch is not needed to build.
+
+The CMake build also copies the package data into the package's _data/ folder (CMakeLists.txt):
+the C ABI header (csrc/include/ringcomm/abi.h, parsed by ringcomm.tables at import) and the torch
+c10d trampoline's source (bindings/torch/trampoline.cpp, compiled just in time by ringcomm.torch).
+A wheel gets them beside its modules; an editable install (built in place) in src/ringcomm/_data,
+where the source tree's modules look for them.
 """
 import os
 import subprocess
@@ -21,6 +29,13 @@ class CMakeExtension(Extension):
 
 
 class CMakeBuild(build_ext):
+    def run(self):
+        # In place (an editable install, `setup.py build_ext --inplace`) setuptools builds the
+        # modules elsewhere and copies only them into the source package; the package data goes
+        # straight to the source package. run() is the last moment `inplace` says so.
+        self.package_dir = ROOT / "src" / "ringcomm" if self.inplace else None
+        super().run()
+
     def build_extension(self, ext):
         # ringcomm._C_test (always), ringcomm._C_cuda and ringcomm._C_cuda_test (when a CUDA
         # toolkit is found) come out of the same CMake run as ringcomm._C; they are listed as
@@ -33,7 +48,7 @@ class CMakeBuild(build_ext):
             return
         # ---- end CUDA ----
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
-        build_dir = Path(self.build_temp).resolve() / "cmake"
+        build_dir = Path(os.environ.get("RINGCOMM_BUILD_DIR") or ROOT / "build" / "setup-cmake").resolve()
         build_dir.mkdir(parents=True, exist_ok=True)
         cuda = os.environ.get("RINGCOMM_CUDA", "auto").lower()
         cuda = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(cuda, cuda)
@@ -41,6 +56,7 @@ class CMakeBuild(build_ext):
         args = [
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out.parent}",
+            f"-DRINGCOMM_PACKAGE_DIR={self.package_dir or out.parent}",
             f"-DCMAKE_BUILD_TYPE={cfg}",
             f"-DRINGCOMM_CUDA={cuda}",
         ]

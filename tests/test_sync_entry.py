@@ -1,5 +1,5 @@
 """The synchronous entries (csrc/comm/sync_entry.h) and the single copy of the codes
-(src/ringcomm/include/ringcomm/abi.h).
+(csrc/include/ringcomm/abi.h, copied into the package by the build).
 
 - The plain API reaches the C++ entry with torch tensors in a fresh environment (an empty
   TORCH_EXTENSIONS_DIR, torch's backend autoload off so that nothing but ringcomm's own code
@@ -23,7 +23,8 @@ import ringcomm
 from ringcomm import _C, _C_test, tables
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADER = ROOT / "src" / "ringcomm" / "include" / "ringcomm" / "abi.h"
+HEADER = ROOT / "csrc" / "include" / "ringcomm" / "abi.h"
+TRAMPOLINE = ROOT / "bindings" / "torch" / "trampoline.cpp"
 
 
 def test_plain_api_reaches_the_entry_with_torch_tensors_in_a_fresh_environment(tmp_path):
@@ -100,13 +101,13 @@ def test_tables_are_the_headers_as_compiled_into_C():
         for oname, ocode, okinds in abi["ops"]:
             assert tables.op_supported(ocode, dcode) == bool(okinds & kind), (name, oname)
     assert tables.COLL_CODES == dict(_C.COLL_CODES)
-    assert tables.ABI_HEADER == str(HEADER) or Path(tables.ABI_HEADER).read_bytes() == HEADER.read_bytes()
+    assert Path(tables.ABI_HEADER).read_bytes() == HEADER.read_bytes()   # the package's copy
 
 
 def _sources():
     for top in ("src", "bindings", "csrc"):
         for p in sorted((ROOT / top).rglob("*")):
-            if p.suffix in (".py", ".h", ".cpp", ".cu", ".cuh") and p != HEADER:
+            if p.suffix in (".py", ".h", ".cpp", ".cu", ".cuh") and p != HEADER and "_data" not in p.parts:
                 yield p, p.read_text(encoding="utf-8", errors="replace")
 
 
@@ -144,10 +145,11 @@ def test_the_trampoline_takes_codes_and_abi_from_the_header(tmp_path, monkeypatc
     build puts the packaged header on the include path, and the header's bytes are part of the
     extension's name, so an edited header never loads a stale build."""
     pytest.importorskip("torch")
-    src = (ROOT / "src" / "ringcomm" / "torch" / "trampoline.cpp").read_text()
+    src = TRAMPOLINE.read_text()
     assert '#include "ringcomm/abi.h"' in src and "RC_DTYPES(" in src
     from ringcomm.torch import extension
     assert Path(extension.INCLUDE, "ringcomm", "abi.h").read_bytes() == HEADER.read_bytes()
+    assert Path(extension.SOURCE).read_bytes() == TRAMPOLINE.read_bytes()
     assert Path(extension.HEADER) == Path(extension.INCLUDE, "ringcomm", "abi.h")
     name = extension.extension_name()
     edited = tmp_path / "abi.h"

@@ -1,11 +1,11 @@
 """ringcomm under torchft's real Manager and lighthouse on 127.0.0.1, by both routes
 (ringcomm.torchft's ProcessGroupRingcomm, and ringcomm's torch.distributed backend in torchft's
-ProcessGroupWrapper: ringcomm.torch.torchft_pg): two replica groups of one rank train a tiny model
-(tests/torchft_replica.py). Undisturbed, and with a replica killed (between steps, in the
+ProcessGroupWrapper: ringcomm.torchft.ProcessGroupRingcommC10d): two replica groups of one rank
+train a tiny model (tests/torchft_replica.py). Undisturbed, and with a replica killed (between steps, in the
 all_reduce's header exchange, while its data moves) and restarted, training ends bit-equal to the
 same run on torchft's ProcessGroupGloo; a survivor's failing step raises within 2 s of the death.
 Every death is run on both routes.
-Skipped where the ``ft`` extra is not installed (except the check that both modules say what to
+Skipped where the ``ft`` extra is not installed (except the check that both groups say what to
 install without it)."""
 import json
 import os
@@ -130,19 +130,30 @@ def gloo_reference(tmp_path_factory):
 
 
 def test_module_without_torchft(tmp_path):
-    """ringcomm.torchft imports where torchft is missing; constructing the group says what to
-    install, and so does importing the c10d route's module."""
+    """ringcomm.torchft imports where torchft is missing; constructing either group says what to
+    install."""
     code = ("import sys; sys.modules['torchft'] = None\n"
             "import ringcomm.torchft as m\n"
-            "try:\n    m.ProcessGroupRingcomm()\nexcept ImportError as e:\n    print('ImportError:', e)\n"
-            "try:\n    import ringcomm.torch.torchft_pg\nexcept ImportError as e:\n    print('c10d ImportError:', e)\n")
+            "for cls in (m.ProcessGroupRingcomm, m.ProcessGroupRingcommC10d):\n"
+            "    try:\n        cls()\n    except ImportError as e:\n"
+            "        print(cls.__name__, 'ImportError:', e)\n")
     r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 2, r.stdout
-    assert lines[0].startswith("ImportError:") and "ringcomm[ft]" in lines[0], r.stdout
-    assert lines[1].startswith("c10d ImportError:") and "ringcomm[ft]" in lines[1], r.stdout
+    for line, name in zip(lines, ("ProcessGroupRingcomm", "ProcessGroupRingcommC10d")):
+        assert line.startswith(f"{name} ImportError:") and "ringcomm[ft]" in line, r.stdout
+
+
+def test_one_module_behind_the_public_path():
+    """ringcomm.torchft names the groups of ringcomm.torch.torchft, the one module that writes
+    them."""
+    import ringcomm.torch.torchft as impl
+    import ringcomm.torchft as public
+    for name in public.__all__:
+        assert getattr(public, name) is getattr(impl, name), name
+    assert set(public.__all__) == set(impl.__all__)
 
 
 @needs_torchft
@@ -176,7 +187,8 @@ def test_collectives_work_contract_and_abort(tmp_path):
 
 
 # The two routes: ringcomm.torchft's ProcessGroupRingcomm (ringcomm's plain API), and ringcomm's
-# torch.distributed backend inside torchft's ProcessGroupWrapper (ringcomm.torch.torchft_pg).
+# torch.distributed backend inside torchft's ProcessGroupWrapper
+# (ringcomm.torchft.ProcessGroupRingcommC10d).
 ROUTES = ["ringcomm", "ringcomm-c10d"]
 
 

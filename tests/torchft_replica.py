@@ -65,7 +65,7 @@ def main(run_path: str) -> None:
         from ringcomm.torchft import ProcessGroupRingcomm
         pg = ProcessGroupRingcomm(timeout=timeout)
     elif run["backend"] == "ringcomm-c10d":
-        from ringcomm.torch.torchft_pg import ProcessGroupRingcommC10d
+        from ringcomm.torchft import ProcessGroupRingcommC10d
         pg = ProcessGroupRingcommC10d(timeout=timeout)
     else:
         pg = ProcessGroupGloo(timeout=timeout)

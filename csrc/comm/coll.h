@@ -7,7 +7,7 @@
 
 namespace rc {
 
-// The collectives of the API: RC_COLLECTIVES in ringcomm/abi.h (src/ringcomm/include), whose
+// The collectives of the API: RC_COLLECTIVES in ringcomm/abi.h (csrc/include), whose
 // entries are X(enumerator without k, code, name, reduces: its header carries a reduce op). Coll,
 // coll_name, coll_reduces and the bindings' COLL_CODES are generated from it.
 enum class Coll : uint32_t {

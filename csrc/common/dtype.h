@@ -11,7 +11,7 @@
 namespace rc {
 
 // The lists (RC_DTYPES, RC_REDUCE_OPS) and the op-support rule are ringcomm/abi.h's
-// (src/ringcomm/include): DType, ReduceOp, dtype_size, dtype_name, op_name and is_floating are
+// (csrc/include): DType, ReduceOp, dtype_size, dtype_name, op_name and is_floating are
 // generated from them.
 /// kCount: one past the last code (the codes are 0..kCount-1, checked in common/dtype.cpp).
 enum class DType : uint32_t { RC_DTYPES(RC_ENUM_ENUMERATOR) kCount };

@@ -7,9 +7,10 @@ functions, relative and absolute), and that every module's file sits in its laye
     0      core          core/        ringcomm (the package itself), errors, tables, config,
                                       arrays, rendezvous, work, front, cpus, host, api, launch,
                                       machine; _layers sits beside __init__.py
-           back ends     cuda/ hier/  torch (the torch.distributed backend), cuda (CUDA arrays),
-                         torch/       hier (ranks on several nodes), torchft (a torchft
-                                      ProcessGroup)
+           back ends     cuda/ hier/  torch (the torch.distributed backend and the torchft process
+                         torch/       groups), cuda (CUDA arrays), hier (ranks on several nodes);
+                                      torchft, beside __init__.py, is the torchft groups' public
+                                      import path, a module of the torch back end
     1      wrappers      wrappers/    ddp, zero, tp, pp, recompute, memory, saved_tensors
     2      applications  apps/        bench, train, parallel_demo, tiny_lm (their model),
                                       simulate, demo, tune (the machine profile of the cost model)
@@ -17,7 +18,9 @@ functions, relative and absolute), and that every module's file sits in its laye
 A layer folder (core/, wrappers/, apps/) is not a namespace of its own: ``ringcomm/__init__.py``
 puts it on the package's ``__path__``, so its modules are modules of the package itself
 (``ringcomm.front``, ``ringcomm.ddp``, ``ringcomm.bench``), found there by the import system.
-A back end is a subpackage (``ringcomm.torch``) and holds its own modules.
+A back end is a subpackage (``ringcomm.torch``) and holds its own modules; a public name of a
+back end's module (``ALIASES``) is a short module beside ``__init__.py`` that belongs to that
+back end.
 
 Layer 0 is ordered too. A back end builds on the core and never imports another back end. The
 core imports a back end only where choosing that back end is the core's job, the pairs in
@@ -26,14 +29,16 @@ core imports a back end only where choosing that back end is the core's job, the
 """
 from __future__ import annotations
 
-__all__ = ["PACKAGE", "CORE", "BACK_ENDS", "CORE_TO_BACK_END", "LAYERS", "LAYER_NAMES",
+__all__ = ["PACKAGE", "CORE", "BACK_ENDS", "ALIASES", "CORE_TO_BACK_END", "LAYERS", "LAYER_NAMES",
            "LAYER_FOLDERS", "folder_of", "layer_of", "back_end_of"]
 
 PACKAGE = "ringcomm"
 
 CORE = ("errors", "tables", "config", "arrays", "rendezvous", "work", "front", "cpus", "host",
         "api", "launch", "machine", "_layers")
-BACK_ENDS = ("torch", "cuda", "hier", "torchft")
+BACK_ENDS = ("torch", "cuda", "hier")
+# A module beside __init__.py that names a back end's module under a public path -> its back end.
+ALIASES = {"torchft": "torch"}
 
 # (core module, back end) -> why that module chooses that back end.
 CORE_TO_BACK_END = {
@@ -42,7 +47,7 @@ CORE_TO_BACK_END = {
 }
 
 LAYERS = {
-    0: CORE + BACK_ENDS,
+    0: CORE + BACK_ENDS + tuple(ALIASES),
     1: ("ddp", "zero", "tp", "pp", "recompute", "memory", "saved_tensors"),
     2: ("bench", "train", "parallel_demo", "tiny_lm", "simulate", "demo", "tune"),
 }
@@ -67,7 +72,7 @@ def folder_of(module: str) -> str | None:
     its layer's folder for a module of a layer folder, "" for the package itself, ``_layers`` and
     the back ends (which are subpackages beside them); None for a module no layer names."""
     top = _top(module)
-    if top in ("", "_layers") or top in BACK_ENDS:
+    if top in ("", "_layers") or top in BACK_ENDS or top in ALIASES:
         return ""
     layer = layer_of(module)
     return None if layer is None else LAYER_FOLDERS[layer]
@@ -85,6 +90,6 @@ def layer_of(module: str) -> int | None:
 
 
 def back_end_of(module: str) -> str | None:
-    """The back end a module belongs to ('torch', 'cuda', 'hier', 'torchft'), or None."""
+    """The back end a module belongs to ('torch', 'cuda', 'hier'), or None."""
     top = _top(module)
-    return top if top in BACK_ENDS else None
+    return top if top in BACK_ENDS else ALIASES.get(top)

@@ -121,6 +121,27 @@ class CommunicatorBase:
         """Bound every wait that starts from now on by `seconds` (> 0; inf: no bound)."""
         raise UnsupportedError(f"ringcomm: {type(self).__name__} does not support set_timeout()")
 
+    # -- for the layers above: refusals, the general path, the synchronous entries' C ABI -----------
+    def reject(self, coll: str, exc: Exception) -> None:
+        """Refuse collective ``coll`` on this rank with ``exc``, for a caller that checks a call
+        before it reaches the communicator: this rank joins the collective's header exchange as
+        a refusal (every peer's matching call raises MismatchError instead of waiting), then
+        ``exc`` is raised here."""
+        self._reject(coll, exc)
+
+    def general(self) -> "CommunicatorBase":
+        """This communicator with every collective on the general path (validated here, then
+        issued), never offered to a synchronous entry: for a caller whose call such an entry has
+        declined already. A back end without synchronous entries is its own general path."""
+        return self
+
+    def sync_entry_handle(self) -> Optional[tuple]:
+        """``(table, handle)``: the address of ringcomm._C's ``RcFastApi`` table and a new
+        handle of this communicator, through which a C extension runs its synchronous entries
+        without Python (csrc/include/ringcomm/abi.h); the receiver owns the handle and releases
+        it through the table. None for a back end without synchronous entries."""
+        return None
+
     # -- back-end hooks with defaults ---------------------------------------------------------
     def _route(self, coll, a, b=None) -> "CommunicatorBase":
         return self

@@ -20,7 +20,7 @@ from .rendezvous import GenerationSuperseded, exchange_segment_names, forget_seg
 from .tables import op_codes_by_value
 from .work import CoreWork
 
-__all__ = ["Communicator", "shm_communicator"]
+__all__ = ["Communicator", "GeneralPath", "shm_communicator"]
 
 _NDARRAY = np.ndarray
 # Reduce op (a ReduceOp or its int code) -> code; the synchronous entry checks the pair against
@@ -44,6 +44,12 @@ class Communicator(CoreBackEnd):
         self._inflight: list = []
         self._lock = threading.Lock()
         self._cuda_comm = None
+        self._general: GeneralPath | None = None   # made by general()
+
+    @property
+    def cpu_threads(self) -> int:
+        """The threads this rank's copies and reductions of large arrays run on."""
+        return self._c.cpu_threads
 
     def _finish(self, w, refs, result):
         work = CoreWork(w, refs, result)
@@ -60,11 +66,17 @@ class Communicator(CoreBackEnd):
     # (a tensor through its DLPack capsule) and the one eligibility rule decides; what it takes
     # runs there with the GIL released. What it declines (another layout, dtype, op or device,
     # read-only memory, a root that is not a rank) goes the general way, which explains the
-    # refusal or routes the call (CUDA arrays).
-    def _sync_all_reduce_entry(self):
-        """The bound entry ``f(x, out, op_code) -> bool`` (True: done; False: declined, nothing
-        done) the torch backend's Python allreduce path calls; None where a back end has none."""
-        return self._c.sync_all_reduce
+    # refusal or routes the call (CUDA arrays). ``general()`` is this communicator without the
+    # offers, for a caller whose call the entry has declined already; ``sync_entry_handle()``
+    # hands the same entries to a C extension (the torch c10d trampoline).
+    def general(self) -> "GeneralPath":
+        g = self._general
+        if g is None:
+            g = self._general = GeneralPath(self)
+        return g
+
+    def sync_entry_handle(self) -> tuple:
+        return _C._fast_api(), self._c._fast_handle()
 
     def all_reduce(self, x, op=_SUM, async_op: bool = False, output=None, stream=None):
         if not async_op and stream is None and output is not x:
@@ -185,6 +197,30 @@ class Communicator(CoreBackEnd):
     def __repr__(self):
         state = "closed" if self._c.closed else "open"
         return f"<ringcomm.Communicator rank={self.rank} world_size={self.world_size} {state}>"
+
+
+class GeneralPath:
+    """A host communicator whose all_reduce, broadcast, reduce_scatter and all_gather take the
+    general path (``CoreBackEnd``'s: validate, route, issue) without the synchronous entry's
+    offer (``Communicator.general()``); every other attribute is the communicator's own."""
+
+    __slots__ = ("communicator", "all_reduce", "broadcast", "reduce_scatter", "all_gather")
+
+    def __init__(self, communicator: Communicator):
+        self.communicator = communicator
+        self.all_reduce = CoreBackEnd.all_reduce.__get__(communicator)
+        self.broadcast = CoreBackEnd.broadcast.__get__(communicator)
+        self.reduce_scatter = CoreBackEnd.reduce_scatter.__get__(communicator)
+        self.all_gather = CoreBackEnd.all_gather.__get__(communicator)
+
+    def general(self) -> "GeneralPath":
+        return self
+
+    def __getattr__(self, name):
+        return getattr(self.communicator, name)
+
+    def __repr__(self):
+        return f"<general path of {self.communicator!r}>"
 
 
 def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: float,

@@ -1,8 +1,9 @@
 """The codes ringcomm's layers agree on: dtypes, reduce ops and collectives.
 
-They are written once, in the C header ``ringcomm/include/ringcomm/abi.h`` (shipped in the
-package), which the C++ core, the bindings and the torch trampoline include; this module parses
-that header's X-macro lists when it is imported. The values are part of the C++ core's wire
+They are written once, in the C header ``csrc/include/ringcomm/abi.h``, which the C++ core, the
+bindings and the torch trampoline include; the build copies it into the package
+(``ringcomm/_data/include/ringcomm/abi.h``, see setup.py), and this module parses that copy's
+X-macro lists when it is imported. The values are part of the C++ core's wire
 header, so they are never renumbered; ``tests/test_tables.py`` checks every entry against what
 ``ringcomm._C`` was compiled with and does with it. Importing this module loads neither the C
 extension nor torch.
@@ -19,9 +20,14 @@ from .errors import InvalidArgumentError
 
 __all__ = ["DType", "DTYPES", "DTYPE_CODES", "DTYPE_NAMES", "ITEMSIZE", "SUPPORTED_DTYPES",
            "FLOATING", "INTEGER", "ReduceOp", "OP_NAMES", "op_code", "op_supported",
-           "COLL_CODES", "coll_code", "torch_dtype_codes", "ABI_HEADER"]
+           "COLL_CODES", "coll_code", "torch_dtype_codes", "DATA_DIR", "ABI_INCLUDE", "ABI_HEADER"]
 
-ABI_HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "include", "ringcomm", "abi.h")
+#: The package data the build copies beside the modules (setup.py, CMakeLists.txt): the header
+#: under ``include/``, the torch trampoline's source under ``torch/``.
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_data")
+#: The include folder that holds ``ringcomm/abi.h`` (the torch trampoline's build includes it).
+ABI_INCLUDE = os.path.join(DATA_DIR, "include")
+ABI_HEADER = os.path.join(ABI_INCLUDE, "ringcomm", "abi.h")
 
 
 def _parse_abi(path: str) -> tuple[dict, dict]:
@@ -29,8 +35,13 @@ def _parse_abi(path: str) -> tuple[dict, dict]:
     (``#define RC_X(X)`` followed by one ``X(...)`` entry per line) with the ``RC_KIND_*`` /
     ``RC_DL_*`` constants evaluated (an argument may be ``A | B``) and string arguments
     unquoted, and those constants."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ImportError(f"ringcomm: the package data {path} is missing: the build copies it "
+                          f"there (pip install ., pip install -e ., or the CMake build with "
+                          f"CMAKE_LIBRARY_OUTPUT_DIRECTORY set to the package folder)") from None
     names = {m[1]: int(m[2]) for m in re.finditer(r"^#define (RC_(?:KIND|DL)_\w+) (\d+)$", text, re.M)}
 
     def value(arg: str):

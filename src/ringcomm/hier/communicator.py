@@ -174,7 +174,7 @@ class HierarchicalCommunicator(TwoLevelAlgorithms, CommunicatorBase):
 
         def poison():
             if intra.world_size > 1 and not intra.closed:
-                intra._reject(coll, exc)
+                intra.reject(coll, exc)
             raise exc
         if not self._closed and self._broken is None:
             self._seq += 1

@@ -8,24 +8,17 @@ compositions are whole-tensor operations in Python; nothing loops over elements 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from ringcomm.tables import ReduceOp
-
 from .core import GroupCore
-from .hooks import issue_hooks
 from .monitored import run_monitored_barrier
 from .staging import (avg_divide, cat, check_tensors, contig, copy_out, flat_view, int_avg,
                       invalid, one, reduce_op, reducible, same_dtype, then, unsupported, writeback)
 from .sparse import check_sparse, sparse_all_reduce
 from .steps import BarrierHandle, DoneHandle, Step, collective
-from .work import DoneWork, timeout_seconds
+from .work import timeout_seconds
 
 __all__ = ["Collectives"]
-
-_SUM = dist.ReduceOp.SUM
-_SUM_CODE = int(ReduceOp.SUM)
 
 
 class Collectives(GroupCore):
@@ -35,26 +28,9 @@ class Collectives(GroupCore):
 
     # ---- all-reduce ------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        # Fast path, the latency-critical call (dist.all_reduce without async_op, what most
-        # training loops issue) where the trampoline's own C++ path is off (the whole-group
-        # ProcessGroup shape) or declined it: a SUM of one tensor, no coalescing block, no issue
-        # hooks, offered to the core's synchronous entry (csrc/comm/sync_entry.h), which takes it
-        # or declines having done nothing; anything else takes the general path below, which
-        # validates and composes.
-        fast_ar = self._fast_ar
-        if (fast_ar is not None and opts is not None and not getattr(opts, "asyncOp", True)
-                and len(tensors) == 1 and self._coalescing is None and not issue_hooks
-                and not self._closed and opts.reduceOp == _SUM):
-            # SUM only: comparing with the ReduceOp constant costs a third of reading .op.value.
-            t = tensors[0]
-            try:
-                taken = fast_ar(t, None, _SUM_CODE)
-            except Exception as e:
-                next(self._seq)             # issued: it took a sequence number
-                e._ringcomm_issued = True  # raised by the core: every rank has been told
-                raise
-            if taken:
-                return DoneWork("allreduce", next(self._seq), [t])
+        # A synchronous SUM of one tensor was offered to the synchronous entry already, by the
+        # c10d trampoline (or, for the whole-group ProcessGroup, is offered by the communicator):
+        # what reaches here takes the general path, which validates and composes.
         if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
             return self.allreduce_sparse(tensors, opts)  # the whole-group ProcessGroup's route
         return self._allreduce_general(tensors, opts)
@@ -64,7 +40,8 @@ class Collectives(GroupCore):
         opts = opts if opts is not None else _c10d.AllreduceOptions()
         t = one("allreduce", tensors)
         check_tensors("allreduce", (t,))
-        return self._run("allreduce", opts, [self._allreduce_step(t, opts.reduceOp, "allreduce")],
+        return self._run("allreduce", opts,
+                         [self._allreduce_step(t, opts.reduceOp, "allreduce", self._after_offer)],
                          [t])
 
     @collective("all_gather")
@@ -112,7 +89,7 @@ class Collectives(GroupCore):
         opts = opts if opts is not None else _c10d.BroadcastOptions()
         t, root = self._rooted("broadcast", tensors, opts)
         buf, staged = contig(t)
-        comm = self._comm
+        comm = self._after_offer   # offered once already: see GroupCore.__init__
         step = Step(lambda a: comm.broadcast(buf, root=root, async_op=a),
                      writeback(t, buf) if staged and self._rank != root else None)
         return self._run("broadcast", opts, [step], [t])

@@ -75,11 +75,12 @@ class GroupCore:
         self._options: RingcommOptions | None = None   # made by _backend_options()
         self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
                                    timeout=self._timeout_s, prefix=self._prefix)
-        # allreduce's fast path: the host communicator's synchronous entry (see
-        # host.Communicator._sync_all_reduce_entry); None for a hierarchical one (several
-        # nodes), which always takes the general path.
-        entry = getattr(self._comm, "_sync_all_reduce_entry", None)
-        self._fast_ar = entry() if entry is not None else None
+        # The communicator that runs allreduce and broadcast. Their synchronous calls are offered
+        # to the synchronous entry once, by the c10d trampoline (trampoline.cpp); what reaches
+        # Python takes the communicator's general path, which offers nothing again. The
+        # whole-group ProcessGroup has no trampoline: its calls are offered by the
+        # communicator's own entry, once.
+        self._after_offer = self._comm.general() if self._trampoline else self._comm
         self._waiter = Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
         self._seq = itertools.count(1)  # next() is atomic under the GIL
         self._issued = 0                # the last number _seq gave: calls issued so far
@@ -116,10 +117,9 @@ class GroupCore:
 
     def _reject(self, coll: str, exc: Exception) -> None:
         """Join collective ``coll``'s header exchange as a refusal; every rank then raises."""
-        reject = getattr(self._comm, "_reject", None)
-        if reject is not None and not self._comm.closed:
+        if not self._comm.closed:
             try:
-                reject(coll, exc)  # raises exc after the exchange
+                self._comm.reject(coll, exc)  # raises exc after the exchange
             except Exception as e:  # noqa: BLE001
                 if e is not exc:
                     raise exc from e
@@ -181,13 +181,14 @@ class GroupCore:
         return work
 
     # ---- step builders (one ringcomm call each) -----------------------------------------------------
-    def _allreduce_step(self, t: torch.Tensor, op, coll: str) -> Step:
+    def _allreduce_step(self, t: torch.Tensor, op, coll: str, comm=None) -> Step:
+        """``comm``: the communicator that runs it (default the group's)."""
         rop, factor = reduce_op(op, t.dtype)
         buf, staged = contig(t)
         buf = reducible(buf, rop)
         if factor is not None:
             buf.mul_(factor)  # in place: the all-reduce overwrites the tensor anyway
-        comm = self._comm
+        comm = self._comm if comm is None else comm
         return Step(lambda a: comm.all_reduce(buf, op=rop, async_op=a),
                      then(avg_divide(buf, self._size) if int_avg(op, t.dtype) else None,
                           writeback(t, buf) if staged else None))
@@ -269,23 +270,26 @@ class GroupCore:
         return [int(s) * row for s in splits]
 
     # ---- the trampoline's allreduce / broadcast fast path (trampoline.cpp) -----------------------------
+    @property
+    def _trampoline(self) -> bool:
+        """Whether this group is the per-device c10d Backend (the trampoline's subclass)."""
+        return hasattr(self, "_set_fast_path")
+
     def _refresh_fast(self) -> None:
         """Turn the c10d trampoline's own fast path (synchronous SUM allreduce and broadcast of
-        one plain CPU tensor) on exactly while nothing needs the Python half: a host
-        communicator, not coalescing, no issue hooks, not shut down. Called whenever one of
-        those changes."""
-        setter = getattr(self, "_set_fast_path", None)
-        if setter is None:   # the whole-group ProcessGroup shape: no trampoline
+        one plain CPU tensor) on exactly while nothing needs the Python half: a communicator
+        with synchronous entries (the host's), not coalescing, no issue hooks, not shut down.
+        Called whenever one of those changes."""
+        if not self._trampoline:   # the whole-group ProcessGroup shape
             return
-        want = (self._fast_ar is not None and not self._closed and self._coalescing is None
-                and not issue_hooks)
+        want = not self._closed and self._coalescing is None and not issue_hooks
         if want == self._fast_native:
             return
         if want:
-            from .. import _C
-            self._fast_native = bool(setter(_C._fast_api(), self._comm._c._fast_handle()))
+            fast = self._comm.sync_entry_handle()   # None: no synchronous entry (several nodes)
+            self._fast_native = fast is not None and bool(self._set_fast_path(*fast))
         else:
-            setter(0, 0)
+            self._set_fast_path(0, 0)
             self._fast_native = False
 
     # ---- coalescing (dist._coalescing_manager with a device) ---------------------------------------------

@@ -1,10 +1,11 @@
-"""The c10d Backend trampoline (``trampoline.cpp``, shipped beside this file), built just in time
-with ``torch.utils.cpp_extension`` and cached under ``TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``). It includes ``ringcomm/abi.h`` (the codes and the C ABI, shipped
-in ``ringcomm/include``). The extension's name carries the torch version, the Python tag and a
-hash of the source, the header and the flags, so a torch upgrade or a changed source or header
-builds a new one and never loads a stale one. Ranks that build at once are serialized by cpp_extension's lock on the
-build directory; once built, loading imports the cached library directly (no compiler needed).
+"""The c10d Backend trampoline (``bindings/torch/trampoline.cpp``, which the build copies into the
+package as ``ringcomm/_data/torch/trampoline.cpp``), built just in time with
+``torch.utils.cpp_extension`` and cached under ``TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/torch_extensions``). It includes ``ringcomm/abi.h`` (the codes and the C ABI, copied
+into ``ringcomm/_data/include``: ``ringcomm.tables.ABI_INCLUDE``). The extension's name carries
+the torch version, the Python tag and a hash of the source, the header and the flags, so a torch
+upgrade or a changed source or header builds a new one and never loads a stale one. Ranks that
+build at once are serialized by cpp_extension's lock on the build directory; once built, loading imports the cached library directly (no compiler needed).
 
 ``python -m ringcomm.torch --build`` builds it ahead of time and prints where it is.
 """
@@ -17,12 +18,13 @@ import re
 import sys
 import threading
 
+from ringcomm.tables import ABI_HEADER as HEADER
+from ringcomm.tables import ABI_INCLUDE as INCLUDE
+from ringcomm.tables import DATA_DIR
+
 __all__ = ["SOURCE", "INCLUDE", "HEADER", "CFLAGS", "extension_name", "build_directory", "load"]
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join(_HERE, "trampoline.cpp")
-INCLUDE = os.path.join(os.path.dirname(_HERE), "include")   # ringcomm/abi.h
-HEADER = os.path.join(INCLUDE, "ringcomm", "abi.h")
+SOURCE = os.path.join(DATA_DIR, "torch", "trampoline.cpp")
 # -O1 and no debug info keep the first build short (the trampoline only forwards calls).
 CFLAGS = ["-O1", "-g0"]
 

@@ -117,7 +117,7 @@ class RingcommRunner(Runner, NumpyBuffers, TorchBuffers):
 
     def describe(self) -> str:
         plan = getattr(self.comm, "cpu_plan", None)
-        cpus = getattr(getattr(self.comm, "_c", None), "cpu_threads", 1)
+        cpus = getattr(self.comm, "cpu_threads", 1)
         where = f"; rank {self.rank} cpus: {plan.describe(cpus, 0)}" if plan is not None else ""
         return f"ringcomm {getattr(self.rc, '__version__', '?')}{where}"
 

@@ -19,8 +19,8 @@ class ActivationMeter(SavedTensorMeter):
         super().__init__(exclude)
         # ZeroStage3 keeps each unit's gathered weights in a flat parameter outside the module
         # tree: the views forward saves of it are weights, not activations.
-        for u in getattr(exclude, "_units", ()) if exclude is not None else ():
-            self.exclude.add(_storage(u.flat_full)[0])
+        for w in exclude.gathered_weights() if hasattr(exclude, "gathered_weights") else ():
+            self.exclude.add(_storage(w)[0])
 
 
 _OPT_ATTRS = ("optimizer", "optim", "inner", "_optimizer", "base_optimizer", "inner_optimizer")

@@ -214,8 +214,7 @@ def memory_budget(o: dict, rank: int, world: int) -> list:
         if world > 1:
             import torch.distributed as dist
             dist.all_reduce(per, op=dist.ReduceOp.MAX)
-        padded = (sum(g.layout.padded_numel for g in opt._groups)
-                  if hasattr(opt, "_groups") else psi)
+        padded = opt.padded_numel if hasattr(opt, "padded_numel") else psi
         rows.append({"precision": precision,
                      "strategy": strategy + ("+offload" if offload else ""), "psi": psi,
                      "padded": padded, "params": int(per[0]), "grads": int(per[1]),

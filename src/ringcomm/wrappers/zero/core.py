@@ -81,6 +81,11 @@ class _ZeroCore:
 
     # -- public helpers ------------------------------------------------------------------------
     @property
+    def padded_numel(self) -> int:
+        """Elements of all the flat groups, each padded to a multiple of the world size."""
+        return sum(g.layout.padded_numel for g in self._groups)
+
+    @property
     def param_groups(self) -> list:
         """The inner optimizer's param groups (hyper-parameters; attach LR schedulers to
         ``self.optimizer``)."""

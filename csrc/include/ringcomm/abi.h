@@ -6,10 +6,10 @@
  * another extension module reaches them. Its readers:
  *   - the C++ core (csrc/common/dtype.h, csrc/comm/coll.h generate their enums from the lists);
  *   - the bindings (ringcomm._C) and the synchronous entries (csrc/comm/sync_entry.h);
- *   - the torch c10d trampoline, compiled just in time against torch (src/ringcomm/torch/
- *     trampoline.cpp; this file ships as package data and its bytes are part of that extension's
- *     name, so a changed header builds a new one);
- *   - ringcomm.tables, which parses the X-macro lists below when it is imported.
+ *   - the torch c10d trampoline (bindings/torch/trampoline.cpp), compiled just in time against
+ *     torch; the build copies this file into the package (ringcomm/_data/include) and its bytes
+ *     are part of that extension's name, so a changed header builds a new one;
+ *   - ringcomm.tables, which parses the package's copy's X-macro lists when it is imported.
  * The codes are part of the wire header (ranks compare them), so they are never renumbered.
  *
  * Plain C (it compiles as C and as C++), no includes but <stddef.h> and <stdint.h>. The lists are

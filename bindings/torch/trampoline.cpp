@@ -2,15 +2,20 @@
 // torch 2.13 binds c10d::Backend without a constructor or a trampoline, so this is the only C++
 // ringcomm's torch backend needs; every method forwards to the Python override of the name given
 // below and all behaviour lives in Python (src/ringcomm/torch/). A method the Python class does
-// not define falls back to c10d::Backend's, which raises "not supported".
+// not define falls back to c10d::Backend's, which raises "not supported". The build copies this
+// file into the package (ringcomm/_data/torch/), and ringcomm/torch/extension.py compiles it just
+// in time against the installed torch: ringcomm._C never links torch.
 //
 // One exception, the latency-critical calls: a synchronous SUM allreduce or a synchronous
 // broadcast of one tensor is described here (RcArray) and offered to the host communicator's
 // synchronous entry (csrc/comm/sync_entry.h) through RcFastApi, ringcomm._C's C ABI, without the
 // GIL or Python, while the Python half has it enabled (_set_fast_path: not coalescing, no issue
-// hooks, not shut down). The entry applies the eligibility rule; what it declines, or any call
-// while the fast path is disabled, goes to the Python override as every other call. The codes and
-// the ABI come from ringcomm/abi.h (package data, on the include path of this build).
+// hooks, not shut down). This is the one offer of the call: the entry applies the eligibility
+// rule, and what it declines, or any call while the fast path is disabled, goes to the Python
+// override as every other call, whose allreduce and broadcast take the communicator's general
+// path (Communicator.general(): never offered again). The codes and the ABI come from
+// ringcomm/abi.h (csrc/include, copied into the package beside this file's copy, and on the
+// include path of this build).
 //
 // Lifetime: torch holds the backend through an intrusive_ptr from C++ only, so the Python object
 // is kept alive by ringcomm (hooks.live_groups) until shutdown(); the override is looked up on it.

@@ -1,0 +1,129 @@
+"""The two kinds of install carry the package data the runtime reads: the C ABI header
+(csrc/include/ringcomm/abi.h, parsed by ringcomm.tables at import) and the torch c10d
+trampoline's source (bindings/torch/trampoline.cpp, compiled just in time by ringcomm.torch), both
+copied by the build into the package's _data/ folder (setup.py, CMakeLists.txt).
+
+- An editable install (or the CMake build into src/ringcomm) leaves them in src/ringcomm/_data,
+  untracked, byte for byte the sources, where the modules of the source tree look.
+- A wheel holds them beside its modules, with every layer folder's modules; installed into a
+  fresh environment, it imports and runs without the source tree.
+
+The wheel is built from this checkout with the CMake build folder setup.py keeps
+(build/setup-cmake), so after the editable install of the README's command only the link and the
+copies run; RINGCOMM_CUDA=off keeps the CUDA module out of it.
+"""
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import ringcomm
+from ringcomm import tables
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "src" / "ringcomm"
+# (source in the repository, its copy in the package)
+DATA = [("csrc/include/ringcomm/abi.h", "_data/include/ringcomm/abi.h"),
+        ("bindings/torch/trampoline.cpp", "_data/torch/trampoline.cpp")]
+
+
+def _from_source_tree() -> bool:
+    return Path(ringcomm.__file__).resolve().parent == PKG
+
+
+def test_the_runtime_reads_the_packaged_copies():
+    pkg = Path(ringcomm.__file__).resolve().parent
+    assert Path(tables.DATA_DIR) == pkg / "_data"
+    assert Path(tables.ABI_HEADER) == pkg / DATA[0][1]
+    pytest.importorskip("torch")
+    from ringcomm.torch import extension
+    assert Path(extension.SOURCE) == pkg / DATA[1][1]
+    assert Path(extension.HEADER) == Path(tables.ABI_HEADER)
+    assert Path(extension.INCLUDE, "ringcomm", "abi.h") == Path(tables.ABI_HEADER)
+
+
+def test_editable_layout_holds_the_package_data_untracked():
+    if not _from_source_tree():
+        pytest.skip("ringcomm is imported from an installed wheel, not the source tree")
+    for src, copy in DATA:
+        assert (PKG / copy).read_bytes() == (ROOT / src).read_bytes(), copy
+    listed = subprocess.run(["git", "ls-files", "--", "_data"], cwd=PKG, capture_output=True,
+                            text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    assert listed.stdout == ""                              # copies, never tracked
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(PKG / DATA[0][1])], cwd=ROOT)
+    assert ignored.returncode == 0                          # and ignored, so never added
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    env = dict(os.environ, RINGCOMM_CUDA="off")
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
+                        "--no-build-isolation", "-w", str(out)],
+                       cwd=str(out), env=env, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    wheels = sorted(out.glob("ringcomm-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.mark.timeout(1800)
+def test_wheel_holds_the_package_data_and_every_layer(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for src, copy in DATA:
+        assert f"ringcomm/{copy}" in names, copy
+        assert zipfile.ZipFile(wheel).read(f"ringcomm/{copy}") == (ROOT / src).read_bytes()
+    tracked = subprocess.run(["git", "ls-files", "--", "*.py"], cwd=PKG, capture_output=True,
+                             text=True)
+    if tracked.returncode == 0 and tracked.stdout:
+        modules = {f"ringcomm/{p}" for p in tracked.stdout.split()}
+    else:
+        modules = {f"ringcomm/{p.relative_to(PKG).as_posix()}" for p in PKG.rglob("*.py")
+                   if "__pycache__" not in p.parts}
+    assert {"ringcomm/core/tables.py", "ringcomm/wrappers/ddp.py", "ringcomm/apps/bench/cli.py",
+            "ringcomm/torch/torchft.py", "ringcomm/torchft.py"} <= modules
+    assert sorted(modules - names) == []
+    assert any(n.startswith("ringcomm/_C.") and n.endswith(".so") for n in names), sorted(names)
+    assert not any("include/ringcomm" in n and not n.startswith("ringcomm/_data/") for n in names)
+
+
+@pytest.mark.timeout(1800)
+def test_wheel_installed_apart_imports_and_runs(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, timeout=300)
+    py = venv / "bin" / "python"
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index",
+                        "--force-reinstall", str(wheel)],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    code = ("import ringcomm, ringcomm.tables, ringcomm.bench.cli, ringcomm.ddp, ringcomm.host\n"
+            "from pathlib import Path\n"
+            "print(Path(ringcomm.__file__).resolve().parent)\n"
+            "print(len(ringcomm.tables.DTYPES), Path(ringcomm.tables.ABI_HEADER).is_file())\n"
+            "c = ringcomm.init(rank=0, world_size=1)\n"
+            "import numpy as np\n"
+            "x = np.ones(4, np.float32); c.all_reduce(x); print(float(x.sum())); c.close()\n"
+            "try:\n    from ringcomm.torch import extension\nexcept ImportError:\n"
+            "    print('no torch')\nelse:\n"
+            "    print(Path(extension.SOURCE).resolve().parent.parent.parent == "
+            "Path(ringcomm.__file__).resolve().parent, Path(extension.SOURCE).is_file())\n")
+    r = subprocess.run([str(py), "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    where, counts, total, trampoline = r.stdout.splitlines()
+    assert Path(where).is_relative_to(venv), where            # the wheel's copy, not the tree
+    assert counts.split()[1] == "True" and int(counts.split()[0]) > 0
+    assert float(total) == 4.0
+    assert trampoline in ("True True", "no torch"), trampoline
+    r = subprocess.run([str(py), "-m", "ringcomm.bench", "--help"], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0 and "usage" in r.stdout.lower(), r.stderr[-3000:]
