@@ -310,7 +310,7 @@ def test_cuda_sources_compile():
         pytest.skip("nvcc not found")
     with tempfile.TemporaryDirectory() as d:
         r = subprocess.run([nvcc, "-std=c++17", "--fmad=false", "-arch=sm_90", "-I", str(ROOT / "csrc"),
-                            "-I", str(ROOT / "src" / "ringcomm" / "include"), "-c",
+                            "-I", str(ROOT / "csrc" / "include"), "-c",
                             str(ROOT / "csrc/kernels/reduce.cu"), "-o", os.path.join(d, "reduce.o"),
                             "-Xcompiler", "-Wall,-Wextra"], capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-4000:]

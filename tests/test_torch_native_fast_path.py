@@ -1,4 +1,4 @@
-"""The c10d trampoline's own fast path (src/ringcomm/torch/trampoline.cpp, through ringcomm._C's
+"""The c10d trampoline's own fast path (bindings/torch/trampoline.cpp, through ringcomm._C's
 C ABI, RcFastApi in ringcomm/abi.h, into the synchronous entries of csrc/comm/sync_entry.h): a
 synchronous SUM ``dist.all_reduce`` or a synchronous ``dist.broadcast`` of one dense contiguous
 CPU tensor runs without Python. Checked in real ranks through ``torch.distributed``: results
