@@ -190,6 +190,22 @@ def test_entry_counts_what_it_takes_and_nothing_else(comm1):
     assert _C._sync_entry_stats() == before
 
 
+def test_general_path_never_offers_the_entry(comm1):
+    """Communicator.general(): the same collectives, validated and issued, the entry left out
+    (for a caller whose call the entry declined already: the torch trampoline's)."""
+    x, y = np.ones(6, np.float32), np.zeros(6, np.float32)
+    g = comm1.general()
+    before = _C._sync_entry_stats()
+    g.all_reduce(x)
+    g.broadcast(x, root=0)
+    g.reduce_scatter(y, x)
+    g.all_gather(y, x)
+    assert _C._sync_entry_stats() == before
+    assert (x == 1).all() and (y == 1).all()
+    assert g.rank == comm1.rank and g.general() is g
+    assert _taken(lambda: comm1.all_reduce(x) is None)["all_reduce"] == 1   # the public one offers
+
+
 def test_entry_rule_on_shapes_and_strides(comm1):
     """Compact row-major in the entry's sense: extents of 1 carry any stride, empty arrays are
     compact whatever their strides, anything else must step by the element size."""

@@ -3,7 +3,7 @@ C ABI, RcFastApi in ringcomm/abi.h, into the synchronous entries of csrc/comm/sy
 synchronous SUM ``dist.all_reduce`` or a synchronous ``dist.broadcast`` of one dense contiguous
 CPU tensor runs without Python. Checked in real ranks through ``torch.distributed``: results
 against the exact sum for every dtype it takes and for what it leaves to Python (other ops, async,
-bool SUM, non-contiguous); that the C++ path really ran (the Python half's call counter does not
+bool SUM, non-contiguous), which the entry never sees again; that the C++ path really ran (the Python half's call counter does not
 move, the entries' counters do) and is off while coalescing or issue hooks need Python, and after
 shutdown; a mismatch raised through it is ringcomm's MismatchError on every rank, the group usable
 after; and a table of another version leaves it off."""
@@ -56,8 +56,10 @@ def _cases(rank, world):
     out["python_calls_on_fast_path"] = _seq_next(be) - before
     entry_after = _C._sync_entry_stats()
     out["entry_calls"] = {k: entry_after[k] - entry_before[k] for k in entry_after}
-    # what it leaves to Python: still right, and counted by the Python half
+    # what it leaves to Python: still right, counted by the Python half, and never offered to
+    # the entry again (the one call the entry takes here is the bool broadcast, in C++)
     before = _seq_next(be)
+    entry_before = _C._sync_entry_stats()
     x = torch.full((10,), float(rank + 1))
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
     if not torch.equal(x, torch.full((10,), float(world))):
@@ -89,6 +91,8 @@ def _cases(rank, world):
     if not torch.equal(b, torch.tensor([True, False])):
         out["wrong"].append(("bool broadcast",))
     out["python_calls_off_path"] = _seq_next(be) - before
+    entry_after = _C._sync_entry_stats()
+    out["entry_calls_off_path"] = {k: entry_after[k] - entry_before[k] for k in entry_after}
     # issue hooks need Python: the fast path is off while one is installed
     seen = []
     hook = lambda op, group, seq, t: seen.append(op)   # noqa: E731
@@ -151,6 +155,8 @@ def test_native_allreduce_and_broadcast_fast_path(world):
         assert out["entry_calls"] == {"all_reduce": 4 * len(FAST), "broadcast": 4 * len(FAST) * world,
                                       "reduce_scatter": 0, "all_gather": 0}, out
         assert out["python_calls_off_path"] == 6, out
+        assert out["entry_calls_off_path"] == {"all_reduce": 0, "broadcast": 1,
+                                               "reduce_scatter": 0, "all_gather": 0}, out
         assert out["native_with_hook"] is False and out["hook_saw"] == ["allreduce"], out
         assert out["native_after_hook"] is True, out
         assert out["native_coalescing"] is False and out["native_after_coalescing"] is True, out

@@ -44,7 +44,6 @@ class Communicator(CoreBackEnd):
         self._inflight: list = []
         self._lock = threading.Lock()
         self._cuda_comm = None
-        self._general: GeneralPath | None = None   # made by general()
 
     @property
     def cpu_threads(self) -> int:
@@ -70,10 +69,9 @@ class Communicator(CoreBackEnd):
     # offers, for a caller whose call the entry has declined already; ``sync_entry_handle()``
     # hands the same entries to a C extension (the torch c10d trampoline).
     def general(self) -> "GeneralPath":
-        g = self._general
-        if g is None:
-            g = self._general = GeneralPath(self)
-        return g
+        # A new view each time (the caller keeps it): cached here it would make a reference
+        # cycle, and a dropped communicator would wait for the garbage collector.
+        return GeneralPath(self)
 
     def sync_entry_handle(self) -> tuple:
         return _C._fast_api(), self._c._fast_handle()
