@@ -18,9 +18,9 @@ functions, relative and absolute), and that every module's file sits in its laye
 A layer folder (core/, wrappers/, apps/) is not a namespace of its own: ``ringcomm/__init__.py``
 puts it on the package's ``__path__``, so its modules are modules of the package itself
 (``ringcomm.front``, ``ringcomm.ddp``, ``ringcomm.bench``), found there by the import system.
-A back end is a subpackage (``ringcomm.torch``) and holds its own modules; a public name of a
-back end's module (``ALIASES``) is a short module beside ``__init__.py`` that belongs to that
-back end.
+A back end is a subpackage (``ringcomm.torch``) and holds its own modules; a back-end name in
+``ALIASES`` (torchft) is a short module beside ``__init__.py``, a public path to a module of
+the back end it belongs to.
 
 Layer 0 is ordered too. A back end builds on the core and never imports another back end. The
 core imports a back end only where choosing that back end is the core's job, the pairs in
@@ -36,8 +36,9 @@ PACKAGE = "ringcomm"
 
 CORE = ("errors", "tables", "config", "arrays", "rendezvous", "work", "front", "cpus", "host",
         "api", "launch", "machine", "_layers")
-BACK_ENDS = ("torch", "cuda", "hier")
-# A module beside __init__.py that names a back end's module under a public path -> its back end.
+BACK_ENDS = ("torch", "cuda", "hier", "torchft")
+# A back end's name that is only a public path to a module of another back end (a short module
+# beside __init__.py) -> the back end it belongs to.
 ALIASES = {"torchft": "torch"}
 
 # (core module, back end) -> why that module chooses that back end.
@@ -47,7 +48,7 @@ CORE_TO_BACK_END = {
 }
 
 LAYERS = {
-    0: CORE + BACK_ENDS + tuple(ALIASES),
+    0: CORE + BACK_ENDS,
     1: ("ddp", "zero", "tp", "pp", "recompute", "memory", "saved_tensors"),
     2: ("bench", "train", "parallel_demo", "tiny_lm", "simulate", "demo", "tune"),
 }
@@ -72,7 +73,7 @@ def folder_of(module: str) -> str | None:
     its layer's folder for a module of a layer folder, "" for the package itself, ``_layers`` and
     the back ends (which are subpackages beside them); None for a module no layer names."""
     top = _top(module)
-    if top in ("", "_layers") or top in BACK_ENDS or top in ALIASES:
+    if top in ("", "_layers") or top in BACK_ENDS:
         return ""
     layer = layer_of(module)
     return None if layer is None else LAYER_FOLDERS[layer]
@@ -90,6 +91,7 @@ def layer_of(module: str) -> int | None:
 
 
 def back_end_of(module: str) -> str | None:
-    """The back end a module belongs to ('torch', 'cuda', 'hier'), or None."""
+    """The back end a module belongs to ('torch', 'cuda', 'hier'; ``ringcomm.torchft`` belongs to
+    'torch'), or None."""
     top = _top(module)
-    return top if top in BACK_ENDS else ALIASES.get(top)
+    return ALIASES.get(top, top) if top in BACK_ENDS else None
