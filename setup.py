@@ -2,9 +2,8 @@
 
 Environment: RINGCOMM_CUDA=auto|1|0 (default auto: CUDA sources are built when a toolkit is
 found), RINGCOMM_BUILD_JOBS (parallel build jobs, default: CPU count), RINGCOMM_BUILD_TYPE
-(default Release), RINGCOMM_BUILD_DIR (the CMake build folder, default build/setup-cmake: kept
-between builds, so that a wheel built after an editable install compiles only what changed).
-torch is not needed to build.
+(default Release). torch is not needed to build. The CMake build folder, build/setup-cmake, is
+kept between builds, so that a wheel built after an editable install compiles only what changed.
 
 The CMake build also copies the package data into the package's _data/ folder (CMakeLists.txt):
 the C ABI header (csrc/include/ringcomm/abi.h, parsed by ringcomm.tables at import) and the torch
@@ -48,7 +47,7 @@ class CMakeBuild(build_ext):
             return
         # ---- end CUDA ----
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
-        build_dir = Path(os.environ.get("RINGCOMM_BUILD_DIR") or ROOT / "build" / "setup-cmake").resolve()
+        build_dir = ROOT / "build" / "setup-cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         cuda = os.environ.get("RINGCOMM_CUDA", "auto").lower()
         cuda = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(cuda, cuda)

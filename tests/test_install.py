@@ -8,9 +8,9 @@ copied by the build into the package's _data/ folder (setup.py, CMakeLists.txt).
 - A wheel holds them beside its modules, with every layer folder's modules; installed into a
   fresh environment, it imports and runs without the source tree.
 
-The wheel is built from this checkout with the CMake build folder setup.py keeps
-(build/setup-cmake), so after the editable install of the README's command only the link and the
-copies run; RINGCOMM_CUDA=off keeps the CUDA module out of it.
+The wheel is built from this checkout in the CMake build folder setup.py keeps
+(build/setup-cmake), so after the editable install of the README's command it reuses that
+build's objects; RINGCOMM_CUDA=off keeps the CUDA module out of it.
 """
 import os
 import subprocess

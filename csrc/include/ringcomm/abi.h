@@ -16,8 +16,8 @@
  * X-macros: each entry is one line X(...) whose arguments are literals or the RC_KIND_* / RC_DL_*
  * names defined here, so that a reader without a C preprocessor (ringcomm.tables) can parse them.
  */
-#ifndef RINGCOMM_ABI_H_
-#define RINGCOMM_ABI_H_
+#ifndef RC_ABI_H_
+#define RC_ABI_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -186,4 +186,4 @@ typedef struct RcFastApi {
 
 #define RC_FAST_API_VERSION 3u
 
-#endif /* RINGCOMM_ABI_H_ */
+#endif /* RC_ABI_H_ */
