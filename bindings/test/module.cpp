@@ -9,15 +9,9 @@
 #include <pybind11/pybind11.h>
 
 #include "errors_py.h"
+#include "bind_test.h"
 
 namespace py = pybind11;
-
-void bind_test_comm(py::module_& m);
-void bind_test_errors(py::module_& m);
-void bind_test_kernels(py::module_& m);
-void bind_test_model(py::module_& m);
-void bind_test_algo_sim(py::module_& m);
-void bind_test_pin_registry(py::module_& m);
 
 PYBIND11_MODULE(_C_test, m) {
   m.doc() = "ringcomm test hooks: internals the public API does not show (tests only)";

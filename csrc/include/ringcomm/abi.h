@@ -89,41 +89,26 @@ enum RcReduceOpCode { RC_REDUCE_OPS(RC_ABI_OP_ENUM_) };
 
 /* Element bytes of dtype code `dtype`; 0 for a code outside the table. */
 static inline int32_t rc_dtype_size(int32_t dtype) {
-  switch (dtype) {
-#define RC_ABI_SIZE_(name, code, bytes, ...) \
-  case code:                                 \
-    return bytes;
-    RC_DTYPES(RC_ABI_SIZE_)
+#define RC_ABI_SIZE_(name, code, bytes, ...) if (dtype == (code)) return bytes;
+  RC_DTYPES(RC_ABI_SIZE_)
 #undef RC_ABI_SIZE_
-    default:
-      return 0;
-  }
+  return 0;
 }
 
 /* RC_KIND_* of dtype code `dtype`; 0 for a code outside the table. */
 static inline int32_t rc_dtype_kind(int32_t dtype) {
-  switch (dtype) {
-#define RC_ABI_KIND_(name, code, bytes, str, kind, dl) \
-  case code:                                           \
-    return kind;
-    RC_DTYPES(RC_ABI_KIND_)
+#define RC_ABI_KIND_(name, code, bytes, str, kind, dl) if (dtype == (code)) return kind;
+  RC_DTYPES(RC_ABI_KIND_)
 #undef RC_ABI_KIND_
-    default:
-      return 0;
-  }
+  return 0;
 }
 
 /* The RC_KIND_* mask of the dtypes op code `op` reduces; 0 for a code outside the table. */
 static inline int32_t rc_op_kinds(int32_t op) {
-  switch (op) {
-#define RC_ABI_OP_KINDS_(name, code, str, kinds) \
-  case code:                                     \
-    return kinds;
-    RC_REDUCE_OPS(RC_ABI_OP_KINDS_)
+#define RC_ABI_OP_KINDS_(name, code, str, kinds) if (op == (code)) return kinds;
+  RC_REDUCE_OPS(RC_ABI_OP_KINDS_)
 #undef RC_ABI_OP_KINDS_
-    default:
-      return 0;
-  }
+  return 0;
 }
 
 /* The op-support rule: 1 when op code `op` reduces dtype code `dtype` (both in their tables). */
