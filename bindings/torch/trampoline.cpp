@@ -6,8 +6,8 @@
 // file into the package (ringcomm/_data/torch/), and ringcomm/torch/extension.py compiles it just
 // in time against the installed torch: ringcomm._C never links torch.
 //
-// One exception, the latency-critical calls: a synchronous SUM allreduce or a synchronous
-// broadcast of one tensor is described here (RcArray) and offered to the host communicator's
+// One exception, the latency-critical calls: a synchronous allreduce (SUM, PRODUCT, MIN, MAX,
+// BAND, BOR, BXOR) or a synchronous broadcast of one tensor is described here (RcArray) and offered to the host communicator's
 // synchronous entry (csrc/comm/sync_entry.h) through RcFastApi, ringcomm._C's C ABI, without the
 // GIL or Python, while the Python half has it enabled (_set_fast_path: not coalescing, no issue
 // hooks, not shut down). This is the one offer of the call: the entry applies the eligibility
@@ -128,6 +128,21 @@ class FastDoneWork : public c10d::Work {
   exc.attr("_ringcomm_issued") = true;
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
+}
+
+// The code of a c10d reduce op whose meaning is the entry's op of that name, or -1: AVG and
+// PREMUL_SUM are composed by the Python half (a scale, torch's own rules), never offered.
+int32_t entry_op(const c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return RcOpSum;
+    case c10d::ReduceOp::PRODUCT: return RcOpProduct;
+    case c10d::ReduceOp::MIN: return RcOpMin;
+    case c10d::ReduceOp::MAX: return RcOpMax;
+    case c10d::ReduceOp::BAND: return RcOpBand;
+    case c10d::ReduceOp::BOR: return RcOpBor;
+    case c10d::ReduceOp::BXOR: return RcOpBxor;
+    default: return -1;
+  }
 }
 
 // Raise ringcomm.ClosedError for call `op` on a group that was shut down.
@@ -306,10 +321,11 @@ class Trampoline : public c10d::Backend {
   }
   WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
     RC_COUNT();
-    if (!o.asyncOp && t.size() == 1 && o.reduceOp == c10d::ReduceOp::SUM && !o.sparseIndices) {
+    const int32_t op = entry_op(o.reduceOp);
+    if (!o.asyncOp && t.size() == 1 && op >= 0 && !o.sparseIndices) {
       const std::shared_ptr<const FastPath> fast = fast_path();
       if (fast && offer(t[0], [&](const RcArray* a, char* msg, size_t len) {
-            return fast->api->all_reduce(fast->handle, a, nullptr, RcOpSum, msg, len);
+            return fast->api->all_reduce(fast->handle, a, nullptr, op, msg, len);
           }))
         return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t[0]);
     }
