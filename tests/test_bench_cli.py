@@ -277,3 +277,37 @@ def test_mpi_phase_failure_names_mpiexecs_last_error_line_and_allows_root(tmp_pa
     err = capfd.readouterr().err
     assert "fake mpiexec: cannot start" in err
     assert ("root=1/1" if os.geteuid() == 0 else "root=unset/unset") in err, err
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="the probe runs torch ranks")
+@pytest.mark.timeout(120)
+def test_torch_apart_probe_reports_each_call(tmp_path):
+    """benchmarks/probes/torch_apart.py, tiny: per peer (DeepSpeed's op where it is installed) the
+    call and after-last-arrival figures of every timed call, their p50 <= p90 <= p99, no call
+    shorter than its part after the last arrival, the ratio row beside a second peer, and no
+    DeepSpeed shared-memory segment left behind."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "probes" / "torch_apart.py"
+    shm = lambda: {f for f in os.listdir("/dev/shm") if f.startswith("deepspeed_allreduce_buffer")}  # noqa: E731
+    before = shm()
+    out = tmp_path / "apart.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    r = subprocess.run([sys.executable, str(script), "--sizes", "1K", "--calls", "20", "--warmup", "5",
+                        "--omp1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=110, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    peers = ["ringcomm"] + (["deepspeed"] if importlib.util.find_spec("deepspeed") else [])
+    assert doc["peers"] == peers and doc["omp_threads"] == 1 and len(doc["cpus"]) == 2
+    for name in peers:
+        cell = doc["cells"][f"1024/{name}"]
+        assert len(cell["call"]) == len(cell["after"]) == 20
+        assert all(c >= a > 0 for c, a in zip(cell["call"], cell["after"])), cell
+        q = doc["summary"]["1024"][name]
+        for k in ("call", "after"):
+            assert len(q[k]) == 3 and 0 < q[k][0] <= q[k][1] <= q[k][2], (name, k, q)
+    if len(peers) == 2:
+        assert len(doc["summary"]["1024"]["ratio"]["call"]) == 3
+        assert "ratio = ringcomm / deepspeed" in r.stdout
+    assert "| 1 KiB | ringcomm |" in r.stdout
+    assert shm() <= before, shm() - before

@@ -1,0 +1,243 @@
+"""Small all_reduces that arrive apart, as torch users make them: the ringcomm backend as a group
+beside a gloo default group, every call after a barrier on another gloo group, with DeepSpeed's
+shared-memory op (``torch.ops.deepspeed.inference_all_reduce_``) as a peer in the same processes
+where DeepSpeed is installed. Prints a markdown table.
+
+    python benchmarks/probes/torch_apart.py                          # 2 ranks, 1 KiB / 64 KiB / 1 MiB, 200 calls
+    python benchmarks/probes/torch_apart.py --omp1 --pin             # OMP_NUM_THREADS=1, one CPU per rank
+    python benchmarks/probes/torch_apart.py --sizes 1K --calls 20 --peers ringcomm --json out.json
+
+Ranks start as fresh processes (``ringcomm.launch.spawn``, the environment torchrun gives:
+RANK, WORLD_SIZE, LOCAL_RANK). The default process group is gloo; ``dist.new_group(backend=
+"ringcomm")`` is the group under test and a second gloo group is the separator. For every size and
+peer, after ``--warmup`` untimed calls made the same way, each of ``--calls`` calls is: every rank
+fills the buffer with rank + 1, passes the separator's barrier, records its arrival on
+``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process of the machine),
+calls the all_reduce (float32, SUM, in place) and records its end. Every result is checked
+outside the timed span. The peers of one size run one after the other in the same processes.
+
+Per call:
+
+  call   the max over ranks of end - arrival (the first rank's time includes waiting for the last)
+  after  the last end - the last arrival: the collective once every rank has arrived
+
+and per size and peer the p50 / p90 / p99 of each over the calls, with ringcomm's over
+DeepSpeed's beside them. DeepSpeed's op is built (or found in torch's extension cache) by
+DeepSpeed's own ``ShareMemCommBuilder`` and initialised as ``deepspeed.comm`` does it: LOCAL_SIZE,
+MASTER_ADDR and MASTER_PORT in the environment (they name its shared-memory segments), then
+``initialize(world_size, rank)``. Those segments are removed when the run ends.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+PEERS = ("ringcomm", "deepspeed")
+QUANTILES = (50, 90, 99)
+DS_SHM_PREFIX = "deepspeed_allreduce_buffer"   # DeepSpeed's SHM_BUFFER_NAME (csrc/cpu/comm/shm.cpp)
+DS_ADDR = "127.0.0.1"
+
+
+def parse_size(s: str) -> int:
+    from ringcomm.bench.spec import parse_size as parse
+    return parse(s)
+
+
+def fmt_size(n: int) -> str:
+    for unit, v in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= v and n % v == 0:
+            return f"{n // v} {unit}"
+    return f"{n} B"
+
+
+def deepspeed_installed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def _ds_shm_names(port: str, world: int) -> list[str]:
+    """The /dev/shm files DeepSpeed's op creates, one per rank (shm_initialize's naming)."""
+    return [f"/dev/shm/{DS_SHM_PREFIX}_{os.getuid()}_{DS_ADDR}_{port}_{r}" for r in range(world)]
+
+
+def _ds_module():
+    """DeepSpeed's shared-memory comm extension, loaded (and built once) by its own builder."""
+    from deepspeed.accelerator import get_accelerator
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None:
+        raise RuntimeError("DeepSpeed has no ShareMemCommBuilder for this accelerator")
+    return builder.load(verbose=False)
+
+
+def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int, warmup: int,
+            peers: list[str], pin: list[int] | None, omp_threads: int | None) -> dict:
+    if pin is not None:
+        os.sched_setaffinity(0, {pin[rank % len(pin)]})
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    import ringcomm.torch  # noqa: F401  (registers the "ringcomm" backend)
+
+    if omp_threads is not None:
+        torch.set_num_threads(omp_threads)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
+    rc = dist.new_group(backend="ringcomm")
+    sep = dist.new_group(backend="gloo")
+    ops = {}
+    if "ringcomm" in peers:
+        ops["ringcomm"] = lambda x: dist.all_reduce(x, group=rc)
+    if "deepspeed" in peers:
+        ds = _ds_module()
+        ds.initialize(world, rank)
+        ops["deepspeed"] = torch.ops.deepspeed.inference_all_reduce_
+    want = float(world * (world + 1) // 2)
+    clock = time.perf_counter
+    out = {"cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(), "cells": {}}
+    try:
+        for nbytes in sizes:
+            x = torch.empty(nbytes // 4, dtype=torch.float32)
+            for name in peers:
+                op = ops[name]
+                arrive = np.empty(calls, np.float64)
+                end = np.empty(calls, np.float64)
+                for i in range(-warmup, calls):
+                    x.fill_(float(rank + 1))
+                    dist.barrier(group=sep)
+                    t0 = clock()
+                    op(x)
+                    t1 = clock()
+                    if i >= 0:
+                        arrive[i], end[i] = t0, t1
+                    if not bool(torch.all(x == want)):
+                        raise RuntimeError(f"rank {rank}: {name} all_reduce of {nbytes} B gave "
+                                           f"{x[:4].tolist()}, want {want}")
+                out["cells"][f"{nbytes}/{name}"] = {"arrive": arrive.tolist(), "end": end.tolist()}
+        dist.barrier(group=sep)
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def split(ranks: list[dict]) -> dict:
+    """Per-call figures (µs) of one cell from every rank's arrivals and ends."""
+    arrive = np.array([r["arrive"] for r in ranks])
+    end = np.array([r["end"] for r in ranks])
+    return {"call": ((end - arrive).max(axis=0) * 1e6).tolist(),
+            "after": ((end.max(axis=0) - arrive.max(axis=0)) * 1e6).tolist()}
+
+
+def quantiles(v: list[float]) -> list[float]:
+    return [float(q) for q in np.percentile(np.asarray(v), QUANTILES)]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="1K,64K,1M", help="comma-separated byte sizes (K/M)")
+    p.add_argument("--calls", type=int, default=200, help="timed calls per size and peer")
+    p.add_argument("--warmup", type=int, default=20, help="untimed calls before them")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--peers", default=None,
+                   help="comma-separated, of ringcomm, deepspeed (default: both, deepspeed where installed)")
+    p.add_argument("--omp1", action="store_true", help="OMP_NUM_THREADS=1 in every rank (as torchrun sets it)")
+    p.add_argument("--pin", action="store_true",
+                   help="bind rank r to the r-th CPU this process may run on (one CPU per rank)")
+    p.add_argument("--json", help="write the per-call figures and the summary here")
+    p.add_argument("--timeout", type=float, default=600)
+    a = p.parse_args(argv)
+    sizes = [parse_size(s) for s in a.sizes.split(",") if s]
+    for s in sizes:
+        if s <= 0 or s % 4:
+            p.error(f"size {s} is not a positive whole number of float32 elements")
+    if a.calls < 1 or a.warmup < 0:
+        p.error("--calls must be >= 1 and --warmup >= 0")
+    if a.peers is None:
+        peers = ["ringcomm"] + (["deepspeed"] if deepspeed_installed() else [])
+    else:
+        peers = [x for x in a.peers.split(",") if x]
+        if not peers or not set(peers) <= set(PEERS) or len(set(peers)) != len(peers):
+            p.error(f"--peers {a.peers!r}: distinct names from {', '.join(PEERS)}")
+        if "deepspeed" in peers and not deepspeed_installed():
+            p.error("--peers deepspeed: DeepSpeed is not installed")
+    pin = None
+    if a.pin:
+        pin = sorted(os.sched_getaffinity(0))
+        if len(pin) < a.world_size:
+            p.error(f"--pin: {a.world_size} ranks, one CPU each, but only CPUs {pin} are allowed")
+    omp = 1 if a.omp1 else None
+    port = str(os.getpid())     # names DeepSpeed's segments apart from any other run's
+    env = {"LOCAL_SIZE": a.world_size, "MASTER_ADDR": DS_ADDR, "MASTER_PORT": port}
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    if "deepspeed" in peers:
+        _ds_module()   # build it here once, not in every rank at the same time
+
+    from ringcomm.launch import spawn
+    try:
+        with tempfile.TemporaryDirectory(prefix="ringcomm-torch-apart-") as d:
+            res = spawn(_worker, a.world_size,
+                        (os.path.join(d, "store"), sizes, a.calls, a.warmup, peers, pin, omp),
+                        timeout=a.timeout, env=env)
+    finally:
+        for path in _ds_shm_names(port, a.world_size):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    cells, summary = {}, {}
+    for s in sizes:
+        for name in peers:
+            key = f"{s}/{name}"
+            cells[key] = split([r["cells"][key] for r in res])
+            summary.setdefault(str(s), {})[name] = {k: quantiles(v) for k, v in cells[key].items()}
+
+    env_line = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("RINGCOMM_"))
+    print(f"all_reduce float32 SUM in place, {a.world_size} ranks (torch; default group gloo, "
+          f"each call after a barrier on another gloo group), {a.calls} calls per size after "
+          f"{a.warmup}; OMP threads {res[0]['threads']}, CPUs per rank "
+          f"{[r['cpus'] for r in res]}; {env_line or 'no RINGCOMM_ settings'}")
+    print("call = max over ranks of end - arrival; after = last end - last arrival; "
+          "p50 / p90 / p99, µs\n")
+    head = "| size | peer | call p50 | p90 | p99 | after p50 | p90 | p99 |"
+    if len(peers) == 2:
+        head += " call ratio p50 / p90 / p99 | after ratio p50 / p90 / p99 |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for s in sizes:
+        row = summary[str(s)]
+        for name in peers:
+            q = row[name]
+            line = (f"| {fmt_size(s)} | {name} | " + " | ".join(f"{v:,.1f}" for v in q["call"]) + " | "
+                    + " | ".join(f"{v:,.1f}" for v in q["after"]) + " |")
+            if len(peers) == 2:
+                if name == peers[0]:
+                    other = row[peers[1]]
+                    ratios = {k: [mine / theirs for mine, theirs in zip(q[k], other[k])] for k in q}
+                    row["ratio"] = ratios
+                    line += (" " + " / ".join(f"{v:.2f}x" for v in ratios["call"]) + " | "
+                             + " / ".join(f"{v:.2f}x" for v in ratios["after"]) + " |")
+                else:
+                    line += " | |"
+            print(line)
+    if len(peers) == 2:
+        print(f"\nratio = {peers[0]} / {peers[1]}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"world_size": a.world_size, "sizes": sizes, "peers": peers, "calls": a.calls,
+                       "warmup": a.warmup, "omp_threads": res[0]["threads"],
+                       "cpus": [r["cpus"] for r in res], "env": env_line, "summary": summary,
+                       "cells": cells}, f)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
