@@ -28,9 +28,9 @@ class Collectives(GroupCore):
 
     # ---- all-reduce ------------------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        # A synchronous SUM of one tensor was offered to the synchronous entry already, by the
-        # c10d trampoline (or, for the whole-group ProcessGroup, is offered by the communicator):
-        # what reaches here takes the general path, which validates and composes.
+        # A call reaches here declined by the synchronous entry (offered by the c10d trampoline)
+        # or not offered at all; it takes the path that validates and composes, and the entry
+        # sees it only if the trampoline has not (GroupCore._runner).
         if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
             return self.allreduce_sparse(tensors, opts)  # the whole-group ProcessGroup's route
         return self._allreduce_general(tensors, opts)
@@ -41,7 +41,7 @@ class Collectives(GroupCore):
         t = one("allreduce", tensors)
         check_tensors("allreduce", (t,))
         return self._run("allreduce", opts,
-                         [self._allreduce_step(t, opts.reduceOp, "allreduce", self._after_offer)],
+                         [self._allreduce_step(t, opts.reduceOp, "allreduce")],
                          [t])
 
     @collective("all_gather")
@@ -89,7 +89,7 @@ class Collectives(GroupCore):
         opts = opts if opts is not None else _c10d.BroadcastOptions()
         t, root = self._rooted("broadcast", tensors, opts)
         buf, staged = contig(t)
-        comm = self._after_offer   # offered once already: see GroupCore.__init__
+        comm = self._runner()
         step = Step(lambda a: comm.broadcast(buf, root=root, async_op=a),
                      writeback(t, buf) if staged and self._rank != root else None)
         return self._run("broadcast", opts, [step], [t])

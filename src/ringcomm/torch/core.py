@@ -25,6 +25,12 @@ from .staging import (avg_divide, check_tensors, contig, copy_out, flat_view, in
 from .steps import Step
 from .work import DoneWork, MultiWork, RingcommWork, Waiter, timeout_seconds
 
+# The reduce ops the c10d trampoline offers to the synchronous entry (trampoline.cpp, entry_op);
+# AVG and PREMUL_SUM are composed here first.
+_R = torch.distributed.ReduceOp
+TRAMPOLINE_OPS = frozenset(k.value for k in (_R.SUM, _R.PRODUCT, _R.MIN, _R.MAX, _R.BAND, _R.BOR,
+                                             _R.BXOR))
+
 __all__ = ["GroupCore", "RingcommOptions", "BACKEND_NAME"]
 
 BACKEND_NAME = "ringcomm"
@@ -75,12 +81,9 @@ class GroupCore:
         self._options: RingcommOptions | None = None   # made by _backend_options()
         self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
                                    timeout=self._timeout_s, prefix=self._prefix)
-        # The communicator that runs allreduce and broadcast. Their synchronous calls are offered
-        # to the synchronous entry once, by the c10d trampoline (trampoline.cpp); what reaches
-        # Python takes the communicator's general path, which offers nothing again. The
-        # whole-group ProcessGroup has no trampoline: its calls are offered by the
-        # communicator's own entry, once.
-        self._after_offer = self._comm.general() if self._trampoline else self._comm
+        # The communicator's general path, which offers nothing to the synchronous entry: it
+        # runs what the c10d trampoline has offered already (see _runner).
+        self._general = self._comm.general()
         self._waiter = Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
         self._seq = itertools.count(1)  # next() is atomic under the GIL
         self._issued = 0                # the last number _seq gave: calls issued so far
@@ -181,14 +184,22 @@ class GroupCore:
         return work
 
     # ---- step builders (one ringcomm call each) -----------------------------------------------------
-    def _allreduce_step(self, t: torch.Tensor, op, coll: str, comm=None) -> Step:
-        """``comm``: the communicator that runs it (default the group's)."""
+    def _runner(self, op=None):
+        """What runs an allreduce (``op``) or broadcast (``op`` None) that reached Python: the
+        general path when the c10d trampoline has offered the call to the synchronous entry (its
+        fast path on, an op it offers), so a call is offered once and a declined one goes
+        straight to the general path; otherwise the communicator, whose entry offers it once."""
+        offered = self._fast_native and (
+            op is None or getattr(op, "op", op).value in TRAMPOLINE_OPS)
+        return self._general if offered else self._comm
+
+    def _allreduce_step(self, t: torch.Tensor, op, coll: str) -> Step:
         rop, factor = reduce_op(op, t.dtype)
         buf, staged = contig(t)
         buf = reducible(buf, rop)
         if factor is not None:
             buf.mul_(factor)  # in place: the all-reduce overwrites the tensor anyway
-        comm = self._comm if comm is None else comm
+        comm = self._runner(op)
         return Step(lambda a: comm.all_reduce(buf, op=rop, async_op=a),
                      then(avg_divide(buf, self._size) if int_avg(op, t.dtype) else None,
                           writeback(t, buf) if staged else None))

@@ -110,12 +110,12 @@ class ZeroStage3(_ZeroCore, nn.Module):
                     _make_unit_hook(ref, u, "post_backward")),
             ]
 
-    @torch.no_grad()
     def gathered_weights(self) -> list:
         """Each unit's flat parameter of gathered weights (compute dtype, padded; its storage
         empty while the unit is freed), kept outside the module tree."""
         return [u.flat_full for u in self._units]
 
+    @torch.no_grad()
     def _make_unit(self, m, prefix, names, params) -> _Unit:
         compute, master = self._dtypes_for(params[0].dtype)
         u = _Unit(m, prefix, names, params, self.world_size, self.rank, compute, master,
