@@ -55,7 +55,7 @@ py::dict to_dict(const rc::CostProfile& p) {
 namespace rc_py {
 
 rc::CostProfile from_params(const py::object& params) {
-  if (params.is_none()) return rc::profile_at(rc::Knobs::read().profile);
+  if (params.is_none()) return rc::profile_at(rc::read_knob<rc::KnobId::profile>());
   rc::CostProfile p;
   py::dict d = params.cast<py::dict>();
   for (const char* k : kParams) {

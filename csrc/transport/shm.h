@@ -97,8 +97,6 @@ class ShmTransport {
   int rank() const { return rank_; }
   int world() const { return world_; }
   const ShmConfig& config() const { return cfg_; }
-  /// Bytes of this rank's shared-memory segment (its inbox; the same on every rank).
-  size_t segment_bytes() const { return segs_.bytes(); }
   /// One line describing the channel geometry and the footprint (RINGCOMM_DEBUG=INFO).
   std::string describe_geometry() const { return segs_.describe_geometry(); }
   /// The resolved wait policy in words: mode, spin/yield budgets, ranks vs CPUs.
@@ -109,8 +107,6 @@ class ShmTransport {
   /// How each peer's liveness is checked, after attach(): "liveness: rank 1 pid probe (same PID
   /// namespace), rank 2 heartbeat (PID namespace ... differs; dead after N ms still)".
   std::string describe_liveness() const { return live_.describe_liveness(); }
-  /// Whether this rank's heartbeat thread runs (some peer is in another or an unknown namespace).
-  bool heartbeat_running() const { return live_.heartbeat_running(); }
 
   // ---- channel, sender side ----
   /// Wait for a free slot in `peer`'s inbox; returns where to write the payload (the channel's
@@ -182,8 +178,6 @@ class ShmTransport {
 
   /// Throw if a peer aborted or died (used by pollers such as the p2p engine).
   void check_peers(const WaitCtx& w, bool check_liveness) { live_.check_peers(w, check_liveness); }
-  /// The abort message this rank posted (empty if none).
-  std::string own_abort_message() const { return live_.own_abort_message(); }
 
  private:
   bool pushes(int peer, Lane lane) const;  // this rank sends to peer through a push channel

@@ -150,13 +150,6 @@ std::exception_ptr ShmLiveness::interrupt_error(const WaitCtx& w) const {
   return std::make_exception_ptr(Error(o.str()));
 }
 
-std::string ShmLiveness::own_abort_message() const {
-  if (!segs_.mapped(rank_)) return {};
-  const SegmentHeader* h = segs_.header(rank_);
-  if (h->state.v.load(std::memory_order_acquire) != static_cast<uint32_t>(PeerState::kAborted)) return {};
-  return std::string(h->abort_msg);
-}
-
 std::string ShmLiveness::describe(const WaitCtx& w) const {
   std::ostringstream o;
   o << w.op << " (seq " << w.seq << ") on rank " << rank_;

@@ -48,7 +48,6 @@ class ShmLiveness {
   void on_mapped(int p, const shm_detail::SegmentHeader* h);
   /// After every peer is mapped: stop the heartbeat when no peer reads it.
   void stop_heartbeat_if_unused();
-  bool heartbeat_running() const { return heartbeat_.running(); }
   /// Mark this rank closed (if alive, and mapped) and stop the heartbeat, before the unmap.
   void close();
   /// In a forked child: forget the heartbeat thread (it does not exist there).
@@ -56,8 +55,6 @@ class ShmLiveness {
 
   /// Mark this rank aborted with a reason (see ShmTransport::abort).
   void abort(uint32_t kind, const std::string& msg);
-  /// The abort message this rank posted (empty if none).
-  std::string own_abort_message() const;
 
   void set_closing();
   void set_aborting(const std::string& msg);

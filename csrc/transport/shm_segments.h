@@ -56,7 +56,6 @@ class ShmSegments {
     return reinterpret_cast<shm_detail::SegmentHeader*>(base_[owner]);
   }
   /// Bytes of one segment (the same on every rank).
-  size_t bytes() const { return bytes_; }
   /// The geometry and footprint in one line (ShmTransport::describe_geometry).
   std::string describe_geometry() const;
 
