@@ -293,7 +293,7 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     r = subprocess.run([sys.executable, str(script), "--sizes", "1K", "--calls", "20", "--warmup", "5",
-                        "--omp1", "--json", str(out)],
+                        "--omp1", "--timeout", "80", "--json", str(out)],
                        capture_output=True, text=True, timeout=110, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())

@@ -13,6 +13,7 @@ The wheel is built from this checkout in the CMake build folder setup.py keeps
 build's objects; RINGCOMM_CUDA=off keeps the CUDA module out of it.
 """
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -62,10 +63,15 @@ def test_editable_layout_holds_the_package_data_untracked():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
-    env = dict(os.environ, RINGCOMM_CUDA="off")
+    # One build job: the other test worker runs timing-sensitive tests meanwhile.
+    env = dict(os.environ, RINGCOMM_CUDA="off", RINGCOMM_BUILD_JOBS="1")
     env.pop("PYTHONPATH", None)
+    # setuptools ships whatever an earlier build left in its staging folders: start them empty,
+    # so the wheel holds exactly the tracked modules (a module moved away must not linger).
+    for stale in [*ROOT.glob("build/lib*"), *ROOT.glob("build/bdist*")]:
+        shutil.rmtree(stale, ignore_errors=True)
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
-                        "--no-build-isolation", "-w", str(out)],
+                        "--no-build-isolation", "--disable-pip-version-check", "-w", str(out)],
                        cwd=str(out), env=env, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     wheels = sorted(out.glob("ringcomm-*.whl"))
@@ -89,6 +95,7 @@ def test_wheel_holds_the_package_data_and_every_layer(wheel):
     assert {"ringcomm/core/tables.py", "ringcomm/wrappers/ddp.py", "ringcomm/apps/bench/cli.py",
             "ringcomm/torch/torchft.py", "ringcomm/torchft.py"} <= modules
     assert sorted(modules - names) == []
+    assert sorted({n for n in names if n.endswith(".py")} - modules) == []   # nothing stale
     assert any(n.startswith("ringcomm/_C.") and n.endswith(".so") for n in names), sorted(names)
     assert not any("include/ringcomm" in n and not n.startswith("ringcomm/_data/") for n in names)
 
@@ -101,7 +108,7 @@ def test_wheel_installed_apart_imports_and_runs(wheel, tmp_path):
     py = venv / "bin" / "python"
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    r = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index",
+    r = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check",
                         "--force-reinstall", str(wheel)],
                        env=env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
