@@ -33,7 +33,6 @@ what to install.
 """
 from __future__ import annotations
 
-import queue
 import threading
 from datetime import timedelta
 from typing import List, Optional
@@ -46,6 +45,8 @@ from ringcomm.api import init
 from ringcomm.errors import ClosedError, InvalidArgumentError, RingcommError, UnsupportedError
 from ringcomm.errors import TimeoutError as _WaitTimeout
 from ringcomm.tables import ReduceOp
+
+from .work import Waiter
 
 __all__ = ["ProcessGroupRingcomm", "ProcessGroupRingcommC10d", "parse_store_addr"]
 
@@ -167,8 +168,16 @@ class _Work(dist._Work):
             pending = not self._fut.done() and not self._queued
             self._queued = self._queued or pending
         if pending:
-            self._group._complete_later(self)
+            self._group._waiter.submit(self)
         return self._fut
+
+    def _wait_and_finish(self, _timeout) -> None:
+        # The group's Waiter, in issue order; each wait is bounded by the communicator's own
+        # timeout, and an aborted or closed communicator fails it promptly.
+        try:
+            self._run(None)
+        except BaseException:  # noqa: BLE001 - the error is in the work's future
+            pass
 
     def is_completed(self) -> bool:
         return self._fut.done() or all(h.is_completed() for h in self._op.handles)
@@ -210,8 +219,7 @@ class ProcessGroupRingcomm(_TorchftProcessGroup):
         super().__init__(0, 1)
         self._timeout = timeout
         self._comm = None
-        self._completer: Optional[threading.Thread] = None
-        self._pending: "queue.SimpleQueue[Optional[_Work]]" = queue.SimpleQueue()
+        self._waiter = Waiter("torchft")   # completes the futures asked for before wait()
         self._quorum_id: Optional[int] = None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -248,10 +256,8 @@ class ProcessGroupRingcomm(_TorchftProcessGroup):
         comm, self._comm = self._comm, None
         if comm is not None:
             comm.close()
-        if self._completer is not None:
-            self._pending.put(None)
-            self._completer.join()
-            self._completer = None
+        self._waiter.close()
+        self._waiter = Waiter("torchft")    # a later configure() runs again; it starts lazily
 
     def errored(self) -> Optional[Exception]:
         comm = self._comm
@@ -278,26 +284,6 @@ class ProcessGroupRingcomm(_TorchftProcessGroup):
             raise ClosedError("ringcomm.torchft: the process group is not configured "
                               "(call configure(), as torchft's Manager does on each quorum)")
         return comm
-
-    # -- completion of futures asked for before wait() -----------------------------------------
-    def _complete_later(self, work: _Work) -> None:
-        if self._completer is None or not self._completer.is_alive():
-            self._completer = threading.Thread(target=self._completion_loop, daemon=True,
-                                               name="ringcomm-torchft-complete")
-            self._completer.start()
-        self._pending.put(work)
-
-    def _completion_loop(self) -> None:
-        # Works arrive in issue order; each wait is bounded by the communicator's own timeout,
-        # and an aborted or closed communicator fails its pending calls promptly.
-        while True:
-            work = self._pending.get()
-            if work is None:
-                return
-            try:
-                work._run(None)
-            except BaseException:  # noqa: BLE001 - the error is in the work's future
-                pass
 
     # -- collectives ----------------------------------------------------------------------------
     def _work(self, op: _Op) -> _Work:
