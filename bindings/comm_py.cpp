@@ -77,6 +77,7 @@ void bind_comm(py::module_& m) {
              d["slept"] = st.slept;
              d["yields_lost"] = st.yields_lost;
              d["colocated"] = st.colocated;
+             d["descheduled"] = st.descheduled;
              return d;
            },
            "Counters of this rank's waits' slow paths: futex sleeps, sched_yields that lost the CPU, "

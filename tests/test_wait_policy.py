@@ -1,10 +1,10 @@
 """The wait policy (RINGCOMM_WAIT, csrc/transport/shm_config.cpp, shm_wait.h): which one a rank resolves, and that
 collectives stay exact under each one.
 
-Resolution is checked against the kernel's own answer (os.sched_getaffinity in the rank):
-`auto` is `yield` (with a 2 us spin when the node's ranks outnumber the CPUs the rank may run
-on); `spin`, `yield` and `adaptive` are taken as given. The INFO line every communicator logs names
-the resolved policy. Results are checked against numpy under every policy, on one CPU (ranks
+Resolution is checked against the kernel's own answer (os.sched_getaffinity in the rank): the
+INFO line every communicator logs names the mode, the CPUs, the local ranks on them and the
+verdict (a CPU per rank, or ranks share CPUs); `auto` with a CPU per rank spins synchronous
+calls' waits for RINGCOMM_SPIN_OWN_CPU_US (tests/test_wait_own_cpu.py shows what that does). Results are checked against numpy under every policy, on one CPU (ranks
 sharing it: every wait needs the other rank to be scheduled) and with ranks arriving at random
 times and a 1 us spin (so adaptive waits miss, switch to yielding and back)."""
 import os
@@ -46,17 +46,17 @@ def _rank(rank, world, store, cpus, arrivals):
 
 
 def _wait_line(log):
-    m = re.search(r"wait (\w+) \((\d+) ranks, (\d+) CPUs\)", log)
+    m = re.search(r"wait (\w+) \((\d+) ranks, (\d+) CPUs, (\d+) ranks on them: ([^)]*)\)", log)
     assert m, log
-    return m.group(1), int(m.group(2)), int(m.group(3))
+    return m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), m.group(5)
 
 
 ALL = None
 
 
 @pytest.mark.parametrize("world,cpus,knob", [
-    (2, {0}, "auto"),            # 2 ranks on 1 CPU: yield
-    (2, ALL, "auto"),            # as many CPUs as ranks (this machine has 2): yield
+    (2, {0}, "auto"),            # 2 ranks on 1 CPU: they share it
+    (2, ALL, "auto"),            # as many CPUs as ranks (this machine has 2): a CPU per rank
     (3, ALL, "auto"),
     (2, ALL, "adaptive"),
     (2, {0}, "spin"),
@@ -70,9 +70,10 @@ def test_resolved_policy_and_exact_results(world, cpus, knob):
     res = spawn_with_store(_rank, world, lambda s: (s, cpus, True), timeout=240, env=env)
     for r in res:
         assert r["wrong"] == 0
-        mode, ranks, ncpu = _wait_line(r["log"])
-        assert ranks == world and ncpu == r["ncpu"], r["log"]
-        if knob == "auto":
-            assert mode == "yield", (mode, r["ncpu"])
-        else:
-            assert mode == knob
+        mode, ranks, ncpu, sharing, verdict = _wait_line(r["log"])
+        assert mode == knob and ranks == world and ncpu == r["ncpu"], r["log"]
+        # Every rank runs on the same CPUs here: all of them share this one's.
+        assert sharing == world, r["log"]
+        assert verdict == ("a CPU per rank" if world <= r["ncpu"] else "ranks share CPUs"), r["log"]
+        own_spin = "synchronous calls spin up to 1000 us" in r["log"]
+        assert own_spin == (knob == "auto" and world <= r["ncpu"]), r["log"]

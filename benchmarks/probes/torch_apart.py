@@ -6,6 +6,7 @@ where DeepSpeed is installed. Prints a markdown table.
     python benchmarks/probes/torch_apart.py                          # 2 ranks, 1 KiB / 64 KiB / 1 MiB, 200 calls
     python benchmarks/probes/torch_apart.py --omp1 --pin             # OMP_NUM_THREADS=1, one CPU per rank
     python benchmarks/probes/torch_apart.py --sizes 1K --calls 20 --peers ringcomm --json out.json
+    python benchmarks/probes/torch_apart.py --omp1 --pin --load 1    # beside one busy process
 
 Ranks start as fresh processes (``ringcomm.launch.spawn``, the environment torchrun gives:
 RANK, WORLD_SIZE, LOCAL_RANK). The default process group is gloo; ``dist.new_group(backend=
@@ -15,6 +16,8 @@ fills the buffer with rank + 1, passes the separator's barrier, records its arri
 ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process of the machine),
 calls the all_reduce (float32, SUM, in place) and records its end. Every result is checked
 outside the timed span. The peers of one size run one after the other in the same processes.
+``--load N`` runs N busy processes (``ringcomm.bench --load``'s: pure compute, not pinned) beside
+the ranks for the whole run, the other work of a shared machine.
 
 Per call:
 
@@ -149,6 +152,8 @@ def main(argv=None) -> int:
     p.add_argument("--omp1", action="store_true", help="OMP_NUM_THREADS=1 in every rank (as torchrun sets it)")
     p.add_argument("--pin", action="store_true",
                    help="bind rank r to the r-th CPU this process may run on (one CPU per rank)")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="N busy processes (not pinned) beside the ranks for the whole run (default 0)")
     p.add_argument("--json", help="write the per-call figures and the summary here")
     p.add_argument("--timeout", type=float, default=600)
     a = p.parse_args(argv)
@@ -156,8 +161,8 @@ def main(argv=None) -> int:
     for s in sizes:
         if s <= 0 or s % 4:
             p.error(f"size {s} is not a positive whole number of float32 elements")
-    if a.calls < 1 or a.warmup < 0:
-        p.error("--calls must be >= 1 and --warmup >= 0")
+    if a.calls < 1 or a.warmup < 0 or a.load < 0:
+        p.error("--calls must be >= 1, --warmup and --load >= 0")
     if a.peers is None:
         peers = ["ringcomm"] + (["deepspeed"] if deepspeed_installed() else [])
     else:
@@ -179,9 +184,10 @@ def main(argv=None) -> int:
     if "deepspeed" in peers:
         _ds_module()   # build it here once, not in every rank at the same time
 
+    from ringcomm.bench.load import BusyLoad
     from ringcomm.launch import spawn
     try:
-        with tempfile.TemporaryDirectory(prefix="ringcomm-torch-apart-") as d:
+        with tempfile.TemporaryDirectory(prefix="ringcomm-torch-apart-") as d, BusyLoad(a.load):
             res = spawn(_worker, a.world_size,
                         (os.path.join(d, "store"), sizes, a.calls, a.warmup, peers, pin, omp),
                         timeout=a.timeout, env=env)
@@ -203,7 +209,8 @@ def main(argv=None) -> int:
     print(f"all_reduce float32 SUM in place, {a.world_size} ranks (torch; default group gloo, "
           f"each call after a barrier on another gloo group), {a.calls} calls per size after "
           f"{a.warmup}; OMP threads {res[0]['threads']}, CPUs per rank "
-          f"{[r['cpus'] for r in res]}; {env_line or 'no RINGCOMM_ settings'}")
+          f"{[r['cpus'] for r in res]}; {a.load} busy processes beside them; "
+          f"{env_line or 'no RINGCOMM_ settings'}")
     print("call = max over ranks of end - arrival; after = last end - last arrival; "
           "p50 / p90 / p99, µs\n")
     head = "| size | peer | call p50 | p90 | p99 | after p50 | p90 | p99 |"
@@ -231,7 +238,7 @@ def main(argv=None) -> int:
         print(f"\nratio = {peers[0]} / {peers[1]}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"world_size": a.world_size, "sizes": sizes, "peers": peers, "calls": a.calls,
+            json.dump({"world_size": a.world_size, "load": a.load, "sizes": sizes, "peers": peers, "calls": a.calls,
                        "warmup": a.warmup, "omp_threads": res[0]["threads"],
                        "cpus": [r["cpus"] for r in res], "env": env_line, "summary": summary,
                        "cells": cells}, f)

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "comm/header_exchange.h"
+#include "common/caller_wait.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -236,7 +237,10 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int
   }
   bool wake = true;  // queued: the progress thread runs it
   if (inline_run) {
-    run_task(task);
+    {
+      CallerWaitScope caller;  // this thread's caller is blocked on the call (the waits' `auto`)
+      run_task(task);
+    }
     work = std::move(task.work);
     std::lock_guard<std::mutex> lk(mu_);
     busy_ = false;

@@ -85,7 +85,8 @@ class ShmTransport {
   void set_timeout(double seconds) { waits_.set_timeout(seconds); }
   /// Before attach(): how many local ranks (this one included) run on this process's CPUs, when
   /// the front knows it (it bound the ranks): the wait policy then compares it, not the world
-  /// size, with the CPUs (ShmConfig::spin_ns_for). < 1: unknown, nothing changes.
+  /// size, with the CPUs (ShmConfig::set_ranks_sharing). < 1: unknown, nothing changes. attach()
+  /// sets it again from every rank's affinity mask.
   void set_ranks_sharing(int ranks_sharing);
   /// In a forked child: forget the mappings without writing to any segment (they are the
   /// parent's: its state word, board and channels) and never unlink a name. Idempotent; close()
@@ -182,14 +183,16 @@ class ShmTransport {
  private:
   bool pushes(int peer, Lane lane) const;  // this rank sends to peer through a push channel
   bool pulls(int peer, Lane lane) const;   // this rank receives from peer through its outbox
+  // After mapping every peer: the local ranks whose CPUs meet this rank's (0: not known).
+  int ranks_on_own_cpus() const;
   // In a failed attach(): unlink the names of peers that died before unlinking their own, once
   // every other rank has mapped them.
   void unlink_dead_peers(const std::vector<std::string>& names);
 
   int rank_;
   int world_;
-  // The one normalized configuration every part reads (by reference); set_ranks_sharing changes
-  // its spin_ns before attach().
+  // The one normalized configuration every part reads (by reference); set_ranks_sharing and
+  // attach() change its CPU-sharing fields before any wait of a collective.
   ShmConfig cfg_;
   bool outbox_;
   // The parts, in dependency order (each refers only to those above it).

@@ -45,15 +45,32 @@ int64_t deadline_after(int64_t now_ns, double seconds) {
   return now_ns + static_cast<int64_t>(ns);
 }
 
-int64_t ShmConfig::spin_ns_for(int ranks_sharing) const {
-  const int64_t spin_default_us = ranks_sharing > cpus ? 2 : 50;  // oversubscribed: short spins
+bool affinity_mask(uint64_t* words) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return false;  // EINVAL: a mask beyond CPU_SETSIZE
+  for (int w = 0; w < kCpuMaskWords; ++w) words[w] = 0;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    if (c >= 64 * kCpuMaskWords) return false;
+    words[c / 64] |= uint64_t{1} << (c % 64);
+  }
+  return true;
+}
+
+int64_t ShmConfig::spin_ns_for(int ranks) const {
+  const int64_t spin_default_us = ranks > cpus ? 2 : 50;  // oversubscribed: short spins
   return (spin_us ? *spin_us : spin_default_us) * 1000;
 }
 
-void ShmTransport::set_ranks_sharing(int ranks_sharing) {
-  if (ranks_sharing < 1) return;
-  cfg_.spin_ns = cfg_.spin_ns_for(ranks_sharing);
+void ShmConfig::set_ranks_sharing(int ranks) {
+  if (ranks < 1) return;
+  ranks_sharing = ranks;
+  own_cpu = ranks <= cpus;
+  spin_ns = spin_ns_for(ranks);
 }
+
+void ShmTransport::set_ranks_sharing(int ranks_sharing) { cfg_.set_ranks_sharing(ranks_sharing); }
 
 ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s) {
   ShmConfig c;
@@ -76,14 +93,19 @@ ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s
   // waits for is often runnable on the waiter's own CPU: only yielding (or sleeping) lets it run,
   // and a spinning waiter steals its core, so the spin is short and yields. With a CPU per rank,
   // kAdaptive yields only after a miss (a spin that ran out or was preempted), saving the
-  // sched_yield calls; auto is kYield (docs/algorithms.md, "Waits"), kAdaptive stays selectable.
+  // sched_yield calls (docs/algorithms.md, "Waits"). auto decides per wait from two facts (transport/shm_wait.h): whether every local rank has a
+  // CPU of its own (own_cpu: from the world size here, from the ranks' affinity masks once
+  // attach() has read them), and whether the waiting thread's caller is blocked on the call.
   c.cpus = affinity_cpus();
   c.wait_mode = k.wait == "spin"       ? WaitMode::kSpin
                 : k.wait == "adaptive" ? WaitMode::kAdaptive
-                                       : WaitMode::kYield;  // yield, and auto
+                : k.wait == "yield"    ? WaitMode::kYield
+                                       : WaitMode::kAuto;
   if (k.is_set(KnobId::spin_us)) c.spin_us = k.spin_us;
-  c.spin_ns = c.spin_ns_for(world_size);
-  RC_CHECK(c.spin_ns >= 0, InvalidArgument, "RINGCOMM_SPIN_US must be >= 0, got " << c.spin_ns / 1000);
+  RC_CHECK(!c.spin_us || *c.spin_us >= 0, InvalidArgument, "RINGCOMM_SPIN_US must be >= 0, got " << *c.spin_us);
+  c.set_ranks_sharing(std::max(1, world_size));
+  c.own_spin_ns = k.spin_own_cpu_us * 1000;
+  RC_CHECK(c.own_spin_ns >= 0, InvalidArgument, "RINGCOMM_SPIN_OWN_CPU_US must be >= 0, got " << c.own_spin_ns / 1000);
   // Yielding waits spin yield_ns longer: sched_yield hands a runnable peer on our CPU the core
   // for a fraction of the cost of a futex sleep and wake-up.
   c.yield_ns = k.yield_us * 1000;

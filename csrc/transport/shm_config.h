@@ -18,7 +18,15 @@ enum class WaitMode : int {
   kSpin = 0,      // pause-spin spin_ns, then sleep: never sched_yield
   kYield = 1,     // spin spin_ns + yield_ns with a sched_yield every yield_every_ns, then sleep
   kAdaptive = 2,  // kSpin; after a miss (the spin ran out, or was preempted) kYield for a while
+  kAuto = 3,      // by the facts, per wait: see ShmConfig::own_cpu and transport/shm_wait.h
 };
+
+/// CPU numbers a SegmentHeader's mask can hold (bit c of word c / 64).
+constexpr int kCpuMaskWords = 16;
+
+/// This process's affinity mask in `words` (kCpuMaskWords of them); false when it cannot be read
+/// or names a CPU beyond the mask (then nothing is known).
+bool affinity_mask(uint64_t* words);
 
 struct ShmConfig {
   size_t slot_bytes = 0;     // RINGCOMM_SLOT_BYTES
@@ -26,8 +34,15 @@ struct ShmConfig {
   double timeout_s = 300;    // RINGCOMM_TIMEOUT (per communicator override)
   WaitMode wait_mode = WaitMode::kAdaptive;  // RINGCOMM_WAIT (auto resolved, see from_knobs)
   int cpus = 1;              // CPUs this process may run on (sched_getaffinity) when configured
+  // Local ranks (this one included) that may run on this process's CPUs: the world size until
+  // attach() reads every peer's affinity mask (ShmTransport::attach), or the front's count.
+  int ranks_sharing = 1;
+  // Each of those ranks has a CPU of its own (ranks_sharing <= cpus). Under kAuto a synchronous
+  // call's waits (common/caller_wait.h) then spin own_spin_ns; every other wait yields early.
+  bool own_cpu = true;
   int64_t spin_ns = 0;       // RINGCOMM_SPIN_US, or by the CPUs (spin_ns_for)
   std::optional<int64_t> spin_us;  // RINGCOMM_SPIN_US where the environment sets it
+  int64_t own_spin_ns = 0;   // RINGCOMM_SPIN_OWN_CPU_US
   int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: yielding waits spin this much longer
   int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: yielding waits sched_yield this often
   int64_t yield_lost_ns = 0;   // RINGCOMM_YIELD_LOST_US: a sched_yield this long lost the CPU
@@ -52,6 +67,9 @@ struct ShmConfig {
   /// when more ranks share this process's CPUs than there are (`cpus`: the awaited rank may
   /// need our CPU), else 50 us.
   int64_t spin_ns_for(int ranks_sharing) const;
+  /// Set ranks_sharing, own_cpu and spin_ns from a count of local ranks on this process's CPUs
+  /// (< 1: unknown, nothing changes).
+  void set_ranks_sharing(int ranks);
 };
 
 /// Bytes of one rank's segment for `world` ranks with configuration `cfg` (computes only): in the

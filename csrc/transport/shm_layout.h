@@ -20,7 +20,7 @@ namespace rc {
 namespace shm_detail {
 
 constexpr uint64_t kMagic = 0x52494e47434f4d4dULL;  // "RINGCOMM"
-constexpr uint32_t kVersion = 7;
+constexpr uint32_t kVersion = 8;
 constexpr size_t kPage = 4096;
 constexpr size_t kAbortMsgBytes = 1024;
 
@@ -59,6 +59,11 @@ struct SegmentHeader {
   char pidns[kPidNsBytes];     // the owner's PID-namespace identity (pid_namespace_id(); "" unknown)
   int64_t hb_timeout_ns;       // the owner's RINGCOMM_HEARTBEAT_TIMEOUT_MS
   int64_t hb_period_ns;        // how often the owner's heartbeat thread bumps `heartbeat`
+  // The CPUs the owner may run on when it created the segment (affinity_mask; written before
+  // `magic` is published, never after): peers count the ranks sharing their CPUs from these
+  // (ShmTransport::attach). cpu_mask_known 0: the owner could not tell.
+  uint32_t cpu_mask_known;
+  uint64_t cpu_mask[kCpuMaskWords];
   // Written only by the owner's heartbeat thread (relaxed increments), read by peers in other PID
   // namespaces; on a line of its own so the bumps never share a line with hot words.
   alignas(64) std::atomic<uint64_t> heartbeat;

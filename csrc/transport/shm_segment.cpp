@@ -133,6 +133,7 @@ std::string ShmSegments::create(const std::string& pidns) {
   std::memcpy(h->pidns, pidns.c_str(), pidns.size() + 1);
   h->hb_timeout_ns = cfg_.heartbeat_timeout_ns;
   h->hb_period_ns = std::max<int64_t>(1000000, cfg_.heartbeat_timeout_ns / 8);
+  h->cpu_mask_known = affinity_mask(h->cpu_mask) ? 1 : 0;
   std::atomic_thread_fence(std::memory_order_release);
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
   return name;

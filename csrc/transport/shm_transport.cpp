@@ -36,6 +36,7 @@ std::string ShmTransport::create() {
 void ShmTransport::attach(const std::vector<std::string>& names) {
   segs_.map_peers(names, [this](int p, const SegmentHeader* h) { live_.on_mapped(p, h); });
   live_.stop_heartbeat_if_unused();
+  cfg_.set_ranks_sharing(ranks_on_own_cpus());
   // Every peer maps our segment before we unlink it; after that the name is gone and the memory
   // lives exactly as long as the mappings.
   SegmentHeader* own = segs_.header(rank_);
@@ -54,6 +55,23 @@ void ShmTransport::attach(const std::vector<std::string>& names) {
     throw;
   }
   segs_.unlink_own();
+}
+
+// Every mapped peer's header carries its affinity mask: the local ranks (this one included) whose
+// CPUs meet this rank's, or 0 where any mask is unknown.
+int ShmTransport::ranks_on_own_cpus() const {
+  const SegmentHeader* own = segs_.header(rank_);
+  if (own->cpu_mask_known == 0) return 0;
+  int ranks = 1;
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) continue;
+    const SegmentHeader* h = segs_.header(p);
+    if (h->cpu_mask_known == 0) return 0;
+    bool meet = false;
+    for (int w = 0; w < kCpuMaskWords && !meet; ++w) meet = (own->cpu_mask[w] & h->cpu_mask[w]) != 0;
+    ranks += meet ? 1 : 0;
+  }
+  return ranks;
 }
 
 // A peer that died during init, before unlinking its segment, never will. Its `attached`

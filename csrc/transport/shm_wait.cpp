@@ -21,7 +21,7 @@ bool ShmWaits::placed_with(int peer, bool backing_off) {
   SegmentHeader* own = segs_.header(rank_);
   if (own->on_cpu.load(std::memory_order_relaxed) != cpu + 1) own->on_cpu.store(cpu + 1, std::memory_order_relaxed);
   bool colocated = false;
-  if ((world_ > cfg_.cpus || backing_off) && peer >= 0 && peer != rank_ && segs_.mapped(peer))
+  if ((!cfg_.own_cpu || backing_off) && peer >= 0 && peer != rank_ && segs_.mapped(peer))
     colocated = segs_.header(peer)->on_cpu.load(std::memory_order_relaxed) == cpu + 1;
   if (colocated) n_colocated_.fetch_add(1, std::memory_order_relaxed);
   return colocated;
@@ -37,22 +37,30 @@ ShmWaitStats ShmWaits::stats() const {
   st.slept = n_slept_.load(std::memory_order_relaxed);
   st.yields_lost = n_yields_lost_.load(std::memory_order_relaxed);
   st.colocated = n_colocated_.load(std::memory_order_relaxed);
+  st.descheduled = n_descheduled_.load(std::memory_order_relaxed);
   return st;
 }
 
 std::string ShmWaits::describe() const {
   std::ostringstream o;
+  const WaitMode mode = cfg_.wait_mode;
   o << "wait ";
-  switch (cfg_.wait_mode) {
+  switch (mode) {
     case WaitMode::kSpin: o << "spin"; break;
     case WaitMode::kYield: o << "yield"; break;
     case WaitMode::kAdaptive: o << "adaptive"; break;
+    case WaitMode::kAuto: o << "auto"; break;
   }
-  o << " (" << world_ << " ranks, " << cfg_.cpus << " CPUs): spin " << cfg_.spin_ns / 1000 << " us";
-  if (cfg_.wait_mode != WaitMode::kSpin) {
-    o << (cfg_.wait_mode == WaitMode::kAdaptive ? "; yielding " : ", ") << "+" << cfg_.yield_ns / 1000
+  o << " (" << world_ << " ranks, " << cfg_.cpus << " CPUs, " << cfg_.ranks_sharing << " ranks on them: "
+    << (cfg_.own_cpu ? "a CPU per rank" : "ranks share CPUs") << "): ";
+  if (mode == WaitMode::kAuto && cfg_.own_cpu)
+    o << "synchronous calls spin up to " << cfg_.own_spin_ns / 1000
+      << " us (less if the CPU is lost), then futex; other waits ";
+  o << "spin " << cfg_.spin_ns / 1000 << " us";
+  if (mode != WaitMode::kSpin) {
+    o << (mode == WaitMode::kAdaptive ? "; yielding " : ", ") << "+" << cfg_.yield_ns / 1000
       << " us with a sched_yield every " << cfg_.yield_every_ns << " ns";
-    if (cfg_.wait_mode == WaitMode::kAdaptive) o << " for " << kYieldCreditWaits << " waits after a miss";
+    if (mode == WaitMode::kAdaptive) o << " for " << kYieldCreditWaits << " waits after a miss";
     o << " (none for " << cfg_.yield_backoff_ns / 1000000 << " ms after a yield lost the CPU "
       << cfg_.yield_lost_ns / 1000 << " us)";
   }

@@ -14,6 +14,17 @@
 // nothing. The policy state below (yield credit, yield back-off, counters) is shared by every
 // waiting thread of the transport, with relaxed atomics: hints and statistics, never ordering.
 //
+// WaitMode::kAuto decides per wait from two facts: whether every local rank has a CPU of its own
+// (ShmConfig::own_cpu, from the ranks' affinity masks) and whether this thread's caller is
+// blocked on the call (common/caller_wait.h). Both true: nothing else of this rank wants the CPU,
+// so the wait spins with `pause` for own_spin_ns (a futex sleep and wake costs tens of
+// microseconds on a vCPU that went idle, docs/algorithms.md "Waits"), and sleeps once that bound
+// is spent: a rank whose peer computes for long burns at most own_spin_ns per wait. A spin that
+// lost its CPU (two clock reads kDescheduledNs apart: another task ran on it) sleeps at once, so
+// that task keeps the CPU and the futex wake, not the scheduler's turn, brings the waiter back.
+// Otherwise (ranks share CPUs, or the wait runs on a thread beside a caller that may compute)
+// the wait is kYield's.
+//
 // A template, so that each caller's readiness test is inlined into the spin.
 #pragma once
 #include <sched.h>
@@ -24,6 +35,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/caller_wait.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "transport/futex.h"
@@ -39,6 +51,7 @@ struct ShmWaitStats {
   uint64_t slept = 0;        ///< waits that went to the futex sleep
   uint64_t yields_lost = 0;  ///< sched_yields that lost the CPU (each starts the back-off)
   uint64_t colocated = 0;    ///< waits that found their peer on their own CPU (no pure spin)
+  uint64_t descheduled = 0;  ///< kAuto spins on a CPU of their own that lost it (then slept)
 };
 
 namespace shm_detail {
@@ -59,6 +72,9 @@ constexpr int64_t kProbeAfterNs = 5000;
 // yield (about 30 small collectives: header and data waits); each wait that ends within its
 // spin unpreempted counts one down.
 constexpr int kYieldCreditWaits = 64;
+// WaitMode::kAuto, a CPU of its own: a spin whose consecutive clock reads (64 pauses apart, about
+// 2 us) are this far apart lost its CPU to another task meanwhile.
+constexpr int64_t kDescheduledNs = 50000;
 
 }  // namespace shm_detail
 
@@ -83,8 +99,12 @@ class ShmWaits {
 
  private:
   // Publish the CPU this wait runs on, and tell whether the awaited peer's last wait began on the
-  // same CPU, where sharing is expected (ranks outnumber CPUs, or `backing_off`).
+  // same CPU, where sharing is expected (ranks share CPUs, or `backing_off`).
   bool placed_with(int peer, bool backing_off);
+  // kAuto with a CPU of its own and a blocked caller: spin until ready() (true) or until
+  // own_spin_ns is spent or the CPU was lost (false: the caller sleeps).
+  template <class Ready>
+  bool spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0);
 
   int rank_;
   int world_;
@@ -99,8 +119,28 @@ class ShmWaits {
   // Set by a waiter whose sched_yield lost the CPU for yield_lost_ns or more without its word
   // becoming ready: another process's task, not a rank, ran a whole slice on our CPU.
   std::atomic<int64_t> no_yield_until_{0};
-  std::atomic<uint64_t> n_slept_{0}, n_yields_lost_{0}, n_colocated_{0};
+  std::atomic<uint64_t> n_slept_{0}, n_yields_lost_{0}, n_colocated_{0}, n_descheduled_{0};
 };
+
+template <class Ready>
+inline bool ShmWaits::spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0) {
+  const int64_t end = t0 + cfg_.own_spin_ns;
+  int64_t last = t0;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      cpu_relax();
+      if (ready()) return true;
+    }
+    const int64_t now = now_ns();
+    if (now - last >= shm_detail::kDescheduledNs) {
+      n_descheduled_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    if (now >= end) return false;
+    last = now;
+    if (live_.closing()) live_.fail_closing(w);
+  }
+}
 
 template <class Ready>
 inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* waiters, Ready ready,
@@ -121,13 +161,14 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
   // and spins yield_ns longer: when the peer sits runnable on OUR CPU (ranks outnumber CPUs, or
   // another process shares the CPU) only that lets it run before our spin budget is gone.
   const WaitMode mode = cfg_.wait_mode;
+  const bool own_spin = mode == WaitMode::kAuto && cfg_.own_cpu && !colocated && caller_blocked();
   const bool adaptive = mode == WaitMode::kAdaptive;
-  const bool yielding = (mode == WaitMode::kYield ||
+  const bool yielding = !own_spin && (mode == WaitMode::kYield || mode == WaitMode::kAuto ||
                          (adaptive && yield_credit_.load(std::memory_order_relaxed) > 0)) &&
                         t0 >= no_yield_until;
   // Co-located with the peer: no pure spin. A yielding wait yields at once (the cheapest way to
   // hand the peer our CPU while no other process competes for it); any other sleeps at once.
-  const bool active = !colocated || yielding;
+  const bool active = !own_spin && (!colocated || yielding);
   const int64_t active_end = t0 + (colocated ? 0 : cfg_.spin_ns) + (yielding ? cfg_.yield_ns : 0);
   int64_t next_yield = t0 + (colocated ? 0 : cfg_.yield_every_ns);
   long nivcsw0 = -1;  // kAdaptive: involuntary switches when the probe started (-1: not yet)
@@ -173,6 +214,7 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
       yield_credit_.fetch_sub(1, std::memory_order_relaxed);
     }
   }
+  if (own_spin) done = spin_own_cpu(ready, w, t0);
   if (done) return;
   n_slept_.fetch_add(1, std::memory_order_relaxed);
   // Sleep phase: futex in slices, checking peers and the deadline between slices.

@@ -102,7 +102,9 @@ class CommunicatorBase:
         that went to the futex sleep), ``yields_lost`` (sched_yields that lost the CPU to another
         process's task for a scheduler slice; each stops the yielding for
         ``RINGCOMM_YIELD_BACKOFF_MS``), ``colocated`` (waits that found the awaited peer on their own
-        CPU and gave it up at once). Empty for back ends without a shared-memory wait."""
+        CPU and gave it up at once), ``descheduled`` (spins of synchronous calls on a CPU of their
+        own, ``RINGCOMM_WAIT=auto``, that lost the CPU to another task and slept at once). Empty for
+        back ends without a shared-memory wait."""
         stats = getattr(getattr(self, "_c", None), "wait_stats", None)
         return dict(stats()) if stats is not None else {}
 

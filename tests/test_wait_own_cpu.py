@@ -1,0 +1,142 @@
+"""RINGCOMM_WAIT=auto where every local rank has a CPU of its own (csrc/transport/shm_wait.h):
+the facts it decides from and what each decision does, in real processes.
+
+- The facts: each rank's affinity mask travels in its segment header, so the count of local ranks
+  on a rank's CPUs is the kernel's (ranks pinned apart: one each; pinned together: both), whoever
+  pinned them.
+- A synchronous call's wait spins for RINGCOMM_SPIN_OWN_CPU_US and then sleeps: a peer that comes
+  late by far more costs the waiter about that bound of CPU time, never the whole wait
+  (``time.thread_time`` around the call; the wait sleeps, ``wait_stats()['slept']``).
+- A call run on the progress thread (async) does not take that spin: its caller may compute.
+- A spin that loses its CPU to another task (a busy process pinned on it) sleeps at once
+  (``descheduled``) instead of spinning on.
+
+Every result is checked against numpy."""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import ringcomm
+from ringcomm.launch import spawn_with_store
+
+TWO_CPUS = sorted(os.sched_getaffinity(0))[:2]
+needs_two = pytest.mark.skipif(len(TWO_CPUS) < 2, reason="needs 2 CPUs")
+_BUSY = "import os,sys\nparent=int(sys.argv[1])\nx=0\nwhile os.getppid()==parent:\n" \
+        "    for i in range(20000): x=(x*1103515245+i)&0xFFFFFFFF\n"
+
+
+def _late_peer(rank, world, store, pins, late_s, async_op, hog):
+    """Rank 0 calls first; rank 1 sleeps late_s before its call. Returns rank 0's wait figures."""
+    if pins is not None:
+        os.sched_setaffinity(0, pins[rank])
+    busy = None
+    if hog and rank == 0:
+        busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(os.getpid())],
+                                preexec_fn=lambda: os.sched_setaffinity(0, pins[0]))
+    try:
+        comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + store)
+        with comm:
+            desc = comm._c.describe_wait()
+            x = np.full(300, float(rank + 1), np.float32)
+            comm.all_reduce(x)    # connected and warm
+            before = comm.wait_stats()
+            if rank == 1:
+                time.sleep(late_s)
+            x = np.full(300, float(rank + 1), np.float32)
+            c0, w0, p0 = time.thread_time(), time.perf_counter(), time.process_time()
+            if async_op:
+                comm.all_reduce(x, async_op=True).wait()
+            else:
+                comm.all_reduce(x)
+            cpu, wall, proc = time.thread_time() - c0, time.perf_counter() - w0, time.process_time() - p0
+            after = comm.wait_stats()
+        ok = bool(np.all(x == 3.0))
+        return {"desc": desc, "ok": ok, "cpu": cpu, "proc": proc, "wall": wall,
+                "stats": {k: after[k] - before[k] for k in after}}
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+
+
+def _run(env, pins=None, late_s=0.3, async_op=False, hog=False):
+    base = {"RINGCOMM_TIMEOUT": "60"}
+    base.update(env)
+    return spawn_with_store(_late_peer, 2, lambda s: (s, pins, late_s, async_op, hog), timeout=120, env=base)
+
+
+@needs_two
+@pytest.mark.parametrize("pins,verdict", [
+    ([{TWO_CPUS[0]}, {TWO_CPUS[1]}], "1 ranks on them: a CPU per rank"),
+    ([{TWO_CPUS[0]}, {TWO_CPUS[0]}], "2 ranks on them: ranks share CPUs"),
+    ([set(TWO_CPUS), {TWO_CPUS[1]}], None),   # rank 0 meets rank 1 on its CPUs; rank 1 meets 0
+])
+def test_ranks_on_own_cpus_come_from_every_ranks_mask(pins, verdict):
+    res = _run({}, pins=pins, late_s=0.0)
+    for r in res:
+        assert r["ok"]
+    if verdict is None:
+        assert "(2 ranks, 2 CPUs, 2 ranks on them: a CPU per rank)" in res[0]["desc"], res[0]["desc"]
+        assert "(2 ranks, 1 CPUs, 2 ranks on them: ranks share CPUs)" in res[1]["desc"], res[1]["desc"]
+    else:
+        for r in res:
+            assert verdict in r["desc"], r["desc"]
+
+
+@needs_two
+def test_a_late_peer_costs_the_spin_bound_not_the_wait():
+    # A 20 ms spin bound against a peer 300 ms late: the wait spins (at least most of 20 ms of
+    # CPU, unless it lost the CPU and said so), then sleeps; far less CPU than the wait's length.
+    res = _run({"RINGCOMM_SPIN_OWN_CPU_US": "20000"}, pins=[{TWO_CPUS[0]}, {TWO_CPUS[1]}])
+    r = res[0]
+    assert r["ok"] and res[1]["ok"]
+    assert r["wall"] >= 0.25, r
+    assert r["stats"]["slept"] >= 1, r
+    assert r["cpu"] < 0.1, r
+    assert r["cpu"] >= 0.015 or r["stats"]["descheduled"] >= 1, r
+
+
+@needs_two
+def test_default_bound_is_a_millisecond():
+    res = _run({}, pins=[{TWO_CPUS[0]}, {TWO_CPUS[1]}])
+    r = res[0]
+    assert "synchronous calls spin up to 1000 us" in r["desc"], r["desc"]
+    assert r["ok"] and r["stats"]["slept"] >= 1 and r["cpu"] < 0.05, r
+
+
+@needs_two
+def test_async_calls_do_not_take_the_long_spin():
+    # The same late peer with a 200 ms bound: a synchronous call spins (most of) it, an async
+    # call, run on the progress thread beside a caller that may compute, yields and sleeps early.
+    env = {"RINGCOMM_SPIN_OWN_CPU_US": "200000"}
+    pins = [{TWO_CPUS[0]}, {TWO_CPUS[1]}]
+    sync = _run(env, pins=pins, late_s=0.4)[0]
+    asyn = _run(env, pins=pins, late_s=0.4, async_op=True)[0]
+    assert sync["ok"] and asyn["ok"]
+    assert sync["proc"] >= 0.1 or sync["stats"]["descheduled"] >= 1, sync
+    assert asyn["proc"] < 0.05, asyn
+    assert asyn["stats"]["slept"] >= 1, asyn
+
+
+@needs_two
+def test_a_spin_that_loses_its_cpu_sleeps_at_once():
+    # Rank 0 shares its CPU with a busy process; a 1 s bound against a peer 400 ms late: the
+    # scheduler runs the busy process within a slice, the spin sees the gap and sleeps.
+    res = _run({"RINGCOMM_SPIN_OWN_CPU_US": "1000000"}, pins=[{TWO_CPUS[0]}, {TWO_CPUS[1]}],
+               late_s=0.4, hog=True)
+    r = res[0]
+    assert r["ok"] and res[1]["ok"]
+    assert r["stats"]["descheduled"] >= 1, r
+    assert r["stats"]["slept"] >= 1, r
+    assert r["cpu"] < 0.3, r
+
+
+def test_bad_bound_raises(monkeypatch):
+    monkeypatch.setenv("RINGCOMM_SPIN_OWN_CPU_US", "-1")
+    with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_SPIN_OWN_CPU_US"):
+        from ringcomm import _C
+        _C.Communicator(0, 2, 5.0)
