@@ -282,10 +282,12 @@ def test_mpi_phase_failure_names_mpiexecs_last_error_line_and_allows_root(tmp_pa
 @pytest.mark.skipif(not HAVE_TORCH, reason="the probe runs torch ranks")
 @pytest.mark.timeout(120)
 def test_torch_apart_probe_reports_each_call(tmp_path):
-    """benchmarks/probes/torch_apart.py, tiny: per peer (DeepSpeed's op where it is installed) the
-    call and after-last-arrival figures of every timed call, their p50 <= p90 <= p99, no call
-    shorter than its part after the last arrival, the ratio row beside a second peer, and no
-    DeepSpeed shared-memory segment left behind."""
+    """benchmarks/probes/torch_apart.py, tiny: per peer (dist.all_reduce on the ringcomm group, the
+    torch.ops.ringcomm.all_reduce_ op, DeepSpeed's op where it is installed) the call and
+    after-last-arrival figures of every timed call, their p50 <= p90 <= p99, no call shorter than
+    its part after the last arrival, the ratio rows beside DeepSpeed, --trace's split of
+    ringcomm's calls adding up to at most the part after the last arrival, and no DeepSpeed
+    shared-memory segment left behind."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "probes" / "torch_apart.py"
     shm = lambda: {f for f in os.listdir("/dev/shm") if f.startswith("deepspeed_allreduce_buffer")}  # noqa: E731
     before = shm()
@@ -293,11 +295,12 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     r = subprocess.run([sys.executable, str(script), "--sizes", "1K", "--calls", "20", "--warmup", "5",
-                        "--omp1", "--timeout", "80", "--json", str(out)],
+                        "--omp1", "--trace", "--timeout", "80", "--json", str(out)],
                        capture_output=True, text=True, timeout=110, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
-    peers = ["ringcomm"] + (["deepspeed"] if importlib.util.find_spec("deepspeed") else [])
+    ds = importlib.util.find_spec("deepspeed") is not None
+    peers = ["ringcomm", "ringcomm_op"] + (["deepspeed"] if ds else [])
     assert doc["peers"] == peers and doc["omp_threads"] == 1 and len(doc["cpus"]) == 2
     for name in peers:
         cell = doc["cells"][f"1024/{name}"]
@@ -306,8 +309,14 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
         q = doc["summary"]["1024"][name]
         for k in ("call", "after"):
             assert len(q[k]) == 3 and 0 < q[k][0] <= q[k][1] <= q[k][2], (name, k, q)
-    if len(peers) == 2:
+    cell = doc["cells"]["1024/ringcomm"]
+    for i in range(20):
+        parts = [cell[k][i] for k in ("torch_in", "core", "torch_out")]
+        assert all(v > 0 for v in parts) and sum(parts) <= cell["call"][i] + 1e-3, (i, parts, cell["call"][i])
+    assert "| 1 KiB |" in r.stdout and "torch_in" in r.stdout
+    if ds:
         assert len(doc["summary"]["1024"]["ratio"]["call"]) == 3
-        assert "ratio = ringcomm / deepspeed" in r.stdout
-    assert "| 1 KiB | ringcomm |" in r.stdout
+        assert len(doc["summary"]["1024"]["ratio_ringcomm_op"]["after"]) == 3
+        assert "ratio = peer / deepspeed" in r.stdout
+    assert "| 1 KiB | ringcomm |" in r.stdout and "| 1 KiB | ringcomm_op |" in r.stdout
     assert shm() <= before, shm() - before

@@ -1,7 +1,9 @@
 """Small all_reduces that arrive apart, as torch users make them: the ringcomm backend as a group
 beside a gloo default group, every call after a barrier on another gloo group, with DeepSpeed's
 shared-memory op (``torch.ops.deepspeed.inference_all_reduce_``) as a peer in the same processes
-where DeepSpeed is installed. Prints a markdown table.
+where DeepSpeed is installed. Peers: ``ringcomm`` (``dist.all_reduce`` on the ringcomm group),
+``ringcomm_op`` (``torch.ops.ringcomm.all_reduce_`` on the same group: ``ringcomm.torch.all_reduce_``
+without its Python) and ``deepspeed``. Prints a markdown table.
 
     python benchmarks/probes/torch_apart.py                          # 2 ranks, 1 KiB / 64 KiB / 1 MiB, 200 calls
     python benchmarks/probes/torch_apart.py --omp1 --pin             # OMP_NUM_THREADS=1, one CPU per rank
@@ -16,6 +18,11 @@ fills the buffer with rank + 1, passes the separator's barrier, records its arri
 ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process of the machine),
 calls the all_reduce (float32, SUM, in place) and records its end. Every result is checked
 outside the timed span. The peers of one size run one after the other in the same processes.
+``--trace`` also splits ringcomm's calls (RINGCOMM_TRACE on; the C++ record of each call is read
+after it, outside the timed span) into ``torch_in`` (Python call -> ringcomm's C++ entry: torch's
+``dist.all_reduce``, its ProcessGroup and dispatcher, the c10d trampoline), ``core`` (entry ->
+exit: ringcomm's collective, waits included) and ``torch_out`` (exit -> back in Python: the Work
+and ``wait()``), medians over the calls of the last rank to arrive.
 ``--load N`` runs N busy processes (``ringcomm.bench --load``'s: pure compute, not pinned) beside
 the ranks for the whole run, the other work of a shared machine.
 
@@ -41,7 +48,7 @@ import time
 
 import numpy as np
 
-PEERS = ("ringcomm", "deepspeed")
+PEERS = ("ringcomm", "ringcomm_op", "deepspeed")
 QUANTILES = (50, 90, 99)
 DS_SHM_PREFIX = "deepspeed_allreduce_buffer"   # DeepSpeed's SHM_BUFFER_NAME (csrc/cpu/comm/shm.cpp)
 DS_ADDR = "127.0.0.1"
@@ -79,7 +86,7 @@ def _ds_module():
 
 
 def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int, warmup: int,
-            peers: list[str], pin: list[int] | None, omp_threads: int | None) -> dict:
+            peers: list[str], pin: list[int] | None, omp_threads: int | None, trace: bool) -> dict:
     if pin is not None:
         os.sched_setaffinity(0, {pin[rank % len(pin)]})
     from datetime import timedelta
@@ -97,12 +104,17 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
     ops = {}
     if "ringcomm" in peers:
         ops["ringcomm"] = lambda x: dist.all_reduce(x, group=rc)
+    if "ringcomm_op" in peers:
+        group_name = rc.group_name
+        ops["ringcomm_op"] = lambda x: torch.ops.ringcomm.all_reduce_(x, group_name, "sum")
     if "deepspeed" in peers:
         ds = _ds_module()
         ds.initialize(world, rank)
         ops["deepspeed"] = torch.ops.deepspeed.inference_all_reduce_
     want = float(world * (world + 1) // 2)
     clock = time.perf_counter
+    # --trace: the C++ records are on CLOCK_MONOTONIC, which is perf_counter's clock on Linux.
+    comm = rc._get_backend(torch.device("cpu")).communicator if trace and "ringcomm" in peers else None
     out = {"cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(), "cells": {}}
     try:
         for nbytes in sizes:
@@ -111,6 +123,7 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
                 op = ops[name]
                 arrive = np.empty(calls, np.float64)
                 end = np.empty(calls, np.float64)
+                phases = np.full((calls, 2), np.nan) if comm is not None and name == "ringcomm" else None
                 for i in range(-warmup, calls):
                     x.fill_(float(rank + 1))
                     dist.barrier(group=sep)
@@ -119,22 +132,40 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
                     t1 = clock()
                     if i >= 0:
                         arrive[i], end[i] = t0, t1
+                        if phases is not None:
+                            rec = comm.trace()[-1]
+                            phases[i] = (rec["entry"] * 1e-9, rec["exit"] * 1e-9)
                     if not bool(torch.all(x == want)):
                         raise RuntimeError(f"rank {rank}: {name} all_reduce of {nbytes} B gave "
                                            f"{x[:4].tolist()}, want {want}")
                 out["cells"][f"{nbytes}/{name}"] = {"arrive": arrive.tolist(), "end": end.tolist()}
+                if phases is not None:
+                    out["cells"][f"{nbytes}/{name}"]["phases"] = phases.tolist()
         dist.barrier(group=sep)
     finally:
         dist.destroy_process_group()
     return out
 
 
+TRACE_SEGMENTS = ("torch_in", "core", "torch_out")
+
+
 def split(ranks: list[dict]) -> dict:
-    """Per-call figures (µs) of one cell from every rank's arrivals and ends."""
+    """Per-call figures (µs) of one cell from every rank's arrivals and ends; with phases, the
+    last arriver's torch_in / core / torch_out."""
     arrive = np.array([r["arrive"] for r in ranks])
     end = np.array([r["end"] for r in ranks])
-    return {"call": ((end - arrive).max(axis=0) * 1e6).tolist(),
-            "after": ((end.max(axis=0) - arrive.max(axis=0)) * 1e6).tolist()}
+    out = {"call": ((end - arrive).max(axis=0) * 1e6).tolist(),
+           "after": ((end.max(axis=0) - arrive.max(axis=0)) * 1e6).tolist()}
+    if all("phases" in r for r in ranks):
+        ph = np.array([r["phases"] for r in ranks])            # rank, call, (entry, exit)
+        last = arrive.argmax(axis=0)
+        calls = np.arange(arrive.shape[1])
+        a, e = arrive[last, calls], end[last, calls]
+        entry, leave = ph[last, calls, 0], ph[last, calls, 1]
+        for seg, v in zip(TRACE_SEGMENTS, (entry - a, leave - entry, e - leave)):
+            out[seg] = (v * 1e6).tolist()
+    return out
 
 
 def quantiles(v: list[float]) -> list[float]:
@@ -152,6 +183,8 @@ def main(argv=None) -> int:
     p.add_argument("--omp1", action="store_true", help="OMP_NUM_THREADS=1 in every rank (as torchrun sets it)")
     p.add_argument("--pin", action="store_true",
                    help="bind rank r to the r-th CPU this process may run on (one CPU per rank)")
+    p.add_argument("--trace", action="store_true",
+                   help="split ringcomm's calls into torch_in / core / torch_out (RINGCOMM_TRACE)")
     p.add_argument("--load", type=int, default=0, metavar="N",
                    help="N busy processes (not pinned) beside the ranks for the whole run (default 0)")
     p.add_argument("--json", help="write the per-call figures and the summary here")
@@ -164,7 +197,7 @@ def main(argv=None) -> int:
     if a.calls < 1 or a.warmup < 0 or a.load < 0:
         p.error("--calls must be >= 1, --warmup and --load >= 0")
     if a.peers is None:
-        peers = ["ringcomm"] + (["deepspeed"] if deepspeed_installed() else [])
+        peers = ["ringcomm", "ringcomm_op"] + (["deepspeed"] if deepspeed_installed() else [])
     else:
         peers = [x for x in a.peers.split(",") if x]
         if not peers or not set(peers) <= set(PEERS) or len(set(peers)) != len(peers):
@@ -181,6 +214,8 @@ def main(argv=None) -> int:
     env = {"LOCAL_SIZE": a.world_size, "MASTER_ADDR": DS_ADDR, "MASTER_PORT": port}
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp
+    if a.trace:
+        env["RINGCOMM_TRACE"] = 4
     if "deepspeed" in peers:
         _ds_module()   # build it here once, not in every rank at the same time
 
@@ -189,7 +224,7 @@ def main(argv=None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="ringcomm-torch-apart-") as d, BusyLoad(a.load):
             res = spawn(_worker, a.world_size,
-                        (os.path.join(d, "store"), sizes, a.calls, a.warmup, peers, pin, omp),
+                        (os.path.join(d, "store"), sizes, a.calls, a.warmup, peers, pin, omp, a.trace),
                         timeout=a.timeout, env=env)
     finally:
         for path in _ds_shm_names(port, a.world_size):
@@ -203,7 +238,7 @@ def main(argv=None) -> int:
         for name in peers:
             key = f"{s}/{name}"
             cells[key] = split([r["cells"][key] for r in res])
-            summary.setdefault(str(s), {})[name] = {k: quantiles(v) for k, v in cells[key].items()}
+            summary.setdefault(str(s), {})[name] = {k: quantiles(cells[key][k]) for k in ("call", "after")}
 
     env_line = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("RINGCOMM_"))
     print(f"all_reduce float32 SUM in place, {a.world_size} ranks (torch; default group gloo, "
@@ -214,7 +249,8 @@ def main(argv=None) -> int:
     print("call = max over ranks of end - arrival; after = last end - last arrival; "
           "p50 / p90 / p99, µs\n")
     head = "| size | peer | call p50 | p90 | p99 | after p50 | p90 | p99 |"
-    if len(peers) == 2:
+    versus = "deepspeed" if "deepspeed" in peers and len(peers) >= 2 else None
+    if versus:
         head += " call ratio p50 / p90 / p99 | after ratio p50 / p90 / p99 |"
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
@@ -224,18 +260,29 @@ def main(argv=None) -> int:
             q = row[name]
             line = (f"| {fmt_size(s)} | {name} | " + " | ".join(f"{v:,.1f}" for v in q["call"]) + " | "
                     + " | ".join(f"{v:,.1f}" for v in q["after"]) + " |")
-            if len(peers) == 2:
-                if name == peers[0]:
-                    other = row[peers[1]]
+            if versus:
+                if name != versus:
+                    other = row[versus]
                     ratios = {k: [mine / theirs for mine, theirs in zip(q[k], other[k])] for k in q}
-                    row["ratio"] = ratios
+                    row["ratio" if name == "ringcomm" else f"ratio_{name}"] = ratios
                     line += (" " + " / ".join(f"{v:.2f}x" for v in ratios["call"]) + " | "
                              + " / ".join(f"{v:.2f}x" for v in ratios["after"]) + " |")
                 else:
                     line += " | |"
             print(line)
-    if len(peers) == 2:
-        print(f"\nratio = {peers[0]} / {peers[1]}")
+    if versus:
+        print(f"\nratio = peer / {versus}; ringcomm = dist.all_reduce on the ringcomm group, "
+              "ringcomm_op = torch.ops.ringcomm.all_reduce_ (ringcomm.torch.all_reduce_) on it")
+    if a.trace and "ringcomm" in peers:
+        print("\nringcomm's calls, the last rank to arrive, median µs: torch_in = Python call -> C++ "
+              "entry, core = entry -> exit, torch_out = exit -> back in Python\n")
+        print("| size | torch_in | core | torch_out | after |")
+        print("|---|---|---|---|---|")
+        for s in sizes:
+            c = cells[f"{s}/ringcomm"]
+            med = {k: float(np.median(c[k])) for k in TRACE_SEGMENTS + ("after",)}
+            summary[str(s)]["ringcomm"]["trace_p50"] = med
+            print(f"| {fmt_size(s)} | " + " | ".join(f"{med[k]:,.1f}" for k in TRACE_SEGMENTS + ("after",)) + " |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"world_size": a.world_size, "load": a.load, "sizes": sizes, "peers": peers, "calls": a.calls,

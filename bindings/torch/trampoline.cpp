@@ -17,6 +17,13 @@
 // ringcomm/abi.h (csrc/include, copied into the package beside this file's copy, and on the
 // include path of this build).
 //
+// The same offer without torch's collective front: torch.ops.ringcomm.all_reduce_(tensor,
+// group_name, op), a dispatcher op over one CPU tensor of a named group (the functional
+// collectives' naming), for latency-bound callers (tensor-parallel inference) that would
+// otherwise pay dist.all_reduce's Python, the ProcessGroup's dispatch and a Work per call. It
+// runs synchronously: the fast path when the group's backend is this trampoline with the fast
+// path on and the entry takes the call; otherwise the group's own synchronous allreduce, waited.
+//
 // Lifetime: torch holds the backend through an intrusive_ptr from C++ only, so the Python object
 // is kept alive by ringcomm (hooks.live_groups) until shutdown(); the override is looked up on it.
 // A Work returned by Python is wrapped in a WorkRef that owns a reference to the Python object, so
@@ -26,12 +33,16 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/library.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "ringcomm/abi.h"
 
@@ -404,7 +415,49 @@ class Trampoline : public c10d::Backend {
   std::atomic<bool> closed_{false};       // set once abort() or shutdown() returned
 };
 
+// The c10d reduce op of torch.ops.ringcomm.all_reduce_'s `op` (the lower-case name of a c10d
+// ReduceOp that the synchronous entry has).
+c10d::ReduceOp::RedOpType reduce_op_named(const std::string& op) {
+  if (op == "sum") return c10d::ReduceOp::SUM;
+  if (op == "product") return c10d::ReduceOp::PRODUCT;
+  if (op == "min") return c10d::ReduceOp::MIN;
+  if (op == "max") return c10d::ReduceOp::MAX;
+  if (op == "band") return c10d::ReduceOp::BAND;
+  if (op == "bor") return c10d::ReduceOp::BOR;
+  if (op == "bxor") return c10d::ReduceOp::BXOR;
+  TORCH_CHECK_VALUE(false, "ringcomm all_reduce_: op must be one of sum, product, min, max, band, bor, bxor; got '",
+                    op, "' (dist.all_reduce takes the others)");
+}
+
+// torch.ops.ringcomm.all_reduce_ on CPU: see the file's header.
+at::Tensor& all_reduce_op(at::Tensor& t, c10::string_view group_name, c10::string_view op_name) {
+  const c10d::ReduceOp op(reduce_op_named(std::string(op_name)));
+  const c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(std::string(group_name));
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  opts.asyncOp = false;
+  // The call blocks until every rank has joined: never with the GIL (a caller from Python holds
+  // it, and other threads of this process may need it meanwhile).
+  std::unique_ptr<py::gil_scoped_release> nogil;
+  if (PyGILState_Check()) nogil = std::make_unique<py::gil_scoped_release>();
+  const c10::intrusive_ptr<c10d::Backend> backend = pg->getBackend(c10::DeviceType::CPU);
+  if (auto* tr = dynamic_cast<Trampoline*>(backend.get())) {
+    const c10::intrusive_ptr<WorkPtr::element_type> work = tr->allreduce(tensors, opts);
+    work->wait();
+    return t;
+  }
+  pg->allreduce(tensors, opts)->wait();
+  return t;
+}
+
 }  // namespace
+
+TORCH_LIBRARY(ringcomm, m) {
+  m.def("all_reduce_(Tensor(a!) tensor, str group_name, str op='sum') -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(ringcomm, CPU, m) { m.impl("all_reduce_", &all_reduce_op); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch.distributed");  // registers c10d::Backend, Work and the options

@@ -66,7 +66,8 @@ int64_t ShmConfig::spin_ns_for(int ranks) const {
 void ShmConfig::set_ranks_sharing(int ranks) {
   if (ranks < 1) return;
   ranks_sharing = ranks;
-  own_cpu = ranks <= cpus;
+  oversubscribed = ranks > cpus;
+  own_cpu = ranks == 1;
   spin_ns = spin_ns_for(ranks);
 }
 
@@ -93,9 +94,10 @@ ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s
   // waits for is often runnable on the waiter's own CPU: only yielding (or sleeping) lets it run,
   // and a spinning waiter steals its core, so the spin is short and yields. With a CPU per rank,
   // kAdaptive yields only after a miss (a spin that ran out or was preempted), saving the
-  // sched_yield calls (docs/algorithms.md, "Waits"). auto decides per wait from two facts (transport/shm_wait.h): whether every local rank has a
-  // CPU of its own (own_cpu: from the world size here, from the ranks' affinity masks once
-  // attach() has read them), and whether the waiting thread's caller is blocked on the call.
+  // sched_yield calls (docs/algorithms.md, "Waits"). auto decides per wait from two facts
+  // (transport/shm_wait.h): whether this rank's CPUs are its own (own_cpu: from the world size
+  // here, from the ranks' affinity masks once attach() has read them), and whether the waiting
+  // thread's caller is blocked on the call.
   c.cpus = affinity_cpus();
   c.wait_mode = k.wait == "spin"       ? WaitMode::kSpin
                 : k.wait == "adaptive" ? WaitMode::kAdaptive

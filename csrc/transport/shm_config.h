@@ -37,9 +37,14 @@ struct ShmConfig {
   // Local ranks (this one included) that may run on this process's CPUs: the world size until
   // attach() reads every peer's affinity mask (ShmTransport::attach), or the front's count.
   int ranks_sharing = 1;
-  // Each of those ranks has a CPU of its own (ranks_sharing <= cpus). Under kAuto a synchronous
-  // call's waits (common/caller_wait.h) then spin own_spin_ns; every other wait yields early.
-  bool own_cpu = true;
+  // More of those ranks than CPUs (ranks_sharing > cpus): waits spin briefly (spin_ns_for) and
+  // give the CPU up at once to a peer that last waited on it (ShmWaits::placed_with).
+  bool oversubscribed = false;
+  // No other local rank may run on this process's CPUs (ranks_sharing == 1: pinned apart). Only
+  // then can a spin here never keep a peer rank off a CPU, and kAuto lets a synchronous call's
+  // waits (common/caller_wait.h) spin own_spin_ns. Ranks that may meet on a CPU (unpinned) yield:
+  // beside other busy processes the CPU a late peer needs may be the one a spinner holds.
+  bool own_cpu = false;
   int64_t spin_ns = 0;       // RINGCOMM_SPIN_US, or by the CPUs (spin_ns_for)
   std::optional<int64_t> spin_us;  // RINGCOMM_SPIN_US where the environment sets it
   int64_t own_spin_ns = 0;   // RINGCOMM_SPIN_OWN_CPU_US

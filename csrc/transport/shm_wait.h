@@ -14,16 +14,17 @@
 // nothing. The policy state below (yield credit, yield back-off, counters) is shared by every
 // waiting thread of the transport, with relaxed atomics: hints and statistics, never ordering.
 //
-// WaitMode::kAuto decides per wait from two facts: whether every local rank has a CPU of its own
-// (ShmConfig::own_cpu, from the ranks' affinity masks) and whether this thread's caller is
-// blocked on the call (common/caller_wait.h). Both true: nothing else of this rank wants the CPU,
+// WaitMode::kAuto decides per wait from two facts: whether this rank's CPUs are its own, no other
+// local rank may run on them (ShmConfig::own_cpu, from the ranks' affinity masks), and whether
+// this thread's caller is blocked on the call (common/caller_wait.h). Both true: no peer rank can
+// be queued behind this wait and nothing else of this rank wants the CPU,
 // so the wait spins with `pause` for own_spin_ns (a futex sleep and wake costs tens of
 // microseconds on a vCPU that went idle, docs/algorithms.md "Waits"), and sleeps once that bound
 // is spent: a rank whose peer computes for long burns at most own_spin_ns per wait. A spin that
 // lost its CPU (two clock reads kDescheduledNs apart: another task ran on it) sleeps at once, so
 // that task keeps the CPU and the futex wake, not the scheduler's turn, brings the waiter back.
-// Otherwise (ranks share CPUs, or the wait runs on a thread beside a caller that may compute)
-// the wait is kYield's.
+// Otherwise (ranks may meet on a CPU, or the wait runs on a thread beside a caller that may
+// compute) the wait is kYield's.
 //
 // A template, so that each caller's readiness test is inlined into the spin.
 #pragma once
@@ -99,7 +100,7 @@ class ShmWaits {
 
  private:
   // Publish the CPU this wait runs on, and tell whether the awaited peer's last wait began on the
-  // same CPU, where sharing is expected (ranks share CPUs, or `backing_off`).
+  // same CPU, where sharing is expected (ranks outnumber CPUs, or `backing_off`).
   bool placed_with(int peer, bool backing_off);
   // kAuto with a CPU of its own and a blocked caller: spin until ready() (true) or until
   // own_spin_ns is spent or the CPU was lost (false: the caller sleeps).

@@ -19,6 +19,10 @@ for ringcomm groups, the same as torch's ``group.monitored_barrier(timeout, wait
 (the backend's c10d ``monitoredBarrier``); torch's ``dist.monitored_barrier`` accepts gloo groups
 only.
 
+``all_reduce_(tensor, group=None, op="sum")``: a synchronous all_reduce of one CPU tensor as one
+torch op (``torch.ops.ringcomm.all_reduce_``), without ``dist.all_reduce``'s Python, dispatch and
+Work: for latency-bound callers (``ops.py``).
+
 ``add_issue_hook(fn)`` / ``remove_issue_hook(fn)``: ``fn(op, group_name, seq, t)`` is called each
 time the backend issues a collective (``t`` = ``time.perf_counter()``), for tests and tracing.
 """
@@ -34,6 +38,9 @@ def __getattr__(name):
     if name == "monitored_barrier":
         from .monitored import monitored_barrier
         return monitored_barrier
+    if name == "all_reduce_":
+        from .ops import all_reduce_
+        return all_reduce_
     if name in ("RingcommProcessGroup", "RingcommWork", "add_issue_hook", "remove_issue_hook",
                 "create_process_group", "create_backend", "backend_class", "backend_mode"):
         from . import backend
@@ -43,4 +50,4 @@ def __getattr__(name):
 
 __all__ = ["BACKEND_NAME", "register", "autoload", "RingcommProcessGroup", "RingcommWork",
            "add_issue_hook", "remove_issue_hook", "create_process_group", "create_backend",
-           "backend_class", "backend_mode", "monitored_barrier"]
+           "backend_class", "backend_mode", "monitored_barrier", "all_reduce_"]
