@@ -3,7 +3,9 @@ beside a gloo default group, every call after a barrier on another gloo group, w
 shared-memory op (``torch.ops.deepspeed.inference_all_reduce_``) as a peer in the same processes
 where DeepSpeed is installed. Peers: ``ringcomm`` (``dist.all_reduce`` on the ringcomm group),
 ``ringcomm_op`` (``torch.ops.ringcomm.all_reduce_`` on the same group: ``ringcomm.torch.all_reduce_``
-without its Python) and ``deepspeed``. Prints a markdown table.
+without its Python), ``deepspeed`` and, asked for by ``--peers``, ``torch_noop``
+(``torch.ops.aten.alias``: a dispatcher op that does nothing, what any op costs to reach after the
+barrier). Prints a markdown table.
 
     python benchmarks/probes/torch_apart.py                          # 2 ranks, 1 KiB / 64 KiB / 1 MiB, 200 calls
     python benchmarks/probes/torch_apart.py --omp1 --pin             # OMP_NUM_THREADS=1, one CPU per rank
@@ -18,7 +20,7 @@ fills the buffer with rank + 1, passes the separator's barrier, records its arri
 ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process of the machine),
 calls the all_reduce (float32, SUM, in place) and records its end. Every result is checked
 outside the timed span. The peers of one size run one after the other in the same processes.
-``--trace`` also splits ringcomm's calls (RINGCOMM_TRACE on; the C++ record of each call is read
+``--trace`` also splits the ringcomm peers' calls (RINGCOMM_TRACE on; the C++ record of each call is read
 after it, outside the timed span) into ``torch_in`` (Python call -> ringcomm's C++ entry: torch's
 ``dist.all_reduce``, its ProcessGroup and dispatcher, the c10d trampoline), ``core`` (entry ->
 exit: ringcomm's collective, waits included) and ``torch_out`` (exit -> back in Python: the Work
@@ -48,7 +50,8 @@ import time
 
 import numpy as np
 
-PEERS = ("ringcomm", "ringcomm_op", "deepspeed")
+PEERS = ("ringcomm", "ringcomm_op", "deepspeed", "torch_noop")
+TRACED = ("ringcomm", "ringcomm_op")   # the peers --trace splits (both run on the group's communicator)
 QUANTILES = (50, 90, 99)
 DS_SHM_PREFIX = "deepspeed_allreduce_buffer"   # DeepSpeed's SHM_BUFFER_NAME (csrc/cpu/comm/shm.cpp)
 DS_ADDR = "127.0.0.1"
@@ -107,6 +110,8 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
     if "ringcomm_op" in peers:
         group_name = rc.group_name
         ops["ringcomm_op"] = lambda x: torch.ops.ringcomm.all_reduce_(x, group_name, "sum")
+    if "torch_noop" in peers:
+        ops["torch_noop"] = torch.ops.aten.alias   # a dispatcher op that does nothing: the floor
     if "deepspeed" in peers:
         ds = _ds_module()
         ds.initialize(world, rank)
@@ -114,7 +119,7 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
     want = float(world * (world + 1) // 2)
     clock = time.perf_counter
     # --trace: the C++ records are on CLOCK_MONOTONIC, which is perf_counter's clock on Linux.
-    comm = rc._get_backend(torch.device("cpu")).communicator if trace and "ringcomm" in peers else None
+    comm = rc._get_backend(torch.device("cpu")).communicator if trace and set(TRACED) & set(peers) else None
     out = {"cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(), "cells": {}}
     try:
         for nbytes in sizes:
@@ -123,7 +128,7 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
                 op = ops[name]
                 arrive = np.empty(calls, np.float64)
                 end = np.empty(calls, np.float64)
-                phases = np.full((calls, 2), np.nan) if comm is not None and name == "ringcomm" else None
+                phases = np.full((calls, 2), np.nan) if comm is not None and name in TRACED else None
                 for i in range(-warmup, calls):
                     x.fill_(float(rank + 1))
                     dist.barrier(group=sep)
@@ -135,7 +140,7 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
                         if phases is not None:
                             rec = comm.trace()[-1]
                             phases[i] = (rec["entry"] * 1e-9, rec["exit"] * 1e-9)
-                    if not bool(torch.all(x == want)):
+                    if name != "torch_noop" and not bool(torch.all(x == want)):
                         raise RuntimeError(f"rank {rank}: {name} all_reduce of {nbytes} B gave "
                                            f"{x[:4].tolist()}, want {want}")
                 out["cells"][f"{nbytes}/{name}"] = {"arrive": arrive.tolist(), "end": end.tolist()}
@@ -179,7 +184,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=20, help="untimed calls before them")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--peers", default=None,
-                   help="comma-separated, of ringcomm, deepspeed (default: both, deepspeed where installed)")
+                   help="comma-separated, of ringcomm, ringcomm_op, deepspeed, torch_noop (default: the first three, deepspeed where installed)")
     p.add_argument("--omp1", action="store_true", help="OMP_NUM_THREADS=1 in every rank (as torchrun sets it)")
     p.add_argument("--pin", action="store_true",
                    help="bind rank r to the r-th CPU this process may run on (one CPU per rank)")
@@ -273,16 +278,19 @@ def main(argv=None) -> int:
     if versus:
         print(f"\nratio = peer / {versus}; ringcomm = dist.all_reduce on the ringcomm group, "
               "ringcomm_op = torch.ops.ringcomm.all_reduce_ (ringcomm.torch.all_reduce_) on it")
-    if a.trace and "ringcomm" in peers:
+    traced = [n for n in TRACED if n in peers]
+    if a.trace and traced:
         print("\nringcomm's calls, the last rank to arrive, median µs: torch_in = Python call -> C++ "
               "entry, core = entry -> exit, torch_out = exit -> back in Python\n")
-        print("| size | torch_in | core | torch_out | after |")
-        print("|---|---|---|---|---|")
+        print("| size | peer | torch_in | core | torch_out | after |")
+        print("|---|---|---|---|---|---|")
         for s in sizes:
-            c = cells[f"{s}/ringcomm"]
-            med = {k: float(np.median(c[k])) for k in TRACE_SEGMENTS + ("after",)}
-            summary[str(s)]["ringcomm"]["trace_p50"] = med
-            print(f"| {fmt_size(s)} | " + " | ".join(f"{med[k]:,.1f}" for k in TRACE_SEGMENTS + ("after",)) + " |")
+            for name in traced:
+                c = cells[f"{s}/{name}"]
+                med = {k: float(np.median(c[k])) for k in TRACE_SEGMENTS + ("after",)}
+                summary[str(s)][name]["trace_p50"] = med
+                print(f"| {fmt_size(s)} | {name} | "
+                      + " | ".join(f"{med[k]:,.1f}" for k in TRACE_SEGMENTS + ("after",)) + " |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"world_size": a.world_size, "load": a.load, "sizes": sizes, "peers": peers, "calls": a.calls,

@@ -332,16 +332,24 @@ class Trampoline : public c10d::Backend {
   }
   WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
     RC_COUNT();
-    const int32_t op = entry_op(o.reduceOp);
-    if (!o.asyncOp && t.size() == 1 && op >= 0 && !o.sparseIndices) {
-      const std::shared_ptr<const FastPath> fast = fast_path();
-      if (fast && offer(t[0], [&](const RcArray* a, char* msg, size_t len) {
-            return fast->api->all_reduce(fast->handle, a, nullptr, op, msg, len);
-          }))
-        return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t[0]);
-    }
-    RC_WORK("allreduce", allreduce, t, o);
+    if (offer_allreduce(t, o)) return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t[0]);
+    return allreduce_general(t, o);
   }
+  /// The fast path's part of allreduce(), for a call already counted: true when the entry ran
+  /// it (the tensor holds the result), false when it is not eligible, the fast path is off or
+  /// the entry declined (nothing done).
+  bool offer_allreduce(Tensors& t, const c10d::AllreduceOptions& o) {
+    const int32_t op = entry_op(o.reduceOp);
+    if (o.asyncOp || t.size() != 1 || op < 0 || o.sparseIndices) return false;
+    const std::shared_ptr<const FastPath> fast = fast_path();
+    return fast && offer(t[0], [&](const RcArray* a, char* msg, size_t len) {
+             return fast->api->all_reduce(fast->handle, a, nullptr, op, msg, len);
+           });
+  }
+  /// allreduce() through the Python half, for a call already counted.
+  WorkPtr allreduce_general(Tensors& t, const c10d::AllreduceOptions& o) { RC_WORK("allreduce", allreduce, t, o); }
+  /// Count one call in the group's sequence number (what every collective does as it enters).
+  void count_call() { RC_COUNT(); }
   RC_OP1(allreduce_coalesced, AllreduceCoalescedOptions)
   RC_OP1(allreduce_sparse, AllreduceOptions)
   RC_OP1(reduce, ReduceOptions)
@@ -443,8 +451,8 @@ at::Tensor& all_reduce_op(at::Tensor& t, c10::string_view group_name, c10::strin
   if (PyGILState_Check()) nogil = std::make_unique<py::gil_scoped_release>();
   const c10::intrusive_ptr<c10d::Backend> backend = pg->getBackend(c10::DeviceType::CPU);
   if (auto* tr = dynamic_cast<Trampoline*>(backend.get())) {
-    const c10::intrusive_ptr<WorkPtr::element_type> work = tr->allreduce(tensors, opts);
-    work->wait();
+    tr->count_call();
+    if (!tr->offer_allreduce(tensors, opts)) tr->allreduce_general(tensors, opts)->wait();
     return t;
   }
   pg->allreduce(tensors, opts)->wait();
