@@ -94,6 +94,19 @@ def _cases(rank, world):
             "after": after.tolist(), "gloo": g.tolist()}
 
 
+def _gloo_only(rank, world):
+    # No ringcomm group in this process: the first call loads the extension that registers the op.
+    import ringcomm.torch
+    x = torch.full((5,), float(rank + 1))
+    ringcomm.torch.all_reduce_(x)
+    return x.tolist()
+
+
+def test_op_before_any_ringcomm_group_runs_the_groups_own_allreduce():
+    res = run_ranks(_gloo_only, 2, backend="gloo", timeout=120)
+    assert res == [[3.0] * 5, [3.0] * 5]
+
+
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_op_matches_gloo_and_dist(world):
     res = run_ranks(_cases, world, backend="gloo", timeout=300)

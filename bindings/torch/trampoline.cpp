@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "ringcomm/abi.h"
@@ -447,8 +448,8 @@ at::Tensor& all_reduce_op(at::Tensor& t, c10::string_view group_name, c10::strin
   opts.asyncOp = false;
   // The call blocks until every rank has joined: never with the GIL (a caller from Python holds
   // it, and other threads of this process may need it meanwhile).
-  std::unique_ptr<py::gil_scoped_release> nogil;
-  if (PyGILState_Check()) nogil = std::make_unique<py::gil_scoped_release>();
+  std::optional<py::gil_scoped_release> nogil;
+  if (PyGILState_Check()) nogil.emplace();
   const c10::intrusive_ptr<c10d::Backend> backend = pg->getBackend(c10::DeviceType::CPU);
   if (auto* tr = dynamic_cast<Trampoline*>(backend.get())) {
     tr->count_call();

@@ -9,8 +9,9 @@ straight to the communicator's synchronous entry (``bindings/torch/trampoline.cp
 entry declines runs as the group's own synchronous allreduce. The result, the errors and the
 group's sequence number are those of ``dist.all_reduce(tensor, op, group)``. Ops: ``"sum"``,
 ``"product"``, ``"min"``, ``"max"``, ``"band"``, ``"bor"``, ``"bxor"`` (``dist.all_reduce`` takes
-AVG and PREMUL_SUM). The op exists once the group's backend is created (its trampoline registers
-it); a loop may call ``torch.ops.ringcomm.all_reduce_`` with ``group.group_name`` directly.
+AVG and PREMUL_SUM). The trampoline extension registers the op when it loads (a ringcomm group's
+creation loads it, and so does the first call here); a loop may then call
+``torch.ops.ringcomm.all_reduce_`` with ``group.group_name`` directly.
 """
 from __future__ import annotations
 
@@ -19,10 +20,17 @@ import torch.distributed as dist
 
 __all__ = ["all_reduce_"]
 
+_op = None   # torch.ops.ringcomm.all_reduce_, once the extension that registers it is loaded
+
 
 def all_reduce_(tensor: torch.Tensor, group=None, op: str = "sum") -> torch.Tensor:
     """All-reduce ``tensor`` (a CPU tensor) in place over ``group`` (default: the default group)
     and return it; synchronous."""
+    global _op
+    if _op is None:
+        from .extension import load
+        load()
+        _op = torch.ops.ringcomm.all_reduce_
     if group is None:
         group = dist.distributed_c10d._get_default_group()
-    return torch.ops.ringcomm.all_reduce_(tensor, group.group_name, op)
+    return _op(tensor, group.group_name, op)
