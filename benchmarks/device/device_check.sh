@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The one prepared script for a lent accelerator machine (16 CPU cores beside its GPU): runs
-# gpu_check.sh, then cpu_scale_check.sh (both beside this script), each into a folder of its own,
-# and packs both folders and their consoles into one archive. The two scripts write 8 and 7 files; a runner
+# handoff_probe.sh (the cross-process hand-off probe that chooses the device-driven design), then
+# gpu_check.sh, then cpu_scale_check.sh (all beside this script), each into a folder of its own,
+# and packs the folders and their consoles into one archive. The two scripts write 8 and 7 files; a runner
 # that returns at most 8 files gets all of them this way. Run from the repository root:
 #
 #     OUT=/some/dir benchmarks/device/device_check.sh
 #
-# Output in $OUT (3 files):
-#   device_check.tgz  (gpu/ and cpu/: every file both scripts wrote; gpu_console.txt, cpu_console.txt)
-#   gpu_summary.txt  cpu_summary.txt  (the two summaries, also inside the archive)
-# Time: each script under its own limit, GPU_CHECK_TIMEOUT (s, default 330) and CPU_SCALE_TIMEOUT
-# (s, default 240), so the whole stays under 10 minutes; cpu_scale_check.sh's TOTAL_BUDGET defaults
+# Output in $OUT (5 files):
+#   device_check.tgz  (handoff/, gpu/ and cpu/: every file the scripts wrote; their consoles)
+#   handoff_no_mps.txt  handoff_mps.txt  gpu_summary.txt  cpu_summary.txt  (also inside the archive)
+# Time: each script under its own limit, HANDOFF_TIMEOUT (s, default 90), GPU_CHECK_TIMEOUT (s,
+# default 300) and CPU_SCALE_TIMEOUT (s, default 200), so the whole stays under 10 minutes; cpu_scale_check.sh's TOTAL_BUDGET defaults
 # to 20 s under its limit, and the scripts' other knobs (STAGE_A_TIMEOUT, ...) pass through. The archive is written even when a script fails or is stopped.
 # Exit status: 0 when both scripts exited 0.
 set -u
@@ -25,19 +26,28 @@ pack() {
     if [ -f "$WORK/$part/summary.txt" ]; then cp "$WORK/$part/summary.txt" "$OUT/${part}_summary.txt"
     else echo "no summary: see ${part}_console.txt in device_check.tgz" > "$OUT/${part}_summary.txt"; fi
   done
+  for f in handoff_no_mps.txt handoff_mps.txt; do
+    cp "$WORK/handoff/$f" "$OUT/$f" 2>/dev/null || echo "not written: see handoff_console.txt" > "$OUT/$f"
+  done
 }
 trap 'pack; rm -rf "$WORK"' EXIT
 
-echo "[device_check $(date +%H:%M:%S)] gpu_check.sh (limit ${GPU_CHECK_TIMEOUT:-330} s)"
-OUT="$WORK/gpu" timeout -k 10 "${GPU_CHECK_TIMEOUT:-330}" bash benchmarks/device/gpu_check.sh > "$WORK/gpu_console.txt" 2>&1
+echo "[device_check $(date +%H:%M:%S)] handoff_probe.sh (limit ${HANDOFF_TIMEOUT:-90} s)"
+OUT="$WORK/handoff" PROBE_TIMEOUT="${PROBE_TIMEOUT:-35}" TIMEOUT_MS="${TIMEOUT_MS:-500}" timeout -k 10 "${HANDOFF_TIMEOUT:-90}" \
+    bash benchmarks/device/handoff_probe.sh > "$WORK/handoff_console.txt" 2>&1
+echo "[device_check $(date +%H:%M:%S)] handoff_probe.sh: exit $?"
+echo "[device_check $(date +%H:%M:%S)] gpu_check.sh (limit ${GPU_CHECK_TIMEOUT:-300} s)"
+OUT="$WORK/gpu" timeout -k 10 "${GPU_CHECK_TIMEOUT:-300}" bash benchmarks/device/gpu_check.sh > "$WORK/gpu_console.txt" 2>&1
 gpu=$?
 echo "[device_check $(date +%H:%M:%S)] gpu_check.sh: exit $gpu"
-echo "[device_check $(date +%H:%M:%S)] cpu_scale_check.sh (limit ${CPU_SCALE_TIMEOUT:-240} s)"
+echo "[device_check $(date +%H:%M:%S)] cpu_scale_check.sh (limit ${CPU_SCALE_TIMEOUT:-200} s)"
 # cpu_scale_check.sh plans its sections within TOTAL_BUDGET: 20 s under its limit here.
-OUT="$WORK/cpu" TOTAL_BUDGET="${TOTAL_BUDGET:-$(( ${CPU_SCALE_TIMEOUT:-240} - 20 ))}" \
-    timeout -k 10 "${CPU_SCALE_TIMEOUT:-240}" bash benchmarks/device/cpu_scale_check.sh > "$WORK/cpu_console.txt" 2>&1
+OUT="$WORK/cpu" TOTAL_BUDGET="${TOTAL_BUDGET:-$(( ${CPU_SCALE_TIMEOUT:-200} - 20 ))}" \
+    timeout -k 10 "${CPU_SCALE_TIMEOUT:-200}" bash benchmarks/device/cpu_scale_check.sh > "$WORK/cpu_console.txt" 2>&1
 cpu=$?
 echo "[device_check $(date +%H:%M:%S)] cpu_scale_check.sh: exit $cpu"
+echo "---- handoff"
+cat "$WORK/handoff/handoff_no_mps.txt" "$WORK/handoff/handoff_mps.txt" 2>/dev/null || tail -20 "$WORK/handoff_console.txt"
 for part in gpu cpu; do
   echo "---- $part summary"
   cat "$WORK/$part/summary.txt" 2>/dev/null || tail -20 "$WORK/${part}_console.txt"
