@@ -2,7 +2,7 @@
 # The one prepared script for a lent accelerator machine (16 CPU cores beside its GPU): runs
 # handoff_probe.sh (the cross-process hand-off probe that chooses the device-driven design), then
 # gpu_check.sh, then cpu_scale_check.sh (all beside this script), each into a folder of its own,
-# and packs the folders and their consoles into one archive. The two scripts write 8 and 7 files; a runner
+# and packs the folders and their consoles into one archive. The scripts write 3, 8 and 7 files; a runner
 # that returns at most 8 files gets all of them this way. Run from the repository root:
 #
 #     OUT=/some/dir benchmarks/device/device_check.sh
@@ -10,10 +10,11 @@
 # Output in $OUT (5 files):
 #   device_check.tgz  (handoff/, gpu/ and cpu/: every file the scripts wrote; their consoles)
 #   handoff_no_mps.txt  handoff_mps.txt  gpu_summary.txt  cpu_summary.txt  (also inside the archive)
-# Time: each script under its own limit, HANDOFF_TIMEOUT (s, default 90), GPU_CHECK_TIMEOUT (s,
-# default 300) and CPU_SCALE_TIMEOUT (s, default 200), so the whole stays under 10 minutes; cpu_scale_check.sh's TOTAL_BUDGET defaults
+# Time: each script under its own limit, HANDOFF_TIMEOUT (s, default 100), GPU_CHECK_TIMEOUT (s,
+# default 250) and CPU_SCALE_TIMEOUT (s, default 190), which with their kill grace stay under 10
+# minutes; cpu_scale_check.sh's TOTAL_BUDGET defaults
 # to 20 s under its limit, and the scripts' other knobs (STAGE_A_TIMEOUT, ...) pass through. The archive is written even when a script fails or is stopped.
-# Exit status: 0 when both scripts exited 0.
+# Exit status: 0 when gpu_check.sh and cpu_scale_check.sh exited 0 (the probe's status is in its files).
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/device_check_out}"
@@ -32,18 +33,18 @@ pack() {
 }
 trap 'pack; rm -rf "$WORK"' EXIT
 
-echo "[device_check $(date +%H:%M:%S)] handoff_probe.sh (limit ${HANDOFF_TIMEOUT:-90} s)"
-OUT="$WORK/handoff" PROBE_TIMEOUT="${PROBE_TIMEOUT:-35}" TIMEOUT_MS="${TIMEOUT_MS:-500}" timeout -k 10 "${HANDOFF_TIMEOUT:-90}" \
+echo "[device_check $(date +%H:%M:%S)] handoff_probe.sh (limit ${HANDOFF_TIMEOUT:-100} s)"
+OUT="$WORK/handoff" PROBE_TIMEOUT="${PROBE_TIMEOUT:-30}" TIMEOUT_MS="${TIMEOUT_MS:-500}" timeout -k 10 "${HANDOFF_TIMEOUT:-100}" \
     bash benchmarks/device/handoff_probe.sh > "$WORK/handoff_console.txt" 2>&1
 echo "[device_check $(date +%H:%M:%S)] handoff_probe.sh: exit $?"
-echo "[device_check $(date +%H:%M:%S)] gpu_check.sh (limit ${GPU_CHECK_TIMEOUT:-300} s)"
-OUT="$WORK/gpu" timeout -k 10 "${GPU_CHECK_TIMEOUT:-300}" bash benchmarks/device/gpu_check.sh > "$WORK/gpu_console.txt" 2>&1
+echo "[device_check $(date +%H:%M:%S)] gpu_check.sh (limit ${GPU_CHECK_TIMEOUT:-250} s)"
+OUT="$WORK/gpu" timeout -k 10 "${GPU_CHECK_TIMEOUT:-250}" bash benchmarks/device/gpu_check.sh > "$WORK/gpu_console.txt" 2>&1
 gpu=$?
 echo "[device_check $(date +%H:%M:%S)] gpu_check.sh: exit $gpu"
-echo "[device_check $(date +%H:%M:%S)] cpu_scale_check.sh (limit ${CPU_SCALE_TIMEOUT:-200} s)"
+echo "[device_check $(date +%H:%M:%S)] cpu_scale_check.sh (limit ${CPU_SCALE_TIMEOUT:-190} s)"
 # cpu_scale_check.sh plans its sections within TOTAL_BUDGET: 20 s under its limit here.
-OUT="$WORK/cpu" TOTAL_BUDGET="${TOTAL_BUDGET:-$(( ${CPU_SCALE_TIMEOUT:-200} - 20 ))}" \
-    timeout -k 10 "${CPU_SCALE_TIMEOUT:-200}" bash benchmarks/device/cpu_scale_check.sh > "$WORK/cpu_console.txt" 2>&1
+OUT="$WORK/cpu" TOTAL_BUDGET="${TOTAL_BUDGET:-$(( ${CPU_SCALE_TIMEOUT:-190} - 20 ))}" \
+    timeout -k 10 "${CPU_SCALE_TIMEOUT:-190}" bash benchmarks/device/cpu_scale_check.sh > "$WORK/cpu_console.txt" 2>&1
 cpu=$?
 echo "[device_check $(date +%H:%M:%S)] cpu_scale_check.sh: exit $cpu"
 echo "---- handoff"

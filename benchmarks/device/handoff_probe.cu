@@ -23,7 +23,9 @@
 //     /tmp/handoff_probe [ROUNDS [REPS [TIMEOUT_MS]]]        # defaults 1000 5 2000
 #include <cuda.h>
 #include <cuda_runtime.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,21 +45,20 @@
     cudaError_t e_ = (x);                                                                            \
     if (e_ != cudaSuccess) {                                                                         \
       std::printf("[%s] %s:%d %s -> %s\n", g_who, __FILE__, __LINE__, #x, cudaGetErrorName(e_));    \
-      std::fflush(stdout);                                                                           \
-      std::_Exit(3);                                                                                 \
-    }                                                                                                \
-  } while (0)
-#define CU(x)                                                                                        \
-  do {                                                                                               \
-    CUresult r_ = (x);                                                                               \
-    if (r_ != CUDA_SUCCESS) {                                                                        \
-      std::printf("[%s] %s:%d %s -> CUresult %d\n", g_who, __FILE__, __LINE__, #x, static_cast<int>(r_)); \
-      std::fflush(stdout);                                                                           \
-      std::_Exit(3);                                                                                 \
+      die(3);                                                                                        \
     }                                                                                                \
   } while (0)
 
 static const char* g_who = "parent";
+constexpr int kMemopRounds = 256;
+static std::atomic<int>* g_dead = nullptr;  // Shared::dead, once mapped
+
+// Tell the other side this one is gone (its barriers then end at once), and exit.
+[[noreturn]] static void die(int code) {
+  std::fflush(stdout);
+  if (g_dead != nullptr) g_dead->store(1, std::memory_order_release);
+  std::_Exit(code);
+}
 
 // The driver's stream memory operations, through the runtime's entry-point query (no link
 // against libcuda, which only the machine with the driver has).
@@ -70,10 +71,10 @@ static void load_driver_entries() {
   cudaDriverEntryPointQueryResult q;
   CK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", reinterpret_cast<void**>(&p_wait_value32), 12000,
                                       cudaEnableDefault, &q));
-  if (q != cudaDriverEntryPointSuccess) { std::printf("[%s] no cuStreamWaitValue32\n", g_who); std::_Exit(3); }
+  if (q != cudaDriverEntryPointSuccess) { std::printf("[%s] no cuStreamWaitValue32\n", g_who); die(3); }
   CK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", reinterpret_cast<void**>(&p_write_value32), 12000,
                                       cudaEnableDefault, &q));
-  if (q != cudaDriverEntryPointSuccess) { std::printf("[%s] no cuStreamWriteValue32\n", g_who); std::_Exit(3); }
+  if (q != cudaDriverEntryPointSuccess) { std::printf("[%s] no cuStreamWriteValue32\n", g_who); die(3); }
 }
 
 // Shared between the two processes (an anonymous MAP_SHARED page set up before fork). Written
@@ -81,6 +82,7 @@ static void load_driver_entries() {
 // memop-host words the GPU reads and writes.
 struct Shared {
   std::atomic<int> barrier;             // both sides add one per barrier
+  std::atomic<int> dead;                // a side exited on an error (die)
   std::atomic<int> abort_gen;           // a side that timed out in repetition `gen` ends it for both
   cudaIpcMemHandle_t mem;               // the parent's device words
   cudaIpcEventHandle_t ev[2];           // [0] the parent's event, [1] the child's
@@ -94,12 +96,20 @@ static double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Both sides reach barrier number k (1, 2, ...) or the deadline passes (returns false).
+// Both sides reach barrier number k (1, 2, ...). The two sides' barrier counts must never fall
+// out of step, so a barrier that times out, or finds the other side dead, ends this process.
 static bool barrier(Shared* sh, int k, double timeout_s) {
   sh->barrier.fetch_add(1, std::memory_order_acq_rel);
   const double end = now_s() + timeout_s;
   while (sh->barrier.load(std::memory_order_acquire) < 2 * k) {
-    if (now_s() > end) return false;
+    if (sh->dead.load(std::memory_order_acquire) != 0) {
+      std::printf("[%s] barrier %d: the other side exited on an error\n", g_who, k);
+      die(4);
+    }
+    if (now_s() > end) {
+      std::printf("[%s] barrier %d timed out after %.0f s\n", g_who, k, timeout_s);
+      die(4);
+    }
     std::this_thread::yield();
   }
   return true;
@@ -147,9 +157,14 @@ struct Ctx {
   int* status;           // device scratch of the kernel way
   uint64_t* elapsed;
   int bar = 0;           // barriers passed
+  int refused = 0;       // the CUresult a stream memory operation was refused with (0: none)
+  int kernel_gave_up = 0;        // kernel way: the round the last timed-out repetition stopped at
+  uint64_t kernel_done_ns = 0;   // and how long it had run
+  bool enqueue_blocked = false;  // memop way: enqueuing outlived the deadline (the queue was full)
 };
 
 static bool sync_bar(Ctx& c) { return barrier(c.sh, ++c.bar, c.timeout_s + 5); }
+static bool setup_bar(Ctx& c) { return barrier(c.sh, ++c.bar, 60); }  // cold CUDA starts, MPS
 
 // Wait for a stream with a deadline; at the deadline release its memops (write large values into
 // every word) and report false.
@@ -200,27 +215,54 @@ static double run_once(Ctx& c, const char* way, cudaStream_t s, cudaEvent_t mine
     CK(cudaMemcpy(&st, c.status, sizeof st, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(&ns, c.elapsed, sizeof ns, cudaMemcpyDeviceToHost));
     if (!ok) return -1;
-    return st == 0 ? ns / 1e3 / c.rounds : -static_cast<double>(st);
+    if (st == 0) return ns / 1e3 / c.rounds;
+    c.kernel_gave_up = st;
+    c.kernel_done_ns = ns;
+    return -1;
   }
   if (std::strncmp(way, "memop", 5) == 0) {
     const bool host = std::strcmp(way, "memop-host") == 0;
     uint32_t* words = host ? c.host_dev : c.dev_words;
     const CUstream cs = reinterpret_cast<CUstream>(s);
     // Every op is enqueued behind a wait on the go word, so the clock covers the hand-offs only.
-    CU(p_wait_value32(cs, reinterpret_cast<CUdeviceptr>(c.host_dev + 2), 1, CU_STREAM_WAIT_VALUE_GEQ));
-    for (int i = 1; i <= c.rounds; ++i) {
+    // A driver that refuses stream memory operations refuses them on both sides alike: each side
+    // stops enqueuing, both still meet at the barrier, and the go word releases what was queued.
+    // At most kMemopRounds round trips per repetition: a stream's queue is finite, and a full one
+    // blocks the enqueuing call; a watchdog opens the go word if enqueuing outlives the deadline.
+    const int rounds = std::min(c.rounds, kMemopRounds);
+    std::atomic<bool> enqueued{false};
+    std::thread watchdog([&] {
+      const double end = now_s() + c.timeout_s;
+      while (!enqueued.load(std::memory_order_acquire)) {
+        if (now_s() > end) {
+          c.enqueue_blocked = true;
+          c.sh->host_word[2] = 0x7fffffffu;
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+    CUresult bad = p_wait_value32(cs, reinterpret_cast<CUdeviceptr>(c.host_dev + 2), 1, CU_STREAM_WAIT_VALUE_GEQ);
+    for (int i = 1; i <= rounds && bad == CUDA_SUCCESS; ++i) {
       const CUdeviceptr mine = reinterpret_cast<CUdeviceptr>(words + me);
       const CUdeviceptr theirs = reinterpret_cast<CUdeviceptr>(words + peer);
-      if (me == 0) CU(p_write_value32(cs, theirs, i, 0));
-      CU(p_wait_value32(cs, mine, i, CU_STREAM_WAIT_VALUE_GEQ));
-      if (me != 0) CU(p_write_value32(cs, theirs, i, 0));
+      if (me == 0) bad = p_write_value32(cs, theirs, i, 0);
+      if (bad == CUDA_SUCCESS) bad = p_wait_value32(cs, mine, i, CU_STREAM_WAIT_VALUE_GEQ);
+      if (me != 0 && bad == CUDA_SUCCESS) bad = p_write_value32(cs, theirs, i, 0);
     }
+    enqueued.store(true, std::memory_order_release);
+    watchdog.join();
     if (!sync_bar(c)) return -1e9;
     t0 = now_s();
     if (me == 0) c.sh->host_word[2] = 1;
     ok = stream_done(c, s, t0 + c.timeout_s);
     t1 = now_s();
-    return ok ? (t1 - t0) * 1e6 / c.rounds : -1;
+    if (bad != CUDA_SUCCESS) {
+      (void)cudaGetLastError();
+      c.refused = static_cast<int>(bad);
+      return -1;
+    }
+    return ok && !c.enqueue_blocked ? (t1 - t0) * 1e6 / rounds : -1;
   }
   // event: host-ordered IPC events
   for (int i = 1; i <= c.rounds && ok; ++i) {
@@ -251,6 +293,7 @@ static double run_once(Ctx& c, const char* way, cudaStream_t s, cudaEvent_t mine
 
 static int side_main(int side, Shared* sh, int rounds, int reps, double timeout_s) {
   g_who = side == 0 ? "parent" : "child";
+  g_dead = &sh->dead;
   alarm(static_cast<unsigned>(60 + 16 * reps * (timeout_s + 6)));  // the last resort
   CK(cudaSetDevice(0));
   load_driver_entries();
@@ -260,7 +303,7 @@ static int side_main(int side, Shared* sh, int rounds, int reps, double timeout_
     CK(cudaMemset(c.dev_words, 0, 4096));
     CK(cudaIpcGetMemHandle(&sh->mem, c.dev_words));
   }
-  if (!sync_bar(c)) return 4;
+  if (!setup_bar(c)) return 4;
   if (side == 1)
     CK(cudaIpcOpenMemHandle(reinterpret_cast<void**>(&c.dev_words), sh->mem, cudaIpcMemLazyEnablePeerAccess));
   CK(cudaHostRegister(const_cast<uint32_t*>(sh->host_word), sizeof sh->host_word,
@@ -271,11 +314,15 @@ static int side_main(int side, Shared* sh, int rounds, int reps, double timeout_
   cudaEvent_t own;
   CK(cudaEventCreateWithFlags(&own, cudaEventDisableTiming | cudaEventInterprocess));
   CK(cudaIpcGetEventHandle(&sh->ev[side], own));
-  if (!sync_bar(c)) return 4;
+  if (!setup_bar(c)) return 4;
   cudaEvent_t peer;
   CK(cudaIpcOpenEventHandle(&peer, sh->ev[1 - side]));
   cudaStream_t nonblocking;
   CK(cudaStreamCreateWithFlags(&nonblocking, cudaStreamNonBlocking));
+  // Load the kernel's module now (lazy loading would load it inside the first timed repetition).
+  pingpong<<<1, 1>>>(c.dev_words + side, c.dev_words + 1 - side, 0, 1, 0, c.status, c.elapsed);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
   const char* ways[] = {"memop-dev", "memop-host", "event", "kernel"};
   const struct { const char* name; cudaStream_t s; } streams[] = {{"legacy default", cudaStreamLegacy},
                                                                    {"non-blocking", nonblocking}};
@@ -287,11 +334,18 @@ static int side_main(int side, Shared* sh, int rounds, int reps, double timeout_
     CK(cudaDriverGetVersion(&driver));
     std::printf("device %s; driver %d; %d rounds x %d repetitions; deadline %.1f s\n", p.name, driver, rounds, reps,
                 timeout_s);
+    std::printf("ways: memop = stream write/wait value (memop-dev: IPC device words, memop-host: registered host\n"
+                "words; at most %d round trips per repetition); event = IPC events ordered on the host (host\n"
+                "flags, enqueue, stream query: a host-mediated round trip); kernel = a kernel spinning on a flag\n"
+                "the other process's kernel writes\n", kMemopRounds);
     std::printf("way         stream          round trip us: median  min  max   (or what timed out)\n");
   }
   for (const char* way : ways) {
     for (const auto& st : streams) {
       std::vector<double> r;
+      c.refused = 0;
+      c.kernel_gave_up = 0;
+      c.enqueue_blocked = false;
       for (int k = 0; k < reps; ++k) r.push_back(run_once(c, way, st.s, own, peer));
       if (side != 0) continue;
       std::vector<double> good;
@@ -301,8 +355,13 @@ static int side_main(int side, Shared* sh, int rounds, int reps, double timeout_
       if (good.size() == r.size()) {
         std::printf("%8.2f %8.2f %8.2f\n", good[good.size() / 2], good.front(), good.back());
       } else {
+        if (c.refused != 0) std::printf("refused by the driver (CUresult %d); ", c.refused);
         std::printf("%zu of %zu repetitions timed out", r.size() - good.size(), r.size());
-        for (double v : r) if (v < -1.5) std::printf(" (kernel gave up at round %.0f)", -v);
+        if (c.enqueue_blocked) std::printf(" (enqueuing the stream operations blocked)");
+        if (c.kernel_gave_up == 1) std::printf(" (the kernel completed no round trip in %.1f s)", c.kernel_done_ns / 1e9);
+        if (c.kernel_gave_up > 1)
+          std::printf(" (the kernel gave up in round %d: about %.0f us per completed round trip)", c.kernel_gave_up,
+                      c.kernel_done_ns / 1e3 / (c.kernel_gave_up - 1));
         if (!good.empty()) std::printf("; the others: median %.2f", good[good.size() / 2]);
         std::printf("\n");
       }
@@ -325,7 +384,11 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   const pid_t child = fork();
   if (child < 0) return 2;
-  if (child == 0) std::_Exit(side_main(1, sh, rounds, reps, timeout_s));
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the parent on the GPU
+    if (getppid() == 1) std::_Exit(6);
+    std::_Exit(side_main(1, sh, rounds, reps, timeout_s));
+  }
   const int rc = side_main(0, sh, rounds, reps, timeout_s);
   int status = 0;
   const double end = now_s() + 30;
