@@ -85,8 +85,11 @@ void bind_comm(py::module_& m) {
       .def("abort", &Communicator::abort, py::arg("reason") = "", rc_py::ReleaseGil())
       .def("set_timeout", &Communicator::set_timeout, py::arg("seconds"))
       .def("set_cpus", &Communicator::set_cpus, py::arg("threads"), py::arg("min_bytes"), py::arg("where") = "", py::arg("ranks_sharing") = 0,
+           py::arg("node_ranks") = 0,
            "Before connect(): split copies and reductions of >= min_bytes over `threads` threads (1: none); "
-           "`where` (the rank's placement) ends the INFO line.")
+           "`where` (the rank's placement) ends the INFO line; `ranks_sharing` (the local ranks on this "
+           "rank's CPUs, where ringcomm pinned them) and `node_ranks` (the ranks on this node, of every "
+           "group) inform the wait policy (0: not known).")
       .def_property_readonly("cpu_threads", &Communicator::cpu_threads)
       .def("errored", [](Communicator& c) -> py::object {
              // (ErrorCode, message) of the first error that made the communicator unusable, or None.

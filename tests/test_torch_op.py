@@ -52,7 +52,7 @@ def _cases(rank, world):
                 dist.all_reduce(ref, op=rop)                 # gloo, the default group
                 out = ringcomm.torch.all_reduce_(x, rc, op) if n % 2 else \
                     torch.ops.ringcomm.all_reduce_(x, rc.group_name, op)
-                calls += 1
+                calls += n > 0
                 if out.data_ptr() != x.data_ptr() or not torch.equal(x, ref):
                     wrong.append((str(dt), op, n))
     entry_calls = _C._sync_entry_stats()["all_reduce"] - entry0
@@ -114,8 +114,8 @@ def test_op_matches_gloo_and_dist(world):
     for r in res:
         assert r["wrong"] == [], r["wrong"][:10]
         if world > 1:
-            # every call but the 0-element ones went through the synchronous entry
-            assert r["entry_calls"] >= r["calls"] * 3 // 4, (r["entry_calls"], r["calls"])
+            # every call with elements went through the synchronous entry
+            assert r["entry_calls"] >= r["calls"], (r["entry_calls"], r["calls"])
         assert r["outcomes"][0] == r["outcomes"][1], r["outcomes"]
         assert r["seq_step"] == 2
         assert r["bad_op"] is not None and "sum, product, min, max, band, bor, bxor" in r["bad_op"]

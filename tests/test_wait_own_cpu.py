@@ -146,6 +146,58 @@ def test_a_spin_that_loses_its_cpu_sleeps_at_once():
     assert r["cpu"] < 0.3, r
 
 
+def _facts(rank, world, store, pins, node_world):
+    os.sched_setaffinity(0, pins[rank])
+    if node_world:
+        os.environ["LOCAL_WORLD_SIZE"] = str(node_world)   # more ranks on this node, in other groups
+    comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + store)
+    with comm:
+        return comm._c.describe_wait()
+
+
+@needs_two
+def test_a_node_with_more_ranks_than_cpus_never_takes_the_long_spin():
+    # This group's two ranks are pinned apart, but the node runs 8 ranks (LOCAL_WORLD_SIZE) on
+    # fewer CPUs: other groups' ranks share these CPUs, which this group's masks cannot show.
+    pins = [{TWO_CPUS[0]}, {TWO_CPUS[1]}]
+    if os.cpu_count() >= 8:
+        pytest.skip("needs a node with fewer than 8 online CPUs")
+    for desc in spawn_with_store(_facts, 2, lambda s: (s, pins, 8), timeout=60):
+        assert "(2 ranks, 1 CPUs, 8 ranks on them: ranks outnumber CPUs)" in desc, desc
+    for desc in spawn_with_store(_facts, 2, lambda s: (s, pins, 2), timeout=60):
+        assert "(2 ranks, 1 CPUs, 1 ranks on them: CPUs of its own)" in desc, desc
+
+
+def _aborts(rank, world, store, pins):
+    os.sched_setaffinity(0, pins[rank])
+    comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + store)
+    comm.all_reduce(np.ones(4, np.float32))
+    if rank == 1:
+        time.sleep(0.3)
+        comm.abort("rank 1 gives up")   # while rank 0 spins for its part
+        return ("aborted", 0.0)
+    t0 = time.perf_counter()
+    try:
+        comm.all_reduce(np.ones(4, np.float32))
+        return ("no error", time.perf_counter() - t0)
+    except ringcomm.RingcommError as e:
+        return (type(e).__name__, time.perf_counter() - t0)
+    finally:
+        comm.close()
+
+
+@needs_two
+def test_a_long_spin_still_notices_a_peer_that_gave_up():
+    # A 30 s spin bound: the spin checks the peers as a sleeping waiter does (every
+    # RINGCOMM_LIVENESS_MS), so rank 1's abort is raised on rank 0 within a second, not after 30 s.
+    pins = [{TWO_CPUS[0]}, {TWO_CPUS[1]}]
+    res = spawn_with_store(_aborts, 2, lambda s: (s, pins), timeout=90,
+                           env={"RINGCOMM_SPIN_OWN_CPU_US": "30000000", "RINGCOMM_TIMEOUT": "60"})
+    kind, took = res[0]
+    assert kind == "PeerFailureError", res
+    assert took < 3.0, res
+
+
 def test_bad_bound_raises(monkeypatch):
     monkeypatch.setenv("RINGCOMM_SPIN_OWN_CPU_US", "-1")
     with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_SPIN_OWN_CPU_US"):

@@ -47,10 +47,11 @@ std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h,
   return nullptr;
 }
 
-void HostDevice::set_cpus(int threads, size_t min_bytes, const std::string& where, int ranks_sharing) {
+void HostDevice::set_cpus(int threads, size_t min_bytes, const std::string& where, int ranks_sharing,
+                          int node_ranks) {
   RC_CHECK(threads >= 1, InvalidArgument, "ringcomm: CPU threads per rank must be >= 1, got " << threads);
   cpus_ = where;
-  transport_.set_ranks_sharing(ranks_sharing);
+  transport_.set_ranks_sharing(ranks_sharing, node_ranks);
   split_.reset();
   pool_.reset();
   if (threads == 1) return;

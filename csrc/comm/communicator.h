@@ -45,8 +45,9 @@ class HostDevice final : public CommDevice {
   }
   /// Split copies and reductions of at least min_bytes over `threads` threads (1: none); `where`
   /// (the rank's CPUs, from the Python front) ends the INFO line. Called before connect().
-  /// ranks_sharing: the local ranks on this rank's CPUs (0: unknown), for the wait policy.
-  void set_cpus(int threads, size_t min_bytes, const std::string& where, int ranks_sharing = 0);
+  /// ranks_sharing: the local ranks on this rank's CPUs where the front pinned them, node_ranks:
+  /// the ranks on this node of every group (0: unknown), for the wait policy.
+  void set_cpus(int threads, size_t min_bytes, const std::string& where, int ranks_sharing = 0, int node_ranks = 0);
   int cpu_threads() const { return pool_ ? pool_->threads() : 1; }
 
  private:
@@ -78,9 +79,9 @@ class Communicator final : public CommCore {
   /// The shm transport's wait policy in words (ShmTransport::describe_wait).
   std::string describe_wait() const { return host_->transport().describe_wait(); }
   /// See HostDevice::set_cpus.
-  void set_cpus(int threads, size_t min_bytes, const std::string& where, int ranks_sharing = 0) {
+  void set_cpus(int threads, size_t min_bytes, const std::string& where, int ranks_sharing = 0, int node_ranks = 0) {
     RC_CHECK(!connected(), Error, "ringcomm: set_cpus after connect");
-    host_->set_cpus(threads, min_bytes, where, ranks_sharing);
+    host_->set_cpus(threads, min_bytes, where, ranks_sharing, node_ranks);
   }
   int cpu_threads() const { return host_->cpu_threads(); }
 

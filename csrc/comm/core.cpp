@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "comm/header_exchange.h"
 #include "common/caller_wait.h"
@@ -369,7 +370,12 @@ void CommCore::progress_loop() {
     queue_.pop_front();
     busy_ = true;
     lk.unlock();
-    run_task(t);
+    {
+      // A synchronous call queued behind async work: its caller is blocked on it all the same.
+      std::optional<CallerWaitScope> caller;
+      if (!t.l.async) caller.emplace();
+      run_task(t);
+    }
     lk.lock();
     busy_ = false;
     cv_.notify_all();

@@ -87,7 +87,9 @@ class ShmTransport {
   /// the front knows it (it bound the ranks): the wait policy then compares it, not the world
   /// size, with the CPUs (ShmConfig::set_ranks_sharing). < 1: unknown, nothing changes. attach()
   /// sets it again from every rank's affinity mask.
-  void set_ranks_sharing(int ranks_sharing);
+  /// `node_ranks`: the ranks on this node, of every group (0: not known); more of them than the
+  /// node's online CPUs means some share CPUs, whatever this communicator's masks say.
+  void set_ranks_sharing(int ranks_sharing, int node_ranks = 0);
   /// In a forked child: forget the mappings without writing to any segment (they are the
   /// parent's: its state word, board and channels) and never unlink a name. Idempotent; close()
   /// afterwards does nothing.
@@ -185,6 +187,9 @@ class ShmTransport {
   bool pulls(int peer, Lane lane) const;   // this rank receives from peer through its outbox
   // After mapping every peer: the local ranks whose CPUs meet this rank's (0: not known).
   int ranks_on_own_cpus() const;
+  // What the front said (set_ranks_sharing): attach() keeps the larger of it and the masks' count.
+  int front_sharing_ = 0;
+  int node_ranks_ = 0;
   // In a failed attach(): unlink the names of peers that died before unlinking their own, once
   // every other rank has mapped them.
   void unlink_dead_peers(const std::vector<std::string>& names);

@@ -71,7 +71,11 @@ void ShmConfig::set_ranks_sharing(int ranks) {
   spin_ns = spin_ns_for(ranks);
 }
 
-void ShmTransport::set_ranks_sharing(int ranks_sharing) { cfg_.set_ranks_sharing(ranks_sharing); }
+void ShmTransport::set_ranks_sharing(int ranks_sharing, int node_ranks) {
+  front_sharing_ = std::max(0, ranks_sharing);
+  node_ranks_ = std::max(0, node_ranks);
+  cfg_.set_ranks_sharing(ranks_sharing);
+}
 
 ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s) {
   ShmConfig c;

@@ -4,6 +4,7 @@
 #include "transport/shm.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -36,7 +37,15 @@ std::string ShmTransport::create() {
 void ShmTransport::attach(const std::vector<std::string>& names) {
   segs_.map_peers(names, [this](int p, const SegmentHeader* h) { live_.on_mapped(p, h); });
   live_.stop_heartbeat_if_unused();
-  cfg_.set_ranks_sharing(ranks_on_own_cpus());
+  // The masks cover this communicator's ranks only: a subgroup's members can be pinned apart while
+  // ranks of other groups share their CPUs. So the count is at least what the front knows from
+  // pinning, and where the node's ranks outnumber its online CPUs, every one of them counts.
+  if (const int masks = ranks_on_own_cpus(); masks > 0) {
+    int ranks = std::max(masks, front_sharing_);
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online > 0 && node_ranks_ > online) ranks = std::max(ranks, node_ranks_);
+    cfg_.set_ranks_sharing(ranks);
+  }
   // Every peer maps our segment before we unlink it; after that the name is gone and the memory
   // lives exactly as long as the mappings.
   SegmentHeader* own = segs_.header(rank_);

@@ -125,8 +125,12 @@ class ShmWaits {
 
 template <class Ready>
 inline bool ShmWaits::spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0) {
-  const int64_t end = t0 + cfg_.own_spin_ns;
+  // Bounded by the knob and by the wait's deadline (the sleep loop raises the TimeoutError); the
+  // peers are checked as often as a sleeping waiter checks them, so a long bound never delays
+  // noticing a dead or aborted peer.
+  const int64_t end = std::min(t0 + cfg_.own_spin_ns, deadline_after(t0, timeout_s()));
   int64_t last = t0;
+  int64_t next_liveness = t0 + cfg_.liveness_ns;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       cpu_relax();
@@ -140,6 +144,14 @@ inline bool ShmWaits::spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0) {
     if (now >= end) return false;
     last = now;
     if (live_.closing()) live_.fail_closing(w);
+    if (now >= next_liveness) {
+      next_liveness = now + cfg_.liveness_ns;
+      if (w.peer >= 0 && w.peer != rank_ && live_.peer_left(w.peer)) {
+        if (ready()) return true;
+        live_.fail_peer_state(w.peer, w);
+      }
+      live_.check_peers(w, true);
+    }
   }
 }
 
@@ -162,7 +174,8 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
   // and spins yield_ns longer: when the peer sits runnable on OUR CPU (ranks outnumber CPUs, or
   // another process shares the CPU) only that lets it run before our spin budget is gone.
   const WaitMode mode = cfg_.wait_mode;
-  const bool own_spin = mode == WaitMode::kAuto && cfg_.own_cpu && !colocated && caller_blocked();
+  const bool own_spin =
+      mode == WaitMode::kAuto && cfg_.own_cpu && cfg_.own_spin_ns > 0 && !colocated && caller_blocked();
   const bool adaptive = mode == WaitMode::kAdaptive;
   const bool yielding = !own_spin && (mode == WaitMode::kYield || mode == WaitMode::kAuto ||
                          (adaptive && yield_credit_.load(std::memory_order_relaxed) > 0)) &&

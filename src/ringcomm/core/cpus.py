@@ -39,7 +39,7 @@ from typing import Optional, Sequence
 
 __all__ = ["parse_cpulist", "format_cpulist", "core_share", "numa_share", "pinned_reason",
            "Topology", "BindPlan", "plan_binding", "auto_threads", "read_topology",
-           "apply_affinity", "bind_process", "place_rank", "REGISTRY_DEFAULT"]
+           "apply_affinity", "bind_process", "place_rank", "node_ranks", "REGISTRY_DEFAULT"]
 
 REGISTRY_DEFAULT = "/tmp/.ringcomm-bind"
 MODES = ("none", "core", "numa")
@@ -407,6 +407,12 @@ def _local(rank: int, world: int) -> tuple[int, int]:
     except (KeyError, ValueError):
         pass
     return rank, world
+
+
+def node_ranks(rank: int, world: int) -> int:
+    """The ranks on this node, of every group: LOCAL_WORLD_SIZE where the launcher set it
+    consistently, else the communicator's world (all its ranks are on this node)."""
+    return _local(rank, world)[1]
 
 
 def place_rank(rank: int, world: int, knobs) -> tuple[BindPlan, int, int]:

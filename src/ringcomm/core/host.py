@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _C, config
 from .arrays import as_buf, is_cuda_array, maybe_cuda
-from .cpus import place_rank
+from .cpus import node_ranks, place_rank
 from .errors import InvalidArgumentError, MismatchError, PeerFailureError, RingcommError, from_code
 from .front import _SUM, CoreBackEnd
 from .rendezvous import GenerationSuperseded, exchange_segment_names, forget_segment_name
@@ -239,7 +239,11 @@ def shm_communicator(rank: int, world_size: int, store, prefix: str, timeout: fl
             knobs = config.read()
         plan, threads, min_bytes = place_rank(rank, world_size, knobs)
         core = _C.Communicator(rank, world_size, timeout, knobs)
-        core.set_cpus(threads, min_bytes, plan.describe(threads, min_bytes), plan.ranks_sharing)
+        # The wait policy counts the ranks on this rank's CPUs from every rank's affinity mask; the
+        # plan's count adds what the masks of this group cannot show (other groups' ranks), but
+        # only where ringcomm pinned the ranks (otherwise it is a guess).
+        core.set_cpus(threads, min_bytes, plan.describe(threads, min_bytes),
+                      plan.ranks_sharing if plan.applied else 0, node_ranks(rank, world_size))
         name = core.create()
         if world_size == 1:
             names = [name]

@@ -30,7 +30,9 @@ def all_reduce_(tensor: torch.Tensor, group=None, op: str = "sum") -> torch.Tens
     if _op is None:
         from .extension import load
         load()
-        _op = torch.ops.ringcomm.all_reduce_
+        _op = torch.ops.ringcomm.all_reduce_.default
     if group is None:
         group = dist.distributed_c10d._get_default_group()
+    elif group == dist.GroupMember.NON_GROUP_MEMBER:
+        return tensor   # a rank outside the group takes no part, as in dist.all_reduce
     return _op(tensor, group.group_name, op)
