@@ -88,25 +88,37 @@ def test_ranks_on_own_cpus_come_from_every_ranks_mask(pins, verdict):
             assert verdict in r["desc"], r["desc"]
 
 
+def _spun(env, need_cpu, **kw):
+    """Up to 3 runs, until one whose rank 0 kept its CPU through the spin (descheduled == 0), and
+    on that one the CPU the spin took (it was spun, not cut short). A busy machine (another test
+    file's ranks on these CPUs) can take the CPU in every run; the wait then says so
+    (descheduled), and the other checks still hold. Every run's figures."""
+    runs = []
+    for _ in range(3):
+        r = _run(env, pins=[{TWO_CPUS[0]}, {TWO_CPUS[1]}], **kw)[0]
+        runs.append(r)
+        if r["stats"]["descheduled"] == 0:
+            assert r[need_cpu[0]] >= need_cpu[1], runs
+            break
+    return runs
+
+
 @needs_two
 def test_a_late_peer_costs_the_spin_bound_not_the_wait():
-    # A 20 ms spin bound against a peer 300 ms late: the wait spins (at least most of 20 ms of
-    # CPU, unless it lost the CPU and said so), then sleeps; far less CPU than the wait's length.
-    res = _run({"RINGCOMM_SPIN_OWN_CPU_US": "20000"}, pins=[{TWO_CPUS[0]}, {TWO_CPUS[1]}])
-    r = res[0]
-    assert r["ok"] and res[1]["ok"]
-    assert r["wall"] >= 0.25, r
-    assert r["stats"]["slept"] >= 1, r
-    assert r["cpu"] < 0.1, r
-    assert r["cpu"] >= 0.015 or r["stats"]["descheduled"] >= 1, r
+    # A 20 ms spin bound against a peer 300 ms late: the wait spins most of 20 ms of CPU, then
+    # sleeps: far less CPU than the wait's length.
+    for r in _spun({"RINGCOMM_SPIN_OWN_CPU_US": "20000"}, ("cpu", 0.015)):
+        assert r["ok"], r
+        assert r["wall"] >= 0.25, r
+        assert r["stats"]["slept"] >= 1, r
+        assert r["cpu"] < 0.1, r
 
 
 @needs_two
 def test_default_bound_is_a_millisecond():
-    res = _run({}, pins=[{TWO_CPUS[0]}, {TWO_CPUS[1]}])
-    r = res[0]
-    assert "synchronous calls spin up to 1000 us" in r["desc"], r["desc"]
-    assert r["ok"] and r["stats"]["slept"] >= 1 and r["cpu"] < 0.05, r
+    for r in _spun({}, ("cpu", 0.0008)):
+        assert "synchronous calls spin up to 1000 us" in r["desc"], r["desc"]
+        assert r["ok"] and r["stats"]["slept"] >= 1 and r["cpu"] < 0.05, r
 
 
 @needs_two
@@ -115,10 +127,9 @@ def test_async_calls_do_not_take_the_long_spin():
     # call, run on the progress thread beside a caller that may compute, yields and sleeps early.
     env = {"RINGCOMM_SPIN_OWN_CPU_US": "200000"}
     pins = [{TWO_CPUS[0]}, {TWO_CPUS[1]}]
-    sync = _run(env, pins=pins, late_s=0.4)[0]
+    sync = _spun(env, ("proc", 0.1), late_s=0.4)[-1]
     asyn = _run(env, pins=pins, late_s=0.4, async_op=True)[0]
     assert sync["ok"] and asyn["ok"]
-    assert sync["proc"] >= 0.1 or sync["stats"]["descheduled"] >= 1, sync
     assert asyn["proc"] < 0.05, asyn
     assert asyn["stats"]["slept"] >= 1, asyn
 
