@@ -298,6 +298,11 @@ def lasting(new: set, match: Callable[[str], bool] = _ringcomm_segment, wait_s: 
 
 # ---- torch.distributed ranks -----------------------------------------------------------------------
 
+# A busy process beside a rank: `python -c BUSY_LOOP <parent pid>` spins on pure-Python arithmetic
+# until its parent is gone (the tests that start it also kill it).
+BUSY_LOOP = ("import os,sys\nparent=int(sys.argv[1])\nx=0\nwhile os.getppid()==parent:\n"
+             "    for i in range(20000): x=(x*1103515245+i)&0xFFFFFFFF\n")
+
 BACKENDS = ["gloo", "ringcomm"]
 
 _PROBED: dict = {}

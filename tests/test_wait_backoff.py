@@ -21,17 +21,16 @@ import pytest
 
 import ringcomm
 from fd2_capture import capture_fd2
+from ranks import BUSY_LOOP
 from ringcomm.launch import spawn_with_store
 
-_BUSY = "import os,sys\nparent=int(sys.argv[1])\nx=0\nwhile os.getppid()==parent:\n" \
-        "    for i in range(20000): x=(x*1103515245+i)&0xFFFFFFFF\n"
 
 
 def _rank(rank, world, store, cpus, hog, calls):
     os.sched_setaffinity(0, cpus[rank % len(cpus)])
     busy = None
     if hog and rank == 0:
-        busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(os.getpid())],
+        busy = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(os.getpid())],
                                 preexec_fn=lambda: os.sched_setaffinity(0, cpus[0]))
     try:
         comm, text = capture_fd2(lambda: ringcomm.init(rank=rank, world_size=world, init_method="file://" + store))

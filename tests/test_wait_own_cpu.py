@@ -22,12 +22,11 @@ import numpy as np
 import pytest
 
 import ringcomm
+from ranks import BUSY_LOOP
 from ringcomm.launch import spawn_with_store
 
 TWO_CPUS = sorted(os.sched_getaffinity(0))[:2]
 needs_two = pytest.mark.skipif(len(TWO_CPUS) < 2, reason="needs 2 CPUs")
-_BUSY = "import os,sys\nparent=int(sys.argv[1])\nx=0\nwhile os.getppid()==parent:\n" \
-        "    for i in range(20000): x=(x*1103515245+i)&0xFFFFFFFF\n"
 
 
 def _late_peer(rank, world, store, pins, late_s, async_op, hog):
@@ -36,7 +35,7 @@ def _late_peer(rank, world, store, pins, late_s, async_op, hog):
         os.sched_setaffinity(0, pins[rank])
     busy = None
     if hog and rank == 0:
-        busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(os.getpid())],
+        busy = subprocess.Popen([sys.executable, "-c", BUSY_LOOP, str(os.getpid())],
                                 preexec_fn=lambda: os.sched_setaffinity(0, pins[0]))
     try:
         comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + store)

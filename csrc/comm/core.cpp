@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <optional>
 
 #include "comm/header_exchange.h"
 #include "common/caller_wait.h"
@@ -372,8 +371,7 @@ void CommCore::progress_loop() {
     lk.unlock();
     {
       // A synchronous call queued behind async work: its caller is blocked on it all the same.
-      std::optional<CallerWaitScope> caller;
-      if (!t.l.async) caller.emplace();
+      CallerWaitScope caller(!t.l.async);
       run_task(t);
     }
     lk.lock();

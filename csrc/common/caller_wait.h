@@ -14,10 +14,13 @@ inline thread_local bool t_caller_blocked = false;
 /// True while this thread runs a synchronous call inline (a CallerWaitScope is alive on it).
 inline bool caller_blocked() { return caller_wait_detail::t_caller_blocked; }
 
-/// Marks this thread's waits as a blocked caller's for its lifetime (nests; restores on exit).
+/// Marks this thread's waits as a blocked caller's (or, `blocked` false, as not) for its
+/// lifetime (nests; restores on exit).
 class CallerWaitScope {
  public:
-  CallerWaitScope() : prev_(caller_wait_detail::t_caller_blocked) { caller_wait_detail::t_caller_blocked = true; }
+  explicit CallerWaitScope(bool blocked = true) : prev_(caller_wait_detail::t_caller_blocked) {
+    caller_wait_detail::t_caller_blocked = blocked;
+  }
   ~CallerWaitScope() { caller_wait_detail::t_caller_blocked = prev_; }
   CallerWaitScope(const CallerWaitScope&) = delete;
   CallerWaitScope& operator=(const CallerWaitScope&) = delete;

@@ -59,15 +59,13 @@ bool affinity_mask(uint64_t* words) {
 }
 
 int64_t ShmConfig::spin_ns_for(int ranks) const {
-  const int64_t spin_default_us = ranks > cpus ? 2 : 50;  // oversubscribed: short spins
+  const int64_t spin_default_us = ranks > cpus ? 2 : 50;  // oversubscribed(): short spins
   return (spin_us ? *spin_us : spin_default_us) * 1000;
 }
 
 void ShmConfig::set_ranks_sharing(int ranks) {
   if (ranks < 1) return;
   ranks_sharing = ranks;
-  oversubscribed = ranks > cpus;
-  own_cpu = ranks == 1;
   spin_ns = spin_ns_for(ranks);
 }
 
@@ -99,7 +97,7 @@ ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s
   // and a spinning waiter steals its core, so the spin is short and yields. With a CPU per rank,
   // kAdaptive yields only after a miss (a spin that ran out or was preempted), saving the
   // sched_yield calls (docs/algorithms.md, "Waits"). auto decides per wait from two facts
-  // (transport/shm_wait.h): whether this rank's CPUs are its own (own_cpu: from the world size
+  // (transport/shm_wait.h): whether this rank's CPUs are its own (own_cpu(): from the world size
   // here, from the ranks' affinity masks once attach() has read them), and whether the waiting
   // thread's caller is blocked on the call.
   c.cpus = affinity_cpus();

@@ -18,7 +18,7 @@ enum class WaitMode : int {
   kSpin = 0,      // pause-spin spin_ns, then sleep: never sched_yield
   kYield = 1,     // spin spin_ns + yield_ns with a sched_yield every yield_every_ns, then sleep
   kAdaptive = 2,  // kSpin; after a miss (the spin ran out, or was preempted) kYield for a while
-  kAuto = 3,      // by the facts, per wait: see ShmConfig::own_cpu and transport/shm_wait.h
+  kAuto = 3,      // by the facts, per wait: see ShmConfig::own_cpu() and transport/shm_wait.h
 };
 
 /// CPU numbers a SegmentHeader's mask can hold (bit c of word c / 64).
@@ -37,14 +37,6 @@ struct ShmConfig {
   // Local ranks (this one included) that may run on this process's CPUs: the world size until
   // attach() reads every peer's affinity mask (ShmTransport::attach), or the front's count.
   int ranks_sharing = 1;
-  // More of those ranks than CPUs (ranks_sharing > cpus): waits spin briefly (spin_ns_for) and
-  // give the CPU up at once to a peer that last waited on it (ShmWaits::placed_with).
-  bool oversubscribed = false;
-  // No other local rank may run on this process's CPUs (ranks_sharing == 1: pinned apart). Only
-  // then can a spin here never keep a peer rank off a CPU, and kAuto lets a synchronous call's
-  // waits (common/caller_wait.h) spin own_spin_ns. Ranks that may meet on a CPU (unpinned) yield:
-  // beside other busy processes the CPU a late peer needs may be the one a spinner holds.
-  bool own_cpu = false;
   int64_t spin_ns = 0;       // RINGCOMM_SPIN_US, or by the CPUs (spin_ns_for)
   std::optional<int64_t> spin_us;  // RINGCOMM_SPIN_US where the environment sets it
   int64_t own_spin_ns = 0;   // RINGCOMM_SPIN_OWN_CPU_US
@@ -72,9 +64,17 @@ struct ShmConfig {
   /// when more ranks share this process's CPUs than there are (`cpus`: the awaited rank may
   /// need our CPU), else 50 us.
   int64_t spin_ns_for(int ranks_sharing) const;
-  /// Set ranks_sharing, own_cpu and spin_ns from a count of local ranks on this process's CPUs
-  /// (< 1: unknown, nothing changes).
+  /// Set ranks_sharing and spin_ns from a count of local ranks on this process's CPUs (< 1:
+  /// unknown, nothing changes).
   void set_ranks_sharing(int ranks);
+  /// More of those ranks than CPUs: waits spin briefly (spin_ns_for) and give the CPU up at once
+  /// to a peer that last waited on it (ShmWaits::placed_with).
+  bool oversubscribed() const { return ranks_sharing > cpus; }
+  /// No other local rank may run on this process's CPUs (pinned apart). Only then can a spin here
+  /// never keep a peer rank off a CPU, and kAuto lets a synchronous call's waits
+  /// (common/caller_wait.h) spin own_spin_ns. Ranks that may meet on a CPU (unpinned) yield:
+  /// beside other busy processes the CPU a late peer needs may be the one a spinner holds.
+  bool own_cpu() const { return ranks_sharing == 1; }
 };
 
 /// Bytes of one rank's segment for `world` ranks with configuration `cfg` (computes only): in the

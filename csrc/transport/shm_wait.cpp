@@ -21,7 +21,7 @@ bool ShmWaits::placed_with(int peer, bool backing_off) {
   SegmentHeader* own = segs_.header(rank_);
   if (own->on_cpu.load(std::memory_order_relaxed) != cpu + 1) own->on_cpu.store(cpu + 1, std::memory_order_relaxed);
   bool colocated = false;
-  if ((cfg_.oversubscribed || backing_off) && peer >= 0 && peer != rank_ && segs_.mapped(peer))
+  if ((cfg_.oversubscribed() || backing_off) && peer >= 0 && peer != rank_ && segs_.mapped(peer))
     colocated = segs_.header(peer)->on_cpu.load(std::memory_order_relaxed) == cpu + 1;
   if (colocated) n_colocated_.fetch_add(1, std::memory_order_relaxed);
   return colocated;
@@ -52,9 +52,9 @@ std::string ShmWaits::describe() const {
     case WaitMode::kAuto: o << "auto"; break;
   }
   o << " (" << world_ << " ranks, " << cfg_.cpus << " CPUs, " << cfg_.ranks_sharing << " ranks on them: "
-    << (cfg_.own_cpu ? "CPUs of its own" : cfg_.oversubscribed ? "ranks outnumber CPUs" : "ranks may meet on a CPU")
+    << (cfg_.own_cpu() ? "CPUs of its own" : cfg_.oversubscribed() ? "ranks outnumber CPUs" : "ranks may meet on a CPU")
     << "): ";
-  if (mode == WaitMode::kAuto && cfg_.own_cpu)
+  if (mode == WaitMode::kAuto && cfg_.own_cpu())
     o << "synchronous calls spin up to " << cfg_.own_spin_ns / 1000
       << " us (less if the CPU is lost), then futex; other waits ";
   o << "spin " << cfg_.spin_ns / 1000 << " us";

@@ -15,7 +15,7 @@
 // waiting thread of the transport, with relaxed atomics: hints and statistics, never ordering.
 //
 // WaitMode::kAuto decides per wait from two facts: whether this rank's CPUs are its own, no other
-// local rank may run on them (ShmConfig::own_cpu, from the ranks' affinity masks), and whether
+// local rank may run on them (ShmConfig::own_cpu(), from the ranks' affinity masks), and whether
 // this thread's caller is blocked on the call (common/caller_wait.h). Both true: no peer rank can
 // be queued behind this wait and nothing else of this rank wants the CPU,
 // so the wait spins with `pause` for own_spin_ns (a futex sleep and wake costs tens of
@@ -106,6 +106,11 @@ class ShmWaits {
   // own_spin_ns is spent or the CPU was lost (false: the caller sleeps).
   template <class Ready>
   bool spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0);
+  // The peer checks every wait makes between spins or sleeps: true when ready() holds after all
+  // (the awaited peer finished its part before it closed); raises when the awaited peer closed
+  // or aborted, or any peer failed (its liveness probed when `live_check`).
+  template <class Ready>
+  bool check_peers(Ready& ready, const WaitCtx& w, bool live_check) const;
 
   int rank_;
   int world_;
@@ -122,6 +127,16 @@ class ShmWaits {
   std::atomic<int64_t> no_yield_until_{0};
   std::atomic<uint64_t> n_slept_{0}, n_yields_lost_{0}, n_colocated_{0}, n_descheduled_{0};
 };
+
+template <class Ready>
+inline bool ShmWaits::check_peers(Ready& ready, const WaitCtx& w, bool live_check) const {
+  if (w.peer >= 0 && w.peer != rank_ && live_.peer_left(w.peer)) {
+    if (ready()) return true;  // it finished its part before closing
+    live_.fail_peer_state(w.peer, w);
+  }
+  live_.check_peers(w, live_check);
+  return false;
+}
 
 template <class Ready>
 inline bool ShmWaits::spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0) {
@@ -146,11 +161,7 @@ inline bool ShmWaits::spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0) {
     if (live_.closing()) live_.fail_closing(w);
     if (now >= next_liveness) {
       next_liveness = now + cfg_.liveness_ns;
-      if (w.peer >= 0 && w.peer != rank_ && live_.peer_left(w.peer)) {
-        if (ready()) return true;
-        live_.fail_peer_state(w.peer, w);
-      }
-      live_.check_peers(w, true);
+      if (check_peers(ready, w, true)) return true;
     }
   }
 }
@@ -175,7 +186,7 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
   // another process shares the CPU) only that lets it run before our spin budget is gone.
   const WaitMode mode = cfg_.wait_mode;
   const bool own_spin =
-      mode == WaitMode::kAuto && cfg_.own_cpu && cfg_.own_spin_ns > 0 && !colocated && caller_blocked();
+      mode == WaitMode::kAuto && cfg_.own_cpu() && cfg_.own_spin_ns > 0 && !colocated && caller_blocked();
   const bool adaptive = mode == WaitMode::kAdaptive;
   const bool yielding = !own_spin && (mode == WaitMode::kYield || mode == WaitMode::kAuto ||
                          (adaptive && yield_credit_.load(std::memory_order_relaxed) > 0)) &&
@@ -248,11 +259,7 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
     const int64_t now = now_ns();
     const bool live_check = now >= next_liveness;
     if (live_check) next_liveness = now + cfg_.liveness_ns;
-    if (w.peer >= 0 && w.peer != rank_ && live_.peer_left(w.peer)) {
-      if (ready()) return;  // it finished its part before closing
-      live_.fail_peer_state(w.peer, w);
-    }
-    live_.check_peers(w, live_check);
+    if (check_peers(ready, w, live_check)) return;
     if (now >= deadline) {
       if (ready()) return;
       RC_THROW(TimeoutError, "ringcomm: " << live_.describe(w) << ": Timed out after " << timeout_s()
