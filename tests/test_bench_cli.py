@@ -282,8 +282,9 @@ def test_mpi_phase_failure_names_mpiexecs_last_error_line_and_allows_root(tmp_pa
 @pytest.mark.skipif(not HAVE_TORCH, reason="the probe runs torch ranks")
 @pytest.mark.timeout(120)
 def test_torch_apart_probe_reports_each_call(tmp_path):
-    """benchmarks/probes/torch_apart.py, tiny: per peer (dist.all_reduce on the ringcomm group, the
-    torch.ops.ringcomm.all_reduce_ op, DeepSpeed's op where it is installed) the call and
+    """benchmarks/probes/torch_apart.py, tiny: per peer (dist.all_reduce on the ringcomm group,
+    ringcomm.torch.all_reduce_, the torch.ops.ringcomm.all_reduce_ op, DeepSpeed's op where it is
+    installed) the call and
     after-last-arrival figures of every timed call, their p50 <= p90 <= p99, no call shorter than
     its part after the last arrival, the ratio rows beside DeepSpeed, --trace's split of
     ringcomm's calls adding up to at most the part after the last arrival, and no DeepSpeed
@@ -300,7 +301,7 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
     ds = importlib.util.find_spec("deepspeed") is not None
-    peers = ["ringcomm", "ringcomm_op"] + (["deepspeed"] if ds else [])
+    peers = ["ringcomm", "ringcomm_fn", "ringcomm_op"] + (["deepspeed"] if ds else [])
     assert doc["peers"] == peers and doc["omp_threads"] == 1 and len(doc["cpus"]) == 2
     for name in peers:
         cell = doc["cells"][f"1024/{name}"]
@@ -309,14 +310,17 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
         q = doc["summary"]["1024"][name]
         for k in ("call", "after"):
             assert len(q[k]) == 3 and 0 < q[k][0] <= q[k][1] <= q[k][2], (name, k, q)
-    cell = doc["cells"]["1024/ringcomm"]
-    for i in range(20):
-        parts = [cell[k][i] for k in ("torch_in", "core", "torch_out")]
-        assert all(v > 0 for v in parts) and sum(parts) <= cell["call"][i] + 1e-3, (i, parts, cell["call"][i])
+    for name in ("ringcomm", "ringcomm_fn"):
+        cell = doc["cells"][f"1024/{name}"]
+        for i in range(20):
+            parts = [cell[k][i] for k in ("torch_in", "core", "torch_out")]
+            assert all(v > 0 for v in parts) and sum(parts) <= cell["call"][i] + 1e-3, (name, i, parts)
     assert "| 1 KiB |" in r.stdout and "torch_in" in r.stdout
     if ds:
         assert len(doc["summary"]["1024"]["ratio"]["call"]) == 3
         assert len(doc["summary"]["1024"]["ratio_ringcomm_op"]["after"]) == 3
+        assert len(doc["summary"]["1024"]["ratio_ringcomm_fn"]["after"]) == 3
         assert "ratio = peer / deepspeed" in r.stdout
-    assert "| 1 KiB | ringcomm |" in r.stdout and "| 1 KiB | ringcomm_op |" in r.stdout
+    for name in peers:
+        assert f"| 1 KiB | {name} |" in r.stdout
     assert shm() <= before, shm() - before

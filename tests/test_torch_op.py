@@ -50,10 +50,13 @@ def _cases(rank, world):
                 x = _data(rank, n, dt, op)
                 ref = x.clone()
                 dist.all_reduce(ref, op=rop)                 # gloo, the default group
-                out = ringcomm.torch.all_reduce_(x, rc, op) if n % 2 else \
-                    torch.ops.ringcomm.all_reduce_(x, rc.group_name, op)
+                if n % 2:
+                    out = ringcomm.torch.all_reduce_(x, rc, op)
+                else:
+                    out = torch.ops.ringcomm.all_reduce_(x, rc.group_name, op)   # returns nothing
+                    out = x if out is None else out
                 calls += n > 0
-                if out.data_ptr() != x.data_ptr() or not torch.equal(x, ref):
+                if out is not x or not torch.equal(x, ref):
                     wrong.append((str(dt), op, n))
     entry_calls = _C._sync_entry_stats()["all_reduce"] - entry0
     # the entry declines a non-contiguous tensor: the op then does what dist.all_reduce does
@@ -123,3 +126,116 @@ def test_op_matches_gloo_and_dist(world):
         assert r["gloo"] == [total] * 6
         if world > 1:
             assert r["mismatch"] == "MismatchError", r["mismatch"]
+
+
+def _direct(rank, world):
+    # ringcomm.torch.all_reduce_ on a ringcomm group: after the group's first call (the op, which
+    # learns the group's direct call) every call the entry takes goes straight to the entry, the
+    # dispatcher op never called; what the entry declines, and every call while an issue hook
+    # needs the Python half, takes the op; destroying the group forgets its direct call, and a
+    # call on it then raises ClosedError.
+    import ringcomm.torch
+    from ringcomm.torch import hooks, ops
+    rc = dist.new_group(backend="ringcomm")
+    default_is_ringcomm = dist.get_backend() == "ringcomm"
+    total = float(world * (world + 1) // 2)
+    ringcomm.torch.all_reduce_(torch.ones(2), rc)
+    learnt = rc in hooks.direct_calls
+    real_op, op_calls = ops._op, []
+
+    def counting_op(*a):
+        op_calls.append(a[0].shape)
+        return real_op(*a)
+
+    ops._op = counting_op
+    wrong = []
+    try:
+        for n in (1, 5, 1000, 70_000):
+            x = torch.full((n,), float(rank + 1))
+            if ringcomm.torch.all_reduce_(x, rc) is not x or not bool(torch.all(x == total)):
+                wrong.append(n)
+        direct_ops = len(op_calls)
+        t = (torch.arange(6.0).reshape(2, 3) + rank).t()      # declined: not contiguous
+        ringcomm.torch.all_reduce_(t, rc)
+        declined_ops = len(op_calls) - direct_ops
+        seen = []
+        hook = lambda op, name, seq, t: seen.append(op)  # noqa: E731
+        ringcomm.torch.add_issue_hook(hook)
+        try:
+            h = torch.full((3,), float(rank + 1))
+            ringcomm.torch.all_reduce_(h, rc)
+        finally:
+            ringcomm.torch.remove_issue_hook(hook)
+        hook_ops = len(op_calls) - direct_ops - declined_ops
+        d = None
+        if default_is_ringcomm:
+            d = []
+            for _ in range(2):                                    # the default group: learnt under None
+                x = torch.full((4,), float(rank + 1))
+                ringcomm.torch.all_reduce_(x)
+                d.append(x.tolist())
+    finally:
+        ops._op = real_op
+    default_learnt = None in hooks.direct_calls
+    dist.destroy_process_group(rc)
+    forgotten = rc not in hooks.direct_calls
+    errors = []
+    for call in (lambda x: dist.all_reduce(x, group=rc), lambda x: ringcomm.torch.all_reduce_(x, rc)):
+        try:
+            call(torch.ones(2))
+            errors.append(None)
+        except Exception as e:   # noqa: BLE001 - compared across the two calls
+            errors.append(type(e).__name__)
+    return {"learnt": learnt, "wrong": wrong, "direct_ops": direct_ops, "declined_ops": declined_ops,
+            "t": t.contiguous().tolist(), "hook_saw": seen, "hook_ops": hook_ops, "forgotten": forgotten,
+            "errors": errors, "default": d, "default_learnt": default_learnt,
+            "default_is_ringcomm": default_is_ringcomm}
+
+
+@pytest.mark.parametrize("world,backend", [(1, "gloo"), (2, "gloo"), (3, "gloo"), (2, "ringcomm")])
+def test_direct_call_skips_the_op_and_falls_back_to_it(world, backend):
+    res = run_ranks(_direct, world, backend=backend, timeout=240)
+    total = float(world * (world + 1) // 2)
+    want_t = (sum(torch.arange(6.0).reshape(2, 3) + r for r in range(world))).t().tolist()
+    for r in res:
+        assert r["learnt"] and r["wrong"] == []
+        assert r["direct_ops"] == 0                 # every contiguous call went straight to the entry
+        assert r["declined_ops"] == 1 and r["t"] == want_t
+        assert r["hook_ops"] == 1 and r["hook_saw"] == ["allreduce"]
+        assert r["forgotten"]
+        # dist.all_reduce raises the backend's ClosedError, which torch's logging wrapper masks
+        # with a ValueError of its own as it names the group's backend
+        assert r["errors"][0] is not None and r["errors"][1] == "ClosedError", r["errors"]
+        if r["default_is_ringcomm"]:
+            assert r["default"] == [[total] * 4] * 2 and r["default_learnt"]
+
+
+def _compiled(rank, world):
+    # torch.compile traces both calls into one graph (fullgraph: no break), functionalizes the
+    # op's mutation and runs it: the all_reduce happens inside the compiled code.
+    import ringcomm.torch
+    rc = dist.new_group(backend="ringcomm")
+    name = rc.group_name
+
+    def through_op(x):
+        y = x * 2
+        torch.ops.ringcomm.all_reduce_(y, name, "sum")
+        return y + 1
+
+    def through_fn(x):
+        y = x * 2
+        ringcomm.torch.all_reduce_(y, rc, "max")
+        return y + 1
+
+    out = {}
+    for fn in (through_op, through_fn):
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        out[fn.__name__] = compiled(torch.full((5,), float(rank + 1))).tolist()
+    return out
+
+
+def test_op_and_fn_compile_into_one_graph():
+    res = run_ranks(_compiled, 2, backend="gloo", timeout=240)
+    for r in res:
+        assert r["through_op"] == [2.0 * (1 + 2) + 1] * 5     # sum of 2(rank + 1), plus 1
+        assert r["through_fn"] == [2.0 * 2 + 1] * 5           # max of 2(rank + 1), plus 1

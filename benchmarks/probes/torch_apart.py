@@ -2,8 +2,9 @@
 beside a gloo default group, every call after a barrier on another gloo group, with DeepSpeed's
 shared-memory op (``torch.ops.deepspeed.inference_all_reduce_``) as a peer in the same processes
 where DeepSpeed is installed. Peers: ``ringcomm`` (``dist.all_reduce`` on the ringcomm group),
-``ringcomm_op`` (``torch.ops.ringcomm.all_reduce_`` on the same group: ``ringcomm.torch.all_reduce_``
-without its Python), ``deepspeed`` and, asked for by ``--peers``, ``torch_noop``
+``ringcomm_fn`` (``ringcomm.torch.all_reduce_`` on the same group: its direct call to the
+synchronous entry), ``ringcomm_op`` (``torch.ops.ringcomm.all_reduce_``: the same call as one
+dispatcher op), ``deepspeed`` and, asked for by ``--peers``, ``torch_noop``
 (``torch.ops.aten.alias``: a dispatcher op that does nothing, what any op costs to reach after the
 barrier). Prints a markdown table.
 
@@ -19,7 +20,8 @@ peer, after ``--warmup`` untimed calls made the same way, each of ``--calls`` ca
 fills the buffer with rank + 1, passes the separator's barrier, records its arrival on
 ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process of the machine),
 calls the all_reduce (float32, SUM, in place) and records its end. Every result is checked
-outside the timed span. The peers of one size run one after the other in the same processes.
+outside the timed span. The peers of one size take turns call by call (each round starting with
+the next peer), in the same processes, so a slow spell of the machine falls on all of them alike.
 ``--trace`` also splits the ringcomm peers' calls (RINGCOMM_TRACE on; the C++ record of each call is read
 after it, outside the timed span) into ``torch_in`` (Python call -> ringcomm's C++ entry: torch's
 ``dist.all_reduce``, its ProcessGroup and dispatcher, the c10d trampoline), ``core`` (entry ->
@@ -50,8 +52,8 @@ import time
 
 import numpy as np
 
-PEERS = ("ringcomm", "ringcomm_op", "deepspeed", "torch_noop")
-TRACED = ("ringcomm", "ringcomm_op")   # the peers --trace splits (both run on the group's communicator)
+PEERS = ("ringcomm", "ringcomm_fn", "ringcomm_op", "deepspeed", "torch_noop")
+TRACED = ("ringcomm", "ringcomm_fn", "ringcomm_op")   # the peers --trace splits (both run on the group's communicator)
 QUANTILES = (50, 90, 99)
 DS_SHM_PREFIX = "deepspeed_allreduce_buffer"   # DeepSpeed's SHM_BUFFER_NAME (csrc/cpu/comm/shm.cpp)
 DS_ADDR = "127.0.0.1"
@@ -107,6 +109,9 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
     ops = {}
     if "ringcomm" in peers:
         ops["ringcomm"] = lambda x: dist.all_reduce(x, group=rc)
+    if "ringcomm_fn" in peers:
+        import ringcomm.torch
+        ops["ringcomm_fn"] = lambda x: ringcomm.torch.all_reduce_(x, rc)
     if "ringcomm_op" in peers:
         group_name = rc.group_name
         ops["ringcomm_op"] = lambda x: torch.ops.ringcomm.all_reduce_(x, group_name, "sum")
@@ -124,28 +129,32 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
     try:
         for nbytes in sizes:
             x = torch.empty(nbytes // 4, dtype=torch.float32)
-            for name in peers:
-                op = ops[name]
-                arrive = np.empty(calls, np.float64)
-                end = np.empty(calls, np.float64)
-                phases = np.full((calls, 2), np.nan) if comm is not None and name in TRACED else None
-                for i in range(-warmup, calls):
+            arrive = {name: np.empty(calls, np.float64) for name in peers}
+            end = {name: np.empty(calls, np.float64) for name in peers}
+            phases = {name: np.full((calls, 2), np.nan) for name in peers
+                      if comm is not None and name in TRACED}
+            for i in range(-warmup, calls):
+                k = i % len(peers)   # the peers take turns, starting one further each round
+                for name in peers[k:] + peers[:k]:
+                    op = ops[name]
                     x.fill_(float(rank + 1))
                     dist.barrier(group=sep)
                     t0 = clock()
                     op(x)
                     t1 = clock()
                     if i >= 0:
-                        arrive[i], end[i] = t0, t1
-                        if phases is not None:
+                        arrive[name][i], end[name][i] = t0, t1
+                        if name in phases:
                             rec = comm.trace()[-1]
-                            phases[i] = (rec["entry"] * 1e-9, rec["exit"] * 1e-9)
+                            phases[name][i] = (rec["entry"] * 1e-9, rec["exit"] * 1e-9)
                     if name != "torch_noop" and not bool(torch.all(x == want)):
                         raise RuntimeError(f"rank {rank}: {name} all_reduce of {nbytes} B gave "
                                            f"{x[:4].tolist()}, want {want}")
-                out["cells"][f"{nbytes}/{name}"] = {"arrive": arrive.tolist(), "end": end.tolist()}
-                if phases is not None:
-                    out["cells"][f"{nbytes}/{name}"]["phases"] = phases.tolist()
+            for name in peers:
+                cell = out["cells"][f"{nbytes}/{name}"] = {"arrive": arrive[name].tolist(),
+                                                          "end": end[name].tolist()}
+                if name in phases:
+                    cell["phases"] = phases[name].tolist()
         dist.barrier(group=sep)
     finally:
         dist.destroy_process_group()
@@ -184,7 +193,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=20, help="untimed calls before them")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--peers", default=None,
-                   help="comma-separated, of ringcomm, ringcomm_op, deepspeed, torch_noop (default: the first three, deepspeed where installed)")
+                   help="comma-separated, of ringcomm, ringcomm_fn, ringcomm_op, deepspeed, torch_noop (default: the first four, deepspeed where installed)")
     p.add_argument("--omp1", action="store_true", help="OMP_NUM_THREADS=1 in every rank (as torchrun sets it)")
     p.add_argument("--pin", action="store_true",
                    help="bind rank r to the r-th CPU this process may run on (one CPU per rank)")
@@ -202,7 +211,7 @@ def main(argv=None) -> int:
     if a.calls < 1 or a.warmup < 0 or a.load < 0:
         p.error("--calls must be >= 1, --warmup and --load >= 0")
     if a.peers is None:
-        peers = ["ringcomm", "ringcomm_op"] + (["deepspeed"] if deepspeed_installed() else [])
+        peers = ["ringcomm", "ringcomm_fn", "ringcomm_op"] + (["deepspeed"] if deepspeed_installed() else [])
     else:
         peers = [x for x in a.peers.split(",") if x]
         if not peers or not set(peers) <= set(PEERS) or len(set(peers)) != len(peers):
@@ -277,7 +286,7 @@ def main(argv=None) -> int:
             print(line)
     if versus:
         print(f"\nratio = peer / {versus}; ringcomm = dist.all_reduce on the ringcomm group, "
-              "ringcomm_op = torch.ops.ringcomm.all_reduce_ (ringcomm.torch.all_reduce_) on it")
+              "ringcomm_fn = ringcomm.torch.all_reduce_ on it, ringcomm_op = torch.ops.ringcomm.all_reduce_ on it")
     traced = [n for n in TRACED if n in peers]
     if a.trace and traced:
         print("\nringcomm's calls, the last rank to arrive, median µs: torch_in = Python call -> C++ "

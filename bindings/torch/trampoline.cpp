@@ -37,6 +37,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/library.h>
 #include <torch/csrc/utils/pybind.h>
+#include <structmember.h>
 
 #include <atomic>
 #include <cstdint>
@@ -155,6 +156,31 @@ int32_t entry_op(const c10d::ReduceOp& op) {
     case c10d::ReduceOp::BXOR: return RcOpBxor;
     default: return -1;
   }
+}
+
+// The names torch.ops.ringcomm.all_reduce_'s `op` takes: the lower-case names of the c10d
+// reduce ops that the synchronous entry has (entry_op).
+struct NamedOp {
+  const char* name;
+  c10d::ReduceOp::RedOpType op;
+};
+constexpr NamedOp kNamedOps[] = {{"sum", c10d::ReduceOp::SUM},   {"product", c10d::ReduceOp::PRODUCT},
+                                 {"min", c10d::ReduceOp::MIN},   {"max", c10d::ReduceOp::MAX},
+                                 {"band", c10d::ReduceOp::BAND}, {"bor", c10d::ReduceOp::BOR},
+                                 {"bxor", c10d::ReduceOp::BXOR}};
+
+c10d::ReduceOp::RedOpType reduce_op_named(const std::string& name) {
+  for (const NamedOp& n : kNamedOps)
+    if (name == n.name) return n.op;
+  TORCH_CHECK_VALUE(false, "ringcomm all_reduce_: op must be one of sum, product, min, max, band, bor, bxor; got '",
+                    name, "' (dist.all_reduce takes the others)");
+}
+
+// Whether `op` is the entry code of a named op.
+bool named_entry_op(int32_t op) {
+  for (const NamedOp& n : kNamedOps)
+    if (entry_op(c10d::ReduceOp(n.op)) == op) return true;
+  return false;
 }
 
 // Raise ringcomm.ClosedError for call `op` on a group that was shut down.
@@ -347,6 +373,36 @@ class Trampoline : public c10d::Backend {
              return fast->api->all_reduce(fast->handle, a, nullptr, op, msg, len);
            });
   }
+  /// ringcomm.torch.all_reduce_'s call (DirectCall below), from Python with the GIL: an
+  /// in-place synchronous allreduce of the tensor `obj` (anything else: false) with the entry's
+  /// reduce op `op` (an RcOp code), offered to the entry without the dispatcher, torch's
+  /// collective front or a Work. True when the entry ran it (counted in the sequence number; a
+  /// failure raises ringcomm's exception, also counted); false when the fast path is off, the
+  /// tensor has no description or the entry declined it: nothing was done or counted, and the
+  /// caller takes the op's general path. After shutdown() or abort() it raises ClosedError, as
+  /// every call does. Like dist.all_reduce, it neither bumps the tensor's version nor records
+  /// autograd history.
+  bool all_reduce_now(py::handle obj, int32_t op) {
+    if (closed_.load(std::memory_order_acquire)) raise_closed("allreduce");
+    if (!named_entry_op(op) || !THPVariable_Check(obj.ptr())) return false;
+    const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+    const std::shared_ptr<const FastPath> fast = fast_path();
+    if (!fast) return false;
+    RcArray a;
+    int64_t strides[kMaxDims];
+    if (!describe(t, &a, strides)) return false;
+    char msg[2048];
+    int rc;
+    {
+      // The call blocks until every rank has joined: never with the GIL.
+      py::gil_scoped_release nogil;
+      rc = fast->api->all_reduce(fast->handle, &a, nullptr, op, msg, sizeof msg);
+    }
+    if (rc == RC_CALL_DECLINED) return false;
+    RC_COUNT();
+    if (rc != RC_CALL_DONE) raise_ringcomm(rc - 1, msg);
+    return true;
+  }
   /// allreduce() through the Python half, for a call already counted.
   WorkPtr allreduce_general(Tensors& t, const c10d::AllreduceOptions& o) { RC_WORK("allreduce", allreduce, t, o); }
   /// Count one call in the group's sequence number (what every collective does as it enters).
@@ -424,22 +480,74 @@ class Trampoline : public c10d::Backend {
   std::atomic<bool> closed_{false};       // set once abort() or shutdown() returned
 };
 
-// The c10d reduce op of torch.ops.ringcomm.all_reduce_'s `op` (the lower-case name of a c10d
-// ReduceOp that the synchronous entry has).
-c10d::ReduceOp::RedOpType reduce_op_named(const std::string& op) {
-  if (op == "sum") return c10d::ReduceOp::SUM;
-  if (op == "product") return c10d::ReduceOp::PRODUCT;
-  if (op == "min") return c10d::ReduceOp::MIN;
-  if (op == "max") return c10d::ReduceOp::MAX;
-  if (op == "band") return c10d::ReduceOp::BAND;
-  if (op == "bor") return c10d::ReduceOp::BOR;
-  if (op == "bxor") return c10d::ReduceOp::BXOR;
-  TORCH_CHECK_VALUE(false, "ringcomm all_reduce_: op must be one of sum, product, min, max, band, bor, bxor; got '",
-                    op, "' (dist.all_reduce takes the others)");
+// ringcomm.torch.all_reduce_'s direct call of one backend: a callable `call(tensor, op_code)` ->
+// bool (Trampoline::all_reduce_now), made by the backend's `_direct_all_reduce()`. A plain
+// CPython type with vectorcall, so that a call from Python costs one C call rather than
+// pybind11's general dispatch. `owner` is the backend's Python object, held strongly: its holder
+// keeps the Trampoline that `tr` points to alive for as long as this object lives.
+struct DirectCall {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* owner;
+  Trampoline* tr;
+};
+
+PyObject* direct_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  if (PyVectorcall_NARGS(nargsf) != 2 || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0)) {
+    PyErr_SetString(PyExc_TypeError, "ringcomm direct all_reduce: expected (tensor, op_code)");
+    return nullptr;
+  }
+  const long op = PyLong_AsLong(args[1]);
+  if (op == -1 && PyErr_Occurred()) return nullptr;
+  try {
+    const bool done = reinterpret_cast<DirectCall*>(self)->tr->all_reduce_now(args[0], static_cast<int32_t>(op));
+    return PyBool_FromLong(done);
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+void direct_call_dealloc(PyObject* self) {
+  Py_XDECREF(reinterpret_cast<DirectCall*>(self)->owner);
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyMemberDef kDirectCallMembers[] = {
+    {const_cast<char*>("owner"), T_OBJECT, offsetof(DirectCall, owner), READONLY,
+     const_cast<char*>("the backend whose all_reduce this calls")},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyTypeObject g_direct_call_type = [] {
+  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "ringcomm_c10d.DirectAllReduce";
+  t.tp_basicsize = sizeof(DirectCall);
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  t.tp_vectorcall_offset = offsetof(DirectCall, vectorcall);
+  t.tp_call = PyVectorcall_Call;
+  t.tp_dealloc = direct_call_dealloc;
+  t.tp_members = kDirectCallMembers;
+  t.tp_doc = "call(tensor, op_code) -> bool: the backend's synchronous all_reduce offered to the entry";
+  return t;
+}();
+
+// The direct call of the backend whose Python object is `owner` (a Trampoline).
+py::object make_direct_call(py::object owner) {
+  Trampoline* tr = owner.cast<Trampoline*>();
+  DirectCall* d = PyObject_New(DirectCall, &g_direct_call_type);
+  if (d == nullptr) throw py::error_already_set();
+  d->vectorcall = direct_call;
+  d->owner = owner.release().ptr();
+  d->tr = tr;
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(d));
 }
 
 // torch.ops.ringcomm.all_reduce_ on CPU: see the file's header.
-at::Tensor& all_reduce_op(at::Tensor& t, c10::string_view group_name, c10::string_view op_name) {
+void all_reduce_op(at::Tensor& t, c10::string_view group_name, c10::string_view op_name) {
   const c10d::ReduceOp op(reduce_op_named(std::string(op_name)));
   const c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(std::string(group_name));
   std::vector<at::Tensor> tensors{t};
@@ -454,24 +562,36 @@ at::Tensor& all_reduce_op(at::Tensor& t, c10::string_view group_name, c10::strin
   if (auto* tr = dynamic_cast<Trampoline*>(backend.get())) {
     tr->count_call();
     if (!tr->offer_allreduce(tensors, opts)) tr->allreduce_general(tensors, opts)->wait();
-    return t;
+    return;
   }
   pg->allreduce(tensors, opts)->wait();
-  return t;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(ringcomm, m) {
-  m.def("all_reduce_(Tensor(a!) tensor, str group_name, str op='sum') -> Tensor(a!)");
+  // Returns nothing (the tensor holds the result): torch.compile functionalizes a custom op that
+  // mutates an argument only when its outputs do not alias it.
+  m.def("all_reduce_(Tensor(a!) tensor, str group_name, str op='sum') -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ringcomm, CPU, m) { m.impl("all_reduce_", &all_reduce_op); }
+
+// Under torch.compile (fake and meta tensors): the tensor's metadata does not change.
+void all_reduce_meta(at::Tensor&, c10::string_view, c10::string_view) {}
+
+TORCH_LIBRARY_IMPL(ringcomm, Meta, m) { m.impl("all_reduce_", &all_reduce_meta); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch.distributed");  // registers c10d::Backend, Work and the options
   init_dtype_codes();
   py::class_<Trampoline, c10d::Backend, c10::intrusive_ptr<Trampoline>>(m, "Trampoline")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
-      .def("_set_fast_path", &Trampoline::set_fast_path, py::arg("api"), py::arg("handle"));
+      .def("_set_fast_path", &Trampoline::set_fast_path, py::arg("api"), py::arg("handle"))
+      .def("_direct_all_reduce", &make_direct_call);
+  if (PyType_Ready(&g_direct_call_type) < 0) throw py::error_already_set();
+  // The entry's reduce-op code of each name torch.ops.ringcomm.all_reduce_ takes.
+  py::dict ops;
+  for (const NamedOp& n : kNamedOps) ops[n.name] = entry_op(c10d::ReduceOp(n.op));
+  m.attr("REDUCE_OPS") = ops;
 }

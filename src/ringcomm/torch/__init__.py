@@ -34,18 +34,21 @@ register()
 
 
 def __getattr__(name):
-    # The backend module (and with it torch.distributed's ProcessGroup subclass) loads on demand.
+    # The backend module (and with it torch.distributed's ProcessGroup subclass) loads on demand;
+    # a name, once loaded, is a global of this module (later look-ups do not come here: a
+    # latency-bound caller's ringcomm.torch.all_reduce_ is one dictionary look-up).
     if name == "monitored_barrier":
-        from .monitored import monitored_barrier
-        return monitored_barrier
-    if name == "all_reduce_":
-        from .ops import all_reduce_
-        return all_reduce_
-    if name in ("RingcommProcessGroup", "RingcommWork", "add_issue_hook", "remove_issue_hook",
-                "create_process_group", "create_backend", "backend_class", "backend_mode"):
+        from .monitored import monitored_barrier as value
+    elif name == "all_reduce_":
+        from .ops import all_reduce_ as value
+    elif name in ("RingcommProcessGroup", "RingcommWork", "add_issue_hook", "remove_issue_hook",
+                  "create_process_group", "create_backend", "backend_class", "backend_mode"):
         from . import backend
-        return getattr(backend, name)
-    raise AttributeError(f"module 'ringcomm.torch' has no attribute {name!r}")
+        value = getattr(backend, name)
+    else:
+        raise AttributeError(f"module 'ringcomm.torch' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 __all__ = ["BACKEND_NAME", "register", "autoload", "RingcommProcessGroup", "RingcommWork",

@@ -19,7 +19,7 @@ from torch._C._distributed_c10d import Backend as _C10dBackend
 
 import ringcomm
 
-from .hooks import issue_hooks, live_groups
+from .hooks import forget_direct_calls, issue_hooks, live_groups
 from .staging import (avg_divide, check_tensors, contig, copy_out, flat_view, int_avg, invalid,
                       reduce_op, reducible, same_dtype, then, writeback)
 from .steps import Step
@@ -454,6 +454,7 @@ class GroupCore:
             return
         self._closed = True
         live_groups.discard(self)
+        forget_direct_calls(self)
         self._refresh_fast()
         # Close the communicator first: it fails whatever is still pending, so the waiter thread
         # (possibly blocked on such a handle) can drain and be joined.

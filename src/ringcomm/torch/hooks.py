@@ -5,7 +5,7 @@ from __future__ import annotations
 import atexit
 from typing import Callable
 
-__all__ = ["add_issue_hook", "remove_issue_hook", "issue_hooks", "live_groups"]
+__all__ = ["add_issue_hook", "remove_issue_hook", "issue_hooks", "live_groups", "direct_calls"]
 
 # ---- issue hooks (tests, tracing) -----------------------------------------------------------------
 issue_hooks: list[Callable[[str, str, int, float], None]] = []
@@ -43,3 +43,17 @@ def _shutdown_all_at_exit() -> None:
             pg.shutdown()
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
+
+
+# ---- ringcomm.torch.all_reduce_'s direct calls (ops.py) ----------------------------------------------
+# A process group (None: the default group) -> the direct call of its ringcomm c10d backend
+# (``backend._direct_all_reduce()``: ``call(tensor, op_code) -> bool``, whose ``owner`` is the
+# backend), learnt on the group's first call; the backend's shutdown() removes its entries, so a
+# group torch destroyed is not held here.
+direct_calls: dict = {}
+
+
+def forget_direct_calls(backend) -> None:
+    for key, call in list(direct_calls.items()):
+        if call.owner is backend:
+            direct_calls.pop(key, None)
