@@ -91,6 +91,8 @@ void bind_comm(py::module_& m) {
            "rank's CPUs, where ringcomm pinned them) and `node_ranks` (the ranks on this node, of every "
            "group) inform the wait policy (0: not known).")
       .def_property_readonly("cpu_threads", &Communicator::cpu_threads)
+      .def_property_readonly("pool_spin_us", &Communicator::pool_spin_us,
+                             "The split copies' pool's idle spin (us), -1 without a pool.")
       .def("errored", [](Communicator& c) -> py::object {
              // (ErrorCode, message) of the first error that made the communicator unusable, or None.
              std::exception_ptr e = c.errored();

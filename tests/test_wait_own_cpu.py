@@ -213,3 +213,29 @@ def test_bad_bound_raises(monkeypatch):
     with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_SPIN_OWN_CPU_US"):
         from ringcomm import _C
         _C.Communicator(0, 2, 5.0)
+
+
+def _pool_spin(rank, world, store, pins):
+    os.sched_setaffinity(0, pins[rank])
+    comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + store)
+    with comm:
+        x = np.full(70_000, float(rank + 1), np.float32)
+        comm.all_reduce(x)
+        return {"pool": comm._c.pool_spin_us, "threads": comm._c.cpu_threads,
+                "desc": comm._c.describe_wait(), "ok": bool(np.all(x == 3.0))}
+
+
+@needs_two
+@pytest.mark.parametrize("together", [False, True])
+def test_the_split_pool_spins_as_the_settled_waits(together):
+    # The pool is built once attach() has counted the ranks on each rank's CPUs from their masks,
+    # so its idle workers spin as the rank's waits do: 50 us for ranks pinned apart, the
+    # oversubscribed 2 us for two ranks pinned on one CPU (before attach a rank knows only that
+    # it has one CPU and two local ranks).
+    pins = [{TWO_CPUS[0]}, {TWO_CPUS[0]}] if together else [{TWO_CPUS[0]}, {TWO_CPUS[1]}]
+    env = {"RINGCOMM_TIMEOUT": "60", "RINGCOMM_THREADS": "2", "RINGCOMM_THREADS_MIN_BYTES": "4K"}
+    res = spawn_with_store(_pool_spin, 2, lambda s: (s, pins), timeout=120, env=env)
+    for r in res:
+        assert r["ok"] and r["threads"] == 2, r
+        assert f"spin {r['pool']} us" in r["desc"], r
+        assert r["pool"] == (2 if together else 50), r

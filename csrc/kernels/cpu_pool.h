@@ -24,6 +24,7 @@ class CpuPool {
   CpuPool& operator=(const CpuPool&) = delete;
 
   int threads() const { return threads_; }
+  int spin_us() const { return spin_us_; }
   /// Run fn(k) for every part k in [0, threads()) and return when all are done; the first
   /// exception a part threw is rethrown here (after every part finished). One run at a time:
   /// called by one thread at a time (the communicator's executing thread). In a forked child

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <limits>
 #include <thread>
+#include <vector>
 
 #include "common/errors.h"
 #include "transport/shm_layout.h"
@@ -18,20 +19,30 @@ using namespace shm_detail;
 
 namespace {
 
-// CPUs this process may run on (its affinity mask), at least 1.
-int affinity_cpus() {
+// The CPUs this process may run on (its affinity mask), in increasing order; empty when the
+// kernel does not say. The set grows until it holds the kernel's mask (EINVAL: larger).
+std::vector<int> affinity_list() {
+  std::vector<int> cpus;
   for (int n = 1024; n <= (1 << 20); n *= 4) {
     cpu_set_t* set = CPU_ALLOC(n);
     if (set == nullptr) break;
     const size_t bytes = CPU_ALLOC_SIZE(n);
     CPU_ZERO_S(bytes, set);
     const int rc = sched_getaffinity(0, bytes, set);
-    const int count = rc == 0 ? CPU_COUNT_S(bytes, set) : 0;
+    const int err = errno;
+    if (rc == 0)
+      for (int c = 0; c < n; ++c)
+        if (CPU_ISSET_S(c, bytes, set)) cpus.push_back(c);
     CPU_FREE(set);
-    if (rc == 0) return std::max(1, count);
-    if (errno != EINVAL) break;  // EINVAL: the kernel's mask is larger than ours; retry larger
+    if (rc == 0 || err != EINVAL) break;
   }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return cpus;
+}
+
+// CPUs this process may run on, at least 1.
+int affinity_cpus() {
+  const size_t n = affinity_list().size();
+  return n > 0 ? static_cast<int>(n) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace
@@ -46,15 +57,10 @@ int64_t deadline_after(int64_t now_ns, double seconds) {
 }
 
 bool affinity_mask(uint64_t* words) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return false;  // EINVAL: a mask beyond CPU_SETSIZE
+  const std::vector<int> cpus = affinity_list();
+  if (cpus.empty() || cpus.back() >= 64 * kCpuMaskWords) return false;  // beyond the header's words
   for (int w = 0; w < kCpuMaskWords; ++w) words[w] = 0;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (!CPU_ISSET(c, &set)) continue;
-    if (c >= 64 * kCpuMaskWords) return false;
-    words[c / 64] |= uint64_t{1} << (c % 64);
-  }
+  for (const int c : cpus) words[c / 64] |= uint64_t{1} << (c % 64);
   return true;
 }
 
