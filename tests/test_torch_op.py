@@ -75,12 +75,15 @@ def _cases(rank, world):
     ringcomm.torch.all_reduce_(torch.ones(3), rc)
     dist.all_reduce(torch.ones(3), group=rc)
     seq_step = be._get_sequence_number_for_group() - seq0
-    # a bad op name: ValueError on every rank, nothing exchanged (the next call still agrees)
-    try:
-        ringcomm.torch.all_reduce_(torch.ones(3), rc, "avg")
-        bad_op = None
-    except ValueError as e:
-        bad_op = str(e)
+    # a bad op name, or a ReduceOp it does not take: ValueError on every rank, nothing exchanged
+    # (the next call still agrees)
+    bad_op = []
+    for op in ("avg", dist.ReduceOp.AVG):
+        try:
+            ringcomm.torch.all_reduce_(torch.ones(3), rc, op)
+            bad_op.append(None)
+        except ValueError as e:
+            bad_op.append(str(e))
     # a dtype that differs across ranks: MismatchError everywhere, then the group still works
     try:
         ringcomm.torch.all_reduce_(torch.ones(5, dtype=torch.float32 if rank == 0 else torch.float64), rc)
@@ -121,7 +124,8 @@ def test_op_matches_gloo_and_dist(world):
             assert r["entry_calls"] >= r["calls"], (r["entry_calls"], r["calls"])
         assert r["outcomes"][0] == r["outcomes"][1], r["outcomes"]
         assert r["seq_step"] == 2
-        assert r["bad_op"] is not None and "sum, product, min, max, band, bor, bxor" in r["bad_op"]
+        for msg in r["bad_op"]:
+            assert msg is not None and "sum, product, min, max, band, bor, bxor" in msg, r["bad_op"]
         assert r["after"] == [total] * 4
         assert r["gloo"] == [total] * 6
         if world > 1:
@@ -154,6 +158,9 @@ def _direct(rank, world):
             x = torch.full((n,), float(rank + 1))
             if ringcomm.torch.all_reduce_(x, rc) is not x or not bool(torch.all(x == total)):
                 wrong.append(n)
+            x = torch.full((n,), float(rank + 1))                  # a dist.ReduceOp names the op too
+            if ringcomm.torch.all_reduce_(x, rc, dist.ReduceOp.MAX) is not x or not bool(torch.all(x == world)):
+                wrong.append(("max", n))
         direct_ops = len(op_calls)
         t = (torch.arange(6.0).reshape(2, 3) + rank).t()      # declined: not contiguous
         ringcomm.torch.all_reduce_(t, rc)

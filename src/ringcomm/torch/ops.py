@@ -12,7 +12,8 @@ call (``_direct_all_reduce()``, one C call, learnt on the group's first call and
 ``hooks.direct_calls`` until the backend shuts down), and takes the op only for what that
 declines. The result, the errors and the group's sequence number are those of
 ``dist.all_reduce(tensor, op, group)``. Ops: ``"sum"``, ``"product"``, ``"min"``, ``"max"``,
-``"band"``, ``"bor"``, ``"bxor"`` (``dist.all_reduce`` takes AVG and PREMUL_SUM). The trampoline
+``"band"``, ``"bor"``, ``"bxor"`` or the ``dist.ReduceOp`` of one (``dist.all_reduce`` takes AVG
+and PREMUL_SUM). The trampoline
 extension registers the op when it loads (a ringcomm group's creation loads it, and so does the
 first call here); code that is traced (``torch.compile``) calls the op with ``group.group_name``.
 """
@@ -27,20 +28,23 @@ __all__ = ["all_reduce_"]
 
 _compiling = torch.compiler.is_compiling
 _op = None      # torch.ops.ringcomm.all_reduce_, once the extension that registers it is loaded
-_codes = None   # the entry's reduce-op code by name (the extension's REDUCE_OPS)
+_codes = None   # the entry's reduce-op code by name (the extension's REDUCE_OPS) and by ReduceOp
 
 
-def all_reduce_(tensor: torch.Tensor, group=None, op: str = "sum") -> torch.Tensor:
+def all_reduce_(tensor: torch.Tensor, group=None, op="sum") -> torch.Tensor:
     """All-reduce ``tensor`` (a CPU tensor) in place over ``group`` (default: the default group)
-    and return it; synchronous."""
+    and return it; synchronous. ``op``: a name (``"sum"``, ...) or the ``dist.ReduceOp`` of one."""
     if _compiling():   # traced: the op (the extension is loaded by the group's creation)
         if group is None:
             group = dist.distributed_c10d._get_default_group()
-        torch.ops.ringcomm.all_reduce_(tensor, group.group_name, op)
+        torch.ops.ringcomm.all_reduce_(tensor, group.group_name, _op_name(op))
         return tensor
     call = direct_calls.get(group)
     if call is not None:
-        code = _codes.get(op)
+        try:
+            code = _codes.get(op)
+        except TypeError:   # not hashable: the op's general path explains
+            code = None
         # The entry ran it, or it raised; otherwise (the fast path off, a tensor or an op the entry
         # does not take) the op's general path, which explains what it refuses.
         if code is not None and call(tensor, code):
@@ -48,12 +52,13 @@ def all_reduce_(tensor: torch.Tensor, group=None, op: str = "sum") -> torch.Tens
     return _general(tensor, group, op)
 
 
-def _general(tensor: torch.Tensor, group, op: str) -> torch.Tensor:
+def _general(tensor: torch.Tensor, group, op) -> torch.Tensor:
     """The op, and the group's direct call learnt for the next calls."""
     global _op, _codes
     if _op is None:
         from .extension import load
-        _codes = dict(load().REDUCE_OPS)
+        codes = dict(load().REDUCE_OPS)
+        _codes = {**codes, **{getattr(dist.ReduceOp, name.upper()): code for name, code in codes.items()}}
         _op = torch.ops.ringcomm.all_reduce_.default
     key = group
     if group is None:
@@ -68,9 +73,17 @@ def _general(tensor: torch.Tensor, group, op: str) -> torch.Tensor:
         call = backend._direct_all_reduce()
         if not getattr(backend, "_closed", True):   # open (shut down, its Python half is gone)
             direct_calls[key] = call   # its shutdown() forgets it
-        code = _codes.get(op)
+        try:
+            code = _codes.get(op)
+        except TypeError:
+            code = None
         # After shutdown this raises ClosedError, as the group's own allreduce does.
         if code is not None and call(tensor, code):
             return tensor
-    _op(tensor, group.group_name, op)
+    _op(tensor, group.group_name, _op_name(op))
     return tensor
+
+
+def _op_name(op):
+    """The op's name for a ``dist.ReduceOp`` (the op refuses the names it does not take)."""
+    return op.name.lower() if isinstance(op, dist.ReduceOp.RedOpType) else op
