@@ -324,3 +324,26 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
     for name in peers:
         assert f"| 1 KiB | {name} |" in r.stdout
     assert shm() <= before, shm() - before
+
+
+def test_apart_summary_takes_the_median_over_runs(tmp_path):
+    # Three hand-made runs: the summary's figures are the medians over them, per quantile.
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "probes" / "apart_summary.py"
+    files = []
+    for k, (mine, theirs) in enumerate([(10.0, 20.0), (30.0, 15.0), (20.0, 40.0)]):
+        q = lambda v: {"call": [v, 2 * v, 3 * v], "after": [v / 2, v, 1.5 * v]}  # noqa: E731
+        summary = {"1024": {"ringcomm_fn": q(mine), "deepspeed": q(theirs),
+                            "ratio_ringcomm_fn": {"call": [mine / theirs] * 3, "after": [mine / theirs] * 3}}}
+        f = tmp_path / f"run_{k}.json"
+        f.write_text(json.dumps({"peers": ["ringcomm_fn", "deepspeed"], "summary": summary}))
+        files.append(str(f))
+    r = subprocess.run([sys.executable, str(script), *files], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    row = [line for line in r.stdout.splitlines() if line.startswith("| 1024 | ringcomm_fn |")][0]
+    # medians: mine 20 (call 20/40/60, after 10/20/30), ratio median of 0.5, 2, 0.5 = 0.5
+    assert row == "| 1024 | ringcomm_fn | 20.0 / 40.0 / 60.0 | 10.0 / 20.0 / 30.0 | 0.50 / 0.50 / 0.50 | 0.50 / 0.50 / 0.50 |", row
+    assert "| 1024 | deepspeed | 20.0 / 40.0 / 60.0 |" in r.stdout
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"peers": ["deepspeed"], "summary": {"1024": {}}}))
+    r = subprocess.run([sys.executable, str(script), files[0], str(bad)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "differ" in r.stderr

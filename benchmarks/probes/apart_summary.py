@@ -1,0 +1,46 @@
+"""Several runs of ``torch_apart.py`` summed up: per size and peer, the median over the runs of each
+quantile (µs) and of each ratio to DeepSpeed's op, for the call and for the part after the last
+arrival. The issue-style figure "median of the runs' ratios" is the ratio column.
+
+    python benchmarks/probes/apart_summary.py results/2026-12-05/direct_call/apart_*.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+def summarize(docs: list[dict]) -> list[str]:
+    lines = [f"{len(docs)} runs; the median over them of each figure; call | after, p50 / p90 / p99",
+             "", "| size | peer | call µs | after µs | call ratio | after ratio |", "|---|---|---|---|---|---|"]
+    fmt = lambda v: " / ".join(f"{x:.2f}" if x < 10 else f"{x:.1f}" for x in v)  # noqa: E731
+    for size in docs[0]["summary"]:
+        for peer in docs[0]["peers"]:
+            rows = [d["summary"][size] for d in docs]
+            q = {k: np.median([r[peer][k] for r in rows], axis=0) for k in ("call", "after")}
+            key = "ratio" if peer == "ringcomm" else f"ratio_{peer}"
+            ratio = {k: np.median([r[key][k] for r in rows], axis=0) for k in ("call", "after")} \
+                if all(key in r for r in rows) else None
+            lines.append(f"| {int(size)} | {peer} | {fmt(q['call'])} | {fmt(q['after'])} | "
+                         + (f"{fmt(ratio['call'])} | {fmt(ratio['after'])} |" if ratio else " | |"))
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="+", help="torch_apart.py --json outputs, one per run")
+    a = p.parse_args(argv)
+    docs = []
+    for f in a.files:
+        with open(f) as fh:
+            docs.append(json.load(fh))
+    if any(d["peers"] != docs[0]["peers"] or list(d["summary"]) != list(docs[0]["summary"]) for d in docs):
+        p.error("the runs differ in their peers or sizes")
+    print("\n".join(summarize(docs)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
