@@ -183,6 +183,12 @@ def _direct(rank, world):
                 d.append(x.tolist())
     finally:
         ops._op = real_op
+    # not a tensor: a TypeError, as dist.all_reduce raises
+    try:
+        ringcomm.torch.all_reduce_([1.0, 2.0], rc)
+        not_tensor = None
+    except Exception as e:   # noqa: BLE001
+        not_tensor = type(e).__name__
     default_learnt = None in hooks.direct_calls
     dist.destroy_process_group(rc)
     forgotten = rc not in hooks.direct_calls
@@ -195,7 +201,7 @@ def _direct(rank, world):
             errors.append(type(e).__name__)
     return {"learnt": learnt, "wrong": wrong, "direct_ops": direct_ops, "declined_ops": declined_ops,
             "t": t.contiguous().tolist(), "hook_saw": seen, "hook_ops": hook_ops, "forgotten": forgotten,
-            "errors": errors, "default": d, "default_learnt": default_learnt,
+            "errors": errors, "default": d, "default_learnt": default_learnt, "not_tensor": not_tensor,
             "default_is_ringcomm": default_is_ringcomm}
 
 
@@ -209,7 +215,7 @@ def test_direct_call_skips_the_op_and_falls_back_to_it(world, backend):
         assert r["direct_ops"] == 0                 # every contiguous call went straight to the entry
         assert r["declined_ops"] == 1 and r["t"] == want_t
         assert r["hook_ops"] == 1 and r["hook_saw"] == ["allreduce"]
-        assert r["forgotten"]
+        assert r["forgotten"] and r["not_tensor"] == "TypeError", r["not_tensor"]
         # dist.all_reduce raises the backend's ClosedError, which torch's logging wrapper masks
         # with a ValueError of its own as it names the group's backend
         assert r["errors"][0] is not None and r["errors"][1] == "ClosedError", r["errors"]

@@ -176,12 +176,15 @@ c10d::ReduceOp::RedOpType reduce_op_named(const std::string& name) {
                     name, "' (dist.all_reduce takes the others)");
 }
 
-// Whether `op` is the entry code of a named op.
-bool named_entry_op(int32_t op) {
-  for (const NamedOp& n : kNamedOps)
-    if (entry_op(c10d::ReduceOp(n.op)) == op) return true;
-  return false;
+// Bit k set: entry code k is that of a named op. Filled once at module import, read-only after.
+uint32_t g_named_entry_ops = 0;
+
+void init_named_entry_ops() {
+  for (const NamedOp& n : kNamedOps) g_named_entry_ops |= uint32_t{1} << entry_op(c10d::ReduceOp(n.op));
 }
+
+// Whether `op` is the entry code of a named op.
+bool named_entry_op(long op) { return op >= 0 && op < 32 && ((g_named_entry_ops >> op) & 1u) != 0; }
 
 // Raise ringcomm.ClosedError for call `op` on a group that was shut down.
 [[noreturn]] void raise_closed(const char* op) {
@@ -374,15 +377,15 @@ class Trampoline : public c10d::Backend {
            });
   }
   /// ringcomm.torch.all_reduce_'s call (DirectCall below), from Python with the GIL: an
-  /// in-place synchronous allreduce of the tensor `obj` (anything else: false) with the entry's
-  /// reduce op `op` (an RcOp code), offered to the entry without the dispatcher, torch's
-  /// collective front or a Work. True when the entry ran it (counted in the sequence number; a
-  /// failure raises ringcomm's exception, also counted); false when the fast path is off, the
-  /// tensor has no description or the entry declined it: nothing was done or counted, and the
-  /// caller takes the op's general path. After shutdown() or abort() it raises ClosedError, as
-  /// every call does. Like dist.all_reduce, it neither bumps the tensor's version nor records
-  /// autograd history.
-  bool all_reduce_now(py::handle obj, int32_t op) {
+  /// in-place synchronous allreduce of the tensor `obj` with the entry's reduce op `op` (the
+  /// RcOp code of a named op), offered to the entry without the dispatcher, torch's collective
+  /// front or a Work. True when the entry ran it (counted in the sequence number; a failure
+  /// raises ringcomm's exception, also counted); false when `obj` is not a tensor, `op` not such
+  /// a code, the fast path is off, the tensor has no description or the entry declined it:
+  /// nothing was done or counted, and the caller takes the op's general path. After shutdown()
+  /// or abort() it raises ClosedError, as every call does. Like dist.all_reduce, it neither
+  /// bumps the tensor's version nor records autograd history.
+  bool all_reduce_now(py::handle obj, long op) {
     if (closed_.load(std::memory_order_acquire)) raise_closed("allreduce");
     if (!named_entry_op(op) || !THPVariable_Check(obj.ptr())) return false;
     const at::Tensor& t = THPVariable_Unpack(obj.ptr());
@@ -396,7 +399,7 @@ class Trampoline : public c10d::Backend {
     {
       // The call blocks until every rank has joined: never with the GIL.
       py::gil_scoped_release nogil;
-      rc = fast->api->all_reduce(fast->handle, &a, nullptr, op, msg, sizeof msg);
+      rc = fast->api->all_reduce(fast->handle, &a, nullptr, static_cast<int32_t>(op), msg, sizeof msg);
     }
     if (rc == RC_CALL_DECLINED) return false;
     RC_COUNT();
@@ -500,7 +503,7 @@ PyObject* direct_call(PyObject* self, PyObject* const* args, size_t nargsf, PyOb
   const long op = PyLong_AsLong(args[1]);
   if (op == -1 && PyErr_Occurred()) return nullptr;
   try {
-    const bool done = reinterpret_cast<DirectCall*>(self)->tr->all_reduce_now(args[0], static_cast<int32_t>(op));
+    const bool done = reinterpret_cast<DirectCall*>(self)->tr->all_reduce_now(args[0], op);
     return PyBool_FromLong(done);
   } catch (py::error_already_set& e) {
     e.restore();
@@ -585,6 +588,7 @@ TORCH_LIBRARY_IMPL(ringcomm, Meta, m) { m.impl("all_reduce_", &all_reduce_meta);
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch.distributed");  // registers c10d::Backend, Work and the options
   init_dtype_codes();
+  init_named_entry_ops();
   py::class_<Trampoline, c10d::Backend, c10::intrusive_ptr<Trampoline>>(m, "Trampoline")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
       .def("_set_fast_path", &Trampoline::set_fast_path, py::arg("api"), py::arg("handle"))

@@ -60,6 +60,8 @@ def _general(tensor: torch.Tensor, group, op) -> torch.Tensor:
         codes = dict(load().REDUCE_OPS)
         _codes = {**codes, **{getattr(dist.ReduceOp, name.upper()): code for name, code in codes.items()}}
         _op = torch.ops.ringcomm.all_reduce_.default
+    if not isinstance(tensor, torch.Tensor):   # as dist.all_reduce
+        raise TypeError(f"ringcomm.torch.all_reduce_: expected a torch.Tensor, got {type(tensor).__name__}")
     key = group
     if group is None:
         group = dist.distributed_c10d._get_default_group()
