@@ -347,3 +347,28 @@ def test_apart_summary_takes_the_median_over_runs(tmp_path):
     bad.write_text(json.dumps({"peers": ["deepspeed"], "summary": {"1024": {}}}))
     r = subprocess.run([sys.executable, str(script), files[0], str(bad)], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "differ" in r.stderr
+
+
+def test_ab_compare_paired_judges_the_pairs_ratios(tmp_path):
+    # A machine in a slow state for some runs: the side medians (10 against 21) say 2.1x, the
+    # pairs (1.05, 2.1, 1.05) say 1.05x; --paired judges the second, the default the first.
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ab" / "ab_compare.py"
+
+    def runs(side, values):
+        out = []
+        for k, v in enumerate(values):
+            f = tmp_path / f"{side}{k}.json"
+            f.write_text(json.dumps({"medians_us": {"all_reduce": {"1024": v}}}))
+            out.append(str(f))
+        return out
+
+    old, new = runs("old", [10.0, 10.0, 20.0]), runs("new", [10.5, 21.0, 21.0])
+    plain = subprocess.run([sys.executable, str(script), *old, "--", *new], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 1 and "| all_reduce | 1 KiB | 10.0 | 21.0 | 2.100 | <= 1.10: OVER |" in plain.stdout, plain.stdout
+    paired = subprocess.run([sys.executable, str(script), "--paired", *old, "--", *new],
+                            capture_output=True, text=True, timeout=60)
+    assert paired.returncode == 0, paired.stdout
+    assert "| all_reduce | 1 KiB | 10.0 | 21.0 | 2.100 | 1.050 | <= 1.10: ok |" in paired.stdout, paired.stdout
+    uneven = subprocess.run([sys.executable, str(script), "--paired", *old, "--", *new[:2]],
+                            capture_output=True, text=True, timeout=60)
+    assert uneven.returncode == 2 and "as many" in uneven.stdout

@@ -3,6 +3,12 @@ size) for each side, new / old, and the verdict against the bounds (time within 
 busbw - equivalently time - within 5% at >= 1 MiB).
 
     python benchmarks/ab/ab_compare.py old1.json old2.json ... -- new1.json new2.json ...
+    python benchmarks/ab/ab_compare.py --paired old1.json ... -- new1.json ...
+
+--paired: the runs were taken in pairs (old_k and new_k one right after the other, as many of
+each): the verdict is on the median over the pairs of new_k / old_k, which a machine whose speed
+drifts between states that last several runs moves far less than the ratio of the two sides'
+medians (a run in a slow state and its partner share it). Both ratios are printed.
 """
 from __future__ import annotations
 
@@ -11,12 +17,13 @@ import statistics
 import sys
 
 
-def _load(paths):
-    runs = [json.load(open(p))["medians_us"] for p in paths]
-    out = {}
-    for coll in runs[0]:
-        out[coll] = {int(n): statistics.median(r[coll][n] for r in runs) for n in runs[0][coll]}
-    return out
+def _runs(paths):
+    return [json.load(open(p))["medians_us"] for p in paths]
+
+
+def _median(runs):
+    return {coll: {int(n): statistics.median(r[coll][n] for r in runs) for n in runs[0][coll]}
+            for coll in runs[0]}
 
 
 def _size(n: int) -> str:
@@ -27,20 +34,32 @@ def main(argv) -> int:
     if "--" not in argv or argv[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    paired = argv[:1] == ["--paired"]
+    if paired:
+        argv = argv[1:]
     i = argv.index("--")
-    old, new = _load(argv[:i]), _load(argv[i + 1:])
-    print(f"old runs: {i}, new runs: {len(argv) - i - 1}")
-    print("| collective | size | old us | new us | new/old | bound |")
-    print("|---|---:|---:|---:|---:|---|")
+    old_runs, new_runs = _runs(argv[:i]), _runs(argv[i + 1:])
+    if paired and len(old_runs) != len(new_runs):
+        print(f"--paired needs as many old runs as new ones ({len(old_runs)} and {len(new_runs)})")
+        return 2
+    old, new = _median(old_runs), _median(new_runs)
+    print(f"old runs: {len(old_runs)}, new runs: {len(new_runs)}" + (" (paired)" if paired else ""))
+    print("| collective | size | old us | new us | new/old | " + ("pairs' median new/old | " if paired else "")
+          + "bound |")
+    print("|---|---:|---:|---:|---:|" + ("---:|" if paired else "") + "---|")
     worst_ok = True
     for coll in old:
         for n in sorted(old[coll]):
             r = new[coll][n] / old[coll][n]
+            pr = statistics.median(b[coll][str(n)] / a[coll][str(n)] for a, b in zip(old_runs, new_runs)) \
+                if paired else None
+            judged = pr if paired else r
             bound = 1.10 if n <= 64 << 10 else 1.05 if n >= 1 << 20 else None
-            ok = bound is None or r <= bound
+            ok = bound is None or judged <= bound
             worst_ok &= ok
             b = "-" if bound is None else (f"<= {bound:.2f}: " + ("ok" if ok else "OVER"))
-            print(f"| {coll} | {_size(n)} | {old[coll][n]:.1f} | {new[coll][n]:.1f} | {r:.3f} | {b} |")
+            print(f"| {coll} | {_size(n)} | {old[coll][n]:.1f} | {new[coll][n]:.1f} | {r:.3f} | "
+                  + (f"{pr:.3f} | " if paired else "") + f"{b} |")
     return 0 if worst_ok else 1
 
 

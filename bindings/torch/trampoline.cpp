@@ -183,8 +183,11 @@ void init_named_entry_ops() {
   for (const NamedOp& n : kNamedOps) g_named_entry_ops |= uint32_t{1} << entry_op(c10d::ReduceOp(n.op));
 }
 
-// Whether `op` is the entry code of a named op.
-bool named_entry_op(long op) { return op >= 0 && op < 32 && ((g_named_entry_ops >> op) & 1u) != 0; }
+// Whether `code` is the entry code of a named op.
+bool named_entry_op(long code) {
+  constexpr long kBits = 8 * sizeof g_named_entry_ops;
+  return code >= 0 && code < kBits && ((g_named_entry_ops >> code) & 1u) != 0;
+}
 
 // Raise ringcomm.ClosedError for call `op` on a group that was shut down.
 [[noreturn]] void raise_closed(const char* op) {
