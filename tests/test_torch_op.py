@@ -101,16 +101,34 @@ def _cases(rank, world):
 
 
 def _gloo_only(rank, world):
-    # No ringcomm group in this process: the first call loads the extension that registers the op.
+    # No ringcomm group in this process: gloo's allreduce runs, and ringcomm's torch extension is
+    # neither built nor loaded for it.
+    import sys
     import ringcomm.torch
     x = torch.full((5,), float(rank + 1))
     ringcomm.torch.all_reduce_(x)
-    return x.tolist()
+    y = torch.full((5,), float(rank + 1))
+    ringcomm.torch.all_reduce_(y, op=dist.ReduceOp.MAX)
+    loaded = sorted(m for m in sys.modules if m.startswith("ringcomm_c10d"))
+    return {"x": x.tolist(), "y": y.tolist(), "loaded": loaded}
 
 
-def test_op_before_any_ringcomm_group_runs_the_groups_own_allreduce():
+def test_a_gloo_group_runs_gloos_allreduce_without_the_extension():
     res = run_ranks(_gloo_only, 2, backend="gloo", timeout=120)
-    assert res == [[3.0] * 5, [3.0] * 5]
+    assert res == [{"x": [3.0] * 5, "y": [2.0] * 5, "loaded": []}] * 2, res
+
+
+def _names(rank, world):
+    # The op's names (the extension's table) are the function's, with the same entry codes.
+    from ringcomm import tables
+    from ringcomm.torch import ops
+    from ringcomm.torch.extension import load
+    return {"op": dict(load().REDUCE_OPS), "fn": {n: tables.op_code(n) for n in ops._NAMES}}
+
+
+def test_the_op_and_the_function_take_the_same_names():
+    r = run_ranks(_names, 1, backend="gloo", timeout=240)[0]
+    assert r["op"] == r["fn"] and len(r["fn"]) == 7, r
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -133,25 +151,25 @@ def test_op_matches_gloo_and_dist(world):
 
 
 def _direct(rank, world):
-    # ringcomm.torch.all_reduce_ on a ringcomm group: after the group's first call (the op, which
-    # learns the group's direct call) every call the entry takes goes straight to the entry, the
-    # dispatcher op never called; what the entry declines, and every call while an issue hook
-    # needs the Python half, takes the op; destroying the group forgets its direct call, and a
-    # call on it then raises ClosedError.
+    # ringcomm.torch.all_reduce_ on a ringcomm group: after the group's first call (which learns
+    # the group's direct call) every call the entry takes goes straight to the entry,
+    # dist.all_reduce never called; what the entry declines, and every call while an issue hook
+    # needs the Python half, takes dist.all_reduce; destroying the group forgets its direct call,
+    # and a call on it then raises ClosedError.
     import ringcomm.torch
-    from ringcomm.torch import hooks, ops
+    from ringcomm.torch import hooks
     rc = dist.new_group(backend="ringcomm")
     default_is_ringcomm = dist.get_backend() == "ringcomm"
     total = float(world * (world + 1) // 2)
     ringcomm.torch.all_reduce_(torch.ones(2), rc)
     learnt = rc in hooks.direct_calls
-    real_op, op_calls = ops._op, []
+    real_all_reduce, op_calls = dist.all_reduce, []
 
-    def counting_op(*a):
-        op_calls.append(a[0].shape)
-        return real_op(*a)
+    def counting_all_reduce(t, *a, **k):   # the general path's dist.all_reduce
+        op_calls.append(t.shape)
+        return real_all_reduce(t, *a, **k)
 
-    ops._op = counting_op
+    dist.all_reduce = counting_all_reduce
     wrong = []
     try:
         for n in (1, 5, 1000, 70_000):
@@ -182,7 +200,7 @@ def _direct(rank, world):
                 ringcomm.torch.all_reduce_(x)
                 d.append(x.tolist())
     finally:
-        ops._op = real_op
+        dist.all_reduce = real_all_reduce
     # not a tensor: a TypeError, as dist.all_reduce raises
     try:
         ringcomm.torch.all_reduce_([1.0, 2.0], rc)

@@ -71,7 +71,8 @@ def _rel(a, b) -> float:
 
 
 class _Count:
-    """Counts torch.distributed.all_reduce / all_gather calls (tp looks them up at call time)."""
+    """Counts tp's collectives: its all-reduces (``ringcomm.torch.all_reduce_``, which tp looks up
+    at call time in its module) and torch.distributed's all_gather / broadcast calls."""
 
     NAMES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast")
 
@@ -80,19 +81,21 @@ class _Count:
         self._orig = {}
 
     def __enter__(self):
+        from ringcomm import tp
         for k in self.NAMES:
-            orig = getattr(dist, k)
-            self._orig[k] = orig
+            owner, attr = (tp, "all_reduce_") if k == "all_reduce" else (dist, k)
+            orig = getattr(owner, attr)
+            self._orig[k] = (owner, attr, orig)
 
             def wrapped(*a, _k=k, _o=orig, **kw):
                 self.n[_k] += 1
                 return _o(*a, **kw)
-            setattr(dist, k, wrapped)
+            setattr(owner, attr, wrapped)
         return self
 
     def __exit__(self, *exc):
-        for k, f in self._orig.items():
-            setattr(dist, k, f)
+        for owner, attr, f in self._orig.values():
+            setattr(owner, attr, f)
 
 
 def _data(dtype, seed=7):

@@ -1,67 +1,87 @@
-"""``ringcomm.torch.all_reduce_``: a synchronous all_reduce of one CPU tensor for latency-bound
-callers (tensor-parallel inference, a custom trainer's small reductions), and the same call as one
-torch dispatcher op, ``torch.ops.ringcomm.all_reduce_(tensor, group_name, op)``.
+"""``ringcomm.torch.all_reduce_(tensor, group=None, op="sum")``: a synchronous, in-place
+all_reduce for latency-bound callers (tensor-parallel inference, a custom trainer's small
+reductions), and the same call on CPU tensors as one torch dispatcher op,
+``torch.ops.ringcomm.all_reduce_(tensor, group_name, op)``.
 
 Layer 0, a back end (part of ``ringcomm.torch``).
 
-Both skip ``dist.all_reduce``'s Python, the ProcessGroup's dispatch and the Work, and offer the
-call straight to the communicator's synchronous entry (``bindings/torch/trampoline.cpp``); what
-the entry declines runs as the group's own synchronous allreduce. ``all_reduce_`` also skips the
-dispatcher: on a group whose CPU backend is ringcomm's c10d backend it calls the backend's direct
-call (``_direct_all_reduce()``, one C call, learnt on the group's first call and kept in
-``hooks.direct_calls`` until the backend shuts down), and takes the op only for what that
-declines. The result, the errors and the group's sequence number are those of
+On a group whose CPU backend is ringcomm's c10d backend, a CPU tensor goes to the backend's direct
+call (``_direct_all_reduce()``: one C call to the communicator's synchronous entry, without
+``dist.all_reduce``'s Python, the ProcessGroup's dispatch, the dispatcher or a Work), learnt on
+the group's first call and kept in ``hooks.direct_calls`` until the backend shuts down. What the
+entry declines, every other device and every other backend's group run ``dist.all_reduce`` itself,
+so the function serves any group (a gloo process never builds ringcomm's torch extension for it).
+The result, the errors and the group's sequence number are those of
 ``dist.all_reduce(tensor, op, group)``. Ops: ``"sum"``, ``"product"``, ``"min"``, ``"max"``,
-``"band"``, ``"bor"``, ``"bxor"`` or the ``dist.ReduceOp`` of one (``dist.all_reduce`` takes AVG
-and PREMUL_SUM). The trampoline
-extension registers the op when it loads (a ringcomm group's creation loads it, and so does the
-first call here); code that is traced (``torch.compile``) calls the op with ``group.group_name``.
+``"band"``, ``"bor"``, ``"bxor"`` or the ``dist.ReduceOp`` of one: the entry's ops that torch
+offers it (``dist.all_reduce`` also takes AVG and PREMUL_SUM, which torch composes).
+
+The op (``bindings/torch/trampoline.cpp``; registered when the extension loads, which a ringcomm
+group's creation does) offers the call to the entry, or runs the group's own synchronous
+allreduce; it returns nothing and has a Meta kernel, so code that ``torch.compile`` traces calls
+it (this function does so under compilation for CPU tensors, and ``dist.all_reduce`` for others).
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from ringcomm import tables
+
 from .hooks import direct_calls
 
 __all__ = ["all_reduce_"]
 
 _compiling = torch.compiler.is_compiling
-_op = None      # torch.ops.ringcomm.all_reduce_, once the extension that registers it is loaded
-_codes = None   # the entry's reduce-op code by name (the extension's REDUCE_OPS) and by ReduceOp
+# The names this function takes, and each one's dist.ReduceOp (AVG is composed by torch's rules in
+# the group's own allreduce, never offered to the entry).
+_NAMES = tuple(name.lower() for name in tables.OP_NAMES if name != "AVG")
+_REDUCE_OPS = {name: getattr(dist.ReduceOp, name.upper()) for name in _NAMES}
+# The entry's reduce-op code of every name and every such dist.ReduceOp.
+_codes = {**{name: tables.op_code(name) for name in _NAMES},
+          **{rop: tables.op_code(name) for name, rop in _REDUCE_OPS.items()}}
 
 
 def all_reduce_(tensor: torch.Tensor, group=None, op="sum") -> torch.Tensor:
-    """All-reduce ``tensor`` (a CPU tensor) in place over ``group`` (default: the default group)
-    and return it; synchronous. ``op``: a name (``"sum"``, ...) or the ``dist.ReduceOp`` of one."""
-    if _compiling():   # traced: the op (the extension is loaded by the group's creation)
+    """All-reduce ``tensor`` in place over ``group`` (default: the default group) and return it;
+    synchronous. ``op``: a name (``"sum"``, ...) or the ``dist.ReduceOp`` of one."""
+    if _compiling():   # traced: the op for CPU tensors (its extension is loaded with the group)
+        name, rop = _op_of(op)
         if group is None:
             group = dist.distributed_c10d._get_default_group()
-        torch.ops.ringcomm.all_reduce_(tensor, group.group_name, _op_name(op))
+        if tensor.device.type == "cpu":
+            torch.ops.ringcomm.all_reduce_(tensor, group.group_name, name)
+        else:
+            dist.all_reduce(tensor, op=rop, group=group)
         return tensor
     call = direct_calls.get(group)
     if call is not None:
         try:
             code = _codes.get(op)
-        except TypeError:   # not hashable: the op's general path explains
+        except TypeError:   # not hashable: the general path explains
             code = None
         # The entry ran it, or it raised; otherwise (the fast path off, a tensor or an op the entry
-        # does not take) the op's general path, which explains what it refuses.
+        # does not take) the general path.
         if code is not None and call(tensor, code):
             return tensor
     return _general(tensor, group, op)
 
 
+def _op_of(op):
+    """(name, dist.ReduceOp) of ``op``; ValueError for an op this function does not take."""
+    name = op.name.lower() if isinstance(op, dist.ReduceOp.RedOpType) else op
+    rop = _REDUCE_OPS.get(name) if isinstance(name, str) else None
+    if rop is None:
+        raise ValueError(f"ringcomm all_reduce_: op must be one of {', '.join(_NAMES)}; got {op!r} "
+                         "(dist.all_reduce takes the others)")
+    return name, rop
+
+
 def _general(tensor: torch.Tensor, group, op) -> torch.Tensor:
-    """The op, and the group's direct call learnt for the next calls."""
-    global _op, _codes
-    if _op is None:
-        from .extension import load
-        codes = dict(load().REDUCE_OPS)
-        _codes = {**codes, **{getattr(dist.ReduceOp, name.upper()): code for name, code in codes.items()}}
-        _op = torch.ops.ringcomm.all_reduce_.default
+    """Every call the direct call did not run; learns the group's direct call for the next."""
     if not isinstance(tensor, torch.Tensor):   # as dist.all_reduce
         raise TypeError(f"ringcomm.torch.all_reduce_: expected a torch.Tensor, got {type(tensor).__name__}")
+    name, rop = _op_of(op)
     key = group
     if group is None:
         group = dist.distributed_c10d._get_default_group()
@@ -75,17 +95,8 @@ def _general(tensor: torch.Tensor, group, op) -> torch.Tensor:
         call = backend._direct_all_reduce()
         if not getattr(backend, "_closed", True):   # open (shut down, its Python half is gone)
             direct_calls[key] = call   # its shutdown() forgets it
-        try:
-            code = _codes.get(op)
-        except TypeError:
-            code = None
         # After shutdown this raises ClosedError, as the group's own allreduce does.
-        if code is not None and call(tensor, code):
+        if call(tensor, _codes[name]):
             return tensor
-    _op(tensor, group.group_name, _op_name(op))
+    dist.all_reduce(tensor, op=rop, group=group)
     return tensor
-
-
-def _op_name(op):
-    """The op's name for a ``dist.ReduceOp`` (the op refuses the names it does not take)."""
-    return op.name.lower() if isinstance(op, dist.ReduceOp.RedOpType) else op

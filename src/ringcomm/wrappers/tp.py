@@ -30,7 +30,10 @@ current RNG, then sliced: with the same seed on every rank the shards are exactl
 rank's shard, or at the shard's shape.
 
 All communication goes through ``torch.distributed`` (looked up at call time), on ``group``
-(``None``: the default group); :func:`make_groups` builds the sub-groups of a data x tensor layout.
+(``None``: the default group); the two all-reduces through ``ringcomm.torch.all_reduce_``, which
+on a ringcomm group hands a CPU tensor straight to the communicator (tensor parallelism's calls
+are small and on the critical path) and is ``dist.all_reduce`` on any other group or device.
+:func:`make_groups` builds the sub-groups of a data x tensor layout.
 """
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from ringcomm.torch.ops import all_reduce_
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention",
            "from_dense", "make_groups", "Groups", "copy_to_group", "reduce_from_group",
@@ -101,7 +106,7 @@ class _CopyToGroup(torch.autograd.Function):
         if _size(ctx.group) == 1:
             return g, None
         g = g.contiguous().clone()
-        dist.all_reduce(g, group=ctx.group)
+        all_reduce_(g, ctx.group)
         return g, None
 
 
@@ -113,7 +118,7 @@ class _ReduceFromGroup(torch.autograd.Function):
         if _size(group) == 1:
             return x.view_as(x)
         y = x.contiguous().clone()
-        dist.all_reduce(y, group=group)
+        all_reduce_(y, group)
         return y
 
     @staticmethod
