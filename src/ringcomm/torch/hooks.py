@@ -1,11 +1,12 @@
-"""Process-wide state of the ringcomm torch backend: issue hooks (tests, tracing) and the live
-process groups, shut down at interpreter exit."""
+"""Process-wide state of the ringcomm torch backend: issue hooks (tests, tracing), the live
+process groups, shut down at interpreter exit, and ``ringcomm.torch.all_reduce_``'s direct calls."""
 from __future__ import annotations
 
 import atexit
 from typing import Callable
 
-__all__ = ["add_issue_hook", "remove_issue_hook", "issue_hooks", "live_groups", "direct_calls"]
+__all__ = ["add_issue_hook", "remove_issue_hook", "issue_hooks", "live_groups", "direct_calls",
+           "forget_direct_calls"]
 
 # ---- issue hooks (tests, tracing) -----------------------------------------------------------------
 issue_hooks: list[Callable[[str, str, int, float], None]] = []
