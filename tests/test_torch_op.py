@@ -176,9 +176,10 @@ def _direct(rank, world):
             x = torch.full((n,), float(rank + 1))
             if ringcomm.torch.all_reduce_(x, rc) is not x or not bool(torch.all(x == total)):
                 wrong.append(n)
-            x = torch.full((n,), float(rank + 1))                  # a dist.ReduceOp names the op too
-            if ringcomm.torch.all_reduce_(x, rc, dist.ReduceOp.MAX) is not x or not bool(torch.all(x == world)):
-                wrong.append(("max", n))
+            for rop in (dist.ReduceOp.MAX, dist.ReduceOp(dist.ReduceOp.MAX)):   # a dist.ReduceOp names it too
+                x = torch.full((n,), float(rank + 1))
+                if ringcomm.torch.all_reduce_(x, rc, rop) is not x or not bool(torch.all(x == world)):
+                    wrong.append(("max", n))
         direct_ops = len(op_calls)
         t = (torch.arange(6.0).reshape(2, 3) + rank).t()      # declined: not contiguous
         ringcomm.torch.all_reduce_(t, rc)
@@ -201,6 +202,14 @@ def _direct(rank, world):
                 d.append(x.tolist())
     finally:
         dist.all_reduce = real_all_reduce
+    # an int is not an op, learnt group or not (an enum's value is not its name)
+    int_op = []
+    for g in (rc, dist.new_group(backend="ringcomm")):
+        try:
+            ringcomm.torch.all_reduce_(torch.ones(2), g, 0)
+            int_op.append(None)
+        except ValueError:
+            int_op.append("ValueError")
     # not a tensor: a TypeError, as dist.all_reduce raises
     try:
         ringcomm.torch.all_reduce_([1.0, 2.0], rc)
@@ -220,6 +229,7 @@ def _direct(rank, world):
     return {"learnt": learnt, "wrong": wrong, "direct_ops": direct_ops, "declined_ops": declined_ops,
             "t": t.contiguous().tolist(), "hook_saw": seen, "hook_ops": hook_ops, "forgotten": forgotten,
             "errors": errors, "default": d, "default_learnt": default_learnt, "not_tensor": not_tensor,
+            "int_op": int_op,
             "default_is_ringcomm": default_is_ringcomm}
 
 
@@ -234,6 +244,7 @@ def test_direct_call_skips_the_op_and_falls_back_to_it(world, backend):
         assert r["declined_ops"] == 1 and r["t"] == want_t
         assert r["hook_ops"] == 1 and r["hook_saw"] == ["allreduce"]
         assert r["forgotten"] and r["not_tensor"] == "TypeError", r["not_tensor"]
+        assert r["int_op"] == ["ValueError", "ValueError"], r["int_op"]
         # dist.all_reduce raises the backend's ClosedError, which torch's logging wrapper masks
         # with a ValueError of its own as it names the group's backend
         assert r["errors"][0] is not None and r["errors"][1] == "ClosedError", r["errors"]
@@ -270,3 +281,23 @@ def test_op_and_fn_compile_into_one_graph():
     for r in res:
         assert r["through_op"] == [2.0 * (1 + 2) + 1] * 5     # sum of 2(rank + 1), plus 1
         assert r["through_fn"] == [2.0 * 2 + 1] * 5           # max of 2(rank + 1), plus 1
+
+
+def _compiled_gloo_only(rank, world):
+    # No ringcomm group, so no ringcomm extension and no op: under torch.compile the function is
+    # dist.all_reduce, which dynamo traces; the extension stays unloaded.
+    import sys
+    import ringcomm.torch
+
+    def fn(x):
+        y = x * 2
+        ringcomm.torch.all_reduce_(y)
+        return y + 1
+
+    out = torch.compile(fn, backend="aot_eager", fullgraph=True)(torch.full((3,), float(rank + 1)))
+    return {"out": out.tolist(), "loaded": sorted(m for m in sys.modules if m.startswith("ringcomm_c10d"))}
+
+
+def test_fn_compiles_in_a_gloo_only_process():
+    res = run_ranks(_compiled_gloo_only, 2, backend="gloo", timeout=240)
+    assert res == [{"out": [2.0 * (1 + 2) + 1] * 3, "loaded": []}] * 2, res

@@ -385,11 +385,15 @@ class Trampoline : public c10d::Backend {
   /// front or a Work. True when the entry ran it (counted in the sequence number; a failure
   /// raises ringcomm's exception, also counted); false when `obj` is not a tensor, `op` not such
   /// a code, the fast path is off, the tensor has no description or the entry declined it:
-  /// nothing was done or counted, and the caller takes the op's general path. After shutdown()
-  /// or abort() it raises ClosedError, as every call does. Like dist.all_reduce, it neither
-  /// bumps the tensor's version nor records autograd history.
+  /// nothing was done or counted, and the caller takes dist.all_reduce. After shutdown() or
+  /// abort() it raises ClosedError (counted), as every call does. Like dist.all_reduce, it
+  /// neither bumps the tensor's version nor records autograd history; unlike it, it does not
+  /// pass through the dispatcher, so a TorchDispatchMode does not see it.
   bool all_reduce_now(py::handle obj, long op) {
-    if (closed_.load(std::memory_order_acquire)) raise_closed("allreduce");
+    if (closed_.load(std::memory_order_acquire)) {
+      RC_COUNT();  // as allreduce() counts the call it refuses
+      raise_closed("allreduce");
+    }
     if (!named_entry_op(op) || !THPVariable_Check(obj.ptr())) return false;
     const at::Tensor& t = THPVariable_Unpack(obj.ptr());
     const std::shared_ptr<const FastPath> fast = fast_path();

@@ -52,17 +52,15 @@ void HostDevice::set_cpus(int threads, size_t min_bytes, const std::string& wher
   RC_CHECK(threads >= 1, InvalidArgument, "ringcomm: CPU threads per rank must be >= 1, got " << threads);
   cpus_ = where;
   transport_.set_ranks_sharing(ranks_sharing, node_ranks);
-  pool_threads_ = threads;
-  split_min_bytes_ = min_bytes;
-}
-
-void HostDevice::start_pool() {
   split_.reset();
   pool_.reset();
-  if (pool_threads_ == 1) return;
-  // Idle workers spin as long as this rank's waits do, which attach() has settled.
-  pool_ = std::make_unique<CpuPool>(pool_threads_, static_cast<int>(transport_.config().spin_ns / 1000));
-  split_ = std::make_unique<SplitChannel>(&coll_, pool_.get(), split_min_bytes_, scratch_.data());
+  if (threads == 1) return;
+  pool_ = std::make_unique<CpuPool>(threads, static_cast<int>(transport_.config().spin_ns / 1000));
+  split_ = std::make_unique<SplitChannel>(&coll_, pool_.get(), min_bytes, scratch_.data());
+}
+
+void HostDevice::settle_pool_spin() {
+  if (pool_) pool_->set_spin_us(static_cast<int>(transport_.config().spin_ns / 1000));
 }
 
 Communicator::Communicator(int rank, int world, double timeout_s)
@@ -83,7 +81,7 @@ void HostDevice::log_connected(const std::string& selection) {
 void Communicator::connect(const std::vector<std::string>& names) {
   RC_CHECK(!connected(), Error, "ringcomm: communicator already connected");
   host_->transport().attach(names);
-  host_->start_pool();
+  host_->settle_pool_spin();
   start();
   host_->log_connected(describe_selection(world(), selection_knobs(), device_part().caps()));
 }

@@ -48,13 +48,12 @@ class HostDevice final : public CommDevice {
   /// ranks_sharing: the local ranks on this rank's CPUs where the front pinned them, node_ranks:
   /// the ranks on this node of every group (0: unknown), for the wait policy.
   void set_cpus(int threads, size_t min_bytes, const std::string& where, int ranks_sharing = 0, int node_ranks = 0);
-  /// The threads set_cpus asked for: the pool's, once connect() started it.
-  int cpu_threads() const { return pool_threads_; }
-  /// The pool's idle spin (µs), or -1 without a pool (one thread, or not connected).
+  int cpu_threads() const { return pool_ ? pool_->threads() : 1; }
+  /// The pool's idle spin (µs), or -1 without a pool.
   int pool_spin_us() const { return pool_ ? pool_->spin_us() : -1; }
-  /// Build the split copies' thread pool (set_cpus' threads; none for one), once the transport
-  /// is attached: its idle spin is the waits', which attach() settles.
-  void start_pool();
+  /// The pool idles as long as the waits spin, which attach() settles from the ranks' masks
+  /// (the pool itself is built by set_cpus, before any peer waits on this rank).
+  void settle_pool_spin();
 
  private:
   int rank_, world_;
@@ -67,8 +66,6 @@ class HostDevice final : public CommDevice {
   std::unique_ptr<CpuPool> pool_;         // null: one thread; run by the executing thread only
   std::unique_ptr<SplitChannel> split_;   // over coll_ and pool_, when pool_ exists
   std::string cpus_;                      // the INFO line's placement (set_cpus)
-  int pool_threads_ = 1;                  // set_cpus' threads, for start_pool
-  size_t split_min_bytes_ = 0;            // set_cpus' min_bytes, for start_pool
 };
 
 class Communicator final : public CommCore {

@@ -89,7 +89,7 @@ void CpuPool::worker(int k) {
   for (;;) {
     uint64_t g = s.gen.load();
     if (g == seen) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed));
       int i = 0;
       while ((g = s.gen.load()) == seen) {
         RC_POOL_PAUSE();

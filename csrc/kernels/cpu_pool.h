@@ -3,6 +3,7 @@
 // cut into contiguous element ranges and every element is combined exactly as reduce_cpu would
 // (the reduction order per element is the algorithm's, unchanged).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -24,7 +25,10 @@ class CpuPool {
   CpuPool& operator=(const CpuPool&) = delete;
 
   int threads() const { return threads_; }
-  int spin_us() const { return spin_us_; }
+  int spin_us() const { return spin_us_.load(std::memory_order_relaxed); }
+  /// The idle spin from the next idle period of each worker on (any thread; relaxed: a worker
+  /// that reads the old value spins as long as it said, nothing else depends on it).
+  void set_spin_us(int spin_us) { spin_us_.store(spin_us < 0 ? 0 : spin_us, std::memory_order_relaxed); }
   /// Run fn(k) for every part k in [0, threads()) and return when all are done; the first
   /// exception a part threw is rethrown here (after every part finished). One run at a time:
   /// called by one thread at a time (the communicator's executing thread). In a forked child
@@ -37,7 +41,7 @@ class CpuPool {
   /// Stops and joins the workers and frees the shared state (the destructor; a failed constructor).
   void stop_workers();
   int threads_;
-  int spin_us_;
+  std::atomic<int> spin_us_;
   int owner_pid_;
   State* st_;  // owned; leaked on purpose in a forked child (its mutex may be held by a parent thread)
 };

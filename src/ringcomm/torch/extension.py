@@ -63,6 +63,12 @@ def _import_built(name: str, directory: str):
     return None
 
 
+def loaded() -> bool:
+    """Whether the module is loaded in this process (its op, torch.ops.ringcomm.all_reduce_, is
+    registered then); never loads it."""
+    return _module is not None
+
+
 def load(verbose: bool = False):
     """The trampoline module (attribute ``Trampoline``), built first if it is not cached."""
     global _module

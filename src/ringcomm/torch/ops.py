@@ -28,60 +28,83 @@ import torch.distributed as dist
 
 from ringcomm import tables
 
+from . import extension
 from .hooks import direct_calls
 
 __all__ = ["all_reduce_"]
 
 _compiling = torch.compiler.is_compiling
+_RedOpType = dist.ReduceOp.RedOpType
 # The names this function takes, and each one's dist.ReduceOp (AVG is composed by torch's rules in
 # the group's own allreduce, never offered to the entry).
 _NAMES = tuple(name.lower() for name in tables.OP_NAMES if name != "AVG")
 _REDUCE_OPS = {name: getattr(dist.ReduceOp, name.upper()) for name in _NAMES}
-# The entry's reduce-op code of every name and every such dist.ReduceOp.
-_codes = {**{name: tables.op_code(name) for name in _NAMES},
-          **{rop: tables.op_code(name) for name, rop in _REDUCE_OPS.items()}}
+# The entry's reduce-op code of each name (string keys only: no int or enum equals one), and of
+# each such dist.ReduceOp.RedOpType.
+_codes = {name: tables.op_code(name) for name in _NAMES}
+_enum_codes = {rop: tables.op_code(name) for name, rop in _REDUCE_OPS.items()}
 
 
 def all_reduce_(tensor: torch.Tensor, group=None, op="sum") -> torch.Tensor:
     """All-reduce ``tensor`` in place over ``group`` (default: the default group) and return it;
     synchronous. ``op``: a name (``"sum"``, ...) or the ``dist.ReduceOp`` of one."""
-    if _compiling():   # traced: the op for CPU tensors (its extension is loaded with the group)
-        name, rop = _op_of(op)
-        if group is None:
-            group = dist.distributed_c10d._get_default_group()
-        if tensor.device.type == "cpu":
-            torch.ops.ringcomm.all_reduce_(tensor, group.group_name, name)
-        else:
-            dist.all_reduce(tensor, op=rop, group=group)
-        return tensor
+    if _compiling():
+        return _traced(tensor, group, op)
     call = direct_calls.get(group)
     if call is not None:
         try:
             code = _codes.get(op)
         except TypeError:   # not hashable: the general path explains
             code = None
-        # The entry ran it, or it raised; otherwise (the fast path off, a tensor or an op the entry
-        # does not take) the general path.
-        if code is not None and call(tensor, code):
-            return tensor
+        if code is None and type(op) is _RedOpType:
+            code = _enum_codes.get(op)
+        if code is not None:
+            # The entry ran it, or it raised; otherwise (the fast path off, a tensor the entry
+            # does not take) dist.all_reduce.
+            if call(tensor, code):
+                return tensor
+            return _dist_all_reduce(tensor, group, op)
     return _general(tensor, group, op)
 
 
 def _op_of(op):
-    """(name, dist.ReduceOp) of ``op``; ValueError for an op this function does not take."""
-    name = op.name.lower() if isinstance(op, dist.ReduceOp.RedOpType) else op
-    rop = _REDUCE_OPS.get(name) if isinstance(name, str) else None
+    """(name, dist.ReduceOp.RedOpType) of ``op`` (a name, a RedOpType or a dist.ReduceOp holding
+    one); ValueError for an op this function does not take."""
+    if isinstance(op, dist.ReduceOp) and type(op) is not _RedOpType:
+        op = op.op
+    name = op.name.lower() if type(op) is _RedOpType else op
+    rop = _REDUCE_OPS.get(name) if type(name) is str else None
     if rop is None:
         raise ValueError(f"ringcomm all_reduce_: op must be one of {', '.join(_NAMES)}; got {op!r} "
                          "(dist.all_reduce takes the others)")
     return name, rop
 
 
+def _dist_all_reduce(tensor: torch.Tensor, group, op) -> torch.Tensor:
+    """``dist.all_reduce`` itself (a non-member rank's call returns at once there)."""
+    dist.all_reduce(tensor, op=_op_of(op)[1], group=group)
+    return tensor
+
+
+def _traced(tensor: torch.Tensor, group, op) -> torch.Tensor:
+    """Under torch.compile: the op for CPU tensors where ringcomm's extension (which registers
+    it) is loaded, ``dist.all_reduce`` otherwise; both trace."""
+    name, rop = _op_of(op)
+    if tensor.device.type == "cpu" and extension.loaded():
+        if group is None:
+            group = dist.distributed_c10d._get_default_group()
+        torch.ops.ringcomm.all_reduce_(tensor, group.group_name, name)
+    else:
+        dist.all_reduce(tensor, op=rop, group=group)
+    return tensor
+
+
 def _general(tensor: torch.Tensor, group, op) -> torch.Tensor:
-    """Every call the direct call did not run; learns the group's direct call for the next."""
+    """A call on a group without a learnt direct call: learns it where the group's CPU backend is
+    ringcomm's and offers the call to it; dist.all_reduce for the rest."""
     if not isinstance(tensor, torch.Tensor):   # as dist.all_reduce
         raise TypeError(f"ringcomm.torch.all_reduce_: expected a torch.Tensor, got {type(tensor).__name__}")
-    name, rop = _op_of(op)
+    name, _ = _op_of(op)
     key = group
     if group is None:
         group = dist.distributed_c10d._get_default_group()
@@ -95,8 +118,9 @@ def _general(tensor: torch.Tensor, group, op) -> torch.Tensor:
         call = backend._direct_all_reduce()
         if not getattr(backend, "_closed", True):   # open (shut down, its Python half is gone)
             direct_calls[key] = call   # its shutdown() forgets it
+            if backend._closed:   # shut down meanwhile (another thread): forget it here
+                direct_calls.pop(key, None)
         # After shutdown this raises ClosedError, as the group's own allreduce does.
         if call(tensor, _codes[name]):
             return tensor
-    dist.all_reduce(tensor, op=rop, group=group)
-    return tensor
+    return _dist_all_reduce(tensor, group, op)
