@@ -300,15 +300,19 @@ void CommCore::execute(Task& t) {
   // What goes before the header is decided from the header this rank posts (forged or not),
   // exactly as its peers decide from that header whether to drain a slot from it.
   if (world_ > 1 && route.first != nullptr && sent_before_header(hdr, rank_)) {
-    // Header phases collapse (comm/trace.h): header_posted is stamped once the first piece
-    // is in every peer's slot, and first_slot equals header_seen (that piece travelled with
-    // the header).
+    // Header phases collapse (comm/trace.h): header_posted is stamped just before the first
+    // store a peer can read this header from, and first_slot equals header_seen (the first
+    // piece travelled with the header). A header-in-slot piece does not carry the header (the
+    // board store after it does: stamp once the piece is in every peer's slot); the LL outbox's
+    // line 0 does (stamp before writing it).
+    const bool header_in_first = !slot_before_header(hdr, rank_);
     fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) {
       hooks.before_post = [&] {
         AlgoCtx quiet = cc;
         quiet.trace = nullptr;
+        if (tr && header_in_first) tr->mark(kTraceHeaderPosted);
         route.first(quiet, t.args, hdr);
-        if (tr) tr->mark(kTraceHeaderPosted);
+        if (tr && !header_in_first) tr->mark(kTraceHeaderPosted);
       };
       const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
       // A peer whose wait for our header ran out has raised and posted its abort, but its

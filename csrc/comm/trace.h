@@ -2,7 +2,8 @@
 // default, records nothing). Each record holds CLOCK_MONOTONIC nanoseconds for the phases of one
 // call, the collective, its bytes, its sequence number and the selection that ran it (algorithm, protocol, store):
 //   entry         the communicator core took the call (before the local argument checks)
-//   header_posted this rank is about to post its header (exchange_headers' first store)
+//   header_posted this rank is about to post its header (exchange_headers' first store, or
+//                 the first store of the LL outbox, whose line 0 carries the header)
 //   header_seen   every peer's header has been read (the exchange returned)
 //   first_slot    the first slot this rank handed off to a peer (send_post)
 //   last_slot     the last slot event of the call: a slot handed off or a slot received
