@@ -55,12 +55,12 @@ void HostDevice::set_cpus(int threads, size_t min_bytes, const std::string& wher
   split_.reset();
   pool_.reset();
   if (threads == 1) return;
-  pool_ = std::make_unique<CpuPool>(threads, static_cast<int>(transport_.config().spin_ns / 1000));
+  pool_ = std::make_unique<CpuPool>(threads, static_cast<int>(transport_.config().spin_ns() / 1000));
   split_ = std::make_unique<SplitChannel>(&coll_, pool_.get(), min_bytes, scratch_.data());
 }
 
 void HostDevice::settle_pool_spin() {
-  if (pool_) pool_->set_spin_us(static_cast<int>(transport_.config().spin_ns / 1000));
+  if (pool_) pool_->set_spin_us(static_cast<int>(transport_.config().spin_ns() / 1000));
 }
 
 Communicator::Communicator(int rank, int world, double timeout_s)

@@ -561,7 +561,7 @@ bool P2PEngine::settle(int64_t& idle_since) {
   ShmTransport& t = dev_->control();
   const int64_t now = now_ns();
   if (idle_since == 0) idle_since = now;
-  if (now - idle_since < t.config().spin_ns) {
+  if (now - idle_since < t.config().spin_ns()) {
     for (int i = 0; i < 64; ++i) cpu_relax();
     return false;
   }

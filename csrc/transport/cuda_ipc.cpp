@@ -352,7 +352,7 @@ void CudaIpcTransport::wait_event(cudaEvent_t ev, const WaitCtx& w, double timeo
       RC_CUDA(e, " while " << w.op << " (seq " << w.seq << ") on rank " << rank_ << " waited for the GPU" << slot_peer());
     }
     const int64_t now = now_ns();
-    if (now - t0 < cfg_.shm.spin_ns) {
+    if (now - t0 < cfg_.shm.spin_ns()) {
       cpu_relax();
       continue;
     }

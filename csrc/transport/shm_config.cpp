@@ -64,15 +64,9 @@ bool affinity_mask(uint64_t* words) {
   return true;
 }
 
-int64_t ShmConfig::spin_ns_for(int ranks) const {
-  const int64_t spin_default_us = ranks > cpus ? 2 : 50;  // oversubscribed(): short spins
-  return (spin_us ? *spin_us : spin_default_us) * 1000;
-}
-
 void ShmConfig::set_ranks_sharing(int ranks) {
   if (ranks < 1) return;
   ranks_sharing = ranks;
-  spin_ns = spin_ns_for(ranks);
 }
 
 void ShmTransport::set_ranks_sharing(int ranks_sharing, int node_ranks) {

@@ -32,12 +32,11 @@ struct ShmConfig {
   size_t slot_bytes = 0;     // RINGCOMM_SLOT_BYTES
   uint32_t nslots = 0;       // RINGCOMM_NSLOTS
   double timeout_s = 300;    // RINGCOMM_TIMEOUT (per communicator override)
-  WaitMode wait_mode = WaitMode::kAdaptive;  // RINGCOMM_WAIT (auto resolved, see from_knobs)
+  WaitMode wait_mode = WaitMode::kAdaptive;  // RINGCOMM_WAIT (auto decides per wait: transport/shm_wait.h)
   int cpus = 1;              // CPUs this process may run on (sched_getaffinity) when configured
   // Local ranks (this one included) that may run on this process's CPUs: the world size until
   // attach() reads every peer's affinity mask (ShmTransport::attach), or the front's count.
   int ranks_sharing = 1;
-  int64_t spin_ns = 0;       // RINGCOMM_SPIN_US, or by the CPUs (spin_ns_for)
   std::optional<int64_t> spin_us;  // RINGCOMM_SPIN_US where the environment sets it
   int64_t own_spin_ns = 0;   // RINGCOMM_SPIN_OWN_CPU_US
   int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: yielding waits spin this much longer
@@ -61,13 +60,13 @@ struct ShmConfig {
   /// from_knobs plus the outboxes (world >= 3): the host communicator's transport.
   static ShmConfig host_from_knobs(const Knobs& k, int world_size, double timeout_s);
   /// The spin before a wait yields or sleeps: RINGCOMM_SPIN_US (spin_us), else short (2 us)
-  /// when more ranks share this process's CPUs than there are (`cpus`: the awaited rank may
-  /// need our CPU), else 50 us.
-  int64_t spin_ns_for(int ranks_sharing) const;
-  /// Set ranks_sharing and spin_ns from a count of local ranks on this process's CPUs (< 1:
-  /// unknown, nothing changes).
+  /// when more ranks share this process's CPUs than there are (oversubscribed(): the awaited
+  /// rank may need our CPU), else 50 us.
+  int64_t spin_ns() const { return (spin_us ? *spin_us : oversubscribed() ? 2 : 50) * 1000; }
+  /// Set ranks_sharing from a count of local ranks on this process's CPUs (< 1: unknown,
+  /// nothing changes).
   void set_ranks_sharing(int ranks);
-  /// More of those ranks than CPUs: waits spin briefly (spin_ns_for) and give the CPU up at once
+  /// More of those ranks than CPUs: waits spin briefly (spin_ns()) and give the CPU up at once
   /// to a peer that last waited on it (ShmWaits::placed_with).
   bool oversubscribed() const { return ranks_sharing > cpus; }
   /// No other local rank may run on this process's CPUs (pinned apart). Only then can a spin here

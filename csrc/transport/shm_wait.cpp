@@ -57,7 +57,7 @@ std::string ShmWaits::describe() const {
   if (mode == WaitMode::kAuto && cfg_.own_cpu())
     o << "synchronous calls spin up to " << cfg_.own_spin_ns / 1000
       << " us (less if the CPU is lost), then futex; other waits ";
-  o << "spin " << cfg_.spin_ns / 1000 << " us";
+  o << "spin " << cfg_.spin_ns() / 1000 << " us";
   if (mode != WaitMode::kSpin) {
     o << (mode == WaitMode::kAdaptive ? "; yielding " : ", ") << "+" << cfg_.yield_ns / 1000
       << " us with a sched_yield every " << cfg_.yield_every_ns << " ns";

@@ -194,7 +194,7 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
   // Co-located with the peer: no pure spin. A yielding wait yields at once (the cheapest way to
   // hand the peer our CPU while no other process competes for it); any other sleeps at once.
   const bool active = !own_spin && (!colocated || yielding);
-  const int64_t active_end = t0 + (colocated ? 0 : cfg_.spin_ns) + (yielding ? cfg_.yield_ns : 0);
+  const int64_t active_end = t0 + (colocated ? 0 : cfg_.spin_ns()) + (yielding ? cfg_.yield_ns : 0);
   int64_t next_yield = t0 + (colocated ? 0 : cfg_.yield_every_ns);
   long nivcsw0 = -1;  // kAdaptive: involuntary switches when the probe started (-1: not yet)
   bool done = false;
