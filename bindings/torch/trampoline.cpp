@@ -397,21 +397,16 @@ class Trampoline : public c10d::Backend {
     if (!named_entry_op(op) || !THPVariable_Check(obj.ptr())) return false;
     const at::Tensor& t = THPVariable_Unpack(obj.ptr());
     const std::shared_ptr<const FastPath> fast = fast_path();
-    if (!fast) return false;
-    RcArray a;
-    int64_t strides[kMaxDims];
-    if (!describe(t, &a, strides)) return false;
-    char msg[2048];
-    int rc;
-    {
-      // The call blocks until every rank has joined: never with the GIL.
-      py::gil_scoped_release nogil;
-      rc = fast->api->all_reduce(fast->handle, &a, nullptr, static_cast<int32_t>(op), msg, sizeof msg);
-    }
-    if (rc == RC_CALL_DECLINED) return false;
-    RC_COUNT();
-    if (rc != RC_CALL_DONE) raise_ringcomm(rc - 1, msg);
-    return true;
+    return fast && offer(t, [&](const RcArray* a, char* msg, size_t len) {
+             int rc;
+             {
+               // The call blocks until every rank has joined: never with the GIL.
+               py::gil_scoped_release nogil;
+               rc = fast->api->all_reduce(fast->handle, a, nullptr, static_cast<int32_t>(op), msg, len);
+             }
+             if (rc != RC_CALL_DECLINED) RC_COUNT();  // taken, done or failed: counted
+             return rc;
+           });
   }
   /// allreduce() through the Python half, for a call already counted.
   WorkPtr allreduce_general(Tensors& t, const c10d::AllreduceOptions& o) { RC_WORK("allreduce", allreduce, t, o); }
