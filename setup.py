@@ -6,7 +6,7 @@ found), RINGCOMM_BUILD_JOBS (parallel build jobs, default: CPU count), RINGCOMM_
 kept between builds, so that a wheel built after an editable install compiles only what changed.
 
 The CMake build also copies the package data into the package's _data/ folder (CMakeLists.txt):
-the C ABI header (csrc/include/ringcomm/abi.h, parsed by ringcomm.tables at import) and the torch
+the C ABI header (csrc/include/ringcomm/abi.h, parsed by ringcomm.core.tables at import) and the torch
 c10d trampoline's source (bindings/torch/trampoline.cpp, compiled just in time by ringcomm.torch).
 A wheel gets them beside its modules; an editable install (built in place) in src/ringcomm/_data,
 where the source tree's modules look for them.

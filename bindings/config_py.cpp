@@ -69,7 +69,7 @@ void bind_config(py::module_& m) {
   py::class_<rc::Knobs> knobs(m, "Knobs",
                               "Every runtime knob, typed and parsed once (csrc/common/knobs.def): one "
                               "read-only attribute per knob, named by its field (RINGCOMM_SLOT_BYTES: "
-                              "slot_bytes). Made by ringcomm.config.read().");
+                              "slot_bytes). Made by ringcomm.core.config.read().");
 #define RC_KNOB(NAME, field, kind, def, choices, doc) knobs.def_readonly(#field, &rc::Knobs::field, #NAME ": " doc);
 #define RC_BUILD_KNOB(NAME, field, kind, def, choices, doc)
 #include "common/knobs.def"

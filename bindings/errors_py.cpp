@@ -13,7 +13,7 @@ namespace py = pybind11;
 
 namespace {
 
-// code -> Python class name in ringcomm.errors; indexed by the ErrorCode value (dense: errors.h).
+// code -> Python class name in ringcomm.core.errors; indexed by the ErrorCode value (dense: errors.h).
 constexpr std::array<const char*, rc::kNumErrorCodes> kClassNames = {
 #define RC_PY_CLASS_NAME_(name, value, Kind, py_class) #py_class,
     RC_ERROR_KINDS(RC_PY_CLASS_NAME_)
@@ -23,7 +23,7 @@ constexpr std::array<const char*, rc::kNumErrorCodes> kClassNames = {
 // Module-lifetime references (never destroyed: the interpreter owns the classes).
 const std::array<py::object, rc::kNumErrorCodes>& classes() {
   static auto* c = [] {
-    py::module_ errors = py::module_::import("ringcomm.errors");
+    py::module_ errors = py::module_::import("ringcomm.core.errors");
     auto* a = new std::array<py::object, rc::kNumErrorCodes>();
     for (int i = 0; i < rc::kNumErrorCodes; ++i) (*a)[i] = errors.attr(kClassNames[i]);
     return a;
@@ -47,7 +47,7 @@ py::handle error_class(rc::ErrorCode code) {
 }
 
 void register_error_translator(bool module_local) {
-  classes();  // import ringcomm.errors now, while the module initialises
+  classes();  // import ringcomm.core.errors now, while the module initialises
   if (module_local) {
     py::register_local_exception_translator(translate);
   } else {
@@ -61,5 +61,5 @@ void bind_errors(py::module_& m) {
     py::dict d;
     for (int i = 0; i < rc::kNumErrorCodes; ++i) d[py::int_(i)] = kClassNames[i];
     return d;
-  }, "{ErrorCode value: ringcomm.errors class name}: the bindings' table");
+  }, "{ErrorCode value: ringcomm.core.errors class name}: the bindings' table");
 }

@@ -4,7 +4,7 @@
 
 #include "common/errors.h"
 
-/// Map rc::Error (by its code) to ringcomm.errors classes; module_local for ringcomm._C_cuda and _C_test.
+/// Map rc::Error (by its code) to ringcomm.core.errors classes; module_local for ringcomm._C_cuda and _C_test.
 void register_error_translator(bool module_local);
-/// The ringcomm.errors class of `code` (RingcommError for an unknown code).
+/// The ringcomm.core.errors class of `code` (RingcommError for an unknown code).
 pybind11::handle error_class(rc::ErrorCode code);

@@ -1,4 +1,4 @@
-// The cost model (comm/cost_model.h) for ringcomm.tune and the tools: profiles as dicts and the
+// The cost model (comm/cost_model.h) for ringcomm.apps.tune and the tools: profiles as dicts and the
 // modelled choice. The test module adds the modelled seconds and halving_doubling's per-rank work
 // (bindings/test/model_py.cpp), with profiles parsed here (model_py.h).
 #include <pybind11/pybind11.h>

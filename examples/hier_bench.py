@@ -27,7 +27,7 @@ def _rank(rank, world, nodes, sizes, iters, warmup, reps, store_dir):
 
     import ringcomm
     import ringcomm.hier as hier
-    from ringcomm.rendezvous import FileStore
+    from ringcomm.core.rendezvous import FileStore
     init = dict(rank=rank, world_size=world, init_method="file://" + store_dir, timeout=300)
     os.environ["RINGCOMM_NODE_ID"] = "same-node"
     flat_rc = ringcomm.init(prefix="bench/flat", **init)
@@ -82,7 +82,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median reported)")
     a = p.parse_args(argv)
-    from ringcomm.launch import spawn
+    from ringcomm.core.launch import spawn
     sizes = [int(s) for s in a.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="rc-hier-bench-") as d:
         res = spawn(_rank, a.world, (a.nodes, sizes, a.iters, a.warmup, a.reps, d), timeout=1800)

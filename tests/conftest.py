@@ -12,7 +12,7 @@ import pytest
 
 import ranks
 
-# Ranks of ringcomm.launch in this session start as forks of one server that imported numpy and
+# Ranks of ringcomm.core.launch in this session start as forks of one server that imported numpy and
 # torch once (ranks.start_forkserver), as the groups' ranks do: a spawned rank would import
 # torch itself, seconds on a 2-core machine. Subprocesses the tests start inherit the setting.
 os.environ["RINGCOMM_START_METHOD"] = "forkserver"

@@ -24,7 +24,7 @@ OP_CODES = {"SUM": 0, "PRODUCT": 1, "MIN": 2, "MAX": 3, "AVG": 4, "BAND": 5, "BO
 
 
 def _store(rank, world, timeout=60):
-    from ringcomm.rendezvous import FileStore
+    from ringcomm.core.rendezvous import FileStore
     return FileStore(os.environ["RC_TEST_STORE"], timeout)
 
 

@@ -191,7 +191,7 @@ def _survivor_kill(d, rank, world, case):
 def _victim_kill(d, rank, world, case):
     phase, coll = case["phase"], case["coll"]
     if phase == "rendezvous":
-        from ringcomm.rendezvous import FileStore
+        from ringcomm.core.rendezvous import FileStore
         _init(d, rank, world, case["timeout"], _KillAtFirstPeerKey(FileStore(d, timeout=30), d, rank))
         return {"missed": "init returned"}
     comm = _init(d, rank, world, case["timeout"])
@@ -263,7 +263,7 @@ def _late_peer(d, rank, world, case):
 
 
 def _stale_store(d, rank, world, case):
-    from ringcomm.rendezvous import FileStore
+    from ringcomm.core.rendezvous import FileStore
     if rank == 0:
         st = FileStore(d)
         for r in range(world):  # what a crashed run with the same prefix leaves behind

@@ -306,7 +306,7 @@ def netns_rank(local, local_size, node, world, store_dir, ifname, nbytes):
 
     import ringcomm
     import ringcomm.hier as hier
-    from ringcomm.rendezvous import FileStore
+    from ringcomm.core.rendezvous import FileStore
     rank = node * local_size + local
     comm = ringcomm.init(rank=rank, world_size=world, init_method="file://" + store_dir, timeout=60)
     base = hier.c10d_store(FileStore(store_dir, timeout=60))

@@ -49,7 +49,7 @@ def stale_file_store(rank, world, path, stale):
     key first."""
     import time
     import ringcomm
-    from ringcomm.rendezvous import FileStore
+    from ringcomm.core.rendezvous import FileStore
 
     class Ordered(FileStore):
         def set(self, key, value):
@@ -72,7 +72,7 @@ def sub_communicators(rank, world, store_kind, where):
     sub-communicator); the prefix every member derives from its group's job ranks works."""
     import ringcomm
     if store_kind == "file":
-        from ringcomm.rendezvous import FileStore
+        from ringcomm.core.rendezvous import FileStore
         store = FileStore(where, timeout=60)
     else:
         from datetime import timedelta
@@ -108,7 +108,7 @@ def successive_communicators(rank, world, path):
     then a third after both closed; in between rank 0 alone creates a 1-rank communicator, which
     takes no number, so the third still gets the same prefix on every rank."""
     import ringcomm
-    from ringcomm.rendezvous import FileStore
+    from ringcomm.core.rendezvous import FileStore
     store = FileStore(path, timeout=30)
     a = ringcomm.init(rank=rank, world_size=world, store=store, timeout=30)
     b = ringcomm.init(rank=rank, world_size=world, store=store, timeout=30)

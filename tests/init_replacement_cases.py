@@ -123,7 +123,7 @@ def predecessor_died_in_init(rank, world, path):
     publishing anything; rank 1's replacement calls init: it opens generation 1, and rank 0,
     still waiting in 0, moves there instead of waiting out its timeout."""
     import ringcomm
-    from ringcomm import rendezvous as rdzv
+    from ringcomm.core import rendezvous as rdzv
     store = rdzv.FileStore(path, timeout=30)
     if rank == 1:
         deadline = time.monotonic() + 30

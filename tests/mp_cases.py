@@ -33,7 +33,7 @@ def init_under_env(rank, world, sub="", env=None, timeout=60, init=None, **kwarg
     (``ringcomm.init``; ``ringcomm.cuda.init`` for a device communicator); kwargs go to it."""
     import ringcomm
     env = env or {}
-    from ringcomm.config import environment
+    from ringcomm.core.config import environment
     with environment(env):
         if "init_method" not in kwargs and "store" not in kwargs:
             path = os.path.join(os.environ["RC_TEST_STORE"], sub) if sub else os.environ["RC_TEST_STORE"]

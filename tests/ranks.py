@@ -6,7 +6,7 @@ tests need only a few seconds of work in their ranks. So:
 
 * ``run(fn, world_size, args)`` hands ``fn(rank, world_size, *args)`` to the session's group of
   ``world_size`` ranks (forks of the session's fork server, which imported torch once) that stay up
-  between calls, and returns the results in rank order, as ``ringcomm.launch.spawn`` would;
+  between calls, and returns the results in rank order, as ``ringcomm.core.launch.spawn`` would;
 * ``run_ranks(fn, world_size, backend)`` does the same with ``torch.distributed`` initialised on
   ``backend`` in every rank around ``fn``;
 * ``once(key, start, what)`` runs a group ONCE per key for the session, so that one group runs many
@@ -15,7 +15,7 @@ tests need only a few seconds of work in their ranks. So:
   whose /dev/shm is a tmpfs of ``size`` (this file is also the script that forks them there).
 
 Jobs that kill or fork ranks, expect a rank to die, read a knob the library caches per process (the
-log level) or leave a process group initialised keep ``ringcomm.launch.spawn``'s fresh processes.
+log level) or leave a process group initialised keep ``ringcomm.core.launch.spawn``'s fresh processes.
 
 The group's contract, ``run``:
 
@@ -47,8 +47,8 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
-from ringcomm.launch import LaunchError, collect, collect_stacks
-from ringcomm.launch import _child as _launch_child
+from ringcomm.core.launch import LaunchError, collect, collect_stacks
+from ringcomm.core.launch import _child as _launch_child
 
 __all__ = ["run", "run_ranks", "once", "case_of", "temp_dir", "run_in_dir", "run_with_dev_shm", "close_all",
            "owns", "start_forkserver", "shm_segments", "lasting", "BACKENDS", "backend_available",
@@ -66,9 +66,9 @@ PRELOAD = ("numpy", "torch", "torch.distributed", "torch._dynamo")
 # ---- the session's groups of ranks -----------------------------------------------------------------
 
 def _serve(rank: int, world_size: int, jobs, results, stack_path: str) -> None:
-    """A group rank: run jobs from `jobs` until None arrives, each through ``ringcomm.launch``'s
+    """A group rank: run jobs from `jobs` until None arrives, each through ``ringcomm.core.launch``'s
     own child body (faulthandler stacks on SIGUSR1, RANK / WORLD_SIZE, the result or the failure
-    put on `results` as ``ringcomm.launch.collect`` reads them)."""
+    put on `results` as ``ringcomm.core.launch.collect`` reads them)."""
     import importlib
     for name in PRELOAD:
         try:
@@ -107,7 +107,7 @@ def _issue_hooks():
 
 def start_forkserver() -> bool:
     """Start multiprocessing's fork server now, with the session's environment and PRELOAD
-    imported once: the groups' ranks and the ranks ``ringcomm.launch`` starts (conftest sets
+    imported once: the groups' ranks and the ranks ``ringcomm.core.launch`` starts (conftest sets
     ``RINGCOMM_START_METHOD=forkserver`` for the session) are forks of it, each given its own
     environment by the job or the launch. Called by conftest at session start, so the server's
     environment is never a test's. False where the platform has no fork server."""

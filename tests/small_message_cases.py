@@ -31,10 +31,10 @@ def _thresholds(world, esize):
     far piece size (world >= 3), plus the tiny config's piece size."""
     out = set()
     if world > 1:
-        thr = int(ringcomm.config.knob("RINGCOMM_DIRECT_MAX_BYTES")) // (esize * (world - 1))
+        thr = int(ringcomm.core.config.knob("RINGCOMM_DIRECT_MAX_BYTES")) // (esize * (world - 1))
         out |= {thr - 1, thr, thr + 1}
         if world >= 3:
-            pe = int(ringcomm.config.knob("RINGCOMM_FAR_SLOT_BYTES")) // esize
+            pe = int(ringcomm.core.config.knob("RINGCOMM_FAR_SLOT_BYTES")) // esize
             out |= {c for c in (pe - 1, pe, pe + 1) if c <= thr + 1}
         ll = LL_BYTES["ll"] // esize
         out |= {ll - 1, ll, ll + 1, (56 - 40) // esize, (56 - 40) // esize + 1, 56 // esize + 1}
@@ -47,14 +47,14 @@ def _direct_expected(world, count, esize, cfg):
     """Whether `cfg` runs all_reduce of `count` elements with the direct algorithm (world > 1)."""
     if cfg == "tiny":
         return True
-    return count * esize * (world - 1) <= int(ringcomm.config.knob("RINGCOMM_DIRECT_MAX_BYTES"))
+    return count * esize * (world - 1) <= int(ringcomm.core.config.knob("RINGCOMM_DIRECT_MAX_BYTES"))
 
 
 def _above_direct(world, nbytes):
     """auto's all_reduce algorithm above the direct range: the two-shot up to
     RINGCOMM_TWO_SHOT_MAX_BYTES with RINGCOMM_TWO_SHOT_MIN_WORLD ranks or more, the ring above
     (csrc/comm/selection.cpp)."""
-    if world >= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MIN_WORLD")) and nbytes <= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
+    if world >= int(ringcomm.core.config.knob("RINGCOMM_TWO_SHOT_MIN_WORLD")) and nbytes <= int(ringcomm.core.config.knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
         return "two_shot"
     return "ring"
 
@@ -185,7 +185,7 @@ def mismatch_cases(rank, world):
         # rank 0's all_reduce forced direct (in slot), the others' auto (the LL outbox)
         "mixed_ll": init_under_env(rank, world, "mixed_ll", {"RINGCOMM_ALGO": "direct" if rank == 0 else "auto"}),
     }
-    thr = int(ringcomm.config.knob("RINGCOMM_DIRECT_MAX_BYTES")) // (4 * (world - 1))
+    thr = int(ringcomm.core.config.knob("RINGCOMM_DIRECT_MAX_BYTES")) // (4 * (world - 1))
     last = world - 1
 
     def after_ok(comm, n=9):

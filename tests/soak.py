@@ -310,7 +310,7 @@ def main(argv=None):
                 sampler.sample()
                 print("\n".join(summary_lines(per_rank, a.world, time.monotonic() - t0, sampler)), flush=True)
     finally:
-        from ringcomm.launch import reap
+        from ringcomm.core.launch import reap
         reap(procs, grace=30.0 if not (excs or hang) else 5.0)
         q.close()
         sampler.sample()

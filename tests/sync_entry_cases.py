@@ -40,7 +40,7 @@ def scatter_gather(comm):
 
     import ringcomm
     from ringcomm import _C
-    from ringcomm.front import chunk_count
+    from ringcomm.core.front import chunk_count
     r, n = comm.rank, comm.world_size
     wrong, calls = [], 0
     before = _C._sync_entry_stats()

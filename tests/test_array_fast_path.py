@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm.launch import launch
+from ringcomm.core.launch import launch
 
 torch = pytest.importorskip("torch")   # the general path's second array type
 

@@ -28,7 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from ringcomm.launch import LaunchError, spawn  # noqa: E402
+from ringcomm.core.launch import LaunchError, spawn  # noqa: E402
 
 from mp_cases import free_port  # noqa: E402
 

@@ -1,8 +1,8 @@
-"""The knob registry (csrc/common/knobs.def via ringcomm.config; docs/knobs.md is generated from it,
+"""The knob registry (csrc/common/knobs.def via ringcomm.core.config; docs/knobs.md is generated from it,
 checked by tests/test_docs.py): every RINGCOMM_* name in the sources is registered, the typed
-struct (ringcomm.config.read(), rc::Knobs) has one field per runtime knob with the values the
+struct (ringcomm.core.config.read(), rc::Knobs) has one field per runtime knob with the values the
 by-name lookup gives, values parse with the registry's rules (checked against independent Python
-parsing), config() and `python -m ringcomm.config` report them, nothing reads a knob at import
+parsing), config() and `python -m ringcomm.core.config` report them, nothing reads a knob at import
 time, and RINGCOMM_DEBUG=INFO/TRACE log from a spawned rank's C++ core."""
 import os
 import re
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm import config
+from ringcomm.core import config
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = Path(ringcomm.__file__).resolve().parent
@@ -155,7 +155,6 @@ def test_unset_knobs_take_their_defaults(clean_env):
         assert e["value"] == _expected_default(k), k["name"]
         assert e["default"] == k["default"] and e["doc"] == k["doc"] and e["set"] is False
     assert cfg["RINGCOMM_SLOT_BYTES"]["value"] == 256 * 1024
-    assert ringcomm.config() == cfg  # the package attribute is callable too
     assert cfg["RINGCOMM_TIMEOUT"]["value"] == 300.0
     assert config.default_timeout() == 300.0
 
@@ -227,7 +226,7 @@ def _env(**kv):
 
 
 def test_cli_prints_values_and_sources():
-    r = subprocess.run([sys.executable, "-m", "ringcomm.config"], env=_env(RINGCOMM_NSLOTS="5"),
+    r = subprocess.run([sys.executable, "-m", "ringcomm.core.config"], env=_env(RINGCOMM_NSLOTS="5"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     lines = {ln.split()[0]: ln.split() for ln in r.stdout.splitlines()[1:]}
@@ -236,7 +235,7 @@ def test_cli_prints_values_and_sources():
     assert lines["RINGCOMM_SLOT_BYTES"][1:3] == ["262144", "default"]
     assert lines["RINGCOMM_BUILD_TYPE"][1:4] == ["Release", "default", "(build)"]
     assert lines["RINGCOMM_NODE_ID"][1] == "unset"
-    j = subprocess.run([sys.executable, "-m", "ringcomm.config", "--json"], env=_env(RINGCOMM_ALGO="ring"),
+    j = subprocess.run([sys.executable, "-m", "ringcomm.core.config", "--json"], env=_env(RINGCOMM_ALGO="ring"),
                        capture_output=True, text=True, timeout=60)
     import json
     cfg = json.loads(j.stdout)
@@ -244,7 +243,7 @@ def test_cli_prints_values_and_sources():
 
 
 def test_cli_reports_a_bad_value():
-    r = subprocess.run([sys.executable, "-m", "ringcomm.config"], env=_env(RINGCOMM_TIMEOUT="soon"),
+    r = subprocess.run([sys.executable, "-m", "ringcomm.core.config"], env=_env(RINGCOMM_TIMEOUT="soon"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "RINGCOMM_TIMEOUT='soon'" in r.stderr and "Traceback" not in r.stderr
@@ -253,8 +252,8 @@ def test_cli_reports_a_bad_value():
 def test_no_knob_is_read_at_import():
     """Malformed values everywhere: importing every module still works; using a knob raises."""
     bad = {k["name"]: "not-a-valid-value!" for k in config.knobs() if k["type"] != "str"}
-    code = ("import ringcomm, ringcomm.api, ringcomm.config, ringcomm.hier, ringcomm.cuda, ringcomm.zero\n"
-            "try:\n    ringcomm.config.knob('RINGCOMM_HIER_SCRATCH_CACHE')\n"
+    code = ("import ringcomm, ringcomm.core.api, ringcomm.core.config, ringcomm.hier, ringcomm.cuda, ringcomm.training.zero\n"
+            "try:\n    ringcomm.core.config.knob('RINGCOMM_HIER_SCRATCH_CACHE')\n"
             "except ringcomm.InvalidArgumentError as e:\n    print('raised', e)\n")
     r = subprocess.run([sys.executable, "-c", code], env=_env(**bad), capture_output=True, text=True,
                        timeout=180)
@@ -325,7 +324,7 @@ def test_log_off_by_default(tmp_path):
 @pytest.mark.parametrize("level,shown", [(None, ["w"]), ("WARN", ["w"]), ("INFO", ["w", "i"]),
                                          ("TRACE", ["w", "i", "t"])])
 def test_python_logger_follows_ringcomm_debug(level, shown):
-    code = ("from ringcomm import config\nlog = config.logger(1, 3)\n"
+    code = ("from ringcomm.core import config\nlog = config.logger(1, 3)\n"
             "log.warning('w')\nlog.info('i')\nlog.debug('t')\n")
     env = _env() if level is None else _env(RINGCOMM_DEBUG=level)
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -334,7 +333,7 @@ def test_python_logger_follows_ringcomm_debug(level, shown):
 
 
 def test_environment_sets_knobs_for_a_block_and_restores_them(monkeypatch):
-    from ringcomm.config import environment, knob
+    from ringcomm.core.config import environment, knob
     monkeypatch.setenv("RINGCOMM_TIMEOUT", "7")
     monkeypatch.delenv("RINGCOMM_P2P_EAGER_BYTES", raising=False)
     with environment({"RINGCOMM_TIMEOUT": "9", "RINGCOMM_P2P_EAGER_BYTES": "4K"}):

@@ -19,7 +19,7 @@ import pytest
 
 import ringcomm
 from ringcomm import _C, _C_test
-from ringcomm.tune import write_profile
+from ringcomm.apps.tune import write_profile
 import ranks
 from cost_model_cases import hd_cases, model_auto_case, profile_init_case
 
@@ -199,7 +199,7 @@ def test_forced_halving_doubling_and_cuda(knobs):
             assert _C._select("all_reduce", M, n) == ("halving_doubling", "simple", "cached")
             assert _C._select("all_reduce", M, n, "cuda")[:2] == ("ring", "simple")
         assert _C._select("broadcast", 1 << 20, n)[:2] == ("chain", "simple")
-    assert ringcomm.config.knob("RINGCOMM_ALGO") == "halving_doubling"
+    assert ringcomm.core.config.knob("RINGCOMM_ALGO") == "halving_doubling"
 
 
 def test_profile_file_round_trip_and_refusals(knobs, tmp_path):
@@ -271,11 +271,11 @@ def test_check_model_rejudges_saved_runs_with_the_current_model(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_tune_measures_a_profile_the_core_loads(tmp_path):
-    """`python -m ringcomm.tune --quick` on this machine: 2 spawned ranks and one process's kernels
+    """`python -m ringcomm.apps.tune --quick` on this machine: 2 spawned ranks and one process's kernels
     give a profile file the core reads back, with every parameter in a physical range."""
     out = tmp_path / "tuned.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGCOMM_")}
-    r = subprocess.run([sys.executable, "-m", "ringcomm.tune", "--quick", "-o", str(out)], env=env,
+    r = subprocess.run([sys.executable, "-m", "ringcomm.apps.tune", "--quick", "-o", str(out)], env=env,
                        capture_output=True, text=True, timeout=280)
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(out.read_text())

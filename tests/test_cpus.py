@@ -1,4 +1,4 @@
-"""Binding ranks to CPUs (ringcomm.cpus, RINGCOMM_BIND) and the split of large copies and
+"""Binding ranks to CPUs (ringcomm.core.cpus, RINGCOMM_BIND) and the split of large copies and
 reductions over a rank's threads (csrc/kernels/cpu_pool.h, RINGCOMM_THREADS).
 
 The share arithmetic, the NUMA placement and the "already placed" rules run on faked
@@ -22,12 +22,12 @@ import tempfile
 import numpy as np
 import pytest
 
-from ringcomm import cpus
+from ringcomm.core import cpus
 from ringcomm._C import _CpuPool, _reduce
 from ringcomm._C_test import reduce_supported, split_range, step_off_cpu
-from ringcomm.cpus import (Topology, auto_threads, core_share, format_cpulist,
+from ringcomm.core.cpus import (Topology, auto_threads, core_share, format_cpulist,
                            numa_share, parse_cpulist, pinned_reason, plan_binding)
-from ringcomm.launch import launch, spawn
+from ringcomm.core.launch import launch, spawn
 
 F32, F64, F16, BF16, I8, U8, I32, I64, BOOL = range(9)
 SUM, PROD, MIN, MAX, AVG, BAND, BOR, BXOR = range(8)
@@ -518,7 +518,7 @@ def test_cpu_scale_check_script_syntax_and_plan():
     assert any(ln.startswith("timeout ") and "p2p_rendezvous_ab.py -np 4" in ln for ln in plan.stdout.splitlines())
     assert any(ln.startswith("timeout ") and "cpu_threads_ab.py --procs 5" in ln for ln in plan.stdout.splitlines())
     model = [ln for ln in plan.stdout.splitlines() if "check_model.py" in ln]
-    assert len(model) == 1 and model[0].startswith("timeout ") and "ringcomm.tune" in model[0], plan.stdout
+    assert len(model) == 1 and model[0].startswith("timeout ") and "ringcomm.apps.tune" in model[0], plan.stdout
     assert "-np 2,4,8,16 " in model[0], model
     env["CPU_SCALE_CORES"] = "6"
     plan = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=30)

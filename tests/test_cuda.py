@@ -23,7 +23,7 @@ import pytest
 import ringcomm
 import ringcomm.cuda as rcc
 from ringcomm import _C, _C_test
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 
 import cuda_cases
 

@@ -12,7 +12,7 @@ tests/test_cuda_bookkeeping.py.
 import pytest
 
 import ringcomm.cuda as rcc
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 
 import cuda_reliability_cases as cases
 

@@ -74,7 +74,7 @@ class _ResNet(nn.Module):
         self.checkpointed = checkpointed
 
     def forward(self, x):
-        from ringcomm.recompute import checkpoint
+        from ringcomm.training.recompute import checkpoint
         h = self.inp(x)
         for blk in self.blocks:
             h = checkpoint(blk, h) if self.checkpointed else blk(h)
@@ -137,7 +137,7 @@ def _train_ddp(ddp, batches, rank, world_size, accumulate=False, set_to_none=Tru
 
 # ----------------------------------------------------------------------------- the rank program
 def _ddp_cases(rank, world_size):
-    from ringcomm.ddp import BucketedDDP
+    from ringcomm.training.ddp import BucketedDDP
     torch.manual_seed(0)
     out: dict = {}
     batches = _batches(world_size, STEPS)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ringcomm import config
+from ringcomm.core import config
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -1,4 +1,4 @@
-"""Error codes: the C++ ErrorCode table, the bindings' code -> class table and ringcomm.errors'
+"""Error codes: the C++ ErrorCode table, the bindings' code -> class table and ringcomm.core.errors'
 BY_CODE agree; every C++ kind thrown through the bindings arrives as its Python class; the
 value-capturing checks RC_CHECK_EQ/NE/LT/LE/GT/GE decide like Python's operators and print both
 values; Work.exception() maps a failed collective's code to the same class the synchronous call
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm import _C, _C_test, errors
+from ringcomm import _C, _C_test
+from ringcomm.core import errors
 
 # The kinds as documented in csrc/common/errors.h and the README, independently of both tables.
 EXPECTED = {

@@ -9,7 +9,7 @@ import re
 import pytest
 
 import ranks
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 from fault_matrix_cases import COLLECTIVES, run_matrix
 
 # RINGCOMM_LIVENESS_MS is 100 by default: a dead peer is found within a slice or two; the

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 import fault_cases
 import ranks
 

@@ -9,7 +9,7 @@ import pytest
 
 import ranks
 from ringcomm import _C_test
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 from footprint_cases import eight_rank_cases, footprint_after_everything, info_rank, many_ranks_tiny_slots
 from mp_cases import run_collective_cases
 from ranks import run_with_dev_shm

@@ -1,4 +1,4 @@
-"""The communicator front (ringcomm.front.CommunicatorBase) validates once for every back end:
+"""The communicator front (ringcomm.core.front.CommunicatorBase) validates once for every back end:
 the same bad call raises the same error class with the same message on the host shared-memory
 communicator, the hierarchical one (2 ranks faked as 2 nodes) and the CUDA one (GPU only), and
 the expected class (checked against a table written here, independently of the code)."""

@@ -7,7 +7,7 @@ every section (tests/hier_cases.py); the tests below only look the results up.
 """
 import pytest
 
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 
 torch = pytest.importorskip("torch")
 import ringcomm.hier as hier  # noqa: E402

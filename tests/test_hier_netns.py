@@ -28,7 +28,7 @@ NBYTES = 16 << 20          # the measured all_reduce: 16 MiB of float32
 LAUNCHER = r"""
 import json, sys
 sys.path.insert(0, {tests!r})
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 from hier_cases import netns_rank
 if __name__ == "__main__":
     res = spawn(netns_rank, 2, ({node}, 4, {store!r}, {ifname!r}, {nbytes}), timeout=150)

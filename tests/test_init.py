@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm.launch import LaunchError, spawn
+from ringcomm.core.launch import LaunchError, spawn
 import init_cases
 from mp_cases import free_port
 
@@ -123,7 +123,7 @@ def test_a_reused_file_store_with_stale_keys_still_connects(tmp_path, world):
 
 
 def test_default_prefix_names_the_elastic_attempt(monkeypatch):
-    from ringcomm.rendezvous import default_prefix
+    from ringcomm.core.rendezvous import default_prefix
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     assert default_prefix(3) == "ringcomm/3"
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
@@ -169,7 +169,7 @@ def test_successive_communicators_over_the_same_ranks_on_one_store(tmp_path):
 
 
 def test_default_prefix_refuses_a_sub_communicator_of_a_launched_job(monkeypatch):
-    from ringcomm.rendezvous import default_prefix
+    from ringcomm.core.rendezvous import default_prefix
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")

@@ -8,8 +8,8 @@ import time
 import pytest
 
 import ringcomm
-from ringcomm import rendezvous as rdzv
-from ringcomm.launch import spawn
+from ringcomm.core import rendezvous as rdzv
+from ringcomm.core.launch import spawn
 import init_replacement_cases as cases
 from mp_cases import free_port
 
@@ -119,6 +119,6 @@ def test_a_store_whose_server_exits_during_init_raises_peer_failure():
     pytest.importorskip("torch")
     host, (kind, msg, elapsed) = spawn(cases.store_host_exits, 2, (free_port(),), timeout=80)
     assert host is None
-    assert kind == "ringcomm.errors.PeerFailureError", (kind, msg)
+    assert kind == "ringcomm.core.errors.PeerFailureError", (kind, msg)
     assert "rank 2 of 3" in msg and "the store failed" in msg and "[0, 1]" in msg, msg
     assert elapsed < 10, elapsed

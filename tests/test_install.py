@@ -1,5 +1,5 @@
 """The two kinds of install carry the package data the runtime reads: the C ABI header
-(csrc/include/ringcomm/abi.h, parsed by ringcomm.tables at import) and the torch c10d
+(csrc/include/ringcomm/abi.h, parsed by ringcomm.core.tables at import) and the torch c10d
 trampoline's source (bindings/torch/trampoline.cpp, compiled just in time by ringcomm.torch), both
 copied by the build into the package's _data/ folder (setup.py, CMakeLists.txt).
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import ringcomm
-from ringcomm import tables
+from ringcomm.core import tables
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "ringcomm"
@@ -92,7 +92,7 @@ def test_wheel_holds_the_package_data_and_every_layer(wheel):
     else:
         modules = {f"ringcomm/{p.relative_to(PKG).as_posix()}" for p in PKG.rglob("*.py")
                    if "__pycache__" not in p.parts}
-    assert {"ringcomm/core/tables.py", "ringcomm/wrappers/ddp.py", "ringcomm/apps/bench/cli.py",
+    assert {"ringcomm/core/tables.py", "ringcomm/training/ddp.py", "ringcomm/bench/cli.py",
             "ringcomm/torch/torchft.py", "ringcomm/torchft.py"} <= modules
     assert sorted(modules - names) == []
     assert sorted({n for n in names if n.endswith(".py")} - modules) == []   # nothing stale
@@ -112,10 +112,10 @@ def test_wheel_installed_apart_imports_and_runs(wheel, tmp_path):
                         "--force-reinstall", str(wheel)],
                        env=env, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
-    code = ("import ringcomm, ringcomm.tables, ringcomm.bench.cli, ringcomm.ddp, ringcomm.host\n"
+    code = ("import ringcomm, ringcomm.core.tables, ringcomm.bench.cli, ringcomm.training.ddp, ringcomm.core.host\n"
             "from pathlib import Path\n"
             "print(Path(ringcomm.__file__).resolve().parent)\n"
-            "print(len(ringcomm.tables.DTYPES), Path(ringcomm.tables.ABI_HEADER).is_file())\n"
+            "print(len(ringcomm.core.tables.DTYPES), Path(ringcomm.core.tables.ABI_HEADER).is_file())\n"
             "c = ringcomm.init(rank=0, world_size=1)\n"
             "import numpy as np\n"
             "x = np.ones(4, np.float32); c.all_reduce(x); print(float(x.sum())); c.close()\n"

@@ -1,4 +1,4 @@
-"""ringcomm.launch's report collection: a failure in one rank makes its peers fail too, and the
+"""ringcomm.core.launch's report collection: a failure in one rank makes its peers fail too, and the
 LaunchError names the failure raised first (whatever order the reports arrive in), after the
 other ranks' reports came in, listing the ranks that failed after it."""
 import os
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ringcomm.launch import LaunchError, collect, spawn
+from ringcomm.core.launch import LaunchError, collect, spawn
 
 
 class _Proc:

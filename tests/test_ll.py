@@ -7,7 +7,7 @@ import pytest
 
 import ringcomm
 from ringcomm import _C
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 from ll_cases import knob_mismatch_case, reuse_cases
 
 

@@ -1,4 +1,4 @@
-"""Formula, type and validation tests for ringcomm.memory.
+"""Formula, type and validation tests for ringcomm.training.memory.
 
 (The seeds' worked examples themselves are in test_seed_examples.py.)
 """
@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from ringcomm.memory import (
+from ringcomm.training.memory import (
     BYTES_PER_PARAMETER,
     GRAD_BYTES,
     OPTIMIZER_STATE_BYTES,
@@ -19,7 +19,7 @@ from ringcomm.memory import (
     zero_communication_bytes,
     zero_memory_per_device,
 )
-from ringcomm.simulate import ring_all_reduce_bytes
+from ringcomm.apps.simulate import ring_all_reduce_bytes
 
 
 # ---------------------------------------------------------------------------

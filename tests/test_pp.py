@@ -1,4 +1,4 @@
-"""ringcomm.pp against the unsplit model in one process, on spawned CPU ranks.
+"""ringcomm.training.pp against the unsplit model in one process, on spawned CPU ranks.
 
 The schedules themselves are checked without processes (every micro-batch once forward, then
 backward; at most ``p - s`` in flight under 1F1B; a slot-by-slot simulation of the stages gives
@@ -34,7 +34,8 @@ from torch import nn
 
 import tp_pp_group
 
-from ringcomm import pp, simulate
+from ringcomm.training import pp
+from ringcomm.apps import simulate
 
 WORLD = tp_pp_group.WORLD
 D = 8
@@ -300,10 +301,10 @@ def test_measured_bubble_matches_formula(backend, kind, p, m):
 
 # ----------------------------------------------------------------------------- the demo's split
 def test_demo_stages_compose_to_the_model():
-    """ringcomm.parallel_demo's stages of ringcomm.train.TinyLM, run in sequence, give the
+    """ringcomm.apps.parallel_demo's stages of ringcomm.apps.train.TinyLM, run in sequence, give the
     model's own loss bitwise (the same ops in the same order)."""
-    from ringcomm import parallel_demo as demo
-    from ringcomm.train import TinyLM
+    from ringcomm.apps import parallel_demo as demo
+    from ringcomm.apps.train import TinyLM
     torch.manual_seed(0)
     lm = TinyLM(32, 16, 4, 2, 8)
     g = torch.Generator().manual_seed(1)
@@ -320,7 +321,7 @@ def test_demo_stages_compose_to_the_model():
 
 
 def test_demo_layouts():
-    from ringcomm.parallel_demo import parse_layout
+    from ringcomm.apps.parallel_demo import parse_layout
     assert parse_layout("tp=2") == {"dp": 1, "tp": 2, "pp": 1}
     assert parse_layout("dp=2,tp=2") == {"dp": 2, "tp": 2, "pp": 1}
     assert parse_layout("pp=4") == {"dp": 1, "tp": 1, "pp": 4}

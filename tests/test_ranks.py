@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")   # the jobs register an issue hook on ringcomm.torch
 import ranks  # noqa: E402
-from ringcomm.launch import LaunchError  # noqa: E402
+from ringcomm.core.launch import LaunchError  # noqa: E402
 
 
 def _report(rank, world, name):

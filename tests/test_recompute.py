@@ -1,4 +1,4 @@
-"""ringcomm.recompute.checkpoint: same gradients, same dropout masks, fewer saved bytes.
+"""ringcomm.training.recompute.checkpoint: same gradients, same dropout masks, fewer saved bytes.
 
 Single process (fast). The distributed combination, BucketedDDP + checkpoint on a residual
 network, is in test_ddp.py (it shares that module's group of ranks).
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ringcomm.recompute import checkpoint
+from ringcomm.training.recompute import checkpoint
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ import traceback
 import numpy as np
 import pytest
 
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 from order_ref import ar_chunk_elems, order_sensitive, ordered_sum
 from ringcomm import _C_test
 

@@ -4,7 +4,7 @@ value computed here (numpy sums) or an expected typed error."""
 
 import pytest
 
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 import fault_cases
 import ranks
 from ranks import run_with_dev_shm
@@ -180,7 +180,7 @@ def test_attach_refuses_a_segment_with_the_wrong_mode_or_owner():
 def test_launch_checks_its_file_store_directory(tmp_path):
     import os
     import ringcomm
-    from ringcomm.launch import check_store_dir, launch
+    from ringcomm.core.launch import check_store_dir, launch
     good = tmp_path / "good"
     good.mkdir(mode=0o700)
     check_store_dir(str(good))

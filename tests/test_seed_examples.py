@@ -13,14 +13,14 @@ Numbers below are copied from the seeds as literals.
 import numpy as np
 import pytest
 
-from ringcomm.memory import (
+from ringcomm.training.memory import (
     activation_memory_bytes,
     stage2_bytes,
     training_memory_bytes,
     zero_communication_bytes,
     zero_memory_per_device,
 )
-from ringcomm import simulate as sim
+from ringcomm.apps import simulate as sim
 
 GB = 1e9
 

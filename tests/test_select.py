@@ -6,7 +6,7 @@ import pytest
 
 import ringcomm
 from ringcomm import _C
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 from selection_cases import store_mismatch_case, threshold_mismatch_case
 
 KiB = 1024

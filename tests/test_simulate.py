@@ -1,4 +1,4 @@
-"""Property and edge-case tests for ringcomm.simulate against independent references.
+"""Property and edge-case tests for ringcomm.apps.simulate against independent references.
 
 (The seeds' worked examples themselves are in test_seed_examples.py.)
 """
@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from ringcomm.simulate import (
+from ringcomm.apps.simulate import (
     accumulate,
     all_reduce_mean,
     chunk_bounds,
@@ -459,7 +459,7 @@ def test_modules_work_without_torch():
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
             return mod
-        sim, mem = load("apps", "simulate"), load("wrappers", "memory")
+        sim, mem = load("apps", "simulate"), load("training", "memory")
         import numpy as np
         assert sim.ring_all_reduce([[1, 2, 3], [10, 20, 30], [100, 200, 300]]) == [[111, 222, 333]] * 3
         W = np.ones((2, 3)); xs = [np.ones((2, 3))] * 2; ys = [np.zeros((2, 2))] * 2

@@ -57,4 +57,4 @@ def test_knob_rejects_unknown_values(monkeypatch):
     with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_HEADER_IN_SLOT"):
         _C.Communicator(0, 1, 10.0)
     monkeypatch.setenv("RINGCOMM_HEADER_IN_SLOT", "OFF")
-    assert ringcomm.config.knob("RINGCOMM_HEADER_IN_SLOT") == "off"
+    assert ringcomm.core.config.knob("RINGCOMM_HEADER_IN_SLOT") == "off"

@@ -5,7 +5,7 @@
   TORCH_EXTENSIONS_DIR, torch's backend autoload off so that nothing but ringcomm's own code
   could register a backend): it imports nothing of ringcomm.torch, registers no torch backend,
   builds nothing, and the entry's counter shows that it ran the calls.
-- The codes, the op-support rule and the C ABI exist once: in the header, which ringcomm.tables
+- The codes, the op-support rule and the C ABI exist once: in the header, which ringcomm.core.tables
   parses and _C was compiled with; no other file of src/, bindings/ or csrc/ writes a table of
   them.
 """
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm import _C, _C_test, tables
+from ringcomm import _C, _C_test
+from ringcomm.core import tables
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "csrc" / "include" / "ringcomm" / "abi.h"
@@ -37,7 +38,7 @@ def test_plain_api_reaches_the_entry_with_torch_tensors_in_a_fresh_environment(t
     script = textwrap.dedent("""
         import json, sys
         import ringcomm
-        from ringcomm.launch import launch
+        from ringcomm.core.launch import launch
         from sync_entry_cases import plain_api_torch
         res = launch(plain_api_torch, 2, timeout=120)
         import torch.distributed as dist
@@ -79,7 +80,7 @@ def test_the_autoload_entry_point_is_what_registers_the_backend(tmp_path):
 @pytest.mark.parametrize("world", [2, 3])
 def test_reduce_scatter_and_all_gather_through_the_entry(world):
     pytest.importorskip("torch")
-    from ringcomm.launch import launch
+    from ringcomm.core.launch import launch
     from sync_entry_cases import scatter_gather
     for r, (wrong, taken, calls, outcome) in enumerate(launch(scatter_gather, world, timeout=280)):
         assert wrong == [], (r, wrong[:10])

@@ -1,4 +1,4 @@
-"""ringcomm.tables (dtype, reduce-op and collective codes, parsed from ringcomm/abi.h) against
+"""ringcomm.core.tables (dtype, reduce-op and collective codes, parsed from ringcomm/abi.h) against
 what the C extension does with those codes: its collective table, its reduce kernels' (dtype, op)
 switch (which must implement exactly the header's op-support rule), the element size the kernels
 demand for each dtype code, and the results they compute (checked against numpy)."""
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm import _C, _C_test, tables
-from ringcomm.arrays import as_buf
+from ringcomm import _C, _C_test
+from ringcomm.core import tables
+from ringcomm.core.arrays import as_buf
 
 
 def test_collective_codes_are_the_cores():

@@ -415,8 +415,8 @@ def case_no_deprecation_from_ringcomm(ctx):
     that call torch.distributed (BucketedDDP, ZeRO 1/2 and 3), with deprecation warnings from
     ringcomm's files turned into errors; every result checked against a local value."""
     import ringcomm.torch as rct
-    from ringcomm.ddp import BucketedDDP
-    from ringcomm.zero import ZeroOptimizer, ZeroStage3
+    from ringcomm.training.ddp import BucketedDDP
+    from ringcomm.training.zero import ZeroOptimizer, ZeroStage3
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor

@@ -30,7 +30,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from ringcomm.launch import spawn  # noqa: E402
+from ringcomm.core.launch import spawn  # noqa: E402
 
 import ranks  # noqa: E402
 from mp_cases import max_abs_diff  # noqa: E402

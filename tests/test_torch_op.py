@@ -120,7 +120,7 @@ def test_a_gloo_group_runs_gloos_allreduce_without_the_extension():
 
 def _names(rank, world):
     # The op's names (the extension's table) are the function's, with the same entry codes.
-    from ringcomm import tables
+    from ringcomm.core import tables
     from ringcomm.torch import ops
     from ringcomm.torch.extension import load
     return {"op": dict(load().REDUCE_OPS), "fn": {n: tables.op_code(n) for n in ops._NAMES}}

@@ -16,7 +16,7 @@ pytest.importorskip("torch.distributed.pipelining")
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from ringcomm.launch import spawn  # noqa: E402
+from ringcomm.core.launch import spawn  # noqa: E402
 
 WS = 3
 H, ROWS, MICRO, LAYERS, STEPS = 256, 1200, 4, 6, 2  # an activation: 1200 x 256 float32 = 1.2 MB

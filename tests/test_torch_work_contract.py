@@ -162,7 +162,7 @@ _TIMES = ("seconds", "next_call_seconds")
 @pytest.fixture(scope="module")
 def killed():
     require_backend("ringcomm")
-    from ringcomm.launch import spawn
+    from ringcomm.core.launch import spawn
     import work_kill_cases
     res = {}
     for part in spawn(work_kill_cases.kill_cases, KILL_DRIVERS,

@@ -1,4 +1,4 @@
-"""ringcomm.tp against the dense modules in one process, on spawned CPU ranks.
+"""ringcomm.training.tp against the dense modules in one process, on spawned CPU ranks.
 
 One group of 4 ranks per backend (shared with ``test_pp.py``: ``tp_pp_group``) runs every case
 (``_rank_cases``): the 4-rank cases on the default group and the 2-rank cases on the sub-groups {0, 1} and {2, 3} at the same time (so the
@@ -34,7 +34,7 @@ SHAPE = (3, 5, D)      # batch, sequence, features
 
 # ----------------------------------------------------------------------------- references
 class DenseAttention(nn.Module):
-    """Causal multi-head self-attention, the layout of ringcomm.train.Block's attention."""
+    """Causal multi-head self-attention, the layout of ringcomm.apps.train.Block's attention."""
 
     def __init__(self, d, heads):
         super().__init__()
@@ -81,7 +81,7 @@ class _Count:
         self._orig = {}
 
     def __enter__(self):
-        from ringcomm import tp
+        from ringcomm.training import tp
         for k in self.NAMES:
             owner, attr = (tp, "all_reduce_") if k == "all_reduce" else (dist, k)
             orig = getattr(owner, attr)
@@ -128,7 +128,7 @@ def _compare(name, dense, par, pairs, x, dy):
 
 
 def _mlp_case(group, dtype):
-    from ringcomm import tp
+    from ringcomm.training import tp
     n, r = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(11)
     dense = nn.Sequential(nn.Linear(D, H), nn.GELU(), nn.Linear(H, D)).to(dtype)
@@ -142,7 +142,7 @@ def _mlp_case(group, dtype):
 
 
 def _linear_case(group, dtype, style):
-    from ringcomm import tp
+    from ringcomm.training import tp
     n, r = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(12)
     dense = nn.Linear(D, 2 * D).to(dtype)
@@ -157,7 +157,7 @@ def _linear_case(group, dtype, style):
 
 
 def _attn_case(group, dtype):
-    from ringcomm import tp
+    from ringcomm.training import tp
     n, r = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(13)
     dense = DenseAttention(D, HEADS).to(dtype)
@@ -173,7 +173,7 @@ def _attn_case(group, dtype):
 def _checkpoint_case(group):
     """A dense checkpoint (torch.save of the dense state_dict) loads into freshly built parallel
     modules with different initial weights; their outputs then equal from_dense's bitwise."""
-    from ringcomm import tp
+    from ringcomm.training import tp
     torch.manual_seed(14)
     dense_mlp = nn.Sequential(nn.Linear(D, H), nn.GELU(), nn.Linear(H, D))
     dense_att = DenseAttention(D, HEADS)
@@ -205,7 +205,7 @@ def _checkpoint_case(group):
 
 def _init_case(group):
     """Constructed with the same seed, the shards are slices of nn.Linear(in, out)."""
-    from ringcomm import tp
+    from ringcomm.training import tp
     n, r = dist.get_world_size(group), dist.get_rank(group)
     torch.manual_seed(21)
     ref_c = nn.Linear(D, 2 * D)
@@ -225,7 +225,8 @@ def _init_case(group):
 def _seed001_case(group):
     """Seed 001: X = (1, 2), XA = (1, 2, 1, 0), partial outputs (0.841, 1.955) and
     (0.841, 0.841), Y = (1.682, 2.796), GeLU in its tanh form (as the seed's numbers)."""
-    from ringcomm import simulate, tp
+    from ringcomm.apps import simulate
+    from ringcomm.training import tp
     A = torch.tensor([[1., 0., 1., 0.], [0., 1., 0., 0.]])
     B = torch.tensor([[1., 0.], [0., 1.], [1., 1.], [0., 0.]])
     dense = nn.Sequential(nn.Linear(2, 4, bias=False), nn.GELU(approximate="tanh"),
@@ -248,7 +249,7 @@ def _seed001_case(group):
 def _dp_tp_case(dtype=torch.float32):
     """2 (data) x 2 (tensor) on 4 ranks: the tensor-parallel MLP on each tp group, the batch
     split over the dp groups, gradients averaged over dp = dense gradients of the full batch."""
-    from ringcomm import tp
+    from ringcomm.training import tp
     groups = tp.make_groups(2)
     torch.manual_seed(15)
     dense = nn.Sequential(nn.Linear(D, H), nn.GELU(), nn.Linear(H, D))
@@ -392,9 +393,9 @@ def test_data_x_tensor_parallel_gradients(backend):
 
 def test_tp_block_on_one_rank_equals_the_dense_block():
     """Without a process group (tensor-parallel size 1) the demo's TPBlock is the dense
-    ringcomm.train.Block: same parameters, same output to fp32 roundoff."""
-    from ringcomm.parallel_demo import TPBlock
-    from ringcomm.train import Block
+    ringcomm.apps.train.Block: same parameters, same output to fp32 roundoff."""
+    from ringcomm.apps.parallel_demo import TPBlock
+    from ringcomm.apps.train import Block
     torch.manual_seed(0)
     blk = Block(D, HEADS)
     x = torch.randn(*SHAPE)

@@ -1,4 +1,4 @@
-"""ringcomm.train: the measurement helpers, the single-process path, and the --quick CLI end to end.
+"""ringcomm.apps.train: the measurement helpers, the single-process path, and the --quick CLI end to end.
 
 Select the end-to-end runs with ``-m train`` (or skip them with ``-m "not train"``).
 """
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from ringcomm import train
+from ringcomm.apps import train
 from helpers_cli import run_module
 from ranks import BACKENDS, require_backend
 
@@ -45,7 +45,7 @@ def test_timed_work_is_a_ringcomm_work_and_times_wait():
     import time
 
     import ringcomm
-    from ringcomm.train.comm_timer import _TimedWork
+    from ringcomm.apps.train.comm_timer import _TimedWork
 
     class Inner:
         def wait(self, timeout=None):
@@ -98,7 +98,7 @@ def test_single_process_main(tmp_path):
 
 
 def _run_cli(args, timeout):
-    return run_module("ringcomm.train", args, timeout)
+    return run_module("ringcomm.apps.train", args, timeout)
 
 
 @pytest.mark.train
@@ -120,10 +120,10 @@ def test_quick_cli_end_to_end(backend, tmp_path):
     strategies = {r["strategy"] for r in doc["rows"]}
     expected = {"single", "torch_ddp", "bucketed_ddp"}
     try:
-        import ringcomm.zero  # noqa: F401
+        import ringcomm.training.zero  # noqa: F401
         expected |= {"zero1", "zero2", "zero3"}
     except Exception:  # noqa: BLE001 - ZeRO not landed: the CLI skips it with a notice
-        assert "ringcomm.zero is not available" in out
+        assert "ringcomm.training.zero is not available" in out
     assert expected <= strategies, (strategies, out)
     assert len(doc["rows"]) == 4 + 4 * (len(strategies) - 1)   # each x {fp32,bf16} x {+-rc}
     for r in doc["rows"]:

@@ -1,4 +1,4 @@
-"""``python -m ringcomm.train --report DIR --quick``: every section, figure and JSON field exists
+"""``python -m ringcomm.apps.train --report DIR --quick``: every section, figure and JSON field exists
 and is consistent; plus the report's pure models against hand-computed values.
 
 Tolerances of the end-to-end check (tiny model, Ψ = 30,080):
@@ -17,13 +17,13 @@ import math
 
 import pytest
 
-from ringcomm.train import report_model as rm
+from ringcomm.apps.train import report_model as rm
 from helpers_cli import run_module
 from ranks import require_backend
 
 
 def test_memory_formulas_match_the_seeds():
-    from ringcomm.memory import zero_memory_per_device
+    from ringcomm.training.memory import zero_memory_per_device
     psi, n = 1_000_000, 4
     for strategy, stage in (("ddp", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)):
         f = rm.memory_formula(strategy, "bf16", psi, n)
@@ -59,7 +59,7 @@ def test_scaling_efficiency_definition():
 
 
 def _run(args, timeout):
-    return run_module("ringcomm.train", args, timeout)
+    return run_module("ringcomm.apps.train", args, timeout)
 
 
 def _finite_pos(x) -> bool:

@@ -39,10 +39,10 @@ def test_differently_forced_algorithms_raise_everywhere(world, store_env):
 
 def test_algo_knob_accepts_two_shot(monkeypatch):
     monkeypatch.setenv("RINGCOMM_ALGO", "Two_Shot")
-    assert ringcomm.config.knob("RINGCOMM_ALGO") == "two_shot"
+    assert ringcomm.core.config.knob("RINGCOMM_ALGO") == "two_shot"
     _C.Communicator(0, 1, 10.0)
     monkeypatch.setenv("RINGCOMM_ALGO", "three_shot")
     with pytest.raises(ringcomm.InvalidArgumentError, match="two_shot"):
         _C.Communicator(0, 1, 10.0)
     monkeypatch.delenv("RINGCOMM_ALGO")
-    assert ringcomm.config.knob("RINGCOMM_TWO_SHOT_MAX_BYTES") > 0
+    assert ringcomm.core.config.knob("RINGCOMM_TWO_SHOT_MAX_BYTES") > 0

@@ -22,7 +22,7 @@ import pytest
 import ringcomm
 from fd2_capture import capture_fd2
 from ranks import BUSY_LOOP
-from ringcomm.launch import spawn_with_store
+from ringcomm.core.launch import spawn_with_store
 
 
 

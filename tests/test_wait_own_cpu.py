@@ -23,7 +23,7 @@ import pytest
 
 import ringcomm
 from ranks import BUSY_LOOP
-from ringcomm.launch import spawn_with_store
+from ringcomm.core.launch import spawn_with_store
 
 TWO_CPUS = sorted(os.sched_getaffinity(0))[:2]
 needs_two = pytest.mark.skipif(len(TWO_CPUS) < 2, reason="needs 2 CPUs")

@@ -16,7 +16,7 @@ import pytest
 
 import ringcomm
 from fd2_capture import capture_fd2
-from ringcomm.launch import spawn_with_store
+from ringcomm.core.launch import spawn_with_store
 
 
 def _rank(rank, world, store, cpus, arrivals):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ringcomm
-from ringcomm.work import CoreWork, WrappedWork
+from ringcomm.core.work import CoreWork, WrappedWork
 
 
 def test_every_handle_class_is_a_work():

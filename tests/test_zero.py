@@ -1,4 +1,4 @@
-"""ringcomm.zero: ZeRO stages 1, 2, 3 against single-process references.
+"""ringcomm.training.zero: ZeRO stages 1, 2, 3 against single-process references.
 
 One group of ranks per (backend, world size) runs every case (tests/zero_cases.py, ``_rank_cases``) and returns
 numbers; the tests below only assert on them. World size 2 runs first and writes checkpoints that
@@ -37,9 +37,9 @@ import ranks
 from ranks import BACKENDS, require_backend, run_ranks
 from zero_cases import BF16_TOL, FP16_TOL, FP32_TOL, _rank_cases
 
-import ringcomm.zero as zero
-import ringcomm.zero.collectives as zero_collectives
-from ringcomm.zero import DynamicLossScaler, ZeroOptimizer, ZeroStage3
+import ringcomm.training.zero as zero
+import ringcomm.training.zero.collectives as zero_collectives
+from ringcomm.training.zero import DynamicLossScaler, ZeroOptimizer, ZeroStage3
 
 # ----------------------------------------------------------------------------------------------
 # pytest side: one group per (backend, world size) for the session (ranks.once)
@@ -295,9 +295,9 @@ def test_communication_volume_zero2_equals_ddp_zero3_is_1_5x(backend, ws):
     """Per rank, over 2 fp32 steps, ring bytes ((n-1)/n of the full tensor per reduce-scatter or
     all-gather, 2(n-1)/n per all-reduce): ZeRO-1/2 == BucketedDDP's all-reduce, ZeRO-3 == 1.5x,
     both exactly up to ZeRO's padding (< ws elements per flat group), and equal to
-    ringcomm.memory.zero_communication_bytes. On ringcomm every byte is booked by the backend's
+    ringcomm.training.memory.zero_communication_bytes. On ringcomm every byte is booked by the backend's
     issue hook, and equals the torch.distributed-level count."""
-    from ringcomm.memory import zero_communication_bytes
+    from ringcomm.training.memory import zero_communication_bytes
     for r in _case(backend, ws, "volume"):
         psi, steps = r["psi"], r["steps"]
         f = (ws - 1) / ws

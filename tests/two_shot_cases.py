@@ -26,12 +26,12 @@ CONFIGS = {
 def auto_expected(world, nbytes):
     """The algorithm RINGCOMM_ALGO=auto picks at the default knobs (csrc/comm/selection.cpp; the LL
     protocol runs the direct algorithm)."""
-    knob = ringcomm.config.knob
+    knob = ringcomm.core.config.knob
     if world > 1 and 0 < nbytes <= int(knob("RINGCOMM_LL_MAX_BYTES")):
         return "direct"
     if nbytes * (world - 1) <= int(knob("RINGCOMM_DIRECT_MAX_BYTES")):
         return "direct"
-    if world >= int(ringcomm.config.knob("RINGCOMM_TWO_SHOT_MIN_WORLD")) and nbytes <= int(knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
+    if world >= int(ringcomm.core.config.knob("RINGCOMM_TWO_SHOT_MIN_WORLD")) and nbytes <= int(knob("RINGCOMM_TWO_SHOT_MAX_BYTES")):
         return "two_shot"
     return "ring"
 
@@ -85,7 +85,7 @@ def correctness_cases(rank, world):
         # auto's choice around its two thresholds (one-shot / two-shot / ring), float32 SUM: the
         # trace names the algorithm, the result equals the ring's bit for bit. The documented
         # defaults: the two-shot only with 4 or more ranks, up to 128 KiB.
-        knob = ringcomm.config.knob
+        knob = ringcomm.core.config.knob
         thr = int(knob("RINGCOMM_DIRECT_MAX_BYTES")) // (4 * (world - 1))
         top = int(knob("RINGCOMM_TWO_SHOT_MAX_BYTES")) // 4
         seen = {}
@@ -97,7 +97,7 @@ def correctness_cases(rank, world):
             check(f"auto ran {algo} at {count * 4} B, expected {auto_expected(world, count * 4)}",
                   algo == auto_expected(world, count * 4))
             check(f"auto differs bitwise from the ring at {count * 4} B", got["auto"] == got["ring"])
-        if not any(ringcomm.config.knob_is_set(k) for k in ("RINGCOMM_DIRECT_MAX_BYTES", "RINGCOMM_TWO_SHOT_MAX_BYTES",
+        if not any(ringcomm.core.config.knob_is_set(k) for k in ("RINGCOMM_DIRECT_MAX_BYTES", "RINGCOMM_TWO_SHOT_MAX_BYTES",
                                                               "RINGCOMM_TWO_SHOT_MIN_WORLD")):
             check(f"auto's choices {seen}", (world < 4 or seen[32768] == "two_shot")
                   and seen[(thr + 1) * 4] == ("two_shot" if world >= 4 else "ring")

@@ -13,8 +13,8 @@ from torch import nn
 
 from mp_cases import max_abs_diff
 
-import ringcomm.zero.collectives as zero_collectives
-from ringcomm.zero import DynamicLossScaler, ZeroOptimizer, ZeroStage3
+import ringcomm.training.zero.collectives as zero_collectives
+from ringcomm.training.zero import DynamicLossScaler, ZeroOptimizer, ZeroStage3
 
 STEPS = 5
 BATCH = 12          # divisible by 2 and 3
@@ -61,7 +61,7 @@ class _ResNet(nn.Module):
         h = self.inp(x)
         for b in self.blocks:
             if self.recompute:
-                from ringcomm.recompute import checkpoint
+                from ringcomm.training.recompute import checkpoint
                 h = checkpoint(b, h)
             else:
                 h = b(h)
@@ -370,9 +370,9 @@ def _case_checkpoint_load(rank, ws, ctx, stage, from_ws, group=None):
 
 def _case_recompute(rank, ws, ctx, stage):
     try:
-        import ringcomm.recompute  # noqa: F401
+        import ringcomm.training.recompute  # noqa: F401
     except ImportError as e:
-        return {"skip": f"ringcomm.recompute not importable: {e}"}
+        return {"skip": f"ringcomm.training.recompute not importable: {e}"}
     ref = _ref(("resnet", STEPS), lambda: _reference_fp32(lambda: _ResNet(False), STEPS))
     model = _ResNet(True)
     names = _names(model)
@@ -450,7 +450,7 @@ def _case_extras(rank, ws, ctx, stage, micro=2, max_norm=0.5):
 
 def _case_memory_budget(rank, ws, ctx, stage):
     """bf16: what a rank holds after step() (before zero_grad) vs the seeds' ZeRO table."""
-    from ringcomm.memory import zero_memory_per_device
+    from ringcomm.training.memory import zero_memory_per_device
     model = _mlp()
     psi = sum(p.numel() for p in model.parameters())
     fwd, opt = _make(stage, model, mixed_precision="bf16")
@@ -571,10 +571,10 @@ def _case_offload(rank, ws, ctx, stage, precision=None):
 
 def _case_volume(rank, ws, ctx):
     """Bytes per rank through each kind of collective during 2 training steps (fp32), counted by
-    ringcomm.train.comm_volume: BucketedDDP's all-reduce vs ZeRO-1/2/3's reduce-scatter and
+    ringcomm.apps.train.comm_volume: BucketedDDP's all-reduce vs ZeRO-1/2/3's reduce-scatter and
     all-gather."""
-    from ringcomm.ddp import BucketedDDP
-    from ringcomm.train.comm_volume import CommVolume
+    from ringcomm.training.ddp import BucketedDDP
+    from ringcomm.apps.train.comm_volume import CommVolume
     steps = 2
     per = BATCH // ws
     out = {"psi": sum(p.numel() for p in _mlp().parameters()), "steps": steps}

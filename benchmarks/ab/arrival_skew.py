@@ -54,7 +54,7 @@ import numpy as np
 from ringcomm.bench.harness import spin_us
 from ringcomm.bench.load import BusyLoad
 from ringcomm.bench.spec import parse_size
-from ringcomm.launch import launch
+from ringcomm.core.launch import launch
 
 SEPARATORS = ("none", "gloo", "ringcomm", "pipe", "sleep")
 BINDS = ("none", "core")

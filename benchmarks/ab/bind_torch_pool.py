@@ -2,10 +2,10 @@
 communicator starts it), each rank on its ``bind=core`` share of the CPUs, timed two ways in
 separate processes, alternating ``--rounds`` times:
 
-  kept    the rank pinned by ``ringcomm.cpus.apply_affinity`` alone: the pool keeps its size
+  kept    the rank pinned by ``ringcomm.core.cpus.apply_affinity`` alone: the pool keeps its size
           (every CPU of the machine's worth of threads, now all on the rank's share)
   ringcomm  the rank pinned by ``ringcomm.init`` under ``RINGCOMM_BIND=core``, which also caps
-          the pool at the rank's share (``ringcomm.cpus.cap_torch_threads``)
+          the pool at the rank's share (``ringcomm.core.cpus.cap_torch_threads``)
 
 and prints per rank the pool's threads and the median us per float32 matmul (N x N, ``--reps``).
 
@@ -39,7 +39,7 @@ def _time_mm(n: int, reps: int) -> float:
 
 def _kept(rank, world, n, reps, threads):
     import torch
-    from ringcomm.cpus import apply_affinity, core_share
+    from ringcomm.core.cpus import apply_affinity, core_share
     _start_pool(threads)
     apply_affinity(core_share(sorted(os.sched_getaffinity(0)), rank, world))
     return torch.get_num_threads(), _time_mm(n, reps)
@@ -54,7 +54,7 @@ def _ringcomm(rank, world, n, reps, threads, store):
 
 
 def main(argv=None) -> int:
-    from ringcomm.launch import spawn
+    from ringcomm.core.launch import spawn
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-np", type=int, default=2)
     p.add_argument("--n", type=int, default=256)

@@ -49,7 +49,7 @@ def _tids() -> set[int]:
 def measure(threads: int, sizes: list[int], kernels: list[str], reps: int) -> list[dict]:
     """The A/B in this process: one row per (size, kernel, pool)."""
     from ringcomm._C import _CpuPool
-    from ringcomm.tables import DTYPE_CODES, op_code
+    from ringcomm.core.tables import DTYPE_CODES, op_code
     f32, u8, sum_ = DTYPE_CODES["float32"], DTYPE_CODES["uint8"], op_code("sum")
     one = _CpuPool(1)
     before = _tids()

@@ -22,14 +22,14 @@ import time
 import numpy as np
 
 from ringcomm.bench.spec import parse_size
-from ringcomm.launch import spawn
+from ringcomm.core.launch import spawn
 
 
 def _init(rank, world, store, eager):
     """A communicator whose engine reads RINGCOMM_P2P_EAGER_BYTES=eager (knobs are read at init;
     ``default``: as the environment says)."""
     import ringcomm
-    from ringcomm.config import environment
+    from ringcomm.core.config import environment
     with environment({} if eager == "default" else {"RINGCOMM_P2P_EAGER_BYTES": eager}):
         return ringcomm.init(rank=rank, world_size=world, init_method=f"file://{store}/{eager}")
 
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         for m in modes:
             os.makedirs(os.path.join(tmp, m))
         runs, grown = spawn(_rank, a.np, (tmp, modes, sizes, a.reps, a.rounds, a.unexpected), timeout=600)[0]
-    from ringcomm.config import knob
+    from ringcomm.core.config import knob
     names = [f"{m}={knob('RINGCOMM_P2P_EAGER_BYTES')}" if m == "default" else m for m in modes]
     print(f"# {a.np} ranks, ranks 0 <-> 1 back-to-back ping-pong (blocking send/recv), one communicator "
           f"per RINGCOMM_P2P_EAGER_BYTES value taking turns {a.rounds} times per size; median over "

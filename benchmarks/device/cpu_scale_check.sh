@@ -10,7 +10,7 @@
 # bound (--bind core), beside gloo (required) and MPICH / DeepSpeed where importable; then, most
 # telling first, the thread A/B of the split kernels (benchmarks/ab/cpu_threads_ab.py, 64 MiB,
 # 1 vs 2 and 4 threads), the all_reduce cost model judged on this machine (`python -m
-# ringcomm.tune`, then benchmarks/report/check_model.py at the same world sizes, 1 KiB to 4 MiB;
+# ringcomm.apps.tune`, then benchmarks/report/check_model.py at the same world sizes, 1 KiB to 4 MiB;
 # docs/algorithms.md), where the pool's worker runs against its caller (the same A/B in 5 fresh
 # processes, reduce at 1 MiB) and point-to-point with and without the rendezvous at 4 ranks
 # (benchmarks/ab/p2p_rendezvous_ab.py).
@@ -76,7 +76,7 @@ if [ "$DRY" = 1 ]; then
     for bind in none core; do echo "timeout $BENCH_TIMEOUT $BENCH -np $n --bind $bind --json <tmp>"; done
   done
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY benchmarks/ab/cpu_threads_ab.py --threads {2,4} --sizes 64M --reps 5"
-  [ "$QUICK" = 1 ] || echo "timeout $MODEL_TIMEOUT: $PY -m ringcomm.tune -o <tmp>/profile.json; $PY $(model_cmd '<tmp>')"
+  [ "$QUICK" = 1 ] || echo "timeout $MODEL_TIMEOUT: $PY -m ringcomm.apps.tune -o <tmp>/profile.json; $PY $(model_cmd '<tmp>')"
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY $PLACEMENT"
   [ "$QUICK" = 1 ] || [ "$CORES" -lt 4 ] || echo "timeout $P2P_TIMEOUT $PY $P2P"
   exit 0
@@ -175,7 +175,7 @@ fi
 if [ "$QUICK" = 0 ]; then
   if ! fits "$MODEL_TIMEOUT"; then note "cost model: SKIPPED (budget)"
   else
-    timeout -k 5 "$MODEL_TIMEOUT" bash -c "$PY -m ringcomm.tune -o '$TMP/profile.json' > /dev/null && \
+    timeout -k 5 "$MODEL_TIMEOUT" bash -c "$PY -m ringcomm.apps.tune -o '$TMP/profile.json' > /dev/null && \
         $PY $(model_cmd "$TMP") --json '$TMP/model.json' --out '$OUT/model.txt' > /dev/null" 2>> "$OUT/summary.txt"
     rc=$?
     [ -f "$TMP/profile.json" ] && cat "$TMP/profile.json" >> "$OUT/model.txt"

@@ -113,7 +113,7 @@ def _rank_main(rank, world, args_d, store_dir, per_gpu):
 
 
 def bench_all_reduce(args, world: int, per_gpu: int) -> list:
-    from ringcomm.launch import spawn
+    from ringcomm.core.launch import spawn
     d = tempfile.mkdtemp(prefix="rc-cuda-bench-")
     args_d = dict(b=max(args.b, 4), e=args.e, f=args.f, iters=args.iters, warmup=args.warmup)
     res = spawn(_rank_main, world, (args_d, d, per_gpu), timeout=args.timeout)

@@ -4,7 +4,7 @@ eager broadcast cannot look faster than the loop it is part of).
 
     python benchmarks/probes/loop_rate.py OP BYTES CALLS [WORLD]     # OP: broadcast | all_reduce
 
-Runs ringcomm's ranks (``ringcomm.launch``), then the same loop under ``mpiexec`` with mpi4py
+Runs ringcomm's ranks (``ringcomm.core.launch``), then the same loop under ``mpiexec`` with mpi4py
 (skipped with a notice when either is missing); prints one line per library with every rank's
 mean. float32 arrays, in place, root 0.
 """
@@ -57,7 +57,7 @@ def main(argv=None):
     op, nbytes, calls, world = a.op, a.nbytes, a.calls, a.world
     if a.mpi:
         return _mpi_main(op, nbytes, calls)
-    from ringcomm.launch import launch
+    from ringcomm.core.launch import launch
     res = launch(_ringcomm_rank, world, args=(op, nbytes, calls), timeout=600)
     print(f"ringcomm {op} {nbytes} B, {world} ranks: " + " ".join(f"{v:.2f}" for v in res) + " us/call")
     mpiexec = shutil.which("mpiexec")

@@ -26,7 +26,7 @@ import numpy as np
 
 def _cases(comm):
     """(name, call) pairs, the same on every rank: the ranks make the same collectives in turn."""
-    from ringcomm.tables import DTYPE_CODES, op_code
+    from ringcomm.core.tables import DTYPE_CODES, op_code
     x = np.ones(256, np.float32)
     y = np.empty_like(x)
     cases = [("numpy float32 all_reduce in place", lambda: comm.all_reduce(x)),
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--pin", action="store_true", help="pin rank r to the r-th allowed CPU")
     a = ap.parse_args(argv)
-    from ringcomm.launch import launch
+    from ringcomm.core.launch import launch
     res = launch(_rank, a.world, args=(a.calls, a.repeats, a.pin), timeout=1800)
     print(f"# {a.world} rank(s), rank 0's mean us per call: median / min / max over {a.repeats} "
           f"repeats of {a.calls} calls")

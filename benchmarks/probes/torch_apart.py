@@ -13,7 +13,7 @@ barrier). Prints a markdown table.
     python benchmarks/probes/torch_apart.py --sizes 1K --calls 20 --peers ringcomm --json out.json
     python benchmarks/probes/torch_apart.py --omp1 --pin --load 1    # beside one busy process
 
-Ranks start as fresh processes (``ringcomm.launch.spawn``, the environment torchrun gives:
+Ranks start as fresh processes (``ringcomm.core.launch.spawn``, the environment torchrun gives:
 RANK, WORLD_SIZE, LOCAL_RANK). The default process group is gloo; ``dist.new_group(backend=
 "ringcomm")`` is the group under test and a second gloo group is the separator. For every size and
 peer, after ``--warmup`` untimed calls made the same way, each of ``--calls`` calls is: every rank
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
         _ds_module()   # build it here once, not in every rank at the same time
 
     from ringcomm.bench.load import BusyLoad
-    from ringcomm.launch import spawn
+    from ringcomm.core.launch import spawn
     try:
         with tempfile.TemporaryDirectory(prefix="ringcomm-torch-apart-") as d, BusyLoad(a.load):
             res = spawn(_worker, a.world_size,

@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         if s % 4:
             p.error(f"size {s} is not a whole number of float32 elements")
 
-    from ringcomm.launch import spawn
+    from ringcomm.core.launch import spawn
     with tempfile.TemporaryDirectory(prefix="ringcomm-torch-bench-") as d:
         res = spawn(_worker, args.world_size,
                     (os.path.join(d, "store"), args.op, sizes, args.rounds, args.min_time),

@@ -9,7 +9,7 @@ cells where the model's choice is within 15% of the best measured algorithm (the
         [--out model_check.md] [--json model_check.json]
     python benchmarks/report/check_model.py --from RUN.json [RUN.json ...] [--rechoose] [--out model_check.md]
 
-Without --profile the script runs ``python -m ringcomm.tune`` first and judges that profile.
+Without --profile the script runs ``python -m ringcomm.apps.tune`` first and judges that profile.
 With --from it measures nothing and judges saved runs: by the choices saved with them (the model
 of the ringcomm that measured them), or with --rechoose by the choices this ringcomm's model makes
 from each run's saved profile (the same forced timings, judged for the current model).
@@ -54,7 +54,7 @@ def calls_per_turn(nbytes: int) -> int:
 def _paired_rank(rank: int, world: int, store: str, configs: list, sizes: list, rounds: int) -> dict:
     """This rank's median seconds per call {config: {size: median}}: every configuration's
     communicator on these ranks, taking turns per size (configs: (name, env, max_bytes))."""
-    from ringcomm.tune import _comm_under
+    from ringcomm.apps.tune import _comm_under
     comms = {name: _comm_under(env, rank, world, f"{store}-{name}") for name, env, _ in configs}
     limit = {name: mx for name, _, mx in configs}
     out = {name: {} for name in comms}
@@ -87,7 +87,7 @@ def _paired_rank(rank: int, world: int, store: str, configs: list, sizes: list, 
 def paired(world: int, configs: list, sizes: list, rounds: int, timeout: float) -> dict:
     """{config: {size: (median_s, median_s)}}: the largest of the ranks' medians (the pair keeps the
     shape of runs saved by earlier versions, (median, min))."""
-    from ringcomm.launch import spawn
+    from ringcomm.core.launch import spawn
     d = tempfile.mkdtemp(prefix="ringcomm-check-model-")
     res = spawn(_paired_rank, world, (os.path.join(d, "store"), configs, sizes, rounds), timeout=timeout)
     out = {}
@@ -178,7 +178,7 @@ def render(cells: list, prof: dict, cmd: str, note: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", help="judge this profile (default: run python -m ringcomm.tune first)")
+    ap.add_argument("--profile", help="judge this profile (default: run python -m ringcomm.apps.tune first)")
     ap.add_argument("-np", "--worlds", default="2,4,8")
     ap.add_argument("-b", "--minbytes", default="1K")
     ap.add_argument("-e", "--maxbytes", default="16M")
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     profile = a.profile
     if profile is None:
         profile = os.path.join(tmp, "profile.json")
-        subprocess.run([sys.executable, "-m", "ringcomm.tune", "-o", profile], check=True)
+        subprocess.run([sys.executable, "-m", "ringcomm.apps.tune", "-o", profile], check=True)
     with open(profile) as f:
         prof = json.load(f)
     auto_env = {"RINGCOMM_ALGO": "auto", "RINGCOMM_PROFILE": os.path.abspath(profile), "RINGCOMM_MODEL_MIN_WORLD": "2"}

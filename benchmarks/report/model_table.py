@@ -64,7 +64,7 @@ def fmt(p: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--profile", help="a profile written by python -m ringcomm.tune")
+    ap.add_argument("--profile", help="a profile written by python -m ringcomm.apps.tune")
     ap.add_argument("--write", metavar="MD", help="replace the table between the markers in this file")
     a = ap.parse_args(argv)
     text = render(a.profile)

@@ -84,7 +84,7 @@ void bind_test_comm(py::module_& m) {
      "all_reduce's chunks (offset, count) per rank: gloo's ring segmentation (ring_schedule.h).");
 
   m.def("abi_tables", [] {
-    // The lists of ringcomm/abi.h as the C++ is compiled with them (tests compare ringcomm.tables,
+    // The lists of ringcomm/abi.h as the C++ is compiled with them (tests compare ringcomm.core.tables,
     // which parses the header, against these).
     py::list dtypes, ops;
 #define RC_ABI_DTYPE_ROW_(name, code, bytes, str, kind, dl) dtypes.append(py::make_tuple(str, code, bytes, kind, dl));

@@ -133,11 +133,11 @@ class FastDoneWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
 };
 
-// Raise ringcomm's exception for ErrorCode `code` (ringcomm.errors.from_code), marked as raised
+// Raise ringcomm's exception for ErrorCode `code` (ringcomm.core.errors.from_code), marked as raised
 // by the core (every rank has been told: see ringcomm/torch/steps.py).
 [[noreturn]] void raise_ringcomm(int code, const char* msg) {
   py::gil_scoped_acquire gil;
-  py::object exc = py::module_::import("ringcomm.errors").attr("from_code")(code, msg);
+  py::object exc = py::module_::import("ringcomm.core.errors").attr("from_code")(code, msg);
   exc.attr("_ringcomm_issued") = true;
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
@@ -192,7 +192,7 @@ bool named_entry_op(long code) {
 // Raise ringcomm.ClosedError for call `op` on a group that was shut down.
 [[noreturn]] void raise_closed(const char* op) {
   py::gil_scoped_acquire gil;
-  py::object exc = py::module_::import("ringcomm.errors").attr("ClosedError")(
+  py::object exc = py::module_::import("ringcomm.core.errors").attr("ClosedError")(
       std::string("ringcomm: ") + op + " on a process group that was shut down");
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();

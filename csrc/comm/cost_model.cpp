@@ -39,11 +39,11 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
 
 [[noreturn]] void bad_profile(const std::string& path, const std::string& why) {
   RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_PROFILE '" << path << "': " << why
-                            << " (write one with `python -m ringcomm.tune -o FILE`)");
+                            << " (write one with `python -m ringcomm.apps.tune -o FILE`)");
 }
 
 // The text after `"key"` and its colon, or nullptr. The profile is flat JSON written by
-// ringcomm.tune: each key of kFields, "version" and "hash" occurs once.
+// ringcomm.apps.tune: each key of kFields, "version" and "hash" occurs once.
 const char* value_of(const std::string& text, const char* key) {
   const std::string quoted = std::string("\"") + key + "\"";
   size_t at = text.find(quoted);

@@ -7,7 +7,7 @@
 // alpha_shared: the same when two ranks share one CPU, so a hand-off is a switch between them),
 // the cost of one slot handed over (slot_s: its flags' cache lines, the wait and post), its
 // one-core copy, reduce and LL-line bandwidths, and the CPUs the ranks share. Compiled-in
-// defaults (default_profile) or a JSON file written by `python -m ringcomm.tune` and named by
+// defaults (default_profile) or a JSON file written by `python -m ringcomm.apps.tune` and named by
 // RINGCOMM_PROFILE. The file's format (version 1):
 //   {"format": "ringcomm-profile", "version": 1,
 //    "params": {"alpha_s": .., "alpha_shared_s": .., "slot_s": .., "copy_Bps": .., "reduce_Bps": .., "ll_Bps": ..,

@@ -15,7 +15,7 @@
 
 namespace rc {
 
-/// The error kinds: X(code name, value, C++ class, ringcomm.errors class). The numeric values
+/// The error kinds: X(code name, value, C++ class, ringcomm.core.errors class). The numeric values
 /// travel through shared memory and into Python: append only. rc::Error is the base class (kError);
 /// RC_ERROR_SUBKINDS are its subclasses, one per other code.
 #define RC_ERROR_SUBKINDS(X)                                   \

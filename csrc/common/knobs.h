@@ -34,7 +34,7 @@ template <> struct KnobValue<KnobType::kFloat> { using type = double; };
 
 struct KnobInfo {
   const char* name;           ///< the environment variable, RINGCOMM_<NAME>
-  const char* field;          ///< its field in rc::Knobs (and ringcomm.config.read())
+  const char* field;          ///< its field in rc::Knobs (and ringcomm.core.config.read())
   KnobType type;
   const char* default_value;  ///< in the knob's own syntax; "" = unset (the user of the knob decides)
   const char* choices;        ///< kChoice: accepted values separated by '|'; else ""
@@ -55,7 +55,7 @@ enum class KnobId : int {
 /// Every registered knob, in the .def's order (index = KnobId).
 const std::vector<KnobInfo>& knob_table();
 inline const KnobInfo& knob_info(KnobId id) { return knob_table()[static_cast<size_t>(id)]; }
-/// The entry named `name`, for by-name lookups from Python (ringcomm.config.knob); an
+/// The entry named `name`, for by-name lookups from Python (ringcomm.core.config.knob); an
 /// unregistered name throws rc::Error (a programming error).
 const KnobInfo& knob_info(const std::string& name);
 const char* knob_type_name(KnobType t);

@@ -4,7 +4,7 @@
 //   TRACE also one line per collective (op, seq, dtype, count, algorithm, time).
 // Every line starts "ringcomm[rank r/n]". The level is cached in an atomic that
 // set_log_level() sets from the knob's field (Knobs::debug, when a communicator is created, and
-// from ringcomm.config.logger); a disabled log statement costs one relaxed load and one branch.
+// from ringcomm.core.config.logger); a disabled log statement costs one relaxed load and one branch.
 #pragma once
 #include <atomic>
 #include <sstream>

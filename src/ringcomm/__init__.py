@@ -8,37 +8,34 @@
 Importing ringcomm creates nothing and changes no environment; ``import ringcomm.torch``
 registers the "ringcomm" torch.distributed backend.
 
-The folders are the layers (``ringcomm._layers``; docs/architecture.md): core/ holds the library
-itself, cuda/, hier/ and torch/ the back ends, wrappers/ the training wrappers, apps/ the
-applications. The three layer folders are on this package's ``__path__``, so the modules in them
-are modules of the package itself: ``ringcomm.front``, ``ringcomm.ddp``, ``ringcomm.bench``.
+The subpackages are the layers (docs/architecture.md; the import-linter contracts in
+pyproject.toml): ``ringcomm.core`` is the library itself; ``ringcomm.cuda``, ``ringcomm.hier``
+and ``ringcomm.torch`` are the back ends; ``ringcomm.training`` holds the training wrappers;
+``ringcomm.bench`` and ``ringcomm.apps`` are the applications. Every module's import path is its
+file's path. This module re-exports the public API.
 """
-import os as _os
+from typing import TYPE_CHECKING
 
-from . import _layers
+from .core.errors import (ClosedError, InvalidArgumentError, MismatchError, PeerFailureError,
+                          RingcommError, TimeoutError, UnsupportedError)
+from .core.launch import LaunchError, launch
+from .core.tables import ReduceOp
+from .core.work import Work
 
-__path__ = [*__path__, *(_os.path.join(_os.path.dirname(__file__), folder)
-                         for folder in _layers.LAYER_FOLDERS.values())]
+if TYPE_CHECKING:
+    from .core.api import Communicator, CommunicatorBase, get_default, init, set_default
 
-from .errors import (ClosedError, InvalidArgumentError, MismatchError, PeerFailureError,
-                     RingcommError, TimeoutError, UnsupportedError)
-from .launch import LaunchError, launch
-from .tables import ReduceOp
-from .work import Work
-
-# The C extension loads on first use of the API (so that, e.g., torch's backend autoload can
-# import ringcomm.torch cheaply and never fails because of the extension).
+# ringcomm.core.api loads the C extension, so its names load on first use (torch's backend
+# autoload imports ringcomm.torch cheaply and never fails because of the extension).
 _API_NAMES = ("Communicator", "CommunicatorBase", "get_default", "init", "set_default")
 
 
 def __getattr__(name):
     if name in _API_NAMES:
-        from . import api
+        from .core import api
         return getattr(api, name)
-    if name == "config":  # the knob registry module; ringcomm.config() returns config.config()
-        import importlib
-        return importlib.import_module(".config", __name__)
     raise AttributeError(f"module 'ringcomm' has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 
@@ -53,7 +50,7 @@ __all__ = [
 
 def _delegate(name):
     def f(*args, **kwargs):
-        from .api import get_default
+        from .core.api import get_default
         return getattr(get_default(), name)(*args, **kwargs)
     f.__name__ = name
     f.__qualname__ = name

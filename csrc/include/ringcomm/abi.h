@@ -9,12 +9,12 @@
  *   - the torch c10d trampoline (bindings/torch/trampoline.cpp), compiled just in time against
  *     torch; the build copies this file into the package (ringcomm/_data/include) and its bytes
  *     are part of that extension's name, so a changed header builds a new one;
- *   - ringcomm.tables, which parses the package's copy's X-macro lists when it is imported.
+ *   - ringcomm.core.tables, which parses the package's copy's X-macro lists when it is imported.
  * The codes are part of the wire header (ranks compare them), so they are never renumbered.
  *
  * Plain C (it compiles as C and as C++), no includes but <stddef.h> and <stdint.h>. The lists are
  * X-macros: each entry is one line X(...) whose arguments are literals or the RC_KIND_* / RC_DL_*
- * names defined here, so that a reader without a C preprocessor (ringcomm.tables) can parse them.
+ * names defined here, so that a reader without a C preprocessor (ringcomm.core.tables) can parse them.
  */
 #ifndef RC_ABI_H_
 #define RC_ABI_H_

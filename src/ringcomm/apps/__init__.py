@@ -1,9 +1,4 @@
-"""Layer 2, the applications: bench (``python -m ringcomm.bench``), tune, train and its report,
-simulate, the demos (demo, parallel_demo) and their model (tiny_lm).
-
-Its modules are modules of the package: ``ringcomm/__init__.py`` puts this folder on
-``ringcomm.__path__``, so ``apps/bench/`` is ``ringcomm.bench``. They may import every layer
-below (the core, the back ends, the training wrappers). This module only names the layer: its
-search path is empty, so no module is imported a second time as ``ringcomm.apps.<name>``.
+"""The applications beside the bench (``ringcomm.bench``): train and its report
+(``ringcomm-train``), simulate, tune (the machine profile of the cost model), the demos (demo,
+parallel_demo) and their model (tiny_lm). They may import every layer below.
 """
-__path__ = []

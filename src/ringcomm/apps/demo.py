@@ -1,4 +1,4 @@
-"""`python -m ringcomm.demo [-np N]`: all-reduce across N local processes and print the result
+"""`python -m ringcomm.apps.demo [-np N]`: all-reduce across N local processes and print the result
 (the seed's example: workers [1,2,3], [10,20,30], [100,200,300], ... -> their sum)."""
 import argparse
 

@@ -1,24 +1,24 @@
-"""Train the training demo's transformer (:mod:`ringcomm.tiny_lm`) with tensor, pipeline and data x tensor parallelism.
+"""Train the training demo's transformer (:mod:`ringcomm.apps.tiny_lm`) with tensor, pipeline and data x tensor parallelism.
 
-    python -m ringcomm.train --parallel tp=2                  # 2 ranks, heads and MLP split
-    python -m ringcomm.train --parallel pp=2 --microbatches 4 # 2 stages, 1F1B
-    python -m ringcomm.train --parallel dp=2,tp=2             # 4 ranks
-    python -m ringcomm.parallel_demo --parallel tp=2 --parallel pp=2 --quick
+    python -m ringcomm.apps.train --parallel tp=2                  # 2 ranks, heads and MLP split
+    python -m ringcomm.apps.train --parallel pp=2 --microbatches 4 # 2 stages, 1F1B
+    python -m ringcomm.apps.train --parallel dp=2,tp=2             # 4 ranks
+    python -m ringcomm.apps.parallel_demo --parallel tp=2 --parallel pp=2 --quick
 
-Every configuration trains :class:`ringcomm.tiny_lm.TinyLM` from the same initial weights on the same
-batches (``ringcomm.tiny_lm.make_batch``) with AdamW, in fp32, and is compared step by step with one
+Every configuration trains :class:`ringcomm.apps.tiny_lm.TinyLM` from the same initial weights on the same
+batches (``ringcomm.apps.tiny_lm.make_batch``) with AdamW, in fp32, and is compared step by step with one
 process training the unsplit model: the run exits with status 1 if a loss curve deviates by more
 than ``TOLERANCE`` (relative; the splits change only the order of floating-point sums).
 
-* ``tp=n``: every block's attention is split by heads (:class:`ringcomm.tp.ParallelSelfAttention`)
-  and its MLP by columns then rows (:class:`ringcomm.tp.ParallelMLP`); embeddings, LayerNorms and
+* ``tp=n``: every block's attention is split by heads (:class:`ringcomm.training.tp.ParallelSelfAttention`)
+  and its MLP by columns then rows (:class:`ringcomm.training.tp.ParallelMLP`); embeddings, LayerNorms and
   the output head are replicated (their gradients are identical on every rank of the group).
 * ``pp=p``: stage ``s`` holds blocks ``[s L/p, (s+1) L/p)``; the first also the embeddings, the last
-  the final LayerNorm, the head and the loss (:class:`ringcomm.pp.Pipeline`, ``--schedule``,
+  the final LayerNorm, the head and the loss (:class:`ringcomm.training.pp.Pipeline`, ``--schedule``,
   ``--microbatches``).
 * ``dp=d``: the batch is split over ``d`` replicas whose gradients are averaged by one all-reduce
   of a flat buffer per step over the data-parallel group (combined with ``tp``:
-  :func:`ringcomm.tp.make_groups`).
+  :func:`ringcomm.training.tp.make_groups`).
 
 Reported: loss deviation from the single process, steps/s (1 / median step time of the slowest
 rank, after ``--warmup`` steps), tokens/s, and per rank the bytes of parameters, gradients, AdamW
@@ -74,11 +74,11 @@ def _name(layout: dict) -> str:
 
 # ============================================================================ models
 class TPBlock(nn.Module):
-    """``ringcomm.tiny_lm.Block`` with its attention split by heads and its MLP column-then-row."""
+    """``ringcomm.apps.tiny_lm.Block`` with its attention split by heads and its MLP column-then-row."""
 
     def __init__(self, block: nn.Module, group):
         super().__init__()
-        from . import tp
+        from ..training import tp
         d = block.qkv.in_features
         self.ln1, self.ln2 = block.ln1, block.ln2
         self.attn = tp.ParallelSelfAttention(d, block.n_heads, group=group).load_dense(block)
@@ -164,7 +164,7 @@ def _state_bytes(params, opt) -> dict:
 
 def _meter(module, *batch):
     """Saved-for-backward bytes, excluding the parameters and the batch (as the pipeline's)."""
-    from .pp import SavedTensorMeter
+    from ..training.pp import SavedTensorMeter
     meter = SavedTensorMeter(exclude=module)
     for t in batch:
         meter.exclude.add(t.untyped_storage()._cdata)
@@ -242,7 +242,7 @@ def _gather_results(losses, times, mem, bubble=None) -> dict:
 def _run_dp_tp(rank: int, layout: dict, o: dict) -> dict:
     import torch.distributed as dist
 
-    from . import tp
+    from ..training import tp
     groups = tp.make_groups(layout["tp"])
     lm = _model(o)
     if layout["tp"] > 1:
@@ -290,7 +290,7 @@ def _run_dp_tp(rank: int, layout: dict, o: dict) -> dict:
 def _run_pipeline(rank: int, layout: dict, o: dict) -> dict:
     import torch.distributed as dist
 
-    from .pp import Pipeline
+    from ..training.pp import Pipeline
     p = layout["pp"]
     lm = _model(o)
     pipe = Pipeline(pipeline_stages(lm, p), schedule=o["schedule"],
@@ -323,8 +323,8 @@ def _run_pipeline(rank: int, layout: dict, o: dict) -> dict:
 # ============================================================================ driver
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m ringcomm.train --parallel",
-        description="Tensor / pipeline / data x tensor parallel training of ringcomm.train's "
+        prog="python -m ringcomm.apps.train --parallel",
+        description="Tensor / pipeline / data x tensor parallel training of ringcomm.apps.train's "
                     "transformer, checked against one process.")
     p.add_argument("--parallel", action="append", required=True, metavar="LAYOUT",
                    help="dp=N,tp=N | pp=N (repeat for several configurations)")
@@ -416,8 +416,8 @@ def main(argv=None) -> int:
     ref = train_single(o)
     ref.update(name="single", ranks=1, formula=None)
     rows = [ref]
-    from .launch import LaunchError, spawn_with_store
-    import ringcomm.parallel_demo as this   # the ranks import this module by name
+    from ..core.launch import LaunchError, spawn_with_store
+    import ringcomm.apps.parallel_demo as this   # the ranks import this module by name
     for lay in layouts:
         try:
             res = spawn_with_store(this._rank_main, _world(lay), lambda store: (lay, o, store),
@@ -444,7 +444,7 @@ def main(argv=None) -> int:
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  host {platform.node()}  "
           f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)  "
           f"torch {torch.__version__}  backend {o['backend']}")
-    print(f"# command: python -m ringcomm.train {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(f"# command: python -m ringcomm.apps.train {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(_report(rows, o))
     print()
     print(f"loss dev = max over steps of |loss - single| / single (tolerance {TOLERANCE:g}); "

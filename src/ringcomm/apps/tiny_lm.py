@@ -1,5 +1,5 @@
-"""The model and data the training demos train (``ringcomm.train``'s strategies and
-``ringcomm.parallel_demo``'s tensor / pipeline layouts): a GPT-style ``TinyLM``, a learnable
+"""The model and data the training demos train (``ringcomm.apps.train``'s strategies and
+``ringcomm.apps.parallel_demo``'s tensor / pipeline layouts): a GPT-style ``TinyLM``, a learnable
 synthetic token stream (``make_batch``) and the command-line options that shape them
 (``add_model_arguments``). Both demos build on this module; neither imports the other's package
 for it."""
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .recompute import checkpoint
+from ..training.recompute import checkpoint
 
 
 class Block(nn.Module):
@@ -75,7 +75,7 @@ def make_batch(o: dict, step: int):
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """The TinyLM's shape (None: the --quick or full default) and its AdamW settings, shared by
-    ``ringcomm.train`` and ``ringcomm.parallel_demo``."""
+    ``ringcomm.apps.train`` and ``ringcomm.apps.parallel_demo``."""
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--weight-decay", type=float, default=0.01)

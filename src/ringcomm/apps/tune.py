@@ -1,4 +1,4 @@
-"""Measure this machine's cost-model profile once: ``python -m ringcomm.tune [-o FILE]``.
+"""Measure this machine's cost-model profile once: ``python -m ringcomm.apps.tune [-o FILE]``.
 
 The all-reduce cost model (csrc/comm/cost_model.h, docs/algorithms.md) needs, per machine:
 
@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from .machine import cpu_model
+from ..core.machine import cpu_model
 
 __all__ = ["measure", "write_profile", "main"]
 
@@ -51,8 +51,8 @@ LL_SMALL, LL_LARGE = 4 << 10, 64 << 10   # the LL all_reduces ll_Bps is measured
 
 def _bandwidths(nbytes: int = 4 << 20, budget_s: float = 1.0) -> tuple:
     """(copy_Bps, reduce_Bps): the best of repeated runs over page-aligned, pre-touched buffers."""
-    from . import _C
-    from .tables import DTYPE_CODES, op_code
+    from .. import _C
+    from ..core.tables import DTYPE_CODES, op_code
     n = nbytes // 4
     a, b, dst = (np.full(n, 1.0, np.float32) for _ in range(3))
     raw_a, raw_d = a.view(np.uint8), dst.view(np.uint8)
@@ -90,7 +90,7 @@ def _per_call(comm, nbytes: int, iters: int) -> float:
 def _comm_under(env: dict, rank: int, world: int, store: str):
     """A communicator created under `env` (knobs are read at creation; restored after)."""
     import ringcomm
-    from .config import environment
+    from ..core.config import environment
     with environment(env):
         return ringcomm.init(rank=rank, world_size=world, init_method="file://" + store, timeout=60)
 
@@ -134,7 +134,7 @@ def _handoff_rank(rank: int, world: int, store: str, pin_cpu, iters: int) -> dic
 
 
 def _handoffs(pin_cpu, iters: int) -> dict:
-    from .launch import spawn
+    from ..core.launch import spawn
     d = tempfile.mkdtemp(prefix="ringcomm-tune-")
     try:
         res = spawn(_handoff_rank, 2, (os.path.join(d, "store"), pin_cpu, iters), timeout=120)
@@ -146,7 +146,7 @@ def _handoffs(pin_cpu, iters: int) -> dict:
 
 def measure(quick: bool = False) -> dict:
     """The profile's params measured on this machine, and what they came from."""
-    from . import _C
+    from .. import _C
     t0 = time.time()
     cpus = sorted(os.sched_getaffinity(0))
     copy_Bps, reduce_Bps = _bandwidths(budget_s=0.4 if quick else 1.0)
@@ -176,7 +176,7 @@ def measure(quick: bool = False) -> dict:
 
 def write_profile(path: str, params: dict, measured: dict | None = None) -> dict:
     """Write the profile JSON (format, version, params, hash) to `path`; returns the document."""
-    from . import _C
+    from .. import _C
     prof = _C._profile(params)
     doc = {"format": "ringcomm-profile", "version": int(_C.PROFILE_VERSION), "params": prof["params"],
            "hash": prof["hash"],
@@ -193,7 +193,7 @@ def write_profile(path: str, params: dict, measured: dict | None = None) -> dict
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ringcomm.tune", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ringcomm.apps.tune", description=__doc__.split("\n\n")[0])
     p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, help=f"profile file to write (default {DEFAULT_OUTPUT})")
     p.add_argument("--quick", action="store_true", help="fewer iterations (a few seconds; noisier)")
     a = p.parse_args(argv)

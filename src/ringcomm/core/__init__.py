@@ -1,10 +1,7 @@
-"""Layer 0, the core: the library itself (communicator front, plain API, arrays, errors, config,
-tables, rendezvous, launch, work, the host back end, the CPU placement).
+"""The library itself: the communicator front, the plain API, arrays, errors, knobs, tables,
+rendezvous, launch, work, the host back end and CPU placement.
 
-Its modules are modules of the package: ``ringcomm/__init__.py`` puts this folder on
-``ringcomm.__path__``, so ``core/front.py`` is ``ringcomm.front``. They import only each other,
-the compiled core (``ringcomm._C``) and, where choosing a back end is the core's job, that back
-end (``ringcomm._layers.CORE_TO_BACK_END``). This module only names the layer: its search path is
-empty, so no module is imported a second time as ``ringcomm.core.<name>``.
+Its modules import each other and the compiled core (``ringcomm._C``); the back ends
+(``ringcomm.cuda``, ``ringcomm.hier``) only where choosing one is the core's job, as the
+import-linter contracts in pyproject.toml state. Nothing here imports torch's backend.
 """
-__path__ = []

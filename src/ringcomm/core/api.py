@@ -72,7 +72,7 @@ def _connect(rank, world_size, store, prefix, timeout, wait_s, knobs, abandoned=
     called while a key is missing and raises when the generation cannot complete; ``knobs``:
     init's ``config.read()``."""
     rdzv.await_arrivals(store, prefix, rank, world_size, wait_s, abandoned, timeout)
-    from . import hier
+    from .. import hier
     comm = hier.from_init(rank, world_size, store, prefix, timeout, knobs)
     if comm is None:
         comm = shm_communicator(rank, world_size, store, prefix, timeout, abandoned, knobs)

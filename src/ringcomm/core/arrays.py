@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _C
+from .. import _C
 from .errors import InvalidArgumentError, UnsupportedError
 from .tables import DTYPE_CODES, DTYPE_NAMES, DTYPES, ITEMSIZE, SUPPORTED_DTYPES, torch_dtype_codes
 

@@ -6,11 +6,12 @@ reads the registry and the values through ``ringcomm._C``. Code reads the knobs 
 object that uses them (a communicator, a trainer, a launch) is created, never at import, and
 then uses the typed fields:
 
-    cfg = ringcomm.config.read()               # every runtime knob, parsed now (typed attributes)
-    cfg.timeout, cfg.slot_bytes, cfg.algo      # 300.0, 262144, "auto" (or the environment's)
-    ringcomm.config.knob("RINGCOMM_TIMEOUT")   # one knob by name (users, docs, the table)
-    ringcomm.config()                          # {name: {"value", "default", "doc", ...}}
-    python -m ringcomm.config                  # the table: what is set, what is default
+    from ringcomm.core import config
+    cfg = config.read()                  # every runtime knob, parsed now (typed attributes)
+    cfg.timeout, cfg.slot_bytes, cfg.algo   # 300.0, 262144, "auto" (or the environment's)
+    config.knob("RINGCOMM_TIMEOUT")      # one knob by name (users, docs, the table)
+    config.config()                      # {name: {"value", "default", "doc", ...}}
+    python -m ringcomm.core.config       # the table: what is set, what is default
 
 Logging: ``RINGCOMM_DEBUG=WARN|INFO|TRACE`` (default WARN). :func:`logger` returns the
 ``ringcomm`` Python logger set to that level, writing lines prefixed ``ringcomm[rank r/n]`` to
@@ -20,7 +21,6 @@ import contextlib
 import logging
 import os
 import sys
-import types
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 __all__ = ["read", "knob", "knob_is_set", "knobs", "config", "default_timeout", "logger", "format_table",
@@ -28,7 +28,7 @@ __all__ = ["read", "knob", "knob_is_set", "knobs", "config", "default_timeout", 
 
 
 def _c():
-    from . import _C  # the extension loads on first use, not when ringcomm is imported
+    from .. import _C  # the extension loads on first use, not when ringcomm is imported
     return _C
 
 
@@ -115,7 +115,7 @@ def format_table(cfg: Optional[Dict[str, Dict[str, Any]]] = None) -> str:
     return "\n".join(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}" for r in rows)
 
 
-MARKDOWN_COMMAND = "python -m ringcomm.config --markdown > docs/knobs.md"
+MARKDOWN_COMMAND = "python -m ringcomm.core.config --markdown > docs/knobs.md"
 
 
 def _md_cell(text: str) -> str:
@@ -137,14 +137,14 @@ def format_markdown(registry: Optional[List[Dict[str, Any]]] = None) -> str:
         "Every tunable is an environment variable `RINGCOMM_<NAME>`, declared once in the registry",
         "`csrc/common/knobs.def`, one line per knob. From it come the C++ struct `rc::Knobs` (one typed",
         "field per runtime knob, named `<name>` in lower case: `RINGCOMM_SLOT_BYTES` is `slot_bytes`) and",
-        "its Python view `ringcomm.config.read()`; `ringcomm.config.knob(name)` reads one knob by name.",
+        "its Python view `ringcomm.core.config.read()`; `ringcomm.core.config.knob(name)` reads one knob by name.",
         "Each communicator (or trainer, or launch) reads the knobs once, when it is created, never at",
         "import: every runtime knob is parsed then, and a malformed value raises `InvalidArgumentError`",
         "naming the knob and what it accepts. `RINGCOMM_CPU_ISA` is read once per process, at its first",
         "reduction. Byte sizes take K/M/G suffixes (binary: `256K` = 262144); choices are",
         "case-insensitive.",
-        "`python -m ringcomm.config` prints each knob's current value and whether it is set or the",
-        "default; `ringcomm.config()` returns the same as a dict.",
+        "`python -m ringcomm.core.config` prints each knob's current value and whether it is set or the",
+        "default; `ringcomm.core.config.config()` returns the same as a dict.",
         "",
     ]
     for build, title in ((False, "Runtime knobs"), (True, "Build knobs (read by setup.py)")):
@@ -188,9 +188,9 @@ class _RankAdapter(logging.LoggerAdapter):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m ringcomm.config``: print every knob, its current value and whether it is set."""
+    """``python -m ringcomm.core.config``: print every knob, its current value and whether it is set."""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m ringcomm.config",
+    p = argparse.ArgumentParser(prog="python -m ringcomm.core.config",
                                 description="ringcomm's environment knobs: current values and defaults")
     p.add_argument("--json", action="store_true", help="print config() as JSON")
     p.add_argument("--markdown", action="store_true",
@@ -211,15 +211,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(format_table(cfg))
     return 0
 
-
-class _ConfigModule(types.ModuleType):
-    """``ringcomm.config()`` is :func:`config`: the module itself is callable."""
-
-    def __call__(self) -> Dict[str, Dict[str, Any]]:
-        return config()
-
-
-sys.modules[__name__].__class__ = _ConfigModule
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,7 @@ imported, torch's intra-op pool is capped at the rank's share of its CPUs (:func
 The node registry: a directory (``RINGCOMM_BIND_REGISTRY``, default /tmp/.ringcomm-bind) holding
 one file per process that asked for binding, named by its pid, holding its job key (the parent
 pid: the ranks of one job are children of one launcher process: torchrun's agent, mpirun's proxy,
-ringcomm.launch), its start time (a pid reused by another process reads as dead) and a
+ringcomm.core.launch), its start time (a pid reused by another process reads as dead) and a
 registration number. Registration and the decision happen under an flock of the directory's lock
 file, so the first job to register on a node binds, and every later job seen alive while it runs
 is left unbound (also when the two start together: the earlier first entry wins). Entries of dead
@@ -398,7 +398,7 @@ def bind_process(mode: str, local_rank: int, local_world: int, registry: str,
 
 def _local(rank: int, world: int) -> tuple[int, int]:
     """(local rank, local world): LOCAL_RANK / LOCAL_WORLD_SIZE where the launcher set them
-    consistently (torchrun, ringcomm.launch), else the communicator's own (all its ranks are on
+    consistently (torchrun, ringcomm.core.launch), else the communicator's own (all its ranks are on
     this node)."""
     try:
         lr, lw = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])

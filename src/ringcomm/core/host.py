@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 
-from . import _C, config
+from .. import _C
+from . import config
 from .arrays import as_buf, is_cuda_array, maybe_cuda
 from .cpus import node_ranks, place_rank
 from .errors import InvalidArgumentError, MismatchError, PeerFailureError, RingcommError, from_code
@@ -156,7 +157,7 @@ class Communicator(CoreBackEnd):
             if not all(is_cuda_array(a) for a in arrays if a is not None):
                 raise InvalidArgumentError(f"ringcomm: {coll or 'send/recv'}: some arrays are on a CUDA device "
                                            f"and some in host memory; pass all of them on one device")
-            from . import cuda
+            from .. import cuda
             cuda.require()  # UnsupportedError ("CUDA unavailable: ...") before anything else
             dev = cuda.as_cuda_buf(next(a for a in arrays if a is not None)).device
             if coll is None:
@@ -302,7 +303,7 @@ def _check_profiles(store, prefix: str, rank: int, world_size: int) -> None:
         listed = ", ".join(f"rank {r}: {h} ({src})" for r, (h, _, src) in enumerate(seen))
         raise MismatchError(f"ringcomm: init: the ranks loaded different cost-model profiles (RINGCOMM_PROFILE; "
                             f"hash and source per rank: {listed}); every rank of a communicator must load the "
-                            f"same profile file (python -m ringcomm.tune writes one)")
+                            f"same profile file (python -m ringcomm.apps.tune writes one)")
 
 
 _FAILED = "!failed: "

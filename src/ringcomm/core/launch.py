@@ -1,4 +1,4 @@
-"""Run a function in several local processes: the launcher behind ``ringcomm.launch`` and the
+"""Run a function in several local processes: the launcher behind ``ringcomm.core.launch`` and the
 test harness.
 
 ``spawn(fn, world_size, args)`` starts ``world_size`` processes (multiprocessing's ``spawn``
@@ -89,7 +89,7 @@ def spawn(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
         procs.append(p)
     results = None
     try:
-        results = collect(queue, procs, timeout, "ringcomm.launch",
+        results = collect(queue, procs, timeout, "ringcomm.core.launch",
                           lambda ranks: collect_stacks(procs, ranks, stack_paths), may_die)
     finally:
         reap(procs, grace=5.0 if results is not None else 0.0)
@@ -259,11 +259,11 @@ def launch(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
 
     ``bind``: "core" (each rank pinned to a contiguous share of the CPUs this process may use),
     "numa" (to a NUMA node's), "none", or None (as the RINGCOMM_BIND knob says; default none).
-    Ranks already placed by the user are never moved (``ringcomm.cpus``); ``comm.cpu_plan`` says
+    Ranks already placed by the user are never moved (``ringcomm.core.cpus``); ``comm.cpu_plan`` says
     where each runs."""
     if bind is not None:
         if str(bind).lower() not in ("core", "numa", "none"):
-            raise ValueError(f"ringcomm.launch: bind must be 'core', 'numa', 'none' or None, got {bind!r}")
+            raise ValueError(f"ringcomm.core.launch: bind must be 'core', 'numa', 'none' or None, got {bind!r}")
         env = dict(env or {}, RINGCOMM_BIND=str(bind).lower())
     if "init_method" not in init_kwargs and "store" not in init_kwargs:
         # mkdtemp creates the directory atomically, owned by us with mode 0700; every rank checks

@@ -159,7 +159,7 @@ def default_prefix(counter: int, rank: Optional[int] = None, world_size: Optiona
     creates them in the same order). It cannot tell apart two groups that share a store (ranks
     {0,1} and {2,3} of one job each creating a 2-rank communicator): both would take the same keys
     and pair up across the groups. So when the launcher's environment (RANK / WORLD_SIZE, set by
-    torchrun and ringcomm.launch) says this process belongs to a larger job than ``world_size``,
+    torchrun and ringcomm.core.launch) says this process belongs to a larger job than ``world_size``,
     a default prefix is refused with InvalidArgumentError saying what to pass. ``root`` names the
     kind of communicator (``ringcomm-cuda`` for ringcomm.cuda.init's own)."""
     if world_size is not None and world_size > 1:

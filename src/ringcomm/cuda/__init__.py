@@ -1,6 +1,6 @@
 """ringcomm on CUDA: ring collectives on torch CUDA tensors and CuPy arrays.
 
-Layer 0, a back end: imports the core (ringcomm.front, .errors, .tables, ...) and the compiled
+Layer 0, a back end: imports the core (ringcomm.core.front, .errors, .tables, ...) and the compiled
 ringcomm._C_cuda, never another back end; the core's host communicator imports it to route CUDA
 arrays here.
 
@@ -39,7 +39,7 @@ init / from_communicator).
 """
 from __future__ import annotations
 
-from ..arrays import is_cuda_array
+from ..core.arrays import is_cuda_array
 from .buffers import CudaBuf, as_cuda_buf, current_stream, stream_handle
 from .communicator import CudaCommunicator, Work, from_communicator, init
 from .runtime import device_count, is_available, require, unavailable_reason

@@ -11,9 +11,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..arrays import Buf, is_cuda_array
-from ..errors import InvalidArgumentError, UnsupportedError
-from ..tables import DTYPE_CODES, SUPPORTED_DTYPES
+from ..core.arrays import Buf, is_cuda_array
+from ..core.errors import InvalidArgumentError, UnsupportedError
+from ..core.tables import DTYPE_CODES, SUPPORTED_DTYPES
 
 __all__ = ["CudaBuf", "as_cuda_buf", "stream_handle", "current_stream"]
 

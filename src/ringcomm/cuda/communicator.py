@@ -10,10 +10,10 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
-from ..front import CoreBackEnd
-from ..rendezvous import default_prefix, init_args, resolve_store
-from ..work import CoreWork
+from ..core.errors import InvalidArgumentError
+from ..core.front import CoreBackEnd
+from ..core.rendezvous import default_prefix, init_args, resolve_store
+from ..core.work import CoreWork
 from .buffers import CudaBuf, as_cuda_buf, current_stream, stream_handle
 from .inflight import StreamGuard
 from .runtime import default_device, require

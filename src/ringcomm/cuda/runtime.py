@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 
-from ..errors import UnsupportedError
+from ..core.errors import UnsupportedError
 
 __all__ = ["is_available", "unavailable_reason", "device_count", "require", "default_device"]
 

@@ -5,7 +5,7 @@ torch views; see the package docstring for the schedules.
 """
 from __future__ import annotations
 
-from ..errors import InvalidArgumentError
+from ..core.errors import InvalidArgumentError
 from .tensors import balanced, overlaps
 
 __all__ = ["TwoLevelAlgorithms"]

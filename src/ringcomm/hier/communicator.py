@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from ..arrays import as_buf
-from ..config import logger, read
-from ..errors import ClosedError, PeerFailureError, RingcommError
-from ..front import CommunicatorBase
-from ..host import shm_communicator
-from ..tables import OP_NAMES
+from ..core.arrays import as_buf
+from ..core.config import logger, read
+from ..core.errors import ClosedError, PeerFailureError, RingcommError
+from ..core.front import CommunicatorBase
+from ..core.host import shm_communicator
+from ..core.tables import OP_NAMES
 from .algorithms import TwoLevelAlgorithms
 from .engine_base import convert_error
 from .engines import make_engine

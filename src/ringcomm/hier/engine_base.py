@@ -6,7 +6,7 @@ from __future__ import annotations
 import builtins
 import collections
 
-from ..errors import PeerFailureError, RingcommError, TimeoutError
+from ..core.errors import PeerFailureError, RingcommError, TimeoutError
 
 __all__ = ["EngineBase", "convert_error"]
 

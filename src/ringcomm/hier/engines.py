@@ -2,7 +2,7 @@
 engine_base."""
 from __future__ import annotations
 
-from ..errors import InvalidArgumentError, UnsupportedError
+from ..core.errors import InvalidArgumentError, UnsupportedError
 from .gloo_engine import GlooEngine
 from .mpi_engine import MPIEngine
 from .topology import Topology

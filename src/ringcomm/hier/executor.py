@@ -6,8 +6,8 @@ import threading
 import time
 from typing import Optional
 
-from ..errors import ClosedError, RingcommError, TimeoutError
-from ..work import Work
+from ..core.errors import ClosedError, RingcommError, TimeoutError
+from ..core.work import Work
 
 __all__ = ["HierWork", "Executor"]
 

@@ -3,7 +3,7 @@ blocks of ranks believe they sit on different nodes (the benchmark's ``--nodes K
 tests' fake topologies)."""
 from __future__ import annotations
 
-from ..errors import InvalidArgumentError
+from ..core.errors import InvalidArgumentError
 from .topology import ENV_NODE_ID
 
 __all__ = ["fake_node_of", "fake_nodes_env"]

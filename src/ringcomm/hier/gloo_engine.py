@@ -5,7 +5,7 @@ import datetime
 import os
 import time
 
-from ..work import Work, wait_until
+from ..core.work import Work, wait_until
 from .engine_base import EngineBase, convert_error
 from .tensors import as_bytes
 from .topology import Topology

@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, TimeoutError, UnsupportedError
-from ..work import Work
+from ..core.errors import InvalidArgumentError, TimeoutError, UnsupportedError
+from ..core.work import Work
 from .engine_base import EngineBase
 from .tensors import as_bytes
 from .topology import Topology

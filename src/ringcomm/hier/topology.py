@@ -4,7 +4,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from ..config import read
+from ..core.config import read
 
 __all__ = ["ENV_NODE_ID", "node_id", "Topology", "discover"]
 

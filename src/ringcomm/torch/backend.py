@@ -70,7 +70,7 @@ def backend_class() -> type:
 
 def backend_mode() -> str:
     """``RINGCOMM_TORCH_BACKEND``, lower case: ``auto``, ``c10d`` or ``group``."""
-    from ringcomm.config import read
+    from ringcomm.core.config import read
     return read().torch_backend.lower()
 
 

@@ -2,7 +2,7 @@
 package as ``ringcomm/_data/torch/trampoline.cpp``), built just in time with
 ``torch.utils.cpp_extension`` and cached under ``TORCH_EXTENSIONS_DIR`` (default
 ``~/.cache/torch_extensions``). It includes ``ringcomm/abi.h`` (the codes and the C ABI, copied
-into ``ringcomm/_data/include``: ``ringcomm.tables.ABI_INCLUDE``). The extension's name carries
+into ``ringcomm/_data/include``: ``ringcomm.core.tables.ABI_INCLUDE``). The extension's name carries
 the torch version, the Python tag and a hash of the source, the header and the flags, so a torch
 upgrade or a changed source or header builds a new one and never loads a stale one. Ranks that
 build at once are serialized by cpp_extension's lock on the build directory; once built, loading imports the cached library directly (no compiler needed).
@@ -18,9 +18,9 @@ import re
 import sys
 import threading
 
-from ringcomm.tables import ABI_HEADER as HEADER
-from ringcomm.tables import ABI_INCLUDE as INCLUDE
-from ringcomm.tables import DATA_DIR
+from ringcomm.core.tables import ABI_HEADER as HEADER
+from ringcomm.core.tables import ABI_INCLUDE as INCLUDE
+from ringcomm.core.tables import DATA_DIR
 
 __all__ = ["SOURCE", "INCLUDE", "HEADER", "CFLAGS", "extension_name", "build_directory", "load"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ringcomm import tables
+from ringcomm.core import tables
 
 from . import extension
 from .hooks import direct_calls

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import ringcomm
-from ringcomm.tables import torch_dtype_codes
+from ringcomm.core.tables import torch_dtype_codes
 
 __all__ = ["SUPPORTED_DTYPES", "unsupported", "invalid", "reduce_op", "int_avg", "avg_divide",
            "then", "reducible", "check_tensors",

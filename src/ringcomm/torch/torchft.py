@@ -41,10 +41,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _DistributedBackendOptions
 
-from ringcomm.api import init
-from ringcomm.errors import ClosedError, InvalidArgumentError, RingcommError, UnsupportedError
-from ringcomm.errors import TimeoutError as _WaitTimeout
-from ringcomm.tables import ReduceOp
+from ringcomm.core.api import init
+from ringcomm.core.errors import ClosedError, InvalidArgumentError, RingcommError, UnsupportedError
+from ringcomm.core.errors import TimeoutError as _WaitTimeout
+from ringcomm.core.tables import ReduceOp
 
 from .work import Waiter
 

@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from ringcomm.work import Work
+from ringcomm.core.work import Work
 
 __all__ = ["TorchWork", "RingcommWork", "DoneWork", "MultiWork", "Waiter", "timeout_seconds"]
 

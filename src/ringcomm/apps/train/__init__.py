@@ -1,12 +1,12 @@
 """Train a small transformer language model with every data-parallel strategy and compare them.
 
-    python -m ringcomm.train --quick                  # tiny model: under 2 minutes (a test holds it)
-    python -m ringcomm.train --world-size 2 --backend ringcomm --plot out.png --json out.json
+    python -m ringcomm.apps.train --quick                  # tiny model: under 2 minutes (a test holds it)
+    python -m ringcomm.apps.train --world-size 2 --backend ringcomm --plot out.png --json out.json
 
 Configurations: ``single`` (one process, the reference), ``torch_ddp`` (torch's
-DistributedDataParallel), ``bucketed_ddp`` (:class:`ringcomm.ddp.BucketedDDP`), ``zero1``,
-``zero2``, ``zero3`` (from ``ringcomm.zero``; skipped with a notice if it is missing), each with and
-without activation recomputation (:func:`ringcomm.recompute.checkpoint` around every transformer
+DistributedDataParallel), ``bucketed_ddp`` (:class:`ringcomm.training.ddp.BucketedDDP`), ``zero1``,
+``zero2``, ``zero3`` (from ``ringcomm.training.zero``; skipped with a notice if it is missing), each with and
+without activation recomputation (:func:`ringcomm.training.recompute.checkpoint` around every transformer
 block) and in fp32 or bf16 (CPU autocast; parameters, gradients and optimizer states stay fp32).
 
 Every configuration trains from the same initial weights on the same synthetic token stream with
@@ -32,7 +32,7 @@ Reported per configuration:
   shards), optimizer states (tensors in the optimizer state, plus master copies), and activations
   (peak bytes alive among the tensors saved for backward, counted with
   ``torch.autograd.graph.saved_tensors_hooks``; with recomputation this includes the recomputed
-  block's transient tensors) - beside the formulas of :mod:`ringcomm.memory`
+  block's transient tensors) - beside the formulas of :mod:`ringcomm.training.memory`
   (``zero_memory_per_device`` for the model states, i.e. the 16 bytes/parameter mixed-precision
   Adam budget split by ZeRO stage, and ``activation_memory_bytes`` of Korthikanti et al.). Note
   that fp32 AdamW also costs 16 bytes/parameter but split 4 + 4 + 8 (no master copy) instead of the

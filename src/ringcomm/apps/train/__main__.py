@@ -1,4 +1,4 @@
-"""``python -m ringcomm.train``."""
+"""``python -m ringcomm.apps.train``."""
 import sys
 
 from .cli import main

@@ -1,4 +1,4 @@
-"""``python -m ringcomm.train`` / ``ringcomm-train``: arguments, the single-process and spawned
+"""``python -m ringcomm.apps.train`` / ``ringcomm-train``: arguments, the single-process and spawned
 runs, the comparison against the single process, and the table / plot / JSON output."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .summary import _formulas, _plot, _table
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m ringcomm.train",
+        prog="python -m ringcomm.apps.train",
         description="Train a small transformer LM on synthetic data with single-process, torch "
                     "DDP, BucketedDDP and ZeRO-1/2/3, +- recomputation, fp32/bf16; compare loss "
                     "curves, throughput, communication time and memory.")
@@ -121,11 +121,11 @@ def main(argv=None) -> int:
     zero, err = _zero_module()
     wanted_zero = [s for s in strategies if s.startswith("zero")]
     if wanted_zero and zero is None:
-        notices.add(f"notice: ringcomm.zero is not available ({err}); skipping "
+        notices.add(f"notice: ringcomm.training.zero is not available ({err}); skipping "
                     f"{', '.join(wanted_zero)}")
         strategies = [s for s in strategies if not s.startswith("zero")]
     elif "zero3" in strategies and _zero3_factory(zero)[1] is None:
-        notices.add("notice: ringcomm.zero has no stage-3 wrapper; skipping zero3")
+        notices.add("notice: ringcomm.training.zero has no stage-3 wrapper; skipping zero3")
         strategies.remove("zero3")
     if args.world_size == 1 and any(s != "single" for s in strategies):
         notices.add("notice: --world-size 1 runs the single-process configurations only")
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     dists = [dict(strategy=s, precision=p, recompute=rc)
              for s in strategies if s != "single" for p in precisions for rc in recomputes]
 
-    print(f"ringcomm.train: {len(singles)} single-process + {len(dists)} distributed "
+    print(f"ringcomm.apps.train: {len(singles)} single-process + {len(dists)} distributed "
           f"configurations, {args.world_size} ranks on backend '{o['backend']}', "
           f"{o['steps']} steps each (model d={o['d_model']} L={o['layers']} heads={o['heads']} "
           f"seq={o['seq_len']} vocab={o['vocab']}, global batch {o['global_batch']})", flush=True)
@@ -157,14 +157,14 @@ def main(argv=None) -> int:
         if pbar is not None:
             pbar.close()
     if dists:
-        from ..launch import LaunchError, spawn_with_store
+        from ...core.launch import LaunchError, spawn_with_store
         from .runner import _rank_main
         try:
             results = spawn_with_store(_rank_main, args.world_size,
                                        lambda store: (o, dists, store), timeout=args.timeout,
                                        prefix="ringcomm-train-")[0]
         except LaunchError as e:
-            print(f"ringcomm.train: the distributed run failed: {e}", file=sys.stderr)
+            print(f"ringcomm.apps.train: the distributed run failed: {e}", file=sys.stderr)
             return 2
         for c, r in zip(dists, results):
             rows.append(dict(c, ranks=args.world_size, **r))
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     print("memory per rank (max over ranks) measured on tensors; act fwd = saved for backward "
           "at the end of forward, act peak = peak alive during forward + backward (with "
           "recomputation: + one recomputed block); total = params + grads + optim + act peak; "
-          "'formula states' = ringcomm.memory.zero_memory_per_device (16 B/param "
+          "'formula states' = ringcomm.training.memory.zero_memory_per_device (16 B/param "
           "mixed-precision Adam), 'formula act' = activation_memory_bytes (Korthikanti et al.). "
           "loss dev = max relative "
           f"deviation from the single-process curve (tolerance fp32 {TOLERANCE['fp32']:g}, "
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     print("loss curves: all match the single-process run" if not bad else
           f"loss curves: MISMATCH for {', '.join(bad)}")
 
-    title = (f"ringcomm.train: {args.world_size} ranks on {o['backend']}, psi={rows[0]['psi']:,}, "
+    title = (f"ringcomm.apps.train: {args.world_size} ranks on {o['backend']}, psi={rows[0]['psi']:,}, "
              f"global batch {o['global_batch']}")
     if args.plot:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 
-from ..work import WrappedWork
+from ...core.work import WrappedWork
 from .dist_patch import ALIAS_MODULES, NAMES, DistPatch
 
 

@@ -11,7 +11,7 @@ under ``hook`` is one the backend actually issued. ``dist`` counts the same call
 Per call, ``size`` is the full tensor (nccl-tests' convention: all-reduce the buffer,
 reduce-scatter the input, all-gather the output), and ``wire`` the bytes each rank sends in a
 ring: all-reduce ``2 (n-1)/n * size``, reduce-scatter and all-gather ``(n-1)/n * size``,
-broadcast ``size`` (``ringcomm.memory.zero_communication_bytes`` uses the same factors: ZeRO-1/2's
+broadcast ``size`` (``ringcomm.training.memory.zero_communication_bytes`` uses the same factors: ZeRO-1/2's
 reduce-scatter + all-gather move what one all-reduce moves; ZeRO-3's two all-gathers + one
 reduce-scatter 1.5 times that). Only calls made while ``active`` are counted.
 """

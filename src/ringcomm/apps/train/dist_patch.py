@@ -2,7 +2,7 @@
 
 ``DistPatch(wrap).install()`` replaces every collective function of ``torch.distributed`` (and of
 ``distributed_c10d``, which holds the same objects) by ``wrap(name, fn)``, together with the
-module-level aliases that modules bound at import (``ringcomm.zero.collectives`` keeps
+module-level aliases that modules bound at import (``ringcomm.training.zero.collectives`` keeps
 ``_reduce_scatter_fn = dist.reduce_scatter_single``). ``uninstall()`` puts every original back.
 Patches nest: install B over A, then uninstall B before A.
 """
@@ -17,7 +17,7 @@ NAMES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduc
          "all_to_all_single", "all_to_all", "scatter", "gather", "_reduce_scatter_base",
          "_all_gather_base", "barrier")
 #: Modules whose module-level aliases of these functions (bound at import) are wrapped too.
-ALIAS_MODULES = ("ringcomm.zero.collectives",)
+ALIAS_MODULES = ("ringcomm.training.zero.collectives",)
 
 
 class DistPatch:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..saved_tensors import SavedTensorMeter, _storage
+from ...training.saved_tensors import SavedTensorMeter, _storage
 
 
 class ActivationMeter(SavedTensorMeter):
@@ -55,7 +55,7 @@ def model_state_bytes(module: nn.Module, optimizer=None, extra: dict | None = No
     """Bytes of parameters, gradients and optimizer states, counting each storage once.
 
     ``extra`` maps a category to more tensors to count (e.g. gradient buckets). An optimizer (or
-    wrapper) with ``memory_breakdown()`` (``ringcomm.zero``) reports its own sharded tensors; its
+    wrapper) with ``memory_breakdown()`` (``ringcomm.training.zero``) reports its own sharded tensors; its
     fp32 ``master_weights`` count as optimizer states, as in the 2 + 2 + 12 budget.
     """
     for obj in (optimizer, module):

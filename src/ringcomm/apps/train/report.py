@@ -1,4 +1,4 @@
-"""``python -m ringcomm.train --report DIR``: the one-page training report.
+"""``python -m ringcomm.apps.train --report DIR``: the one-page training report.
 
 One run measures, on ``-np`` ranks (default 2) of the chosen backend (default ringcomm), each rank
 pinned to its own core (rank i on core i % ncores):
@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from ..machine import cpu_model
+from ...core.machine import cpu_model
 from . import report_model as rm
 from .report_rank import baseline, report_rank_main
 
@@ -74,12 +74,12 @@ def _scaling_worlds(args, np_: int) -> list:
 
 def _log(msg: str, quiet: bool) -> None:
     if not quiet:
-        print(f"ringcomm.train --report: {msg}", file=sys.stderr, flush=True)
+        print(f"ringcomm.apps.train --report: {msg}", file=sys.stderr, flush=True)
 
 
 def run_report(args, backend: str, notices: list) -> int:
     """Measure, write DIR/report.{md,json} and the figures; returns the exit status."""
-    from ..launch import LaunchError, spawn_with_store
+    from ...core.launch import LaunchError, spawn_with_store
     from .report_page import annotate_trace, write_page
 
     out_dir = os.path.abspath(args.report)
@@ -94,8 +94,8 @@ def run_report(args, backend: str, notices: list) -> int:
     quiet = args.no_progress
     t_start = time.perf_counter()
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
-    doc = {"command": "python -m ringcomm.train " + " ".join(sys.argv[1:]) if args.argv is None
-           else "python -m ringcomm.train " + " ".join(args.argv),
+    doc = {"command": "python -m ringcomm.apps.train " + " ".join(sys.argv[1:]) if args.argv is None
+           else "python -m ringcomm.apps.train " + " ".join(args.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "host": {"cpu": cpu_model(), "cores": os.cpu_count(),
                     "usable_cores": len(os.sched_getaffinity(0))
@@ -119,7 +119,7 @@ def run_report(args, backend: str, notices: list) -> int:
                                            lambda store: (ow, store, sections, ranks_trace),
                                            timeout=args.timeout, prefix="ringcomm-report-")[0]
         except LaunchError as e:
-            print(f"ringcomm.train --report: the {world}-rank run failed: {e}", file=sys.stderr)
+            print(f"ringcomm.apps.train --report: the {world}-rank run failed: {e}", file=sys.stderr)
             return 2
 
     main = runs[np_]
@@ -144,7 +144,7 @@ def run_report(args, backend: str, notices: list) -> int:
     files = write_page(out_dir, doc)
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(doc, f, indent=1, default=str)
-    print(f"ringcomm.train --report: wrote {os.path.join(out_dir, 'report.md')}, "
+    print(f"ringcomm.apps.train --report: wrote {os.path.join(out_dir, 'report.md')}, "
           f"{os.path.join(out_dir, 'report.json')}, "
           + ", ".join(os.path.join(out_dir, p) for p in files)
           + f" in {doc['wall_seconds']:.0f} s", flush=True)
@@ -202,7 +202,7 @@ def _recompute_section(rc: dict, o: dict) -> dict:
 
 
 def _volume_section(vol: dict, psi: int, n: int) -> dict:
-    from .. import memory
+    from ...training import memory
     out = {}
     ddp = vol["ddp"]["all_reduce"]["wire"]
     for name, v in vol.items():

@@ -3,7 +3,7 @@ DDP timeline model of a bucketed all-reduce overlapped with backward, the recomp
 and weak-scaling efficiency. Pure functions of measured inputs (no torch)."""
 from __future__ import annotations
 
-from .. import memory
+from ...training import memory
 
 # Bytes per parameter of each model-state component: (params, grads, optimizer states) as
 # (replicated bytes, bytes partitioned N ways). AdamW keeps exp_avg + exp_avg_sq (8 B, fp32); a
@@ -39,7 +39,7 @@ _STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 
 def memory_formula(strategy: str, precision: str, psi: int, n: int) -> dict:
     """Bytes per rank of each model-state component and their total, by the formulas above.
-    The bf16 totals are exactly ``ringcomm.memory.zero_memory_per_device(psi, n, stage)``.
+    The bf16 totals are exactly ``ringcomm.training.memory.zero_memory_per_device(psi, n, stage)``.
     ``"<zero stage>+offload"``: the same, with ``offloaded`` = the optimizer states (fp32 master
     + Adam moments, 12Ψ/N in bf16) that ``offload="cpu"`` keeps in host memory."""
     if strategy.endswith("+offload"):
@@ -59,7 +59,7 @@ def memory_formula(strategy: str, precision: str, psi: int, n: int) -> dict:
 
 
 def activation_formula(o: dict, precision: str, recompute: bool = False) -> int:
-    """Korthikanti et al.'s activation bytes (``ringcomm.memory.activation_memory_bytes``) for
+    """Korthikanti et al.'s activation bytes (``ringcomm.training.memory.activation_memory_bytes``) for
     the report's model and per-rank micro-batch."""
     return memory.activation_memory_bytes(
         o["seq_len"], o["batch_per_rank"], o["d_model"], o["layers"], o["heads"],

@@ -182,7 +182,7 @@ def _memory_part(doc: dict) -> list:
               "counted once per storage, max over ranks; activations = bytes saved for backward "
               "at the end of forward (`saved_tensors_hooks`, unique storages, parameters "
               "excluded). bf16 ZeRO rows are the seeds' 2+2+12 budget (16Ψ, 4Ψ + 12Ψ/N, "
-              "2Ψ + 14Ψ/N, 16Ψ/N = `ringcomm.memory.zero_memory_per_device`); DDP under CPU "
+              "2Ψ + 14Ψ/N, 16Ψ/N = `ringcomm.training.memory.zero_memory_per_device`); DDP under CPU "
               "autocast keeps fp32 weights and gradients (4+4+8 = 16Ψ); the fp32 ZeRO-1/2 rows "
               "count ZeroOptimizer's fp32 master shard beside the flat parameters (12Ψ/N of "
               "optimizer state), ZeRO-3 fp32 none (its shard is the master).",
@@ -333,7 +333,7 @@ def _volume_part(doc: dict) -> list:
                      "/ DDP", "formula", "/ formula", "counted by"], rows)
     lines += ["", "Ring bytes each rank sends: 2(N-1)/N of the buffer per all-reduce, (N-1)/N "
               "of the full tensor per reduce-scatter or all-gather; formula = "
-              "`ringcomm.memory.zero_communication_bytes(4Ψ, N, stage)`. \"issue_hook\": every "
+              "`ringcomm.training.memory.zero_communication_bytes(4Ψ, N, stage)`. \"issue_hook\": every "
               "byte was booked by the ringcomm backend's issue hook (`ringcomm.torch."
               "add_issue_hook`) inside the `torch.distributed` call that carried it; \"dist\": "
               "counted at the `torch.distributed` call (gloo has no issue hook). ZeRO-2's "

@@ -1,10 +1,10 @@
-"""The measurements behind ``python -m ringcomm.train --report``, as run by each rank (and by the
+"""The measurements behind ``python -m ringcomm.apps.train --report``, as run by each rank (and by the
 single-process baseline): memory budget, latency/bandwidth probe, bucket sweep, recomputation,
 weak scaling, and one profiled BucketedDDP step.
 
 Every timed figure is a median over timed steps (after warm-up) of the slowest rank's time for
 that step (``_max_over_ranks``), so one preempted step or one slow rank does not decide a row.
-The options dict ``o`` is :func:`ringcomm.train.report.report_options`'s.
+The options dict ``o`` is :func:`ringcomm.apps.train.report.report_options`'s.
 """
 from __future__ import annotations
 
@@ -87,10 +87,10 @@ def build(strategy: str, model, o: dict, precision: str = "fp32", bucket_mb: flo
     if strategy == "single":
         return model, torch.optim.AdamW(model.parameters(), **kw), contextlib.nullcontext
     if strategy == "ddp":
-        from ..ddp import BucketedDDP
+        from ...training.ddp import BucketedDDP
         ddp = BucketedDDP(model, bucket_cap_mb=cap, first_bucket_mb=cap)
         return ddp, torch.optim.AdamW(ddp.parameters(), **kw), ddp.no_sync
-    from .. import zero
+    from ...training import zero
     if strategy in ("zero1", "zero2"):
         opt = zero.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=int(strategy[-1]),
                                  mixed_precision=mp, bucket_cap_mb=cap, offload=offload, **kw)
@@ -400,7 +400,7 @@ def profiled_step(o: dict, rank: int, world: int, trace_path: str | None) -> dic
     """One BucketedDDP step under ``torch.profiler``; every bucket's all-reduce is annotated at
     issue (``record_function``) and its completion time taken from its future. Rank 0 exports
     the Chrome trace to ``trace_path`` (the communication intervals are added to it by
-    :func:`ringcomm.train.report_page.annotate_trace`)."""
+    :func:`ringcomm.apps.train.report_page.annotate_trace`)."""
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -491,7 +491,7 @@ def report_rank_main(rank: int, world: int, o: dict, store_path: str, sections: 
         for name in sections:
             t0 = time.perf_counter()
             if rank == 0 and not o.get("quiet"):
-                print(f"ringcomm.train --report:   {world} ranks: {name} ...", file=sys.stderr,
+                print(f"ringcomm.apps.train --report:   {world} ranks: {name} ...", file=sys.stderr,
                       flush=True)
             if name == "memory":
                 out[name] = memory_budget(o, rank, world)

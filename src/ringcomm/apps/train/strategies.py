@@ -21,7 +21,7 @@ class _Notices(list):
 
 def _zero_module():
     try:
-        from .. import zero
+        from ...training import zero
         return zero, ""
     except Exception as e:  # noqa: BLE001 - a missing or half-written module: skip with notice
         return None, f"{type(e).__name__}: {e}"
@@ -47,14 +47,14 @@ def _build(strategy: str, model: nn.Module, o: dict, precision: str = "fp32"):
                                       gradient_as_bucket_view=True)
         return ddp, torch.optim.AdamW(ddp.parameters(), **kw), None
     if strategy == "bucketed_ddp":
-        from ..ddp import BucketedDDP
+        from ...training.ddp import BucketedDDP
         ddp = BucketedDDP(model, bucket_cap_mb=o["bucket_cap_mb"],
                           first_bucket_mb=o["first_bucket_mb"])
         return ddp, torch.optim.AdamW(ddp.parameters(), **kw), {
             "grads": [b.buffer for b in ddp.buckets]}
     zero, err = _zero_module()
     if zero is None:
-        raise RuntimeError(f"ringcomm.zero unavailable: {err}")
+        raise RuntimeError(f"ringcomm.training.zero unavailable: {err}")
     mp = "bf16" if precision == "bf16" else None
     if strategy in ("zero1", "zero2"):
         zkw = dict(kw)
@@ -66,7 +66,7 @@ def _build(strategy: str, model: nn.Module, o: dict, precision: str = "fp32"):
     if strategy == "zero3":
         name, factory = _zero3_factory(zero)
         if factory is None:
-            raise RuntimeError("ringcomm.zero has no stage-3 wrapper")
+            raise RuntimeError("ringcomm.training.zero has no stage-3 wrapper")
         wrapped = factory(model, torch.optim.AdamW, mixed_precision=mp, **kw)
         # ZeroStage3 is both the module and the optimizer (step(), zero_grad()).
         return wrapped, wrapped, None

@@ -6,7 +6,7 @@ from .units import format_bytes
 
 def _formulas(row: dict, o: dict, world_size: int) -> dict:
     try:
-        from .. import memory
+        from ...training import memory
     except Exception:  # noqa: BLE001
         return {}
     n = 1 if row["strategy"] == "single" else world_size
@@ -95,7 +95,7 @@ def _plot(rows: list, path: str, title: str) -> None:
     ax2.set_xticks(range(len(rows)))
     ax2.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
     ax2.set_ylabel("KiB per rank")
-    ax2.set_title("measured memory per rank vs ringcomm.memory formulas")
+    ax2.set_title("measured memory per rank vs ringcomm.training.memory formulas")
     ax2.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()

@@ -1,6 +1,6 @@
 """Tensor parallelism (Megatron-LM style) over ``torch.distributed`` collectives.
 
-    from ringcomm import tp
+    from ringcomm.training import tp
     mlp = tp.from_dense(dense_mlp)              # nn.Sequential(Linear, GELU, Linear), any group
     y = mlp(x)                                  # one all-reduce forward, one backward
 

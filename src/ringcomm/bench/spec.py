@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..tables import DTYPES as _TABLE_DTYPES
+from ..core.tables import DTYPES as _TABLE_DTYPES
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all")
 REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})

@@ -50,7 +50,7 @@ class _FlatLayout:
 
 
 class _FlatGroup:
-    """State common to a stage-1/2 bucket and a stage-3 unit (see the ringcomm.zero package
+    """State common to a stage-1/2 bucket and a stage-3 unit (see the ringcomm.training.zero package
     docstring)."""
 
     def __init__(self, keys: list, shapes: list, world_size: int, rank: int,

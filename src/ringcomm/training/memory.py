@@ -204,7 +204,7 @@ def zero_communication_bytes(m, n, stage):
 
     Each reduce-scatter or all-gather over a ring moves ``(n-1)/n * m``
     bytes per device (Patarasuk & Yuan, 2009).  Returns a float, like
-    ``ringcomm.simulate.ring_all_reduce_bytes`` (``2 (n-1) m / n`` for stages
+    ``ringcomm.apps.simulate.ring_all_reduce_bytes`` (``2 (n-1) m / n`` for stages
     0-2 is exactly that function's value).
     """
     m = _nonneg_number(m, "m")

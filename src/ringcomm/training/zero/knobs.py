@@ -1,7 +1,7 @@
-"""The knobs of ringcomm.zero (RINGCOMM_ZERO_BUCKET_MB, RINGCOMM_ZERO_MAX_INFLIGHT,
-RINGCOMM_ZERO_COLLECTIVES; read through ``ringcomm.config.read()`` as ``zero_bucket_mb``,
+"""The knobs of ringcomm.training.zero (RINGCOMM_ZERO_BUCKET_MB, RINGCOMM_ZERO_MAX_INFLIGHT,
+RINGCOMM_ZERO_COLLECTIVES; read through ``ringcomm.core.config.read()`` as ``zero_bucket_mb``,
 ``zero_max_inflight``, ``zero_collectives``): their names for the messages (the registry, with
-defaults and parsing rules, is ``ringcomm.config``) and the positive-number check ZeRO adds."""
+defaults and parsing rules, is ``ringcomm.core.config``) and the positive-number check ZeRO adds."""
 from __future__ import annotations
 
 _MB = 1024 * 1024

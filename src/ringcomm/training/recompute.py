@@ -6,7 +6,7 @@ devices of the inputs when CUDA is in use) and the autocast state, recomputes ``
 ``enable_grad`` on detached copies of the inputs, and back-propagates the incoming gradients
 through the recomputed graph. Gradients of the inputs are returned; gradients of parameters used
 inside ``fn`` are accumulated into their ``.grad`` by that nested backward (which is also when
-their post-accumulate-grad hooks fire, e.g. :class:`ringcomm.ddp.BucketedDDP`'s).
+their post-accumulate-grad hooks fire, e.g. :class:`ringcomm.training.ddp.BucketedDDP`'s).
 
 Arguments and outputs may be any mix of tensors and other values, nested in tuples, lists and
 dicts (they are flattened with ``torch.utils._pytree``). Inputs need not require grad: if none
@@ -74,7 +74,7 @@ class _Recompute(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         if not torch.autograd._is_checkpoint_valid():
             raise RuntimeError(
-                "ringcomm.recompute.checkpoint supports .backward()/torch.autograd.backward only, "
+                "ringcomm.training.recompute.checkpoint supports .backward()/torch.autograd.backward only, "
                 "not torch.autograd.grad (parameters receive their gradients in .grad)")
         saved = ctx.saved_tensors
         leaves = list(ctx.leaves)

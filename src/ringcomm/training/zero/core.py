@@ -11,11 +11,11 @@ import torch.distributed as dist
 
 from .collectives import _Collectives, _require_dist
 from .flat import _FlatGroup, _nbytes
-from ..config import read
+from ...core.config import read
 from .knobs import _MAX_INFLIGHT_ENV, _positive
 from .precision import DynamicLossScaler, _resolve_precision
 
-CHECKPOINT_FORMAT = "ringcomm.zero/1"
+CHECKPOINT_FORMAT = "ringcomm.training.zero/1"
 
 
 class _ZeroCore:
@@ -62,7 +62,7 @@ class _ZeroCore:
     def _dtypes_for(self, param_dtype: torch.dtype) -> tuple[torch.dtype, torch.dtype]:
         """(compute dtype, master dtype) for parameters of ``param_dtype``."""
         if not param_dtype.is_floating_point:
-            raise TypeError(f"ringcomm.zero shards floating-point parameters only, got "
+            raise TypeError(f"ringcomm.training.zero shards floating-point parameters only, got "
                             f"{param_dtype}")
         if self.compute_dtype_override is None:
             return param_dtype, param_dtype
@@ -75,7 +75,7 @@ class _ZeroCore:
                             f"{optimizer_class!r}")
         groups = [dict(hp, params=[g.master for g in flat]) for hp, flat in spec if flat]
         if not groups:
-            raise ValueError("ringcomm.zero: no parameter that requires grad to optimize")
+            raise ValueError("ringcomm.training.zero: no parameter that requires grad to optimize")
         self.optimizer = optimizer_class(groups, **optim_kwargs)
         self._inner_groups = [[g for g in flat] for _, flat in spec if flat]
 
@@ -291,7 +291,7 @@ class _ZeroCore:
                         for key, view in zip(g.keys, g.layout.unflatten(full_v)):
                             state_out.setdefault(key, {})[name] = view.clone()
                 elif torch.is_tensor(value) and value.dim() != 0:
-                    raise TypeError(f"ringcomm.zero: optimizer state {name!r} has shape "
+                    raise TypeError(f"ringcomm.training.zero: optimizer state {name!r} has shape "
                                     f"{tuple(value.shape)}; only elementwise (shape of the "
                                     f"shard) and scalar states can be checkpointed")
                 elif root:  # a scalar, identical on every rank (e.g. Adam's "step")
@@ -324,7 +324,7 @@ class _ZeroCore:
     def _load_checkpoint(self, sd: dict) -> None:
         """Every rank passes the full checkpoint; each slices its shards (no communication)."""
         if not isinstance(sd, dict) or sd.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"not a ringcomm.zero checkpoint (expected format "
+            raise ValueError(f"not a ringcomm.training.zero checkpoint (expected format "
                              f"{CHECKPOINT_FORMAT!r}); every rank must pass the full checkpoint "
                              f"returned by state_dict() on rank 0")
         self._wait_pending()

@@ -8,7 +8,7 @@ import torch
 
 from .core import _ZeroCore
 from .flat import _FlatGroup, _nbytes
-from ..config import read
+from ...core.config import read
 from .knobs import _BUCKET_MB_ENV, _MB, _positive
 from .precision import DynamicLossScaler, _resolve_precision
 
@@ -87,7 +87,7 @@ class ZeroOptimizer(_ZeroCore):
                  collectives: str | None = None, offload: str | None = None, **optim_kwargs):
         if stage not in (1, 2):
             raise ValueError(f"ZeroOptimizer implements stages 1 and 2, got stage={stage!r} "
-                             f"(stage 3 is ringcomm.zero.ZeroStage3)")
+                             f"(stage 3 is ringcomm.training.zero.ZeroStage3)")
         _resolve_precision(mixed_precision)
         groups = _normalize_param_groups(params)
         knobs = read()

@@ -13,7 +13,7 @@ stage  partitioned                  bytes per device    class
 =====  ===========================  ==================  ====================================
 
 ``memory_breakdown()`` on either class reports what this rank actually holds, to print beside
-:func:`ringcomm.memory.zero_memory_per_device`.
+:func:`ringcomm.training.memory.zero_memory_per_device`.
 
 Only ``dist.reduce_scatter_single`` / ``reduce_scatter_tensor``, ``dist.all_gather_single`` /
 ``all_gather_into_tensor``, ``dist.all_reduce`` and ``dist.broadcast`` are used (SUM only, never
@@ -82,7 +82,7 @@ elements whose storage is resized to 0 bytes whenever the full weights are not n
 
 Collectives are issued in autograd's execution order, which is the same on every rank when every
 rank runs the same graph (same modules, same order, no data-dependent control flow). A reentrant
-recomputation (:func:`ringcomm.recompute.checkpoint`) fits: its no-grad forward gathers and frees;
+recomputation (:func:`ringcomm.training.recompute.checkpoint`) fits: its no-grad forward gathers and frees;
 its recomputation in backward gathers again (step 1), frees (2), and its nested backward runs 3
 and 4. A parameter may belong to one module only (no tied weights), every parameter must require
 grad, and a module's parameters must only be used inside that module's forward.

@@ -1,6 +1,6 @@
 """A persistent group of local ranks for in-process benchmarking (the pytest-benchmark suites in
 ``benchmarks/suites/``): rank 0 runs in the calling process, so a timer there (pytest-benchmark's) can
-wrap single collective calls; ranks 1..N-1 are spawned followers (``ringcomm.launch.spawn``)
+wrap single collective calls; ranks 1..N-1 are spawned followers (``ringcomm.core.launch.spawn``)
 that mirror every call. Same runners, buffers and correctness check as the CLI's sweep.
 
     g = LocalGroup(2, ["ringcomm", "gloo"])
@@ -71,7 +71,7 @@ class Measurement:
 
 class LocalGroup:
     def __init__(self, world: int, libs, timeout: float = 900.0, op_timeout: float = 120.0):
-        from ringcomm.launch import spawn
+        from ringcomm.core.launch import spawn
 
         from .peers import make_runner
         if world < 2:

@@ -30,7 +30,7 @@ process group, overlapping the averaging with the backward pass:
   returns, every ``.grad`` holds the average over ranks and ``optimizer.step()`` can run directly.
   The hook is placed on the outputs (and not queued from a parameter hook) so that the callback
   belongs to the *outer* backward even when parts of the model are recomputed by
-  :func:`ringcomm.recompute.checkpoint`, whose nested backward would otherwise run the callback
+  :func:`ringcomm.training.recompute.checkpoint`, whose nested backward would otherwise run the callback
   too early. ``finish_gradient_synchronization()`` does the same explicitly and is idempotent (use
   it when the loss does not flow through the wrapped module's outputs).
 * **Unused parameters.** With ``find_unused_parameters=False`` (the default) a parameter that got

@@ -3,7 +3,7 @@ collectives beside torch.distributed gloo, MPI (mpi4py) and NCCL in one run.
 
 Phases, one after the other so none disturbs another's timing:
   1. memcpy ceiling, in this process (``memcpy.py``);
-  2. N spawned ranks (``ringcomm.launch.spawn``), each running ringcomm and the torch peers
+  2. N spawned ranks (``ringcomm.core.launch.spawn``), each running ringcomm and the torch peers
      (gloo, NCCL) side by side, size by size (``harness.rank_sweep``);
   3. if MPI is available, ``mpiexec -n N`` ranks running the same sweep with mpi4py
      (``_mpi_worker``).
@@ -27,8 +27,8 @@ import sys
 import tempfile
 import time
 
-from ..launch import LaunchError, spawn
-from ..machine import cpu_model
+from ..core.launch import LaunchError, spawn
+from ..core.machine import cpu_model
 from . import report
 from .harness import merge_ranks, parse_arrival, rank_sweep
 from .hostload import cpu_busy, loadavg
@@ -188,7 +188,7 @@ def arrival_text(pol: dict) -> str:
 
 
 def _bind_knob() -> str:
-    from ..config import read
+    from ..core.config import read
     return read().bind
 
 

@@ -1,4 +1,4 @@
-"""Mixed precision of ringcomm.zero: the accepted ``mixed_precision`` names and the fp16
+"""Mixed precision of ringcomm.training.zero: the accepted ``mixed_precision`` names and the fp16
 dynamic loss scaler."""
 from __future__ import annotations
 

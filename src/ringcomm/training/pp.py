@@ -1,6 +1,6 @@
 """Pipeline parallelism over ``torch.distributed`` point-to-point calls (``isend`` / ``irecv``).
 
-    from ringcomm.pp import Pipeline
+    from ringcomm.training.pp import Pipeline
     pipe = Pipeline([model[:2], model[2:]], schedule="1f1b", microbatches=8, loss_fn=F.cross_entropy)
     loss = pipe.step(x, y)          # forward + backward of one batch; then opt.step() as usual
 

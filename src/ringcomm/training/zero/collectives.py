@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ..work import WrappedWork
+from ...core.work import WrappedWork
 from .knobs import _COLLECTIVES_ENV
 
 # torch >= 2.10 renamed the "into tensor" collectives; the old names warn. Same semantics.
@@ -18,7 +18,7 @@ _all_gather_fn = getattr(dist, "all_gather_single", None) or dist.all_gather_int
 
 def _require_dist() -> None:
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("ringcomm.zero needs an initialised torch.distributed process group "
+        raise RuntimeError("ringcomm.training.zero needs an initialised torch.distributed process group "
                            "(call torch.distributed.init_process_group first)")
 
 
@@ -60,7 +60,7 @@ class _Collectives:
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if self.rank < 0:
-            raise ValueError("ringcomm.zero: this process is not a member of process_group")
+            raise ValueError("ringcomm.training.zero: this process is not a member of process_group")
         self.src = dist.get_global_rank(group if group is not None else dist.group.WORLD, 0)
         self.native = {"reduce_scatter": policy != "fallback", "all_gather": policy != "fallback"}
         #: which implementations actually ran, per op ("native" / "fallback"): for tests.
@@ -71,7 +71,7 @@ class _Collectives:
             raise err
         backend = dist.get_backend(self.group)
         # stacklevel 4: _give_up_native <- _try_native <- reduce_scatter_sum / all_gather <- caller
-        warnings.warn(f"ringcomm.zero: backend {backend!r} raised {type(err).__name__}: {err} "
+        warnings.warn(f"ringcomm.training.zero: backend {backend!r} raised {type(err).__name__}: {err} "
                       f"for {op}; using the all_reduce-based fallback for the rest of this run",
                       RuntimeWarning, stacklevel=4)
         self.native[op] = False

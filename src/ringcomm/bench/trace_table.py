@@ -29,8 +29,8 @@ import time
 
 import numpy as np
 
-from ..launch import LaunchError, spawn
-from ..machine import cpu_model
+from ..core.launch import LaunchError, spawn
+from ..core.machine import cpu_model
 from .hostload import loadavg
 from .load import BusyLoad
 
