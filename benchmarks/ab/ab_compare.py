@@ -1,5 +1,5 @@
 """Compare A/B runs of benchmarks/ab/ab_bench.py: the median of the run medians per (collective,
-size) for each side, new / old, and the verdict against the bounds (time within 10% at <= 64 KiB,
+size) for each side, new / old, and the verdict against the bounds (time within 10% up to 256 KiB,
 busbw - equivalently time - within 5% at >= 1 MiB).
 
     python benchmarks/ab/ab_compare.py old1.json old2.json ... -- new1.json new2.json ...
@@ -54,7 +54,7 @@ def main(argv) -> int:
             pr = statistics.median(b[coll][str(n)] / a[coll][str(n)] for a, b in zip(old_runs, new_runs)) \
                 if paired else None
             judged = pr if paired else r
-            bound = 1.10 if n <= 64 << 10 else 1.05 if n >= 1 << 20 else None
+            bound = 1.10 if n <= 256 << 10 else 1.05
             ok = bound is None or judged <= bound
             worst_ok &= ok
             b = "-" if bound is None else (f"<= {bound:.2f}: " + ("ok" if ok else "OVER"))
