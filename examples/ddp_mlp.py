@@ -21,12 +21,17 @@ import ringcomm.torch  # noqa: F401  registers backend "ringcomm" (automatic whe
 #                                   with its torch.backends entry point; harmless either way)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=64, help="per-process batch size")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--backend", default="ringcomm")
+    return p
+
+
+def main() -> None:
+    p = build_parser()
     args = p.parse_args()
 
     dist.init_process_group(args.backend)          # RANK, WORLD_SIZE, MASTER_* from torchrun

@@ -73,7 +73,7 @@ def _fmt_size(b):
     return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-np", type=int, default=4, dest="world")
     p.add_argument("--nodes", type=int, default=2)
@@ -81,6 +81,11 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=40)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (median reported)")
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     a = p.parse_args(argv)
     from ringcomm.core.launch import spawn
     sizes = [int(s) for s in a.sizes.split(",")]

@@ -223,7 +223,7 @@ def summary_lines(per_rank, world, elapsed, sampler):
     return lines
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=1.0)
     ap.add_argument("--world", type=int, default=2)
@@ -238,6 +238,11 @@ def main(argv=None):
     ap.add_argument("--report-every", type=float, default=60.0)
     ap.add_argument("--inject-error", type=int, default=None, metavar="INDEX",
                     help="test of the checker: corrupt the last rank's first non-empty result from call INDEX on")
+    return ap
+
+
+def main(argv=None):
+    ap = build_parser()
     a = ap.parse_args(argv)
     if not 2 <= a.world <= 4:
         ap.error("--world must be 2..4")

@@ -61,12 +61,17 @@ def _rank(comm, sizes, colls, pin):
     return out
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-np", type=int, default=2)
     ap.add_argument("--json", required=True)
     ap.add_argument("--colls", default=",".join(COLLS))
     ap.add_argument("--no-pin", action="store_true", help="leave the ranks unpinned")
+    return ap
+
+
+def main() -> None:
+    ap = build_parser()
     a = ap.parse_args()
     import ringcomm
     res = ringcomm.launch(_rank, a.np, args=(SIZES, a.colls.split(","), not a.no_pin), timeout=900)

@@ -12,6 +12,7 @@ medians (a run in a slow state and its partner share it). Both ratios are printe
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -30,15 +31,29 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-def main(argv) -> int:
-    if "--" not in argv or argv[:1] in (["-h"], ["--help"]):
-        print(__doc__)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
-    paired = argv[:1] == ["--paired"]
-    if paired:
-        argv = argv[1:]
-    i = argv.index("--")
-    old_runs, new_runs = _runs(argv[:i]), _runs(argv[i + 1:])
+class _Sides(argparse.Action):
+    """OLD.json ... -- NEW.json ...: the runs before and after the ``--``, at least one each."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values.count("--") != 1 or values[0] == "--" or values[-1] == "--":
+            parser.error("give the runs as OLD.json ... -- NEW.json ...")
+        i = values.index("--")
+        namespace.old, namespace.new = values[:i], values[i + 1:]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                usage="%(prog)s [--paired] OLD.json ... -- NEW.json ...")
+    p.add_argument("--paired", action="store_true",
+                   help="the runs were taken in pairs (old_k, new_k): judge the median of the pairs' ratios")
+    p.add_argument("runs", nargs=argparse.REMAINDER, action=_Sides, metavar="OLD.json ... -- NEW.json ...")
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    paired = a.paired
+    old_runs, new_runs = _runs(a.old), _runs(a.new)
     if paired and len(old_runs) != len(new_runs):
         print(f"--paired needs as many old runs as new ones ({len(old_runs)} and {len(new_runs)})")
         return 2
@@ -64,4 +79,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -197,7 +197,7 @@ def _us(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-np", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
@@ -209,6 +209,11 @@ def main(argv=None) -> int:
     p.add_argument("--load", type=int, default=0, help="busy processes beside the ranks")
     p.add_argument("--binds", default=",".join(BINDS), help="bind values, comma-separated (none, core)")
     p.add_argument("--json", help="write every figure here")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     if a.spin_us is None:
         a.spin_us = 0.0 if a.separator == "none" else 50.0

@@ -53,13 +53,18 @@ def _ringcomm(rank, world, n, reps, threads, store):
         return torch.get_num_threads(), _time_mm(n, reps)
 
 
-def main(argv=None) -> int:
-    from ringcomm.core.launch import spawn
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-np", type=int, default=2)
     p.add_argument("--n", type=int, default=256)
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3)
+    return p
+
+
+def main(argv=None) -> int:
+    from ringcomm.core.launch import spawn
+    p = build_parser()
     a = p.parse_args(argv)
     threads = len(os.sched_getaffinity(0))
     runs: dict[str, list] = {"kept": [], "ringcomm": []}

@@ -91,7 +91,7 @@ def measure(threads: int, sizes: list[int], kernels: list[str], reps: int) -> li
     return rows
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--sizes", default="256K,1M,64M")
@@ -100,6 +100,11 @@ def main(argv=None) -> int:
     p.add_argument("--procs", type=int, default=0, help="run the A/B in this many fresh processes (0: in this one)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one of --procs: rows as JSON
     p.add_argument("--json")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",") if s]
     kernels = [k for k in a.kernels.split(",") if k]

@@ -101,7 +101,7 @@ def _rank(rank, world, store, modes, sizes, reps, rounds, unexpected_mib):
             c.close()
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-np", type=int, default=3)
     p.add_argument("--sizes", default="64K,256K,1M,4M,16M")
@@ -109,6 +109,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--eager", default="default,1024G", help="RINGCOMM_P2P_EAGER_BYTES values, comma-separated")
     p.add_argument("--unexpected", type=int, default=64, help="MiB rank 1 sends before rank 0 receives")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     if a.np < 2:
         p.error("-np must be at least 2")

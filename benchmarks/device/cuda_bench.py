@@ -139,7 +139,7 @@ def bench_all_reduce(args, world: int, per_gpu: int) -> list:
     return rows
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-b", type=_size, default=_size("1M"))
     p.add_argument("-e", type=_size, default=_size("256M"))
@@ -152,6 +152,11 @@ def main(argv=None) -> int:
     p.add_argument("--no-kernels", action="store_true", help="skip the reduce-kernel vs copy table")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--json", default="", help="write the rows here")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
 
     import ringcomm.cuda

@@ -28,9 +28,14 @@ def summarize(docs: list[dict]) -> list[str]:
     return lines
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", help="torch_apart.py --json outputs, one per run")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     docs = []
     for f in a.files:

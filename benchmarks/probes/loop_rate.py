@@ -46,13 +46,18 @@ def _mpi_main(op, nbytes, calls):
         print(" ".join(f"{v:.2f}" for v in res))
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("op", choices=("broadcast", "all_reduce"))
     p.add_argument("nbytes", type=int, metavar="BYTES")
     p.add_argument("calls", type=int, metavar="CALLS")
     p.add_argument("world", type=int, nargs="?", default=2, metavar="WORLD")
     p.add_argument("--mpi", action="store_true", help=argparse.SUPPRESS)  # one mpiexec rank
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     a = p.parse_args(argv)
     op, nbytes, calls, world = a.op, a.nbytes, a.calls, a.world
     if a.mpi:

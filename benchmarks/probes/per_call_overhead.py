@@ -71,12 +71,17 @@ def _rank(comm, calls, repeats, pin):
     return out
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=1, help="ranks (1: no peer, the front's cost alone)")
     ap.add_argument("--calls", type=int, default=20000, help="timed calls per case and repeat")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--pin", action="store_true", help="pin rank r to the r-th allowed CPU")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     from ringcomm.core.launch import launch
     res = launch(_rank, a.world, args=(a.calls, a.repeats, a.pin), timeout=1800)

@@ -49,11 +49,16 @@ def _rank(rank, world, path, nbytes, iters, q):
     q.put({k: float(np.median(v)) for k, v in times.items()})
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("nbytes", type=int, metavar="BYTES")
     p.add_argument("iters", type=int, nargs="?", default=20, metavar="ITERS")
     p.add_argument("world", type=int, nargs="?", default=2, metavar="WORLD")
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     a = p.parse_args(argv)
     nbytes, iters, world = a.nbytes, a.iters, a.world
     with tempfile.TemporaryDirectory() as d:

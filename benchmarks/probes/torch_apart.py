@@ -186,7 +186,7 @@ def quantiles(v: list[float]) -> list[float]:
     return [float(q) for q in np.percentile(np.asarray(v), QUANTILES)]
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1K,64K,1M", help="comma-separated byte sizes (K/M)")
     p.add_argument("--calls", type=int, default=200, help="timed calls per size and peer")
@@ -203,6 +203,11 @@ def main(argv=None) -> int:
                    help="N busy processes (not pinned) beside the ranks for the whole run (default 0)")
     p.add_argument("--json", help="write the per-call figures and the summary here")
     p.add_argument("--timeout", type=float, default=600)
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",") if s]
     for s in sizes:

@@ -134,7 +134,7 @@ def _worker(rank: int, world: int, store_path: str, op: str, sizes: list, rounds
     return results
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--op", choices=("all_reduce", "broadcast"), default="all_reduce")
     p.add_argument("--sizes", default="4K,1M,64M", help="comma-separated byte sizes (K/M/G)")
@@ -142,6 +142,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="rounds per size; the best is reported")
     p.add_argument("--min-time", type=float, default=0.2, help="seconds per timed measurement")
     p.add_argument("--timeout", type=float, default=900)
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     for s in sizes:

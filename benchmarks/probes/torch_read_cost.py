@@ -55,8 +55,12 @@ PYBIND11_MODULE(torch_read_cost, m) { m.def("via_dlpack", &via_dlpack); m.def("v
 """
 
 
+def build_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+
+
 def main(argv=None):
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
+    build_parser().parse_args(argv)
     import pybind11
     import torch
     import torch.utils.dlpack

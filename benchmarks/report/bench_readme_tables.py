@@ -79,11 +79,15 @@ def headline(d, dtype="float32", runs=("np2_b2b", "np2_apart")):
         print(f"| {size_name(s)} | " + " | ".join(row) + " |")
 
 
-if __name__ == "__main__":
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", metavar="DIR", help="a bench_tables.sh output folder")
     ap.add_argument("--headline", action="store_true", help="the README's table: median / p90 / p99")
-    a = ap.parse_args()
+    return ap
+
+
+if __name__ == "__main__":
+    a = build_parser().parse_args()
     if a.headline:
         headline(a.dir)
     else:

@@ -176,7 +176,7 @@ def render(cells: list, prof: dict, cmd: str, note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", help="judge this profile (default: run python -m ringcomm.apps.tune first)")
     ap.add_argument("-np", "--worlds", default="2,4,8")
@@ -196,6 +196,11 @@ def main(argv=None) -> int:
                     help="with --from: the choices of this ringcomm's model from each run's saved profile "
                          "(default piece sizes; LL up to RINGCOMM_LL_MAX_BYTES as set here, at most the "
                          "largest size the run timed LL at), not the choices saved with the runs")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     if a.sources:
         raw, notes = {}, []

@@ -217,11 +217,16 @@ def status(results: list[dict]) -> int:
     return 0 if all(r["met"] for r in measured) else 1
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python benchmarks/report/check_targets.py",
                                 description="ringcomm's performance targets on bench JSON files")
     p.add_argument("files", nargs="*", metavar="RUN.json", help="python -m ringcomm.bench --json output")
     p.add_argument("--runs", metavar="DIR", help="a benchmarks/report/bench_tables.sh output directory")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if not args.files and not args.runs:
         p.error("give RUN.json files or --runs DIR")

@@ -62,10 +62,15 @@ def fmt(p: dict) -> str:
             f"LL {p['ll_Bps'] / 1e9:.1f} GB/s, cpus {p['cpus']:g}")
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", help="a profile written by python -m ringcomm.apps.tune")
     ap.add_argument("--write", metavar="MD", help="replace the table between the markers in this file")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
     text = render(a.profile)
     if not a.write:

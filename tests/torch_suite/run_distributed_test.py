@@ -240,7 +240,7 @@ def _counts(results: dict) -> dict:
     return c
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, action="append", help="world size (repeatable; default 2)")
     ap.add_argument("--backends", default="gloo,ringcomm")
@@ -256,6 +256,11 @@ def main(argv=None) -> int:
                     help="how each test starts its ranks: spawn (torch's test_distributed_spawn.py, "
                     "default) or fork (of an interpreter that has imported torch and the suite)")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.inner:
         return _inner(args)

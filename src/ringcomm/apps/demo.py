@@ -14,9 +14,14 @@ def _work(comm):
     return before, x.tolist()
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("-np", "--world-size", type=int, default=4)
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     a = p.parse_args(argv)
     for rank, (before, after) in enumerate(ringcomm.launch(_work, a.world_size, timeout=120)):
         print(f"rank {rank}: {before} -> all_reduce -> {after}")

@@ -192,10 +192,15 @@ def write_profile(path: str, params: dict, measured: dict | None = None) -> dict
     return doc
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ringcomm.apps.tune", description=__doc__.split("\n\n")[0])
     p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, help=f"profile file to write (default {DEFAULT_OUTPUT})")
     p.add_argument("--quick", action="store_true", help="fewer iterations (a few seconds; noisier)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     got = measure(quick=a.quick)
     doc = write_profile(a.output, got["params"], got["measured"])

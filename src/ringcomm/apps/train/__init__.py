@@ -44,7 +44,7 @@ optionally a JSON file (``--json``).
 from __future__ import annotations
 
 from ..tiny_lm import Block, TinyLM, make_batch
-from .cli import build_parser, main
+from .cli import build_parser, main, parser_for
 from .comm_timer import CommTimer
 from .memory_meters import ActivationMeter, model_state_bytes
 from .runner import run_config

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from ..parallel_demo import build_parser as parallel_parser
 from ..parallel_demo import main as parallel_main
 from ..tiny_lm import add_model_arguments
 from .runner import _config_name, _progress, run_config
@@ -95,10 +96,21 @@ def _resolve_backend(requested: str, notices: _Notices) -> str:
     return "ringcomm"
 
 
+def _parallel(argv) -> bool:
+    """Whether the command line runs the tensor / pipeline parallel demo."""
+    return any(a == "--parallel" or a.startswith("--parallel=") for a in argv)
+
+
+def parser_for(argv) -> argparse.ArgumentParser:
+    """The parser of this command line: the parallel demo's with ``--parallel``, else the
+    wrappers' comparison's."""
+    return parallel_parser() if _parallel(argv) else build_parser()
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a == "--parallel" or a.startswith("--parallel=") for a in argv):
-        return parallel_main(argv)   # the tensor / pipeline parallel demo
+    if _parallel(argv):
+        return parallel_main(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
     if args.world_size < 1:
