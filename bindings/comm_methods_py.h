@@ -86,7 +86,7 @@ void def_core_methods(py::class_<Comm, std::shared_ptr<Comm>>& cls) {
       .def("scatter", [](Comm& c, uintptr_t in, uintptr_t out, int64_t n, int d, int root, A a) {
              return handed_back<Launches>(a, c.scatter(ptr_of(in), ptr_of(out), n, dtype_of(d), root, Launches::coll(a)));
            }, ReleaseGil())
-      .def("reject", [](Comm& c, int coll) { c.reject(static_cast<rc::Coll>(coll)); }, ReleaseGil())
+      .def("reject", [](Comm& c) { c.reject(); }, ReleaseGil())
       .def("send", [](Comm& c, uintptr_t buf, int64_t bytes, int dst, uint64_t tag, A a) {
              return c.send(ptr_of(buf), bytes, dst, tag, Launches::p2p(a));
            }, ReleaseGil())

@@ -50,10 +50,10 @@ py::list trace_list(const std::vector<rc::TraceRecord>& recs) {
 
 }  // namespace
 
-void bind_comm(py::module_& m) {
-  rc_py::bind_work(m, false);
+void bind_comm(py::module_& m, bool module_local) {
+  rc_py::bind_work(m, module_local);
 
-  py::class_<Communicator, std::shared_ptr<Communicator>> comm(m, "Communicator");
+  py::class_<Communicator, std::shared_ptr<Communicator>> comm(m, "Communicator", py::module_local(module_local));
   comm.def(py::init<int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("timeout") = 0.0)
       .def(py::init<int, int, double, const rc::Knobs&>(), py::arg("rank"), py::arg("world_size"),
            py::arg("timeout"), py::arg("knobs"))

@@ -37,7 +37,7 @@ py::object parsed(const rc::KnobInfo& k) {
 
 }  // namespace
 
-void bind_config(py::module_& m) {
+void bind_config(py::module_& m, bool module_local) {
   m.def("knobs", [] {
     py::list out;
     for (const auto& k : rc::knob_table()) {
@@ -69,7 +69,8 @@ void bind_config(py::module_& m) {
   py::class_<rc::Knobs> knobs(m, "Knobs",
                               "Every runtime knob, typed and parsed once (csrc/common/knobs.def): one "
                               "read-only attribute per knob, named by its field (RINGCOMM_SLOT_BYTES: "
-                              "slot_bytes). Made by ringcomm.core.config.read().");
+                              "slot_bytes). Made by ringcomm.core.config.read().",
+                              py::module_local(module_local));
 #define RC_KNOB(NAME, field, kind, def, choices, doc) knobs.def_readonly(#field, &rc::Knobs::field, #NAME ": " doc);
 #define RC_BUILD_KNOB(NAME, field, kind, def, choices, doc)
 #include "common/knobs.def"

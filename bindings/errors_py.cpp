@@ -55,8 +55,8 @@ void register_error_translator(bool module_local) {
   }
 }
 
-void bind_errors(py::module_& m) {
-  register_error_translator(false);
+void bind_errors(py::module_& m, bool module_local) {
+  register_error_translator(module_local);
   m.def("error_class_names", [] {
     py::dict d;
     for (int i = 0; i < rc::kNumErrorCodes; ++i) d[py::int_(i)] = kClassNames[i];

@@ -99,10 +99,11 @@ void split_py(PoolHolder& h, const py::object& dst_obj, const py::object& a_obj,
 
 }  // namespace
 
-void bind_kernels(py::module_& m) {
+void bind_kernels(py::module_& m, bool module_local) {
   py::class_<PoolHolder>(m, "_CpuPool",
                          "Test/benchmark handle: the CpuPool (kernels/cpu_pool.h) of `threads` threads that "
-                         "a host communicator uses for large copies and reductions.")
+                         "a host communicator uses for large copies and reductions.",
+                         py::module_local(module_local))
       .def(py::init([](int threads, int spin_us) {
              RC_CHECK(threads >= 1, InvalidArgument, "_CpuPool: threads must be >= 1, got " << threads);
              auto h = std::make_unique<PoolHolder>();

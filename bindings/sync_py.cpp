@@ -258,11 +258,6 @@ void def_sync_methods(HostCommClass& cls) {
 void bind_sync(py::module_& m) {
   m.def("_fast_api", [] { return reinterpret_cast<uintptr_t>(&kFastApi); },
         "Address of the RcFastApi table (ringcomm/abi.h), valid while the process lives.");
-  m.def("_sync_entry_stats", [] {
-    const rc::SyncEntryStats s = rc::sync_entry_stats();
-    return py::dict(py::arg("all_reduce") = s.all_reduce, py::arg("broadcast") = s.broadcast,
-                    py::arg("reduce_scatter") = s.reduce_scatter, py::arg("all_gather") = s.all_gather);
-  }, "Calls the synchronous entries (comm/sync_entry.h) have taken in this process.");
 }
 
 }  // namespace rc_py

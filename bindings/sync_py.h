@@ -1,6 +1,5 @@
 // The synchronous entries' bindings (bindings/sync_py.cpp): the Communicator methods
-// sync_all_reduce / sync_broadcast / sync_reduce_scatter / sync_all_gather, the C ABI table and
-// the entries' counters.
+// sync_all_reduce / sync_broadcast / sync_reduce_scatter / sync_all_gather and the C ABI table.
 #pragma once
 #include <pybind11/pybind11.h>
 
@@ -17,7 +16,7 @@ using HostCommClass = pybind11::class_<rc::Communicator, std::shared_ptr<rc::Com
 /// done, False declined having done nothing) and _fast_handle() -> int.
 void def_sync_methods(HostCommClass& cls);
 
-/// ringcomm._C._fast_api() -> int (the RcFastApi table's address) and _sync_entry_stats() -> dict.
+/// ringcomm._C._fast_api() -> int (the RcFastApi table's address).
 void bind_sync(pybind11::module_& m);
 
 }  // namespace rc_py

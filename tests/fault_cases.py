@@ -438,9 +438,11 @@ def fork_after_init(rank, world):
 def forged_counts(rank, world):
     """Headers whose per-rank counts are out of range but pass the totals check (a negative
     count balanced by a larger one): every rank raises MismatchError before any data moves, no
-    buffer is written out of bounds, and the communicator stays usable."""
+    buffer is written out of bounds, and the communicator stays usable. A fresh process: the
+    forged header is a hook of the test build's core (tests/hooked_build.py)."""
+    import hooked_build
+    _C_test = hooked_build.use()
     import ringcomm
-    from ringcomm import _C_test
     comm = init_under_env(rank, world, "forged", timeout=20)
     out = []
     guard = 4096

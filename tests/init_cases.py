@@ -137,10 +137,13 @@ def environment_seen(rank, world):
 
 
 def slow_last_mapper(rank, world, path):
-    """The last rank pauses between mapping rank 0's segment and the others' (the test hook), so
-    rank 0 finishes init and closes while the middle ranks still wait for the last rank to map
-    theirs: closing after init is no failure of theirs. Then the ranks meet again."""
+    """The last rank pauses between mapping rank 0's segment and the others' (the test knob
+    RINGCOMM_TEST_ATTACH_PAUSE_MS of the test build: tests/hooked_build.py), so rank 0 finishes
+    init and closes while the middle ranks still wait for the last rank to map theirs: closing
+    after init is no failure of theirs. Then the ranks meet again."""
     import time
+    import hooked_build
+    hooked_build.use()
     import ringcomm
     if rank == world - 1:
         os.environ["RINGCOMM_TEST_ATTACH_PAUSE_MS"] = "1500"

@@ -30,14 +30,56 @@ def test_module_exports_no_cxx_runtime(name):
 
 
 def test_test_hooks_live_only_in_the_test_module():
-    """What only the tests use is bound in ringcomm._C_test; the production module has none of it."""
+    """ringcomm._C_test is the test build of ringcomm._C (every name of it, over the core with
+    RINGCOMM_TEST_HOOKS) plus what only the tests use; the production module has none of that."""
     from ringcomm import _C, _C_test
-    hooks = [n for n in dir(_C_test) if not n.startswith("__")]
-    assert "set_last_seq" in hooks and "forge_next_header" in hooks, hooks
-    both = [n for n in hooks if hasattr(_C, n) or hasattr(_C, "_" + n)]
-    assert not both, both
+    product = {n for n in dir(_C) if not n.startswith("__")}
+    hooks = {n for n in dir(_C_test) if not n.startswith("__")} - product
+    assert product <= set(dir(_C_test)), product - set(dir(_C_test))
+    assert {"set_last_seq", "forge_next_header", "test_knobs"} <= hooks, hooks
+    assert not [n for n in hooks if hasattr(_C, "_" + n)]
     assert not [n for n in dir(_C) if "test" in n.lower()]
     assert not [n for n in dir(_C.Communicator) if "test" in n.lower() or "forge" in n]
+    # Both modules' classes live in one process: the test build's are its own (module_local).
+    assert _C_test.Communicator is not _C.Communicator and _C_test.Knobs is not _C.Knobs
+    assert {k["name"] for k in _C_test.test_knobs()} == {"RINGCOMM_TEST_ATTACH_PAUSE_MS", "RINGCOMM_TEST_PIDNS"}
+
+
+# What the test build adds, by the names it compiles into a module: the test knobs, the hook's
+# functions and the test bindings. A stripped module keeps its strings (the knob names, the
+# bindings' names, messages) but only its dynamic symbols.
+_TEST_STRINGS = (b"RINGCOMM_TEST_", b"forge_next_header", b"test_knobs", b"set_last_seq", b"tests/hooked_build.py")
+_TEST_SYMBOLS = ("test_hooks", "TestKnobs", "test_knob_table", "CommCoreTestAccess", "sync_entry_stats",
+                 "next_header_hook")
+
+
+def _symbols(nm: str, path: str) -> str:
+    """Every symbol name of the module, demangled: its full table, or only the dynamic one where
+    the module is stripped."""
+    full = subprocess.run([nm, "-C", "--defined-only", path], capture_output=True, text=True, timeout=60)
+    if full.returncode == 0 and full.stdout.strip():
+        return full.stdout
+    dyn = subprocess.run([nm, "-D", "-C", "--defined-only", path], capture_output=True, text=True, timeout=60)
+    assert dyn.returncode == 0 and "PyInit_" in dyn.stdout, dyn.stderr
+    return dyn.stdout
+
+
+def test_product_module_holds_no_test_knob_or_hook():
+    """ringcomm._C, read as a file: none of the test build's names, in its bytes or its symbols;
+    ringcomm._C_test holds them (what the check looks for is there to find)."""
+    from ringcomm import _C, _C_test
+    nm = shutil.which("nm")
+    assert nm is not None, "nm (binutils) is needed to read the modules' symbols"
+    with open(_C.__file__, "rb") as f:
+        product = f.read()
+    with open(_C_test.__file__, "rb") as f:
+        test = f.read()
+    assert [s for s in _TEST_STRINGS if s in product] == []
+    assert [s for s in _TEST_STRINGS if s not in test] == []
+    assert b"RINGCOMM_TEST_PIDNS" in test and b"RINGCOMM_TEST_ATTACH_PAUSE_MS" in test
+    syms = _symbols(nm, _C.__file__)
+    assert [s for s in _TEST_SYMBOLS if s in syms] == []
+    assert "PyInit__C" in syms
 
 
 def test_cuda_test_hooks_live_only_in_the_cuda_test_module():

@@ -48,11 +48,31 @@ def test_registry_entries_are_well_formed():
             assert k["default"] in k["choices"], k
 
 
+def _test_registry():
+    """The test build's knobs (csrc/common/test_knobs.def, through ringcomm._C_test)."""
+    from ringcomm import _C_test
+    return {k["name"]: k for k in _C_test.test_knobs()}
+
+
+def test_test_knobs_are_the_test_builds_alone():
+    """test_knobs.def's lines are what ringcomm._C_test lists, RINGCOMM_TEST_* named, and none
+    of them is a knob of the product's registry."""
+    text = (ROOT / "csrc" / "common" / "test_knobs.def").read_text()
+    lines = re.findall(r"^RC_KNOB\((RINGCOMM_\w+), (\w+), k(\w+),", text, re.M)
+    test = _test_registry()
+    assert [n for n, _, _ in lines] == list(test), (lines, list(test))
+    for name, field, _ in lines:
+        assert name.startswith("RINGCOMM_TEST_") and field == name[len("RINGCOMM_"):].lower(), name
+        assert test[name]["doc"].strip(), name
+    assert not set(test) & set(_registry())
+
+
 def test_every_knob_name_in_the_sources_is_registered():
-    reg = set(_registry())
-    # CMake cache variables (and a compile definition), not environment knobs:
-    # RINGCOMM_CUDA_ARCHS; RINGCOMM_PACKAGE_DIR, where the build copies the package data.
-    not_knobs = {"RINGCOMM_CUDA_ARCHS", "RINGCOMM_PACKAGE_DIR"}
+    reg = set(_registry()) | set(_test_registry())
+    # CMake cache variables and compile definitions, not environment knobs:
+    # RINGCOMM_CUDA_ARCHS; RINGCOMM_PACKAGE_DIR, where the build copies the package data;
+    # RINGCOMM_TEST_HOOKS, which compiles the test build of the core.
+    not_knobs = {"RINGCOMM_CUDA_ARCHS", "RINGCOMM_PACKAGE_DIR", "RINGCOMM_TEST_HOOKS"}
     files = [p for d in ("csrc", "bindings") for p in (ROOT / d).rglob("*")
              if p.suffix in (".h", ".cpp", ".cu", ".def")]
     files += list(SRC.rglob("*.py")) + [ROOT / "setup.py", ROOT / "CMakeLists.txt"]
@@ -343,3 +363,13 @@ def test_environment_sets_knobs_for_a_block_and_restores_them(monkeypatch):
         with environment({"RINGCOMM_TIMEOUT": "11"}):
             raise RuntimeError("the block failed")
     assert knob("RINGCOMM_TIMEOUT") == 7.0
+
+
+def test_inter_accepts_only_engines_that_exist(monkeypatch):
+    """RINGCOMM_INTER names the inter-node engines there are; any other value (nccl: this
+    communicator moves host memory) is the registry's error naming the accepted ones."""
+    assert [k["choices"] for k in config.knobs() if k["name"] == "RINGCOMM_INTER"] == [["auto", "gloo", "mpi"]]
+    monkeypatch.setenv("RINGCOMM_INTER", "nccl")
+    with pytest.raises(ringcomm.InvalidArgumentError,
+                       match=r"RINGCOMM_INTER='nccl' is not valid: expected one of auto, gloo, mpi$"):
+        config.read()

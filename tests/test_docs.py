@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ringcomm import _C_test
 from ringcomm.core import config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,9 +86,10 @@ def test_knobs_md_names_every_knob():
         assert f"| `{k['name']}` |" in text, k["name"]
 
 
-# Environment variables the docs may name that are not runtime knobs: test switches read by the
-# test suite only.
-NOT_KNOBS = {"RINGCOMM_TEST_SOAK"}
+# Environment variables the docs may name that are not runtime knobs of the product: test switches
+# read by the test suite only, the test build's knobs (csrc/common/test_knobs.def) and its
+# compile definition.
+NOT_KNOBS = {"RINGCOMM_TEST_SOAK", "RINGCOMM_TEST_HOOKS"} | {k["name"] for k in _C_test.test_knobs()}
 
 
 @pytest.mark.parametrize("path", _doc_files(), ids=_rel)

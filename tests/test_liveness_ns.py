@@ -2,7 +2,8 @@
 
 A peer in this rank's PID namespace is probed by pid; a peer in another one (containers sharing
 /dev/shm but not PIDs) by the heartbeat word its background thread bumps in its segment header.
-`RINGCOMM_TEST_PIDNS` replaces a process's namespace identity, so ranks on one machine can be
+`RINGCOMM_TEST_PIDNS`, a test knob of the test build (a rank given one runs over ringcomm._C_test:
+tests/hooked_build.py), replaces a process's namespace identity, so ranks on one machine can be
 told they live in different namespaces; where `unshare --pid` is permitted a rank also runs in a
 real separate PID namespace. Every rank is a separate process (subprocess, not fork) with its own
 deadline; the independent reference for the data is numpy (a sum of the ranks' inputs), for the
@@ -34,6 +35,9 @@ SLACK_S = 4.0
 _RANK = r'''
 import json, os, sys, time
 import numpy as np
+if "RINGCOMM_TEST_PIDNS" in os.environ:
+    import hooked_build
+    hooked_build.use()
 import ringcomm
 
 rank, world, store, marks, plan = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
@@ -82,7 +86,7 @@ comm.close()
 def _env(pidns, bound_ms, debug="INFO"):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("RINGCOMM_") and k not in ("RANK", "WORLD_SIZE")}
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     env["RINGCOMM_HEARTBEAT_TIMEOUT_MS"] = str(bound_ms)
     env["RINGCOMM_DEBUG"] = debug
     if pidns is not None:

@@ -139,7 +139,7 @@ def test_fork_after_init_child_sees_closed_parent_keeps_working(store_env):
 @pytest.mark.timeout(90)
 def test_forged_peer_counts_raise_mismatch_everywhere(store_env):
     world = 2
-    res = ranks.run(fault_cases.forged_counts, world, timeout=80, env=store_env)
+    res = spawn(fault_cases.forged_counts, world, timeout=80, env=store_env)
     for r, (out, intact, after, gather_intact) in enumerate(res):
         assert [o[:2] for o in out] == [("all_gather", "MismatchError"), ("all_to_all", "MismatchError"),
                                         ("gather", "MismatchError")], (r, out)

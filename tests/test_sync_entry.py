@@ -22,6 +22,7 @@ import pytest
 import ringcomm
 from ringcomm import _C, _C_test
 from ringcomm.core import tables
+from sync_entry_cases import EntrySpy
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "csrc" / "include" / "ringcomm" / "abi.h"
@@ -161,34 +162,35 @@ def test_the_trampoline_takes_codes_and_abi_from_the_header(tmp_path, monkeypatc
 
 # ---- the entry's rule, as the bindings apply it ---------------------------------------------------
 
-def _taken(f):
-    before = _C._sync_entry_stats()
-    assert f() is True
-    after = _C._sync_entry_stats()
-    return {k: after[k] - before[k] for k in after}
+def _issued(comm, f):
+    """(what f returned, the collectives comm's core issued meanwhile: its next_seq()'s step)."""
+    before = comm._c.next_seq()
+    got = f()
+    return got, comm._c.next_seq() - before
 
 
-def test_entry_counts_what_it_takes_and_nothing_else(comm1):
+def test_entry_runs_what_it_takes_and_nothing_else(comm1):
     x, y = np.ones(6, np.float32), np.zeros(6, np.float32)
-    none = {"all_reduce": 0, "broadcast": 0, "reduce_scatter": 0, "all_gather": 0}
-    assert _taken(lambda: comm1._c.sync_all_reduce(x, None, 0)) == dict(none, all_reduce=1)
-    assert _taken(lambda: comm1._c.sync_broadcast(x, 0)) == dict(none, broadcast=1)
-    assert _taken(lambda: comm1._c.sync_reduce_scatter(y, x, 0)) == dict(none, reduce_scatter=1)
-    assert _taken(lambda: comm1._c.sync_all_gather(y, x)) == dict(none, all_gather=1)
-    before = _C._sync_entry_stats()
-    assert comm1._c.sync_all_reduce(x[::2], None, 0) is False
-    assert comm1._c.sync_all_reduce(x, None, int(tables.ReduceOp.BAND)) is False
-    assert comm1._c.sync_broadcast(x, 1) is False
-    assert comm1._c.sync_reduce_scatter(np.zeros(5, np.float32), x, 0) is False     # not its chunk
-    assert comm1._c.sync_reduce_scatter(np.zeros(6, np.float64), x, 0) is False     # another dtype
-    assert comm1._c.sync_reduce_scatter(y, x, int(tables.ReduceOp.BXOR)) is False
+    assert _issued(comm1, lambda: comm1._c.sync_all_reduce(x, None, 0)) == (True, 1)
+    assert _issued(comm1, lambda: comm1._c.sync_broadcast(x, 0)) == (True, 1)
+    assert _issued(comm1, lambda: comm1._c.sync_reduce_scatter(y, x, 0)) == (True, 1)
+    assert _issued(comm1, lambda: comm1._c.sync_all_gather(y, x)) == (True, 1)
     ro = np.zeros(6, np.float32)
     ro.flags.writeable = False
-    assert comm1._c.sync_reduce_scatter(ro, x, 0) is False                           # read-only output
-    assert comm1._c.sync_all_gather(np.zeros(5, np.float32), x) is False             # output too small
-    assert comm1._c.sync_all_gather(ro, x) is False
-    assert comm1._c.sync_all_gather(y[::1].reshape(2, 3).T, x) is False              # not compact
-    assert _C._sync_entry_stats() == before
+    declined = [
+        lambda: comm1._c.sync_all_reduce(x[::2], None, 0),
+        lambda: comm1._c.sync_all_reduce(x, None, int(tables.ReduceOp.BAND)),
+        lambda: comm1._c.sync_broadcast(x, 1),
+        lambda: comm1._c.sync_reduce_scatter(np.zeros(5, np.float32), x, 0),     # not its chunk
+        lambda: comm1._c.sync_reduce_scatter(np.zeros(6, np.float64), x, 0),     # another dtype
+        lambda: comm1._c.sync_reduce_scatter(y, x, int(tables.ReduceOp.BXOR)),
+        lambda: comm1._c.sync_reduce_scatter(ro, x, 0),                          # read-only output
+        lambda: comm1._c.sync_all_gather(np.zeros(5, np.float32), x),            # output too small
+        lambda: comm1._c.sync_all_gather(ro, x),
+        lambda: comm1._c.sync_all_gather(y[::1].reshape(2, 3).T, x),             # not compact
+    ]
+    for i, f in enumerate(declined):
+        assert _issued(comm1, f) == (False, 0), i                                # nothing done
 
 
 def test_general_path_never_offers_the_entry(comm1):
@@ -196,15 +198,17 @@ def test_general_path_never_offers_the_entry(comm1):
     (for a caller whose call the entry declined already: the torch trampoline's)."""
     x, y = np.ones(6, np.float32), np.zeros(6, np.float32)
     g = comm1.general()
-    before = _C._sync_entry_stats()
-    g.all_reduce(x)
-    g.broadcast(x, root=0)
-    g.reduce_scatter(y, x)
-    g.all_gather(y, x)
-    assert _C._sync_entry_stats() == before
-    assert (x == 1).all() and (y == 1).all()
-    assert g.rank == comm1.rank and g.general() is g
-    assert _taken(lambda: comm1.all_reduce(x) is None)["all_reduce"] == 1   # the public one offers
+    with EntrySpy(comm1) as spy:
+        before = comm1._c.next_seq()
+        g.all_reduce(x)
+        g.broadcast(x, root=0)
+        g.reduce_scatter(y, x)
+        g.all_gather(y, x)
+        assert spy.offers == [] and comm1._c.next_seq() - before == 4
+        assert (x == 1).all() and (y == 1).all()
+        assert g.rank == comm1.rank and g.general() is g
+        comm1.all_reduce(x)                                  # the public one offers, and it is taken
+        assert spy.offers == [("all_reduce", True)]
 
 
 def test_entry_rule_on_shapes_and_strides(comm1):

@@ -1,4 +1,5 @@
-// ringcomm._C_test: the communicator's numbering and header (CommCoreTestAccess), the pure ring
+// ringcomm._C_test: the communicator's numbering (CommCoreTestAccess) and forged header
+// (comm/test_hooks.h), the test knobs (common/test_knobs.def), the pure ring
 // schedule, the header board's word, the segment's size, and the ABI tables as compiled.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -10,7 +11,9 @@
 
 #include "algo/ring_schedule.h"
 #include "comm/communicator.h"
+#include "comm/test_hooks.h"
 #include "common/errors.h"
+#include "common/test_knobs.h"
 #include "ringcomm/abi.h"
 #include "transport/shm.h"
 
@@ -19,7 +22,8 @@ namespace py = pybind11;
 namespace rc {
 
 // Friend of CommCore (comm/core.h). Touches only the core's members, under its mutex mu_, as
-// submit() does: the communicator may be in use by other threads.
+// submit() does: the communicator may be in use by other threads. The core's layout is the same
+// in both builds (RINGCOMM_TEST_HOOKS changes no header), so it serves either module's object.
 struct CommCoreTestAccess {
   // Number the next collective `last + 1`: exercises the board's counter wrap without 2^32
   // calls. Before the first collective only, with the same value on every rank.
@@ -28,15 +32,6 @@ struct CommCoreTestAccess {
     RC_CHECK(c.seq_ == 0 && c.queue_.empty() && !c.busy_, Error, "set_last_seq: collectives already ran");
     c.seq_ = last;
   }
-  // The next collective's header (a rejection excepted) carries these counts instead of the
-  // checked ones: a forged peer header, which the public API cannot produce.
-  static void forge_next_header(CommCore& c, int64_t count, int64_t count2) {
-    std::lock_guard<std::mutex> lk(c.mu_);
-    c.next_header_hook_ = [count, count2](CollHeader& h) {
-      h.count = count;
-      h.count2 = count2;
-    };
-  }
 };
 
 }  // namespace rc
@@ -44,9 +39,35 @@ struct CommCoreTestAccess {
 void bind_test_comm(py::module_& m) {
   m.def("set_last_seq", [](rc::Communicator& c, uint64_t last) { rc::CommCoreTestAccess::set_last_seq(c, last); },
         py::arg("comm"), py::arg("last"));
-  m.def("forge_next_header", [](rc::Communicator& c, int64_t count, int64_t count2) {
-    rc::CommCoreTestAccess::forge_next_header(c, count, count2);
+  // The next collective's header (a rejection excepted) carries these counts instead of the
+  // checked ones: a forged peer header, which the public API cannot produce. Only this module's
+  // core checks for it, so the communicator must be this module's (tests/hooked_build.py).
+  m.def("forge_next_header", [](py::object comm, int64_t count, int64_t count2) {
+    const py::object own = py::module_::import("ringcomm._C_test").attr("Communicator");
+    RC_CHECK(py::isinstance(comm, own), InvalidArgument,
+             "forge_next_header: the communicator is not ringcomm._C_test's (its core has no hook): "
+             "load the test build as ringcomm._C first (tests/hooked_build.py)");
+    rc::CommCore& c = comm.cast<rc::Communicator&>();
+    rc::test_hooks::set_next_header(&c, [count, count2](rc::CollHeader& h) {
+      h.count = count;
+      h.count2 = count2;
+    });
   }, py::arg("comm"), py::arg("count"), py::arg("count2"));
+  // The test knobs (common/test_knobs.def) as the registry lists knobs: {name, field, type,
+  // default, doc}.
+  m.def("test_knobs", [] {
+    py::list out;
+    for (const auto& k : rc::test_knob_table()) {
+      py::dict d;
+      d["name"] = k.name;
+      d["field"] = k.field;
+      d["type"] = rc::knob_type_name(k.type);
+      d["default"] = k.default_value;
+      d["doc"] = k.doc;
+      out.append(d);
+    }
+    return out;
+  });
 
   // The header board's 32-bit word for collective `seq` (its entry is word & 1).
   m.def("board_seq_of", &rc::board_seq_of, py::arg("seq"));

@@ -1,23 +1,25 @@
-// ringcomm._C_test: the bindings only the tests use, kept out of the production module
-// (ringcomm._C). Built beside it by the same CMake run; the library never imports it.
+// ringcomm._C_test: the test build of ringcomm._C, plus the bindings only the tests use. Built
+// beside ringcomm._C by the same CMake run; the library never imports it.
 //
-// It links its own copy of the core (as ringcomm._C_cuda does): process-wide state of the core
-// (the sync entry's counters, the process's pin registry) is ringcomm._C's alone, so nothing here
-// reads it. A communicator passed in (ringcomm._C.Communicator) is the production module's
-// object; this module reaches into it only through CommCoreTestAccess (comm_py.cpp), which
-// touches its members under its mutex and calls none of its code.
+// It binds every binding of ringcomm._C (bindings/product_py.h) again, module_local, over the
+// test build of the core (ringcomm_core_test: the same sources compiled with RINGCOMM_TEST_HOOKS,
+// which adds the test knobs of common/test_knobs.def and the forged-header hook of
+// comm/test_hooks.h, and nothing else). A process that imports it as ringcomm._C before
+// ringcomm._C loads (tests/hooked_build.py) runs the whole library over that core. Each core
+// keeps its own process-wide state (its pin registry), so a communicator of ringcomm._C never
+// sees a hook or test knob of this module; the functions here that need the test build's core
+// refuse ringcomm._C's communicators.
 #include <pybind11/pybind11.h>
 
-#include "errors_py.h"
 #include "bind_test.h"
+#include "product_py.h"
 
 namespace py = pybind11;
 
 PYBIND11_MODULE(_C_test, m) {
-  m.doc() = "ringcomm test hooks: internals the public API does not show (tests only)";
-  // The Communicator type the hooks take is registered by ringcomm._C.
-  py::module_::import("ringcomm._C");
-  register_error_translator(true);
+  m.doc() = "ringcomm test build: ringcomm._C over the core with test hooks, and internals the "
+            "public API does not show (tests only)";
+  bind_product(m, true);
   bind_test_comm(m);
   bind_test_errors(m);
   bind_test_kernels(m);

@@ -11,6 +11,9 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "kernels/reduce_cpu.h"
+#ifdef RINGCOMM_TEST_HOOKS
+#include "comm/test_hooks.h"
+#endif
 
 namespace rc {
 
@@ -78,6 +81,9 @@ CommCore::~CommCore() {
     close();
   } catch (...) {
   }
+#ifdef RINGCOMM_TEST_HOOKS
+  test_hooks::forget(this);
+#endif
   ForkRegistry& r = ForkRegistry::get();
   std::lock_guard<std::mutex> lk(r.mu);
   r.cores.erase(std::remove(r.cores.begin(), r.cores.end(), this), r.cores.end());
@@ -215,10 +221,9 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int
       RC_THROW(Closed, "ringcomm: " << coll_name(coll) << " on rank " << rank_ << ": the " << dev_->name()
                                     << " is closed");
     const uint64_t seq = ++seq_;
-    if (next_header_hook_ && coll != Coll::kRejected) {
-      next_header_hook_(hdr);
-      next_header_hook_ = nullptr;
-    }
+#ifdef RINGCOMM_TEST_HOOKS
+    if (coll != Coll::kRejected) test_hooks::apply_next_header(this, hdr);
+#endif
     task.work = std::make_shared<Work>(coll_name(coll), seq);
     task.seq = seq;
     task.coll = coll;
@@ -384,13 +389,12 @@ void CommCore::progress_loop() {
   }
 }
 
-void CommCore::reject(Coll coll) {
+void CommCore::reject() {
   Call call(this);
-  reject_now(coll);
+  reject_now();
 }
 
-void CommCore::reject_now(Coll coll) {
-  (void)coll;
+void CommCore::reject_now() {
   try {
     submit(Coll::kRejected, CollHeader{}, CollArgs{}, Launch{});
   } catch (const Mismatch&) {
@@ -407,7 +411,7 @@ WorkPtr CommCore::collective(Coll coll, const Check& check, CollArgs args, Launc
   try {
     h = check();
   } catch (const Error&) {
-    if (!closed_.load()) reject_now(coll);
+    if (!closed_.load()) reject_now();
     throw;
   }
   return submit(coll, h, std::move(args), l, entry_ns);

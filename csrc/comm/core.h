@@ -93,9 +93,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
                      DType dt, Launch l);
   WorkPtr gather(const void* in, void* out, int64_t count, DType dt, int root, Launch l);
   WorkPtr scatter(const void* in, void* out, int64_t count, DType dt, int root, Launch l);
-  /// Refuse this rank's arguments for collective `coll`: joins the header exchange with a
-  /// rejection so every rank raises instead of waiting. Returns after the exchange.
-  void reject(Coll coll);
+  /// Refuse this rank's arguments for the collective its peers are entering: joins the header
+  /// exchange with a rejection so every rank raises instead of waiting. Returns after the exchange.
+  void reject();
 
   // Point-to-point (matched in order per pair of ranks; sizes must agree).
   WorkPtr send(const void* buf, int64_t bytes, int dst, uint64_t tag, Launch l);
@@ -154,10 +154,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   void execute(Task& t);
   void progress_loop();
   void check_usable() const;
-  void reject_now(Coll coll);
+  void reject_now();
   friend struct ForkRegistry;
-  // The test module (bindings/test/comm_py.cpp): numbers collectives from a given value and sets
-  // next_header_hook_, under mu_.
+  // The test module (bindings/test/comm_py.cpp): numbers collectives from a given value, under mu_.
   friend struct CommCoreTestAccess;
   void mark_forked(int pid);
   /// One public call inside the core (RAII): refuses (Closed) once close() began; close() waits
@@ -191,10 +190,6 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   bool stopping_ = false;
   int calls_ = 0;             // threads inside a public call (see Call)
   bool draining_ = false;     // close() waits for calls_ == 0 and !busy_ (cv_ notified then)
-  // Rewrites the next collective's header after its local checks, then is dropped (under mu_,
-  // in submit). Empty unless CommCoreTestAccess set it (a forged header, which the public API
-  // cannot produce).
-  std::function<void(CollHeader&)> next_header_hook_;
   uint64_t seq_ = 0;          // last collective sequence number handed out
   std::string broken_;        // non-empty after a data-phase failure or abort()
   // Set (release, under mu_) right after broken_ first becomes non-empty and never cleared: the

@@ -1,7 +1,5 @@
 #include "comm/sync_entry.h"
 
-#include <atomic>
-
 #include "algo/ring_schedule.h"
 #include "comm/core.h"
 #include "common/dtype.h"
@@ -9,13 +7,6 @@
 namespace rc {
 
 namespace {
-
-// Calls taken, incremented by the threads that call the entries and read by tests after the
-// calls; relaxed: they order no other memory.
-std::atomic<uint64_t> g_all_reduce{0};
-std::atomic<uint64_t> g_broadcast{0};
-std::atomic<uint64_t> g_reduce_scatter{0};
-std::atomic<uint64_t> g_all_gather{0};
 
 constexpr Launch kSync{false, nullptr};
 
@@ -52,7 +43,6 @@ bool sync_all_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t
   if (!takes(in, out == nullptr, &n) || !rc_op_supported(in.dtype, op)) return false;
   if (out != nullptr && (!takes(*out, true, &n_out) || out->dtype != in.dtype || n_out != n)) return false;
   void* dst = out != nullptr ? out->data : in.data;
-  g_all_reduce.fetch_add(1, std::memory_order_relaxed);
   c.all_reduce(in.data, dst, n, static_cast<DType>(in.dtype), static_cast<ReduceOp>(op), kSync);
   return true;
 }
@@ -60,7 +50,6 @@ bool sync_all_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t
 bool sync_broadcast(CommCore& c, const RcArray& buf, int32_t root) {
   int64_t n = 0;
   if (!takes(buf, true, &n) || root < 0 || root >= c.world()) return false;
-  g_broadcast.fetch_add(1, std::memory_order_relaxed);
   c.broadcast(buf.data, n, static_cast<DType>(buf.dtype), root, kSync);
   return true;
 }
@@ -70,7 +59,6 @@ bool sync_reduce_scatter(CommCore& c, const RcArray& in, const RcArray& out, int
   if (!takes(in, false, &n) || !takes(out, true, &n_out) || out.dtype != in.dtype ||
       !rc_op_supported(in.dtype, op) || n_out != ring::chunk_count(n, c.world(), c.rank()))
     return false;
-  g_reduce_scatter.fetch_add(1, std::memory_order_relaxed);
   c.reduce_scatter(in.data, out.data, n, static_cast<DType>(in.dtype), static_cast<ReduceOp>(op), kSync);
   return true;
 }
@@ -78,14 +66,8 @@ bool sync_reduce_scatter(CommCore& c, const RcArray& in, const RcArray& out, int
 bool sync_all_gather(CommCore& c, const RcArray& in, const RcArray& out) {
   int64_t n = 0, n_out = 0;
   if (!takes(in, false, &n) || !takes(out, true, &n_out) || out.dtype != in.dtype || n_out < n) return false;
-  g_all_gather.fetch_add(1, std::memory_order_relaxed);
   c.all_gather(in.data, out.data, n, n_out, static_cast<DType>(in.dtype), kSync);
   return true;
-}
-
-SyncEntryStats sync_entry_stats() {
-  return {g_all_reduce.load(std::memory_order_relaxed), g_broadcast.load(std::memory_order_relaxed),
-          g_reduce_scatter.load(std::memory_order_relaxed), g_all_gather.load(std::memory_order_relaxed)};
 }
 
 }  // namespace rc

@@ -38,14 +38,4 @@ bool sync_reduce_scatter(CommCore& c, const RcArray& in, const RcArray& out, int
 /// `in`'s elements; the core checks the counts against every rank's once the headers are in.
 bool sync_all_gather(CommCore& c, const RcArray& in, const RcArray& out);
 
-/// Calls each entry has taken in this process (all communicators together): what tests read to
-/// see that a call went through the entry and not the general path.
-struct SyncEntryStats {
-  uint64_t all_reduce;
-  uint64_t broadcast;
-  uint64_t reduce_scatter;
-  uint64_t all_gather;
-};
-SyncEntryStats sync_entry_stats();
-
 }  // namespace rc

@@ -22,12 +22,12 @@ namespace rc {
 /// Bytes of the PID-namespace identity text stored in a segment header (with its NUL).
 constexpr size_t kPidNsBytes = 64;
 
-/// This process's PID-namespace identity as text: "test:<test_pidns>" when the test hook
-/// RINGCOMM_TEST_PIDNS (ShmConfig::test_pidns) is set, else "pid:[<inode>]@<dev>" from
-/// stat("/proc/self/ns/pid"), else "" (unknown: no /proc).
+/// This process's PID-namespace identity as text: "pid:[<inode>]@<dev>" from
+/// stat("/proc/self/ns/pid"), else "" (unknown: no /proc). In the test build
+/// (RINGCOMM_TEST_HOOKS) a set test knob RINGCOMM_TEST_PIDNS replaces it with "test:<value>".
 /// Two ranks share a namespace iff both identities are non-empty and equal; an unknown identity
 /// shares none (the heartbeat works in every case, the pid probe only within one namespace).
-std::string pid_namespace_id(const std::string& test_pidns);
+std::string pid_namespace_id();
 
 /// Whether identities `a` and `b` name one PID namespace (both known and equal).
 bool same_pid_namespace(const std::string& a, const std::string& b);

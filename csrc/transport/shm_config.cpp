@@ -132,8 +132,6 @@ ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s
   RC_CHECK(c.liveness_ns > 0, InvalidArgument, "RINGCOMM_LIVENESS_MS must be > 0");
   c.heartbeat_timeout_ns = k.heartbeat_timeout_ms * 1000000;
   RC_CHECK(c.heartbeat_timeout_ns > 0, InvalidArgument, "RINGCOMM_HEARTBEAT_TIMEOUT_MS must be > 0");
-  c.test_attach_pause_ms = k.test_attach_pause_ms;
-  c.test_pidns = k.test_pidns;
   return c;
 }
 

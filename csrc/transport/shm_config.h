@@ -52,8 +52,6 @@ struct ShmConfig {
   size_t far_slot_bytes = 0;   // RINGCOMM_FAR_SLOT_BYTES
   uint32_t far_nslots = 0;     // RINGCOMM_OUTBOX_SLOTS
   size_t ll_bytes = 0;         // RINGCOMM_LL_MAX_BYTES: data bytes one LL outbox carries
-  int64_t test_attach_pause_ms = 0;  // RINGCOMM_TEST_ATTACH_PAUSE_MS (test hook)
-  std::string test_pidns;           // RINGCOMM_TEST_PIDNS (test hook; heartbeat.h)
   /// Uniform geometry (far = full) from the knobs `k` (their range checks throw
   /// InvalidArgument): what the CUDA control plane and the simulation use.
   static ShmConfig from_knobs(const Knobs& k, int world_size, double timeout_s);

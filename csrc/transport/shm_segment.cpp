@@ -20,6 +20,9 @@
 
 #include "common/errors.h"
 #include "transport/shm_layout.h"
+#ifdef RINGCOMM_TEST_HOOKS
+#include "common/test_knobs.h"
+#endif
 
 namespace rc {
 
@@ -196,10 +199,12 @@ void ShmSegments::map_peers(const std::vector<std::string>& names,
                                << cfg_.ll_bytes << " (set RINGCOMM_LL_MAX_BYTES equally on every rank)");
     on_mapped(p, h);
     publish_add(&h->attached.v, &h->attached.waiters, 1);
+#ifdef RINGCOMM_TEST_HOOKS
     if (p == (rank_ == 0 ? 1 : 0)) {
-      if (const int64_t pause_ms = cfg_.test_attach_pause_ms; pause_ms > 0)
+      if (const int64_t pause_ms = TestKnobs::read().test_attach_pause_ms; pause_ms > 0)
         std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     }
+#endif
   }
 }
 

@@ -29,7 +29,7 @@ ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
 ShmTransport::~ShmTransport() { close(); }
 
 std::string ShmTransport::create() {
-  std::string name = segs_.create(pid_namespace_id(cfg_.test_pidns));
+  std::string name = segs_.create(pid_namespace_id());
   live_.on_created();
   return name;
 }

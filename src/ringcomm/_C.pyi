@@ -94,7 +94,7 @@ class Knobs:
     @property
     def inter(self) -> str:
         """
-        RINGCOMM_INTER: inter-node engine: auto (gloo for host memory), gloo, mpi (nccl not yet)
+        RINGCOMM_INTER: inter-node engine for host memory: auto (gloo), gloo (torch.distributed), mpi (mpi4py)
         """
     @property
     def liveness_ms(self) -> int:
@@ -165,16 +165,6 @@ class Knobs:
     def stream_min_bytes(self) -> int:
         """
         RINGCOMM_STREAM_MIN_BYTES: RINGCOMM_STREAM=auto streams collectives of at least this many bytes (the message size; all_to_all never)
-        """
-    @property
-    def test_attach_pause_ms(self) -> int:
-        """
-        RINGCOMM_TEST_ATTACH_PAUSE_MS: test hook: at init this rank sleeps this long after mapping its first peer's shared memory, before mapping the others' (a rank descheduled between two mappings)
-        """
-    @property
-    def test_pidns(self) -> str:
-        """
-        RINGCOMM_TEST_PIDNS: test hook: replaces this process's PID-namespace identity (ranks with different values use the heartbeat, not the pid probe)
         """
     @property
     def threads(self) -> str:
@@ -313,7 +303,7 @@ class Communicator:
         ...
     def reduce_scatter(self, arg0: typing.SupportsInt | typing.SupportsIndex, arg1: typing.SupportsInt | typing.SupportsIndex, arg2: typing.SupportsInt | typing.SupportsIndex, arg3: typing.SupportsInt | typing.SupportsIndex, arg4: typing.SupportsInt | typing.SupportsIndex, arg5: bool) -> Work:
         ...
-    def reject(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+    def reject(self) -> None:
         ...
     def scatter(self, arg0: typing.SupportsInt | typing.SupportsIndex, arg1: typing.SupportsInt | typing.SupportsIndex, arg2: typing.SupportsInt | typing.SupportsIndex, arg3: typing.SupportsInt | typing.SupportsIndex, arg4: typing.SupportsInt | typing.SupportsIndex, arg5: bool) -> Work:
         ...
@@ -416,10 +406,6 @@ def _reduce(dst: typing.Any, a: typing.Any, b: typing.Any, dtype: typing.Support
 def _select(collective: str, bytes: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, device: str = 'host') -> tuple[str, str, str]:
     """
     (algorithm, protocol, store) names the selection picks (csrc/comm/selection.h)
-    """
-def _sync_entry_stats() -> dict:
-    """
-    Calls the synchronous entries (comm/sync_entry.h) have taken in this process.
     """
 def buffer_address(arg0: typing.Any, arg1: bool) -> typing.Any:
     ...

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .errors import ClosedError, InvalidArgumentError, RingcommError, UnsupportedError
-from .tables import COLL_CODES, OPS_FOR_DTYPE, OPS_SUPPORTED, ReduceOp, op_code, unsupported_op_message
+from .tables import OPS_FOR_DTYPE, OPS_SUPPORTED, ReduceOp, op_code, unsupported_op_message
 
 __all__ = ["CommunicatorBase", "CoreBackEnd", "check_splits", "chunk_count"]
 
@@ -410,5 +410,5 @@ class CoreBackEnd(CommunicatorBase):
     def _reject(self, coll: str, exc: Exception):
         """Join the header exchange as a rejection (peers raise too), then raise exc here."""
         if not self._c.closed:
-            self._c.reject(COLL_CODES[coll])
+            self._c.reject()
         raise exc

@@ -25,10 +25,6 @@ def make_engine(topo: Topology, store, prefix: str, timeout: float, choice: str)
             raise UnsupportedError("ringcomm: the ranks span several nodes and this torch build "
                                    "has no gloo backend (inter-node engine)")
         return GlooEngine(topo, store, prefix, timeout)
-    if choice == "nccl":
-        raise UnsupportedError(
-            "ringcomm: RINGCOMM_INTER=nccl: NCCL moves CUDA tensors, and this hierarchical "
-            "communicator handles host memory; use RINGCOMM_INTER=gloo (or auto)")
     if choice == "mpi":
         return MPIEngine(topo, store, prefix, timeout)
-    raise InvalidArgumentError(f"ringcomm: RINGCOMM_INTER={choice!r}; use auto, gloo, nccl or mpi")
+    raise InvalidArgumentError(f"ringcomm: RINGCOMM_INTER={choice!r}; use auto, gloo or mpi")
