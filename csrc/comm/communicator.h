@@ -12,6 +12,10 @@
 #include <vector>
 
 #include "comm/core.h"
+#include "comm/device.h"
+#include "comm/selection.h"
+#include "common/errors.h"
+#include "common/knobs.h"
 #include "kernels/cpu_pool.h"
 #include "proto/ll.h"
 #include "transport/shm.h"

@@ -24,6 +24,9 @@
 #include <vector>
 
 #include "comm/device.h"
+#include "comm/validation.h"
+#include "comm/work.h"
+#include "common/knobs.h"
 #include "transport/cuda_channel.h"
 #include "transport/cuda_ipc.h"
 #include "transport/shm_control.h"

@@ -6,6 +6,7 @@
 #include "comm/coll.h"
 #include "comm/selection.h"
 #include "common/dtype.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 

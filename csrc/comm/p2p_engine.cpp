@@ -6,7 +6,10 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "transport/channel.h"
 #include "transport/futex.h"
+#include "transport/shm_control.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 

@@ -68,8 +68,12 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/knobs.h"
 #include "transport/pin_registry.h"
 #include "transport/shm.h"
+#include "transport/shm_config.h"
+#include "transport/shm_control.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 
