@@ -12,7 +12,6 @@
 #include "algo/ring_schedule.h"
 #include "comm/communicator.h"
 #include "common/knobs.h"
-#include "comm/header_exchange.h"
 #include "comm/selection.h"
 
 namespace py = pybind11;

@@ -22,7 +22,6 @@
 #include "comm/communicator_cuda.h"
 #include "common/cuda_check.h"
 #include "common/errors.h"
-#include "kernels/reduce_cpu.h"
 #include "kernels/reduce_cuda.h"
 #include "transport/cuda_ipc.h"
 #include "transport/pin_registry.h"

@@ -1,4 +1,4 @@
-"""Liveness across PID namespaces (csrc/transport/heartbeat.h, ShmTransport::check_peers).
+"""Liveness across PID namespaces (csrc/transport/heartbeat.h, ShmControl::check_peers).
 
 A peer in this rank's PID namespace is probed by pid; a peer in another one (containers sharing
 /dev/shm but not PIDs) by the heartbeat word its background thread bumps in its segment header.

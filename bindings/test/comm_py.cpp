@@ -11,11 +11,14 @@
 
 #include "algo/ring_schedule.h"
 #include "comm/communicator.h"
+#include "comm/core.h"
 #include "comm/test_hooks.h"
 #include "common/errors.h"
+#include "common/knobs.h"
 #include "common/test_knobs.h"
 #include "ringcomm/abi.h"
-#include "transport/shm.h"
+#include "transport/shm_config.h"
+#include "transport/shm_types.h"
 
 namespace py = pybind11;
 

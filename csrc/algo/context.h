@@ -7,9 +7,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "comm/trace.h"
+#include "algo/trace_record.h"
 #include "common/dtype.h"
 #include "transport/channel.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 
@@ -32,7 +33,7 @@ struct AlgoCtx {
   /// The LL protocol over this rank's outbox (proto/ll.h), where the device has one; the LL
   /// collectives run only where it does (comm/selection.h).
   LLProtocol* ll = nullptr;
-  /// The collective's per-phase record (comm/trace.h) when RINGCOMM_TRACE is on, else nullptr.
+  /// The collective's per-phase record (algo/trace_record.h) when RINGCOMM_TRACE is on, else nullptr.
   TraceRecord* trace = nullptr;
   /// Elements per piece: one slot's payload (at least 1).
   int64_t piece_elems() const { return elems_of(ch->piece_bytes()); }

@@ -22,7 +22,6 @@
 #include "algo/chunks.h"
 #include "algo/pieces.h"
 #include "algo/ring_schedule.h"
-#include "kernels/reduce_cpu.h"
 
 namespace rc {
 

@@ -48,7 +48,6 @@
 #include "algo/chunks.h"
 #include "algo/pieces.h"
 #include "algo/ring_schedule.h"
-#include "kernels/reduce_cpu.h"
 
 namespace rc {
 

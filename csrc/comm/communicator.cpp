@@ -7,6 +7,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "kernels/reduce_cpu_isa.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 

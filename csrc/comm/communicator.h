@@ -12,10 +12,16 @@
 #include <vector>
 
 #include "comm/core.h"
+#include "comm/device.h"
+#include "comm/selection.h"
+#include "common/errors.h"
+#include "common/knobs.h"
 #include "kernels/cpu_pool.h"
 #include "proto/ll.h"
 #include "transport/shm.h"
 #include "transport/shm_channel.h"
+#include "transport/shm_config.h"
+#include "transport/shm_control.h"
 #include "transport/split_channel.h"
 
 namespace rc {
@@ -28,7 +34,7 @@ class HostDevice final : public CommDevice {
   void log_connected(const std::string& selection);
 
   const char* name() const override { return "communicator"; }
-  ShmTransport& control() override { return transport_; }
+  ShmControl& control() override { return transport_; }
   const MemoryCheck* memory() const override { return nullptr; }
   DeviceCaps caps() const override { return caps_for(transport_.config()); }
   /// A host device's capabilities under transport configuration `cfg`.
@@ -79,9 +85,9 @@ class Communicator final : public CommCore {
   std::string create() { return host_->transport().create(); }
   /// Rendezvous, step 2: names of every rank's segment in rank order. Starts the threads.
   void connect(const std::vector<std::string>& names);
-  /// The shm transport's wait counters (see ShmTransport::WaitStats).
-  ShmTransport::WaitStats wait_stats() const { return host_->transport().wait_stats(); }
-  /// The shm transport's wait policy in words (ShmTransport::describe_wait).
+  /// The shm transport's wait counters (see ShmControl::WaitStats).
+  ShmControl::WaitStats wait_stats() const { return host_->transport().wait_stats(); }
+  /// The shm transport's wait policy in words (ShmControl::describe_wait).
   std::string describe_wait() const { return host_->transport().describe_wait(); }
   /// See HostDevice::set_cpus.
   void set_cpus(int threads, size_t min_bytes, const std::string& where, int ranks_sharing = 0, int node_ranks = 0) {

@@ -11,6 +11,7 @@
 
 #include "comm/core.h"
 #include "comm/cuda_device.h"
+#include "common/knobs.h"
 
 namespace rc {
 

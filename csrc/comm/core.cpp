@@ -10,7 +10,6 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
-#include "kernels/reduce_cpu.h"
 #ifdef RINGCOMM_TEST_HOOKS
 #include "comm/test_hooks.h"
 #endif

@@ -46,7 +46,10 @@
 #include <thread>
 #include <vector>
 
+#include "algo/trace_record.h"
 #include "comm/coll.h"
+#include "comm/coll_header.h"
+#include "comm/cost_model.h"
 #include "comm/device.h"
 #include "comm/dispatch.h"
 #include "comm/p2p_engine.h"
@@ -55,6 +58,7 @@
 #include "comm/validation.h"
 #include "comm/work.h"
 #include "common/dtype.h"
+#include "common/knobs.h"
 
 namespace rc {
 

@@ -24,8 +24,12 @@
 #include <vector>
 
 #include "comm/device.h"
+#include "comm/validation.h"
+#include "comm/work.h"
+#include "common/knobs.h"
 #include "transport/cuda_channel.h"
 #include "transport/cuda_ipc.h"
+#include "transport/shm_control.h"
 
 namespace rc {
 
@@ -64,7 +68,7 @@ class CudaDevice final : public CommDevice {
   void wait_gpu(cudaEvent_t ev, const std::string& op, uint64_t seq, double timeout_s);
 
   const char* name() const override { return "CUDA communicator"; }
-  ShmTransport& control() override { return transport_.ctl(); }
+  ShmControl& control() override { return transport_.ctl(); }
   bool has_control() const override { return transport_.created(); }
   const MemoryCheck* memory() const override { return &memcheck_; }
   void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }

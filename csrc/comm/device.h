@@ -10,12 +10,11 @@
 #include "algo/context.h"
 #include "comm/coll.h"
 #include "comm/coll_header.h"
-#include "comm/header_exchange.h"
 #include "comm/selection.h"
 #include "comm/validation.h"
 #include "comm/work.h"
 #include "transport/channel.h"
-#include "transport/shm.h"
+#include "transport/shm_control.h"
 
 namespace rc {
 
@@ -25,7 +24,7 @@ class CommDevice {
   /// "communicator" / "CUDA communicator", for messages.
   virtual const char* name() const = 0;
   /// The host control plane: header board, abort flags, doorbell, liveness, timeouts.
-  virtual ShmTransport& control() = 0;
+  virtual ShmControl& control() = 0;
   /// Whether control() exists yet (a CUDA device creates it in create(); the host's always is).
   virtual bool has_control() const { return true; }
   /// Where buffers must live (nullptr: host memory, not checkable).

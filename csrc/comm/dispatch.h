@@ -11,7 +11,6 @@
 #include "comm/coll_header.h"
 #include "comm/selection.h"
 #include "common/dtype.h"
-#include "transport/shm.h"
 
 namespace rc {
 

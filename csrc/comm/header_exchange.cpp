@@ -6,6 +6,7 @@
 #include "comm/coll.h"
 #include "comm/selection.h"
 #include "common/dtype.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 
@@ -31,7 +32,7 @@ std::string describe_header(const CollHeader& h) {
   return o.str();
 }
 
-std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, uint64_t seq, Coll coll,
+std::vector<CollHeader> exchange_headers(ShmControl& t, int rank, int world, uint64_t seq, Coll coll,
                                          const CollHeader& mine, const HeaderHooks& hooks) {
   std::vector<CollHeader> all(world);
   all[rank] = mine;

@@ -30,7 +30,7 @@
 #include "comm/coll.h"
 #include "comm/coll_header.h"
 #include "common/errors.h"
-#include "transport/shm.h"
+#include "transport/shm_control.h"
 
 namespace rc {
 
@@ -49,7 +49,7 @@ class HeaderMismatch : public Mismatch {
 
 /// Post `mine` (with mine.coll already set) for collective `seq`, read every rank's header, and
 /// validate them. Returns all headers in rank order. Throws HeaderMismatch.
-std::vector<CollHeader> exchange_headers(ShmTransport& t, int rank, int world, uint64_t seq, Coll coll,
+std::vector<CollHeader> exchange_headers(ShmControl& t, int rank, int world, uint64_t seq, Coll coll,
                                          const CollHeader& mine, const HeaderHooks& hooks = {});
 
 /// "all_reduce(count=.., dtype=.., op=..)" for messages.

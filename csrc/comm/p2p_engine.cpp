@@ -5,9 +5,11 @@
 #include <list>
 #include <vector>
 
-#include "comm/header_exchange.h"
 #include "common/errors.h"
+#include "transport/channel.h"
 #include "transport/futex.h"
+#include "transport/shm_control.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 
@@ -558,7 +560,7 @@ bool P2PEngine::settle(int64_t& idle_since) {
     idle_since = 0;
     return drain_;
   }
-  ShmTransport& t = dev_->control();
+  ShmControl& t = dev_->control();
   const int64_t now = now_ns();
   if (idle_since == 0) idle_since = now;
   if (now - idle_since < t.config().spin_ns()) {

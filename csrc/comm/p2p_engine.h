@@ -62,6 +62,7 @@
 
 #include "comm/device.h"
 #include "comm/work.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 

@@ -26,7 +26,7 @@
 #include "comm/coll.h"
 #include "comm/coll_header.h"
 #include "comm/cost_model.h"
-#include "transport/shm.h"
+#include "common/knobs.h"
 
 namespace rc {
 

@@ -28,25 +28,6 @@ CollHeader header(Coll coll, DType dt, uint32_t op, int root, int64_t count, int
 
 }  // namespace
 
-const char* coll_name(Coll c) {
-  switch (c) {
-#define RC_COLL_NAME_CASE_(name, code, str, reduces) \
-  case Coll::k##name:                               \
-    return str;
-    RC_COLLECTIVES(RC_COLL_NAME_CASE_)
-#undef RC_COLL_NAME_CASE_
-    case Coll::kRejected: return "rejected call";
-  }
-  return "unknown collective";
-}
-
-bool coll_reduces(Coll c) {
-  // false || (reduces_1 && c == k1) || ... over the list.
-#define RC_COLL_REDUCES_(name, code, str, reduces) || (reduces && c == Coll::k##name)
-  return false RC_COLLECTIVES(RC_COLL_REDUCES_);
-#undef RC_COLL_REDUCES_
-}
-
 void ArgChecks::buffer(const void* p, int64_t count, const char* what, Coll coll) const {
   RC_CHECK(count >= 0, InvalidArgument, "ringcomm: " << coll_name(coll) << ": negative element count " << count);
   if (count == 0) return;

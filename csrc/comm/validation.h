@@ -19,7 +19,6 @@
 #include "comm/coll.h"
 #include "comm/coll_header.h"
 #include "common/dtype.h"
-#include "transport/shm.h"
 
 namespace rc {
 

@@ -11,7 +11,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/errors.h"
 #include "kernels/copy_cpu.h"
 #include "kernels/reduce_cpu.h"
 

@@ -18,14 +18,15 @@
 #include <cstdint>
 #include <vector>
 
-#include "transport/shm.h"
+#include "transport/shm_control.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 
 class LLProtocol {
  public:
-  /// Over `t`'s outboxes; t->ll_max_bytes() == 0 means the protocol is unavailable.
-  explicit LLProtocol(ShmTransport* t) : t_(t) {}
+  /// Over the LL outboxes of `t`'s segments; t->ll_max_bytes() == 0 means the protocol is unavailable.
+  explicit LLProtocol(ShmControl* t) : t_(t) {}
   /// Data bytes one collective may carry (the outbox's size).
   size_t max_bytes() const { return t_->ll_max_bytes(); }
   /// This rank's header `h` and `bytes` (<= max_bytes()) of `data` into its outbox for collective
@@ -40,7 +41,7 @@ class LLProtocol {
   char* stage(int i);
 
  private:
-  ShmTransport* t_;
+  ShmControl* t_;
   std::vector<char> stage_;  // world x max_bytes(), allocated on first use
 };
 

@@ -20,7 +20,7 @@
 
 #include "common/dtype.h"
 #include "common/errors.h"
-#include "transport/shm.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 

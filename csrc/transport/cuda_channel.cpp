@@ -1,7 +1,6 @@
 #include "transport/cuda_channel.h"
 
 #include "common/cuda_check.h"
-#include "common/errors.h"
 #include "kernels/reduce_cuda.h"
 
 namespace rc {

@@ -15,6 +15,7 @@
 
 #include "transport/channel.h"
 #include "transport/cuda_ipc.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 

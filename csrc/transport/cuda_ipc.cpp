@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/cuda_check.h"
 #include "common/errors.h"
 #include "common/log.h"

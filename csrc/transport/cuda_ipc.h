@@ -2,8 +2,9 @@
 // GPU), exchange bytes through fixed-size receive slots, with flow control.
 //
 // Two planes.
-//  - Control plane: a host shared-memory ShmTransport (transport/shm.h) carries, per channel and
-//    per slot, the slot's meta (bytes, total, tag) and the head/tail counters, and gives this
+//  - Control plane: a host shared-memory ShmTransport (transport/shm.h) carries in its slots, per
+//    channel and per slot, the slot's meta (bytes, total, tag) and the head/tail counters, and
+//    its own control plane (ShmControl, transport/shm_control.h: what ctl() returns) gives this
 //    transport its bounded waits (spin, futex, deadline, peer liveness, abort flags) and the
 //    header board. Host-side, a channel behaves exactly like a shm channel: send_slot() waits for
 //    a free slot, send_post() publishes it, recv_slot() waits for a filled one, recv_done()
@@ -67,8 +68,12 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/knobs.h"
 #include "transport/pin_registry.h"
 #include "transport/shm.h"
+#include "transport/shm_config.h"
+#include "transport/shm_control.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 
@@ -126,7 +131,8 @@ class CudaIpcTransport {
   int world() const { return world_; }
   int device() const { return device_; }
   const CudaIpcConfig& config() const { return cfg_; }
-  ShmTransport& ctl() {
+  /// The host control plane (the channels' host slots are this transport's own).
+  ShmControl& ctl() {
     RC_CHECK(ctl_ != nullptr, Error, "ringcomm: the CUDA transport is not created yet (create() first)");
     return *ctl_;
   }

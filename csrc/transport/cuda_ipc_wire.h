@@ -4,13 +4,13 @@
 #pragma once
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 
-#include "common/clock.h"
 #include "common/errors.h"
-#include "transport/cuda_ipc.h"
 
 namespace rc {
 namespace cuda_ipc_wire {

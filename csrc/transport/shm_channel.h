@@ -19,6 +19,7 @@
 
 #include "transport/channel.h"
 #include "transport/shm.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 

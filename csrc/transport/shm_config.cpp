@@ -1,6 +1,6 @@
 // ShmConfig from the communicator's rc::Knobs (slot geometry, wait policy, liveness, LL outbox
 // size) and the footprint of a segment; deadline arithmetic shared by every wait.
-#include "transport/shm.h"
+#include "transport/shm_config.h"
 
 #include <sched.h>
 
@@ -67,12 +67,6 @@ bool affinity_mask(uint64_t* words) {
 void ShmConfig::set_ranks_sharing(int ranks) {
   if (ranks < 1) return;
   ranks_sharing = ranks;
-}
-
-void ShmTransport::set_ranks_sharing(int ranks_sharing, int node_ranks) {
-  front_sharing_ = std::max(0, ranks_sharing);
-  node_ranks_ = std::max(0, node_ranks);
-  cfg_.set_ranks_sharing(ranks_sharing);
 }
 
 ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s) {

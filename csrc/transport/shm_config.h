@@ -35,7 +35,7 @@ struct ShmConfig {
   WaitMode wait_mode = WaitMode::kAdaptive;  // RINGCOMM_WAIT (auto decides per wait: transport/shm_wait.h)
   int cpus = 1;              // CPUs this process may run on (sched_getaffinity) when configured
   // Local ranks (this one included) that may run on this process's CPUs: the world size until
-  // attach() reads every peer's affinity mask (ShmTransport::attach), or the front's count.
+  // attach() reads every peer's affinity mask (ShmControl::attach), or the front's count.
   int ranks_sharing = 1;
   std::optional<int64_t> spin_us;  // RINGCOMM_SPIN_US where the environment sets it
   int64_t own_spin_ns = 0;   // RINGCOMM_SPIN_OWN_CPU_US

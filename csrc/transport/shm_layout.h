@@ -61,7 +61,7 @@ struct SegmentHeader {
   int64_t hb_period_ns;        // how often the owner's heartbeat thread bumps `heartbeat`
   // The CPUs the owner may run on when it created the segment (affinity_mask; written before
   // `magic` is published, never after): peers count the ranks sharing their CPUs from these
-  // (ShmTransport::attach). cpu_mask_known 0: the owner could not tell.
+  // (ShmControl::attach). cpu_mask_known 0: the owner could not tell.
   uint32_t cpu_mask_known;
   uint64_t cpu_mask[kCpuMaskWords];
   // Written only by the owner's heartbeat thread (relaxed increments), read by peers in other PID

@@ -53,7 +53,7 @@ class ShmLiveness {
   /// In a forked child: forget the heartbeat thread (it does not exist there).
   void forget_after_fork() { heartbeat_.forget_after_fork(); }
 
-  /// Mark this rank aborted with a reason (see ShmTransport::abort).
+  /// Mark this rank aborted with a reason (see ShmControl::abort).
   void abort(uint32_t kind, const std::string& msg);
 
   void set_closing();
@@ -73,7 +73,7 @@ class ShmLiveness {
   bool peer_dead(int peer) const;
   /// "op (seq s) on rank r, waiting for what from rank p at step i/n": the start of every error.
   std::string describe(const WaitCtx& w) const;
-  /// How each peer's liveness is checked (ShmTransport::describe_liveness).
+  /// How each peer's liveness is checked (ShmControl::describe_liveness).
   std::string describe_liveness() const;
 
  private:

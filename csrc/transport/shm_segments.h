@@ -45,7 +45,7 @@ class ShmSegments {
                  const std::function<void(int, const shm_detail::SegmentHeader*)>& on_mapped);
   /// Unlink this rank's name if it is still linked (idempotent).
   void unlink_own();
-  /// Forget every mapping; unmap it unless keep_mappings (see ShmTransport::close).
+  /// Forget every mapping; unmap it unless keep_mappings (see ShmControl::close).
   void unmap(bool keep_mappings);
   /// In a forked child: unmap without writing to any segment, and never unlink a name.
   void forget_after_fork();
@@ -56,7 +56,7 @@ class ShmSegments {
     return reinterpret_cast<shm_detail::SegmentHeader*>(base_[owner]);
   }
   /// Bytes of one segment (the same on every rank).
-  /// The geometry and footprint in one line (ShmTransport::describe_geometry).
+  /// The geometry and footprint in one line (ShmControl::describe_geometry).
   std::string describe_geometry() const;
 
  private:

@@ -1,10 +1,6 @@
-// ShmTransport (transport/shm.h): the composition of the parts. Setup and teardown order the
-// parts' steps; a slot operation is routed to the push channel or the outbox; send_slot_all uses
-// both.
+// ShmTransport (transport/shm.h), the data plane: a slot operation is routed to the push channel
+// or the outbox; send_slot_all uses both.
 #include "transport/shm.h"
-
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cstring>
 
@@ -16,98 +12,8 @@ namespace rc {
 using namespace shm_detail;
 
 ShmTransport::ShmTransport(int rank, int world, ShmConfig cfg)
-    : rank_(rank), world_(world), cfg_(normalized(world, cfg)), outbox_(!uniform(cfg_)), segs_(rank, world, cfg_),
-      live_(rank, world, cfg_, segs_), waits_(rank, world, cfg_, segs_, live_), bell_(rank, segs_),
-      board_(rank, cfg_, segs_, waits_), slots_(rank, world, cfg_, segs_, waits_, bell_),
-      out_(rank, world, cfg_, segs_, waits_, bell_) {
-  RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
-  RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
-  RC_CHECK(!outbox_ || world_ <= kMaxOutboxWorld, InvalidArgument,
-           "ringcomm: the shared-memory outboxes address at most " << kMaxOutboxWorld << " ranks, got " << world_);
-}
-
-ShmTransport::~ShmTransport() { close(); }
-
-std::string ShmTransport::create() {
-  std::string name = segs_.create(pid_namespace_id());
-  live_.on_created();
-  return name;
-}
-
-void ShmTransport::attach(const std::vector<std::string>& names) {
-  segs_.map_peers(names, [this](int p, const SegmentHeader* h) { live_.on_mapped(p, h); });
-  live_.stop_heartbeat_if_unused();
-  // The masks cover this communicator's ranks only: a subgroup's members can be pinned apart while
-  // ranks of other groups share their CPUs. So the count is at least what the front knows from
-  // pinning, and where the node's ranks outnumber its online CPUs, every one of them counts.
-  if (const int masks = ranks_on_own_cpus(); masks > 0) {
-    int ranks = std::max(masks, front_sharing_);
-    const long online = sysconf(_SC_NPROCESSORS_ONLN);
-    if (online > 0 && node_ranks_ > online) ranks = std::max(ranks, node_ranks_);
-    cfg_.set_ranks_sharing(ranks);
-  }
-  // Every peer maps our segment before we unlink it; after that the name is gone and the memory
-  // lives exactly as long as the mappings.
-  SegmentHeader* own = segs_.header(rank_);
-  WaitCtx w;
-  w.op = "init";
-  w.what = "every peer to map this rank's shared memory";
-  // The counter has every peer as a writer, so the wait names no peer (w.peer = -1): a peer that
-  // mapped us, finished its own init and closed its communicator is done with this wait, while
-  // an aborted or dead one still fails it (check_peers).
-  const uint32_t want = static_cast<uint32_t>(world_ - 1);
-  try {
-    waits_.until(&own->attached.v, &own->attached.waiters,
-                 [&] { return own->attached.v.load(std::memory_order_acquire) >= want; }, w);
-  } catch (...) {
-    unlink_dead_peers(names);
-    throw;
-  }
-  segs_.unlink_own();
-}
-
-// Every mapped peer's header carries its affinity mask: the local ranks (this one included) whose
-// CPUs meet this rank's, or 0 where any mask is unknown.
-int ShmTransport::ranks_on_own_cpus() const {
-  const SegmentHeader* own = segs_.header(rank_);
-  if (own->cpu_mask_known == 0) return 0;
-  int ranks = 1;
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
-    const SegmentHeader* h = segs_.header(p);
-    if (h->cpu_mask_known == 0) return 0;
-    bool meet = false;
-    for (int w = 0; w < kCpuMaskWords && !meet; ++w) meet = (own->cpu_mask[w] & h->cpu_mask[w]) != 0;
-    ranks += meet ? 1 : 0;
-  }
-  return ranks;
-}
-
-// A peer that died during init, before unlinking its segment, never will. Its `attached`
-// counter counts the ranks that mapped it: once that is every other rank, nobody needs the name
-// any more and a rank that finds the owner dead unlinks it (the last mapper does; a second
-// unlink of the same name fails with ENOENT, harmlessly). Before that, a rank still reading the
-// name from the store would take a missing segment for a stale key, so the name stays.
-void ShmTransport::unlink_dead_peers(const std::vector<std::string>& names) {
-  for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || !segs_.mapped(p) || !live_.peer_dead(p)) continue;
-    if (segs_.header(p)->attached.v.load(std::memory_order_acquire) >= static_cast<uint32_t>(world_ - 1))
-      shm_unlink(names[p].c_str());
-  }
-}
-
-void ShmTransport::close(bool keep_mappings) {
-  segs_.unlink_own();
-  live_.close();
-  segs_.unmap(keep_mappings);
-}
-
-void ShmTransport::drop_mappings_after_fork() {
-  live_.forget_after_fork();
-  segs_.forget_after_fork();
-}
-
-void ShmTransport::abort(uint32_t kind, const std::string& msg) { live_.abort(kind, msg); }
+    : ShmControl(rank, world, cfg), slots_(rank_, world_, cfg_, segs_, waits_, bell_),
+      out_(rank_, world_, cfg_, segs_, waits_, bell_) {}
 
 bool ShmTransport::pushes(int peer, Lane lane) const { return push_channel(cfg_, world_, peer, lane, rank_); }
 
@@ -115,13 +21,13 @@ bool ShmTransport::pulls(int peer, Lane lane) const { return !push_channel(cfg_,
 
 char* ShmTransport::try_send_slot_at(int peer, Lane lane, uint32_t offset) {
   RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
-  if (outbox_ && !pushes(peer, lane)) return out_.reserve(lane, peer, offset, nullptr);
+  if (has_outbox() && !pushes(peer, lane)) return out_.reserve(lane, peer, offset, nullptr);
   return slots_.try_send(peer, lane, offset);
 }
 
 char* ShmTransport::send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset) {
   RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
-  if (outbox_ && !pushes(peer, lane)) {
+  if (has_outbox() && !pushes(peer, lane)) {
     RC_CHECK(peer != rank_, InvalidArgument, "ringcomm: rank " << rank_ << " has no channel to itself");
     return out_.reserve(lane, peer, offset, &w);
   }
@@ -129,17 +35,17 @@ char* ShmTransport::send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t
 }
 
 void ShmTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag) {
-  if (outbox_ && !pushes(peer, lane)) return out_.post(lane, bytes, total, tag);
+  if (has_outbox() && !pushes(peer, lane)) return out_.post(lane, bytes, total, tag);
   slots_.post(peer, lane, bytes, total, tag);
 }
 
 const char* ShmTransport::try_recv_slot(int peer, Lane lane, const SlotMeta** meta) {
-  if (outbox_ && pulls(peer, lane)) return out_.find(peer, lane, meta);
+  if (has_outbox() && pulls(peer, lane)) return out_.find(peer, lane, meta);
   return slots_.try_recv(peer, lane, meta);
 }
 
 const char* ShmTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, const SlotMeta** meta) {
-  if (outbox_ && pulls(peer, lane)) {
+  if (has_outbox() && pulls(peer, lane)) {
     RC_CHECK(peer != rank_, InvalidArgument, "ringcomm: rank " << rank_ << " has no channel from itself");
     return out_.wait(peer, lane, w, meta);
   }
@@ -147,12 +53,12 @@ const char* ShmTransport::recv_slot(int peer, Lane lane, const WaitCtx& w, const
 }
 
 void ShmTransport::recv_done(int peer, Lane lane) {
-  if (outbox_ && pulls(peer, lane)) return out_.release(peer, lane);
+  if (has_outbox() && pulls(peer, lane)) return out_.release(peer, lane);
   slots_.done(peer, lane);
 }
 
 char* ShmTransport::send_slot_all(const WaitCtx& w, uint32_t offset) {
-  RC_CHECK(outbox_, Unsupported, "ringcomm: send_slot_all needs the outbox layout");
+  RC_CHECK(has_outbox(), Unsupported, "ringcomm: send_slot_all needs the outbox layout");
   char* p = out_.reserve(Lane::kColl, kAllDest, offset, &w);
   send_slot_at((rank_ + 1) % world_, Lane::kColl, w, offset);
   return p;

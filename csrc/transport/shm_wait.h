@@ -82,7 +82,7 @@ constexpr int64_t kDescheduledNs = 50000;
 class ShmWaits {
  public:
   /// `cfg`, `segs` and `live` are the transport's: they outlive this part. cfg's spin_ns may
-  /// change before attach() (ShmTransport::set_ranks_sharing); waits read it when they start.
+  /// change before attach() (ShmControl::set_ranks_sharing); waits read it when they start.
   ShmWaits(int rank, int world, const ShmConfig& cfg, ShmSegments& segs, const ShmLiveness& live);
 
   /// Return once ready() holds; `word` is what its publisher bumps (futex word), `waiters` the
@@ -95,7 +95,7 @@ class ShmWaits {
   double timeout_s() const { return timeout_s_.load(std::memory_order_relaxed); }
   void set_timeout(double seconds);
   ShmWaitStats stats() const;
-  /// The resolved wait policy in words (ShmTransport::describe_wait).
+  /// The resolved wait policy in words (ShmControl::describe_wait).
   std::string describe() const;
 
  private:

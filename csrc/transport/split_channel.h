@@ -8,8 +8,11 @@
 #pragma once
 #include <cstddef>
 
+#include "common/dtype.h"
 #include "kernels/cpu_pool.h"
+#include "transport/channel.h"
 #include "transport/shm_channel.h"
+#include "transport/shm_types.h"
 
 namespace rc {
 
