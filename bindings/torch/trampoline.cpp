@@ -197,21 +197,30 @@ int32_t entry_op(const c10d::ReduceOp& op) {
   return t != nullptr ? t->code : -1;
 }
 
+constexpr char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
 // Name `name` in lower case.
 std::string lower(std::string_view name) {
   std::string s(name);
-  for (char& c : s) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  for (char& c : s) c = lower(c);
   return s;
+}
+
+// Whether `s` is `name` in lower case.
+bool is_lower_of(std::string_view s, std::string_view name) {
+  if (s.size() != name.size()) return false;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i] != lower(name[i])) return false;
+  return true;
 }
 
 // The c10d op of torch.ops.ringcomm.all_reduce_'s `op` (a lower-case name of RC_TORCH_OPS);
 // ValueError for any other.
-c10d::ReduceOp::RedOpType reduce_op_named(const std::string& name) {
+c10d::ReduceOp::RedOpType reduce_op_named(std::string_view name) {
+  for (const TorchOp& t : kTorchOps)
+    if (is_lower_of(name, t.name)) return t.op;
   std::string names;
-  for (const TorchOp& t : kTorchOps) {
-    if (name == lower(t.name)) return t.op;
-    names += (names.empty() ? "" : ", ") + lower(t.name);
-  }
+  for (const TorchOp& t : kTorchOps) names += (names.empty() ? "" : ", ") + lower(t.name);
   TORCH_CHECK_VALUE(false, "ringcomm all_reduce_: op must be one of ", names, "; got '", name,
                     "' (dist.all_reduce takes the others)");
 }
@@ -631,7 +640,7 @@ py::object make_direct_call(py::object owner) {
 
 // torch.ops.ringcomm.all_reduce_ on CPU: see the file's header.
 void all_reduce_op(at::Tensor& t, c10::string_view group_name, c10::string_view op_name) {
-  const c10d::ReduceOp op(reduce_op_named(std::string(op_name)));
+  const c10d::ReduceOp op(reduce_op_named(std::string_view(op_name.data(), op_name.size())));
   const c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(std::string(group_name));
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
