@@ -78,8 +78,6 @@ const TorchBridge* torch_bridge() {
   return &bridge;
 }
 
-constexpr int kMaxDims = 16;  // deeper DLPack arrays are not described (the general way takes them)
-
 // One object as an RcArray, and what keeps the memory it points at alive during the call (a
 // numpy array: the caller's reference; a tensor: its DLPack capsule, whose destructor runs the
 // DLManagedTensor's deleter, since the capsule is never renamed "used_dltensor" here). Make and
@@ -136,7 +134,7 @@ class Described {
       return;
     }
     const DLTensor_& t = m->dl_tensor;
-    if (t.ndim < 0 || t.ndim > kMaxDims || t.dtype.lanes != 1) return;
+    if (t.ndim < 0 || t.ndim > RC_ARRAY_MAX_DIMS || t.dtype.lanes != 1) return;
     a_.data = t.data != nullptr ? static_cast<char*>(t.data) + t.byte_offset : nullptr;
     a_.ndim = t.ndim;
     a_.shape = t.shape;
@@ -153,7 +151,7 @@ class Described {
   }
 
   RcArray a_{};
-  int64_t strides_[kMaxDims];
+  int64_t strides_[RC_ARRAY_MAX_DIMS];
   py::object keep_;
   bool ok_ = false;
 };

@@ -6,14 +6,21 @@
 // file into the package (ringcomm/_data/torch/), and ringcomm/torch/extension.py compiles it just
 // in time against the installed torch: ringcomm._C never links torch.
 //
-// One exception, the latency-critical calls: a synchronous allreduce (SUM, PRODUCT, MIN, MAX,
-// BAND, BOR, BXOR) or a synchronous broadcast of one tensor is described here (RcArray) and offered to the host communicator's
-// synchronous entry (csrc/comm/sync_entry.h) through RcFastApi, ringcomm._C's C ABI, without the
-// GIL or Python, while the Python half has it enabled (_set_fast_path: not coalescing, no issue
-// hooks, not shut down). This is the one offer of the call: the entry applies the eligibility
-// rule, and what it declines, or any call while the fast path is disabled, goes to the Python
-// override as every other call, whose allreduce and broadcast take the communicator's general
-// path (Communicator.general(): never offered again). The codes and the ABI come from
+// One exception, the latency-critical calls: the offer point (Trampoline::offer and the two
+// functions it serves, offer_all_reduce and offer_broadcast). Every torch call on this backend
+// that a synchronous entry may run comes through it once: dist.all_reduce and dist.broadcast
+// (allreduce(), broadcast()), ringcomm.torch.all_reduce_'s direct call (all_reduce_now()) and
+// torch.ops.ringcomm.all_reduce_ (all_reduce_op()). It decides whether the call is one the entry
+// has (synchronous, one tensor described as an RcArray, a reduce op of RC_TORCH_OPS, the fast
+// path on) and, if so, offers it to the host communicator's synchronous entry
+// (csrc/comm/sync_entry.h, whose rule decides whether it takes it) through RcFastApi,
+// ringcomm._C's C ABI, without the GIL or Python. Its answer (Offer) is the only word on what
+// happened: a call not offered goes to the Python override as every other call (which may offer
+// what it composes, an AVG say, to the entry through ringcomm's own API); a declined call goes
+// to the Python override marked `offered`, whose allreduce and broadcast then take the
+// communicator's general path (Communicator.general(): never offered again). The Python half
+// turns the fast path on while nothing needs it (_set_fast_path: not coalescing, no issue hooks,
+// not shut down). The codes, the torch ops offered, the dimension limit and the ABI come from
 // ringcomm/abi.h (csrc/include, copied into the package beside this file's copy, and on the
 // include path of this build).
 //
@@ -21,8 +28,9 @@
 // group_name, op), a dispatcher op over one CPU tensor of a named group (the functional
 // collectives' naming), for latency-bound callers (tensor-parallel inference) that would
 // otherwise pay dist.all_reduce's Python, the ProcessGroup's dispatch and a Work per call. It
-// runs synchronously: the fast path when the group's backend is this trampoline with the fast
-// path on and the entry takes the call; otherwise the group's own synchronous allreduce, waited.
+// runs synchronously: through the offer point when the group's backend is this trampoline (what
+// the entry does not run, the Python override runs, waited); otherwise the group's own
+// synchronous allreduce, waited.
 //
 // Lifetime: torch holds the backend through an intrusive_ptr from C++ only, so the Python object
 // is kept alive by ringcomm (hooks.live_groups) until shutdown(); the override is looked up on it.
@@ -45,6 +53,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "ringcomm/abi.h"
 
@@ -76,13 +85,11 @@ void init_dtype_codes() {
 #undef RC_TORCH_DTYPE_
 }
 
-constexpr int kMaxDims = 16;  // deeper tensors are not described (the Python path takes them)
-
 // Tensor x as an RcArray (byte strides in `strides`), or false when it has no such description
-// (another layout, no storage, too many dimensions): the Python path then explains. Whether the
-// entry takes the description is the entry's rule, not decided here.
-bool describe(const at::Tensor& x, RcArray* a, int64_t (&strides)[kMaxDims]) {
-  if (x.layout() != c10::kStrided || !x.has_storage() || x.dim() > kMaxDims) return false;
+// (another layout, no storage, more than RC_ARRAY_MAX_DIMS dimensions): the Python path then
+// explains. Whether the entry takes the description is the entry's rule, not decided here.
+bool describe(const at::Tensor& x, RcArray* a, int64_t (&strides)[RC_ARRAY_MAX_DIMS]) {
+  if (x.layout() != c10::kStrided || !x.has_storage() || x.dim() > RC_ARRAY_MAX_DIMS) return false;
   const bool cpu = x.device().is_cpu();
   const int64_t esize = static_cast<int64_t>(x.element_size());
   const c10::IntArrayRef st = x.strides();
@@ -143,50 +150,79 @@ class FastDoneWork : public c10d::Work {
   throw py::error_already_set();
 }
 
-// The code of a c10d reduce op whose meaning is the entry's op of that name, or -1: AVG and
-// PREMUL_SUM are composed by the Python half (a scale, torch's own rules), never offered.
-int32_t entry_op(const c10d::ReduceOp& op) {
-  switch (op.op_) {
-    case c10d::ReduceOp::SUM: return RcOpSum;
-    case c10d::ReduceOp::PRODUCT: return RcOpProduct;
-    case c10d::ReduceOp::MIN: return RcOpMin;
-    case c10d::ReduceOp::MAX: return RcOpMax;
-    case c10d::ReduceOp::BAND: return RcOpBand;
-    case c10d::ReduceOp::BOR: return RcOpBor;
-    case c10d::ReduceOp::BXOR: return RcOpBxor;
-    default: return -1;
-  }
+// The entry's code of the reduce op named `name` in RC_REDUCE_OPS, or -1.
+constexpr int32_t entry_code(std::string_view name) {
+#define RC_ENTRY_CODE_(enumerator, code, str, kinds) \
+  if (name == str) return code;
+  RC_REDUCE_OPS(RC_ENTRY_CODE_)
+#undef RC_ENTRY_CODE_
+  return -1;
 }
 
-// The names torch.ops.ringcomm.all_reduce_'s `op` takes: the lower-case names of the c10d
-// reduce ops that the synchronous entry has (entry_op).
-struct NamedOp {
-  const char* name;
+// The reduce ops offered to the entry (RC_TORCH_OPS): each one's name, c10d op and entry code.
+// The names torch.ops.ringcomm.all_reduce_'s `op` takes are these names in lower case.
+struct TorchOp {
+  std::string_view name;
   c10d::ReduceOp::RedOpType op;
+  int32_t code;
 };
-constexpr NamedOp kNamedOps[] = {{"sum", c10d::ReduceOp::SUM},   {"product", c10d::ReduceOp::PRODUCT},
-                                 {"min", c10d::ReduceOp::MIN},   {"max", c10d::ReduceOp::MAX},
-                                 {"band", c10d::ReduceOp::BAND}, {"bor", c10d::ReduceOp::BOR},
-                                 {"bxor", c10d::ReduceOp::BXOR}};
+#define RC_TORCH_OP_(name) TorchOp{#name, c10d::ReduceOp::name, entry_code(#name)},
+constexpr TorchOp kTorchOps[] = {RC_TORCH_OPS(RC_TORCH_OP_)};
+#undef RC_TORCH_OP_
 
-c10d::ReduceOp::RedOpType reduce_op_named(const std::string& name) {
-  for (const NamedOp& n : kNamedOps)
-    if (name == n.name) return n.op;
-  TORCH_CHECK_VALUE(false, "ringcomm all_reduce_: op must be one of sum, product, min, max, band, bor, bxor; got '",
-                    name, "' (dist.all_reduce takes the others)");
+constexpr bool every_torch_op_has_a_code() {
+  for (const TorchOp& t : kTorchOps)
+    if (t.code < 0) return false;
+  return true;
+}
+static_assert(every_torch_op_has_a_code(), "RC_TORCH_OPS names an op RC_REDUCE_OPS lacks");
+
+// The offered op of c10d op `op`, or null (AVG, PREMUL_SUM: composed by the Python half).
+const TorchOp* torch_op(c10d::ReduceOp::RedOpType op) {
+  for (const TorchOp& t : kTorchOps)
+    if (t.op == op) return &t;
+  return nullptr;
 }
 
-// Bit k set: entry code k is that of a named op. Filled once at module import, read-only after.
-uint32_t g_named_entry_ops = 0;
-
-void init_named_entry_ops() {
-  for (const NamedOp& n : kNamedOps) g_named_entry_ops |= uint32_t{1} << entry_op(c10d::ReduceOp(n.op));
+// The offered op of entry code `code`, or null.
+const TorchOp* torch_op_of_code(long code) {
+  for (const TorchOp& t : kTorchOps)
+    if (t.code == code) return &t;
+  return nullptr;
 }
 
-// Whether `code` is the entry code of a named op.
-bool named_entry_op(long code) {
-  constexpr long kBits = 8 * sizeof g_named_entry_ops;
-  return code >= 0 && code < kBits && ((g_named_entry_ops >> code) & 1u) != 0;
+// The entry's code of c10d reduce op `op`, or -1 when it is not offered.
+int32_t entry_op(const c10d::ReduceOp& op) {
+  const TorchOp* t = torch_op(op.op_);
+  return t != nullptr ? t->code : -1;
+}
+
+constexpr char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+// Name `name` in lower case.
+std::string lower(std::string_view name) {
+  std::string s(name);
+  for (char& c : s) c = lower(c);
+  return s;
+}
+
+// Whether `s` is `name` in lower case.
+bool is_lower_of(std::string_view s, std::string_view name) {
+  if (s.size() != name.size()) return false;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i] != lower(name[i])) return false;
+  return true;
+}
+
+// The c10d op of torch.ops.ringcomm.all_reduce_'s `op` (a lower-case name of RC_TORCH_OPS);
+// ValueError for any other.
+c10d::ReduceOp::RedOpType reduce_op_named(std::string_view name) {
+  for (const TorchOp& t : kTorchOps)
+    if (is_lower_of(name, t.name)) return t.op;
+  std::string names;
+  for (const TorchOp& t : kTorchOps) names += (names.empty() ? "" : ", ") + lower(t.name);
+  TORCH_CHECK_VALUE(false, "ringcomm all_reduce_: op must be one of ", names, "; got '", name,
+                    "' (dist.all_reduce takes the others)");
 }
 
 // Raise ringcomm.ClosedError for call `op` on a group that was shut down.
@@ -198,20 +234,32 @@ bool named_entry_op(long code) {
   throw py::error_already_set();
 }
 
-// Offer tensor x to one RcFastApi entry (`call(array, msg, msg_len)`); true when the entry ran
-// it, false when x has no description or the entry declined it (nothing was done). A failure
-// raises ringcomm's exception, marked as raised by the core (see raise_ringcomm). The caller
-// holds x.
+// What the offer point did with a call.
+enum class Offer {
+  kNotOffered,  // not a call the entry has: nothing done, the entry not called
+  kDone,        // the entry ran it (the tensors hold the result)
+  kDeclined,    // offered, and the entry declined it: nothing done; never offer it again
+};
+
+// Offer tensor x to one RcFastApi entry (`call(array, msg, msg_len)`), the GIL released around
+// the call (it blocks until every rank has joined). kNotOffered when x has no description. A
+// failure raises ringcomm's exception, marked as raised by the core (see raise_ringcomm). The
+// caller holds x.
 template <class F>
-bool offer(const at::Tensor& x, F&& call) {
+Offer offer_to_entry(const at::Tensor& x, F&& call) {
   RcArray a;
-  int64_t strides[kMaxDims];
-  if (!describe(x, &a, strides)) return false;
+  int64_t strides[RC_ARRAY_MAX_DIMS];
+  if (!describe(x, &a, strides)) return Offer::kNotOffered;
   char msg[2048];
-  const int rc = call(&a, msg, sizeof msg);
-  if (rc == RC_CALL_DECLINED) return false;
+  int rc;
+  {
+    std::optional<py::gil_scoped_release> nogil;
+    if (PyGILState_Check()) nogil.emplace();
+    rc = call(&a, msg, sizeof msg);
+  }
+  if (rc == RC_CALL_DECLINED) return Offer::kDeclined;
   if (rc != RC_CALL_DONE) raise_ringcomm(rc - 1, msg);
-  return true;
+  return Offer::kDone;
 }
 
 // A Python Work, seen from C++. work_ is the C++ half of the Python object (torch's PyWork
@@ -352,64 +400,103 @@ class Trampoline : public c10d::Backend {
   // Collectives by argument shape; the Python method has the C++ name.
   WorkPtr broadcast(Tensors& t, const c10d::BroadcastOptions& o) override {
     RC_COUNT();
-    // The root is a rank of this group (torch translated it); the entry checks it again.
-    if (!o.asyncOp && t.size() == 1 && o.rootTensor == 0 && o.rootRank >= 0 && o.rootRank < getSize()) {
-      const std::shared_ptr<const FastPath> fast = fast_path();
-      const int32_t root = static_cast<int32_t>(o.rootRank);
-      if (fast && offer(t[0], [&](const RcArray* a, char* msg, size_t len) {
-            return fast->api->broadcast(fast->handle, a, root, msg, len);
-          }))
-        return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::BROADCAST, t[0]);
-    }
-    RC_WORK("broadcast", broadcast, t, o);
+    const Offer got = offer(t, o);
+    if (got == Offer::kDone) return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::BROADCAST, t[0]);
+    const bool offered = got == Offer::kDeclined;
+    if (closed_.load(std::memory_order_acquire)) raise_closed("broadcast");
+    RC_OVERRIDE("broadcast", c10d::Backend::broadcast(t, o), return c10::make_intrusive<WorkRef>(r), t, o,
+                offered);
   }
   WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
     RC_COUNT();
-    if (offer_allreduce(t, o)) return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t[0]);
-    return allreduce_general(t, o);
+    const Offer got = offer(t, o);
+    if (got == Offer::kDone) return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t[0]);
+    return allreduce_python(t, o, got == Offer::kDeclined);
   }
-  /// The fast path's part of allreduce(), for a call already counted: true when the entry ran
-  /// it (the tensor holds the result), false when it is not eligible, the fast path is off or
-  /// the entry declined (nothing done).
-  bool offer_allreduce(Tensors& t, const c10d::AllreduceOptions& o) {
-    const int32_t op = entry_op(o.reduceOp);
-    if (o.asyncOp || t.size() != 1 || op < 0 || o.sparseIndices) return false;
+
+  // ---- the offer point (see the file's header) ----
+  /// Offer an in-place synchronous allreduce of `x` with entry op code `op` (-1: an op that is
+  /// not offered) to the entry: kNotOffered while the fast path is off, for such an op or a
+  /// tensor with no description.
+  Offer offer_all_reduce(const at::Tensor& x, int32_t op) {
+    if (op < 0) return Offer::kNotOffered;
     const std::shared_ptr<const FastPath> fast = fast_path();
-    return fast && offer(t[0], [&](const RcArray* a, char* msg, size_t len) {
-             return fast->api->all_reduce(fast->handle, a, nullptr, op, msg, len);
-           });
+    if (!fast) return Offer::kNotOffered;
+    return offer_to_entry(x, [&](const RcArray* a, char* msg, size_t len) {
+      return fast->api->all_reduce(fast->handle, a, nullptr, op, msg, len);
+    });
   }
+  /// Offer a synchronous broadcast of `x` from group rank `root` to the entry (which checks the
+  /// root again): kNotOffered while the fast path is off or for a tensor with no description.
+  Offer offer_broadcast(const at::Tensor& x, int32_t root) {
+    const std::shared_ptr<const FastPath> fast = fast_path();
+    if (!fast) return Offer::kNotOffered;
+    return offer_to_entry(x, [&](const RcArray* a, char* msg, size_t len) {
+      return fast->api->broadcast(fast->handle, a, root, msg, len);
+    });
+  }
+  /// A c10d allreduce, offered when it is synchronous, of one dense tensor, with an op of
+  /// RC_TORCH_OPS.
+  Offer offer(Tensors& t, const c10d::AllreduceOptions& o) {
+    if (o.asyncOp || t.size() != 1 || o.sparseIndices) return Offer::kNotOffered;
+    return offer_all_reduce(t[0], entry_op(o.reduceOp));
+  }
+  /// A c10d broadcast, offered when it is synchronous, of one tensor, from a rank of this group
+  /// (torch translated it).
+  Offer offer(Tensors& t, const c10d::BroadcastOptions& o) {
+    if (o.asyncOp || t.size() != 1 || o.rootTensor != 0 || o.rootRank < 0 || o.rootRank >= getSize())
+      return Offer::kNotOffered;
+    return offer_broadcast(t[0], static_cast<int32_t>(o.rootRank));
+  }
+
   /// ringcomm.torch.all_reduce_'s call (DirectCall below), from Python with the GIL: an
   /// in-place synchronous allreduce of the tensor `obj` with the entry's reduce op `op` (the
-  /// RcOp code of a named op), offered to the entry without the dispatcher, torch's collective
-  /// front or a Work. True when the entry ran it (counted in the sequence number; a failure
-  /// raises ringcomm's exception, also counted); false when `obj` is not a tensor, `op` not such
-  /// a code, the fast path is off, the tensor has no description or the entry declined it:
-  /// nothing was done or counted, and the caller takes dist.all_reduce. After shutdown() or
-  /// abort() it raises ClosedError (counted), as every call does. Like dist.all_reduce, it
-  /// neither bumps the tensor's version nor records autograd history; unlike it, it does not
-  /// pass through the dispatcher, so a TorchDispatchMode does not see it.
+  /// code of an op of RC_TORCH_OPS), through the offer point without the dispatcher, torch's
+  /// collective front or a Work. True when it ran here, counted in the sequence number: the
+  /// entry took it, or declined it and the Python half ran it as dist.all_reduce would have,
+  /// never offered again (a failure raises ringcomm's exception, also counted). False when it
+  /// is not offered: `obj` not a tensor, `op` not such a code, a tensor that dist.all_reduce
+  /// does not hand to this backend as it is (on another device, which the group routes to that
+  /// device's backend; complex, which dist.all_reduce hands over as its real view), one with no
+  /// description, or the fast path off: nothing was done or counted, and the caller takes
+  /// dist.all_reduce. After shutdown() or abort() it raises ClosedError (counted), as every
+  /// call does. Like dist.all_reduce, it neither bumps the tensor's version nor records autograd
+  /// history; unlike it, it does not pass through the dispatcher, so a TorchDispatchMode does
+  /// not see it.
   bool all_reduce_now(py::handle obj, long op) {
     if (closed_.load(std::memory_order_acquire)) {
       RC_COUNT();  // as allreduce() counts the call it refuses
       raise_closed("allreduce");
     }
-    if (!named_entry_op(op) || !THPVariable_Check(obj.ptr())) return false;
+    const TorchOp* top = torch_op_of_code(op);
+    if (top == nullptr || !THPVariable_Check(obj.ptr())) return false;
     const at::Tensor& t = THPVariable_Unpack(obj.ptr());
-    const std::shared_ptr<const FastPath> fast = fast_path();
-    return fast && offer(t, [&](const RcArray* a, char* msg, size_t len) {
-             int rc;
-             {
-               // The call blocks until every rank has joined: never with the GIL.
-               py::gil_scoped_release nogil;
-               rc = fast->api->all_reduce(fast->handle, a, nullptr, static_cast<int32_t>(op), msg, len);
-             }
-             if (rc != RC_CALL_DECLINED) RC_COUNT();  // taken, done or failed: counted
-             return rc;
-           });
+    if (!t.device().is_cpu() || t.is_complex()) return false;
+    Offer got;
+    try {
+      got = offer_all_reduce(t, top->code);
+    } catch (...) {
+      RC_COUNT();  // failed in the entry: counted, as allreduce() counts it
+      throw;
+    }
+    if (got == Offer::kNotOffered) return false;
+    RC_COUNT();
+    if (got == Offer::kDeclined) {
+      Tensors ts{t};
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp(top->op);
+      o.asyncOp = false;
+      allreduce_python(ts, o, true)->wait();
+    }
+    return true;
   }
-  /// allreduce() through the Python half, for a call already counted.
-  WorkPtr allreduce_general(Tensors& t, const c10d::AllreduceOptions& o) { RC_WORK("allreduce", allreduce, t, o); }
+  /// allreduce() through the Python half, for a call already counted; `offered`: the offer point
+  /// offered it and the entry declined it (the Python half then never offers it again).
+  WorkPtr allreduce_python(Tensors& t, const c10d::AllreduceOptions& o, bool offered) {
+    if (closed_.load(std::memory_order_acquire)) raise_closed("allreduce");
+    RC_OVERRIDE("allreduce", c10d::Backend::allreduce(t, o), return c10::make_intrusive<WorkRef>(r), t, o,
+                offered);
+  }
   /// Count one call in the group's sequence number (what every collective does as it enters).
   void count_call() { RC_COUNT(); }
   RC_OP1(allreduce_coalesced, AllreduceCoalescedOptions)
@@ -553,7 +640,7 @@ py::object make_direct_call(py::object owner) {
 
 // torch.ops.ringcomm.all_reduce_ on CPU: see the file's header.
 void all_reduce_op(at::Tensor& t, c10::string_view group_name, c10::string_view op_name) {
-  const c10d::ReduceOp op(reduce_op_named(std::string(op_name)));
+  const c10d::ReduceOp op(reduce_op_named(std::string_view(op_name.data(), op_name.size())));
   const c10::intrusive_ptr<c10d::ProcessGroup> pg = c10d::resolve_process_group(std::string(group_name));
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
@@ -566,7 +653,8 @@ void all_reduce_op(at::Tensor& t, c10::string_view group_name, c10::string_view 
   const c10::intrusive_ptr<c10d::Backend> backend = pg->getBackend(c10::DeviceType::CPU);
   if (auto* tr = dynamic_cast<Trampoline*>(backend.get())) {
     tr->count_call();
-    if (!tr->offer_allreduce(tensors, opts)) tr->allreduce_general(tensors, opts)->wait();
+    const Offer got = tr->offer(tensors, opts);
+    if (got != Offer::kDone) tr->allreduce_python(tensors, opts, got == Offer::kDeclined)->wait();
     return;
   }
   pg->allreduce(tensors, opts)->wait();
@@ -590,14 +678,13 @@ TORCH_LIBRARY_IMPL(ringcomm, Meta, m) { m.impl("all_reduce_", &all_reduce_meta);
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module_::import("torch.distributed");  // registers c10d::Backend, Work and the options
   init_dtype_codes();
-  init_named_entry_ops();
   py::class_<Trampoline, c10d::Backend, c10::intrusive_ptr<Trampoline>>(m, "Trampoline")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
       .def("_set_fast_path", &Trampoline::set_fast_path, py::arg("api"), py::arg("handle"))
       .def("_direct_all_reduce", &make_direct_call);
   if (PyType_Ready(&g_direct_call_type) < 0) throw py::error_already_set();
-  // The entry's reduce-op code of each name torch.ops.ringcomm.all_reduce_ takes.
+  // The entry's reduce-op code of each name torch.ops.ringcomm.all_reduce_ takes (RC_TORCH_OPS).
   py::dict ops;
-  for (const NamedOp& n : kNamedOps) ops[n.name] = entry_op(c10d::ReduceOp(n.op));
+  for (const TorchOp& t : kTorchOps) ops[py::str(lower(t.name))] = t.code;
   m.attr("REDUCE_OPS") = ops;
 }

@@ -1,9 +1,10 @@
 /* ringcomm's codes and C ABI, written once.
  *
  * The single copy of: the dtype codes (with element size, name, kind and DLPack type code), the
- * reduce-op codes with the rule saying which op reduces which dtype, the collective codes, the
- * array description the synchronous entries take (RcArray) and the C ABI (RcFastApi) through which
- * another extension module reaches them. Its readers:
+ * reduce-op codes with the rule saying which op reduces which dtype, the reduce ops the torch front
+ * offers, the collective codes, the array description the synchronous entries take (RcArray, with
+ * its dimension limit) and the C ABI (RcFastApi) through which another extension module reaches
+ * them. Its readers:
  *   - the C++ core (csrc/common/dtype.h, csrc/comm/coll.h generate their enums from the lists);
  *   - the bindings (ringcomm._C) and the synchronous entries (csrc/comm/sync_entry.h);
  *   - the torch c10d trampoline (bindings/torch/trampoline.cpp), compiled just in time against
@@ -74,6 +75,21 @@
   X(Gather, 8, "gather", 0)                   \
   X(Scatter, 9, "scatter", 0)
 
+/* The reduce ops the torch front (bindings/torch/trampoline.cpp) offers to the synchronous
+ * entries, by their names in both lists: X(name), torch.distributed's ReduceOp of that name, whose
+ * meaning is the entry's op of that name on every dtype. AVG is not one: torch averages an integer
+ * tensor (a sum, then a truncating division), which the entry's AVG does not reduce; the torch
+ * backend's Python half composes it, and PREMUL_SUM. ringcomm.torch.all_reduce_ and
+ * torch.ops.ringcomm.all_reduce_ take exactly these ops (their names in lower case). */
+#define RC_TORCH_OPS(X) \
+  X(SUM)                \
+  X(PRODUCT)            \
+  X(MIN)                \
+  X(MAX)                \
+  X(BAND)               \
+  X(BOR)                \
+  X(BXOR)
+
 #define RC_ABI_COUNT_(...) +1
 enum { RC_DTYPE_COUNT = 0 RC_DTYPES(RC_ABI_COUNT_), RC_REDUCE_OP_COUNT = 0 RC_REDUCE_OPS(RC_ABI_COUNT_) };
 #undef RC_ABI_COUNT_
@@ -128,6 +144,10 @@ static inline int32_t rc_dtype_of_dl(int32_t dl_code, int32_t bits) {
 /* DLPack's device type of host memory (kDLCPU); an RcArray on any other device (a DLPack device
  * type, or 0 where the describer has none) is not taken. */
 #define RC_DEVICE_CPU 1
+
+/* The most dimensions an array description has: a describer copies the strides into a buffer of
+ * this many and does not describe a deeper array (the caller then goes the general way). */
+#define RC_ARRAY_MAX_DIMS 16
 
 /* RcArray.flags: the memory may be written (a collective's result may land in it). */
 #define RC_ARRAY_WRITABLE 1

@@ -19,7 +19,7 @@ from typing import Optional
 from .errors import InvalidArgumentError
 
 __all__ = ["DType", "DTYPES", "DTYPE_CODES", "DTYPE_NAMES", "ITEMSIZE", "SUPPORTED_DTYPES",
-           "FLOATING", "INTEGER", "ReduceOp", "OP_NAMES", "op_code", "op_supported",
+           "FLOATING", "INTEGER", "ReduceOp", "OP_NAMES", "TORCH_OPS", "op_code", "op_supported",
            "COLL_CODES", "coll_code", "torch_dtype_codes", "DATA_DIR", "ABI_INCLUDE", "ABI_HEADER"]
 
 #: The package data the build copies beside the modules (setup.py, CMakeLists.txt): the header
@@ -100,6 +100,10 @@ _OP_KINDS = {code: kinds for _enum, code, _name, kinds in _ABI["RC_REDUCE_OPS"]}
 
 
 OP_NAMES = tuple(o.name for o in ReduceOp)           # indexed by code
+
+#: The reduce ops the torch front offers to the synchronous entries (RC_TORCH_OPS), by name: the
+#: torch.distributed op of each name means the entry's op of that name on every dtype.
+TORCH_OPS = tuple(name for (name,) in _ABI["RC_TORCH_OPS"])
 
 # op (a ReduceOp or its int code) -> code: the per-call lookup, no enum construction.
 _OP_CACHE = {o: int(o) for o in ReduceOp}

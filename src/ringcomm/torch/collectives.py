@@ -27,21 +27,22 @@ class Collectives(GroupCore):
     _ringcomm_backend = True  # the marker monitored.py recognises a ringcomm backend by
 
     # ---- all-reduce ------------------------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
-        # A call reaches here declined by the synchronous entry (offered by the c10d trampoline)
-        # or not offered at all; it takes the path that validates and composes, and the entry
-        # sees it only if the trampoline has not (GroupCore._runner).
+    def allreduce(self, tensors, opts=None, offered: bool = False):
+        """c10d ``allreduce``. ``offered``: the c10d trampoline's offer point offered this call
+        to the synchronous entry, which declined it (the trampoline passes it; torch's own calls
+        of the whole-group ProcessGroup never do): it then takes the general path and is never
+        offered again (``GroupCore._runner``)."""
         if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
             return self.allreduce_sparse(tensors, opts)  # the whole-group ProcessGroup's route
-        return self._allreduce_general(tensors, opts)
+        return self._allreduce_general(tensors, opts, offered)
 
     @collective("all_reduce")
-    def _allreduce_general(self, tensors, opts=None):
+    def _allreduce_general(self, tensors, opts=None, offered: bool = False):
         opts = opts if opts is not None else _c10d.AllreduceOptions()
         t = one("allreduce", tensors)
         check_tensors("allreduce", (t,))
         return self._run("allreduce", opts,
-                         [self._allreduce_step(t, opts.reduceOp, "allreduce")],
+                         [self._allreduce_step(t, opts.reduceOp, "allreduce", offered)],
                          [t])
 
     @collective("all_gather")
@@ -85,11 +86,12 @@ class Collectives(GroupCore):
         return t, opts.rootRank
 
     @collective("broadcast")
-    def broadcast(self, tensors, opts=None):
+    def broadcast(self, tensors, opts=None, offered: bool = False):
+        """c10d ``broadcast``; ``offered`` as for ``allreduce``."""
         opts = opts if opts is not None else _c10d.BroadcastOptions()
         t, root = self._rooted("broadcast", tensors, opts)
         buf, staged = contig(t)
-        comm = self._runner()
+        comm = self._runner(offered)
         step = Step(lambda a: comm.broadcast(buf, root=root, async_op=a),
                      writeback(t, buf) if staged and self._rank != root else None)
         return self._run("broadcast", opts, [step], [t])

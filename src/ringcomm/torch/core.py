@@ -25,12 +25,6 @@ from .staging import (avg_divide, check_tensors, contig, copy_out, flat_view, in
 from .steps import Step
 from .work import DoneWork, MultiWork, RingcommWork, Waiter, timeout_seconds
 
-# The reduce ops the c10d trampoline offers to the synchronous entry (trampoline.cpp, entry_op);
-# AVG and PREMUL_SUM are composed here first.
-_R = torch.distributed.ReduceOp
-TRAMPOLINE_OPS = frozenset(k.value for k in (_R.SUM, _R.PRODUCT, _R.MIN, _R.MAX, _R.BAND, _R.BOR,
-                                             _R.BXOR))
-
 __all__ = ["GroupCore", "RingcommOptions", "BACKEND_NAME"]
 
 BACKEND_NAME = "ringcomm"
@@ -82,14 +76,15 @@ class GroupCore:
         self._comm = ringcomm.init(rank=rank, world_size=size, store=store,
                                    timeout=self._timeout_s, prefix=self._prefix)
         # The communicator's general path, which offers nothing to the synchronous entry: it
-        # runs what the c10d trampoline has offered already (see _runner).
+        # runs what the c10d trampoline's offer point has offered already (the trampoline says
+        # so: ``offered`` of allreduce and broadcast).
         self._general = self._comm.general()
         self._waiter = Waiter(f"{self._group_name or 'pg'}.{self._incarnation}")
         self._seq = itertools.count(1)  # next() is atomic under the GIL
         self._issued = 0                # the last number _seq gave: calls issued so far
         self._coalescing: list[RingcommWork] | None = None
         self._closed = False
-        self._fast_native = False   # the trampoline's own allreduce fast path is on
+        self._fast_native = False   # the trampoline's offer point is on (its _set_fast_path said so)
         live_groups.add(self)
         self._refresh_fast()
 
@@ -184,22 +179,20 @@ class GroupCore:
         return work
 
     # ---- step builders (one ringcomm call each) -----------------------------------------------------
-    def _runner(self, op=None):
-        """What runs an allreduce (``op``) or broadcast (``op`` None) that reached Python: the
-        general path when the c10d trampoline has offered the call to the synchronous entry (its
-        fast path on, an op it offers), so a call is offered once and a declined one goes
-        straight to the general path; otherwise the communicator, whose entry offers it once."""
-        offered = self._fast_native and (
-            op is None or getattr(op, "op", op).value in TRAMPOLINE_OPS)
+    def _runner(self, offered: bool):
+        """What runs a call that reached Python: the general path when the c10d trampoline's
+        offer point has offered it to the synchronous entry (which declined it), so it is never
+        offered again; otherwise the communicator, whose synchronous entry is offered what it
+        runs synchronously (once: nothing offered it before)."""
         return self._general if offered else self._comm
 
-    def _allreduce_step(self, t: torch.Tensor, op, coll: str) -> Step:
+    def _allreduce_step(self, t: torch.Tensor, op, coll: str, offered: bool = False) -> Step:
         rop, factor = reduce_op(op, t.dtype)
         buf, staged = contig(t)
         buf = reducible(buf, rop)
         if factor is not None:
             buf.mul_(factor)  # in place: the all-reduce overwrites the tensor anyway
-        comm = self._runner(op)
+        comm = self._runner(offered)
         return Step(lambda a: comm.all_reduce(buf, op=rop, async_op=a),
                      then(avg_divide(buf, self._size) if int_avg(op, t.dtype) else None,
                           writeback(t, buf) if staged else None))
@@ -287,10 +280,12 @@ class GroupCore:
         return hasattr(self, "_set_fast_path")
 
     def _refresh_fast(self) -> None:
-        """Turn the c10d trampoline's own fast path (synchronous SUM allreduce and broadcast of
-        one plain CPU tensor) on exactly while nothing needs the Python half: a communicator
-        with synchronous entries (the host's), not coalescing, no issue hooks, not shut down.
-        Called whenever one of those changes."""
+        """Turn the c10d trampoline's offer point on (``_set_fast_path``: the synchronous
+        entries' table and a handle of this group's communicator) exactly while nothing needs
+        the Python half: a communicator with synchronous entries (the host's), not coalescing,
+        no issue hooks, not shut down; off otherwise, when the trampoline offers nothing.
+        Which calls it offers is the trampoline's to decide (trampoline.cpp, the offer point).
+        Called whenever one of those conditions changes."""
         if not self._trampoline:   # the whole-group ProcessGroup shape
             return
         want = not self._closed and self._coalescing is None and not issue_hooks

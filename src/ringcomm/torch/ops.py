@@ -5,19 +5,24 @@ reductions), and the same call on CPU tensors as one torch dispatcher op,
 
 Layer 0, a back end (part of ``ringcomm.torch``).
 
-On a group whose CPU backend is ringcomm's c10d backend, a CPU tensor goes to the backend's direct
-call (``_direct_all_reduce()``: one C call to the communicator's synchronous entry, without
+On a group whose CPU backend is ringcomm's c10d backend, a tensor goes to the backend's direct
+call (``_direct_all_reduce()``: one C call into the trampoline's offer point, without
 ``dist.all_reduce``'s Python, the ProcessGroup's dispatch, the dispatcher or a Work), learnt on
-the group's first call and kept in ``hooks.direct_calls`` until the backend shuts down. What the
-entry declines, every other device and every other backend's group run ``dist.all_reduce`` itself,
-so the function serves any group (a gloo process never builds ringcomm's torch extension for it).
+the group's first call and kept in ``hooks.direct_calls`` until the backend shuts down. The offer
+point answers: the call ran there (the synchronous entry took it, or declined it and the
+backend's Python half ran it, never offered again), or it was not offered (another device, a
+complex tensor, the offer point off while an issue hook or coalescing needs the Python half), and
+then ``dist.all_reduce`` runs it. Every other backend's group runs ``dist.all_reduce`` itself, so
+the function serves any group (a gloo process never builds ringcomm's torch extension for it).
 The result, the errors and the group's sequence number are those of
-``dist.all_reduce(tensor, op, group)``. Ops: ``"sum"``, ``"product"``, ``"min"``, ``"max"``,
-``"band"``, ``"bor"``, ``"bxor"`` or the ``dist.ReduceOp`` of one: the entry's ops that torch
-offers it (``dist.all_reduce`` also takes AVG and PREMUL_SUM, which torch composes).
+``dist.all_reduce(tensor, op, group)``. Ops: the lower-case names of ``RC_TORCH_OPS``
+(``csrc/include/ringcomm/abi.h``: ``"sum"``, ``"product"``, ``"min"``, ``"max"``, ``"band"``,
+``"bor"``, ``"bxor"``) or the ``dist.ReduceOp`` of one: the ops the trampoline offers to the
+entry (``dist.all_reduce`` also takes AVG and PREMUL_SUM, which the backend's Python half
+composes).
 
 The op (``bindings/torch/trampoline.cpp``; registered when the extension loads, which a ringcomm
-group's creation does) offers the call to the entry, or runs the group's own synchronous
+group's creation does) takes the same offer point, or runs the group's own synchronous
 allreduce; it returns nothing and has a Meta kernel, so code that ``torch.compile`` traces calls
 it (this function does so under compilation for CPU tensors, and ``dist.all_reduce`` for others).
 """
@@ -35,9 +40,9 @@ __all__ = ["all_reduce_"]
 
 _compiling = torch.compiler.is_compiling
 _RedOpType = dist.ReduceOp.RedOpType
-# The names this function takes, and each one's dist.ReduceOp (AVG is composed by torch's rules in
-# the group's own allreduce, never offered to the entry).
-_NAMES = tuple(name.lower() for name in tables.OP_NAMES if name != "AVG")
+# The names this function takes (the ops the trampoline offers, RC_TORCH_OPS, as its op takes
+# them), and each one's dist.ReduceOp.
+_NAMES = tuple(name.lower() for name in tables.TORCH_OPS)
 _REDUCE_OPS = {name: getattr(dist.ReduceOp, name.upper()) for name in _NAMES}
 # The entry's reduce-op code of each name (string keys only: no int or enum equals one), and of
 # each such dist.ReduceOp.RedOpType.
@@ -59,8 +64,8 @@ def all_reduce_(tensor: torch.Tensor, group=None, op="sum") -> torch.Tensor:
         if code is None and type(op) is _RedOpType:
             code = _enum_codes.get(op)
         if code is not None:
-            # The entry ran it, or it raised; otherwise (the fast path off, a tensor the entry
-            # does not take) dist.all_reduce.
+            # It ran in the offer point (the entry or the backend's Python half), or it raised;
+            # otherwise (not offered) dist.all_reduce.
             if call(tensor, code):
                 return tensor
             return _dist_all_reduce(tensor, group, op)
