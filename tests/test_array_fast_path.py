@@ -89,11 +89,11 @@ def test_closed_raises(comm1):
 def _ranks_mixed_paths(comm):
     import torch
 
-    from ringcomm import _C
+    from sync_entry_cases import EntrySpy
     r, n = comm.rank, comm.world_size
     wrong = []
     calls = 0                                   # synchronous calls this rank made
-    before = _C._sync_entry_stats()
+    spy = EntrySpy(comm).__enter__()            # records what the synchronous entries ran
     ops = [("SUM", np.add.reduce), ("MAX", np.maximum.reduce), ("MIN", np.minimum.reduce),
            ("PRODUCT", np.multiply.reduce), ("AVG", None)]
     for dt in TAKEN:
@@ -147,8 +147,9 @@ def _ranks_mixed_paths(comm):
                     comm.broadcast(x, root=root, async_op=True).wait()   # the general path
                 if x.tobytes() != src.tobytes():
                     wrong.append(("broadcast", np.dtype(dt).name, count, root))
-    after = _C._sync_entry_stats()
-    entry_calls = after["all_reduce"] + after["broadcast"] - before["all_reduce"] - before["broadcast"]
+    spy.__exit__()
+    taken = spy.taken()
+    entry_calls = taken["all_reduce"] + taken["broadcast"]
     # A rank whose array the fast path declines and the general path rejects, beside ranks on
     # the fast path: every rank raises, nothing hangs, the communicator stays usable.
     x = np.ones(12, np.float32)
