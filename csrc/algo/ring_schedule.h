@@ -14,28 +14,37 @@
 // (seed 001: "worker 0 sends its first chunk to worker 1"; after reduce-scatter worker 0 holds
 // chunk 1) is shift = 1. The collectives use shift = 0 so that rank r owns chunk r, which is what
 // reduce_scatter's output means.
+//
+// Every function is __host__ __device__ under nvcc: the device ring (device/ring_proto.h) walks
+// this very schedule, so its pieces and reduction order are the host ring's.
 #pragma once
-#include <algorithm>
+#include <algorithm>  // for the files that include this one for it
 #include <cstdint>
+
+#if defined(__CUDACC__)
+#define RC_SCHED_HD __host__ __device__ inline
+#else
+#define RC_SCHED_HD inline
+#endif
 
 namespace rc {
 namespace ring {
 
-inline int64_t mod(int64_t a, int64_t n) { return ((a % n) + n) % n; }
+RC_SCHED_HD int64_t mod(int64_t a, int64_t n) { return ((a % n) + n) % n; }
 
-inline int owner(int r, int n, int shift = 0) { return static_cast<int>(mod(r + shift, n)); }
-inline int rs_send(int r, int s, int n, int shift = 0) { return static_cast<int>(mod(r + shift - s - 1, n)); }
-inline int rs_recv(int r, int s, int n, int shift = 0) { return static_cast<int>(mod(r + shift - s - 2, n)); }
-inline int ag_send(int r, int s, int n, int shift = 0) { return static_cast<int>(mod(r + shift - s, n)); }
-inline int ag_recv(int r, int s, int n, int shift = 0) { return static_cast<int>(mod(r + shift - s - 1, n)); }
-inline int right(int r, int n) { return static_cast<int>(mod(r + 1, n)); }
-inline int left(int r, int n) { return static_cast<int>(mod(r - 1, n)); }
+RC_SCHED_HD int owner(int r, int n, int shift = 0) { return static_cast<int>(mod(r + shift, n)); }
+RC_SCHED_HD int rs_send(int r, int s, int n, int shift = 0) { return static_cast<int>(mod(r + shift - s - 1, n)); }
+RC_SCHED_HD int rs_recv(int r, int s, int n, int shift = 0) { return static_cast<int>(mod(r + shift - s - 2, n)); }
+RC_SCHED_HD int ag_send(int r, int s, int n, int shift = 0) { return static_cast<int>(mod(r + shift - s, n)); }
+RC_SCHED_HD int ag_recv(int r, int s, int n, int shift = 0) { return static_cast<int>(mod(r + shift - s - 1, n)); }
+RC_SCHED_HD int right(int r, int n) { return static_cast<int>(mod(r + 1, n)); }
+RC_SCHED_HD int left(int r, int n) { return static_cast<int>(mod(r - 1, n)); }
 
 /// Balanced split of `count` elements into n chunks: the first count % n chunks get one more.
-inline int64_t chunk_count(int64_t count, int n, int k) {
+RC_SCHED_HD int64_t chunk_count(int64_t count, int n, int k) {
   return count / n + (k < count % n ? 1 : 0);
 }
-inline int64_t chunk_offset(int64_t count, int n, int k) {
+RC_SCHED_HD int64_t chunk_offset(int64_t count, int n, int k) {
   return k * (count / n) + (k < count % n ? k : count % n);
 }
 
@@ -45,19 +54,22 @@ inline int64_t chunk_offset(int64_t count, int n, int k) {
 /// every element is combined in the same order as gloo's ring combines it: results equal gloo's
 /// bit for bit at world sizes 2 and 3 (at 4 and more, gloo walks the ring the other way). All
 /// chunks have ar_chunk_elems elements except the last non-empty one; trailing ones may be empty.
-inline int64_t ar_chunk_elems(int64_t count, int n, int64_t esize) {
+RC_SCHED_HD int64_t ar_chunk_elems(int64_t count, int n, int64_t esize) {
   if (count <= 0 || esize <= 0) return 1;
   const int64_t bytes = count * esize;
-  const int64_t max_seg = esize * std::max<int64_t>(1, (int64_t{1} << 20) / esize);
-  int64_t nseg = std::max<int64_t>((bytes + max_seg - 1) / max_seg, 2 * static_cast<int64_t>(n));
+  const int64_t per_seg = (int64_t{1} << 20) / esize;
+  const int64_t max_seg = esize * (per_seg > 1 ? per_seg : 1);
+  const int64_t want = (bytes + max_seg - 1) / max_seg;
+  int64_t nseg = want > 2 * static_cast<int64_t>(n) ? want : 2 * static_cast<int64_t>(n);
   nseg = (nseg + n - 1) / n * n;
   const int64_t seg_bytes = ((bytes + nseg - 1) / nseg + esize - 1) / esize * esize;
   return (nseg / n) * (seg_bytes / esize);
 }
-inline int64_t ar_chunk_offset(int64_t count, int n, int64_t esize, int k) {
-  return std::min<int64_t>(count, k * ar_chunk_elems(count, n, esize));
+RC_SCHED_HD int64_t ar_chunk_offset(int64_t count, int n, int64_t esize, int k) {
+  const int64_t o = k * ar_chunk_elems(count, n, esize);
+  return o < count ? o : count;
 }
-inline int64_t ar_chunk_count(int64_t count, int n, int64_t esize, int k) {
+RC_SCHED_HD int64_t ar_chunk_count(int64_t count, int n, int64_t esize, int k) {
   return ar_chunk_offset(count, n, esize, k + 1) - ar_chunk_offset(count, n, esize, k);
 }
 

@@ -1,0 +1,20 @@
+// The fused device ring kernel (kernels/ring_kernel.cu): one launch runs a whole ring all_reduce,
+// reduce_scatter or all_gather of one rank, its protocol and body being device/ring_proto.h.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "common/dtype.h"
+#include "device/ring_proto.h"
+
+namespace rc {
+
+/// Threads per block (per lane) of the ring kernel.
+constexpr int kRingThreads = 512;
+
+/// Enqueue one rank's call on `stream`: a.nlanes blocks, one per lane. Nothing waits on the host;
+/// failures reach a.status (device/ring_proto.h). Throws rc::Unsupported for an unsupported
+/// (dtype, op) pair (all_gather: op is ignored), rc::InvalidArgument for arguments the kernel
+/// cannot run with, rc::Error when the launch fails.
+void ring_cuda(const dev::RingArgs& a, DType dt, ReduceOp op, cudaStream_t stream);
+
+}  // namespace rc
