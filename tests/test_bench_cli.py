@@ -280,7 +280,7 @@ def test_mpi_phase_failure_names_mpiexecs_last_error_line_and_allows_root(tmp_pa
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="the probe runs torch ranks")
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(900)
 def test_torch_apart_probe_reports_each_call(tmp_path):
     """benchmarks/probes/torch_apart.py, tiny: per peer (dist.all_reduce on the ringcomm group,
     ringcomm.torch.all_reduce_, the torch.ops.ringcomm.all_reduce_ op, DeepSpeed's op where it is
@@ -296,8 +296,8 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     r = subprocess.run([sys.executable, str(script), "--sizes", "1K", "--calls", "20", "--warmup", "5",
-                        "--omp1", "--trace", "--timeout", "80", "--json", str(out)],
-                       capture_output=True, text=True, timeout=110, env=env)
+                        "--omp1", "--trace", "--timeout", "600", "--json", str(out)],
+                       capture_output=True, text=True, timeout=840, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
     ds = importlib.util.find_spec("deepspeed") is not None

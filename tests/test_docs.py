@@ -38,12 +38,17 @@ def test_readme_is_short():
 
 
 def test_readme_test_command_is_the_ci_command():
-    """The README's test command is, character for character, the command .ci/run runs."""
+    """The README's "Tests" steps are, line for line, the commands .ci/run runs after its set-up
+    (``set``, ``cd`` and comments): a fresh venv, the installs and the test command."""
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
-          if line.startswith("pip install") and "pytest" in line]
-    assert len(ci) == 1, ".ci/run must run its install and test command on one line"
-    assert ci[0] in README.read_text().splitlines(), \
-        f"README.md must give the test command on a line of its own: {ci[0]}"
+          if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert ci[0].startswith("python3 -m venv") and ci[-1].startswith("pip install"), ci
+    assert "pytest" in ci[-1], ".ci/run must end with its install and test command on one line"
+    readme = README.read_text()
+    tests = readme[readme.index("## Tests\n"):]
+    block = re.search(r"^```bash\n(.*?)^```", tests, flags=re.S | re.M)
+    assert block, "README.md's Tests section must give its steps in a bash block"
+    assert block.group(1).splitlines() == ci
 
 
 # ---- links -----------------------------------------------------------------------------------
@@ -86,10 +91,9 @@ def test_knobs_md_names_every_knob():
         assert f"| `{k['name']}` |" in text, k["name"]
 
 
-# Environment variables the docs may name that are not runtime knobs of the product: test switches
-# read by the test suite only, the test build's knobs (csrc/common/test_knobs.def) and its
-# compile definition.
-NOT_KNOBS = {"RINGCOMM_TEST_SOAK", "RINGCOMM_TEST_HOOKS"} | {k["name"] for k in _C_test.test_knobs()}
+# Environment variables the docs may name that are not runtime knobs of the product: the test
+# build's knobs (csrc/common/test_knobs.def) and its compile definition.
+NOT_KNOBS = {"RINGCOMM_TEST_HOOKS"} | {k["name"] for k in _C_test.test_knobs()}
 
 
 @pytest.mark.parametrize("path", _doc_files(), ids=_rel)

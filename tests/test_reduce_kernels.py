@@ -2,7 +2,9 @@
 
 Every supported dtype x op is compared with a reference computed the same way in numpy
 (fp16: float32 math then numpy's float16 rounding; bf16: float32 math then an RNE rounding
-written here), on every compiled instruction-set copy (generic, and avx2 where the CPU has it).
+written here), on every compiled instruction-set copy this CPU runs (generic; avx2 and avx512
+where it has them), each forced in turn; and a 2-rank all_reduce of every pair with each copy
+forced by RINGCOMM_CPU_ISA.
 The results must be bit identical: these are deterministic elementwise ops.
 
 Inputs never hold two *different* NaNs at the same index for SUM/PRODUCT/AVG: which NaN payload
@@ -504,3 +506,54 @@ def test_isa_auto_choice_per_dtype():
         assert out.stdout.strip().split(",") == want, (value, out.stdout)
     with pytest.raises(ValueError, match="dtype code"):
         ringcomm._C_test.reduce_isa(len(DT_NAME))
+
+
+def _all_reduce_every_pair(rank, world, store, counts):
+    """On one rank: every supported dtype x op all-reduced at each count (small whole numbers,
+    so every copy and numpy agree exactly), checked against numpy; returns the copy each dtype's
+    kernels ran on here and the pairs that came out wrong."""
+    import torch
+    import ringcomm
+    from ringcomm._C_test import reduce_isa
+    comm = ringcomm.init(rank=rank, world_size=world, init_method=f"file://{store}", timeout=60)
+    ops = {SUM: ringcomm.ReduceOp.SUM, PROD: ringcomm.ReduceOp.PRODUCT, MIN: ringcomm.ReduceOp.MIN,
+           MAX: ringcomm.ReduceOp.MAX, AVG: ringcomm.ReduceOp.AVG, BAND: ringcomm.ReduceOp.BAND,
+           BOR: ringcomm.ReduceOp.BOR, BXOR: ringcomm.ReduceOp.BXOR}
+    wrong = []
+    try:
+        for dt, op in SUPPORTED:
+            for n in counts:
+                base = [np.arange(n) % 7 + r * 3 - (0 if dt in (U8, BOOL) else 4) for r in range(world)]
+                if dt == BOOL:
+                    base = [(b % 2).astype(bool) for b in base]
+                if dt == BF16:       # the API takes bfloat16 as torch tensors
+                    vals = [torch.tensor(b, dtype=torch.float32) for b in base]
+                    x = vals[rank].to(torch.bfloat16)
+                else:
+                    vals = [b.astype(STORAGE[dt]) for b in base]
+                    x = vals[rank].copy()
+                comm.all_reduce(x, op=ops[op])
+                got = x.float().numpy() if dt == BF16 else x
+                f = np.float32 if dt == BF16 else STORAGE[dt]
+                a, b = (np.asarray(v, dtype=f) for v in vals)
+                want = {SUM: lambda: a + b, PROD: lambda: a * b, MIN: lambda: np.minimum(a, b),
+                        MAX: lambda: np.maximum(a, b), AVG: lambda: (a + b) / f(2),
+                        BAND: lambda: a & b, BOR: lambda: a | b, BXOR: lambda: a ^ b}[op]()
+                if not np.array_equal(np.asarray(got, dtype=f), want.astype(f)):
+                    wrong.append((DT_NAME[dt], OP_NAME[op], n))
+        return sorted({reduce_isa(dt) for dt in DT_NAME}), wrong
+    finally:
+        comm.close()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_collectives_on_each_forced_isa(isa):
+    """RINGCOMM_CPU_ISA forces one copy in the ranks of a 2-rank communicator, and its
+    all_reduce gives numpy's result for every dtype x op, at a count of a few KiB and one of
+    hundreds: so on an AVX-512 machine the AVX2 and generic copies also carry real collectives."""
+    from ringcomm.core.launch import spawn_with_store
+    res = spawn_with_store(_all_reduce_every_pair, 2, lambda s: (s, (1000, 100_001)), timeout=240,
+                           env={"RINGCOMM_CPU_ISA": isa})
+    for rank, (used, wrong) in enumerate(res):
+        assert used == [isa], (rank, used)
+        assert wrong == [], (rank, wrong)

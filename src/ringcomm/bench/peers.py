@@ -335,6 +335,49 @@ class MpiRunner(Runner, NumpyBuffers):
 # DeepSpeed's shared-memory all-reduce (its CPU inference path)
 
 _DS_DTYPES = ("float32", "bfloat16", "float16")
+# The instruction set DeepSpeed's shm reduce kernels need per level: float32's use 256-bit AVX2,
+# the bfloat16 / float16 ones AVX-512 BW conversions (csrc/cpu/comm/shm.cpp). A kernel above the
+# CPU's level faults in the rank, which the other rank then waits on.
+_DS_LEVEL_ISA = {1: "avx2", 2: "avx512bw"}
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (the first ``flags`` line of /proc/cpuinfo); empty where there is
+    none to read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def ds_kernel_level(mod=None, flags: set[str] | None = None) -> int:
+    """The highest level of DeepSpeed's shm kernels this CPU runs: 2 (every dtype), 1 (float32
+    only) or 0 (none). The extension's own answer where it gives one (``vector_kernel_level``),
+    else read from the CPU's flags (``flags``, default :func:`cpu_flags`)."""
+    if mod is not None and hasattr(mod, "vector_kernel_level"):
+        return int(mod.vector_kernel_level())
+    flags = cpu_flags() if flags is None else flags
+    return max([lvl for lvl, isa in _DS_LEVEL_ISA.items() if isa in flags], default=0)
+
+
+def ds_unsupported(op: str, dtype: str, redop: str, level: int) -> str | None:
+    """Why DeepSpeed's shm op cannot run ``op`` on ``dtype`` with ``redop`` on a CPU whose kernel
+    level is ``level`` (:func:`ds_kernel_level`), or None where it can."""
+    if op != "all_reduce":
+        return f"deepspeed: the shm op is all_reduce only (not {op})"
+    if dtype not in _DS_DTYPES:
+        return f"deepspeed: the shm op reduces {', '.join(_DS_DTYPES)} only (not {dtype})"
+    if redop != "sum":
+        return f"deepspeed: the shm op sums only (not {redop})"
+    need = 1 if dtype == "float32" else 2
+    if level < need:
+        return (f"deepspeed: the shm kernels for {dtype} need {_DS_LEVEL_ISA[need]}, which this "
+                f"CPU lacks")
+    return None
 
 
 def _ds_segment_prefix(cfg) -> tuple[str, str]:
@@ -361,7 +404,7 @@ class DeepSpeedRunner(TorchRunner):
         from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
         self._version = deepspeed.__version__
         self._mod = ShareMemCommBuilder().load(verbose=False)
-        self._level = self._mod.vector_kernel_level() if hasattr(self._mod, "vector_kernel_level") else 2
+        self._level = ds_kernel_level(self._mod)
         self._mod.initialize(world, rank)
         self.dist.barrier()
         # Every rank has mapped every peer's segment: unlink ours, so none outlives the run.
@@ -378,16 +421,7 @@ class DeepSpeedRunner(TorchRunner):
         return ["ip"]
 
     def unsupported(self, op, dtype, redop, mode):
-        if op != "all_reduce":
-            return f"deepspeed: the shm op is all_reduce only (not {op})"
-        if dtype.name not in _DS_DTYPES:
-            return f"deepspeed: the shm op reduces {', '.join(_DS_DTYPES)} only (not {dtype.name})"
-        if redop != "sum":
-            return f"deepspeed: the shm op sums only (not {redop})"
-        need = 1 if dtype.name == "float32" else 2
-        if self._level < need:
-            return f"deepspeed: the shm kernels for {dtype.name} need {'avx2' if need == 1 else 'avx512bw'}"
-        return None
+        return ds_unsupported(op, dtype.name, redop, self._level)
 
     def op_fn(self, op, mode, inp, out, redop, root):
         if op != "all_reduce" or mode != "ip":
