@@ -1,4 +1,4 @@
-"""nvcc builds the device ring kernel (csrc/kernels/ring_kernel.cu) for sm_80 and sm_90, and the SASS that
+"""nvcc builds the device ring kernel (csrc/device/ring_kernel.cu) for sm_80 and sm_90, and the SASS that
 cuobjdump prints keeps every spin loop's system-scope acquire load inside the loop; the build with the load
 hoisted out of its spin (RC_RING_BROKEN=4) fails the same check. float32 SUM only here (RC_RING_SASS_SUBSET:
 the spin loops are the same code in every pair); every pair of the production build is checked by
@@ -27,7 +27,7 @@ def nvcc():
 def build(out, arch, broken=0):
     subprocess.run([nvcc(), "-std=c++17", "-O3", "--fmad=false", "-cubin", f"-arch={arch}", "-DRC_RING_SASS_SUBSET",
                     f"-DRC_RING_BROKEN={broken}", f"-I{ROOT / 'csrc'}", f"-I{ROOT / 'csrc' / 'include'}",
-                    str(ROOT / "csrc" / "kernels" / "ring_kernel.cu"), "-o", str(out)], check=True)
+                    str(ROOT / "csrc" / "device" / "ring_kernel.cu"), "-o", str(out)], check=True)
     return out
 
 

@@ -37,11 +37,17 @@ def test_readme_is_short():
     assert n <= README_MAX_LINES, f"README.md has {n} lines; at most {README_MAX_LINES}: move detail to docs/"
 
 
+SECOND_STEP = "bash benchmarks/device/host_proof.sh"
+
+
 def test_readme_test_command_is_the_ci_command():
     """The README's "Tests" steps are, line for line, the commands .ci/run runs after its set-up
     (``set``, ``cd`` and comments): a fresh venv, the installs and the test command."""
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    # the second step, after the README's command: the device protocol's long host proof
+    assert ci[-1] == SECOND_STEP, ci
+    ci = ci[:-1]
     assert ci[0].startswith("python3 -m venv") and ci[-1].startswith("pip install"), ci
     assert "pytest" in ci[-1], ".ci/run must end with its install and test command on one line"
     readme = README.read_text()

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("transport", ("csrc/transport",)),
     ("proto", ("csrc/proto",)),
     ("algo", ("csrc/algo",)),
+    ("device", ("csrc/device",)),
     ("comm", ("csrc/comm",)),
     ("bindings", ("bindings",)),
 )

@@ -69,7 +69,7 @@ for w in 2 3 4; do
   fi
 done
 echo "== SASS of the production build (every dtype x op kernel), when it was built"
-obj=$(ls build/setup-cmake/CMakeFiles/ringcomm_cuda_kernels.dir/csrc/kernels/ring_kernel.cu.o 2>/dev/null || true)
+obj=$(ls build/setup-cmake/CMakeFiles/ringcomm_cuda_kernels.dir/csrc/device/ring_kernel.cu.o 2>/dev/null || true)
 if [ -n "$obj" ]; then
   if "$PY" tests/device_proof/sass_check.py "$obj"; then echo "ok   sass $obj"; else echo "FAIL sass $obj"; fail=1; fi
 else

@@ -1,5 +1,5 @@
 // The device ring: its signalling protocol and the body of the fused ring kernel, as ONE header
-// that nvcc compiles for the GPU (kernels/ring_kernel.cu) and a host C++ compiler compiles for the
+// that nvcc compiles for the GPU (device/ring_kernel.cu) and a host C++ compiler compiles for the
 // host harness (tests/device_proof/host_harness.cpp), where blocks are threads (or coroutines under
 // a deterministic scheduler) and ranks are threads or processes over shared pages. The host does
 // not run a model of this code: it runs this code. What differs is confined to the platform P

@@ -1,5 +1,5 @@
 // The GPU's element operations, its typed reduce body and THE dtype x op switch, as one header
-// that nvcc compiles for the device (kernels/reduce.cu, kernels/ring_kernel.cu) and a host C++
+// that nvcc compiles for the device (kernels/reduce.cu, device/ring_kernel.cu) and a host C++
 // compiler compiles for the host (the device ring's host harness, tests/device_proof/): every
 // function is __host__ __device__ under nvcc and plain inline elsewhere, so the host runs the very
 // code the GPU runs. Semantics: kernels/reduce_cuda.h.

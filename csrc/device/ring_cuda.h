@@ -1,4 +1,4 @@
-// The fused device ring kernel (kernels/ring_kernel.cu): one launch runs a whole ring all_reduce,
+// The fused device ring kernel (device/ring_kernel.cu): one launch runs a whole ring all_reduce,
 // reduce_scatter or all_gather of one rank, its protocol and body being device/ring_proto.h.
 #pragma once
 #include <cuda_runtime_api.h>

@@ -11,7 +11,7 @@
 
 #include "common/cuda_check.h"
 #include "common/errors.h"
-#include "kernels/ring_cuda.h"
+#include "device/ring_cuda.h"
 
 #ifndef RC_RING_BROKEN
 #define RC_RING_BROKEN 0
