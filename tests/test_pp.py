@@ -295,8 +295,9 @@ def test_measured_bubble_matches_formula(backend, kind, p, m):
         measured = r["mean_bubble"]
         assert expected - BUBBLE_BELOW <= measured <= expected + BUBBLE_ABOVE, (measured, expected)
         assert measured <= (p - 1) / p - 0.1
-        # the busy time is this stage's 2 m slots (sleeps overrun on a loaded machine)
-        assert 2 * m * SLOT_S <= r["stats"]["busy_s"] <= 1.5 * 2 * m * SLOT_S
+        # the busy time covers this stage's 2 m slots; no upper bound: a sleep overruns by as
+        # much as a busy machine makes it, and the bubble's bounds above are the point
+        assert 2 * m * SLOT_S <= r["stats"]["busy_s"]
 
 
 # ----------------------------------------------------------------------------- the demo's split
