@@ -209,6 +209,7 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int
   hdr.proto = static_cast<uint8_t>(sel.proto);
   hdr.store = static_cast<uint8_t>(sel.store);
   const Route& route = route_of(coll, sel.algo, sel.proto);
+  if (coll != Coll::kRejected) dev_->check_submit(coll, hdr, args, l.stream);
   Task task;
   WorkPtr work;  // task.work, which moves with a queued task
   bool inline_run = false;
@@ -303,7 +304,7 @@ void CommCore::execute(Task& t) {
   const Route& route = *t.route;
   // What goes before the header is decided from the header this rank posts (forged or not),
   // exactly as its peers decide from that header whether to drain a slot from it.
-  if (world_ > 1 && route.first != nullptr && sent_before_header(hdr, rank_)) {
+  if (world_ > 1 && route.first != nullptr && sent_before_header(hdr, rank_) && !dev_->fused(coll, {})) {
     // Header phases collapse (comm/trace.h): header_posted is stamped just before the first
     // store a peer can read this header from, and first_slot equals header_seen (the first
     // piece travelled with the header). A header-in-slot piece does not carry the header (the
@@ -336,7 +337,8 @@ void CommCore::execute(Task& t) {
   } else {
     const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
     if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
-    fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); });
+    if (world_ > 1 && dev_->fused(coll, headers)) fence = dev_->run_fused(coll, hdr, t.args, l.stream, seq);
+    else fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); });
   }
   trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
   t.work->complete(fence);
