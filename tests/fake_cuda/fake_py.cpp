@@ -65,7 +65,8 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
   m.doc() = "the production CUDA communicator over a fake CUDA runtime that records its calls (tests only)";
   register_error_translator(true);
   rc_py::bind_work(m, true);
-  py::class_<CudaCommunicator, std::shared_ptr<CudaCommunicator>> comm(m, "Communicator");
+  // module_local: ringcomm._C_cuda binds the same C++ class (both may be imported in one process).
+  py::class_<CudaCommunicator, std::shared_ptr<CudaCommunicator>> comm(m, "Communicator", py::module_local());
   comm.def(py::init<int, int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("device"),
            py::arg("timeout") = 0.0)
       .def("local_info", [](CudaCommunicator& c) { return py::bytes(c.local_info()); })
