@@ -304,7 +304,7 @@ void CommCore::execute(Task& t) {
   const Route& route = *t.route;
   // What goes before the header is decided from the header this rank posts (forged or not),
   // exactly as its peers decide from that header whether to drain a slot from it.
-  if (world_ > 1 && route.first != nullptr && sent_before_header(hdr, rank_) && !dev_->fused(coll, {})) {
+  if (world_ > 1 && route.first != nullptr && sent_before_header(hdr, rank_)) {
     // Header phases collapse (comm/trace.h): header_posted is stamped just before the first
     // store a peer can read this header from, and first_slot equals header_seen (the first
     // piece travelled with the header). A header-in-slot piece does not carry the header (the

@@ -145,7 +145,7 @@ std::shared_ptr<DeviceFence> DeviceRing::launch(Coll coll, DType dt, ReduceOp op
   a.count = count;
   a.slot_bytes = c.slot_bytes;
   a.slot_stride = c.ring_slot_stride;
-  a.scale = op == ReduceOp::kAvg ? 1.0 / world_ : 1.0;
+  a.scale = 1.0 / world_;  // AVG's factor; the other ops ignore it (kernels/reduce_ops.h)
   a.in = in;
   a.out = out;
   a.self = reinterpret_cast<dev::SignalPage*>(self_);
