@@ -43,7 +43,7 @@ class CMakeBuild(build_ext):
         if ext.name == "ringcomm._C_test":
             return
         # ---- CUDA ----
-        if ext.name in ("ringcomm._C_cuda", "ringcomm._C_cuda_test"):
+        if ext.name in ("ringcomm._C_cuda", "ringcomm._C_cuda_test", "ringcomm._C_cuda_fake"):
             return
         # ---- end CUDA ----
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
@@ -68,6 +68,7 @@ setup(
     ext_modules=[CMakeExtension("ringcomm._C"),
                  CMakeExtension("ringcomm._C_test"),
                  CMakeExtension("ringcomm._C_cuda", optional=True),  # CUDA: see build_extension
-                 CMakeExtension("ringcomm._C_cuda_test", optional=True)],
+                 CMakeExtension("ringcomm._C_cuda_test", optional=True),
+                 CMakeExtension("ringcomm._C_cuda_fake", optional=True)],
     cmdclass={"build_ext": CMakeBuild},
 )

@@ -12,7 +12,7 @@ _RUNTIME_PREFIXES = ("_ZNSt6locale", "_ZNKSt7num_put", "_ZNSt7num_put", "_ZNKSt7
                      "_ZNSo9_M_insert", "_ZNSt8ios_base")
 
 
-@pytest.mark.parametrize("name", ["_C", "_C_test", "_C_cuda", "_C_cuda_test"])
+@pytest.mark.parametrize("name", ["_C", "_C_test", "_C_cuda", "_C_cuda_test", "_C_cuda_fake"])
 def test_module_exports_no_cxx_runtime(name):
     nm = shutil.which("nm")
     if nm is None:
@@ -91,3 +91,21 @@ def test_cuda_test_hooks_live_only_in_the_cuda_test_module():
     assert "reduce_emulated" in hooks and "plan_channels" in hooks, hooks
     both = [n for n in hooks if hasattr(_C_cuda, n) or hasattr(_C_cuda, "_" + n)]
     assert not both, both
+
+
+def test_fake_cuda_runtime_lives_only_in_the_fake_module():
+    """ringcomm._C_cuda_fake links the production CUDA objects with the fake runtime
+    (tests/fake_cuda/); ringcomm._C_cuda holds none of the fake, the fake module none of the real
+    runtime (which loads libcuda.so). The modules are stripped: their bytes are what is read."""
+    try:
+        from ringcomm import _C_cuda, _C_cuda_fake
+    except ImportError:
+        pytest.skip("ringcomm was built without CUDA")
+    with open(_C_cuda.__file__, "rb") as f:
+        real = f.read()
+    with open(_C_cuda_fake.__file__, "rb") as f:
+        fake = f.read()
+    assert b"fake runtime error" in fake and b"fake runtime error" not in real
+    assert b"libcuda.so" in real and b"libcuda.so" not in fake
+    # The production code is in both: the device ring's messages.
+    assert b"the device ring's watchdog" in real and b"the device ring's watchdog" in fake

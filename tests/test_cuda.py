@@ -181,7 +181,7 @@ U = [bytes([i]) * 16 for i in range(4)]  # four GPU uuids
 
 
 @needs_module
-@pytest.mark.parametrize("case", ["one-gpu", "p2p", "no-p2p", "invisible", "no-ipc-events", "forced"])
+@pytest.mark.parametrize("case", ["one-gpu", "p2p", "no-p2p", "invisible", "no-ipc-events", "forced", "device"])
 def test_channel_plan(case):
     plan = _C_cuda_test.plan_channels
 
@@ -213,6 +213,10 @@ def test_channel_plan(case):
         assert set(kinds(one, 1).values()) == {"ipc"}
         with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_CUDA_P2P=ipc"):
             plan([dict(uuid=U[0], visible=[U[0]], can_access=[1]), dict(uuid=U[1], visible=[U[1]], can_access=[1])], 1)
+    elif case == "device":     # the device ring's flags live in the inboxes: ipc everywhere, or refused
+        assert set(kinds([dict(uuid=U[0]), dict(uuid=U[0], ipc_events=False)], 4).values()) == {"ipc"}
+        with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_CUDA_P2P=device"):
+            plan([dict(uuid=U[0], visible=[U[0]], can_access=[1]), dict(uuid=U[1], visible=[U[1]], can_access=[1])], 4)
 
 
 @pytest.mark.timeout(300)

@@ -32,6 +32,8 @@ class CudaCommunicator final : public CommCore {
   /// The internal stream send/recv run on, and whether its enqueued copies are all done.
   uintptr_t p2p_stream() const { return cuda_->p2p_stream_handle(); }
   bool p2p_idle() { return cuda_->p2p_idle(); }
+  /// The device ring (RINGCOMM_CUDA_P2P=device, once connected), else nullptr (tests).
+  DeviceRing* device_ring() { return cuda_->ring(); }
   /// The transport's owner id in the process's PinRegistry (tests).
   uint64_t pin_owner() const { return cuda_->transport().pin_owner(); }
 

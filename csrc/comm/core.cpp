@@ -209,6 +209,7 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int
   hdr.proto = static_cast<uint8_t>(sel.proto);
   hdr.store = static_cast<uint8_t>(sel.store);
   const Route& route = route_of(coll, sel.algo, sel.proto);
+  if (coll != Coll::kRejected) dev_->check_submit(coll, hdr, args, l.stream);
   Task task;
   WorkPtr work;  // task.work, which moves with a queued task
   bool inline_run = false;
@@ -336,7 +337,8 @@ void CommCore::execute(Task& t) {
   } else {
     const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
     if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
-    fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); });
+    if (world_ > 1 && dev_->fused(coll, headers)) fence = dev_->run_fused(coll, hdr, t.args, l.stream, seq);
+    else fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); });
   }
   trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
   t.work->complete(fence);

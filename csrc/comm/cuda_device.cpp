@@ -114,6 +114,13 @@ void CudaDevice::connect(const std::vector<std::string>& blobs) {
   CudaDeviceGuard g(device_);
   RC_CUDA(cudaStreamCreateWithFlags(&p2p_stream_, cudaStreamNonBlocking), "");
   p2p_ch_ = std::make_unique<CudaChannel>(&transport_, Lane::kP2P, p2p_stream_);
+  if (transport_.config().ring_bytes > 0 && world_ > 1) {
+    CommCore* core = core_;
+    ring_ = std::make_unique<DeviceRing>(transport_, rank_, world_, device_, [core](std::exception_ptr e) {
+      if (core != nullptr) core->mark_broken(e);
+    });
+    ring_->init();
+  }
   const CudaIpcConfig& cc = transport_.config();
   RC_LOG(kInfo, rank_, world_,
          "transport cuda_ipc (GPU " << device_ << ", channel to the next rank "
@@ -156,6 +163,53 @@ std::shared_ptr<DeviceFence> CudaDevice::execute(Coll coll, const CollHeader&, v
   return fence(std::move(ev));
 }
 
+namespace {
+
+bool capturing(cudaStream_t s, const char* op) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  RC_CUDA(cudaStreamIsCapturing(s, &cs), " (" << op << ")");
+  return cs != cudaStreamCaptureStatusNone;
+}
+
+[[noreturn]] void refuse_capture(const std::string& what) {
+  RC_THROW(Unsupported, "ringcomm: " << what << " on a CUDA stream that is being captured into a graph: it runs on "
+                                        "the host-ordered path, whose host waits cannot be captured (with "
+                                        "RINGCOMM_CUDA_P2P=device, all_reduce, reduce_scatter and all_gather of equal "
+                                        "contributions run as one kernel and can be captured)");
+}
+
+}  // namespace
+
+void CudaDevice::check_submit(Coll coll, const CollHeader& h, const CollArgs& a, void* stream) {
+  // The fused path is decided from every rank's header; locally, an all_gather can be fused only
+  // if its contribution is an equal part of the output.
+  const bool may_fuse = fused(coll, {}) && (coll != Coll::kAllGather || a.count * world_ == a.out_count);
+  if (may_fuse) return;
+  CudaDeviceGuard g(device_);
+  if (capturing(static_cast<cudaStream_t>(stream), coll_name(coll))) refuse_capture(coll_name(coll));
+}
+
+bool CudaDevice::fused(Coll coll, const std::vector<CollHeader>& headers) const {
+  if (!ring_ || !DeviceRing::runs(coll)) return false;
+  if (coll == Coll::kAllGather) {  // the kernel moves equal contributions
+    for (const CollHeader& h : headers) {
+      if (h.count2 != headers.front().count2) return false;
+    }
+  }
+  return true;
+}
+
+std::shared_ptr<DeviceFence> CudaDevice::run_fused(Coll coll, const CollHeader& h, const CollArgs& a, void* stream,
+                                                   uint64_t seq) {
+  return ring_->launch(coll, static_cast<DType>(h.dtype), a.op, a.in, a.out, a.count,
+                       static_cast<cudaStream_t>(stream), [this](std::shared_ptr<GpuEvent> ev) {
+                         // The ring's stream is in order: its last event covers every launch
+                         // (close() drains it). Nothing is queried here.
+                         std::lock_guard<std::mutex> lk(pending_mu_);
+                         ring_last_ = std::move(ev);
+                       });
+}
+
 void CudaDevice::p2p_thread_start() {
   if (cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
 }
@@ -163,6 +217,7 @@ void CudaDevice::p2p_thread_start() {
 void* CudaDevice::p2p_prepare(void* stream) {
   // The internal stream starts after everything the caller enqueued before this call.
   CudaDeviceGuard g(device_);
+  if (capturing(static_cast<cudaStream_t>(stream), "send/recv")) refuse_capture("send/recv");
   cudaEvent_t ready = nullptr;
   RC_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "");
   const cudaError_t e = cudaEventRecord(ready, static_cast<cudaStream_t>(stream));
@@ -204,6 +259,7 @@ void CudaDevice::close(bool broken) {
   // (transport/cuda_ipc.h), so our work completes whether the peers live or not. A GPU error or
   // a kernel outliving the bound leaves the work undrained: the transport then retires its
   // memory instead of freeing it.
+  if (ring_) ring_->stop();  // the watchdog reads the control plane, which the transport closes
   bool drained = false;
   try {
     CudaDeviceGuard g(device_);
@@ -212,6 +268,7 @@ void CudaDevice::close(bool broken) {
     {
       std::lock_guard<std::mutex> lk(pending_mu_);
       pending.swap(pending_);
+      if (ring_last_) pending.push_back(std::move(ring_last_));
     }
     WaitCtx w;
     w.op = broken ? "close (after a failure)" : "close";
@@ -241,6 +298,7 @@ void CudaDevice::close(bool broken) {
   } catch (...) {
     drained = false;
   }
+  if (ring_) ring_->release(drained);
   transport_.close(drained);
 }
 

@@ -10,6 +10,10 @@
 // liveness; stream_wait() makes another stream wait for it.
 // send/recv run on an internal stream that first waits for the caller's stream (an event
 // recorded at the call); their fence is recorded after the copies.
+// RINGCOMM_CUDA_P2P=device: all_reduce, reduce_scatter and all_gather (equal contributions) run
+// on the device ring instead (comm/cuda_ring.h): one launch per call, no host wait.
+// A collective or send/recv that runs on the host-ordered path refuses a capturing stream: its
+// host waits and event queries cannot be captured.
 // Every fence's event is also kept in pending_ until seen complete, so that close() can let the
 // GPU finish (bounded, whether or not the communicator broke) before the transport's memory,
 // events and registrations go; what it could not drain the transport retires instead.
@@ -23,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/cuda_ring.h"
 #include "comm/device.h"
 #include "comm/validation.h"
 #include "comm/work.h"
@@ -74,6 +79,12 @@ class CudaDevice final : public CommDevice {
   void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }
   std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
                                        const std::function<void(const AlgoCtx&)>& body) override;
+  void check_submit(Coll coll, const CollHeader& h, const CollArgs& a, void* stream) override;
+  bool fused(Coll coll, const std::vector<CollHeader>& headers) const override;
+  std::shared_ptr<DeviceFence> run_fused(Coll coll, const CollHeader& h, const CollArgs& a, void* stream,
+                                         uint64_t seq) override;
+  /// The device ring (RINGCOMM_CUDA_P2P=device, after connect), else nullptr.
+  DeviceRing* ring() { return ring_.get(); }
   Channel& p2p_channel() override { return *p2p_ch_; }
   bool p2p_slots_in_host_memory() const override { return false; }
   void p2p_thread_start() override;
@@ -98,6 +109,8 @@ class CudaDevice final : public CommDevice {
   CommCore* core_ = nullptr;
   cudaStream_t p2p_stream_ = nullptr;
   std::unique_ptr<CudaChannel> p2p_ch_;
+  std::unique_ptr<DeviceRing> ring_;
+  std::shared_ptr<GpuEvent> ring_last_;  // the last eager ring call's completion (under pending_mu_)
   std::mutex pending_mu_;
   std::deque<std::shared_ptr<GpuEvent>> pending_;  // events of enqueued work not yet seen complete
 };

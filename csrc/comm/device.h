@@ -10,6 +10,7 @@
 #include "algo/context.h"
 #include "comm/coll.h"
 #include "comm/coll_header.h"
+#include "comm/dispatch.h"
 #include "comm/selection.h"
 #include "comm/validation.h"
 #include "comm/work.h"
@@ -44,6 +45,21 @@ class CommDevice {
   /// running on the device (nullptr: nothing). Called by one thread at a time.
   virtual std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
                                                const std::function<void(const AlgoCtx&)>& body) = 0;
+
+  /// On the caller's thread, when a collective is submitted (before it is numbered): throw what
+  /// the device cannot run now (the CUDA device: a call that would wait on the host while the
+  /// caller's stream is being captured into a CUDA graph). A throw here rejects the call on this
+  /// rank only, before any header is posted.
+  virtual void check_submit(Coll coll, const CollHeader& h, const CollArgs& a, void* stream) {}
+  /// Whether the device runs `coll` itself as one fused launch (run_fused) instead of a data
+  /// phase through the channel; decided from every rank's header, so alike on every rank
+  /// (headers empty: whether it may, before the exchange).
+  virtual bool fused(Coll coll, const std::vector<CollHeader>& headers) const { return false; }
+  /// Enqueue a fused call after the header exchange; returns its fence (nullptr: none to wait for).
+  virtual std::shared_ptr<DeviceFence> run_fused(Coll coll, const CollHeader& h, const CollArgs& a, void* stream,
+                                                 uint64_t seq) {
+    return nullptr;
+  }
 
   // ---- point-to-point (the core's p2p engine, its thread only, except p2p_prepare) ----
   /// The point-to-point lane's channel.

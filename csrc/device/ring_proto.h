@@ -58,6 +58,9 @@ constexpr uint32_t kCheckEvery = 64;
 /// 16 of the piece's byte offset in the user's buffer, so that 16-byte vectors line up.
 constexpr uint64_t kSlotHeaderBytes = 64;
 
+/// Bytes between two slots of the region (header, payload, 16 bytes of alignment slack; whole lines).
+RC_HD uint64_t ring_slot_stride(uint64_t slot_bytes) { return (kSlotHeaderBytes + slot_bytes + 16 + 63) / 64 * 64; }
+
 enum class Coll : uint32_t { kAllReduce = 1, kReduceScatter = 2, kAllGather = 3 };
 enum class Reason : uint32_t { kNone = 0, kTimeout = 1, kAbort = 2, kMismatch = 3, kCorrupt = 4 };
 /// The defects the tests must catch: the flag published before the data, the words reset at the
@@ -122,6 +125,13 @@ struct RingArgs {
   const uint32_t* abort;  ///< host-mapped; non-zero: every wait of this rank ends (Reason::kAbort)
   uint64_t timeout_ns;
 };
+
+/// Bytes of a rank's device-ring region: its SignalPage, then its receive slots [lane][slot].
+RC_HD uint64_t ring_region_bytes(uint64_t slot_bytes, uint64_t nslots, uint64_t nlanes) {
+  return (sizeof(SignalPage) + 4095) / 4096 * 4096 + nlanes * nslots * ring_slot_stride(slot_bytes);
+}
+/// The slots of a region (after its page).
+RC_HD uint64_t ring_slots_offset() { return (sizeof(SignalPage) + 4095) / 4096 * 4096; }
 
 // ---------------- flags at system scope -------------------------------------------------------
 

@@ -144,12 +144,23 @@ std::string CudaIpcTransport::create(const std::vector<std::string>& infos) {
   cudaIpcMemHandle_t mh;
   std::memset(&mh, 0, sizeof(mh));
   if (ipc_in && world_ > 1) {
-    inbox_bytes_ = static_cast<size_t>(kNumLanes) * world_ * cfg_.nslots * cfg_.slot_bytes;
+    inbox_bytes_ = channel_bytes() + cfg_.ring_bytes;
     void* p = nullptr;
     RC_CUDA(cudaMalloc(&p, inbox_bytes_), " allocating the " << inbox_bytes_ << "-byte CUDA IPC inbox on device " << device_
                                                               << " (RINGCOMM_CUDA_SLOT_BYTES x RINGCOMM_CUDA_NSLOTS x 2 x world)");
     inbox_ = static_cast<char*>(p);
     RC_CUDA(cudaIpcGetMemHandle(&mh, inbox_), " exporting the CUDA IPC inbox (RINGCOMM_CUDA_P2P=host avoids CUDA IPC memory)");
+    if (cfg_.ring_bytes > 0) {
+      // The device ring's words start at 0 and only increase: zeroed once, before any peer can
+      // map the inbox (its handle leaves this process in the blob returned below). A private
+      // stream: the legacy default stream is never used.
+      cudaStream_t z = nullptr;
+      RC_CUDA(cudaStreamCreateWithFlags(&z, cudaStreamNonBlocking), "");
+      cudaError_t e = cudaMemsetAsync(inbox_ + channel_bytes(), 0, cfg_.ring_bytes, z);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(z);
+      (void)cudaStreamDestroy(z);
+      RC_CUDA(e, " zeroing the device ring's region");
+    }
   }
   w.put<uint8_t>(inbox_ ? 1 : 0);
   w.bytes(&mh, sizeof(mh));
@@ -203,7 +214,7 @@ void CudaIpcTransport::attach(const std::vector<std::string>& blobs) {
               " opening rank " << p << "'s CUDA IPC inbox on rank " << rank_
                                << " (RINGCOMM_CUDA_P2P=host stages through host memory instead)");
       // Every rank's inbox has this rank's geometry (create() checked the slot knobs agree).
-      const size_t peer_bytes = static_cast<size_t>(kNumLanes) * world_ * cfg_.nslots * cfg_.slot_bytes;
+      const size_t peer_bytes = channel_bytes() + cfg_.ring_bytes;
       try {
         pins_->claim(pin_owner_, ptr, peer_bytes, PinKind::kIpcMapped);
       } catch (...) {
@@ -214,6 +225,18 @@ void CudaIpcTransport::attach(const std::vector<std::string>& blobs) {
     }
   }
   attached_ = true;
+}
+
+size_t CudaIpcTransport::channel_bytes() const {
+  return static_cast<size_t>(kNumLanes) * world_ * cfg_.nslots * cfg_.slot_bytes;
+}
+
+char* CudaIpcTransport::ring_region(int r) const {
+  RC_CHECK(cfg_.ring_bytes > 0 && r >= 0 && r < world_, Error,
+           "ringcomm: no device ring region for rank " << r << " (RINGCOMM_CUDA_P2P=device selects it)");
+  char* base = r == rank_ ? inbox_ : peer_inbox_[r];
+  RC_CHECK(base != nullptr, Error, "ringcomm: rank " << r << "'s CUDA inbox is not mapped on rank " << rank_);
+  return base + channel_bytes();
 }
 
 std::string CudaIpcTransport::describe_channels() const {

@@ -48,7 +48,9 @@
 // Slot size and count: RINGCOMM_CUDA_SLOT_BYTES (default 2 MiB, a multiple of 4096) and
 // RINGCOMM_CUDA_NSLOTS (default 4, >= 2). Device memory per rank: 2 lanes x world x nslots x
 // slot_bytes when any channel into it is kIpc. RINGCOMM_CUDA_P2P = auto | ipc | host | hostsync
-// forces a channel kind (host / hostsync exercise the staged paths on a single GPU).
+// forces a channel kind (host / hostsync exercise the staged paths on a single GPU); device
+// forces kIpc and appends the device ring's region (signal page and slots, comm/cuda_ring.h) to
+// every inbox, so that it is exported, opened and zeroed once, with the inbox.
 //
 // Setup (three steps, the Python side moves the bytes through the rendezvous store):
 //   info = local_info()            this rank's device, visible devices, P2P and IPC capabilities
@@ -86,6 +88,10 @@ struct CudaIpcConfig {
   int mode = 0;              // RINGCOMM_CUDA_P2P: 0 auto, 1 ipc, 2 host, 3 hostsync
   int max_blocks = 0;        // RINGCOMM_CUDA_MAX_BLOCKS: reduce grid cap (0: 4 x SMs)
   double close_wait_s = 30;  // RINGCOMM_CUDA_CLOSE_WAIT: bound on close()'s GPU drain and goodbyes
+  int ring_lanes = 0;        // RINGCOMM_CUDA_RING_LANES
+  int64_t watchdog_us = 0;   // RINGCOMM_CUDA_WATCHDOG_US
+  size_t ring_bytes = 0;     // mode device: bytes of each rank's device-ring region (0: none)
+  size_t ring_slot_stride = 0;
   ShmConfig shm;             // timeout, spin, liveness (from the shm knobs)
   /// From the knobs `k` (their range checks throw InvalidArgument).
   static CudaIpcConfig from_knobs(const Knobs& k, int world, double timeout_s);
@@ -158,6 +164,10 @@ class CudaIpcTransport {
   /// depends on no peer, such as close()'s drain); bounded by timeout_s (< 0: the transport's
   /// timeout). Throws TimeoutError / PeerFailure / Error (a CUDA failure) with `w`'s context.
   void wait_event(cudaEvent_t ev, const WaitCtx& w, double timeout_s = -1.0, bool check_peers = true);
+  /// Mode device: rank `r`'s device-ring region (device/ring_proto.h's ring_region_bytes), zeroed
+  /// at create(): this rank's own, or the one in r's inbox opened at attach(). Throws when `r`'s
+  /// inbox is not mapped here.
+  char* ring_region(int r) const;
   /// This transport's owner id in the PinRegistry (tests, logs).
   uint64_t pin_owner() const { return pin_owner_; }
 
@@ -173,6 +183,7 @@ class CudaIpcTransport {
   void end_slot_work(Chan& c, int peer, bool outgoing, cudaStream_t s);
   char* map_host_slot(char* host_ptr);
   size_t inbox_offset(Lane lane, int src, uint32_t slot) const;
+  size_t channel_bytes() const;  // the channels' part of an inbox (the ring region follows)
   bool peer_process_dead(int peer) const;
   void exchange_byes(bool* all_done);
 

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/knobs.h"
+#include "device/ring_proto.h"
 #include "common/errors.h"
 #include "transport/cuda_ipc.h"
 #include "transport/cuda_ipc_wire.h"
@@ -16,10 +17,11 @@ namespace {
 
 // RINGCOMM_CUDA_P2P's names, indexed by the mode number. A forced mode m >= 1 makes every
 // channel ChannelKind(m - 1) where that kind is possible, so kind k shares mode k+1's name.
-constexpr const char* kModeNames[] = {"auto", "ipc", "host", "hostsync"};
+// kModeDevice ("device") forces kIpc channels and selects the fused device ring (comm/cuda_ring.h).
+constexpr const char* kModeNames[] = {"auto", "ipc", "host", "hostsync", "device"};
 constexpr int kNumModes = static_cast<int>(sizeof(kModeNames) / sizeof(kModeNames[0]));
-static_assert(static_cast<int>(ChannelKind::kHostSync) + 1 == kNumModes - 1,
-              "every ChannelKind k is named by mode k+1");
+static_assert(static_cast<int>(ChannelKind::kHostSync) + 1 == kModeDevice - 1 && kModeDevice == kNumModes - 1,
+              "every ChannelKind k is named by mode k+1; device is the last mode");
 
 }  // namespace
 
@@ -45,7 +47,7 @@ int parse_mode(const std::string& m) {
   for (int i = 0; i < kNumModes; ++i) {
     if (m == kModeNames[i]) return i;
   }
-  RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P='" << m << "' (expected auto, ipc, host or hostsync)");
+  RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P='" << m << "' (expected auto, ipc, host, hostsync or device)");
 }
 
 bool can_reach(const CudaPeerInfo& a, const CudaPeerInfo& b) {
@@ -80,6 +82,17 @@ CudaIpcConfig CudaIpcConfig::from_knobs(const Knobs& k, int world, double timeou
   c.max_blocks = static_cast<int>(k.cuda_max_blocks);
   RC_CHECK(c.max_blocks >= 0, InvalidArgument, "RINGCOMM_CUDA_MAX_BLOCKS must be >= 0");
   c.close_wait_s = k.cuda_close_wait;
+  c.ring_lanes = static_cast<int>(k.cuda_ring_lanes);
+  RC_CHECK(c.ring_lanes >= 1 && c.ring_lanes <= dev::kMaxLanes, InvalidArgument,
+           "RINGCOMM_CUDA_RING_LANES must be in [1, " << dev::kMaxLanes << "], got " << c.ring_lanes);
+  c.watchdog_us = k.cuda_watchdog_us;
+  RC_CHECK(c.watchdog_us >= 10, InvalidArgument, "RINGCOMM_CUDA_WATCHDOG_US must be >= 10, got " << c.watchdog_us);
+  if (c.mode == kModeDevice) {
+    // This rank's signal page, then [lane][slot] slots of stride slot_stride: in its inbox, after
+    // the channels' slots (exported and opened with them, once, at setup).
+    c.ring_slot_stride = dev::ring_slot_stride(c.slot_bytes);
+    c.ring_bytes = dev::ring_region_bytes(c.slot_bytes, c.nslots, c.ring_lanes);
+  }
   return c;
 }
 
@@ -133,7 +146,14 @@ std::vector<ChannelKind> plan_channels(const std::vector<CudaPeerInfo>& infos, i
       ChannelKind& c = k[static_cast<size_t>(a) * n + b];
       if (a == b) continue;
       const CudaPeerInfo &pa = infos[a], &pb = infos[b];
-      if (mode == 3 || !pa.ipc_events || !pb.ipc_events) {
+      if (mode == kModeDevice) {
+        // The device ring's flags live in the peers' inboxes: every channel is kIpc (no IPC event
+        // is used on it).
+        RC_CHECK(can_reach(pa, pb) && can_reach(pb, pa), InvalidArgument,
+                 "ringcomm: RINGCOMM_CUDA_P2P=device but rank " << a << " (GPU " << hex(pa.uuid).substr(0, 8) << ") and rank "
+                     << b << " (GPU " << hex(pb.uuid).substr(0, 8) << ") cannot access each other's memory; use auto or host");
+        c = ChannelKind::kIpc;
+      } else if (mode == 3 || !pa.ipc_events || !pb.ipc_events) {
         c = ChannelKind::kHostSync;
       } else if (mode == 2) {
         c = ChannelKind::kHost;

@@ -21,6 +21,8 @@ inline constexpr uint32_t kBlobMagic = 0x52434842;  // "RCHB"
 inline constexpr uint32_t kWireVersion = 2;
 inline constexpr uint64_t kByeTag = ~0ull;          // the control-plane message a closing rank sends
 inline constexpr size_t kPageBytes = 4096;
+/// RINGCOMM_CUDA_P2P=device's mode number (kModeNames in cuda_ipc_plan.cpp).
+inline constexpr int kModeDevice = 4;
 
 // ---- a tiny binary writer / reader for the exchanged bytes (little-endian host order: every
 // rank runs on the same host) ----

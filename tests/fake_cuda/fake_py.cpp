@@ -1,0 +1,139 @@
+// ringcomm._C_cuda_fake: the production CUDA communicator (comm/communicator_cuda.h and everything
+// under it) linked against the fake CUDA runtime (fake_cudart.h) instead of libcudart, with the
+// fake's controls and call log. Test-only; built beside ringcomm._C_cuda_test.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "comm_methods_py.h"
+#include "errors_py.h"
+#include "fake_cudart.h"
+
+#include "comm/communicator_cuda.h"
+
+namespace py = pybind11;
+using rc::CudaCommunicator;
+using rc_py::ptr_of;
+
+namespace {
+
+// As ringcomm._C_cuda: a collective's launch argument is the caller's stream.
+struct StreamLaunches {
+  using Arg = uintptr_t;
+  static rc::Launch coll(uintptr_t s) { return rc::Launch{false, ptr_of(s)}; }
+  static rc::Launch p2p(uintptr_t s) { return rc::Launch{true, ptr_of(s)}; }
+  static bool hands_back(uintptr_t) { return true; }
+};
+
+uintptr_t u(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+py::dict launch_dict(const fake_cuda::Launch& l) {
+  py::dict d;
+  d["kernel"] = l.kernel;
+  d["stream"] = l.stream;
+  d["replay"] = l.replay;
+  d["dtype"] = l.dtype;
+  d["op"] = l.op;
+  if (l.kernel == "ring") {
+    const rc::dev::RingArgs& a = l.ring;
+    d["coll"] = static_cast<int>(a.coll);
+    d["rank"] = a.rank;
+    d["world"] = a.world;
+    d["nlanes"] = a.nlanes;
+    d["nslots"] = a.nslots;
+    d["count"] = a.count;
+    d["slot_stride"] = a.slot_stride;
+    d["in"] = u(a.in);
+    d["out"] = u(a.out);
+    d["self"] = u(a.self);
+    d["right"] = u(a.right);
+    d["left"] = u(a.left);
+    d["recv_slots"] = u(a.recv_slots);
+    d["send_slots"] = u(a.send_slots);
+    d["state"] = u(a.state);
+    d["status"] = u(a.status);
+    d["abort"] = u(a.abort);
+    d["timeout_ns"] = a.timeout_ns;
+  }
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C_cuda_fake, m) {
+  m.doc() = "the production CUDA communicator over a fake CUDA runtime that records its calls (tests only)";
+  register_error_translator(true);
+  rc_py::bind_work(m, true);
+  // module_local: ringcomm._C_cuda binds the same C++ class (both may be imported in one process).
+  py::class_<CudaCommunicator, std::shared_ptr<CudaCommunicator>> comm(m, "Communicator", py::module_local());
+  comm.def(py::init<int, int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("device"),
+           py::arg("timeout") = 0.0)
+      .def("local_info", [](CudaCommunicator& c) { return py::bytes(c.local_info()); })
+      .def("create", [](CudaCommunicator& c, const std::vector<py::bytes>& infos) {
+             std::vector<std::string> v(infos.begin(), infos.end());
+             return py::bytes(c.create(v));
+           })
+      .def("connect", [](CudaCommunicator& c, const std::vector<py::bytes>& blobs) {
+             std::vector<std::string> v(blobs.begin(), blobs.end());
+             py::gil_scoped_release nogil;
+             c.connect(v);
+           })
+      .def("errored", [](CudaCommunicator& c) -> py::object {
+             std::exception_ptr e = c.errored();
+             if (!e) return py::none();
+             std::string msg;
+             const rc::ErrorCode code = rc::error_code_of(e, &msg);
+             return py::make_tuple(static_cast<int>(code), msg);
+           })
+      .def("ring_registered", [](CudaCommunicator& c) {
+             rc::DeviceRing* r = c.device_ring();
+             return r ? r->registered() : std::vector<std::pair<uintptr_t, uintptr_t>>{};
+           });
+  rc_py::def_core_methods<StreamLaunches>(comm);
+
+  m.def("calls", [] {
+    py::list out;
+    for (const auto& c : fake_cuda::calls()) {
+      py::dict d;
+      d["name"] = c.name;
+      d["stream"] = c.stream;
+      d["capturing"] = c.capturing;
+      d["replay"] = c.replay;
+      d["graph"] = c.graph;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("launches", [] {
+    py::list out;
+    for (const auto& l : fake_cuda::launches()) out.append(launch_dict(l));
+    return out;
+  });
+  m.def("clear", &fake_cuda::clear);
+  m.def("new_stream", [] { return u(fake_cuda::new_stream()); });
+  m.def("stream_id", [](uintptr_t s) { return fake_cuda::stream_id(ptr_of(s)); });
+  m.def("device_alloc", [](uint64_t n) { return u(fake_cuda::device_alloc(n)); });
+  m.def("begin_capture", [](uintptr_t s) { fake_cuda::begin_capture(ptr_of(s)); });
+  m.def("end_capture", [](uintptr_t s) { return fake_cuda::end_capture(ptr_of(s)); });
+  m.def("replay", &fake_cuda::replay);
+  m.def("read_u32", [](uintptr_t a) {
+    uint32_t v;
+    std::memcpy(&v, ptr_of(a), 4);
+    return v;
+  });
+  // What a failing lane of the kernel writes (device/ring_proto.h's fail()): the fields, then reason.
+  m.def("write_status", [](uintptr_t a, uint32_t reason, int rank, int peer, int step, int lane, uint64_t seq,
+                           uint64_t expected, uint64_t seen) {
+    auto* s = static_cast<rc::dev::Status*>(ptr_of(a));
+    s->claim = 1;
+    s->rank = rank;
+    s->peer = peer;
+    s->step = step;
+    s->lane = lane;
+    s->seq = seq;
+    s->expected = expected;
+    s->seen = seen;
+    rc::dev::SysU32(s->reason).store(reason, cuda::std::memory_order_release);
+  });
+}

@@ -1,0 +1,132 @@
+"""One rank of tests/test_cuda_fake.py: the production CUDA communicator over the fake runtime.
+usage: rank.py RANK WORLD DIR SCENARIO; the setup bytes travel through files in DIR; the result is
+DIR/out_RANK.json."""
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from ringcomm import _C_cuda_fake as fake
+
+F32, SUM = 0, 0
+QUERIES = {"cudaStreamQuery", "cudaStreamSynchronize", "cudaEventQuery"}
+SETUP = {"cudaMalloc", "cudaHostAlloc", "cudaHostRegister", "cudaIpcOpenMemHandle"}
+
+
+def exchange(d: Path, rank: int, world: int, name: str, data: bytes) -> list:
+    tmp = d / f"{name}_{rank}.tmp"
+    tmp.write_bytes(data)
+    tmp.rename(d / f"{name}_{rank}")
+    out = []
+    for r in range(world):
+        p = d / f"{name}_{r}"
+        t0 = time.monotonic()
+        while not p.exists():
+            assert time.monotonic() - t0 < 20, f"rank {r} never wrote {name}"
+            time.sleep(0.005)
+        out.append(p.read_bytes())
+    return out
+
+
+def barrier(d, rank, world, name):
+    exchange(d, rank, world, name, b"")
+
+
+def call_log(fn):
+    """Run fn, returning its result and the runtime calls and launches it made."""
+    fake.clear()
+    r = fn()
+    return r, fake.calls(), fake.launches()
+
+
+def main():
+    rank, world, d, scenario = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+    comm = fake.Communicator(rank, world, 0, 5.0)
+    infos = exchange(d, rank, world, "info", comm.local_info())
+    blobs = exchange(d, rank, world, "blob", comm.create(infos))
+    comm.connect(blobs)
+    s = fake.new_stream()
+    n = 1000
+    buf = {k: fake.device_alloc(n * 4 * world) for k in ("in", "out", "in2", "out2")}
+    out = {"caller": fake.stream_id(s), "registered": comm.ring_registered(), "buffers": buf}
+
+    if scenario == "device":
+        calls = {}
+        for name, fn in [("all_reduce", lambda: comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)),
+                         ("reduce_scatter", lambda: comm.reduce_scatter(buf["in"], buf["out"], n * world, F32, SUM, s)),
+                         ("all_gather", lambda: comm.all_gather(buf["in"], buf["out"], n, n * world, F32, s))]:
+            w, c, ls = call_log(fn)
+            calls[name] = {"calls": c, "launches": ls}
+            w.wait()
+        out["eager"] = calls
+        # Capture: the caller's stream captures one all_reduce; the graph is replayed three times.
+        fake.clear()
+        fake.begin_capture(s)
+        w = comm.all_reduce(buf["in2"], buf["out2"], n, F32, SUM, s)
+        g = fake.end_capture(s)
+        out["captured_work_done"] = w.is_completed()
+        out["captured"] = {"calls": fake.calls(), "launches": fake.launches(), "graph": g}
+        fake.clear()
+        out["replays"] = [fake.replay(g) for _ in range(3)]
+        out["replayed"] = fake.launches()
+        # A host-ordered collective under capture raises, on this rank only, and leaves the
+        # communicator usable.
+        fake.begin_capture(s)
+        try:
+            comm.broadcast(buf["in"], n, F32, 0, s)
+            out["host_capture_error"] = None
+        except Exception as e:  # noqa: BLE001 - the type is what the test checks
+            out["host_capture_error"] = [type(e).__name__, str(e)]
+        fake.end_capture(s)
+        w = comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)
+        w.wait()
+        out["after_capture_ok"] = comm.errored() is None
+        # A status record (what a kernel's failing lane writes) becomes a typed error without a wait.
+        last = fake.launches()[-1]
+        out["status_addr"], out["abort_addr"] = last["status"], last["abort"]
+        barrier(d, rank, world, "before_status")
+        t0 = time.monotonic()
+        if rank == 0:
+            fake.write_status(last["status"], 3, 0, 1, 2, 1, 7, 11, 13)
+        while comm.errored() is None and time.monotonic() - t0 < 10:
+            time.sleep(0.001)
+        out["errored_after_s"] = time.monotonic() - t0
+        out["errored"] = comm.errored()
+        out["abort_word"] = fake.read_u32(last["abort"])
+        out["work_done"] = w.is_completed()
+        try:
+            w.wait()
+            out["wait_error"] = None
+        except Exception as e:  # noqa: BLE001
+            out["wait_error"] = [type(e).__name__, str(e)]
+    elif scenario == "dead":
+        w = comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)
+        w.wait()
+        last = fake.launches()[-1]
+        barrier(d, rank, world, "before_exit")
+        if rank == 1:
+            os._exit(0)  # no close: the peer sees a dead process
+        t0 = time.monotonic()
+        while comm.errored() is None and time.monotonic() - t0 < 10:
+            time.sleep(0.001)
+        out["errored_after_s"] = time.monotonic() - t0
+        out["errored"] = comm.errored()
+        out["abort_word"] = fake.read_u32(last["abort"])
+    elif scenario == "host":
+        fake.clear()
+        fake.begin_capture(s)
+        try:
+            comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)
+            out["host_capture_error"] = None
+        except Exception as e:  # noqa: BLE001
+            out["host_capture_error"] = [type(e).__name__, str(e)]
+        fake.end_capture(s)
+        out["capture_calls"] = fake.calls()
+        out["errored"] = comm.errored()
+    (d / f"out_{rank}.json").write_text(json.dumps(out))
+    comm.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The production CUDA communicator over a fake CUDA runtime (tests/fake_cuda/): the same host
+objects as ringcomm._C_cuda, linked with a runtime that records every call instead of libcudart.
+No GPU is involved and no kernel runs (the ring kernel's body is proved by tests/test_device_proof.py);
+what is checked is what the host path asks of the runtime.
+
+RINGCOMM_CUDA_P2P=device, two rank processes:
+- all_reduce, reduce_scatter, all_gather: exactly one kernel launch per call, on the communicator's own
+  stream, joined to the caller's by an event record and a stream wait each way; no query or
+  synchronize, no allocation or registration, nothing on the legacy default stream;
+- under capture: nothing queried or synchronized; the launch belongs to the graph; its replays touch
+  only the regions registered at init and the captured call's own buffers;
+- a host-ordered collective under capture raises UnsupportedError and leaves the communicator usable;
+- a status record written as a kernel's failing lane writes it becomes, without any wait, the typed
+  error naming op, rank, peer, step and sequence (errored(), the Work's wait), the abort word is set,
+  and the peer's watchdog sets its own abort word;
+- a peer process that dies makes the watchdog set the abort word and report PeerFailureError.
+Default mode: an all_reduce under capture raises (it would wait on the host)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# The rank processes import it; this process only checks that it was built.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ringcomm._C_cuda_fake") is None,
+                                reason="ringcomm._C_cuda_fake is built only where CMake finds the CUDA toolkit "
+                                       "(no GPU needed)")
+
+HERE = Path(__file__).resolve().parent
+RANK = HERE / "fake_cuda" / "rank.py"
+QUERIES = {"cudaStreamQuery", "cudaStreamSynchronize", "cudaEventQuery"}
+SETUP = {"cudaMalloc", "cudaHostAlloc", "cudaHostRegister", "cudaIpcOpenMemHandle"}
+ERR = {1: "InvalidArgument", 2: "Timeout", 3: "PeerFailure", 4: "Mismatch", 5: "Unsupported"}
+
+
+def run(tmp_path, scenario, mode="device", world=2, results=None):
+    env = dict(os.environ, RINGCOMM_CUDA_P2P=mode, RINGCOMM_CUDA_SLOT_BYTES="4096", RINGCOMM_CUDA_NSLOTS="2",
+               RINGCOMM_CUDA_RING_LANES="2", RINGCOMM_CUDA_WATCHDOG_US="200", RINGCOMM_CUDA_CLOSE_WAIT="2")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
+    procs = [subprocess.Popen([sys.executable, str(RANK), str(r), str(world), str(tmp_path), scenario], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = [p.communicate(timeout=60)[0] for p in procs]
+    outs = []
+    for r in range(world) if results is None else results:
+        f = tmp_path / f"out_{r}.json"
+        assert f.exists(), f"rank {r} wrote no result:\n" + "\n".join(logs)
+        outs.append(json.loads(f.read_text()))
+    return outs
+
+
+def within(ranges, lo, hi):
+    return any(a <= lo and hi <= b for a, b in ranges)
+
+
+def ring_pointers(launch, esize=4):
+    """The ranges a ring launch touches: its registered regions and the caller's buffers."""
+    n = launch["count"] * esize
+    slots = launch["nlanes"] * launch["nslots"] * launch["slot_stride"]
+    return {"self": (launch["self"], launch["self"] + 1), "right": (launch["right"], launch["right"] + 1),
+            "left": (launch["left"], launch["left"] + 1),
+            "recv_slots": (launch["recv_slots"], launch["recv_slots"] + slots),
+            "send_slots": (launch["send_slots"], launch["send_slots"] + slots),
+            "state": (launch["state"], launch["state"] + 1), "status": (launch["status"], launch["status"] + 1),
+            "abort": (launch["abort"], launch["abort"] + 4)}, {"in": (launch["in"], launch["in"] + n),
+                                                              "out": (launch["out"], launch["out"] + n)}
+
+
+@pytest.fixture(scope="module")
+def device_run(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("fake_device"), "device")
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_one_launch_and_no_host_wait(device_run, op):
+    for rank, out in enumerate(device_run):
+        calls, launches = out["eager"][op]["calls"], out["eager"][op]["launches"]
+        names = [c["name"] for c in calls]
+        assert [lch["kernel"] for lch in launches] == ["ring"], (rank, names)
+        assert not QUERIES & set(names), (rank, names)
+        assert not SETUP & set(names), (rank, names)
+        assert all(c["stream"] != 0 for c in calls if c["stream"] != 2**64 - 1), "the legacy default stream"
+        caller = out["caller"]
+        ring = launches[0]["stream"]
+        assert ring != caller
+        seq = [(c["name"], c["stream"]) for c in calls if c["name"] != "cudaStreamIsCapturing"]
+        assert seq == [("cudaEventRecord", caller), ("cudaStreamWaitEvent", ring), ("launch ring", ring),
+                       ("cudaEventRecord", ring), ("cudaStreamWaitEvent", caller)], (rank, seq)
+        regs, _ = ring_pointers(launches[0])
+        for what, (lo, hi) in regs.items():
+            assert within(out["registered"], lo, hi), (rank, op, what)
+
+
+def test_capture_queries_nothing_and_replays_touch_registered_buffers(device_run):
+    for rank, out in enumerate(device_run):
+        cap = out["captured"]
+        assert out["captured_work_done"], "a captured call's Work waits for nothing"
+        during = [c for c in cap["calls"] if c["capturing"]]
+        assert during, "the capture recorded nothing"
+        assert not [c["name"] for c in during if c["name"] in QUERIES | SETUP], during
+        (launch,) = cap["launches"]
+        assert launch["kernel"] == "ring"
+        # The launch is a node of the caller's capture: the ring's stream joined it through the event.
+        assert [c["graph"] for c in cap["calls"] if c["name"] == "launch ring"] == [cap["graph"]]
+        assert out["replays"] == [1, 1, 1]
+        assert len(out["replayed"]) == 3
+        buffers = out["buffers"]
+        for rep in out["replayed"]:
+            assert rep["replay"] and rep["kernel"] == "ring"
+            regs, user = ring_pointers(rep)
+            for what, (lo, hi) in regs.items():
+                assert within(out["registered"], lo, hi), (rank, what)
+            assert user["in"][0] == buffers["in2"] and user["out"][0] == buffers["out2"]
+
+
+def test_host_path_under_capture_raises(device_run, tmp_path):
+    for out in device_run:
+        name, msg = out["host_capture_error"]
+        assert name == "UnsupportedError", (name, msg)
+        assert "broadcast" in msg and "captured" in msg and "RINGCOMM_CUDA_P2P=device" in msg
+        assert out["after_capture_ok"], "the refused call broke the communicator"
+    for out in run(tmp_path, "host", mode="auto"):
+        name, msg = out["host_capture_error"]
+        assert name == "UnsupportedError" and "all_reduce" in msg, (name, msg)
+        assert out["errored"] is None
+        assert not [c for c in out["capture_calls"] if c["capturing"] and c["name"] in QUERIES]
+
+
+def test_status_record_becomes_typed_error_without_a_wait(device_run):
+    r0, r1 = device_run
+    code, msg = r0["errored"]
+    assert ERR[code] == "Mismatch", msg
+    for part in ("all_reduce", "rank 0", "peer 1", "step 2", "lane 1", "sequence 7", "expected 11", "saw 13"):
+        assert part in msg, (part, msg)
+    assert r0["errored_after_s"] < 2.0
+    assert r0["abort_word"] == 1
+    assert r0["work_done"] and r0["wait_error"][0] == "MismatchError", r0["wait_error"]
+    # The peer learns it from the control plane: its watchdog stops its kernels and breaks it too.
+    assert r1["errored"] is not None and r1["abort_word"] == 1, r1
+    assert r1["wait_error"] is not None
+
+
+def test_dead_peer_sets_abort_word(tmp_path):
+    (r0,) = run(tmp_path, "dead", results=(0,))  # rank 1 exits without closing
+    code, msg = r0["errored"]
+    assert ERR[code] == "PeerFailure", msg
+    assert r0["abort_word"] == 1
+    assert r0["errored_after_s"] < 5.0
