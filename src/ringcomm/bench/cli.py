@@ -382,9 +382,9 @@ def main(argv=None) -> int:
     ]
     for peer, rec in phased.items():
         if rec is not None:
-            meta_lines.append(f"# {peer} settings: " + " ".join(
-                f"{k}={v}" for k, v in {**rec["fixed"], **rec["used"]}.items())
-                + f" (waiting: {rec['chosen_by']})")
+            used = " ".join(f"{k}={v}" for k, v in {**rec["fixed"], **rec["used"]}.items())
+            meta_lines.append(f"# {peer} settings: {used or 'none set'} (waiting: "
+                              f"{rec['chosen_by']})")
     load_end = loadavg()
     if load_start is not None:
         busy = busy_start is not None and busy_start > 0.15

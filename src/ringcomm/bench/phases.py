@@ -48,7 +48,7 @@ GRIDS = {
 # pinned (as the bench's other MPI ranks; Intel MPI pins by default).
 FIXED = {
     "oneccl": {"CCL_ATL_TRANSPORT": "ofi", "CCL_ATL_SHM": "1", "FI_PROVIDER": "shm",
-               "CCL_KVS_IFACE": "lo"},
+               "CCL_KVS_IFACE": "lo", "CCL_LOG_LEVEL": "error"},
     "impi": {"I_MPI_FABRICS": "shm", "I_MPI_PIN": "0"},
     "mpi": {},
 }

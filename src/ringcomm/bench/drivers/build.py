@@ -1,7 +1,7 @@
 """The peers' drivers (``oneccl.cpp``, ``impi.cpp`` beside this file), compiled on first use with
 the system's C++ compiler and cached under the user's cache directory
 (``$XDG_CACHE_HOME/ringcomm/bench-drivers``, default ``~/.cache/...``), keyed by the sources'
-hash, the library's version and the compile command: a new source, library or compiler flag
+and the library headers' contents, the library's version and the compile command: a new source, library or compiler flag
 builds anew, anything else loads the cached object. The object is written under a temporary name
 and renamed into place, so ranks or runs building at once never load a partial one.
 """
@@ -49,8 +49,8 @@ def driver(peer: str, inst: Install) -> str:
     if cxx is None:
         raise BuildError("no C++ compiler (set CXX or install g++)")
     h = hashlib.sha256()
-    for name in (SOURCES[peer], HEADER):
-        with open(os.path.join(HERE, name), "rb") as f:
+    for path in [os.path.join(HERE, SOURCES[peer]), os.path.join(HERE, HEADER)] + inst.headers:
+        with open(path, "rb") as f:
             h.update(f.read())
     h.update(inst.version.encode())
     h.update(" ".join(command(peer, inst, cxx, "OUT")).encode())

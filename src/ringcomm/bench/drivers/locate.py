@@ -100,6 +100,7 @@ class Install:
     launcher_note: str = ""
     include: list[str] = field(default_factory=list)   # compile: -I
     link: list[str] = field(default_factory=list)      # compile: libraries linked by path
+    headers: list[str] = field(default_factory=list)   # whose contents key the cached build
 
 
 _RESTORE_MPICH = ("reinstall MPICH after it: pip install --force-reinstall --no-deps "
@@ -118,8 +119,14 @@ def mpich() -> Install | None:
     dist, (launcher,) = first([("mpich", ("bin/mpiexec.hydra",)),
                                ("mpich", ("bin/mpiexec.gforker",))])
     # mpi4py dlopens MPI4PY_LIBMPI first; MPICH's shared objects then resolve to it by soname.
-    return Install(version=f"MPICH {v}", env={"MPI4PY_LIBMPI": lib}, launcher=[launcher],
-                   launcher_note=os.path.basename(launcher))
+    # MPICH's libmpi finds its libfabric by run path $ORIGIN before $ORIGIN/mpich, and $ORIGIN
+    # holds Intel MPI's older libfabric.so.1 when impi-rt is installed: LD_LIBRARY_PATH, searched
+    # before any run path, names MPICH's own.
+    fabric_dir = os.path.dirname(dist_file("mpich", "lib/mpich/libfabric.so.1"))
+    search = os.pathsep.join([fabric_dir] + [p for p in os.environ.get(
+        "LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    return Install(version=f"MPICH {v}", env={"MPI4PY_LIBMPI": lib, "LD_LIBRARY_PATH": search},
+                   launcher=[launcher], launcher_note=os.path.basename(launcher))
 
 
 def _intel_fabric() -> tuple[str, dict]:
@@ -149,9 +156,12 @@ def impi() -> Install:
     except Missing as e:
         raise Missing(f"no MPICH-ABI mpi.h to compile the driver against ({e}); "
                       f"pip install 'ringcomm[peers]'") from None
+    if hdist != "impi-devel":
+        note += ("; compiled against MPICH's mpi.h (impi-devel's was overwritten), which names "
+                 "no bfloat16 or float16 of Intel MPI's")
     return Install(version=f"Intel MPI {v}", preload=[fabric, lib], env=env,
                    launcher=[paths[0]], launcher_note=note,
-                   include=[os.path.dirname(header)])
+                   include=[os.path.dirname(header)], headers=[header])
 
 
 def oneccl() -> Install:
@@ -162,7 +172,8 @@ def oneccl() -> Install:
     header = dist_file("oneccl-cpu-devel", "include/oneapi/ccl.hpp")
     fabric, env = _intel_fabric()
     return Install(version=f"oneCCL {v}", preload=[fabric, lib], env=env,
-                   include=[os.path.dirname(os.path.dirname(header))], link=[lib])
+                   include=[os.path.dirname(os.path.dirname(header))], link=[lib],
+                   headers=[header, os.path.join(os.path.dirname(header), "ccl", "config.h")])
 
 
 LOCATE = {"impi": impi, "oneccl": oneccl}
