@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pin each rank at ringcomm's init (RINGCOMM_BIND; default: as the "
                         "environment says, none when unset): core (a contiguous share of the CPUs), "
                         "numa (a NUMA node's CPUs) or none; the peers run in the same, pinned, "
-                        "processes (MPI's ranks are mpiexec's and stay unpinned)")
+                        "processes (MPI's, Intel MPI's and oneCCL's ranks run in processes of their own "
+                        "and stay unpinned)")
     p.add_argument("--no-inplace", dest="inplace", action="store_false",
                    help="skip ringcomm's in-place variants (broadcast keeps its only, in-place, form)")
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
