@@ -48,7 +48,7 @@ GRIDS = {
 # pinned (as the bench's other MPI ranks; Intel MPI pins by default).
 FIXED = {
     "oneccl": {"CCL_ATL_TRANSPORT": "ofi", "CCL_ATL_SHM": "1", "FI_PROVIDER": "shm",
-               "CCL_KVS_IFACE": "lo", "CCL_LOG_LEVEL": "error"},
+               "CCL_KVS_IFACE": "lo"},
     "impi": {"I_MPI_FABRICS": "shm", "I_MPI_PIN": "0"},
     "mpi": {},
 }
@@ -149,6 +149,10 @@ class PhaseRunner:
 
 
 def _native_rank(rank: int, world: int, cfg: dict, peer: str) -> dict:
+    # The library's own messages (oneCCL prints its warnings to stdout) go to stderr: the bench's
+    # stdout carries only the report, as in the MPI phases.
+    sys.stdout.flush()
+    os.dup2(2, 1)
     return rank_sweep(rank, world, cfg, [peer], desc=peer)
 
 
