@@ -23,6 +23,7 @@ import pickle
 import shlex
 import subprocess
 import sys
+from typing import Any
 
 from ..core.launch import LaunchError, spawn
 from .harness import merge_ranks, rank_sweep
@@ -52,8 +53,8 @@ FIXED = {
     "impi": {"I_MPI_FABRICS": "shm", "I_MPI_PIN": "0"},
     "mpi": {},
 }
-PROBE = {"ops": ["all_reduce"], "dtypes": ["float32"], "redops": ["sum"],
-         "sizes": [1 << 10, 1 << 16, 1 << 20], "budget": 0.05}
+PROBE: dict[str, Any] = {"ops": ["all_reduce"], "dtypes": ["float32"], "redops": ["sum"],
+                         "sizes": [1 << 10, 1 << 16, 1 << 20], "budget": 0.05}
 
 
 def prepare(peer: str) -> tuple[dict | None, str | None]:
@@ -106,6 +107,7 @@ class PhaseRunner:
         cfg = dict(cfg, torch_store=tag + ".store")
         if peer == "mpi":
             return self.run_mpi(cfg, self.tmp, self.notices, env)
+        assert spec is not None, f"{peer}: prepare() gives the spec of a native peer"
         full = dict(spec, env={**spec["env"], **env}, settings=env, rendezvous=tag + ".kvs")
         cfg["native"] = {peer: full}
         if peer == "oneccl":
@@ -161,23 +163,23 @@ def run_peer(peer: str, cfg: dict, spec: dict | None, tune: bool, phase: PhaseRu
     """The peer's sweep with its chosen waiting setting; and the record of the choice:
     {"fixed": .., "used": .., "chosen_by": .., "tried": [{"settings", "score_us",
     "medians_us", "error"}]}."""
-    record = {"fixed": FIXED[peer], "used": {}, "chosen_by": "the library's defaults",
-              "tried": []}
+    tried: list[dict[str, Any]] = []
+    record: dict[str, Any] = {"fixed": FIXED[peer], "used": {},
+                              "chosen_by": "the library's defaults", "tried": tried}
     if tune:
         pcfg = probe_cfg(cfg)
         for i, settings in enumerate(GRIDS[peer]):
             log(f"# ringcomm-bench: tuning {peer} {i + 1}/{len(GRIDS[peer])}: "
                 f"{' '.join(f'{k}={v}' for k, v in settings.items())}")
             s, med, err = score(phase(peer, pcfg, spec, settings), peer)
-            record["tried"].append({"settings": settings, "score_us": s,
-                                    "medians_us": {str(k): v for k, v in med.items()},
-                                    "error": err})
-        ok = [t for t in record["tried"] if t["score_us"] is not None]
+            tried.append({"settings": settings, "score_us": s,
+                          "medians_us": {str(k): v for k, v in med.items()}, "error": err})
+        ok = [t for t in tried if t["score_us"] is not None]
         if ok:
             best = min(ok, key=lambda t: t["score_us"])
             record["used"] = best["settings"]
             record["chosen_by"] = (f"--tune: lowest geometric mean of all_reduce float32 medians "
-                                   f"at 1 KiB, 64 KiB, 1 MiB of {len(record['tried'])} settings")
+                                   f"at 1 KiB, 64 KiB, 1 MiB of {len(tried)} settings")
         else:
             record["chosen_by"] = "the library's defaults (no tuned setting ran)"
     return phase(peer, cfg, spec, record["used"]), record
