@@ -50,10 +50,6 @@ class NativeRunner(Runner, NumpyBuffers):
     def __init__(self, name: str, rank: int, world: int, cfg: dict):
         self.name = name
         self.spec = spec = cfg["native"][name]
-        if name == "oneccl":
-            # One node: every rank is local (what oneCCL's launchers export; it places its
-            # worker threads by them).
-            os.environ.update(CCL_LOCAL_RANK=str(rank), CCL_LOCAL_SIZE=str(world))
         self.lib = lib = load(spec)
         if lib.rcd_init(rank, world, spec.get("rendezvous", "").encode()) != 0:
             raise RuntimeError(f"{name}: cannot start: {self._error()}")
