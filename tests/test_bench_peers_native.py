@@ -158,5 +158,7 @@ def test_build_is_cached_by_source_and_library(tmp_path, monkeypatch):
     first = build.driver("impi", inst)
     assert first.startswith(str(tmp_path)) and os.path.exists(first)
     assert build.driver("impi", inst) == first                       # cached
+    cxx = build.compiler()
+    assert build.target("impi", inst, cxx) == first
     inst.version += "-other"
-    assert build.driver("impi", inst) != first                       # a new library builds anew
+    assert build.target("impi", inst, cxx) != first                  # a new library builds anew

@@ -43,19 +43,24 @@ def command(peer: str, inst: Install, cxx: str, out: str) -> list[str]:
     return cmd
 
 
-def driver(peer: str, inst: Install) -> str:
-    """The compiled driver's path (built now if not cached); raises ``BuildError``."""
-    cxx = compiler()
-    if cxx is None:
-        raise BuildError("no C++ compiler (set CXX or install g++)")
+def target(peer: str, inst: Install, cxx: str) -> str:
+    """Where the driver built from these sources, headers, library and command is cached."""
     h = hashlib.sha256()
     for path in [os.path.join(HERE, SOURCES[peer]), os.path.join(HERE, HEADER)] + inst.headers:
         with open(path, "rb") as f:
             h.update(f.read())
     h.update(inst.version.encode())
     h.update(" ".join(command(peer, inst, cxx, "OUT")).encode())
-    root = cache_root()
-    path = os.path.join(root, f"{peer}-{h.hexdigest()[:16]}.so")
+    return os.path.join(cache_root(), f"{peer}-{h.hexdigest()[:16]}.so")
+
+
+def driver(peer: str, inst: Install) -> str:
+    """The compiled driver's path (built now if not cached); raises ``BuildError``."""
+    cxx = compiler()
+    if cxx is None:
+        raise BuildError("no C++ compiler (set CXX or install g++)")
+    path = target(peer, inst, cxx)
+    root = os.path.dirname(path)
     if os.path.exists(path):
         return path
     os.makedirs(root, exist_ok=True)
