@@ -98,6 +98,8 @@ def test_wheel_holds_the_package_data_and_every_layer(wheel):
     assert sorted(modules - names) == []
     assert sorted({n for n in names if n.endswith(".py")} - modules) == []   # nothing stale
     assert any(n.startswith("ringcomm/_C.") and n.endswith(".so") for n in names), sorted(names)
+    # The bench peers' drivers, compiled on first use from the installed package.
+    assert {f"ringcomm/bench/drivers/{f}" for f in ("oneccl.cpp", "impi.cpp", "driver.h")} <= names
     assert not any("include/ringcomm" in n and not n.startswith("ringcomm/_data/") for n in names)
 
 

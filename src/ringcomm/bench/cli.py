@@ -5,8 +5,10 @@ Phases, one after the other so none disturbs another's timing:
   1. memcpy ceiling, in this process (``memcpy.py``);
   2. N spawned ranks (``ringcomm.core.launch.spawn``), each running ringcomm and the torch peers
      (gloo, NCCL) side by side, size by size (``harness.rank_sweep``);
-  3. if MPI is available, ``mpiexec -n N`` ranks running the same sweep with mpi4py
-     (``_mpi_worker``).
+  3. the peers that run in processes of their own, one phase each (``phases.py``): MPI
+     (``mpiexec -n N`` ranks running the same sweep with mpi4py, ``_mpi_worker``), Intel MPI and
+     oneCCL (compiled drivers, ``drivers/``); with ``--tune``, first a probe phase per waiting
+     setting of each.
 The ranks return their per-call times; this process takes the max over ranks per call, prints
 one table per collective (each library's count of timed calls, min / median / p90 / p99 µs,
 algbw, busbw, a peer's speedup) and the summary, and writes the JSON and the plot.
@@ -35,6 +37,7 @@ from .hostload import cpu_busy, loadavg
 from .load import BusyLoad
 from .memcpy import measure_memcpy
 from .peers import find_mpiexec, probe
+from .phases import NATIVE, PHASE_PEERS, PhaseRunner, prepare, run_peer
 from .spec import OPS, REDOP_ALIASES, REDOPS, parse_dtype, parse_size, size_sweep
 from .trace_table import main_trace
 
@@ -89,8 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "in about a minute on 2 ranks")
     p.add_argument("--peers", default=DEFAULT_PEERS,
                    help="peers to measure beside ringcomm where available: any of "
-                        "gloo,mpi,nccl,deepspeed (DeepSpeed's shm all_reduce), or 'none' "
+                        "gloo,mpi,nccl,deepspeed (DeepSpeed's shm all_reduce),oneccl,impi "
+                        "(oneCCL, Intel MPI: pip install 'ringcomm[peers]'), or 'none' "
                         f"(default {DEFAULT_PEERS})")
+    p.add_argument("--tune", action="store_true",
+                   help="tune the waiting of the peers that run in processes of their own (mpi, "
+                        "impi, oneccl): probe each setting of their grid, run each with its best; "
+                        "every setting tried is kept in the JSON (default: the libraries' "
+                        "default waiting)")
     p.add_argument("--arrival", default="b2b", metavar="b2b|apart[:US]|skew:US",
                    help="how calls arrive: b2b (back to back, default); apart[:US]: a gloo barrier "
                         "(same processes) and US us of compute before every call, only the call "
@@ -106,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pin each rank at ringcomm's init (RINGCOMM_BIND; default: as the "
                         "environment says, none when unset): core (a contiguous share of the CPUs), "
                         "numa (a NUMA node's CPUs) or none; the peers run in the same, pinned, "
-                        "processes (MPI's ranks are mpiexec's and stay unpinned)")
+                        "processes (MPI's, Intel MPI's and oneCCL's ranks run in processes of their own "
+                        "and stay unpinned)")
     p.add_argument("--no-inplace", dest="inplace", action="store_false",
                    help="skip ringcomm's in-place variants (broadcast keeps its only, in-place, form)")
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
@@ -152,8 +162,9 @@ def resolve(args) -> dict:
             raise ValueError(f"unknown reduce op {o!r}; choose from {', '.join(REDOPS)}")
     peers = [] if args.peers.strip().lower() == "none" else _split(args.peers.lower())
     for peer in peers:
-        if peer not in ("gloo", "mpi", "nccl", "deepspeed"):
-            raise ValueError(f"unknown peer {peer!r}; choose from gloo, mpi, nccl, deepspeed, none")
+        if peer not in ("gloo", "mpi", "nccl", "deepspeed", "oneccl", "impi"):
+            raise ValueError(f"unknown peer {peer!r}; choose from gloo, mpi, nccl, deepspeed, "
+                             f"oneccl, impi, none")
     arrival, arrival_us = parse_arrival(args.arrival)
     sizes = size_sweep(parse_size(args.minbytes or base["minbytes"]),
                        parse_size(args.maxbytes or base["maxbytes"]), args.stepfactor)
@@ -168,7 +179,7 @@ def resolve(args) -> dict:
     return {"world_size": args.world_size, "ops": ops, "dtypes": dtypes, "redops": redops,
             "sizes": sizes, "policy": policy, "peers": peers, "inplace": args.inplace,
             "nodes": args.nodes, "load": args.load, "op_timeout": args.op_timeout, "bind": args.bind,
-            "timeout": args.timeout}
+            "timeout": args.timeout, "tune": args.tune}
 
 
 def pol_arrival(cfg: dict) -> str:
@@ -214,12 +225,17 @@ def _pass_on(err: bytes | None) -> str:
     return lines[-1][:200] if lines else ""
 
 
-def run_mpi_phase(cfg: dict, tmp: str, notices: list[str]) -> list[dict] | None:
-    mpiexec = find_mpiexec()
+def run_mpi_phase(cfg: dict, tmp: str, notices: list[str],
+                  settings: dict | None = None) -> list[dict] | None:
+    from .drivers.locate import mpich
+    inst = mpich()       # the mpich wheel's launcher and library, by path; None: not a wheel's
+    mpiexec = inst.launcher[0] if inst else find_mpiexec()
     cfg_path, out_path = os.path.join(tmp, "mpi_cfg.json"), os.path.join(tmp, "mpi_out.pickle")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
-    env = dict(os.environ)
+    if os.path.exists(out_path):
+        os.unlink(out_path)
+    env = dict(os.environ, **(inst.env if inst else {}), **(settings or {}))
     env["PYTHONPATH"] = os.pathsep.join([_package_root()] + [p for p in env.get(
         "PYTHONPATH", "").split(os.pathsep) if p])
     if os.geteuid() == 0:
@@ -274,15 +290,15 @@ def main(argv=None) -> int:
         notices.append(f"ringcomm: skipped ({rc_reason})")
     else:
         torch_libs.append("ringcomm")
-    use_mpi = False
+    phased: dict[str, dict | None] = {}
     if pol_arrival(cfg) != "b2b" and probe("gloo"):
         parser.error(f"--arrival {args.arrival} separates calls with a gloo barrier: {probe('gloo')}")
     for peer in cfg["peers"]:
         reason = probe(peer)
         if reason:
             notices.append(f"{peer}: skipped ({reason})")
-        elif peer == "mpi":
-            use_mpi = True
+        elif peer in PHASE_PEERS:
+            phased[peer] = None
         else:
             torch_libs.append(peer)
 
@@ -311,9 +327,19 @@ def main(argv=None) -> int:
                 print(f"ringcomm-bench: the ranks failed: {e}", file=sys.stderr)
                 return 3
             results.extend(res)
-        if use_mpi:
-            print(f"# ringcomm-bench: {cfg['world_size']} MPI ranks (mpiexec) ...", file=sys.stderr)
-            res = run_mpi_phase(cfg, tmp, notices)
+        phase = PhaseRunner(tmp, notices, run_mpi_phase)
+        for peer in [p for p in PHASE_PEERS if p in phased]:
+            spec = None
+            if peer in NATIVE:
+                print(f"# ringcomm-bench: {peer}: finding it, building its driver ...",
+                      file=sys.stderr)
+                spec, reason = prepare(peer)
+                if reason:
+                    notices.append(f"{peer}: skipped ({reason})")
+                    continue
+            print(f"# ringcomm-bench: {cfg['world_size']} {peer} ranks ...", file=sys.stderr)
+            res, phased[peer] = run_peer(peer, cfg, spec, cfg["tune"], phase,
+                                         lambda m: print(m, file=sys.stderr))
             if res:
                 results.extend(res)
     finally:
@@ -355,6 +381,11 @@ def main(argv=None) -> int:
         + " (the ranks' placement: the ringcomm library line)",
         "# load: " + load.summary,
     ]
+    for peer, rec in phased.items():
+        if rec is not None:
+            used = " ".join(f"{k}={v}" for k, v in {**rec["fixed"], **rec["used"]}.items())
+            meta_lines.append(f"# {peer} settings: {used or 'none set'} (waiting: "
+                              f"{rec['chosen_by']})")
     load_end = loadavg()
     if load_start is not None:
         busy = busy_start is not None and busy_start > 0.15
@@ -376,6 +407,7 @@ def main(argv=None) -> int:
             "notices": notices, "world_size": cfg["world_size"], "elapsed_s": elapsed,
             "loadavg_start": load_start, "loadavg_end": load_end, "cpu_busy_start": busy_start,
             "load": load.as_dict(),
+            "peer_settings": {p: r for p, r in phased.items() if r is not None},
             "config": {k: v for k, v in cfg.items() if k not in ("rc_init", "torch_store")}}
     if args.json:
         report.write_json(args.json, meta, records, memcpy, summary_data)

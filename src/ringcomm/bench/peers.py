@@ -7,6 +7,8 @@ the same way:
   ``dist.all_reduce`` etc.);
 - ``mpi``: mpi4py on numpy arrays; runs under ``mpiexec`` in its own phase (see ``_mpi_worker``);
 - ``nccl``: torch.distributed NCCL on ``cuda:<rank>`` tensors, when >= 2 GPUs are visible;
+- ``oneccl``, ``impi``: oneCCL and Intel MPI through drivers compiled on first use
+  (``drivers/``), each in processes of its own (``phases.py``);
 - ``deepspeed``: DeepSpeed's shared-memory all-reduce (``ShareMemCommBuilder``, the op
   ``torch.ops.deepspeed.inference_all_reduce_``) on CPU tensors in the same processes: in-place
   SUM all_reduce of float32 / bfloat16 / float16 only; barriers and agreement go through gloo.
@@ -31,7 +33,7 @@ import numpy as np
 
 from .spec import MODES, NATIVE_MODE, DType
 
-PEERS = ("gloo", "mpi", "nccl", "deepspeed")
+PEERS = ("gloo", "mpi", "nccl", "deepspeed", "oneccl", "impi")
 LIBS = ("ringcomm",) + PEERS
 
 
@@ -434,6 +436,9 @@ _RUNNERS = {"ringcomm": RingcommRunner, "gloo": GlooRunner, "nccl": NcclRunner, 
 
 
 def make_runner(name: str, rank: int, world: int, cfg: dict) -> Runner:
+    if name in ("oneccl", "impi"):
+        from .drivers.runner import NativeRunner
+        return NativeRunner(name, rank, world, cfg)
     return _RUNNERS[name](rank, world, cfg)
 
 
@@ -468,8 +473,23 @@ def probe(name: str) -> str | None:
     if name == "mpi":
         if importlib.util.find_spec("mpi4py") is None:
             return "mpi4py is not installed (pip install 'ringcomm[bench]')"
+        from .drivers.locate import Missing, mpich
+        try:
+            mpich()
+        except Missing as e:
+            return f"MPICH's files: {e}"
         if find_mpiexec() is None:
             return "no mpiexec found (pip install mpich, or 'ringcomm[bench]')"
+        return None
+    if name in ("oneccl", "impi"):
+        from .drivers.build import compiler
+        from .drivers.locate import LOCATE, Missing
+        try:
+            LOCATE[name]()
+        except Missing as e:
+            return f"{e} (pip install 'ringcomm[peers]')" if "pip install" not in str(e) else str(e)
+        if compiler() is None:
+            return "no C++ compiler to build its driver (set CXX or install g++)"
         return None
     if name == "nccl":
         if not any(os.path.exists(f"/dev/nvidia{i}") for i in range(2)) and \
