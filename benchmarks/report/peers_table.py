@@ -52,10 +52,14 @@ def table(tab: dict) -> str:
     return "\n".join(out)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("json", nargs="+")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     for path in args.json:
         doc = json.load(open(path))
         print(f"<!-- {path}: {doc['meta']['command']} -->")

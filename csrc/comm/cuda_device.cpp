@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "comm/core.h"
+#include "comm/cuda_ring.h"
 #include "common/clock.h"
 #include "common/cuda_check.h"
 #include "common/log.h"
@@ -105,7 +106,8 @@ void DeviceMemoryCheck::check(const void* p, const char* what, const char* op) c
 
 CudaDevice::CudaDevice(int rank, int world, int device, double timeout_s, const Knobs& knobs)
     : rank_(rank), world_(world), device_(device),
-      transport_(rank, world, device, ((void)set_log_level(knobs.debug), timeout_s), knobs), memcheck_(device) {}
+      transport_(rank, world, device, ((void)set_log_level(knobs.debug), timeout_s), knobs, device_ring_layout()),
+      memcheck_(device) {}
 
 CudaDevice::~CudaDevice() = default;
 

@@ -12,6 +12,16 @@
 
 namespace rc {
 
+CudaRingLayout device_ring_layout() {
+  CudaRingLayout l;
+  l.max_lanes = dev::kMaxLanes;
+  l.slot_stride = [](size_t slot_bytes) { return static_cast<size_t>(dev::ring_slot_stride(slot_bytes)); };
+  l.region_bytes = [](size_t slot_bytes, size_t nslots, size_t lanes) {
+    return static_cast<size_t>(dev::ring_region_bytes(slot_bytes, nslots, lanes));
+  };
+  return l;
+}
+
 namespace {
 
 // The fence of one ring call: its event on the ring's stream. A failure the watchdog or the

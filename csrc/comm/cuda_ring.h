@@ -44,6 +44,10 @@ namespace rc {
 
 struct GpuEvent;
 
+/// How the device ring (csrc/device/ring_proto.h) lays out its region in each rank's CUDA IPC
+/// inbox, for the transport that allocates it.
+CudaRingLayout device_ring_layout();
+
 class DeviceRing {
  public:
   /// on_error: called once, from the watchdog thread, with the typed error (the core breaks).

@@ -37,8 +37,9 @@ struct CudaIpcTransport::Chan {
   WaitCtx out_w, in_w;                  // the current outgoing / incoming slot's operation (finish_*)
 };
 
-CudaIpcTransport::CudaIpcTransport(int rank, int world, int device, double timeout_s, const Knobs& knobs)
-    : rank_(rank), world_(world), device_(device), cfg_(CudaIpcConfig::from_knobs(knobs, world, timeout_s)),
+CudaIpcTransport::CudaIpcTransport(int rank, int world, int device, double timeout_s, const Knobs& knobs,
+                                   const CudaRingLayout& ring)
+    : rank_(rank), world_(world), device_(device), cfg_(CudaIpcConfig::from_knobs(knobs, world, timeout_s, ring)),
       peer_inbox_(world, nullptr), pins_(&PinRegistry::process()), pin_owner_(pins_->new_owner()) {
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
   RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");

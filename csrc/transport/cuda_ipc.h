@@ -82,6 +82,14 @@ namespace rc {
 enum class ChannelKind : uint8_t { kIpc = 0, kHost = 1, kHostSync = 2 };
 const char* channel_kind_name(ChannelKind k);
 
+/// The device ring's region in each rank's inbox, as the device ring (csrc/device/) lays it out:
+/// the transport allocates, exports and zeroes it, and never reads it.
+struct CudaRingLayout {
+  int max_lanes = 0;                                           // lanes the ring's signal page holds
+  size_t (*slot_stride)(size_t slot_bytes) = nullptr;          // one slot, its header included
+  size_t (*region_bytes)(size_t slot_bytes, size_t nslots, size_t lanes) = nullptr;  // page + slots
+};
+
 struct CudaIpcConfig {
   size_t slot_bytes = 0;     // RINGCOMM_CUDA_SLOT_BYTES
   uint32_t nslots = 0;       // RINGCOMM_CUDA_NSLOTS
@@ -93,8 +101,9 @@ struct CudaIpcConfig {
   size_t ring_bytes = 0;     // mode device: bytes of each rank's device-ring region (0: none)
   size_t ring_slot_stride = 0;
   ShmConfig shm;             // timeout, spin, liveness (from the shm knobs)
-  /// From the knobs `k` (their range checks throw InvalidArgument).
-  static CudaIpcConfig from_knobs(const Knobs& k, int world, double timeout_s);
+  /// From the knobs `k` (their range checks throw InvalidArgument). `ring` lays out the
+  /// device ring's region in mode device (the layer above owns that layout).
+  static CudaIpcConfig from_knobs(const Knobs& k, int world, double timeout_s, const CudaRingLayout& ring);
 };
 
 /// Device placement for one process: a pure description, decoded from the exchanged bytes.
@@ -120,7 +129,8 @@ CudaPeerInfo decode_peer_info(const std::string& bytes);
 
 class CudaIpcTransport {
  public:
-  CudaIpcTransport(int rank, int world, int device, double timeout_s, const Knobs& knobs);
+  CudaIpcTransport(int rank, int world, int device, double timeout_s, const Knobs& knobs,
+                   const CudaRingLayout& ring);
   ~CudaIpcTransport();
   CudaIpcTransport(const CudaIpcTransport&) = delete;
   CudaIpcTransport& operator=(const CudaIpcTransport&) = delete;

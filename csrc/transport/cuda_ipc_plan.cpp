@@ -4,7 +4,6 @@
 #include <sstream>
 
 #include "common/knobs.h"
-#include "device/ring_proto.h"
 #include "common/errors.h"
 #include "transport/cuda_ipc.h"
 #include "transport/cuda_ipc_wire.h"
@@ -65,7 +64,7 @@ const char* channel_kind_name(ChannelKind k) {
   return m >= 1 && m < kNumModes ? kModeNames[m] : "?";
 }
 
-CudaIpcConfig CudaIpcConfig::from_knobs(const Knobs& k, int world, double timeout_s) {
+CudaIpcConfig CudaIpcConfig::from_knobs(const Knobs& k, int world, double timeout_s, const CudaRingLayout& ring) {
   CudaIpcConfig c;
   c.shm = ShmConfig::from_knobs(k, world, timeout_s);
   const int64_t slot = k.cuda_slot_bytes;
@@ -83,15 +82,15 @@ CudaIpcConfig CudaIpcConfig::from_knobs(const Knobs& k, int world, double timeou
   RC_CHECK(c.max_blocks >= 0, InvalidArgument, "RINGCOMM_CUDA_MAX_BLOCKS must be >= 0");
   c.close_wait_s = k.cuda_close_wait;
   c.ring_lanes = static_cast<int>(k.cuda_ring_lanes);
-  RC_CHECK(c.ring_lanes >= 1 && c.ring_lanes <= dev::kMaxLanes, InvalidArgument,
-           "RINGCOMM_CUDA_RING_LANES must be in [1, " << dev::kMaxLanes << "], got " << c.ring_lanes);
+  RC_CHECK(c.ring_lanes >= 1 && c.ring_lanes <= ring.max_lanes, InvalidArgument,
+           "RINGCOMM_CUDA_RING_LANES must be in [1, " << ring.max_lanes << "], got " << c.ring_lanes);
   c.watchdog_us = k.cuda_watchdog_us;
   RC_CHECK(c.watchdog_us >= 10, InvalidArgument, "RINGCOMM_CUDA_WATCHDOG_US must be >= 10, got " << c.watchdog_us);
   if (c.mode == kModeDevice) {
     // This rank's signal page, then [lane][slot] slots of stride slot_stride: in its inbox, after
     // the channels' slots (exported and opened with them, once, at setup).
-    c.ring_slot_stride = dev::ring_slot_stride(c.slot_bytes);
-    c.ring_bytes = dev::ring_region_bytes(c.slot_bytes, c.nslots, c.ring_lanes);
+    c.ring_slot_stride = ring.slot_stride(c.slot_bytes);
+    c.ring_bytes = ring.region_bytes(c.slot_bytes, c.nslots, static_cast<size_t>(c.ring_lanes));
   }
   return c;
 }

@@ -54,12 +54,22 @@ class Knobs:
     @property
     def cuda_p2p(self) -> str:
         """
-        RINGCOMM_CUDA_P2P: CUDA channel kind
+        RINGCOMM_CUDA_P2P: CUDA channel kind; device: all_reduce, reduce_scatter and all_gather run as one fused ring kernel per call with in-kernel flags over IPC memory (every channel ipc; every rank must set it; not yet run on a GPU), the other collectives on ipc channels
+        """
+    @property
+    def cuda_ring_lanes(self) -> int:
+        """
+        RINGCOMM_CUDA_RING_LANES: RINGCOMM_CUDA_P2P=device: blocks (lanes) of the fused ring kernel, 1..32; its slots per rank: lanes x RINGCOMM_CUDA_NSLOTS x RINGCOMM_CUDA_SLOT_BYTES
         """
     @property
     def cuda_slot_bytes(self) -> int:
         """
         RINGCOMM_CUDA_SLOT_BYTES: CUDA slot size (a multiple of 4096)
+        """
+    @property
+    def cuda_watchdog_us(self) -> int:
+        """
+        RINGCOMM_CUDA_WATCHDOG_US: RINGCOMM_CUDA_P2P=device: microseconds between two looks of a communicator's watchdog thread at its kernels' status record and its peers' liveness
         """
     @property
     def debug(self) -> str:
