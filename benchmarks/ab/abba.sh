@@ -21,5 +21,5 @@ for place in pinned unpinned; do
   olds=() news=()
   for ((k = 1; k <= pairs; k++)); do olds+=("$out/$place-old$k.json"); news+=("$out/$place-new$k.json"); done
   echo "## $place" | tee -a "$out/verdict.md"
-  "$py" "$here/ab_compare.py" --paired "${olds[@]}" -- "${news[@]}" | tee -a "$out/verdict.md"
+  "$py" "$here/ab_compare.py" --paired "${olds[@]}" -- "${news[@]}" | tee -a "$out/verdict.md" || true
 done
