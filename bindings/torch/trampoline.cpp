@@ -341,6 +341,19 @@ class WorkRef : public c10d::Work {
 using Tensors = std::vector<at::Tensor>;
 using TensorLists = std::vector<std::vector<at::Tensor>>;
 
+// A backend that moves nothing: allreduce returns a completed Work at once, its tensor untouched.
+// Its dist.all_reduce is the floor every c10d backend pays (torch's Python front, the
+// ProcessGroup's dispatch, a Work and its wait()); registered only on request
+// (ringcomm.torch.null_backend), never by importing ringcomm.torch.
+class NullBackend : public c10d::Backend {
+ public:
+  NullBackend(int rank, int size) : c10d::Backend(rank, size) {}
+  const std::string getBackendName() const override { return "ringcomm_null"; }
+  WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions&) override {
+    return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t.at(0));
+  }
+};
+
 class Trampoline : public c10d::Backend {
  public:
   Trampoline(int rank, int size) : c10d::Backend(rank, size) {}
@@ -682,6 +695,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
       .def("_set_fast_path", &Trampoline::set_fast_path, py::arg("api"), py::arg("handle"))
       .def("_direct_all_reduce", &make_direct_call);
+  py::class_<NullBackend, c10d::Backend, c10::intrusive_ptr<NullBackend>>(m, "NullBackend")
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("size"));
   if (PyType_Ready(&g_direct_call_type) < 0) throw py::error_already_set();
   // The entry's reduce-op code of each name torch.ops.ringcomm.all_reduce_ takes (RC_TORCH_OPS).
   py::dict ops;
