@@ -4,12 +4,13 @@ does in real processes.
 
 - The facts come from files under three roots (proc, sys, the cgroup mount): here they are
   written into a temporary tree, so the mask, the online CPUs, the cgroup quota (v2 ``cpu.max``
-  along the cgroup's path, or v1's CFS quota) and the runnable threads are whatever the test says.
+  along the cgroup's path, or v1's CFS quota) and the load (runnable threads, one-minute average)
+  are whatever the test says.
 - Ranks not pinned apart in effect have a CPU each when the node's ranks (plus
   RINGCOMM_UNPINNED_SPARE_CPUS) fit the usable CPUs; then a synchronous call's wait spins
   (``unpinned_spins``) as a pinned rank's does. 8 ranks on 2 CPUs never take that spin.
-- The node's runnable threads, read while the ranks run (RINGCOMM_LOAD_CHECK_MS): busy processes
-  beside the ranks make them outnumber the CPUs (``load_over``), and no unpinned spin is taken.
+- The node's load, read while the ranks run (RINGCOMM_LOAD_CHECK_MS): busy processes beside the
+  ranks make its runnable threads outnumber the CPUs (``load_over``), and no unpinned spin is taken.
 
 Every result is checked against numpy."""
 import os
@@ -49,7 +50,7 @@ def _tree(tmp_path, cgroup="0::/\n", files=None, online="0-1\n", loadavg="0.50 0
 
 def test_no_quota_the_mask_and_online_cpus_decide(tmp_path):
     f = T.cpu_facts(*_tree(tmp_path, online="0-7\n", files={"cpu.max": "max 100000\n"}), mask_cpus=4)
-    assert f == {"mask_cpus": 4, "online": 8, "quota_cpus": 0.0, "usable": 4, "runnable": 2}
+    assert f == {"mask_cpus": 4, "online": 8, "quota_cpus": 0.0, "usable": 4, "runnable": 2, "load_avg1": 0.5}
     f = T.cpu_facts(*_tree(tmp_path / "b", online="0,2-3\n"), mask_cpus=16)
     assert f["online"] == 3 and f["usable"] == 3
 
@@ -77,9 +78,9 @@ def test_a_cgroup_v1_cfs_quota_counts_too(tmp_path):
 def test_missing_or_malformed_facts_are_unknown(tmp_path):
     f = T.cpu_facts(*_tree(tmp_path, cgroup="", online=None, loadavg="garbage\n",
                            files={"cpu.max": "lots 0\n"}), mask_cpus=0)
-    assert f == {"mask_cpus": 0, "online": 0, "quota_cpus": 0.0, "usable": 0, "runnable": -1}
-    f = T.cpu_facts(*_tree(tmp_path / "b", online="3-1\n", loadavg="1 1 1 x/3 5\n"), mask_cpus=2)
-    assert f["online"] == 0 and f["usable"] == 2 and f["runnable"] == -1
+    assert f == {"mask_cpus": 0, "online": 0, "quota_cpus": 0.0, "usable": 0, "runnable": -1, "load_avg1": -1.0}
+    f = T.cpu_facts(*_tree(tmp_path / "b", online="3-1\n", loadavg="1.5 1 1 x/3 5\n"), mask_cpus=2)
+    assert f["online"] == 0 and f["usable"] == 2 and f["runnable"] == -1 and f["load_avg1"] == 1.5
 
 
 @pytest.mark.parametrize("mask,online,quota,usable", [
@@ -95,10 +96,15 @@ def test_unpinned_ranks_have_a_cpu_each_when_the_usable_cpus_hold_them(ranks, us
     assert T.unpinned_own_cpus(ranks, usable, spare) is own
 
 
-@pytest.mark.parametrize("runnable,usable,slack,over", [
-    (2, 2, 0, False), (3, 2, 0, True), (3, 2, 1, False), (-1, 2, 0, False), (9, 8, 0, True)])
-def test_the_node_is_oversubscribed_when_runnable_threads_outnumber_cpus(runnable, usable, slack, over):
-    assert T.load_oversubscribed(runnable, usable, slack) is over
+@pytest.mark.parametrize("runnable,avg1,usable,slack,avg_slack,over", [
+    (2, 1.9, 2, 0, 0.0, False), (3, 1.0, 2, 0, 1.0, True), (3, 2.5, 2, 1, 0.0, False),
+    (-1, -1.0, 2, 0, 0.0, False), (9, 0.0, 8, 0, 1.0, True),
+    (1, 16.0, 2, 0, 1.0, True),      # busy processes between slices: the instant count missed them
+    (2, 2.6, 2, 0, 1.0, False),      # two ranks busy on two CPUs, and a little more: within the slack
+    (2, 3.2, 2, 0, 1.0, True), (2, 3.2, 2, 1, 0.0, True), (2, 3.2, 2, 1, 0.5, False),
+    (-1, 2.5, 2, 0, 0.0, True), (5, 1.0, 0, 0, 0.0, False)])
+def test_the_node_is_oversubscribed_when_its_load_exceeds_the_cpus(runnable, avg1, usable, slack, avg_slack, over):
+    assert T.load_oversubscribed(runnable, avg1, usable, slack, avg_slack) is over
 
 
 # ---- in real processes --------------------------------------------------------------------------
@@ -191,6 +197,7 @@ def test_runnable_threads_beyond_the_cpus_stop_the_spin():
 
 @pytest.mark.parametrize("knob,value", [("RINGCOMM_SPIN_UNPINNED_US", "-1"), ("RINGCOMM_UNPINNED_SPARE_CPUS", "-1"),
                                         ("RINGCOMM_LOAD_CHECK_MS", "-1"), ("RINGCOMM_LOAD_SLACK", "-1"),
+                                        ("RINGCOMM_LOAD_AVG_SLACK", "-0.5"),
                                         ("RINGCOMM_UNPINNED_BACKOFF_MS", "-1"), ("RINGCOMM_DESCHEDULED_US", "0")])
 def test_bad_knob_values_raise(knob, value, monkeypatch):
     monkeypatch.setenv(knob, value)

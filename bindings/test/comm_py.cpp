@@ -118,7 +118,9 @@ void bind_test_comm(py::module_& m) {
     d["online"] = f.online;
     d["quota_cpus"] = f.quota_cpus;
     d["usable"] = rc::usable_cpus(f);
-    d["runnable"] = rc::read_runnable(src);
+    const rc::NodeLoad load = rc::read_load(src);
+    d["runnable"] = load.running;
+    d["load_avg1"] = load.avg1;
     return d;
   }, py::arg("proc"), py::arg("sys"), py::arg("cgroup"), py::arg("mask_cpus"));
   m.def("usable_cpus", [](int mask_cpus, int online, double quota_cpus) {
@@ -129,7 +131,9 @@ void bind_test_comm(py::module_& m) {
     return rc::usable_cpus(f);
   }, py::arg("mask_cpus"), py::arg("online"), py::arg("quota_cpus"));
   m.def("unpinned_own_cpus", &rc::unpinned_own_cpus, py::arg("ranks"), py::arg("usable"), py::arg("spare"));
-  m.def("load_oversubscribed", &rc::load_oversubscribed, py::arg("runnable"), py::arg("usable"), py::arg("slack"));
+  m.def("load_oversubscribed", [](int runnable, double avg1, int usable, int slack, double avg_slack) {
+    return rc::load_oversubscribed(rc::NodeLoad{runnable, avg1}, usable, slack, avg_slack);
+  }, py::arg("runnable"), py::arg("avg1"), py::arg("usable"), py::arg("slack"), py::arg("avg_slack"));
   m.def("abi_tables", [] {
     // The lists of ringcomm/abi.h as the C++ is compiled with them (tests compare ringcomm.core.tables,
     // which parses the header, against these).

@@ -85,19 +85,22 @@ int parse_cpu_list(const std::string& text) {
   return n;
 }
 
-int parse_loadavg_running(const std::string& text) {
+NodeLoad parse_loadavg(const std::string& text) {
+  NodeLoad l;
   std::istringstream in(text);
   std::string a, b, c, rt;
-  if (!(in >> a >> b >> c >> rt)) return -1;
-  const size_t slash = rt.find('/');
-  if (slash == std::string::npos || slash == 0) return -1;
+  if (!(in >> a >> b >> c >> rt)) return l;
   char* end = nullptr;
+  const double avg = std::strtod(a.c_str(), &end);
+  if (end != a.c_str() && *end == '\0' && avg >= 0) l.avg1 = avg;
+  const size_t slash = rt.find('/');
+  if (slash == std::string::npos || slash == 0) return l;
   const long r = std::strtol(rt.c_str(), &end, 10);
-  if (end != rt.c_str() + slash || r < 0) return -1;
-  return static_cast<int>(r);
+  if (end == rt.c_str() + slash && r >= 0) l.running = static_cast<int>(r);
+  return l;
 }
 
-int read_runnable(const CpuFactSources& src) { return parse_loadavg_running(slurp(src.proc + "/loadavg")); }
+NodeLoad read_load(const CpuFactSources& src) { return parse_loadavg(slurp(src.proc + "/loadavg")); }
 
 CpuFacts read_cpu_facts(const CpuFactSources& src, int mask_cpus) {
   CpuFacts f;
@@ -130,8 +133,10 @@ bool unpinned_own_cpus(int ranks, int usable, int spare) {
   return ranks >= 1 && usable >= 1 && ranks + std::max(0, spare) <= usable;
 }
 
-bool load_oversubscribed(int runnable, int usable, int slack) {
-  return runnable >= 0 && usable >= 1 && runnable > usable + std::max(0, slack);
+bool load_oversubscribed(const NodeLoad& load, int usable, int slack, double avg_slack) {
+  if (usable < 1) return false;
+  const int cap = usable + std::max(0, slack);
+  return (load.running >= 0 && load.running > cap) || (load.avg1 >= 0 && load.avg1 > cap + std::max(0.0, avg_slack));
 }
 
 }  // namespace rc

@@ -4,8 +4,8 @@
 //     (`cpu.max` of the process's cgroup v2 and of every cgroup above it, else cgroup v1's
 //     cpu.cfs_quota_us / cpu.cfs_period_us: a container's quota, while its affinity mask still
 //     shows every CPU of the host); the usable CPUs are the fewest of these;
-//   - the node's runnable threads (the kernel's instantaneous count in /proc/loadavg, this
-//     thread included), read again while the communicator runs.
+//   - the node's load (/proc/loadavg: the kernel's instantaneous count of runnable threads, this
+//     thread included, and the one-minute load average), read again while the communicator runs.
 // Every fact comes from files under the roots of a CpuFactSources (by default /proc, /sys and
 // /sys/fs/cgroup), so tests inject them; the decisions are pure functions of the facts.
 #pragma once
@@ -38,11 +38,16 @@ double parse_cpu_max(const std::string& line);
 /// A cpulist ("0-3,8,10-11", as /sys/devices/system/cpu/online): its CPU count, 0 if malformed.
 int parse_cpu_list(const std::string& text);
 
-/// /proc/loadavg's runnable threads ("0.52 0.58 0.59 3/789 12345": 3), -1 if malformed.
-int parse_loadavg_running(const std::string& text);
+/// The node's load: /proc/loadavg's runnable threads and one-minute average ("0.52 0.58 0.59
+/// 3/789 12345": 3 and 0.52); -1 each where unknown.
+struct NodeLoad {
+  int running = -1;
+  double avg1 = -1;
+};
+NodeLoad parse_loadavg(const std::string& text);
 
-/// The node's runnable threads now (parse_loadavg_running of <proc>/loadavg), -1 if unknown.
-int read_runnable(const CpuFactSources& src);
+/// The node's load now (parse_loadavg of <proc>/loadavg).
+NodeLoad read_load(const CpuFactSources& src);
 
 /// The CPUs this process can use at once: the fewest of the known facts (a fractional quota
 /// rounds down: 1.5 CPUs of quota keep two spinning threads running only two thirds of the time),
@@ -53,8 +58,11 @@ int usable_cpus(const CpuFacts& f);
 /// CPU each: `usable` (usable_cpus) holds them with `spare` CPUs to spare.
 bool unpinned_own_cpus(int ranks, int usable, int spare);
 
-/// Whether the node is oversubscribed now: more runnable threads (read_runnable; -1 unknown:
-/// never) than `usable` CPUs plus `slack`.
-bool load_oversubscribed(int runnable, int usable, int slack);
+/// Whether the node is oversubscribed: more runnable threads now than `usable` CPUs plus `slack`,
+/// or a one-minute load average above that plus `avg_slack` (an unknown figure never counts). The
+/// instant count is one sample that busy processes between their time slices can miss; the
+/// average does not miss them, lags a change of load by about a minute, and counts the ranks' own
+/// busy time (hence its own slack).
+bool load_oversubscribed(const NodeLoad& load, int usable, int slack, double avg_slack);
 
 }  // namespace rc

@@ -124,6 +124,8 @@ ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s
   RC_CHECK(c.load_check_ns >= 0, InvalidArgument, "RINGCOMM_LOAD_CHECK_MS must be >= 0, got " << k.load_check_ms);
   c.load_slack = static_cast<int>(k.load_slack);
   RC_CHECK(k.load_slack >= 0, InvalidArgument, "RINGCOMM_LOAD_SLACK must be >= 0, got " << k.load_slack);
+  c.load_avg_slack = k.load_avg_slack;
+  RC_CHECK(c.load_avg_slack >= 0, InvalidArgument, "RINGCOMM_LOAD_AVG_SLACK must be >= 0, got " << k.load_avg_slack);
   c.descheduled_ns = k.descheduled_us * 1000;
   RC_CHECK(c.descheduled_ns > 0, InvalidArgument, "RINGCOMM_DESCHEDULED_US must be > 0, got " << k.descheduled_us);
   c.decide_unpinned(c.ranks_sharing);

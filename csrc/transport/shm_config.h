@@ -52,6 +52,7 @@ struct ShmConfig {
   int64_t unpinned_backoff_ns = 0;  // RINGCOMM_UNPINNED_BACKOFF_MS
   int64_t load_check_ns = 0;      // RINGCOMM_LOAD_CHECK_MS (0: the runnable threads are never read)
   int load_slack = 0;             // RINGCOMM_LOAD_SLACK
+  double load_avg_slack = 0;      // RINGCOMM_LOAD_AVG_SLACK
   int64_t descheduled_ns = 0;     // RINGCOMM_DESCHEDULED_US
   int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: yielding waits spin this much longer
   int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: yielding waits sched_yield this often

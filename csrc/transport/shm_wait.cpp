@@ -32,7 +32,7 @@ bool ShmWaits::load_over(int64_t now) {
   if (cfg_.load_check_ns <= 0) return false;
   if (now >= next_load_check_.load(std::memory_order_relaxed)) {
     next_load_check_.store(now + cfg_.load_check_ns, std::memory_order_relaxed);
-    const bool over = load_oversubscribed(read_runnable(CpuFactSources{}), cfg_.cpus, cfg_.load_slack);
+    const bool over = load_oversubscribed(read_load(CpuFactSources{}), cfg_.cpus, cfg_.load_slack, cfg_.load_avg_slack);
     load_over_.store(over, std::memory_order_relaxed);
     if (over) n_load_over_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -81,7 +81,8 @@ std::string ShmWaits::describe() const {
       << cfg_.unpinned_backoff_ns / 1000000 << " ms (less if the CPU is lost), then futex; other waits ";
   o << "spin " << cfg_.spin_ns() / 1000 << " us";
   if (mode == WaitMode::kAuto && cfg_.load_check_ns > 0 && !cfg_.spin_us && !cfg_.oversubscribed())
-    o << " (2 us while the node's runnable threads outnumber its CPUs + " << cfg_.load_slack << ", read every "
+    o << " (2 us while the node's runnable threads exceed its CPUs + " << cfg_.load_slack << " or its load average that + "
+      << cfg_.load_avg_slack << ", read every "
       << cfg_.load_check_ns / 1000000 << " ms)";
   if (mode != WaitMode::kSpin) {
     o << (mode == WaitMode::kAdaptive ? "; yielding " : ", ") << "+" << cfg_.yield_ns / 1000
