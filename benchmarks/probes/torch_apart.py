@@ -172,6 +172,8 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
                 if name in phases:
                     cell["phases"] = phases[name].tolist()
         dist.barrier(group=sep)
+        stats = getattr(rc._get_backend(torch.device("cpu")), "communicator", None)
+        out["wait_stats"] = stats.wait_stats() if stats is not None else {}
     finally:
         dist.destroy_process_group()
     return out
@@ -286,6 +288,8 @@ def main(argv=None) -> int:
           f"{a.warmup}; OMP threads {res[0]['threads']}, CPUs per rank "
           f"{[r['cpus'] for r in res]}; {a.load} busy processes beside them; load average before "
           f"{' '.join(f'{v:.2f}' for v in loadavg)}; {env_line or 'no RINGCOMM_ settings'}")
+    print("ringcomm group's wait counters per rank (wait_stats()): "
+          + "; ".join(", ".join(f"{k} {v}" for k, v in r.get("wait_stats", {}).items()) or "-" for r in res))
     print("call = max over ranks of end - arrival; after = last end - last arrival; "
           "p50 / p90 / p99, µs\n")
     head = "| size | peer | call p50 | p90 | p99 | after p50 | p90 | p99 | CPU µs/call |"
@@ -343,6 +347,7 @@ def main(argv=None) -> int:
             json.dump({"world_size": a.world_size, "load": a.load, "loadavg": loadavg, "sizes": sizes, "peers": peers, "calls": a.calls,
                        "warmup": a.warmup, "omp_threads": res[0]["threads"],
                        "cpus": [r["cpus"] for r in res], "env": env_line, "summary": summary,
+                       "wait_stats": [r.get("wait_stats", {}) for r in res],
                        "cells": cells}, f)
     sys.stdout.flush()
     return 0
