@@ -23,12 +23,17 @@ import time
 import numpy as np
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="1K", help="bytes of float32 (K/M)")
     p.add_argument("--block", type=int, default=500, help="calls per block")
     p.add_argument("--rounds", type=int, default=20, help="blocks per peer")
     p.add_argument("--json", help="write the per-block figures here")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     from ringcomm.bench.spec import parse_size
     nbytes = parse_size(a.size)
