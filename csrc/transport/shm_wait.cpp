@@ -76,7 +76,7 @@ std::string ShmWaits::describe() const {
       << " us (less if the CPU is lost), then futex; other waits ";
   if (mode == WaitMode::kAuto && cfg_.unpinned_own)
     o << "synchronous calls spin up to " << cfg_.unpinned_spin_ns / 1000
-      << " us while the node's runnable threads fit its CPUs, the peer last waited elsewhere and no such spin lost "
+      << " us while the node's load fits its CPUs, the peer last waited elsewhere and no such spin lost "
          "its CPU in the last "
       << cfg_.unpinned_backoff_ns / 1000000 << " ms (less if the CPU is lost), then futex; other waits ";
   o << "spin " << cfg_.spin_ns() / 1000 << " us";
