@@ -80,8 +80,8 @@ def test_ranks_on_own_cpus_come_from_every_ranks_mask(pins, verdict):
     for r in res:
         assert r["ok"]
     if verdict is None:
-        assert "(2 ranks, 2 CPUs, 2 ranks on them: ranks may meet on a CPU)" in res[0]["desc"], res[0]["desc"]
-        assert "(2 ranks, 1 CPUs, 2 ranks on them: ranks outnumber CPUs)" in res[1]["desc"], res[1]["desc"]
+        assert "(2 ranks, 2 CPUs, 2 ranks on them: ranks may meet on a CPU; " in res[0]["desc"], res[0]["desc"]
+        assert "(2 ranks, 1 CPUs, 2 ranks on them: ranks outnumber CPUs; " in res[1]["desc"], res[1]["desc"]
     else:
         for r in res:
             assert verdict in r["desc"], r["desc"]
@@ -134,13 +134,16 @@ def test_async_calls_do_not_take_the_long_spin():
 
 
 @needs_two
-def test_unpinned_ranks_do_not_take_the_long_spin():
-    # Two unpinned ranks on two CPUs may meet on one: with a 200 ms bound set, a synchronous
-    # call's wait against a peer 400 ms late still yields and sleeps early.
-    res = _run({"RINGCOMM_SPIN_OWN_CPU_US": "200000"}, pins=[set(TWO_CPUS), set(TWO_CPUS)], late_s=0.4)
+def test_unpinned_ranks_do_not_take_the_pinned_spin():
+    # Two unpinned ranks on two CPUs may meet on one: RINGCOMM_SPIN_OWN_CPU_US does not apply to
+    # them, and with their own bound at 0 a synchronous call's wait against a peer 400 ms late
+    # yields and sleeps early (their spin: tests/test_wait_unpinned.py).
+    res = _run({"RINGCOMM_SPIN_OWN_CPU_US": "200000", "RINGCOMM_SPIN_UNPINNED_US": "0"},
+               pins=[set(TWO_CPUS), set(TWO_CPUS)], late_s=0.4)
     r = res[0]
     assert "ranks may meet on a CPU" in r["desc"] and "synchronous calls spin" not in r["desc"], r["desc"]
     assert r["ok"] and r["stats"]["slept"] >= 1 and r["proc"] < 0.05, r
+    assert r["stats"]["unpinned_spins"] == 0, r
 
 
 @needs_two
@@ -173,7 +176,7 @@ def test_a_node_with_more_ranks_than_cpus_never_takes_the_long_spin():
     if os.cpu_count() >= 8:
         pytest.skip("needs a node with fewer than 8 online CPUs")
     for desc in spawn_with_store(_facts, 2, lambda s: (s, pins, 8), timeout=60):
-        assert "(2 ranks, 1 CPUs, 8 ranks on them: ranks outnumber CPUs)" in desc, desc
+        assert "(2 ranks, 1 CPUs, 8 ranks on them: ranks outnumber CPUs; 8 node ranks on 1 usable CPUs)" in desc, desc
     for desc in spawn_with_store(_facts, 2, lambda s: (s, pins, 2), timeout=60):
         assert "(2 ranks, 1 CPUs, 1 ranks on them: CPUs of its own)" in desc, desc
 

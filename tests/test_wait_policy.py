@@ -4,7 +4,8 @@ collectives stay exact under each one.
 Resolution is checked against the kernel's own answer (os.sched_getaffinity in the rank): the
 INFO line every communicator logs names the mode, the CPUs, the local ranks on them and the
 verdict (CPUs of its own, ranks may meet on a CPU, ranks outnumber CPUs); `auto` on CPUs of its
-own spins synchronous calls' waits for RINGCOMM_SPIN_OWN_CPU_US (tests/test_wait_own_cpu.py). Results are checked against numpy under every policy, on one CPU (ranks
+own spins synchronous calls' waits for RINGCOMM_SPIN_OWN_CPU_US (tests/test_wait_own_cpu.py), and
+unpinned ranks that the usable CPUs hold one each for RINGCOMM_SPIN_UNPINNED_US (tests/test_wait_unpinned.py). Results are checked against numpy under every policy, on one CPU (ranks
 sharing it: every wait needs the other rank to be scheduled) and with ranks arriving at random
 times and a 1 us spin (so adaptive waits miss, switch to yielding and back)."""
 import os
@@ -72,8 +73,13 @@ def test_resolved_policy_and_exact_results(world, cpus, knob):
         assert r["wrong"] == 0
         mode, ranks, ncpu, sharing, verdict = _wait_line(r["log"])
         assert mode == knob and ranks == world and ncpu == r["ncpu"], r["log"]
-        # Every rank runs on the same CPUs here: all of them may meet on this one's, so no wait
-        # takes auto's spin for CPUs of its own (tests/test_wait_own_cpu.py pins ranks apart).
+        # Every rank runs on the same CPUs here: all of them may meet on this one's. Where the
+        # usable CPUs hold a rank each, they in effect have one each and auto's synchronous calls
+        # spin as pinned ranks' do (tests/test_wait_unpinned.py); where ranks outnumber them, no wait
+        # takes that spin.
         assert sharing == world, r["log"]
-        assert verdict == ("ranks may meet on a CPU" if world <= r["ncpu"] else "ranks outnumber CPUs"), r["log"]
-        assert "synchronous calls spin up to" not in r["log"], r["log"]
+        mask_verdict, node = verdict.split("; ")
+        fits = world <= r["ncpu"]
+        assert mask_verdict == ("ranks may meet on a CPU" if fits else "ranks outnumber CPUs"), r["log"]
+        assert node == f"{world} node ranks on {ncpu} usable CPUs" + (": a CPU each in effect" if fits else ""), r["log"]
+        assert ("synchronous calls spin up to" in r["log"]) == (fits and knob == "auto"), r["log"]

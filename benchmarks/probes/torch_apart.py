@@ -6,12 +6,15 @@ where DeepSpeed is installed. Peers: ``ringcomm`` (``dist.all_reduce`` on the ri
 synchronous entry), ``ringcomm_op`` (``torch.ops.ringcomm.all_reduce_``: the same call as one
 dispatcher op), ``deepspeed`` and, asked for by ``--peers``, ``torch_noop``
 (``torch.ops.aten.alias``: a dispatcher op that does nothing, what any op costs to reach after the
-barrier). Prints a markdown table.
+barrier) and ``null`` (``dist.all_reduce`` on a group of the do-nothing c10d backend
+"ringcomm_null", ``ringcomm.torch.null_backend``: the floor of torch's collective front that every
+backend pays; registered only for this peer). Prints a markdown table.
 
     python benchmarks/probes/torch_apart.py                          # 2 ranks, 1 KiB / 64 KiB / 1 MiB, 200 calls
     python benchmarks/probes/torch_apart.py --omp1 --pin             # OMP_NUM_THREADS=1, one CPU per rank
     python benchmarks/probes/torch_apart.py --sizes 1K --calls 20 --peers ringcomm --json out.json
     python benchmarks/probes/torch_apart.py --omp1 --pin --load 1    # beside one busy process
+    python benchmarks/probes/torch_apart.py --sizes 1K --peers ringcomm,null,ringcomm_fn --trace  # the front's floor
 
 Ranks start as fresh processes (``ringcomm.core.launch.spawn``, the environment torchrun gives:
 RANK, WORLD_SIZE, LOCAL_RANK). The default process group is gloo; ``dist.new_group(backend=
@@ -28,7 +31,10 @@ after it, outside the timed span) into ``torch_in`` (Python call -> ringcomm's C
 exit: ringcomm's collective, waits included) and ``torch_out`` (exit -> back in Python: the Work
 and ``wait()``), medians over the calls of the last rank to arrive.
 ``--load N`` runs N busy processes (``ringcomm.bench --load``'s: pure compute, not pinned) beside
-the ranks for the whole run, the other work of a shared machine.
+the ranks for the whole run, the other work of a shared machine. The header records the load
+average before the run, and each row the CPU time a call took on its rank's calling thread
+(``time.thread_time`` around the call: spins count, sleeps do not), the mean over calls and
+ranks.
 
 Per call:
 
@@ -52,7 +58,8 @@ import time
 
 import numpy as np
 
-PEERS = ("ringcomm", "ringcomm_fn", "ringcomm_op", "deepspeed", "torch_noop")
+PEERS = ("ringcomm", "ringcomm_fn", "ringcomm_op", "deepspeed", "torch_noop", "null")
+UNCHECKED = ("torch_noop", "null")   # the peers that compute nothing
 TRACED = ("ringcomm", "ringcomm_fn", "ringcomm_op")   # the peers --trace splits (both run on the group's communicator)
 QUANTILES = (50, 90, 99)
 DS_SHM_PREFIX = "deepspeed_allreduce_buffer"   # DeepSpeed's SHM_BUFFER_NAME (csrc/cpu/comm/shm.cpp)
@@ -117,6 +124,11 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
         ops["ringcomm_op"] = lambda x: torch.ops.ringcomm.all_reduce_(x, group_name, "sum")
     if "torch_noop" in peers:
         ops["torch_noop"] = torch.ops.aten.alias   # a dispatcher op that does nothing: the floor
+    if "null" in peers:
+        from ringcomm.torch import null_backend
+        null_backend.register()
+        nullg = dist.new_group(backend=null_backend.NULL_BACKEND_NAME)
+        ops["null"] = lambda x: dist.all_reduce(x, group=nullg)
     if "deepspeed" in peers:
         ds = _ds_module()
         ds.initialize(world, rank)
@@ -131,6 +143,7 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
             x = torch.empty(nbytes // 4, dtype=torch.float32)
             arrive = {name: np.empty(calls, np.float64) for name in peers}
             end = {name: np.empty(calls, np.float64) for name in peers}
+            cpu = {name: np.empty(calls, np.float64) for name in peers}
             phases = {name: np.full((calls, 2), np.nan) for name in peers
                       if comm is not None and name in TRACED}
             for i in range(-warmup, calls):
@@ -139,23 +152,28 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
                     op = ops[name]
                     x.fill_(float(rank + 1))
                     dist.barrier(group=sep)
+                    c0 = time.thread_time()
                     t0 = clock()
                     op(x)
                     t1 = clock()
+                    c1 = time.thread_time()
                     if i >= 0:
-                        arrive[name][i], end[name][i] = t0, t1
+                        arrive[name][i], end[name][i], cpu[name][i] = t0, t1, c1 - c0
                         if name in phases:
                             rec = comm.trace()[-1]
                             phases[name][i] = (rec["entry"] * 1e-9, rec["exit"] * 1e-9)
-                    if name != "torch_noop" and not bool(torch.all(x == want)):
+                    if name not in UNCHECKED and not bool(torch.all(x == want)):
                         raise RuntimeError(f"rank {rank}: {name} all_reduce of {nbytes} B gave "
                                            f"{x[:4].tolist()}, want {want}")
             for name in peers:
                 cell = out["cells"][f"{nbytes}/{name}"] = {"arrive": arrive[name].tolist(),
-                                                          "end": end[name].tolist()}
+                                                          "end": end[name].tolist(),
+                                                          "cpu": cpu[name].tolist()}
                 if name in phases:
                     cell["phases"] = phases[name].tolist()
         dist.barrier(group=sep)
+        stats = getattr(rc._get_backend(torch.device("cpu")), "communicator", None)
+        out["wait_stats"] = stats.wait_stats() if stats is not None else {}
     finally:
         dist.destroy_process_group()
     return out
@@ -171,10 +189,13 @@ def split(ranks: list[dict]) -> dict:
     end = np.array([r["end"] for r in ranks])
     out = {"call": ((end - arrive).max(axis=0) * 1e6).tolist(),
            "after": ((end.max(axis=0) - arrive.max(axis=0)) * 1e6).tolist()}
+    last = arrive.argmax(axis=0)
+    calls = np.arange(arrive.shape[1])
+    out["own_last"] = ((end[last, calls] - arrive[last, calls]) * 1e6).tolist()
+    if all("cpu" in r for r in ranks):
+        out["cpu_mean"] = float(np.mean([r["cpu"] for r in ranks]) * 1e6)
     if all("phases" in r for r in ranks):
         ph = np.array([r["phases"] for r in ranks])            # rank, call, (entry, exit)
-        last = arrive.argmax(axis=0)
-        calls = np.arange(arrive.shape[1])
         a, e = arrive[last, calls], end[last, calls]
         entry, leave = ph[last, calls, 0], ph[last, calls, 1]
         for seg, v in zip(TRACE_SEGMENTS, (entry - a, leave - entry, e - leave)):
@@ -193,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=20, help="untimed calls before them")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--peers", default=None,
-                   help="comma-separated, of ringcomm, ringcomm_fn, ringcomm_op, deepspeed, torch_noop (default: the first four, deepspeed where installed)")
+                   help="comma-separated, of ringcomm, ringcomm_fn, ringcomm_op, deepspeed, torch_noop, null (default: the first four, deepspeed where installed)")
     p.add_argument("--omp1", action="store_true", help="OMP_NUM_THREADS=1 in every rank (as torchrun sets it)")
     p.add_argument("--pin", action="store_true",
                    help="bind rank r to the r-th CPU this process may run on (one CPU per rank)")
@@ -240,6 +261,7 @@ def main(argv=None) -> int:
 
     from ringcomm.bench.load import BusyLoad
     from ringcomm.core.launch import spawn
+    loadavg = os.getloadavg()
     try:
         with tempfile.TemporaryDirectory(prefix="ringcomm-torch-apart-") as d, BusyLoad(a.load):
             res = spawn(_worker, a.world_size,
@@ -258,16 +280,19 @@ def main(argv=None) -> int:
             key = f"{s}/{name}"
             cells[key] = split([r["cells"][key] for r in res])
             summary.setdefault(str(s), {})[name] = {k: quantiles(cells[key][k]) for k in ("call", "after")}
+            summary[str(s)][name]["cpu_mean"] = cells[key]["cpu_mean"]
 
     env_line = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("RINGCOMM_"))
     print(f"all_reduce float32 SUM in place, {a.world_size} ranks (torch; default group gloo, "
           f"each call after a barrier on another gloo group), {a.calls} calls per size after "
           f"{a.warmup}; OMP threads {res[0]['threads']}, CPUs per rank "
-          f"{[r['cpus'] for r in res]}; {a.load} busy processes beside them; "
-          f"{env_line or 'no RINGCOMM_ settings'}")
+          f"{[r['cpus'] for r in res]}; {a.load} busy processes beside them; load average before "
+          f"{' '.join(f'{v:.2f}' for v in loadavg)}; {env_line or 'no RINGCOMM_ settings'}")
+    print("ringcomm group's wait counters per rank (wait_stats()): "
+          + "; ".join(", ".join(f"{k} {v}" for k, v in r.get("wait_stats", {}).items()) or "-" for r in res))
     print("call = max over ranks of end - arrival; after = last end - last arrival; "
           "p50 / p90 / p99, µs\n")
-    head = "| size | peer | call p50 | p90 | p99 | after p50 | p90 | p99 |"
+    head = "| size | peer | call p50 | p90 | p99 | after p50 | p90 | p99 | CPU µs/call |"
     versus = "deepspeed" if "deepspeed" in peers and len(peers) >= 2 else None
     if versus:
         head += " call ratio p50 / p90 / p99 | after ratio p50 / p90 / p99 |"
@@ -278,11 +303,11 @@ def main(argv=None) -> int:
         for name in peers:
             q = row[name]
             line = (f"| {fmt_size(s)} | {name} | " + " | ".join(f"{v:,.1f}" for v in q["call"]) + " | "
-                    + " | ".join(f"{v:,.1f}" for v in q["after"]) + " |")
+                    + " | ".join(f"{v:,.1f}" for v in q["after"]) + f" | {q['cpu_mean']:,.1f} |")
             if versus:
                 if name != versus:
                     other = row[versus]
-                    ratios = {k: [mine / theirs for mine, theirs in zip(q[k], other[k])] for k in q}
+                    ratios = {k: [mine / theirs for mine, theirs in zip(q[k], other[k])] for k in ("call", "after")}
                     row["ratio" if name == "ringcomm" else f"ratio_{name}"] = ratios
                     line += (" " + " / ".join(f"{v:.2f}x" for v in ratios["call"]) + " | "
                              + " / ".join(f"{v:.2f}x" for v in ratios["after"]) + " |")
@@ -305,11 +330,24 @@ def main(argv=None) -> int:
                 summary[str(s)][name]["trace_p50"] = med
                 print(f"| {fmt_size(s)} | {name} | "
                       + " | ".join(f"{med[k]:,.1f}" for k in TRACE_SEGMENTS + ("after",)) + " |")
+        if "null" in peers and "ringcomm" in traced:
+            print("\nthe front above its floor, the last rank to arrive, median µs: ringcomm's torch_in + "
+                  "torch_out (the front's part of dist.all_reduce on the ringcomm group) against null's whole "
+                  "call (dist.all_reduce on the do-nothing backend)\n")
+            print("| size | ringcomm torch_in + torch_out | null call | above the floor |")
+            print("|---|---|---|---|")
+            for s in sizes:
+                c = cells[f"{s}/ringcomm"]
+                front = float(np.median(np.asarray(c["torch_in"]) + np.asarray(c["torch_out"])))
+                floor = float(np.median(cells[f"{s}/null"]["own_last"]))
+                summary[str(s)]["front_above_floor"] = {"front": front, "floor": floor, "above": front - floor}
+                print(f"| {fmt_size(s)} | {front:,.1f} | {floor:,.1f} | {front - floor:,.1f} |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"world_size": a.world_size, "load": a.load, "sizes": sizes, "peers": peers, "calls": a.calls,
+            json.dump({"world_size": a.world_size, "load": a.load, "loadavg": loadavg, "sizes": sizes, "peers": peers, "calls": a.calls,
                        "warmup": a.warmup, "omp_threads": res[0]["threads"],
                        "cpus": [r["cpus"] for r in res], "env": env_line, "summary": summary,
+                       "wait_stats": [r.get("wait_stats", {}) for r in res],
                        "cells": cells}, f)
     sys.stdout.flush()
     return 0

@@ -17,6 +17,7 @@
 #include "common/knobs.h"
 #include "common/test_knobs.h"
 #include "ringcomm/abi.h"
+#include "transport/cpu_facts.h"
 #include "transport/shm_config.h"
 #include "transport/shm_types.h"
 
@@ -107,6 +108,32 @@ void bind_test_comm(py::module_& m) {
   }, py::arg("count"), py::arg("world_size"), py::arg("esize"),
      "all_reduce's chunks (offset, count) per rank: gloo's ring segmentation (ring_schedule.h).");
 
+  // The wait policy's CPU facts (transport/cpu_facts.h) read from files under injected roots,
+  // and the decisions on them.
+  m.def("cpu_facts", [](const std::string& proc, const std::string& sys, const std::string& cgroup, int mask_cpus) {
+    const rc::CpuFactSources src{proc, sys, cgroup};
+    const rc::CpuFacts f = rc::read_cpu_facts(src, mask_cpus);
+    py::dict d;
+    d["mask_cpus"] = f.mask_cpus;
+    d["online"] = f.online;
+    d["quota_cpus"] = f.quota_cpus;
+    d["usable"] = rc::usable_cpus(f);
+    const rc::NodeLoad load = rc::read_load(src);
+    d["runnable"] = load.running;
+    d["load_avg1"] = load.avg1;
+    return d;
+  }, py::arg("proc"), py::arg("sys"), py::arg("cgroup"), py::arg("mask_cpus"));
+  m.def("usable_cpus", [](int mask_cpus, int online, double quota_cpus) {
+    rc::CpuFacts f;
+    f.mask_cpus = mask_cpus;
+    f.online = online;
+    f.quota_cpus = quota_cpus;
+    return rc::usable_cpus(f);
+  }, py::arg("mask_cpus"), py::arg("online"), py::arg("quota_cpus"));
+  m.def("unpinned_own_cpus", &rc::unpinned_own_cpus, py::arg("ranks"), py::arg("usable"), py::arg("spare"));
+  m.def("load_oversubscribed", [](int runnable, double avg1, int usable, int slack, double avg_slack) {
+    return rc::load_oversubscribed(rc::NodeLoad{runnable, avg1}, usable, slack, avg_slack);
+  }, py::arg("runnable"), py::arg("avg1"), py::arg("usable"), py::arg("slack"), py::arg("avg_slack"));
   m.def("abi_tables", [] {
     // The lists of ringcomm/abi.h as the C++ is compiled with them (tests compare ringcomm.core.tables,
     // which parses the header, against these).

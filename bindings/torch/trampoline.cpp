@@ -25,12 +25,10 @@
 // include path of this build).
 //
 // The same offer without torch's collective front: torch.ops.ringcomm.all_reduce_(tensor,
-// group_name, op), a dispatcher op over one CPU tensor of a named group (the functional
-// collectives' naming), for latency-bound callers (tensor-parallel inference) that would
-// otherwise pay dist.all_reduce's Python, the ProcessGroup's dispatch and a Work per call. It
-// runs synchronously: through the offer point when the group's backend is this trampoline (what
-// the entry does not run, the Python override runs, waited); otherwise the group's own
-// synchronous allreduce, waited.
+// group_name, op), a dispatcher op over one CPU tensor of a named group, for latency-bound callers
+// that would otherwise pay dist.all_reduce's Python, the ProcessGroup's dispatch and a Work per
+// call. It runs synchronously: through the offer point when the group's backend is this trampoline
+// (what the entry does not run, the Python override runs, waited), else the group's allreduce, waited.
 //
 // Lifetime: torch holds the backend through an intrusive_ptr from C++ only, so the Python object
 // is kept alive by ringcomm (hooks.live_groups) until shutdown(); the override is looked up on it.
@@ -340,6 +338,16 @@ class WorkRef : public c10d::Work {
 
 using Tensors = std::vector<at::Tensor>;
 using TensorLists = std::vector<std::vector<at::Tensor>>;
+
+// A backend that moves nothing (allreduce: a completed Work at once, the tensor untouched): its
+// dist.all_reduce is the floor every c10d backend pays. Registered only by ringcomm.torch.null_backend.
+struct NullBackend : c10d::Backend {
+  NullBackend(int rank, int size) : c10d::Backend(rank, size) {}
+  const std::string getBackendName() const override { return "ringcomm_null"; }
+  WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions&) override {
+    return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t.at(0));
+  }
+};
 
 class Trampoline : public c10d::Backend {
  public:
@@ -682,6 +690,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
       .def("_set_fast_path", &Trampoline::set_fast_path, py::arg("api"), py::arg("handle"))
       .def("_direct_all_reduce", &make_direct_call);
+  py::class_<NullBackend, c10d::Backend, c10::intrusive_ptr<NullBackend>>(m, "NullBackend")
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("size"));
   if (PyType_Ready(&g_direct_call_type) < 0) throw py::error_already_set();
   // The entry's reduce-op code of each name torch.ops.ringcomm.all_reduce_ takes (RC_TORCH_OPS).
   py::dict ops;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "transport/cpu_facts.h"
 #include "transport/shm_layout.h"
 
 namespace rc {
@@ -39,10 +40,11 @@ std::vector<int> affinity_list() {
   return cpus;
 }
 
-// CPUs this process may run on, at least 1.
-int affinity_cpus() {
-  const size_t n = affinity_list().size();
-  return n > 0 ? static_cast<int>(n) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+// CPUs this process can use at once, at least 1: the fewest of its affinity mask's, the online
+// ones and the cgroup CPU quota (transport/cpu_facts.h).
+int usable_cpu_count() {
+  const int n = usable_cpus(read_cpu_facts(CpuFactSources{}, static_cast<int>(affinity_list().size())));
+  return n > 0 ? n : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace
@@ -67,6 +69,11 @@ bool affinity_mask(uint64_t* words) {
 void ShmConfig::set_ranks_sharing(int ranks) {
   if (ranks < 1) return;
   ranks_sharing = ranks;
+}
+
+void ShmConfig::decide_unpinned(int ranks) {
+  node_ranks = std::max(1, ranks);
+  unpinned_own = !own_cpu() && unpinned_spin_ns > 0 && unpinned_own_cpus(node_ranks, cpus, unpinned_spare);
 }
 
 ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s) {
@@ -94,7 +101,7 @@ ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s
   // (transport/shm_wait.h): whether this rank's CPUs are its own (own_cpu(): from the world size
   // here, from the ranks' affinity masks once attach() has read them), and whether the waiting
   // thread's caller is blocked on the call.
-  c.cpus = affinity_cpus();
+  c.cpus = usable_cpu_count();
   c.wait_mode = k.wait == "spin"       ? WaitMode::kSpin
                 : k.wait == "adaptive" ? WaitMode::kAdaptive
                 : k.wait == "yield"    ? WaitMode::kYield
@@ -104,6 +111,24 @@ ShmConfig ShmConfig::from_knobs(const Knobs& k, int world_size, double timeout_s
   c.set_ranks_sharing(std::max(1, world_size));
   c.own_spin_ns = k.spin_own_cpu_us * 1000;
   RC_CHECK(c.own_spin_ns >= 0, InvalidArgument, "RINGCOMM_SPIN_OWN_CPU_US must be >= 0, got " << c.own_spin_ns / 1000);
+  // Ranks not pinned apart (transport/shm_wait.h): whether they in effect have a CPU each is
+  // decided once the masks are read (ShmControl::attach, decide_unpinned); the load check and the
+  // back-off after a lost spin decide per wait.
+  c.unpinned_spin_ns = k.spin_unpinned_us * 1000;
+  RC_CHECK(c.unpinned_spin_ns >= 0, InvalidArgument, "RINGCOMM_SPIN_UNPINNED_US must be >= 0, got " << k.spin_unpinned_us);
+  c.unpinned_spare = static_cast<int>(k.unpinned_spare_cpus);
+  RC_CHECK(k.unpinned_spare_cpus >= 0, InvalidArgument, "RINGCOMM_UNPINNED_SPARE_CPUS must be >= 0, got " << k.unpinned_spare_cpus);
+  c.unpinned_backoff_ns = k.unpinned_backoff_ms * 1000000;
+  RC_CHECK(c.unpinned_backoff_ns >= 0, InvalidArgument, "RINGCOMM_UNPINNED_BACKOFF_MS must be >= 0, got " << k.unpinned_backoff_ms);
+  c.load_check_ns = k.load_check_ms * 1000000;
+  RC_CHECK(c.load_check_ns >= 0, InvalidArgument, "RINGCOMM_LOAD_CHECK_MS must be >= 0, got " << k.load_check_ms);
+  c.load_slack = static_cast<int>(k.load_slack);
+  RC_CHECK(k.load_slack >= 0, InvalidArgument, "RINGCOMM_LOAD_SLACK must be >= 0, got " << k.load_slack);
+  c.load_avg_slack = k.load_avg_slack;
+  RC_CHECK(c.load_avg_slack >= 0, InvalidArgument, "RINGCOMM_LOAD_AVG_SLACK must be >= 0, got " << k.load_avg_slack);
+  c.descheduled_ns = k.descheduled_us * 1000;
+  RC_CHECK(c.descheduled_ns > 0, InvalidArgument, "RINGCOMM_DESCHEDULED_US must be > 0, got " << k.descheduled_us);
+  c.decide_unpinned(c.ranks_sharing);
   // Yielding waits spin yield_ns longer: sched_yield hands a runnable peer on our CPU the core
   // for a fraction of the cost of a futex sleep and wake-up.
   c.yield_ns = k.yield_us * 1000;

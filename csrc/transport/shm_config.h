@@ -18,7 +18,7 @@ enum class WaitMode : int {
   kSpin = 0,      // pause-spin spin_ns, then sleep: never sched_yield
   kYield = 1,     // spin spin_ns + yield_ns with a sched_yield every yield_every_ns, then sleep
   kAdaptive = 2,  // kSpin; after a miss (the spin ran out, or was preempted) kYield for a while
-  kAuto = 3,      // by the facts, per wait: see ShmConfig::own_cpu() and transport/shm_wait.h
+  kAuto = 3,      // by the facts, per wait: see ShmConfig::own_cpu(), unpinned_own and transport/shm_wait.h
 };
 
 /// CPU numbers a SegmentHeader's mask can hold (bit c of word c / 64).
@@ -33,12 +33,27 @@ struct ShmConfig {
   uint32_t nslots = 0;       // RINGCOMM_NSLOTS
   double timeout_s = 300;    // RINGCOMM_TIMEOUT (per communicator override)
   WaitMode wait_mode = WaitMode::kAdaptive;  // RINGCOMM_WAIT (auto decides per wait: transport/shm_wait.h)
-  int cpus = 1;              // CPUs this process may run on (sched_getaffinity) when configured
+  // CPUs this process can use at once when configured: the fewest of its affinity mask's, the
+  // online ones and the cgroup CPU quota (transport/cpu_facts.h, usable_cpus).
+  int cpus = 1;
   // Local ranks (this one included) that may run on this process's CPUs: the world size until
   // attach() reads every peer's affinity mask (ShmControl::attach), or the front's count.
   int ranks_sharing = 1;
   std::optional<int64_t> spin_us;  // RINGCOMM_SPIN_US where the environment sets it
   int64_t own_spin_ns = 0;   // RINGCOMM_SPIN_OWN_CPU_US
+  // kAuto, ranks not pinned apart (!own_cpu()): whether they in effect have a CPU each (the
+  // node's ranks, RINGCOMM_UNPINNED_SPARE_CPUS and cpus: cpu_facts.h, unpinned_own_cpus), set by
+  // ShmControl::attach; then a synchronous call's waits spin unpinned_spin_ns as pinned ranks
+  // spin own_spin_ns, while the load check and the back-off allow (transport/shm_wait.h).
+  bool unpinned_own = false;
+  int node_ranks = 1;             // the local ranks that decision counted
+  int unpinned_spare = 0;         // RINGCOMM_UNPINNED_SPARE_CPUS
+  int64_t unpinned_spin_ns = 0;   // RINGCOMM_SPIN_UNPINNED_US
+  int64_t unpinned_backoff_ns = 0;  // RINGCOMM_UNPINNED_BACKOFF_MS
+  int64_t load_check_ns = 0;      // RINGCOMM_LOAD_CHECK_MS (0: the runnable threads are never read)
+  int load_slack = 0;             // RINGCOMM_LOAD_SLACK
+  double load_avg_slack = 0;      // RINGCOMM_LOAD_AVG_SLACK
+  int64_t descheduled_ns = 0;     // RINGCOMM_DESCHEDULED_US
   int64_t yield_ns = 0;      // RINGCOMM_YIELD_US: yielding waits spin this much longer
   int64_t yield_every_ns = 0;  // RINGCOMM_YIELD_EVERY_NS: yielding waits sched_yield this often
   int64_t yield_lost_ns = 0;   // RINGCOMM_YIELD_LOST_US: a sched_yield this long lost the CPU
@@ -60,7 +75,11 @@ struct ShmConfig {
   /// The spin before a wait yields or sleeps: RINGCOMM_SPIN_US (spin_us), else short (2 us)
   /// when more ranks share this process's CPUs than there are (oversubscribed(): the awaited
   /// rank may need our CPU), else 50 us.
-  int64_t spin_ns() const { return (spin_us ? *spin_us : oversubscribed() ? 2 : 50) * 1000; }
+  /// `load_over`: the node's runnable threads outnumber its CPUs now (ShmWaits' load check),
+  /// which shortens the spin as oversubscribed() does.
+  int64_t spin_ns(bool load_over = false) const {
+    return (spin_us ? *spin_us : (oversubscribed() || load_over) ? 2 : 50) * 1000;
+  }
   /// Set ranks_sharing from a count of local ranks on this process's CPUs (< 1: unknown,
   /// nothing changes).
   void set_ranks_sharing(int ranks);
@@ -72,6 +91,9 @@ struct ShmConfig {
   /// (common/caller_wait.h) spin own_spin_ns. Ranks that may meet on a CPU (unpinned) yield:
   /// beside other busy processes the CPU a late peer needs may be the one a spinner holds.
   bool own_cpu() const { return ranks_sharing == 1; }
+  /// Decide unpinned_own from the local ranks that may run on these CPUs (`ranks`, this one
+  /// included) against cpus and unpinned_spare; false where own_cpu() already holds.
+  void decide_unpinned(int ranks);
 };
 
 /// Bytes of one rank's segment for `world` ranks with configuration `cfg` (computes only): in the

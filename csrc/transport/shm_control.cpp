@@ -48,6 +48,9 @@ void ShmControl::attach(const std::vector<std::string>& names) {
     if (online > 0 && node_ranks_ > online) ranks = std::max(ranks, node_ranks_);
     cfg_.set_ranks_sharing(ranks);
   }
+  // Ranks not pinned apart: the node's ranks that may run on these CPUs (this group's that meet
+  // them, and every group's the front counted) against the usable CPUs.
+  cfg_.decide_unpinned(std::max(cfg_.ranks_sharing, node_ranks_));
   // Every peer maps our segment before we unlink it; after that the name is gone and the memory
   // lives exactly as long as the mappings.
   SegmentHeader* own = segs_.header(rank_);

@@ -21,8 +21,16 @@
 // so the wait spins with `pause` for own_spin_ns (a futex sleep and wake costs tens of
 // microseconds on a vCPU that went idle, docs/algorithms.md "Waits"), and sleeps once that bound
 // is spent: a rank whose peer computes for long burns at most own_spin_ns per wait. A spin that
-// lost its CPU (two clock reads kDescheduledNs apart: another task ran on it) sleeps at once, so
+// lost its CPU (two clock reads descheduled_ns apart: another task ran on it) sleeps at once, so
 // that task keeps the CPU and the futex wake, not the scheduler's turn, brings the waiter back.
+// Ranks not pinned apart take the same spin (bounded by unpinned_spin_ns) where they in effect
+// have a CPU each (ShmConfig::unpinned_own: the node's ranks fit the usable CPUs, from the mask,
+// the online CPUs and the cgroup quota), unless one of three facts read at run time says the
+// CPU may be another's: the node's runnable threads outnumber its CPUs (read every
+// load_check_ns: transport/cpu_facts.h), the awaited peer last waited on this CPU (it may be
+// queued behind us), or such a spin lost its CPU within the last unpinned_backoff_ns.
+// The load check also shortens every other kAuto wait's spin (2 us) and makes it give the CPU
+// up at once to a peer that last waited on it: CPUs oversubscribed, it yields early.
 // Otherwise (ranks may meet on a CPU, or the wait runs on a thread beside a caller that may
 // compute) the wait is kYield's.
 //
@@ -53,6 +61,8 @@ struct ShmWaitStats {
   uint64_t yields_lost = 0;  ///< sched_yields that lost the CPU (each starts the back-off)
   uint64_t colocated = 0;    ///< waits that found their peer on their own CPU (no pure spin)
   uint64_t descheduled = 0;  ///< kAuto spins on a CPU of their own that lost it (then slept)
+  uint64_t unpinned_spins = 0;  ///< kAuto waits of ranks not pinned apart that took the long spin
+  uint64_t load_over = 0;    ///< load checks that found more runnable threads than CPUs
 };
 
 namespace shm_detail {
@@ -73,9 +83,6 @@ constexpr int64_t kProbeAfterNs = 5000;
 // yield (about 30 small collectives: header and data waits); each wait that ends within its
 // spin unpreempted counts one down.
 constexpr int kYieldCreditWaits = 64;
-// WaitMode::kAuto, a CPU of its own: a spin whose consecutive clock reads (64 pauses apart, about
-// 2 us) are this far apart lost its CPU to another task meanwhile.
-constexpr int64_t kDescheduledNs = 50000;
 
 }  // namespace shm_detail
 
@@ -103,9 +110,13 @@ class ShmWaits {
   // same CPU, where sharing is expected (ranks outnumber CPUs, or `backing_off`).
   bool placed_with(int peer, bool backing_off);
   // kAuto with a CPU of its own and a blocked caller: spin until ready() (true) or until
-  // own_spin_ns is spent or the CPU was lost (false: the caller sleeps).
+  // `bound` ns are spent or the CPU was lost (false: the caller sleeps). `unpinned`: the ranks
+  // are not pinned apart, and a lost CPU starts the back-off.
   template <class Ready>
-  bool spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0);
+  bool spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0, int64_t bound, bool unpinned);
+  // kAuto: whether the node's runnable threads outnumbered its CPUs at the last load check,
+  // reading them again when load_check_ns has passed since (false when never read).
+  bool load_over(int64_t now);
   // The peer checks every wait makes between spins or sleeps: true when ready() holds after all
   // (the awaited peer finished its part before it closed); raises when the awaited peer closed
   // or aborted, or any peer failed (its liveness probed when `live_check`).
@@ -125,7 +136,13 @@ class ShmWaits {
   // Set by a waiter whose sched_yield lost the CPU for yield_lost_ns or more without its word
   // becoming ready: another process's task, not a rank, ran a whole slice on our CPU.
   std::atomic<int64_t> no_yield_until_{0};
+  // kAuto, ranks not pinned apart: until this now_ns() time no wait takes the long spin (set by a
+  // spin that lost its CPU). The load check's last verdict and when it is next read.
+  std::atomic<int64_t> no_unpinned_spin_until_{0};
+  std::atomic<bool> load_over_{false};
+  std::atomic<int64_t> next_load_check_{0};
   std::atomic<uint64_t> n_slept_{0}, n_yields_lost_{0}, n_colocated_{0}, n_descheduled_{0};
+  std::atomic<uint64_t> n_unpinned_spins_{0}, n_load_over_{0};
 };
 
 template <class Ready>
@@ -139,11 +156,11 @@ inline bool ShmWaits::check_peers(Ready& ready, const WaitCtx& w, bool live_chec
 }
 
 template <class Ready>
-inline bool ShmWaits::spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0) {
+inline bool ShmWaits::spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0, int64_t bound, bool unpinned) {
   // Bounded by the knob and by the wait's deadline (the sleep loop raises the TimeoutError); the
   // peers are checked as often as a sleeping waiter checks them, so a long bound never delays
   // noticing a dead or aborted peer.
-  const int64_t end = std::min(t0 + cfg_.own_spin_ns, deadline_after(t0, timeout_s()));
+  const int64_t end = std::min(t0 + bound, deadline_after(t0, timeout_s()));
   int64_t last = t0;
   int64_t next_liveness = t0 + cfg_.liveness_ns;
   for (;;) {
@@ -152,8 +169,9 @@ inline bool ShmWaits::spin_own_cpu(Ready& ready, const WaitCtx& w, int64_t t0) {
       if (ready()) return true;
     }
     const int64_t now = now_ns();
-    if (now - last >= shm_detail::kDescheduledNs) {
+    if (now - last >= cfg_.descheduled_ns) {
       n_descheduled_.fetch_add(1, std::memory_order_relaxed);
+      if (unpinned) no_unpinned_spin_until_.store(now + cfg_.unpinned_backoff_ns, std::memory_order_relaxed);
       return false;
     }
     if (now >= end) return false;
@@ -179,14 +197,18 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
   // with a CPU per rank, the load balancer separates two ranks that meet on one CPU only if both
   // stay runnable there, which a spinning waiter does and one that gives the CPU up does not.
   const int64_t no_yield_until = no_yield_until_.load(std::memory_order_relaxed);
-  const bool colocated = placed_with(w.peer, t0 < no_yield_until);
+  const WaitMode mode = cfg_.wait_mode;
+  const bool auto_sync = mode == WaitMode::kAuto && caller_blocked();
+  const bool over = mode == WaitMode::kAuto && load_over(t0);
+  const bool unpinned = auto_sync && cfg_.unpinned_own && !over &&
+                        t0 >= no_unpinned_spin_until_.load(std::memory_order_relaxed);
+  const bool colocated = placed_with(w.peer, t0 < no_yield_until || over || unpinned);
   // Spin phase: poll the word with `pause`. A yielding wait (WaitMode::kYield, or kAdaptive after
   // a miss) also hands the CPU to whoever else is runnable on it every yield_every_ns,
   // and spins yield_ns longer: when the peer sits runnable on OUR CPU (ranks outnumber CPUs, or
   // another process shares the CPU) only that lets it run before our spin budget is gone.
-  const WaitMode mode = cfg_.wait_mode;
-  const bool own_spin =
-      mode == WaitMode::kAuto && cfg_.own_cpu() && cfg_.own_spin_ns > 0 && !colocated && caller_blocked();
+  const bool pinned_spin = auto_sync && cfg_.own_cpu() && cfg_.own_spin_ns > 0;
+  const bool own_spin = !colocated && (pinned_spin || unpinned);
   const bool adaptive = mode == WaitMode::kAdaptive;
   const bool yielding = !own_spin && (mode == WaitMode::kYield || mode == WaitMode::kAuto ||
                          (adaptive && yield_credit_.load(std::memory_order_relaxed) > 0)) &&
@@ -194,7 +216,7 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
   // Co-located with the peer: no pure spin. A yielding wait yields at once (the cheapest way to
   // hand the peer our CPU while no other process competes for it); any other sleeps at once.
   const bool active = !own_spin && (!colocated || yielding);
-  const int64_t active_end = t0 + (colocated ? 0 : cfg_.spin_ns()) + (yielding ? cfg_.yield_ns : 0);
+  const int64_t active_end = t0 + (colocated ? 0 : cfg_.spin_ns(over)) + (yielding ? cfg_.yield_ns : 0);
   int64_t next_yield = t0 + (colocated ? 0 : cfg_.yield_every_ns);
   long nivcsw0 = -1;  // kAdaptive: involuntary switches when the probe started (-1: not yet)
   bool done = false;
@@ -239,7 +261,10 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
       yield_credit_.fetch_sub(1, std::memory_order_relaxed);
     }
   }
-  if (own_spin) done = spin_own_cpu(ready, w, t0);
+  if (own_spin) {
+    if (!pinned_spin) n_unpinned_spins_.fetch_add(1, std::memory_order_relaxed);
+    done = spin_own_cpu(ready, w, t0, pinned_spin ? cfg_.own_spin_ns : cfg_.unpinned_spin_ns, !pinned_spin);
+  }
   if (done) return;
   n_slept_.fetch_add(1, std::memory_order_relaxed);
   // Sleep phase: futex in slices, checking peers and the deadline between slices.

@@ -77,6 +77,11 @@ class Knobs:
         RINGCOMM_DEBUG: logging to stderr: INFO one line per communicator (transport, selection rule), TRACE also one per collective (its algorithm, protocol and store)
         """
     @property
+    def descheduled_us(self) -> int:
+        """
+        RINGCOMM_DESCHEDULED_US: auto: a long spin whose consecutive clock reads (64 pauses apart, about 2 us) are this far apart lost its CPU to another task meanwhile, and sleeps at once
+        """
+    @property
     def direct_max_bytes(self) -> int:
         """
         RINGCOMM_DIRECT_MAX_BYTES: auto takes the direct all-reduce (and the direct broadcast) while bytes x (world - 1) is at most this
@@ -117,6 +122,21 @@ class Knobs:
         RINGCOMM_LL_MAX_BYTES: all-reduces (under RINGCOMM_ALGO=auto) and broadcasts of at most this many bytes use the LL protocol: each rank writes header and data into 64-byte lines of its own shared-memory outbox (56 data bytes and a flag each) and its peers read them in place; the outbox's size, so equal on every rank (0: off)
         """
     @property
+    def load_avg_slack(self) -> float:
+        """
+        RINGCOMM_LOAD_AVG_SLACK: auto: how far the node's one-minute load average may exceed the usable CPUs plus RINGCOMM_LOAD_SLACK before waits count it as oversubscribed (the average counts the ranks' own busy time)
+        """
+    @property
+    def load_check_ms(self) -> int:
+        """
+        RINGCOMM_LOAD_CHECK_MS: auto: how often waits read the node's load (/proc/loadavg); while its runnable threads or its one-minute load average exceed the usable CPUs plus RINGCOMM_LOAD_SLACK, waits spin 2 us (unless RINGCOMM_SPIN_US is set), give the CPU up at once to a peer that last waited on it, and unpinned ranks take no long spin (0: never read)
+        """
+    @property
+    def load_slack(self) -> int:
+        """
+        RINGCOMM_LOAD_SLACK: auto: runnable threads (and load average) beyond the usable CPUs that the node may have before waits count it as oversubscribed
+        """
+    @property
     def model_min_world(self) -> int:
         """
         RINGCOMM_MODEL_MIN_WORLD: RINGCOMM_ALGO=auto picks the all-reduce algorithm with the cost model (docs/algorithms.md) from this many ranks up; below, by the measured size thresholds (2 lets the model decide everywhere)
@@ -155,6 +175,11 @@ class Knobs:
     def spin_own_cpu_us(self) -> int:
         """
         RINGCOMM_SPIN_OWN_CPU_US: auto, no other local rank on this rank's CPUs: microseconds a synchronous call's wait spins before it sleeps on the futex (a wait that lost its CPU meanwhile sleeps at once); longer than a scheduler tick (4 ms at HZ=250), so a wait for a peer that lost its CPU for a tick does not hand this rank's CPU to another task
+        """
+    @property
+    def spin_unpinned_us(self) -> int:
+        """
+        RINGCOMM_SPIN_UNPINNED_US: auto, ranks not pinned apart that in effect have a CPU each (the node's ranks plus RINGCOMM_UNPINNED_SPARE_CPUS fit the usable CPUs: the fewest of the affinity mask's, the online ones and the cgroup CPU quota): microseconds a synchronous call's wait spins before it sleeps on the futex, while the node's runnable threads fit those CPUs (RINGCOMM_LOAD_CHECK_MS) and no such spin lost its CPU in the last RINGCOMM_UNPINNED_BACKOFF_MS (0: unpinned ranks never take this spin)
         """
     @property
     def spin_us(self) -> int:
@@ -212,9 +237,19 @@ class Knobs:
         RINGCOMM_TWO_SHOT_MIN_WORLD: auto takes two_shot only with at least this many ranks
         """
     @property
+    def unpinned_backoff_ms(self) -> int:
+        """
+        RINGCOMM_UNPINNED_BACKOFF_MS: auto: after a spin of ranks not pinned apart lost its CPU (RINGCOMM_DESCHEDULED_US), such spins stop for this long (their waits yield, then sleep)
+        """
+    @property
+    def unpinned_spare_cpus(self) -> int:
+        """
+        RINGCOMM_UNPINNED_SPARE_CPUS: auto: CPUs beyond one per local rank that the usable CPUs must hold for ranks not pinned apart to take the RINGCOMM_SPIN_UNPINNED_US spin
+        """
+    @property
     def wait(self) -> str:
         """
-        RINGCOMM_WAIT: wait policy: spin (pause-spin, then futex sleep), yield (spin with a sched_yield every RINGCOMM_YIELD_EVERY_NS, then futex), adaptive (spin, switching to yield for the next 64 waits after a spin ran out or was preempted) or auto (where no other local rank may run on this rank's CPUs, by the ranks' affinity masks (ranks pinned apart): a synchronous call's waits spin RINGCOMM_SPIN_OWN_CPU_US, ending early when the thread lost its CPU, then futex; every other wait as yield, with a 2 us spin where ranks outnumber CPUs)
+        RINGCOMM_WAIT: wait policy: spin (pause-spin, then futex sleep), yield (spin with a sched_yield every RINGCOMM_YIELD_EVERY_NS, then futex), adaptive (spin, switching to yield for the next 64 waits after a spin ran out or was preempted) or auto (where no other local rank may run on this rank's CPUs, by the ranks' affinity masks (ranks pinned apart): a synchronous call's waits spin RINGCOMM_SPIN_OWN_CPU_US, ending early when the thread lost its CPU, then futex; where ranks not pinned apart in effect have a CPU each, the same bounded by RINGCOMM_SPIN_UNPINNED_US; every other wait as yield, with a 2 us spin where ranks or the node's runnable threads outnumber CPUs)
         """
     @property
     def yield_backoff_ms(self) -> int:
@@ -339,7 +374,7 @@ class Communicator:
         """
     def wait_stats(self) -> dict:
         """
-        Counters of this rank's waits' slow paths: futex sleeps, sched_yields that lost the CPU, waits that found their peer on their own CPU.
+        Counters of this rank's waits' slow paths: futex sleeps, sched_yields that lost the CPU, waits that found their peer on their own CPU, long spins that lost the CPU, unpinned ranks' long spins, load checks that found the node oversubscribed.
         """
     @property
     def closed(self) -> bool:

@@ -103,8 +103,11 @@ class CommunicatorBase:
         process's task for a scheduler slice; each stops the yielding for
         ``RINGCOMM_YIELD_BACKOFF_MS``), ``colocated`` (waits that found the awaited peer on their own
         CPU and gave it up at once), ``descheduled`` (spins of synchronous calls on a CPU of their
-        own, ``RINGCOMM_WAIT=auto``, that lost the CPU to another task and slept at once). Empty for
-        back ends without a shared-memory wait."""
+        own, ``RINGCOMM_WAIT=auto``, that lost the CPU to another task and slept at once),
+        ``unpinned_spins`` (waits of ranks not pinned apart that took that spin:
+        ``RINGCOMM_SPIN_UNPINNED_US``), ``load_over`` (load checks that found more runnable threads
+        on the node than usable CPUs: ``RINGCOMM_LOAD_CHECK_MS``). Empty for back ends without a
+        shared-memory wait."""
         stats = getattr(getattr(self, "_c", None), "wait_stats", None)
         return dict(stats()) if stats is not None else {}
 
