@@ -146,22 +146,24 @@ def _run(world, env, late_s=0.0, busy_n=0):
 
 @needs_two
 def test_two_unpinned_ranks_on_two_cpus_spin():
-    # Without the load check (other tests' processes share this machine), a synchronous call's wait
-    # against a peer 300 ms late spins most of a 20 ms bound: it took the spin pinned ranks take.
-    # A spin that lost its CPU (the machine is busy) sleeps at once: up to 3 tries for one that
-    # kept it.
+    # Without the load check (other tests' processes share this machine), 2 unpinned ranks on 2
+    # CPUs take the spin pinned ranks take. Whether a given wait spins is then up to the run-time
+    # checks: a peer that last waited on this CPU (`colocated`) or a spin that lost its CPU
+    # (`descheduled`) sleeps at once, and a busy machine may do either. So every try either spun
+    # (against a peer 300 ms late, most of a 20 ms bound) or counts the check that stopped it.
     env = {"RINGCOMM_SPIN_UNPINNED_US": "20000", "RINGCOMM_LOAD_CHECK_MS": "0"}
     runs = []
-    for _ in range(3):
+    for _ in range(5):
         res = _run(2, env, late_s=0.3)
         r = res[0]
         runs.append(r)
         assert all(x["ok"] for x in res), res
         assert "2 ranks on them: ranks may meet on a CPU; 2 node ranks on 2 usable CPUs: a CPU each in effect" in r["desc"], r["desc"]
         assert "synchronous calls spin up to 20000 us while" in r["desc"], r["desc"]
-        assert r["stats"]["unpinned_spins"] >= 1, r
         assert r["stats"]["slept"] >= 1 and r["cpu"] < 0.15, r
-        if r["stats"]["descheduled"] == 0:
+        stopped = r["stats"]["colocated"] + r["stats"]["descheduled"]
+        assert r["stats"]["unpinned_spins"] >= 1 or stopped >= 1, r
+        if r["stats"]["unpinned_spins"] >= 1 and stopped == 0:
             assert r["cpu"] >= 0.015, runs
             break
 
