@@ -268,6 +268,8 @@ def test_mpi_phase_failure_names_mpiexecs_last_error_line_and_allows_root(tmp_pa
     fake.write_text("#!/bin/sh\necho \"root=${OMPI_ALLOW_RUN_AS_ROOT:-unset}/${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-unset}\" >&2\n"
                     "echo 'fake mpiexec: cannot start' >&2\necho '-----------' >&2\nexit 3\n")
     fake.chmod(0o755)
+    from ringcomm.bench.drivers import locate
+    monkeypatch.setattr(locate, "mpich", lambda: None)      # not the mpich wheel's launcher
     monkeypatch.setattr(cli, "find_mpiexec", lambda: str(fake))
     monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT", raising=False)
     monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", raising=False)
