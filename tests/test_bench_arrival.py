@@ -262,7 +262,7 @@ def test_cli_deepspeed_peer(tmp_path):
     """DeepSpeed's shm all_reduce measured and checked on every dtype its kernels run on this
     CPU: float32 with AVX2, bfloat16 with AVX-512 BW; where this CPU lacks that, the bfloat16
     cells are n/a and the bench says which instruction set is missing."""
-    from ringcomm.bench.peers import cpu_flags
+    from ringcomm.core.machine import cpu_flags
     reason = _deepspeed_reason()
     if reason:
         pytest.skip(f"deepspeed peer unavailable: {reason}")

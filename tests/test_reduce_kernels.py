@@ -18,6 +18,7 @@ import pytest
 
 from ringcomm._C import _reduce
 from ringcomm._C_test import reduce_supported
+from ringcomm.core.machine import cpu_flags
 
 # rc::DType / rc::ReduceOp codes (csrc/common/dtype.h; part of the wire format, never renumbered).
 F32, F64, F16, BF16, I8, U8, I32, I64, BOOL = range(9)
@@ -61,17 +62,6 @@ def _isa_available(isa):
 
 
 ISAS = [isa for isa in ("generic", "avx2", "avx512") if _isa_available(isa)]
-
-
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 # ----- references -------------------------------------------------------------------------------
@@ -223,7 +213,7 @@ def _id(v):
 def test_isas_found():
     assert "generic" in ISAS
     # Every copy this CPU can run is exercised: the tests below cover each one on this machine.
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if {"avx2", "f16c"} <= flags:
         assert "avx2" in ISAS
     if {"avx2", "f16c", "avx512f", "avx512bw", "avx512vl"} <= flags:

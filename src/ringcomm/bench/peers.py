@@ -31,6 +31,7 @@ from datetime import timedelta
 
 import numpy as np
 
+from ..core.machine import cpu_flags
 from .spec import MODES, NATIVE_MODE, DType
 
 PEERS = ("gloo", "mpi", "nccl", "deepspeed", "oneccl", "impi")
@@ -341,19 +342,6 @@ _DS_DTYPES = ("float32", "bfloat16", "float16")
 # the bfloat16 / float16 ones AVX-512 BW conversions (csrc/cpu/comm/shm.cpp). A kernel above the
 # CPU's level faults in the rank, which the other rank then waits on.
 _DS_LEVEL_ISA = {1: "avx2", 2: "avx512bw"}
-
-
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags (the first ``flags`` line of /proc/cpuinfo); empty where there is
-    none to read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def ds_kernel_level(mod=None, flags: set[str] | None = None) -> int:
