@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace rcd {
@@ -48,6 +49,14 @@ inline std::string& error() {
 inline int fail(const std::string& why) {
     error() = why;
     return -1;
+}
+
+// rcd_check's answer from a driver's own check: nullptr when it runs the call, else the reason,
+// kept until the next answer.
+inline const char* check_answer(std::string why) {
+    static std::string kept;
+    kept = std::move(why);
+    return kept.empty() ? nullptr : kept.c_str();
 }
 
 }  // namespace rcd

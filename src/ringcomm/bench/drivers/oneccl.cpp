@@ -137,9 +137,7 @@ int rcd_init(int rank, int world, const char* rdzv) {
 }
 
 const char* rcd_check(const char* op, const char* dtype, const char* redop) {
-    static std::string why;
-    why = check(op, dtype, redop);
-    return why.empty() ? nullptr : why.c_str();
+    return rcd::check_answer(check(op, dtype, redop));
 }
 
 long rcd_prepare(const char* op_name, const char* dtype, const char* redop, void* in, void* out,
