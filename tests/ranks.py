@@ -273,7 +273,23 @@ def case_of(per_rank: list, name: str, what: str) -> list:
 # ---- shared-memory segments ------------------------------------------------------------------------
 
 def _ringcomm_segment(name: str) -> bool:
-    return name.startswith("ringcomm-")
+    """ringcomm's segments, and MPICH's (mpich_shm_*) that no process maps any more: a process
+    that initialized MPI and ended without MPI_Finalize left it."""
+    if name.startswith("ringcomm-"):
+        return True
+    return name.startswith("mpich_shm_") and not _mapped(f"/dev/shm/{name}")
+
+
+def _mapped(path: str) -> bool:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/maps") as f:
+                    if path in f.read():
+                        return True
+            except OSError:
+                pass
+    return False
 
 
 def shm_segments(match: Callable[[str], bool] = _ringcomm_segment) -> set:

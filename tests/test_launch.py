@@ -80,3 +80,20 @@ def test_a_run_past_its_timeout_names_where_each_rank_was():
     for r in (0, 1):
         assert f"--- rank {r} stack ---" in text, text
     assert text.count("in _sleeps_past_the_timeout") == 2, text
+
+
+def _init_mpi_alone(rank, world):
+    from mpi4py import MPI  # MPI_Init without mpiexec: a singleton with a /dev/shm segment
+    assert MPI.COMM_WORLD.Get_size() == 1
+    return os.getpid()
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_initialized_mpi_on_its_own_leaves_no_segment():
+    """Lightning's MPI detection (and any library importing mpi4py.MPI) initializes MPI in a rank
+    that mpiexec did not start; MPICH then holds /dev/shm/mpich_shm_<pid in hex>_0 until
+    MPI_Finalize, which mpi4py registers with atexit."""
+    pytest.importorskip("mpi4py")
+    pids = spawn(_init_mpi_alone, 2, timeout=60)
+    left = [f"mpich_shm_{p:x}_0" for p in pids if os.path.exists(f"/dev/shm/mpich_shm_{p:x}_0")]
+    assert left == []

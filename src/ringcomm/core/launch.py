@@ -18,6 +18,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -62,6 +63,16 @@ def _child(fn, rank, world_size, args, env, queue, stack_path, environ=None):
         queue.put((rank, False, b"", traceback.format_exc(), type(e).__name__, raised_at))
     finally:
         stack_file.flush()
+        _finalize_mpi()
+
+
+def _finalize_mpi():
+    # A multiprocessing child ends in os._exit, which skips the interpreter's finalization, where
+    # mpi4py calls MPI_Finalize. A rank that initialized MPI without mpiexec (Lightning's cluster
+    # detection imports mpi4py.MPI) would leave MPICH's /dev/shm/mpich_shm_<pid>_0 behind.
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
 
 
 def spawn(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
