@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -324,3 +325,21 @@ def test_device_bench_on_cpu_tensors(tmp_path):
     assert all(x["pool_bytes"] >= 4 * 1024 for x in rows)
     # roof: 2 n S bytes at the measured copy rate
     assert all(abs(x["roof_s"] - 2 * 2 * x["bytes"] / (x["copy_gbps"] * 1e9)) <= 1e-9 + 1e-6 * x["roof_s"] for x in rows)
+
+
+def test_cpu_stage_plans_sixteen_ranks_beside_mpich_and_deepspeed():
+    """The cpu stage's settings of cpu_scale_check.sh, read from device_check.sh, give a plan of 16 then
+    2 ranks bound to cores, each beside gloo, MPICH and DeepSpeed, within the stage's budget."""
+    text = (DEVICE / "device_check.sh").read_text()
+    body = text[text.index("stage_cpu() {"):].split("\n}\n", 1)[0].replace("\\\n", " ")
+    env = dict(os.environ, CPU_SCALE_CORES="16")
+    for k in ("CPU_SCALE_WORLDS", "CPU_SCALE_BINDS", "BENCH_TIMEOUT"):
+        env[k] = re.search(k + r'=("([^"]*)"|(\S+))', body).group(2 if f'{k}="' in body else 3)
+    plan = subprocess.run(["bash", str(DEVICE / "cpu_scale_check.sh"), "--dry-run"], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert plan.returncode == 0, plan.stderr
+    runs = [ln for ln in plan.stdout.splitlines() if "ringcomm.bench" in ln]
+    assert [(ln.split("-np ")[1].split()[0], ln.split("--bind ")[1].split()[0]) for ln in runs] == \
+        [("16", "core"), ("2", "core")]
+    assert all("--peers gloo,mpi,deepspeed" in ln for ln in runs)
+    assert 2 * int(env["BENCH_TIMEOUT"]) <= 40 - 4

@@ -15,7 +15,8 @@
 #              capture and 1000 replays with new inputs, a rank 200 ms late, kill -9 of a rank mid-wait
 #   bench  60  benchmarks/device/device_bench.py: ringcomm on CUDA tensors beside gloo on CUDA, the
 #              same-process floor and the roof, without and with MPS
-#   cpu    40  benchmarks/device/cpu_scale_check.sh (bench at 2-16 ranks beside gloo, MPICH, DeepSpeed)
+#   cpu    40  benchmarks/device/cpu_scale_check.sh: the bench at 16 and 2 ranks bound to cores, beside gloo,
+#              MPICH and DeepSpeed (its later sections where they fit)
 # A stage is killed at its budget (TERM a little before, KILL at it) and recorded as failed; a
 # stage that does not fit the time left of TOTAL_BUDGET (s, default 300) is recorded as not run.
 # After every stage, an MPS daemon it started (pipe folder $WORK/mps-STAGE) is stopped, whatever
@@ -110,8 +111,11 @@ stage_bench() {
       --json "$STAGE_OUT/bench.json"
 }
 
+# 16 ranks first (the check's point), then 2, bound to cores, beside gloo, MPICH and DeepSpeed; the
+# script's later sections (thread A/B, cost model, rendezvous A/B) run only when they fit.
 stage_cpu() {
-  OUT="$STAGE_OUT" TOTAL_BUDGET=$(( ${BUDGET[cpu]} - 4 )) BUILD_TIMEOUT=20 bash benchmarks/device/cpu_scale_check.sh
+  OUT="$STAGE_OUT" TOTAL_BUDGET=$(( ${BUDGET[cpu]} - 4 )) BUILD_TIMEOUT=20 BENCH_TIMEOUT=16 \
+      CPU_SCALE_WORLDS="16 2" CPU_SCALE_BINDS=core bash benchmarks/device/cpu_scale_check.sh
 }
 
 # ---- the driver ----
