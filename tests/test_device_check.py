@@ -168,21 +168,24 @@ def test_term_to_the_check_ends_the_running_stage_and_its_daemon_at_once(tmp_pat
     assert "build" not in _state(results)          # not recorded as ok: a rerun runs it
 
 
-def test_stage_that_does_not_fit_the_total_is_recorded_and_rerun(tmp_path):
+def test_stage_that_does_not_fit_the_total_shrinks_or_is_recorded_and_rerun(tmp_path):
     results = tmp_path / "res"
     ok = _script(tmp_path, "ok.sh", "true\n")
     slow = _script(tmp_path, "slow.sh", "sleep 2\n")
     cmds = dict(build=slow, probe=ok, ring=ok, graph=ok, bench=ok, cpu=ok)
-    budgets = dict(build=3, probe=1, ring=1, graph=1, bench=1, cpu=10)
+    budgets = dict(build=3, probe=1, ring=1, graph=1, bench=1, cpu=30)
     out = tmp_path / "out"
-    r, _ = _run_check(tmp_path, results, cmds, budgets, extra=dict(TOTAL_BUDGET="10", OUT=str(out)))
+    r, _ = _run_check(tmp_path, results, cmds, budgets, extra=dict(TOTAL_BUDGET="14", OUT=str(out)))
     assert r.returncode == 1, r.stdout + r.stderr
     st = _state(results)
     assert st["cpu"][0] == "skipped" and all(st[s][0] == "ok" for s in STAGES[:-1]), st
+    assert "cpu: not run" in r.stdout
     # A runner's folder gets the archive, the summary and the state.
     assert {"device_check.tgz", "summary.txt", "state"} <= set(os.listdir(out))
-    r, _ = _run_check(tmp_path, results, cmds, budgets, extra=dict(TOTAL_BUDGET="10"))
+    # The rerun runs only cpu; with 14 s left of the total and a budget of 20 it runs with 14.
+    r, _ = _run_check(tmp_path, results, cmds, dict(budgets, cpu=20), extra=dict(TOTAL_BUDGET="14"))
     assert r.returncode == 0 and _state(results)["cpu"][0] == "ok", r.stdout
+    assert "cpu: its budget shrinks from 20 s to the 14 s left" in r.stdout and "build: ok in an earlier run" in r.stdout
 
 
 def test_handoff_script_runs_each_way_under_its_limit_and_stops_its_mps_daemon(tmp_path):

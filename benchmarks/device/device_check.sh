@@ -17,8 +17,9 @@
 #              same-process floor and the roof, without and with MPS
 #   cpu    40  benchmarks/device/cpu_scale_check.sh: the bench at 16 and 2 ranks bound to cores, beside gloo,
 #              MPICH and DeepSpeed (its later sections where they fit)
-# A stage is killed at its budget (TERM a little before, KILL at it) and recorded as failed; a
-# stage that does not fit the time left of TOTAL_BUDGET (s, default 300) is recorded as not run.
+# A stage is killed at its budget (TERM a little before, KILL at it) and recorded as failed
+# (`timeout`). A stage whose budget exceeds what is left of TOTAL_BUDGET (s, default 300) runs with
+# what is left, or, when that is less than half its budget, is recorded as not run (`skipped`).
 # After every stage, an MPS daemon it started (pipe folder $WORK/mps-STAGE) is stopped, whatever
 # happened to the stage, so none survives into the next.
 #
@@ -64,8 +65,10 @@ stage_build() {
 }
 build_products_present() { [ -x "$PROBE_BIN" ] && $PY -c "import ringcomm._C_cuda" > /dev/null 2>&1; }
 
+# 4 ways x 2 modes, each at most 5 s (a repetition's deadline 1 s, 2.5 s of repetitions), and an MPS start.
 stage_probe() {
-  BIN="$PROBE_BIN" OUT="$STAGE_OUT" MPS_DIR="$STAGE_MPS" bash benchmarks/device/handoff_probe.sh
+  BIN="$PROBE_BIN" OUT="$STAGE_OUT" MPS_DIR="$STAGE_MPS" WAY_LIMIT=5 WAY_BUDGET_MS=2500 TIMEOUT_MS=1000 \
+      bash benchmarks/device/handoff_probe.sh
 }
 
 # Runs "$@" once without MPS and once under this stage's daemon, each under LIMIT s; the outputs
@@ -192,10 +195,15 @@ for s in $STAGES; do
     note "build: ok in an earlier run, but its products are gone: repeated"
   fi
   b=${BUDGET[$s]}
-  if [ $(( $(date +%s) - t_start + b )) -gt "$TOTAL_BUDGET" ]; then
-    record "$s" skipped - 0
-    note "$s: not run: its $b s do not fit the $TOTAL_BUDGET s total"
-    continue
+  left=$(( TOTAL_BUDGET - ($(date +%s) - t_start) ))
+  if [ "$left" -lt "$b" ]; then
+    if [ $(( 2 * left )) -lt "$b" ]; then
+      record "$s" skipped - 0
+      note "$s: not run: $left s are left of the $TOTAL_BUDGET s total, less than half its $b s"
+      continue
+    fi
+    note "$s: its budget shrinks from $b s to the $left s left"
+    b=$left
   fi
   mkdir -p "$RESULTS/$s"
   cmd=$(command_of "$s")

@@ -19,8 +19,8 @@
 // (rounds completed so far plus the round), so a fast side never erases what a time-sliced peer has
 // yet to read. Nothing waits without a deadline: device spins read %globaltimer and give up; a
 // stream is only queried (never synchronized) against a deadline; at the deadline the host releases
-// what the stream waits on (stream-operation words set past every expected value, its own IPC
-// event recorded again on an idle stream) and queries once more for a grace period; every host
+// what the stream waits on (kernel flags and stream-operation words set past every expected value,
+// its own IPC event recorded again on an idle stream) and queries once more for a grace period; every host
 // wait is bounded; alarm() ends a process that is stuck anyway. After a timeout the way stops (its
 // words are spent) and reports the round trips it completed. Repetitions stop once the way's
 // budget is spent. Never changes the GPU's compute mode.
@@ -223,15 +223,19 @@ static bool query_until(cudaStream_t s, double deadline) {
   }
 }
 
-// Release what this side's stream may wait on: the stream-operation words past every expected
-// value, and this side's IPC event recorded again on an idle stream (a record that completes at once).
+// Release what this side's stream may wait on: the kernels' flags and the stream-operation words
+// past every expected value, and this side's IPC event recorded again on an idle stream (a record
+// that completes at once). The way's words are spent afterwards: it runs no further repetition.
 static void release(Ctx& c) {
   for (int w = 0; w < 3; ++w) c.sh->host_word[w] = kReleased;
   cudaStream_t idle;
   CK(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking));
   if (c.dev_words != nullptr) {
     static const uint32_t big[2] = {kReleased, kReleased};
+    static const uint64_t big_flag = ~0ull;
     CK(cudaMemcpyAsync(c.dev_words, big, sizeof big, cudaMemcpyHostToDevice, idle));
+    for (int b = 0; b < 2; ++b)
+      CK(cudaMemcpyAsync(&c.boxes[b].flag, &big_flag, sizeof big_flag, cudaMemcpyHostToDevice, idle));
   }
   if (c.own != nullptr) CK(cudaEventRecord(c.own, idle));
   (void)query_until(idle, now_s() + 1.0);  // a bounded wait; the stream is left as it is
