@@ -101,7 +101,8 @@ def test_stages_and_budgets_fit_five_minutes():
 def test_stages_record_results_kill_overruns_and_a_rerun_repeats_only_failures(tmp_path):
     results = tmp_path / "res"
     log = tmp_path / "runs.log"
-    ok = _script(tmp_path, "ok.sh", f'echo "$0 $STAGE_OUT" >> {log}; echo fine > "$STAGE_OUT/out.txt"; echo done\n')
+    ok = _script(tmp_path, "ok.sh", f'echo "$0 $STAGE_OUT $DEVICE_CHECK_STAGE_BUDGET" >> {log}; '
+                                    'echo fine > "$STAGE_OUT/out.txt"; echo done\n')
     fail = _script(tmp_path, "fail.sh", f'echo "$0" >> {log}; echo broken; exit 3\n')
     hang = _script(tmp_path, "hang.sh", f'echo "$0" >> {log}; sleep 60\n')
     # A stage that starts an MPS daemon of its own (through lib.sh, as the real stages do) and overruns.
@@ -127,7 +128,7 @@ def test_stages_record_results_kill_overruns_and_a_rerun_repeats_only_failures(t
     assert "an MPS daemon outlived the stage" in summary, summary
     assert _daemons(tmp_path) == []
     first = log.read_text().splitlines()
-    assert len(first) == 6
+    assert len(first) == 6 and first[0] == f"{ok} {results / 'build'} 40", first   # the stage's own budget
     # The rerun: everything would pass now; only the three stages that did not pass run again.
     log.write_text("")
     cmds = dict(build=ok, probe=ok, ring=ok, graph=ok, bench=ok, cpu=ok)

@@ -48,7 +48,8 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"   # this tree's ringcomm
 export PYTHONUNBUFFERED=1
 
 # ---- the stages' own work (run as `device_check.sh --run-stage STAGE`, under the stage's timeout) ----
-# Each writes into $STAGE_OUT; an MPS daemon goes into $STAGE_MPS (stopped again by the caller).
+# Each writes into $STAGE_OUT; an MPS daemon goes into $STAGE_MPS (stopped again by the caller);
+# DEVICE_CHECK_STAGE_BUDGET is the stage's budget (s) as the driver runs it.
 stage_build() {
   export PATH="$PATH:/usr/local/cuda/bin"
   mkdir -p "$(dirname "$PROBE_BIN")"
@@ -117,7 +118,7 @@ stage_bench() {
 # 16 ranks first (the check's point), then 2, bound to cores, beside gloo, MPICH and DeepSpeed; the
 # script's later sections (thread A/B, cost model, rendezvous A/B) run only when they fit.
 stage_cpu() {
-  OUT="$STAGE_OUT" TOTAL_BUDGET=$(( ${BUDGET[cpu]} - 4 )) BUILD_TIMEOUT=20 BENCH_TIMEOUT=16 \
+  OUT="$STAGE_OUT" TOTAL_BUDGET=$(( ${DEVICE_CHECK_STAGE_BUDGET:-${BUDGET[cpu]}} - 4 )) BUILD_TIMEOUT=20 BENCH_TIMEOUT=16 \
       CPU_SCALE_WORLDS="16 2" CPU_SCALE_BINDS=core bash benchmarks/device/cpu_scale_check.sh
 }
 
@@ -213,7 +214,8 @@ for s in $STAGES; do
   kill_after=$(printf '%d.%03d' $(( grace_ms / 1000 )) $(( grace_ms % 1000 )))
   note "$s: start (budget $b s): $cmd"
   t0=$(date +%s.%N)
-  DEVICE_CHECK_MPS_DIR="$WORK/mps-$s" STAGE_OUT="$RESULTS/$s" timeout -k "$kill_after" "$term" \
+  DEVICE_CHECK_MPS_DIR="$WORK/mps-$s" STAGE_OUT="$RESULTS/$s" DEVICE_CHECK_STAGE_BUDGET=$b \
+      timeout -k "$kill_after" "$term" \
       bash -c "$cmd" > "$RESULTS/$s/console.txt" 2>&1 &
   BOUNDED_PIDS=" $!"   # so that a TERM to this script ends the stage's group at once (lib.sh)
   wait $!

@@ -113,7 +113,7 @@ struct Shared {
   std::atomic<int> dead;                // a side exited on an error (die)
   std::atomic<int> stop;                // 1: run no further repetition (set before a barrier)
   std::atomic<int> failed_rep;          // the repetition (1-based) that timed out on some side, 0: none
-  std::atomic<uint64_t> rounds_seen[2]; // round trips side s saw complete in the failed repetition
+  std::atomic<uint64_t> rounds_seen[2]; // round trips side s completed in its last repetition
   std::atomic<int> drained[2];          // side s's stream drained after the release (1) or not (0)
   cudaIpcMemHandle_t mem;               // the parent's device words
   cudaIpcEventHandle_t ev[2];           // [0] the parent's event, [1] the child's
@@ -431,7 +431,10 @@ static int side_main(int side, Shared* sh, const char* way, bool legacy, int rou
     else if (memop) v = run_memop(c, k);
     else v = run_event(c, k);
     r.push_back(v);
-    if (v >= 0) c.base += static_cast<uint64_t>(c.rounds);
+    if (v >= 0) {
+      c.base += static_cast<uint64_t>(c.rounds);
+      sh->rounds_seen[side].store(static_cast<uint64_t>(c.rounds), std::memory_order_release);  // all of them
+    }
     sync_bar(c);  // both sides' outcome of repetition k is now visible
     if (sh->failed_rep.load(std::memory_order_acquire) != 0) break;
   }
