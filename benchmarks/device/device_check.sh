@@ -31,6 +31,8 @@
 # summary.txt and state are copied there at exit.
 # A rerun with the same RESULTS runs only the stages whose state is not `ok` (build also when its
 # products are gone, as on a fresh machine); --fresh forgets the state; STAGE ... picks stages.
+# Where a runner copies the working tree to the machine and returns only $OUT, unpack the returned
+# device_check.tgz into RESULTS before the rerun, so that the state travels with the tree.
 # --list prints the stages, their budgets and commands, and runs nothing.
 # DEVICE_CHECK_CMD_<STAGE> (a shell command) replaces a stage's command and DEVICE_CHECK_BUDGET_<STAGE>
 # its budget (tests/test_device_check.py runs this script with short fake stages that way).

@@ -152,12 +152,13 @@ def kill_rank(rank: int, world: int, a: dict):
         time.sleep(a["kill_after_ms"] / 1e3)  # rank 0 is now inside its wait
         os.kill(os.getpid(), signal.SIGKILL)
     err = None
+    # Rank 1 dies --kill-after-ms after this file appears: by then rank 0 is inside the call (the
+    # device ring's kernel spinning on rank 1's flags; a host-ordered call, in its host wait).
+    with open(waiting, "w"):
+        pass
     t0 = time.perf_counter()
     try:
         w = comm.all_reduce(x, async_op=True)
-        with open(waiting, "w"):
-            pass
-        t0 = time.perf_counter()
         w.wait()
     except ringcomm.RingcommError as e:
         err = e
