@@ -26,7 +26,9 @@
 # --quick: 2 ranks only (bound and unbound), sizes 1K..64K, no thread or rendezvous A/B and no
 # cost model (a smoke test).
 # --dry-run: print the plan (the commands), run nothing.
-# CPU_SCALE_CORES overrides the core count (to see the plan of another machine with --dry-run).
+# CPU_SCALE_CORES overrides the core count (to see the plan of another machine with --dry-run);
+# CPU_SCALE_WORLDS (default "2 4 8 16", those that fit the cores) and CPU_SCALE_BINDS (default
+# "none core") pick the bench runs, in that order (device_check.sh's cpu stage: "16 2", core).
 # Exit status: 0 when the build (or the existing build) and every bench run that ran passed and
 # gloo ran; 1 otherwise.
 set -u
@@ -57,9 +59,10 @@ status=0
 t_start=$(date +%s)
 
 worlds=""
-for n in 2 4 8 16; do
+for n in ${CPU_SCALE_WORLDS:-2 4 8 16}; do
   [ "$n" -le "$CORES" ] && worlds="$worlds $n"
 done
+BINDS="${CPU_SCALE_BINDS:-none core}"
 [ "$QUICK" = 1 ] && worlds=" 2"
 [ -z "$worlds" ] && worlds=" 2"  # one core: 2 oversubscribed ranks still show correctness
 if [ "$QUICK" = 1 ]; then SIZES="-b 1K -e 64K -f 8"; else SIZES="-b 1K -e 4M -f 16"; fi
@@ -73,7 +76,7 @@ if [ "$DRY" = 1 ]; then
   echo "cores: $CORES; world sizes:$worlds"
   [ "$CORES" -lt 16 ] && echo "fewer than 16 cores: running the world sizes that fit (one rank per core)"
   for n in $worlds; do
-    for bind in none core; do echo "timeout $BENCH_TIMEOUT $BENCH -np $n --bind $bind --json <tmp>"; done
+    for bind in $BINDS; do echo "timeout $BENCH_TIMEOUT $BENCH -np $n --bind $bind --json <tmp>"; done
   done
   [ "$QUICK" = 1 ] || echo "timeout $THREADS_TIMEOUT $PY benchmarks/ab/cpu_threads_ab.py --threads {2,4} --sizes 64M --reps 5"
   [ "$QUICK" = 1 ] || echo "timeout $MODEL_TIMEOUT: $PY -m ringcomm.apps.tune -o <tmp>/profile.json; $PY $(model_cmd '<tmp>')"
@@ -140,7 +143,7 @@ EOF
 }
 gloo_ran=0
 for n in $worlds; do
-  for bind in none core; do
+  for bind in $BINDS; do
     name="np${n}_${bind}"
     if ! fits "$BENCH_TIMEOUT"; then note "$name: SKIPPED (budget)"; status=1; continue; fi
     t0=$(date +%s)
