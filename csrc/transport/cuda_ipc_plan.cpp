@@ -16,11 +16,13 @@ namespace {
 
 // RINGCOMM_CUDA_P2P's names, indexed by the mode number. A forced mode m >= 1 makes every
 // channel ChannelKind(m - 1) where that kind is possible, so kind k shares mode k+1's name.
-// kModeDevice ("device") forces kIpc channels and selects the fused device ring (comm/cuda_ring.h).
-constexpr const char* kModeNames[] = {"auto", "ipc", "host", "hostsync", "device"};
+// The device modes ("device", "device-flags", "device-spin") force kIpc channels and select the
+// fused device ring (comm/cuda_ring.h), with the signalling of the detected setup or a forced one.
+constexpr const char* kModeNames[] = {"auto", "ipc", "host", "hostsync", "device", "device-flags", "device-spin"};
 constexpr int kNumModes = static_cast<int>(sizeof(kModeNames) / sizeof(kModeNames[0]));
-static_assert(static_cast<int>(ChannelKind::kHostSync) + 1 == kModeDevice - 1 && kModeDevice == kNumModes - 1,
-              "every ChannelKind k is named by mode k+1; device is the last mode");
+static_assert(static_cast<int>(ChannelKind::kHostSync) + 1 == kModeDevice - 1 && kModeDeviceSpin == kNumModes - 1 &&
+                  kModeDeviceFlags == kModeDevice + 1 && kModeDeviceSpin == kModeDevice + 2,
+              "every ChannelKind k is named by mode k+1; the device modes are the last ones");
 
 }  // namespace
 
@@ -46,7 +48,7 @@ int parse_mode(const std::string& m) {
   for (int i = 0; i < kNumModes; ++i) {
     if (m == kModeNames[i]) return i;
   }
-  RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P='" << m << "' (expected auto, ipc, host, hostsync or device)");
+  RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P='" << m << "' (expected auto, ipc, host, hostsync, device, device-flags or device-spin)");
 }
 
 bool can_reach(const CudaPeerInfo& a, const CudaPeerInfo& b) {
@@ -80,18 +82,17 @@ CudaIpcConfig CudaIpcConfig::from_knobs(const Knobs& k, int world, double timeou
   c.mode = parse_mode(k.cuda_p2p);
   c.max_blocks = static_cast<int>(k.cuda_max_blocks);
   RC_CHECK(c.max_blocks >= 0, InvalidArgument, "RINGCOMM_CUDA_MAX_BLOCKS must be >= 0");
+  c.max_blocks_set = c.max_blocks > 0;
   c.close_wait_s = k.cuda_close_wait;
   c.ring_lanes = static_cast<int>(k.cuda_ring_lanes);
   RC_CHECK(c.ring_lanes >= 1 && c.ring_lanes <= ring.max_lanes, InvalidArgument,
            "RINGCOMM_CUDA_RING_LANES must be in [1, " << ring.max_lanes << "], got " << c.ring_lanes);
+  c.ring_knobs_set = (k.is_set(KnobId::cuda_ring_lanes) ? 1u : 0u) | (k.is_set(KnobId::cuda_nslots) ? 2u : 0u) |
+                     (k.is_set(KnobId::cuda_slot_bytes) ? 4u : 0u);
   c.watchdog_us = k.cuda_watchdog_us;
   RC_CHECK(c.watchdog_us >= 10, InvalidArgument, "RINGCOMM_CUDA_WATCHDOG_US must be >= 10, got " << c.watchdog_us);
-  if (c.mode == kModeDevice) {
-    // This rank's signal page, then [lane][slot] slots of stride slot_stride: in its inbox, after
-    // the channels' slots (exported and opened with them, once, at setup).
-    c.ring_slot_stride = ring.slot_stride(c.slot_bytes);
-    c.ring_bytes = ring.region_bytes(c.slot_bytes, c.nslots, static_cast<size_t>(c.ring_lanes));
-  }
+  // Device modes: the ring's geometry and region (ring, ring_bytes) are decided at create(), from
+  // every rank's device info (plan_device_ring).
   return c;
 }
 
@@ -112,6 +113,12 @@ std::string encode_peer_info(const CudaPeerInfo& p) {
     w.str(p.visible[i]);
     w.put<uint8_t>(i < p.can_access.size() ? p.can_access[i] : 0);
   }
+  w.put<uint8_t>(p.mps ? 1 : 0);
+  w.put(p.sms);
+  w.put(p.ring_blocks_per_sm);
+  w.put(p.max_blocks);
+  w.put(p.ring_lanes);
+  w.put(p.ring_knobs_set);
   return w.take();
 }
 
@@ -134,6 +141,12 @@ CudaPeerInfo decode_peer_info(const std::string& bytes) {
     p.visible.push_back(r.str());
     p.can_access.push_back(r.get<uint8_t>());
   }
+  p.mps = r.get<uint8_t>() != 0;
+  p.sms = r.get<int32_t>();
+  p.ring_blocks_per_sm = r.get<int32_t>();
+  p.max_blocks = r.get<int32_t>();
+  p.ring_lanes = r.get<int32_t>();
+  p.ring_knobs_set = r.get<uint32_t>();
   return p;
 }
 
@@ -145,11 +158,11 @@ std::vector<ChannelKind> plan_channels(const std::vector<CudaPeerInfo>& infos, i
       ChannelKind& c = k[static_cast<size_t>(a) * n + b];
       if (a == b) continue;
       const CudaPeerInfo &pa = infos[a], &pb = infos[b];
-      if (mode == kModeDevice) {
+      if (is_device_mode(mode)) {
         // The device ring's flags live in the peers' inboxes: every channel is kIpc (no IPC event
         // is used on it).
         RC_CHECK(can_reach(pa, pb) && can_reach(pb, pa), InvalidArgument,
-                 "ringcomm: RINGCOMM_CUDA_P2P=device but rank " << a << " (GPU " << hex(pa.uuid).substr(0, 8) << ") and rank "
+                 "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << " but rank " << a << " (GPU " << hex(pa.uuid).substr(0, 8) << ") and rank "
                      << b << " (GPU " << hex(pb.uuid).substr(0, 8) << ") cannot access each other's memory; use auto or host");
         c = ChannelKind::kIpc;
       } else if (mode == 3 || !pa.ipc_events || !pb.ipc_events) {
@@ -168,6 +181,118 @@ std::vector<ChannelKind> plan_channels(const std::vector<CudaPeerInfo>& infos, i
     }
   }
   return k;
+}
+
+const char* ring_setup_name(RingSetup s) {
+  switch (s) {
+    case RingSetup::kSeparate: return "separate GPUs";
+    case RingSetup::kMps: return "one GPU shared under MPS";
+    case RingSetup::kTimeSliced: return "one GPU shared without MPS";
+    default: return "none";
+  }
+}
+
+RingPlan plan_device_ring(const std::vector<CudaPeerInfo>& infos, int mode) {
+  RC_CHECK(is_device_mode(mode) && !infos.empty(), Error, "ringcomm: plan_device_ring needs a device mode");
+  const int n = static_cast<int>(infos.size());
+  const CudaPeerInfo& r0 = infos.front();
+  for (int r = 1; r < n; ++r) {
+    RC_CHECK(infos[r].ring_lanes == r0.ring_lanes && infos[r].ring_knobs_set == r0.ring_knobs_set, Mismatch,
+             "ringcomm: rank " << r << " and rank 0 set RINGCOMM_CUDA_RING_LANES / RINGCOMM_CUDA_NSLOTS / "
+                                  "RINGCOMM_CUDA_SLOT_BYTES differently (set them alike on every rank)");
+  }
+  // The ranks on each GPU, in order of first appearance; a GPU's grids run at once when it is one
+  // rank's alone or every rank there is an MPS client.
+  std::vector<std::string> gpus;
+  std::vector<std::vector<int>> on;
+  for (int r = 0; r < n; ++r) {
+    size_t g = 0;
+    while (g < gpus.size() && gpus[g] != infos[r].uuid) ++g;
+    if (g == gpus.size()) {
+      gpus.push_back(infos[r].uuid);
+      on.emplace_back();
+    }
+    on[g].push_back(r);
+  }
+  auto concurrent = [&](size_t g) {
+    bool mps = true;
+    for (int r : on[g]) mps = mps && infos[r].mps;
+    return on[g].size() == 1 || mps;
+  };
+  RingPlan p;
+  p.setup = RingSetup::kSeparate;
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    if (on[g].size() > 1) p.setup = concurrent(g) && p.setup != RingSetup::kTimeSliced ? RingSetup::kMps : RingSetup::kTimeSliced;
+  }
+  p.spin = mode == kModeDeviceSpin || (mode == kModeDevice && p.setup == RingSetup::kTimeSliced);
+  // Few, large slots where every hand-off between the ranks of a GPU waits for a context switch.
+  p.lanes = (r0.ring_knobs_set & 1u) || !p.spin ? r0.ring_lanes : 1;
+  p.nslots = (r0.ring_knobs_set & 2u) || !p.spin ? r0.nslots : 2;
+  p.slot_bytes = (r0.ring_knobs_set & 4u) || !p.spin ? r0.slot_bytes : (size_t{8} << 20);
+  const int asked = p.lanes;
+  // Each GPU holds `resident` ring blocks at once; a rank's budget is its share of them.
+  std::vector<int64_t> resident(gpus.size());
+  p.budget = 0;
+  int tight = 0;  // the rank whose budget is the smallest
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    int64_t res = -1;
+    for (int r : on[g]) {
+      const int64_t x = static_cast<int64_t>(infos[r].sms) * infos[r].ring_blocks_per_sm;
+      res = res < 0 ? x : std::min(res, x);
+    }
+    resident[g] = res;
+    RC_CHECK(res > 0, InvalidArgument,
+             "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": the ring kernel cannot be resident on the GPU of rank "
+                                            << on[g].front() << " (" << infos[on[g].front()].sms << " SMs x "
+                                            << infos[on[g].front()].ring_blocks_per_sm << " blocks per SM)");
+    const int64_t share = concurrent(g) ? static_cast<int64_t>(on[g].size()) : 1;
+    for (int r : on[g]) {
+      const int64_t b = infos[r].max_blocks > 0 ? infos[r].max_blocks : res / share;
+      if (p.budget == 0 || b < p.budget) {
+        p.budget = static_cast<int>(std::min<int64_t>(b, 1 << 30));
+        tight = r;
+      }
+    }
+  }
+  p.lanes = std::min(p.lanes, p.budget);
+  auto grids = [&](size_t g) {
+    const int64_t share = concurrent(g) ? static_cast<int64_t>(on[g].size()) : 1;
+    std::ostringstream o;
+    o << (concurrent(g) ? std::to_string(share) + " grid(s) at once" : std::string("one grid at a time (time-sliced)"))
+      << " on GPU " << hex(gpus[g]).substr(0, 8) << ", " << resident[g] << " resident blocks ("
+      << infos[on[g].front()].sms << " SMs x " << infos[on[g].front()].ring_blocks_per_sm << ")";
+    return o.str();
+  };
+  RC_CHECK(p.lanes >= 1, InvalidArgument,
+           "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": no ring block fits the SM budget of rank " << tight
+               << " (" << grids(static_cast<size_t>(std::find(gpus.begin(), gpus.end(), infos[tight].uuid) - gpus.begin()))
+               << "); a spinning grid waiting on one that is not resident never ends: use fewer ranks per GPU, MPS, "
+                  "or RINGCOMM_CUDA_P2P=auto");
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    const int64_t share = concurrent(g) ? static_cast<int64_t>(on[g].size()) : 1;
+    RC_CHECK(share * p.lanes <= resident[g], InvalidArgument,
+             "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": " << share << " ring grid(s) of " << p.lanes
+                 << " blocks cannot all be resident (" << grids(g) << "; RINGCOMM_CUDA_MAX_BLOCKS " << p.budget
+                 << "); a spinning grid waiting on one that is not resident never ends: lower RINGCOMM_CUDA_MAX_BLOCKS "
+                    "or RINGCOMM_CUDA_RING_LANES");
+  }
+  std::ostringstream why;
+  why << "device ring: " << ring_setup_name(p.setup) << " (";
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    bool mps = true;
+    for (int r : on[g]) mps = mps && infos[r].mps;
+    why << (g ? "; " : "") << "GPU " << hex(gpus[g]).substr(0, 8) << ": " << on[g].size() << " rank(s)"
+        << (on[g].size() > 1 ? (mps ? ", MPS" : ", no MPS") : "");
+  }
+  why << "); " << (p.spin ? "in-kernel spins with few, large slots" : "in-kernel flags")
+      << (mode == kModeDevice ? "" : " (forced by RINGCOMM_CUDA_P2P)") << "; grid " << p.lanes << " block(s) per rank ("
+      << "lanes asked " << asked << ", SM budget " << p.budget << " of rank " << tight << ": "
+      << (infos[tight].max_blocks > 0 ? std::string("RINGCOMM_CUDA_MAX_BLOCKS")
+                                      : grids(static_cast<size_t>(std::find(gpus.begin(), gpus.end(), infos[tight].uuid) -
+                                                                  gpus.begin())))
+      << "); slots " << p.nslots << " x " << p.slot_bytes << " B per lane";
+  p.why = why.str();
+  return p;
 }
 
 }  // namespace rc
