@@ -14,7 +14,11 @@ RINGCOMM_CUDA_P2P=device, two rank processes:
   error naming op, rank, peer, step and sequence (errored(), the Work's wait), the abort word is set,
   and the peer's watchdog sets its own abort word;
 - a peer process that dies makes the watchdog set the abort word and report PeerFailureError.
-Default mode: an all_reduce under capture raises (it would wait on the host)."""
+Default mode: an all_reduce under capture raises (it would wait on the host).
+The fake's topology (device count, P2P, MPS, SMs, occupancy): the setup each one gets, the ring
+launch's grid within the SM budget, the refusal of grids that could not all be resident, every ring
+kernel loaded at init and none by a call; ringcomm.cuda's in-flight guard queries nothing while the
+call's stream captures."""
 import importlib.util
 import json
 import os
@@ -177,6 +181,7 @@ def check_loaded_at_init(out):
     assert sorted(loaded) == sorted(kernels)
     sized = {k for name, k in out["setup_kernel_calls"] if name != "cudaFuncGetAttributes"}
     assert sized == set(kernels), "the occupancy is the least over every kernel"
+    assert out["setup_legacy_stream"] == [], "setup used the legacy default stream"
     for name, c in out["calls"].items():
         assert not c["kernel_calls"], (name, c["kernel_calls"])
         assert not QUERIES & set(c["names"]) or name == "broadcast", (name, c["names"])

@@ -67,7 +67,8 @@ def main():
         return
     blobs = exchange(d, rank, world, "blob", blob)
     comm.connect(blobs)
-    setup_calls = kernel_calls(fake.calls())
+    setup_log = fake.calls()
+    setup_calls = kernel_calls(setup_log)
     s = fake.new_stream()
     n = 1000
     buf = {k: fake.device_alloc(n * 4 * world) for k in ("in", "out", "in2", "out2")}
@@ -139,6 +140,7 @@ def main():
         # The setup chosen at init, the kernels loaded there, and what a call loads (nothing).
         out["setup"] = comm.device_setup()
         out["setup_kernel_calls"] = setup_calls
+        out["setup_legacy_stream"] = [c["name"] for c in setup_log if c["stream"] == 0]
         out["ring_kernels"] = fake.ring_kernels()
         out["calls"] = {}
         for name, fn in [("all_reduce", lambda: comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)),
