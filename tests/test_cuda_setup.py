@@ -105,3 +105,10 @@ def test_ranks_must_agree_on_the_ring_knobs():
         plan([gpu(0, ring_lanes=2, knobs_set=SET_LANES), gpu(0)])
     with pytest.raises(ringcomm.MismatchError, match="RINGCOMM_CUDA_NSLOTS"):
         plan([gpu(0, knobs_set=SET_NSLOTS), gpu(0)])
+
+
+def test_the_load_table_holds_every_ring_kernel():
+    """What init loads (csrc/device/ring_kernel.cu's ring_kernels(), made by the dispatch the launches
+    go through): one kernel per (dtype, op) pair the GPU supports, all_gather's included."""
+    pairs = sum(_C_cuda_test.reduce_supported(d, o) for d in range(9) for o in range(8))
+    assert _C_cuda_test.ring_kernel_count() == pairs == 50

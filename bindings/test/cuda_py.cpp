@@ -16,6 +16,7 @@
 #include "common/cuda_check.h"
 #include "common/errors.h"
 #include "kernels/reduce_cpu.h"
+#include "device/ring_cuda.h"
 #include "kernels/reduce_cuda.h"
 #include "transport/cuda_ipc.h"
 
@@ -102,6 +103,8 @@ PYBIND11_MODULE(_C_cuda_test, m) {
     return out;
   }, py::arg("infos"), py::arg("mode") = 0,
      "Channel kinds ('ipc'/'host'/'hostsync') for every (src, dst), row-major, from device descriptions (no GPU needed).");
+  m.def("ring_kernel_count", [] { return rc::ring_kernels().size(); },
+        "How many ring kernels the device ring loads at init (device/ring_cuda.h's ring_kernels(); no GPU needed).");
   m.def("plan_device_ring", [](const std::vector<py::dict>& infos, int mode) {
     std::vector<rc::CudaPeerInfo> w;
     for (auto& d : infos) w.push_back(rc::decode_peer_info(rc::encode_peer_info(info_from_dict(d))));
