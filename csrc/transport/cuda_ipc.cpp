@@ -96,7 +96,8 @@ std::string CudaIpcTransport::local_info() const {
   p.mps = cudaDeviceGetAttribute(&v, cudaDevAttrMpsEnabled, device_) == cudaSuccess && v != 0;
   (void)cudaGetLastError();
   RC_CUDA(cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, device_), " (device " << device_ << ")");
-  if (is_device_mode(cfg_.mode) && ring_layout_.blocks_per_sm != nullptr) p.ring_blocks_per_sm = ring_layout_.blocks_per_sm(device_);
+  if (is_device_mode(cfg_.mode) && ring_layout_.blocks_per_sm != nullptr)
+    p.ring_blocks_per_sm = ring_layout_.blocks_per_sm(device_);
   p.max_blocks = cfg_.max_blocks_set ? cfg_.max_blocks : 0;
   p.ring_lanes = cfg_.ring_lanes;
   p.ring_knobs_set = cfg_.ring_knobs_set;
@@ -131,7 +132,8 @@ std::string CudaIpcTransport::create(const std::vector<std::string>& infos) {
     cfg_.ring = plan_device_ring(all, cfg_.mode);
     cfg_.ring_lanes = cfg_.ring.lanes;
     cfg_.ring_slot_stride = ring_layout_.slot_stride(cfg_.ring.slot_bytes);
-    cfg_.ring_bytes = ring_layout_.region_bytes(cfg_.ring.slot_bytes, cfg_.ring.nslots, static_cast<size_t>(cfg_.ring.lanes));
+    cfg_.ring_bytes =
+        ring_layout_.region_bytes(cfg_.ring.slot_bytes, cfg_.ring.nslots, static_cast<size_t>(cfg_.ring.lanes));
   }
   if (cfg_.max_blocks == 0) {  // the reduce grid cap: 4 blocks per SM (RINGCOMM_CUDA_MAX_BLOCKS overrides)
     int sms = 0;

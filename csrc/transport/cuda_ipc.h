@@ -49,7 +49,8 @@
 // RINGCOMM_CUDA_NSLOTS (default 4, >= 2). Device memory per rank: 2 lanes x world x nslots x
 // slot_bytes when any channel into it is kIpc. RINGCOMM_CUDA_P2P = auto | ipc | host | hostsync
 // forces a channel kind (host / hostsync exercise the staged paths on a single GPU); device
-// (and device-flags / device-spin) forces kIpc and appends the device ring's region (signal page and slots, comm/cuda_ring.h) to
+// (and device-flags / device-spin) forces kIpc and appends the device ring's region (signal page
+// and slots, comm/cuda_ring.h) to
 // every inbox, so that it is exported, opened and zeroed once, with the inbox.
 //
 // Setup (three steps, the Python side moves the bytes through the rendezvous store):

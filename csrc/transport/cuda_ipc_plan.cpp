@@ -48,7 +48,8 @@ int parse_mode(const std::string& m) {
   for (int i = 0; i < kNumModes; ++i) {
     if (m == kModeNames[i]) return i;
   }
-  RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P='" << m << "' (expected auto, ipc, host, hostsync, device, device-flags or device-spin)");
+  RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P='" << m
+                                << "' (expected auto, ipc, host, hostsync, device, device-flags or device-spin)");
 }
 
 bool can_reach(const CudaPeerInfo& a, const CudaPeerInfo& b) {
@@ -162,7 +163,8 @@ std::vector<ChannelKind> plan_channels(const std::vector<CudaPeerInfo>& infos, i
         // The device ring's flags live in the peers' inboxes: every channel is kIpc (no IPC event
         // is used on it).
         RC_CHECK(can_reach(pa, pb) && can_reach(pb, pa), InvalidArgument,
-                 "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << " but rank " << a << " (GPU " << hex(pa.uuid).substr(0, 8) << ") and rank "
+                 "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << " but rank " << a << " (GPU "
+                                                << hex(pa.uuid).substr(0, 8) << ") and rank "
                      << b << " (GPU " << hex(pb.uuid).substr(0, 8) << ") cannot access each other's memory; use auto or host");
         c = ChannelKind::kIpc;
       } else if (mode == 3 || !pa.ipc_events || !pb.ipc_events) {
@@ -201,95 +203,100 @@ RingPlan plan_device_ring(const std::vector<CudaPeerInfo>& infos, int mode) {
              "ringcomm: rank " << r << " and rank 0 set RINGCOMM_CUDA_RING_LANES / RINGCOMM_CUDA_NSLOTS / "
                                   "RINGCOMM_CUDA_SLOT_BYTES differently (set them alike on every rank)");
   }
-  // The ranks on each GPU, in order of first appearance; a GPU's grids run at once when it is one
-  // rank's alone or every rank there is an MPS client.
-  std::vector<std::string> gpus;
-  std::vector<std::vector<int>> on;
-  for (int r = 0; r < n; ++r) {
-    size_t g = 0;
-    while (g < gpus.size() && gpus[g] != infos[r].uuid) ++g;
-    if (g == gpus.size()) {
-      gpus.push_back(infos[r].uuid);
-      on.emplace_back();
-    }
-    on[g].push_back(r);
-  }
-  auto concurrent = [&](size_t g) {
+  // The GPUs (by uuid, in order of first appearance) and the ranks on each. A GPU's grids run at
+  // once when it is one rank's alone or every rank there is an MPS client; otherwise its
+  // contexts take turns (one grid at a time).
+  struct Gpu {
+    std::string uuid;
+    std::vector<int> ranks;
     bool mps = true;
-    for (int r : on[g]) mps = mps && infos[r].mps;
-    return on[g].size() == 1 || mps;
+    int64_t resident = -1;  // ring blocks resident at once: SMs x blocks per SM
+    int sms = 0, per_sm = 0;
+    bool concurrent() const { return ranks.size() == 1 || mps; }
+    int64_t share() const { return concurrent() ? static_cast<int64_t>(ranks.size()) : 1; }
   };
+  std::vector<Gpu> gpus;
+  std::vector<size_t> gpu_of(n);
+  for (int r = 0; r < n; ++r) {
+    const CudaPeerInfo& x = infos[r];
+    size_t g = 0;
+    while (g < gpus.size() && gpus[g].uuid != x.uuid) ++g;
+    if (g == gpus.size()) gpus.push_back(Gpu{x.uuid});
+    Gpu& G = gpus[g];
+    G.ranks.push_back(r);
+    G.mps = G.mps && x.mps;
+    const int64_t res = static_cast<int64_t>(x.sms) * x.ring_blocks_per_sm;
+    if (G.resident < 0 || res < G.resident) {
+      G.resident = res;
+      G.sms = x.sms;
+      G.per_sm = x.ring_blocks_per_sm;
+    }
+    gpu_of[r] = g;
+  }
+  auto describe = [](const Gpu& G) {
+    std::ostringstream o;
+    if (G.concurrent()) o << G.ranks.size() << " grid(s) at once";
+    else o << "one grid at a time (time-sliced)";
+    o << " on GPU " << hex(G.uuid).substr(0, 8) << ", " << G.resident << " resident blocks (" << G.sms << " SMs x "
+      << G.per_sm << ")";
+    return o.str();
+  };
+
   RingPlan p;
   p.setup = RingSetup::kSeparate;
-  for (size_t g = 0; g < gpus.size(); ++g) {
-    if (on[g].size() > 1) p.setup = concurrent(g) && p.setup != RingSetup::kTimeSliced ? RingSetup::kMps : RingSetup::kTimeSliced;
+  for (const Gpu& G : gpus) {
+    if (G.ranks.size() > 1)
+      p.setup = G.mps && p.setup != RingSetup::kTimeSliced ? RingSetup::kMps : RingSetup::kTimeSliced;
   }
   p.spin = mode == kModeDeviceSpin || (mode == kModeDevice && p.setup == RingSetup::kTimeSliced);
-  // Few, large slots where every hand-off between the ranks of a GPU waits for a context switch.
+  // Few, large slots where every hand-off between the ranks of a GPU waits for a context switch;
+  // a knob the user set wins.
   p.lanes = (r0.ring_knobs_set & 1u) || !p.spin ? r0.ring_lanes : 1;
   p.nslots = (r0.ring_knobs_set & 2u) || !p.spin ? r0.nslots : 2;
   p.slot_bytes = (r0.ring_knobs_set & 4u) || !p.spin ? r0.slot_bytes : (size_t{8} << 20);
   const int asked = p.lanes;
-  // Each GPU holds `resident` ring blocks at once; a rank's budget is its share of them.
-  std::vector<int64_t> resident(gpus.size());
-  p.budget = 0;
-  int tight = 0;  // the rank whose budget is the smallest
-  for (size_t g = 0; g < gpus.size(); ++g) {
-    int64_t res = -1;
-    for (int r : on[g]) {
-      const int64_t x = static_cast<int64_t>(infos[r].sms) * infos[r].ring_blocks_per_sm;
-      res = res < 0 ? x : std::min(res, x);
-    }
-    resident[g] = res;
-    RC_CHECK(res > 0, InvalidArgument,
-             "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": the ring kernel cannot be resident on the GPU of rank "
-                                            << on[g].front() << " (" << infos[on[g].front()].sms << " SMs x "
-                                            << infos[on[g].front()].ring_blocks_per_sm << " blocks per SM)");
-    const int64_t share = concurrent(g) ? static_cast<int64_t>(on[g].size()) : 1;
-    for (int r : on[g]) {
-      const int64_t b = infos[r].max_blocks > 0 ? infos[r].max_blocks : res / share;
-      if (p.budget == 0 || b < p.budget) {
-        p.budget = static_cast<int>(std::min<int64_t>(b, 1 << 30));
-        tight = r;
-      }
+
+  // Each rank's SM budget: its RINGCOMM_CUDA_MAX_BLOCKS, else its share of its GPU's resident
+  // blocks. Every rank runs the smallest (the lanes of a ring are equal on every rank).
+  int tight = 0;
+  int64_t budget = -1;
+  for (int r = 0; r < n; ++r) {
+    const Gpu& G = gpus[gpu_of[r]];
+    RC_CHECK(G.resident > 0, InvalidArgument,
+             "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": the ring kernel cannot be resident on the GPU of "
+                                            << "rank " << r << " (" << G.sms << " SMs x " << G.per_sm
+                                            << " blocks per SM)");
+    const int64_t b = infos[r].max_blocks > 0 ? infos[r].max_blocks : G.resident / G.share();
+    if (budget < 0 || b < budget) {
+      budget = b;
+      tight = r;
     }
   }
+  p.budget = static_cast<int>(std::min<int64_t>(budget, 1 << 30));
   p.lanes = std::min(p.lanes, p.budget);
-  auto grids = [&](size_t g) {
-    const int64_t share = concurrent(g) ? static_cast<int64_t>(on[g].size()) : 1;
-    std::ostringstream o;
-    o << (concurrent(g) ? std::to_string(share) + " grid(s) at once" : std::string("one grid at a time (time-sliced)"))
-      << " on GPU " << hex(gpus[g]).substr(0, 8) << ", " << resident[g] << " resident blocks ("
-      << infos[on[g].front()].sms << " SMs x " << infos[on[g].front()].ring_blocks_per_sm << ")";
-    return o.str();
-  };
   RC_CHECK(p.lanes >= 1, InvalidArgument,
            "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": no ring block fits the SM budget of rank " << tight
-               << " (" << grids(static_cast<size_t>(std::find(gpus.begin(), gpus.end(), infos[tight].uuid) - gpus.begin()))
-               << "); a spinning grid waiting on one that is not resident never ends: use fewer ranks per GPU, MPS, "
-                  "or RINGCOMM_CUDA_P2P=auto");
-  for (size_t g = 0; g < gpus.size(); ++g) {
-    const int64_t share = concurrent(g) ? static_cast<int64_t>(on[g].size()) : 1;
-    RC_CHECK(share * p.lanes <= resident[g], InvalidArgument,
-             "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": " << share << " ring grid(s) of " << p.lanes
-                 << " blocks cannot all be resident (" << grids(g) << "; RINGCOMM_CUDA_MAX_BLOCKS " << p.budget
-                 << "); a spinning grid waiting on one that is not resident never ends: lower RINGCOMM_CUDA_MAX_BLOCKS "
-                    "or RINGCOMM_CUDA_RING_LANES");
+               << " (" << describe(gpus[gpu_of[tight]]) << "); a spinning grid waiting on one that is not resident "
+               << "never ends: use fewer ranks per GPU, MPS, or RINGCOMM_CUDA_P2P=auto");
+  for (const Gpu& G : gpus) {
+    RC_CHECK(G.share() * p.lanes <= G.resident, InvalidArgument,
+             "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": " << G.share() << " ring grid(s) of " << p.lanes
+                 << " blocks cannot all be resident (" << describe(G) << "; RINGCOMM_CUDA_MAX_BLOCKS " << p.budget
+                 << "); a spinning grid waiting on one that is not resident never ends: lower "
+                 << "RINGCOMM_CUDA_MAX_BLOCKS or RINGCOMM_CUDA_RING_LANES");
   }
+
   std::ostringstream why;
   why << "device ring: " << ring_setup_name(p.setup) << " (";
   for (size_t g = 0; g < gpus.size(); ++g) {
-    bool mps = true;
-    for (int r : on[g]) mps = mps && infos[r].mps;
-    why << (g ? "; " : "") << "GPU " << hex(gpus[g]).substr(0, 8) << ": " << on[g].size() << " rank(s)"
-        << (on[g].size() > 1 ? (mps ? ", MPS" : ", no MPS") : "");
+    const Gpu& G = gpus[g];
+    why << (g ? "; " : "") << "GPU " << hex(G.uuid).substr(0, 8) << ": " << G.ranks.size() << " rank(s)"
+        << (G.ranks.size() > 1 ? (G.mps ? ", MPS" : ", no MPS") : "");
   }
   why << "); " << (p.spin ? "in-kernel spins with few, large slots" : "in-kernel flags")
-      << (mode == kModeDevice ? "" : " (forced by RINGCOMM_CUDA_P2P)") << "; grid " << p.lanes << " block(s) per rank ("
-      << "lanes asked " << asked << ", SM budget " << p.budget << " of rank " << tight << ": "
-      << (infos[tight].max_blocks > 0 ? std::string("RINGCOMM_CUDA_MAX_BLOCKS")
-                                      : grids(static_cast<size_t>(std::find(gpus.begin(), gpus.end(), infos[tight].uuid) -
-                                                                  gpus.begin())))
+      << (mode == kModeDevice ? "" : " (forced by RINGCOMM_CUDA_P2P)") << "; grid " << p.lanes
+      << " block(s) per rank (lanes asked " << asked << ", SM budget " << p.budget << " of rank " << tight << ": "
+      << (infos[tight].max_blocks > 0 ? std::string("RINGCOMM_CUDA_MAX_BLOCKS") : describe(gpus[gpu_of[tight]]))
       << "); slots " << p.nslots << " x " << p.slot_bytes << " B per lane";
   p.why = why.str();
   return p;
