@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 
 #include "comm_methods_py.h"
+#include "cuda_methods_py.h"
 #include "errors_py.h"
 #include "pin_range_py.h"
 
@@ -191,4 +192,5 @@ PYBIND11_MODULE(_C_cuda, m) {
   // non-drained close retires its ranges and that later communicators never overlap them.
   m.def("_pinned_ranges", [] { return rc_py::pin_range_list(rc::PinRegistry::process().ranges()); });
   rc_py::def_core_methods<StreamLaunches>(comm);
+  rc_py::def_cuda_methods(comm);
 }

@@ -14,7 +14,11 @@ RINGCOMM_CUDA_P2P=device, two rank processes:
   error naming op, rank, peer, step and sequence (errored(), the Work's wait), the abort word is set,
   and the peer's watchdog sets its own abort word;
 - a peer process that dies makes the watchdog set the abort word and report PeerFailureError.
-Default mode: an all_reduce under capture raises (it would wait on the host)."""
+Default mode: an all_reduce under capture raises (it would wait on the host).
+The fake's topology (device count, P2P, MPS, SMs, occupancy): the setup each one gets, the ring
+launch's grid within the SM budget, the refusal of grids that could not all be resident, every ring
+kernel loaded at init and none by a call; ringcomm.cuda's in-flight guard queries nothing while the
+call's stream captures."""
 import importlib.util
 import json
 import os
@@ -36,11 +40,18 @@ SETUP = {"cudaMalloc", "cudaHostAlloc", "cudaHostRegister", "cudaIpcOpenMemHandl
 ERR = {1: "InvalidArgument", 2: "Timeout", 3: "PeerFailure", 4: "Mismatch", 5: "Unsupported"}
 
 
-def run(tmp_path, scenario, mode="device", world=2, results=None):
+def run(tmp_path, scenario, mode="device", world=2, results=None, env_extra=None, rank_env=None):
+    """env_extra: variables for every rank (None: unset); rank_env(r): a rank's own."""
     env = dict(os.environ, RINGCOMM_CUDA_P2P=mode, RINGCOMM_CUDA_SLOT_BYTES="4096", RINGCOMM_CUDA_NSLOTS="2",
                RINGCOMM_CUDA_RING_LANES="2", RINGCOMM_CUDA_WATCHDOG_US="200", RINGCOMM_CUDA_CLOSE_WAIT="2")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
-    procs = [subprocess.Popen([sys.executable, str(RANK), str(r), str(world), str(tmp_path), scenario], env=env,
+    for k, v in (env_extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    procs = [subprocess.Popen([sys.executable, str(RANK), str(r), str(world), str(tmp_path), scenario],
+                              env=dict(env, **(rank_env(r) if rank_env else {})),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     logs = [p.communicate(timeout=60)[0] for p in procs]
     outs = []
@@ -148,3 +159,101 @@ def test_dead_peer_sets_abort_word(tmp_path):
     assert ERR[code] == "PeerFailure", msg
     assert r0["abort_word"] == 1
     assert r0["errored_after_s"] < 5.0
+
+
+# ---- the setup chosen at init (RINGCOMM_CUDA_P2P=device*), its grid, and every kernel loaded ----
+
+DEFAULT_GEOMETRY = {"RINGCOMM_CUDA_SLOT_BYTES": None, "RINGCOMM_CUDA_NSLOTS": None, "RINGCOMM_CUDA_RING_LANES": None}
+
+
+def setup_run(tmp_path, world=2, mode="device", **env):
+    rank_env = env.pop("rank_env", None)
+    return run(tmp_path, "setup" if mode != "refused" else "refused", mode="device" if mode == "refused" else mode,
+               world=world, env_extra=dict(DEFAULT_GEOMETRY, **env), rank_env=rank_env)
+
+
+def check_loaded_at_init(out):
+    """Every ring kernel is loaded (cudaFuncGetAttributes) before the first call, none by a call."""
+    kernels = out["ring_kernels"]
+    # One kernel per (dtype, op) pair the dispatch supports (the same 50 pairs as the reduce kernel).
+    assert len(kernels) == len(set(kernels)) == 50, len(kernels)
+    loaded = [k for name, k in out["setup_kernel_calls"] if name == "cudaFuncGetAttributes"]
+    assert sorted(loaded) == sorted(kernels)
+    sized = {k for name, k in out["setup_kernel_calls"] if name != "cudaFuncGetAttributes"}
+    assert sized == set(kernels), "the occupancy is the least over every kernel"
+    assert out["setup_legacy_stream"] == [], "setup used the legacy default stream"
+    for name, c in out["calls"].items():
+        assert not c["kernel_calls"], (name, c["kernel_calls"])
+        assert not QUERIES & set(c["names"]) or name == "broadcast", (name, c["names"])
+
+
+@pytest.mark.parametrize("topology", ["one-gpu", "mps", "mps-3", "separate", "forced-spin"])
+def test_setup_per_topology(tmp_path, topology):
+    """The setup detected from the fake topology (4 SMs x 2 resident ring blocks by default), the
+    signalling and geometry it chooses, and the ring launch's grid (its SM budget applied)."""
+    if topology == "one-gpu":      # two contexts time-share one GPU: spins, 1 block, 2 slots of 8 MiB
+        outs = setup_run(tmp_path)
+        want = ("one GPU shared without MPS", "spin", 1, 2, 8 << 20, 8)
+    elif topology == "mps":        # grids run at once: 8 resident blocks shared by 2 ranks
+        outs = setup_run(tmp_path, FAKE_CUDA_MPS="1")
+        want = ("one GPU shared under MPS", "flags", 4, 4, 2 << 20, 4)
+    elif topology == "mps-3":      # 3 ranks: a budget of 8 // 3 = 2 blocks caps the 4 lanes
+        outs = setup_run(tmp_path, world=3, FAKE_CUDA_MPS="1")
+        want = ("one GPU shared under MPS", "flags", 2, 4, 2 << 20, 2)
+    elif topology == "separate":   # a GPU per rank, P2P: the whole GPU is the rank's budget
+        outs = setup_run(tmp_path, FAKE_CUDA_DEVICES="2", FAKE_CUDA_P2P="1",
+                         rank_env=lambda r: {"FAKE_CUDA_DEVICE": str(r)})
+        want = ("separate GPUs", "flags", 4, 4, 2 << 20, 8)
+    else:                          # device-spin under MPS: few, large slots; the budget still shared
+        outs = setup_run(tmp_path, mode="device-spin", FAKE_CUDA_MPS="1", RINGCOMM_CUDA_MAX_BLOCKS="3")
+        want = ("one GPU shared under MPS", "spin", 1, 2, 8 << 20, 3)
+    setup, signalling, blocks, nslots, slot_bytes, budget = want
+    for rank, out in enumerate(outs):
+        st = out["setup"]
+        assert (st["setup"], st["signalling"], st["blocks"], st["nslots"], st["slot_bytes"], st["budget"]) == want, st
+        assert setup in st["why"] and ("spins" if signalling == "spin" else "flags") in st["why"], st["why"]
+        for name in ("all_reduce", "all_gather"):
+            ((kernel, grid, slots, stride),) = out["calls"][name]["grids"]
+            assert (kernel, grid, slots) == ("ring", blocks, nslots), (rank, name, out["calls"][name])
+            assert stride >= slot_bytes
+        assert out["calls"]["broadcast"]["grids"] == [] or all(g[0] == "reduce" for g in out["calls"]["broadcast"]["grids"])
+        check_loaded_at_init(out)
+    if topology == "separate":
+        why = outs[0]["setup"]["why"]
+        assert "GPU 3066616b: 1 rank(s)" in why and "GPU 3166616b: 1 rank(s)" in why, why
+
+
+@pytest.mark.parametrize("case", ["over-budget", "no-room"])
+def test_setup_refuses_grids_that_cannot_all_be_resident(tmp_path, case):
+    """Every rank refuses at init, naming the grids and the knobs, instead of deadlocking later."""
+    if case == "over-budget":      # 2 x 6 blocks asked under MPS, 8 resident: refused
+        outs = setup_run(tmp_path, mode="refused", FAKE_CUDA_MPS="1", RINGCOMM_CUDA_MAX_BLOCKS="6",
+                         RINGCOMM_CUDA_RING_LANES="6")
+        words = ("2 ring grid(s) of 6 blocks cannot all be resident", "8 resident blocks", "RINGCOMM_CUDA_MAX_BLOCKS")
+    else:                          # 3 ranks at once on 1 SM x 2 blocks: not one block each
+        outs = setup_run(tmp_path, mode="refused", world=3, FAKE_CUDA_MPS="1", FAKE_CUDA_SMS="1")
+        words = ("no ring block fits the SM budget", "3 grid(s) at once", "2 resident blocks")
+    for out in outs:
+        name, msg = out["create_error"]
+        assert name == "InvalidArgumentError", (name, msg)
+        for w in words:
+            assert w in msg, (w, msg)
+
+
+def test_python_guard_queries_nothing_under_capture(tmp_path):
+    """ringcomm.cuda's in-flight guard (over the fake core): while the caller's stream captures,
+    neither a held Work nor the stream is queried, the captured call holds nothing, and a
+    collective that takes the host path raises a clear UnsupportedError; afterwards the guard
+    lets go of the finished Work again."""
+    for out in run(tmp_path, "pyguard"):
+        assert out["held_before"] == 1
+        during = [c["name"] for c in out["capture_calls"] if c["capturing"]]
+        assert "cudaStreamIsCapturing" in during
+        assert not QUERIES & set(during), during
+        assert out["capture_launches"] == ["ring"]
+        assert out["held_captured"] == 1, "a captured call's arrays belong to the graph"
+        name, msg = out["host_capture_error"]
+        assert name == "UnsupportedError" and "broadcast" in msg and "captured" in msg, (name, msg)
+        assert out["held_after"] == 1, "the eager Work before the capture is let go, the new one held"
+        assert "cudaEventQuery" in out["after_calls"]
+        assert out["errored"] is None

@@ -16,6 +16,7 @@
 #include "common/cuda_check.h"
 #include "common/errors.h"
 #include "kernels/reduce_cpu.h"
+#include "device/ring_cuda.h"
 #include "kernels/reduce_cuda.h"
 #include "transport/cuda_ipc.h"
 
@@ -67,6 +68,12 @@ rc::CudaPeerInfo info_from_dict(const py::dict& d) {
   p.nslots = d.contains("nslots") ? d["nslots"].cast<uint32_t>() : 4;
   if (d.contains("visible")) p.visible = d["visible"].cast<std::vector<std::string>>();
   if (d.contains("can_access")) p.can_access = d["can_access"].cast<std::vector<uint8_t>>();
+  p.mps = d.contains("mps") && d["mps"].cast<bool>();
+  p.sms = d.contains("sms") ? d["sms"].cast<int32_t>() : 132;
+  p.ring_blocks_per_sm = d.contains("blocks_per_sm") ? d["blocks_per_sm"].cast<int32_t>() : 2;
+  p.max_blocks = d.contains("max_blocks") ? d["max_blocks"].cast<int32_t>() : 0;
+  p.ring_lanes = d.contains("ring_lanes") ? d["ring_lanes"].cast<int32_t>() : 4;
+  p.ring_knobs_set = d.contains("knobs_set") ? d["knobs_set"].cast<uint32_t>() : 0;
   return p;
 }
 
@@ -96,4 +103,21 @@ PYBIND11_MODULE(_C_cuda_test, m) {
     return out;
   }, py::arg("infos"), py::arg("mode") = 0,
      "Channel kinds ('ipc'/'host'/'hostsync') for every (src, dst), row-major, from device descriptions (no GPU needed).");
+  m.def("ring_kernel_count", [] { return rc::ring_kernels().size(); },
+        "How many ring kernels the device ring loads at init (device/ring_cuda.h's ring_kernels(); no GPU needed).");
+  m.def("plan_device_ring", [](const std::vector<py::dict>& infos, int mode) {
+    std::vector<rc::CudaPeerInfo> w;
+    for (auto& d : infos) w.push_back(rc::decode_peer_info(rc::encode_peer_info(info_from_dict(d))));
+    const rc::RingPlan p = rc::plan_device_ring(w, mode);
+    py::dict d;
+    d["setup"] = std::string(rc::ring_setup_name(p.setup));
+    d["signalling"] = p.spin ? "spin" : "flags";
+    d["blocks"] = p.lanes;
+    d["nslots"] = p.nslots;
+    d["slot_bytes"] = p.slot_bytes;
+    d["budget"] = p.budget;
+    d["why"] = p.why;
+    return d;
+  }, py::arg("infos"), py::arg("mode") = 4,
+     "The device ring's setup, signalling, grid (blocks), slots and SM budget from device descriptions (no GPU needed).");
 }

@@ -32,6 +32,9 @@ class CudaCommunicator final : public CommCore {
   /// The internal stream send/recv run on, and whether its enqueued copies are all done.
   uintptr_t p2p_stream() const { return cuda_->p2p_stream_handle(); }
   bool p2p_idle() { return cuda_->p2p_idle(); }
+  /// The device ring's setup, geometry and grid (RINGCOMM_CUDA_P2P=device*, once created; its
+  /// setup is kNone otherwise).
+  const RingPlan& device_setup() const { return cuda_->transport().config().ring; }
   /// The device ring (RINGCOMM_CUDA_P2P=device, once connected), else nullptr (tests).
   DeviceRing* device_ring() { return cuda_->ring(); }
   /// The transport's owner id in the process's PinRegistry (tests).

@@ -1,5 +1,6 @@
 #include "comm/cuda_ring.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -7,6 +8,7 @@
 #include "comm/cuda_device.h"
 #include "common/cuda_check.h"
 #include "common/errors.h"
+#include "common/log.h"
 #include "device/ring_cuda.h"
 #include "transport/shm_types.h"
 
@@ -18,6 +20,18 @@ CudaRingLayout device_ring_layout() {
   l.slot_stride = [](size_t slot_bytes) { return static_cast<size_t>(dev::ring_slot_stride(slot_bytes)); };
   l.region_bytes = [](size_t slot_bytes, size_t nslots, size_t lanes) {
     return static_cast<size_t>(dev::ring_region_bytes(slot_bytes, nslots, lanes));
+  };
+  l.blocks_per_sm = [](int device) {
+    // The least of every instantiation: whichever kernel a call launches fits the budget.
+    CudaDeviceGuard g(device);
+    int least = -1;
+    for (const void* k : ring_kernels()) {
+      int n = 0;
+      RC_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kRingThreads, 0),
+              " (the ring kernel's resident blocks per SM on device " << device << ")");
+      least = least < 0 ? n : std::min(least, n);
+    }
+    return least < 0 ? 0 : least;
   };
   return l;
 }
@@ -112,6 +126,12 @@ void DeviceRing::release(bool drained) {
 void DeviceRing::init() {
   CudaDeviceGuard g(device_);
   const CudaIpcConfig& c = t_.config();
+  // Load every ring kernel now (lazy loading would load one at its first launch, in the middle of
+  // a call, while a peer's kernel may be spinning on this rank's).
+  for (const void* k : ring_kernels()) {
+    cudaFuncAttributes fa;
+    RC_CUDA(cudaFuncGetAttributes(&fa, k), " (loading the device ring's kernels on device " << device_ << ")");
+  }
   RC_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), " (the device ring's stream)");
   void* p = nullptr;
   RC_CUDA(cudaMalloc(&p, sizeof(dev::LaneState) * c.ring_lanes), " (the device ring's lane states)");
@@ -132,6 +152,7 @@ void DeviceRing::init() {
   self_ = t_.ring_region(rank_);
   left_ = t_.ring_region((rank_ + world_ - 1) % world_);
   right_ = t_.ring_region((rank_ + 1) % world_);
+  RC_LOG(kInfo, rank_, world_, c.ring.why << "; " << ring_kernels().size() << " ring kernels loaded");
   watchdog_ = std::thread([this] { watch(); });
 }
 
@@ -150,10 +171,10 @@ std::shared_ptr<DeviceFence> DeviceRing::launch(Coll coll, DType dt, ReduceOp op
            : coll == Coll::kReduceScatter ? dev::Coll::kReduceScatter : dev::Coll::kAllGather;
   a.rank = rank_;
   a.world = world_;
-  a.nlanes = c.ring_lanes;
-  a.nslots = static_cast<int>(c.nslots);
+  a.nlanes = c.ring.lanes;
+  a.nslots = static_cast<int>(c.ring.nslots);
   a.count = count;
-  a.slot_bytes = c.slot_bytes;
+  a.slot_bytes = c.ring.slot_bytes;
   a.slot_stride = c.ring_slot_stride;
   a.scale = 1.0 / world_;  // AVG's factor; the other ops ignore it (kernels/reduce_ops.h)
   a.in = in;

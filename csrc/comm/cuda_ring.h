@@ -22,6 +22,12 @@
 // breaks the communicator (CommCore::mark_broken: the peers are aborted too and its errored()
 // reports it without a wait) and is raised by the next wait or query of a ring call's Work.
 // The watchdog calls no CUDA function, so it never disturbs a capture.
+//
+// Setup (transport/cuda_ipc.h's plan_device_ring, at create): the grid (lanes) fits every rank's
+// SM budget, so that every grid on a GPU is resident at once and a spinning grid never waits on
+// one that cannot run; init loads every ring kernel (ring_kernels()) so that no module is loaded
+// during a call. No stream of this ring is the legacy default stream, and a device wait of a call
+// depends only on work enqueued before it (the caller's stream up to the call) and on the peers.
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <vector>
+
 #include "common/dtype.h"
 #include "device/ring_proto.h"
 
@@ -16,5 +18,10 @@ constexpr int kRingThreads = 512;
 /// (dtype, op) pair (all_gather: op is ignored), rc::InvalidArgument for arguments the kernel
 /// cannot run with, rc::Error when the launch fails.
 void ring_cuda(const dev::RingArgs& a, DType dt, ReduceOp op, cudaStream_t stream);
+
+/// Every instantiation of the ring kernel that ring_cuda can launch (its host stubs, one per
+/// kernel), made by the same dispatch: what init loads (cudaFuncGetAttributes) before any call,
+/// and sizes grids by (cudaOccupancyMaxActiveBlocksPerMultiprocessor).
+const std::vector<const void*>& ring_kernels();
 
 }  // namespace rc

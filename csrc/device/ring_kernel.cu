@@ -7,6 +7,7 @@
 // check (tests/test_device_sass.py) does that, to show that its check fails on a hoisted load.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "common/cuda_check.h"
@@ -35,15 +36,29 @@ void launch_ring(const dev::RingArgs& a, cudaStream_t s) {
 }
 
 // RC_RING_SASS_SUBSET: float32 SUM only (a quick build for the SASS check; never in a module).
+template <class T, class Fin>
+constexpr bool kBuilt =
+#ifdef RC_RING_SASS_SUBSET
+    std::is_same_v<T, float> && std::is_same_v<Fin, rops::SumF>;
+#else
+    true;
+#endif
+
 struct RingOf {
   template <class T, class Fin> RingLaunch run() {
-#ifdef RC_RING_SASS_SUBSET
-    if constexpr (!(std::is_same_v<T, float> && std::is_same_v<Fin, rops::SumF>)) return nullptr;
-    else
-#endif
-      return &launch_ring<T, Fin>;
+    if constexpr (kBuilt<T, Fin>) return &launch_ring<T, Fin>;
+    else return nullptr;
   }
   RingLaunch none() { return nullptr; }
+};
+
+// The kernel each (dtype, op) pair launches, through the same dispatch as RingOf.
+struct RingKernelOf {
+  template <class T, class Fin> const void* run() {
+    if constexpr (kBuilt<T, Fin>) return reinterpret_cast<const void*>(&ring_kernel<T, Fin>);
+    else return nullptr;
+  }
+  const void* none() { return nullptr; }
 };
 
 }  // namespace
@@ -61,6 +76,21 @@ void ring_cuda(const dev::RingArgs& a, DType dt, ReduceOp op, cudaStream_t strea
                                                                   << a.nslots << ", slot bytes " << a.slot_bytes << ")");
   f(a, stream);
   RC_CUDA(cudaGetLastError(), " launching the " << dtype_name(dt) << " " << op_name(op) << " ring kernel");
+}
+
+const std::vector<const void*>& ring_kernels() {
+  static const std::vector<const void*> all = [] {
+    std::vector<const void*> v;
+    for (uint32_t d = 0; d < static_cast<uint32_t>(DType::kCount); ++d) {
+      for (uint32_t o = 0; o < static_cast<uint32_t>(ReduceOp::kCount); ++o) {
+        RingKernelOf k;
+        const void* f = rops::dispatch_reduce(static_cast<DType>(d), static_cast<ReduceOp>(o), k);
+        if (f != nullptr && std::find(v.begin(), v.end(), f) == v.end()) v.push_back(f);
+      }
+    }
+    return v;
+  }();
+  return all;
 }
 
 }  // namespace rc

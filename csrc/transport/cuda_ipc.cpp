@@ -39,7 +39,8 @@ struct CudaIpcTransport::Chan {
 
 CudaIpcTransport::CudaIpcTransport(int rank, int world, int device, double timeout_s, const Knobs& knobs,
                                    const CudaRingLayout& ring)
-    : rank_(rank), world_(world), device_(device), cfg_(CudaIpcConfig::from_knobs(knobs, world, timeout_s, ring)),
+    : rank_(rank), world_(world), device_(device), ring_layout_(ring),
+      cfg_(CudaIpcConfig::from_knobs(knobs, world, timeout_s, ring)),
       peer_inbox_(world, nullptr), pins_(&PinRegistry::process()), pin_owner_(pins_->new_owner()) {
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
   RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
@@ -89,6 +90,17 @@ std::string CudaIpcTransport::local_info() const {
     (void)cudaGetLastError();
     p.can_access.push_back(i == device_ ? 1 : static_cast<uint8_t>(can != 0));
   }
+  // The device ring's setup (plan_device_ring): MPS (an older driver without the attribute: not
+  // MPS), the SMs and how many ring blocks each keeps resident.
+  v = 0;
+  p.mps = cudaDeviceGetAttribute(&v, cudaDevAttrMpsEnabled, device_) == cudaSuccess && v != 0;
+  (void)cudaGetLastError();
+  RC_CUDA(cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, device_), " (device " << device_ << ")");
+  if (is_device_mode(cfg_.mode) && ring_layout_.blocks_per_sm != nullptr)
+    p.ring_blocks_per_sm = ring_layout_.blocks_per_sm(device_);
+  p.max_blocks = cfg_.max_blocks_set ? cfg_.max_blocks : 0;
+  p.ring_lanes = cfg_.ring_lanes;
+  p.ring_knobs_set = cfg_.ring_knobs_set;
   return encode_peer_info(p);
 }
 
@@ -114,6 +126,15 @@ std::string CudaIpcTransport::create(const std::vector<std::string>& infos) {
     pids_.push_back(o.pid);
   }
   kinds_ = plan_channels(all, cfg_.mode);
+  if (is_device_mode(cfg_.mode) && world_ > 1) {
+    // This rank's signal page, then [lane][slot] slots of stride ring_slot_stride: in its inbox,
+    // after the channels' slots (exported and opened with them, once, at setup).
+    cfg_.ring = plan_device_ring(all, cfg_.mode);
+    cfg_.ring_lanes = cfg_.ring.lanes;
+    cfg_.ring_slot_stride = ring_layout_.slot_stride(cfg_.ring.slot_bytes);
+    cfg_.ring_bytes =
+        ring_layout_.region_bytes(cfg_.ring.slot_bytes, cfg_.ring.nslots, static_cast<size_t>(cfg_.ring.lanes));
+  }
   if (cfg_.max_blocks == 0) {  // the reduce grid cap: 4 blocks per SM (RINGCOMM_CUDA_MAX_BLOCKS overrides)
     int sms = 0;
     RC_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_), " (device " << device_ << ")");

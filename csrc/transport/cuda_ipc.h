@@ -49,7 +49,8 @@
 // RINGCOMM_CUDA_NSLOTS (default 4, >= 2). Device memory per rank: 2 lanes x world x nslots x
 // slot_bytes when any channel into it is kIpc. RINGCOMM_CUDA_P2P = auto | ipc | host | hostsync
 // forces a channel kind (host / hostsync exercise the staged paths on a single GPU); device
-// forces kIpc and appends the device ring's region (signal page and slots, comm/cuda_ring.h) to
+// (and device-flags / device-spin) forces kIpc and appends the device ring's region (signal page
+// and slots, comm/cuda_ring.h) to
 // every inbox, so that it is exported, opened and zeroed once, with the inbox.
 //
 // Setup (three steps, the Python side moves the bytes through the rendezvous store):
@@ -88,17 +89,44 @@ struct CudaRingLayout {
   int max_lanes = 0;                                           // lanes the ring's signal page holds
   size_t (*slot_stride)(size_t slot_bytes) = nullptr;          // one slot, its header included
   size_t (*region_bytes)(size_t slot_bytes, size_t nslots, size_t lanes) = nullptr;  // page + slots
+  /// Blocks of the ring kernel (any instantiation) one SM of `device` keeps resident at once.
+  int (*blocks_per_sm)(int device) = nullptr;
+};
+
+/// Where the device ring's grids run (RINGCOMM_CUDA_P2P=device*), detected at create() from every
+/// rank's device info, identically on every rank.
+enum class RingSetup : uint8_t {
+  kNone = 0,        // not a device mode
+  kSeparate = 1,    // every rank on a GPU of its own (P2P between them): grids run at once
+  kMps = 2,         // a GPU shared by several ranks under MPS: their grids run at once
+  kTimeSliced = 3,  // a GPU shared by several ranks without MPS: their contexts take turns
+};
+const char* ring_setup_name(RingSetup s);
+
+/// The device ring's geometry and grid, decided at create() (plan_device_ring).
+struct RingPlan {
+  RingSetup setup = RingSetup::kNone;
+  bool spin = false;      // the time-sliced signalling's defaults: few, large slots
+  int lanes = 0;          // the ring kernel's grid (blocks) on every rank
+  uint32_t nslots = 0;    // slots per lane
+  size_t slot_bytes = 0;  // payload bytes per slot
+  int budget = 0;         // the smallest rank's SM budget (blocks)
+  std::string why;        // the setup and its reasons, for the log and describe
 };
 
 struct CudaIpcConfig {
   size_t slot_bytes = 0;     // RINGCOMM_CUDA_SLOT_BYTES
   uint32_t nslots = 0;       // RINGCOMM_CUDA_NSLOTS
-  int mode = 0;              // RINGCOMM_CUDA_P2P: 0 auto, 1 ipc, 2 host, 3 hostsync
+  int mode = 0;              // RINGCOMM_CUDA_P2P: 0 auto, 1 ipc, 2 host, 3 hostsync, >= 4 device*
   int max_blocks = 0;        // RINGCOMM_CUDA_MAX_BLOCKS: reduce grid cap (0: 4 x SMs)
+  bool max_blocks_set = false;  // ... set by the user (then also the ring kernel's SM budget)
   double close_wait_s = 30;  // RINGCOMM_CUDA_CLOSE_WAIT: bound on close()'s GPU drain and goodbyes
-  int ring_lanes = 0;        // RINGCOMM_CUDA_RING_LANES
+  int ring_lanes = 0;        // RINGCOMM_CUDA_RING_LANES; after create(): the ring's grid (ring.lanes)
+  uint32_t ring_knobs_set = 0;  // bits: 1 RINGCOMM_CUDA_RING_LANES, 2 _NSLOTS, 4 _SLOT_BYTES set
   int64_t watchdog_us = 0;   // RINGCOMM_CUDA_WATCHDOG_US
-  size_t ring_bytes = 0;     // mode device: bytes of each rank's device-ring region (0: none)
+  // Device modes, after create(): the ring's plan and its region (ring_bytes 0: no device ring).
+  RingPlan ring;
+  size_t ring_bytes = 0;
   size_t ring_slot_stride = 0;
   ShmConfig shm;             // timeout, spin, liveness (from the shm knobs)
   /// From the knobs `k` (their range checks throw InvalidArgument). `ring` lays out the
@@ -118,11 +146,25 @@ struct CudaPeerInfo {
   uint32_t nslots = 0;
   std::vector<std::string> visible;   // uuids of the devices it sees
   std::vector<uint8_t> can_access;    // can_access[i]: its device can access visible[i] (P2P)
+  bool mps = false;                   // cudaDevAttrMpsEnabled: its contexts are MPS clients
+  int32_t sms = 0;                    // cudaDevAttrMultiProcessorCount
+  int32_t ring_blocks_per_sm = 0;     // device modes: resident ring-kernel blocks per SM
+  int32_t max_blocks = 0;             // its RINGCOMM_CUDA_MAX_BLOCKS when set, else 0
+  int32_t ring_lanes = 0;             // its RINGCOMM_CUDA_RING_LANES
+  uint32_t ring_knobs_set = 0;        // CudaIpcConfig::ring_knobs_set
 };
 
 /// Channel kinds for every ordered pair, computed identically on every rank (pure; unit-tested
 /// through the bindings without a GPU). kinds[src * world + dst].
 std::vector<ChannelKind> plan_channels(const std::vector<CudaPeerInfo>& infos, int mode);
+/// The device ring's setup, geometry and grid for a device `mode`, computed identically on every
+/// rank (pure). Ranks on one GPU (same uuid) share it; its grids run at once when it is theirs
+/// alone or under MPS. Each rank's SM budget is its RINGCOMM_CUDA_MAX_BLOCKS, else its GPU's
+/// resident ring blocks (sms x ring_blocks_per_sm) divided by the ranks whose grids run there at
+/// once; the grid is the smallest budget capped at the lanes asked for. Throws InvalidArgument
+/// when the grids could not all be resident (a spinning grid waiting on a grid that is not
+/// resident never ends), Mismatch when the ranks' ring knobs differ.
+RingPlan plan_device_ring(const std::vector<CudaPeerInfo>& infos, int mode);
 
 std::string encode_peer_info(const CudaPeerInfo& p);
 CudaPeerInfo decode_peer_info(const std::string& bytes);
@@ -200,6 +242,7 @@ class CudaIpcTransport {
   int rank_;
   int world_;
   int device_;
+  CudaRingLayout ring_layout_;
   CudaIpcConfig cfg_;
   std::vector<ChannelKind> kinds_;
   std::unique_ptr<ShmTransport> ctl_;

@@ -16,11 +16,13 @@ namespace {
 
 // RINGCOMM_CUDA_P2P's names, indexed by the mode number. A forced mode m >= 1 makes every
 // channel ChannelKind(m - 1) where that kind is possible, so kind k shares mode k+1's name.
-// kModeDevice ("device") forces kIpc channels and selects the fused device ring (comm/cuda_ring.h).
-constexpr const char* kModeNames[] = {"auto", "ipc", "host", "hostsync", "device"};
+// The device modes ("device", "device-flags", "device-spin") force kIpc channels and select the
+// fused device ring (comm/cuda_ring.h), with the signalling of the detected setup or a forced one.
+constexpr const char* kModeNames[] = {"auto", "ipc", "host", "hostsync", "device", "device-flags", "device-spin"};
 constexpr int kNumModes = static_cast<int>(sizeof(kModeNames) / sizeof(kModeNames[0]));
-static_assert(static_cast<int>(ChannelKind::kHostSync) + 1 == kModeDevice - 1 && kModeDevice == kNumModes - 1,
-              "every ChannelKind k is named by mode k+1; device is the last mode");
+static_assert(static_cast<int>(ChannelKind::kHostSync) + 1 == kModeDevice - 1 && kModeDeviceSpin == kNumModes - 1 &&
+                  kModeDeviceFlags == kModeDevice + 1 && kModeDeviceSpin == kModeDevice + 2,
+              "every ChannelKind k is named by mode k+1; the device modes are the last ones");
 
 }  // namespace
 
@@ -46,7 +48,8 @@ int parse_mode(const std::string& m) {
   for (int i = 0; i < kNumModes; ++i) {
     if (m == kModeNames[i]) return i;
   }
-  RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P='" << m << "' (expected auto, ipc, host, hostsync or device)");
+  RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P='" << m
+                                << "' (expected auto, ipc, host, hostsync, device, device-flags or device-spin)");
 }
 
 bool can_reach(const CudaPeerInfo& a, const CudaPeerInfo& b) {
@@ -80,18 +83,17 @@ CudaIpcConfig CudaIpcConfig::from_knobs(const Knobs& k, int world, double timeou
   c.mode = parse_mode(k.cuda_p2p);
   c.max_blocks = static_cast<int>(k.cuda_max_blocks);
   RC_CHECK(c.max_blocks >= 0, InvalidArgument, "RINGCOMM_CUDA_MAX_BLOCKS must be >= 0");
+  c.max_blocks_set = c.max_blocks > 0;
   c.close_wait_s = k.cuda_close_wait;
   c.ring_lanes = static_cast<int>(k.cuda_ring_lanes);
   RC_CHECK(c.ring_lanes >= 1 && c.ring_lanes <= ring.max_lanes, InvalidArgument,
            "RINGCOMM_CUDA_RING_LANES must be in [1, " << ring.max_lanes << "], got " << c.ring_lanes);
+  c.ring_knobs_set = (k.is_set(KnobId::cuda_ring_lanes) ? 1u : 0u) | (k.is_set(KnobId::cuda_nslots) ? 2u : 0u) |
+                     (k.is_set(KnobId::cuda_slot_bytes) ? 4u : 0u);
   c.watchdog_us = k.cuda_watchdog_us;
   RC_CHECK(c.watchdog_us >= 10, InvalidArgument, "RINGCOMM_CUDA_WATCHDOG_US must be >= 10, got " << c.watchdog_us);
-  if (c.mode == kModeDevice) {
-    // This rank's signal page, then [lane][slot] slots of stride slot_stride: in its inbox, after
-    // the channels' slots (exported and opened with them, once, at setup).
-    c.ring_slot_stride = ring.slot_stride(c.slot_bytes);
-    c.ring_bytes = ring.region_bytes(c.slot_bytes, c.nslots, static_cast<size_t>(c.ring_lanes));
-  }
+  // Device modes: the ring's geometry and region (ring, ring_bytes) are decided at create(), from
+  // every rank's device info (plan_device_ring).
   return c;
 }
 
@@ -112,6 +114,12 @@ std::string encode_peer_info(const CudaPeerInfo& p) {
     w.str(p.visible[i]);
     w.put<uint8_t>(i < p.can_access.size() ? p.can_access[i] : 0);
   }
+  w.put<uint8_t>(p.mps ? 1 : 0);
+  w.put(p.sms);
+  w.put(p.ring_blocks_per_sm);
+  w.put(p.max_blocks);
+  w.put(p.ring_lanes);
+  w.put(p.ring_knobs_set);
   return w.take();
 }
 
@@ -134,6 +142,12 @@ CudaPeerInfo decode_peer_info(const std::string& bytes) {
     p.visible.push_back(r.str());
     p.can_access.push_back(r.get<uint8_t>());
   }
+  p.mps = r.get<uint8_t>() != 0;
+  p.sms = r.get<int32_t>();
+  p.ring_blocks_per_sm = r.get<int32_t>();
+  p.max_blocks = r.get<int32_t>();
+  p.ring_lanes = r.get<int32_t>();
+  p.ring_knobs_set = r.get<uint32_t>();
   return p;
 }
 
@@ -145,11 +159,12 @@ std::vector<ChannelKind> plan_channels(const std::vector<CudaPeerInfo>& infos, i
       ChannelKind& c = k[static_cast<size_t>(a) * n + b];
       if (a == b) continue;
       const CudaPeerInfo &pa = infos[a], &pb = infos[b];
-      if (mode == kModeDevice) {
+      if (is_device_mode(mode)) {
         // The device ring's flags live in the peers' inboxes: every channel is kIpc (no IPC event
         // is used on it).
         RC_CHECK(can_reach(pa, pb) && can_reach(pb, pa), InvalidArgument,
-                 "ringcomm: RINGCOMM_CUDA_P2P=device but rank " << a << " (GPU " << hex(pa.uuid).substr(0, 8) << ") and rank "
+                 "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << " but rank " << a << " (GPU "
+                                                << hex(pa.uuid).substr(0, 8) << ") and rank "
                      << b << " (GPU " << hex(pb.uuid).substr(0, 8) << ") cannot access each other's memory; use auto or host");
         c = ChannelKind::kIpc;
       } else if (mode == 3 || !pa.ipc_events || !pb.ipc_events) {
@@ -168,6 +183,123 @@ std::vector<ChannelKind> plan_channels(const std::vector<CudaPeerInfo>& infos, i
     }
   }
   return k;
+}
+
+const char* ring_setup_name(RingSetup s) {
+  switch (s) {
+    case RingSetup::kSeparate: return "separate GPUs";
+    case RingSetup::kMps: return "one GPU shared under MPS";
+    case RingSetup::kTimeSliced: return "one GPU shared without MPS";
+    default: return "none";
+  }
+}
+
+RingPlan plan_device_ring(const std::vector<CudaPeerInfo>& infos, int mode) {
+  RC_CHECK(is_device_mode(mode) && !infos.empty(), Error, "ringcomm: plan_device_ring needs a device mode");
+  const int n = static_cast<int>(infos.size());
+  const CudaPeerInfo& r0 = infos.front();
+  for (int r = 1; r < n; ++r) {
+    RC_CHECK(infos[r].ring_lanes == r0.ring_lanes && infos[r].ring_knobs_set == r0.ring_knobs_set, Mismatch,
+             "ringcomm: rank " << r << " and rank 0 set RINGCOMM_CUDA_RING_LANES / RINGCOMM_CUDA_NSLOTS / "
+                                  "RINGCOMM_CUDA_SLOT_BYTES differently (set them alike on every rank)");
+  }
+  // The GPUs (by uuid, in order of first appearance) and the ranks on each. A GPU's grids run at
+  // once when it is one rank's alone or every rank there is an MPS client; otherwise its
+  // contexts take turns (one grid at a time).
+  struct Gpu {
+    std::string uuid;
+    std::vector<int> ranks;
+    bool mps = true;
+    int64_t resident = -1;  // ring blocks resident at once: SMs x blocks per SM
+    int sms = 0, per_sm = 0;
+    bool concurrent() const { return ranks.size() == 1 || mps; }
+    int64_t share() const { return concurrent() ? static_cast<int64_t>(ranks.size()) : 1; }
+  };
+  std::vector<Gpu> gpus;
+  std::vector<size_t> gpu_of(n);
+  for (int r = 0; r < n; ++r) {
+    const CudaPeerInfo& x = infos[r];
+    size_t g = 0;
+    while (g < gpus.size() && gpus[g].uuid != x.uuid) ++g;
+    if (g == gpus.size()) gpus.push_back(Gpu{x.uuid});
+    Gpu& G = gpus[g];
+    G.ranks.push_back(r);
+    G.mps = G.mps && x.mps;
+    const int64_t res = static_cast<int64_t>(x.sms) * x.ring_blocks_per_sm;
+    if (G.resident < 0 || res < G.resident) {
+      G.resident = res;
+      G.sms = x.sms;
+      G.per_sm = x.ring_blocks_per_sm;
+    }
+    gpu_of[r] = g;
+  }
+  auto describe = [](const Gpu& G) {
+    std::ostringstream o;
+    if (G.concurrent()) o << G.ranks.size() << " grid(s) at once";
+    else o << "one grid at a time (time-sliced)";
+    o << " on GPU " << hex(G.uuid).substr(0, 8) << ", " << G.resident << " resident blocks (" << G.sms << " SMs x "
+      << G.per_sm << ")";
+    return o.str();
+  };
+
+  RingPlan p;
+  p.setup = RingSetup::kSeparate;
+  for (const Gpu& G : gpus) {
+    if (G.ranks.size() > 1)
+      p.setup = G.mps && p.setup != RingSetup::kTimeSliced ? RingSetup::kMps : RingSetup::kTimeSliced;
+  }
+  p.spin = mode == kModeDeviceSpin || (mode == kModeDevice && p.setup == RingSetup::kTimeSliced);
+  // Few, large slots where every hand-off between the ranks of a GPU waits for a context switch;
+  // a knob the user set wins.
+  p.lanes = (r0.ring_knobs_set & 1u) || !p.spin ? r0.ring_lanes : 1;
+  p.nslots = (r0.ring_knobs_set & 2u) || !p.spin ? r0.nslots : 2;
+  p.slot_bytes = (r0.ring_knobs_set & 4u) || !p.spin ? r0.slot_bytes : (size_t{8} << 20);
+  const int asked = p.lanes;
+
+  // Each rank's SM budget: its RINGCOMM_CUDA_MAX_BLOCKS, else its share of its GPU's resident
+  // blocks. Every rank runs the smallest (the lanes of a ring are equal on every rank).
+  int tight = 0;
+  int64_t budget = -1;
+  for (int r = 0; r < n; ++r) {
+    const Gpu& G = gpus[gpu_of[r]];
+    RC_CHECK(G.resident > 0, InvalidArgument,
+             "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": the ring kernel cannot be resident on the GPU of "
+                                            << "rank " << r << " (" << G.sms << " SMs x " << G.per_sm
+                                            << " blocks per SM)");
+    const int64_t b = infos[r].max_blocks > 0 ? infos[r].max_blocks : G.resident / G.share();
+    if (budget < 0 || b < budget) {
+      budget = b;
+      tight = r;
+    }
+  }
+  p.budget = static_cast<int>(std::min<int64_t>(budget, 1 << 30));
+  p.lanes = std::min(p.lanes, p.budget);
+  RC_CHECK(p.lanes >= 1, InvalidArgument,
+           "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": no ring block fits the SM budget of rank " << tight
+               << " (" << describe(gpus[gpu_of[tight]]) << "); a spinning grid waiting on one that is not resident "
+               << "never ends: use fewer ranks per GPU, MPS, or RINGCOMM_CUDA_P2P=auto");
+  for (const Gpu& G : gpus) {
+    RC_CHECK(G.share() * p.lanes <= G.resident, InvalidArgument,
+             "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": " << G.share() << " ring grid(s) of " << p.lanes
+                 << " blocks cannot all be resident (" << describe(G) << "; RINGCOMM_CUDA_MAX_BLOCKS " << p.budget
+                 << "); a spinning grid waiting on one that is not resident never ends: lower "
+                 << "RINGCOMM_CUDA_MAX_BLOCKS or RINGCOMM_CUDA_RING_LANES");
+  }
+
+  std::ostringstream why;
+  why << "device ring: " << ring_setup_name(p.setup) << " (";
+  for (size_t g = 0; g < gpus.size(); ++g) {
+    const Gpu& G = gpus[g];
+    why << (g ? "; " : "") << "GPU " << hex(G.uuid).substr(0, 8) << ": " << G.ranks.size() << " rank(s)"
+        << (G.ranks.size() > 1 ? (G.mps ? ", MPS" : ", no MPS") : "");
+  }
+  why << "); " << (p.spin ? "in-kernel spins with few, large slots" : "in-kernel flags")
+      << (mode == kModeDevice ? "" : " (forced by RINGCOMM_CUDA_P2P)") << "; grid " << p.lanes
+      << " block(s) per rank (lanes asked " << asked << ", SM budget " << p.budget << " of rank " << tight << ": "
+      << (infos[tight].max_blocks > 0 ? std::string("RINGCOMM_CUDA_MAX_BLOCKS") : describe(gpus[gpu_of[tight]]))
+      << "); slots " << p.nslots << " x " << p.slot_bytes << " B per lane";
+  p.why = why.str();
+  return p;
 }
 
 }  // namespace rc

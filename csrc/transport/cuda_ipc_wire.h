@@ -18,11 +18,15 @@ namespace cuda_ipc_wire {
 
 inline constexpr uint32_t kInfoMagic = 0x52434449;  // "RCDI"
 inline constexpr uint32_t kBlobMagic = 0x52434842;  // "RCHB"
-inline constexpr uint32_t kWireVersion = 2;
+inline constexpr uint32_t kWireVersion = 3;
 inline constexpr uint64_t kByeTag = ~0ull;          // the control-plane message a closing rank sends
 inline constexpr size_t kPageBytes = 4096;
-/// RINGCOMM_CUDA_P2P=device's mode number (kModeNames in cuda_ipc_plan.cpp).
+/// RINGCOMM_CUDA_P2P=device's mode number (kModeNames in cuda_ipc_plan.cpp), and its two forced
+/// signallings, device-flags and device-spin: every mode from kModeDevice on is a device mode.
 inline constexpr int kModeDevice = 4;
+inline constexpr int kModeDeviceFlags = 5;
+inline constexpr int kModeDeviceSpin = 6;
+inline constexpr bool is_device_mode(int m) { return m >= kModeDevice; }
 
 // ---- a tiny binary writer / reader for the exchanged bytes (little-endian host order: every
 // rank runs on the same host) ----

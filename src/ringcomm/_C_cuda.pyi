@@ -45,6 +45,10 @@ class Communicator:
         ...
     def create(self, arg0: collections.abc.Sequence[bytes]) -> bytes:
         ...
+    def device_setup(self) -> dict:
+        """
+        The device ring's setup (RINGCOMM_CUDA_P2P=device*): setup, signalling, the grid's blocks, slots, the SM budget and why ('' setup: no device ring).
+        """
     def gather(self, arg0: typing.SupportsInt | typing.SupportsIndex, arg1: typing.SupportsInt | typing.SupportsIndex, arg2: typing.SupportsInt | typing.SupportsIndex, arg3: typing.SupportsInt | typing.SupportsIndex, arg4: typing.SupportsInt | typing.SupportsIndex, arg5: typing.SupportsInt | typing.SupportsIndex) -> Work:
         ...
     def local_info(self) -> bytes:
@@ -65,6 +69,10 @@ class Communicator:
         ...
     def send(self, arg0: typing.SupportsInt | typing.SupportsIndex, arg1: typing.SupportsInt | typing.SupportsIndex, arg2: typing.SupportsInt | typing.SupportsIndex, arg3: typing.SupportsInt | typing.SupportsIndex, arg4: typing.SupportsInt | typing.SupportsIndex) -> Work:
         ...
+    def stream_capturing(self, stream: typing.SupportsInt | typing.SupportsIndex) -> bool:
+        """
+        Whether the stream is being captured into a CUDA graph (cudaStreamIsCapturing: allowed during a capture, unlike a query).
+        """
     @property
     def closed(self) -> bool:
         ...

@@ -8,9 +8,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "common/dtype.h"
 #include "device/ring_cuda.h"
@@ -30,6 +33,7 @@ struct Alloc {
   size_t size;
   int fd;      // device memory: its memfd (-1 otherwise)
   int kind;    // 0 device, 1 host-mapped, 2 opened IPC mapping
+  int device = 0;
 };
 struct IpcHandle {
   uint32_t magic;
@@ -44,8 +48,30 @@ std::vector<Call> g_calls;
 std::vector<Launch> g_launches;
 std::map<uintptr_t, Alloc> g_allocs;
 std::map<uint64_t, std::vector<Launch>> g_graphs;
+std::vector<FStream*> g_streams;  // every stream created (never freed: ids stay meaningful)
 uint64_t g_next_stream = 1, g_next_capture = 1;
 int g_active = 0;  // captures in progress
+
+// The topology (fake_cudart.h), read once.
+struct Topology {
+  int devices = 1, current = 0, p2p = 0, mps = 0, sms = 4, blocks_per_sm = 2;
+  Topology() {
+    auto env = [](const char* n, int d) {
+      const char* v = std::getenv(n);
+      return v != nullptr && *v != 0 ? std::atoi(v) : d;
+    };
+    devices = env("FAKE_CUDA_DEVICES", 1);
+    current = env("FAKE_CUDA_DEVICE", 0);
+    p2p = env("FAKE_CUDA_P2P", 0);
+    mps = env("FAKE_CUDA_MPS", 0);
+    sms = env("FAKE_CUDA_SMS", 4);
+    blocks_per_sm = env("FAKE_CUDA_BLOCKS_PER_SM", 2);
+  }
+};
+Topology& topo() {
+  static Topology t;
+  return t;
+}
 
 uint64_t sid(cudaStream_t s) { return s == nullptr ? 0 : reinterpret_cast<FStream*>(s)->id; }
 uint64_t cap_of(cudaStream_t s) { return s == nullptr ? 0 : reinterpret_cast<FStream*>(s)->capture; }
@@ -114,7 +140,9 @@ uint64_t end_capture(void* s) {
   const uint64_t g = f->capture;
   rec("end capture", static_cast<cudaStream_t>(s));
   // Every stream that joined the capture leaves it (the real runtime requires them joined back).
-  f->capture = 0;
+  for (FStream* x : g_streams) {
+    if (x->capture == g) x->capture = 0;
+  }
   --g_active;
   return g;
 }
@@ -152,22 +180,46 @@ using namespace fake_cuda;
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorStreamCaptureUnsupported ? "cudaErrorStreamCaptureUnsupported" : "cudaErrorFake"; }
 const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "fake runtime error"; }
-cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
-cudaError_t cudaGetDeviceCount(int* n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaGetDevice(int* d) { *d = topo().current; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) {
+  if (d < 0 || d >= topo().devices) return cudaErrorInvalidDevice;
+  topo().current = d;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int* n) { *n = topo().devices; return cudaSuccess; }
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* p, int d) {
-  if (d != 0) return cudaErrorInvalidDevice;
+  if (d < 0 || d >= topo().devices) return cudaErrorInvalidDevice;
   std::memset(p, 0, sizeof(*p));
   std::strcpy(p->name, "fake GPU");
-  std::memcpy(p->uuid.bytes, "fake-gpu-uuid-00", 16);
-  p->multiProcessorCount = 4;
+  const std::string uuid = std::to_string(d % 10) + "fake-gpu-uuid-0";  // 16 bytes
+  std::memcpy(p->uuid.bytes, uuid.data(), 16);
+  p->multiProcessorCount = topo().sms;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* v, enum cudaDeviceAttr a, int d) {
-  *v = a == cudaDevAttrIpcEventSupport ? 1 : a == cudaDevAttrMultiProcessorCount ? 4 : 0;
-  return d == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+  *v = a == cudaDevAttrIpcEventSupport ? 1 : a == cudaDevAttrMultiProcessorCount ? topo().sms
+       : a == cudaDevAttrMpsEnabled ? topo().mps : 0;
+  return d >= 0 && d < topo().devices ? cudaSuccess : cudaErrorInvalidDevice;
 }
-cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) { *can = 0; return cudaSuccess; }
+cudaError_t cudaDeviceCanAccessPeer(int* can, int a, int b) {
+  *can = a != b && topo().p2p != 0 ? 1 : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* fa, const void* f) {
+  std::lock_guard<std::mutex> lk(mu);
+  rec("cudaFuncGetAttributes", nullptr, false);
+  g_calls.back().arg = reinterpret_cast<uint64_t>(f);
+  std::memset(fa, 0, sizeof(*fa));
+  fa->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void* f, int, size_t) {
+  std::lock_guard<std::mutex> lk(mu);
+  rec("cudaOccupancyMaxActiveBlocksPerMultiprocessor", nullptr, false);
+  g_calls.back().arg = reinterpret_cast<uint64_t>(f);
+  *n = topo().blocks_per_sm;
+  return cudaSuccess;
+}
 
 cudaError_t cudaMalloc(void** p, size_t n) {
   std::lock_guard<std::mutex> lk(mu);
@@ -176,7 +228,7 @@ cudaError_t cudaMalloc(void** p, size_t n) {
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(n)) != 0) return cudaErrorMemoryAllocation;
   void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (m == MAP_FAILED) return cudaErrorMemoryAllocation;
-  g_allocs[reinterpret_cast<uintptr_t>(m)] = Alloc{n, fd, 0};
+  g_allocs[reinterpret_cast<uintptr_t>(m)] = Alloc{n, fd, 0, topo().current};
   *p = m;
   return cudaSuccess;
 }
@@ -256,7 +308,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* a, const void
   std::memset(a, 0, sizeof(*a));
   const Alloc* x = find(p, nullptr);
   a->type = x == nullptr ? cudaMemoryTypeUnregistered : x->kind == 1 ? cudaMemoryTypeHost : cudaMemoryTypeDevice;
-  a->device = 0;
+  a->device = x == nullptr ? 0 : x->device;
   a->devicePointer = const_cast<void*>(p);
   return cudaSuccess;
 }
@@ -264,6 +316,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* a, const void
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   std::lock_guard<std::mutex> lk(mu);
   FStream* f = new FStream{g_next_stream++};
+  g_streams.push_back(f);
   *s = reinterpret_cast<cudaStream_t>(f);
   rec("cudaStreamCreate", *s);
   return cudaSuccess;
@@ -320,6 +373,31 @@ cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t s) {
 // ---------------- the kernel entries ----------------
 
 namespace rc {
+
+namespace {
+// One distinct address per ring kernel, as the real table's host stubs.
+template <class T, class Fin> struct KernelTag { static const char tag; };
+template <class T, class Fin> const char KernelTag<T, Fin>::tag = 0;
+struct FakeKernelOf {
+  template <class T, class Fin> const void* run() { return &KernelTag<T, Fin>::tag; }
+  const void* none() { return nullptr; }
+};
+}  // namespace
+
+const std::vector<const void*>& ring_kernels() {
+  static const std::vector<const void*> all = [] {
+    std::vector<const void*> v;
+    for (uint32_t d = 0; d < static_cast<uint32_t>(DType::kCount); ++d) {
+      for (uint32_t o = 0; o < static_cast<uint32_t>(ReduceOp::kCount); ++o) {
+        FakeKernelOf k;
+        const void* f = rops::dispatch_reduce(static_cast<DType>(d), static_cast<ReduceOp>(o), k);
+        if (f != nullptr && std::find(v.begin(), v.end(), f) == v.end()) v.push_back(f);
+      }
+    }
+    return v;
+  }();
+  return all;
+}
 
 void ring_cuda(const dev::RingArgs& a, DType dt, ReduceOp op, cudaStream_t stream) {
   Launch l;

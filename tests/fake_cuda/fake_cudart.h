@@ -13,6 +13,13 @@
 //    recorded during the capture joins it; every query or synchronize while any stream captures
 //    fails with cudaErrorStreamCaptureUnsupported and is recorded as such.
 //  - fake_replay(graph) records the graph's launches again, as a replay would run them.
+//  - The topology comes from the environment, read once: FAKE_CUDA_DEVICES (device count,
+//    default 1; device d's uuid starts with d, so processes on one ordinal share a GPU),
+//    FAKE_CUDA_DEVICE (the current device at start, 0), FAKE_CUDA_P2P (peer access between
+//    devices, 0), FAKE_CUDA_MPS (cudaDevAttrMpsEnabled, 0), FAKE_CUDA_SMS (4) and
+//    FAKE_CUDA_BLOCKS_PER_SM (what the occupancy query answers for any kernel, 2).
+//  - rc::ring_kernels() is one distinct address per (dtype, op) pair of the dispatch;
+//    cudaFuncGetAttributes and the occupancy query record the kernel's address (Call::arg).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,6 +35,7 @@ struct Call {
   bool capturing = false;  // a capture was active anywhere in the process
   bool replay = false;     // recorded by fake_replay
   uint64_t graph = 0;      // the capture it belongs to (0: none)
+  uint64_t arg = 0;        // cudaFuncGetAttributes / the occupancy query: the kernel's address
 };
 
 struct Launch {

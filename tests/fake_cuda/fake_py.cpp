@@ -7,10 +7,12 @@
 #include <cstring>
 
 #include "comm_methods_py.h"
+#include "cuda_methods_py.h"
 #include "errors_py.h"
 #include "fake_cudart.h"
 
 #include "comm/communicator_cuda.h"
+#include "device/ring_cuda.h"
 
 namespace py = pybind11;
 using rc::CudaCommunicator;
@@ -79,6 +81,7 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
              py::gil_scoped_release nogil;
              c.connect(v);
            })
+      .def_property_readonly("device", &CudaCommunicator::device)
       .def("errored", [](CudaCommunicator& c) -> py::object {
              std::exception_ptr e = c.errored();
              if (!e) return py::none();
@@ -91,6 +94,7 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
              return r ? r->registered() : std::vector<std::pair<uintptr_t, uintptr_t>>{};
            });
   rc_py::def_core_methods<StreamLaunches>(comm);
+  rc_py::def_cuda_methods(comm);
 
   m.def("calls", [] {
     py::list out;
@@ -101,6 +105,7 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
       d["capturing"] = c.capturing;
       d["replay"] = c.replay;
       d["graph"] = c.graph;
+      d["arg"] = c.arg;
       out.append(d);
     }
     return out;
@@ -111,6 +116,11 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
     return out;
   });
   m.def("clear", &fake_cuda::clear);
+  m.def("ring_kernels", [] {
+    std::vector<uintptr_t> v;
+    for (const void* k : rc::ring_kernels()) v.push_back(u(k));
+    return v;
+  });
   m.def("new_stream", [] { return u(fake_cuda::new_stream()); });
   m.def("stream_id", [](uintptr_t s) { return fake_cuda::stream_id(ptr_of(s)); });
   m.def("device_alloc", [](uint64_t n) { return u(fake_cuda::device_alloc(n)); });

@@ -40,12 +40,35 @@ def call_log(fn):
     return r, fake.calls(), fake.launches()
 
 
+class Arr:
+    """A float32 CUDA array of the fake runtime, seen through the CUDA array interface."""
+
+    def __init__(self, ptr: int, n: int):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (n,), "typestr": "<f4", "version": 3}
+
+
+def kernel_calls(calls):
+    """The calls that load or size a kernel: (name, kernel address)."""
+    return [(c["name"], c["arg"]) for c in calls
+            if c["name"] in ("cudaFuncGetAttributes", "cudaOccupancyMaxActiveBlocksPerMultiprocessor")]
+
+
 def main():
     rank, world, d, scenario = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
-    comm = fake.Communicator(rank, world, 0, 5.0)
+    comm = fake.Communicator(rank, world, int(os.environ.get("FAKE_CUDA_DEVICE", "0")), 5.0)
     infos = exchange(d, rank, world, "info", comm.local_info())
-    blobs = exchange(d, rank, world, "blob", comm.create(infos))
+    try:
+        blob = comm.create(infos)
+    except Exception as e:  # noqa: BLE001 - a refused setup is what scenario "refused" checks
+        if scenario != "refused":
+            raise
+        (d / f"out_{rank}.json").write_text(json.dumps({"create_error": [type(e).__name__, str(e)]}))
+        comm.close()
+        return
+    blobs = exchange(d, rank, world, "blob", blob)
     comm.connect(blobs)
+    setup_log = fake.calls()
+    setup_calls = kernel_calls(setup_log)
     s = fake.new_stream()
     n = 1000
     buf = {k: fake.device_alloc(n * 4 * world) for k in ("in", "out", "in2", "out2")}
@@ -113,6 +136,45 @@ def main():
         out["errored_after_s"] = time.monotonic() - t0
         out["errored"] = comm.errored()
         out["abort_word"] = fake.read_u32(last["abort"])
+    elif scenario == "setup":
+        # The setup chosen at init, the kernels loaded there, and what a call loads (nothing).
+        out["setup"] = comm.device_setup()
+        out["setup_kernel_calls"] = setup_calls
+        out["setup_legacy_stream"] = [c["name"] for c in setup_log if c["stream"] == 0]
+        out["ring_kernels"] = fake.ring_kernels()
+        out["calls"] = {}
+        for name, fn in [("all_reduce", lambda: comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)),
+                         ("all_gather", lambda: comm.all_gather(buf["in"], buf["out"], n, n * world, F32, s)),
+                         ("broadcast", lambda: comm.broadcast(buf["in"], n, F32, 0, s))]:
+            w, c, ls = call_log(fn)
+            w.wait()
+            out["calls"][name] = {"names": [x["name"] for x in c], "kernel_calls": kernel_calls(c),
+                                  "grids": [[x["kernel"], x.get("nlanes"), x.get("nslots"), x.get("slot_stride")]
+                                            for x in ls]}
+    elif scenario == "pyguard":
+        # ringcomm.cuda's in-flight guard over this core: held Works are not queried, nor the
+        # stream polled, while the caller's stream is capturing.
+        from ringcomm.cuda.communicator import CudaCommunicator
+        pc = CudaCommunicator(comm, "fake")
+        x, y = Arr(buf["in"], n), Arr(buf["out"], n)
+        pc.all_reduce(x, output=y, stream=s, async_op=True)
+        out["held_before"] = len(pc._guard.refs)
+        fake.clear()
+        fake.begin_capture(s)
+        pc.all_reduce(Arr(buf["in2"], n), output=Arr(buf["out2"], n), stream=s)
+        out["held_captured"] = len(pc._guard.refs)
+        try:
+            pc.broadcast(x, 0, stream=s)
+            out["host_capture_error"] = None
+        except Exception as e:  # noqa: BLE001
+            out["host_capture_error"] = [type(e).__name__, str(e)]
+        fake.end_capture(s)
+        out["capture_calls"] = fake.calls()
+        out["capture_launches"] = [x["kernel"] for x in fake.launches()]
+        pc.all_reduce(x, output=y, stream=s)
+        out["held_after"] = len(pc._guard.refs)
+        out["after_calls"] = [c["name"] for c in fake.calls()]
+        out["errored"] = comm.errored()
     elif scenario == "host":
         fake.clear()
         fake.begin_capture(s)

@@ -94,10 +94,24 @@ class CudaCommunicator(CoreBackEnd):
 
     def _on_stream(self, w, objs, s: int, stream):
         """A collective's core handle ``w``: when the caller chose the stream (``stream=``, handle
-        ``s``), its arrays are guarded until the GPU is done with them there."""
+        ``s``), its arrays are guarded until the GPU is done with them there. While ``s`` is being
+        captured into a CUDA graph nothing is queried (a query would end the capture); a captured
+        call's arrays belong to the graph, which the caller keeps alive for its replays."""
         if stream is not None:
-            self._guard.guard(w, objs, s, lambda: self._stream_idle(s), given=stream)
+            self._guard.guard(w, objs, s, lambda: self._stream_idle(s), given=stream, capturing=self._capturing(s))
         return w
+
+    def _capturing(self, s: int) -> bool:
+        """Whether stream ``s`` is being captured (cudaStreamIsCapturing, which a capture allows;
+        also for a ``stream=`` that is not the library's current stream)."""
+        return bool(self._c.stream_capturing(s))
+
+    def device_setup(self) -> dict:
+        """The device ring's setup (``RINGCOMM_CUDA_P2P=device``, ``device-flags``, ``device-spin``):
+        ``setup`` (separate GPUs, one GPU shared under MPS or without), ``signalling`` (flags or
+        spin), the grid's ``blocks``, ``nslots`` x ``slot_bytes``, the SM ``budget`` and ``why``;
+        ``setup`` is '' without a device ring."""
+        return dict(self._c.device_setup())
 
     def _stream_idle(self, s: int) -> bool:
         """Every piece of work enqueued on stream ``s`` so far has finished."""

@@ -94,9 +94,12 @@ class StreamGuard:
             s = self._streams[handle] = self._make_stream(handle, self.device)
         return s
 
-    def guard(self, work, objs: Sequence, handle: int, idle: Callable[[], bool], given=None) -> None:
+    def guard(self, work, objs: Sequence, handle: int, idle: Callable[[], bool], given=None,
+              capturing: bool = False) -> None:
         """``objs`` are used by ``work``, which runs on stream ``handle`` (``given``: the caller's
-        stream object, when it passed one)."""
+        stream object, when it passed one). ``capturing``: ``handle`` is being captured into a
+        CUDA graph: no Work is queried and no stream polled (either would end the capture), and
+        nothing is held (the work runs at each replay; the graph's owner keeps its arrays)."""
         seen = set()
         objs = [o for o in objs if o is not None and not (id(o) in seen or seen.add(id(o)))]
         torch_objs = [o for o in objs if is_torch_tensor(o)]
@@ -104,5 +107,7 @@ class StreamGuard:
             s = self._stream_obj(handle, given)
             for o in torch_objs:
                 o.record_stream(s)
+        if capturing:
+            return
         self.refs.prune()
         self.refs.hold(work, objs, idle)

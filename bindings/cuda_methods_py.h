@@ -1,0 +1,39 @@
+// The CUDA communicator's own methods, bound alike by ringcomm._C_cuda (bindings/cuda_py.cpp) and
+// the fake-runtime module ringcomm._C_cuda_fake (tests/fake_cuda/fake_py.cpp).
+#pragma once
+#include <cuda_runtime_api.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+
+#include "comm/communicator_cuda.h"
+#include "common/cuda_check.h"
+
+namespace rc_py {
+
+template <class Class>
+void def_cuda_methods(Class& comm) {
+  namespace py = pybind11;
+  comm.def("device_setup", [](const rc::CudaCommunicator& c) {
+        const rc::RingPlan& p = c.device_setup();
+        py::dict d;
+        d["setup"] = p.setup == rc::RingSetup::kNone ? std::string() : std::string(rc::ring_setup_name(p.setup));
+        d["signalling"] = p.setup == rc::RingSetup::kNone ? "" : p.spin ? "spin" : "flags";
+        d["blocks"] = p.lanes;
+        d["nslots"] = p.nslots;
+        d["slot_bytes"] = p.slot_bytes;
+        d["budget"] = p.budget;
+        d["why"] = p.why;
+        return d;
+      }, "The device ring's setup (RINGCOMM_CUDA_P2P=device*): setup, signalling, the grid's blocks, slots, "
+         "the SM budget and why ('' setup: no device ring).")
+      .def("stream_capturing", [](const rc::CudaCommunicator& c, uintptr_t stream) {
+        rc::CudaDeviceGuard g(c.device());
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        RC_CUDA(cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &cs), " (stream_capturing)");
+        return cs != cudaStreamCaptureStatusNone;
+      }, py::arg("stream"), "Whether the stream is being captured into a CUDA graph (cudaStreamIsCapturing: "
+                            "allowed during a capture, unlike a query).");
+}
+
+}  // namespace rc_py
