@@ -43,6 +43,9 @@ py::dict launch_dict(const fake_cuda::Launch& l) {
     d["nlanes"] = a.nlanes;
     d["nslots"] = a.nslots;
     d["count"] = a.count;
+    d["root"] = a.root;
+    d["header_dtype"] = a.dtype;
+    d["header_op"] = a.op;
     d["slot_stride"] = a.slot_stride;
     d["in"] = u(a.in);
     d["out"] = u(a.out);

@@ -74,7 +74,7 @@ def main():
         # communicator usable.
         fake.begin_capture(s)
         try:
-            comm.broadcast(buf["in"], n, F32, 0, s)
+            comm.gather(buf["in"], buf["out"], n, F32, 0, s)
             out["host_capture_error"] = None
         except Exception as e:  # noqa: BLE001 - the type is what the test checks
             out["host_capture_error"] = [type(e).__name__, str(e)]
@@ -113,6 +113,16 @@ def main():
         out["errored_after_s"] = time.monotonic() - t0
         out["errored"] = comm.errored()
         out["abort_word"] = fake.read_u32(last["abort"])
+    elif scenario == "rooted":
+        # broadcast and reduce, every root: each call is one launch of the ring kernel.
+        calls = {}
+        for root in range(world):
+            for name, fn in [("broadcast", lambda: comm.broadcast(buf["out"], n, F32, root, s)),
+                             ("reduce", lambda: comm.reduce(buf["in"], buf["out"], n, F32, SUM, root, s))]:
+                w, c, ls = call_log(fn)
+                calls[f"{name}/{root}"] = {"calls": c, "launches": ls}
+                w.wait()
+        out["eager"] = calls
     elif scenario == "host":
         fake.clear()
         fake.begin_capture(s)
