@@ -43,7 +43,7 @@ for cfg in "2 2 1 24 ar" "2 3 1 24 ar" "3 2 1 36 ar" "3 3 2 40 ar" "4 2 1 40 ar"
     search=random:10000:$RANDOM
 done
 # broadcast and reduce (the chain along the ring), every root: 10,000 schedules each.
-for cfg in "2 2 1 24" "3 3 2 40" "4 2 1 30"; do
+for cfg in "2 2 1 24" "2 3 2 24" "3 2 1 36" "3 3 2 40" "4 2 1 30" "4 3 2 40"; do
   set -- $cfg
   inputs "$1" "$4"
   for coll in bc rd; do
