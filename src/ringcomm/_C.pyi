@@ -54,7 +54,7 @@ class Knobs:
     @property
     def cuda_p2p(self) -> str:
         """
-        RINGCOMM_CUDA_P2P: CUDA channel kind; device: all_reduce, reduce_scatter and all_gather run as one fused ring kernel per call with in-kernel flags over IPC memory (every channel ipc; every rank must set it; not yet run on a GPU), the other collectives on ipc channels
+        RINGCOMM_CUDA_P2P: CUDA channel kind; device: all_reduce, reduce_scatter, all_gather, broadcast and reduce run as one fused ring kernel per call with in-kernel flags over IPC memory (every channel ipc; every rank must set it; not yet run on a GPU), the other collectives on ipc channels
         """
     @property
     def cuda_ring_lanes(self) -> int:
