@@ -156,7 +156,8 @@ def test_status_record_becomes_typed_error_without_a_wait(device_run):
     r0, r1 = device_run
     code, msg = r0["errored"]
     assert ERR[code] == "Mismatch", msg
-    for part in ("all_reduce", "rank 0", "peer 1", "step 2", "lane 1", "sequence 7", "expected 11", "saw 13"):
+    for part in ("all_reduce", "rank 0", "peer 1", "step 2", "lane 1", "sequence 7", "expected 11", "saw 13",
+                 "mismatched slot header (dtype)"):
         assert part in msg, (part, msg)
     assert r0["errored_after_s"] < 2.0
     assert r0["abort_word"] == 1

@@ -127,13 +127,14 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
   });
   // What a failing lane of the kernel writes (device/ring_proto.h's fail()): the fields, then reason.
   m.def("write_status", [](uintptr_t a, uint32_t reason, int rank, int peer, int step, int lane, uint64_t seq,
-                           uint64_t expected, uint64_t seen) {
+                           uint64_t expected, uint64_t seen, uint32_t field) {
     auto* s = static_cast<rc::dev::Status*>(ptr_of(a));
     s->claim = 1;
     s->rank = rank;
     s->peer = peer;
     s->step = step;
     s->lane = lane;
+    s->field = field;
     s->seq = seq;
     s->expected = expected;
     s->seen = seen;

@@ -88,7 +88,7 @@ def main():
         barrier(d, rank, world, "before_status")
         t0 = time.monotonic()
         if rank == 0:
-            fake.write_status(last["status"], 3, 0, 1, 2, 1, 7, 11, 13)
+            fake.write_status(last["status"], 3, 0, 1, 2, 1, 7, 11, 13, 4)  # field 4: dtype
         while comm.errored() is None and time.monotonic() - t0 < 10:
             time.sleep(0.001)
         out["errored_after_s"] = time.monotonic() - t0
