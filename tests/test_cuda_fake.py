@@ -4,9 +4,10 @@ No GPU is involved and no kernel runs (the ring kernel's body is proved by tests
 what is checked is what the host path asks of the runtime.
 
 RINGCOMM_CUDA_P2P=device, two rank processes:
-- all_reduce, reduce_scatter, all_gather: exactly one kernel launch per call, on the communicator's own
-  stream, joined to the caller's by an event record and a stream wait each way; no query or
-  synchronize, no allocation or registration, nothing on the legacy default stream;
+- all_reduce, reduce_scatter, all_gather, and broadcast and reduce at every root: exactly one kernel
+  launch per call, on the communicator's own stream, joined to the caller's by an event record and a
+  stream wait each way; no query or synchronize, no allocation or registration, nothing on the legacy
+  default stream;
 - under capture: nothing queried or synchronized; the launch belongs to the graph; its replays touch
   only the regions registered at init and the captured call's own buffers;
 - a host-ordered collective under capture raises UnsupportedError and leaves the communicator usable;
@@ -84,24 +85,47 @@ def device_run(tmp_path_factory):
     return run(tmp_path_factory.mktemp("fake_device"), "device")
 
 
+def check_one_launch(rank, out, op):
+    """The eager call `op` of one rank: one ring launch between the two event joins, no host wait."""
+    calls, launches = out["eager"][op]["calls"], out["eager"][op]["launches"]
+    names = [c["name"] for c in calls]
+    assert [lch["kernel"] for lch in launches] == ["ring"], (rank, names)
+    assert not QUERIES & set(names), (rank, names)
+    assert not SETUP & set(names), (rank, names)
+    assert all(c["stream"] != 0 for c in calls if c["stream"] != 2**64 - 1), "the legacy default stream"
+    caller = out["caller"]
+    ring = launches[0]["stream"]
+    assert ring != caller
+    seq = [(c["name"], c["stream"]) for c in calls if c["name"] != "cudaStreamIsCapturing"]
+    assert seq == [("cudaEventRecord", caller), ("cudaStreamWaitEvent", ring), ("launch ring", ring),
+                   ("cudaEventRecord", ring), ("cudaStreamWaitEvent", caller)], (rank, seq)
+    regs, _ = ring_pointers(launches[0])
+    for what, (lo, hi) in regs.items():
+        assert within(out["registered"], lo, hi), (rank, op, what)
+    return launches[0]
+
+
 @pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
 def test_one_launch_and_no_host_wait(device_run, op):
     for rank, out in enumerate(device_run):
-        calls, launches = out["eager"][op]["calls"], out["eager"][op]["launches"]
-        names = [c["name"] for c in calls]
-        assert [lch["kernel"] for lch in launches] == ["ring"], (rank, names)
-        assert not QUERIES & set(names), (rank, names)
-        assert not SETUP & set(names), (rank, names)
-        assert all(c["stream"] != 0 for c in calls if c["stream"] != 2**64 - 1), "the legacy default stream"
-        caller = out["caller"]
-        ring = launches[0]["stream"]
-        assert ring != caller
-        seq = [(c["name"], c["stream"]) for c in calls if c["name"] != "cudaStreamIsCapturing"]
-        assert seq == [("cudaEventRecord", caller), ("cudaStreamWaitEvent", ring), ("launch ring", ring),
-                       ("cudaEventRecord", ring), ("cudaStreamWaitEvent", caller)], (rank, seq)
-        regs, _ = ring_pointers(launches[0])
-        for what, (lo, hi) in regs.items():
-            assert within(out["registered"], lo, hi), (rank, op, what)
+        check_one_launch(rank, out, op)
+
+
+def test_broadcast_and_reduce_are_one_launch_at_every_root(tmp_path):
+    """broadcast and reduce run on the device ring (its chain) too: one launch per call, the root passed."""
+    outs = run(tmp_path, "rooted")
+    for rank, out in enumerate(outs):
+        assert sorted(out["eager"]) == ["broadcast/0", "broadcast/1", "reduce/0", "reduce/1"]
+        for key in out["eager"]:
+            op, root = key.split("/")
+            launch = check_one_launch(rank, out, key)
+            assert (launch["coll"], launch["root"], launch["count"]) == ({"broadcast": 4, "reduce": 5}[op], int(root),
+                                                                         1000), (rank, key, launch)
+            assert launch["header_dtype"] == 0 and launch["header_op"] == 0, (rank, key, launch)
+            if op == "broadcast":
+                assert launch["out"] == out["buffers"]["out"], (rank, key, launch)
+            else:
+                assert (launch["in"], launch["out"]) == (out["buffers"]["in"], out["buffers"]["out"]), (rank, key)
 
 
 def test_capture_queries_nothing_and_replays_touch_registered_buffers(device_run):
@@ -130,7 +154,7 @@ def test_host_path_under_capture_raises(device_run, tmp_path):
     for out in device_run:
         name, msg = out["host_capture_error"]
         assert name == "UnsupportedError", (name, msg)
-        assert "broadcast" in msg and "captured" in msg and "RINGCOMM_CUDA_P2P=device" in msg
+        assert "gather" in msg and "captured" in msg and "RINGCOMM_CUDA_P2P=device" in msg
         assert out["after_capture_ok"], "the refused call broke the communicator"
     for out in run(tmp_path, "host", mode="auto"):
         name, msg = out["host_capture_error"]
@@ -143,7 +167,8 @@ def test_status_record_becomes_typed_error_without_a_wait(device_run):
     r0, r1 = device_run
     code, msg = r0["errored"]
     assert ERR[code] == "Mismatch", msg
-    for part in ("all_reduce", "rank 0", "peer 1", "step 2", "lane 1", "sequence 7", "expected 11", "saw 13"):
+    for part in ("all_reduce", "rank 0", "peer 1", "step 2", "lane 1", "sequence 7", "expected 11", "saw 13",
+                 "mismatched slot header (dtype)"):
         assert part in msg, (part, msg)
     assert r0["errored_after_s"] < 2.0
     assert r0["abort_word"] == 1
@@ -253,7 +278,7 @@ def test_python_guard_queries_nothing_under_capture(tmp_path):
         assert out["capture_launches"] == ["ring"]
         assert out["held_captured"] == 1, "a captured call's arrays belong to the graph"
         name, msg = out["host_capture_error"]
-        assert name == "UnsupportedError" and "broadcast" in msg and "captured" in msg, (name, msg)
+        assert name == "UnsupportedError" and "gather" in msg and "captured" in msg, (name, msg)
         assert out["held_after"] == 1, "the eager Work before the capture is let go, the new one held"
         assert "cudaEventQuery" in out["after_calls"]
         assert out["errored"] is None

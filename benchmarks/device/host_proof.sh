@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The device ring's second proof step on the host (no GPU; at most 10 minutes): the exhaustive
-# preemption-bounded schedule searches, 10,000-schedule seeded samples at 2-4 ranks and 2-3 slots,
+# preemption-bounded schedule searches, 10,000-schedule seeded samples at 2-4 ranks and 2-3 slots
+# (the ring's three collectives; broadcast and reduce at every root),
 # a ThreadSanitizer build of the host harness run with free-running threads, and the SASS check of
 # every (dtype, op) kernel of the production build when one is there. Exits non-zero on any failure.
 # Usage: bash benchmarks/device/host_proof.sh   (from the repository root; python = the test venv's)
@@ -20,6 +21,9 @@ fail=0
 inputs() {  # world count -> $OUT/in.bin, and the expected outputs of `run` into $OUT/o.bin
   "$PY" -c "import numpy as np; (np.arange($1*$2) * 7 % 13 + 1).astype(np.float32).tofile('$OUT/in.bin')"
 }
+expect() {  # harness options -> the outputs of a free-running run into $OUT/o.bin
+  "$OUT/harness" run "$@" slot_bytes=16 "in=$OUT/in.bin" "out=$OUT/o.bin" >/dev/null
+}
 sched() {  # label, then harness options
   local label=$1; shift
   local line
@@ -38,6 +42,18 @@ for cfg in "2 2 1 24 ar" "2 3 1 24 ar" "3 2 1 36 ar" "3 3 2 40 ar" "4 2 1 40 ar"
   sched "random 10000 world=$1 slots=$2 lanes=$3 count=$4 $5" world=$1 slots=$2 lanes=$3 count=$4 coll=$5 calls=2 \
     search=random:10000:$RANDOM
 done
+# broadcast and reduce (the chain along the ring), every root: 10,000 schedules each.
+for cfg in "2 2 1 24" "2 3 2 24" "3 2 1 36" "3 3 2 40" "4 2 1 30" "4 3 2 40"; do
+  set -- $cfg
+  inputs "$1" "$4"
+  for coll in bc rd; do
+    for root in $(seq 0 $(($1 - 1))); do
+      expect world=$1 slots=$2 lanes=$3 count=$4 coll=$coll root=$root calls=2
+      sched "random 10000 world=$1 slots=$2 lanes=$3 count=$4 $coll root=$root" world=$1 slots=$2 lanes=$3 count=$4 \
+        coll=$coll root=$root calls=2 search=random:10000:$RANDOM
+    done
+  done
+done
 # Every schedule with at most B preemptions, exhaustively (up to 4 pieces per chunk).
 for cfg in "2 2 16 3" "2 3 16 3" "3 2 12 1"; do
   set -- $cfg
@@ -45,28 +61,46 @@ for cfg in "2 2 16 3" "2 3 16 3" "3 2 12 1"; do
   "$OUT/harness" run world=$1 slots=$2 count=$3 slot_bytes=16 calls=1 "in=$OUT/in.bin" "out=$OUT/o.bin" >/dev/null
   sched "every schedule, <= $4 preemptions, world=$1 slots=$2 count=$3" world=$1 slots=$2 count=$3 search=bounded:$4
 done
+# broadcast and reduce, every root: 4 pieces, every schedule with at most B preemptions.
+for cfg in "2 2 16 4" "2 3 16 4" "3 2 16 1" "3 3 16 1"; do
+  set -- $cfg
+  inputs "$1" "$3"
+  for coll in bc rd; do
+    for root in $(seq 0 $(($1 - 1))); do
+      expect world=$1 slots=$2 count=$3 coll=$coll root=$root calls=1
+      sched "every schedule, <= $4 preemptions, world=$1 slots=$2 count=$3 $coll root=$root" world=$1 slots=$2 \
+        count=$3 coll=$coll root=$root search=bounded:$4
+    done
+  done
+done
 echo "== broken variants must fail"
 inputs 3 64
-"$OUT/harness" run world=3 count=64 slot_bytes=16 calls=2 "in=$OUT/in.bin" "out=$OUT/o.bin" >/dev/null
-for b in 1 2 3 4; do
-  if line=$("$OUT/harness" sched world=3 count=64 slot_bytes=16 calls=2 broken=$b search=random:10000:3 stop_on_fail=1 \
-            "in=$OUT/in.bin" "expect=$OUT/o.bin"); then
-    echo "FAIL broken=$b was not caught: $line"; fail=1
-  else
-    echo "ok   broken=$b caught: $line"
-  fi
+for c in "ar 0" "bc 1" "rd 2"; do
+  set -- $c
+  expect world=3 count=64 coll=$1 root=$2 calls=2
+  for b in 1 2 3 4; do
+    if line=$("$OUT/harness" sched world=3 count=64 slot_bytes=16 coll=$1 root=$2 calls=2 broken=$b \
+              search=random:10000:3 stop_on_fail=1 "in=$OUT/in.bin" "expect=$OUT/o.bin"); then
+      echo "FAIL broken=$b $1 was not caught: $line"; fail=1
+    else
+      echo "ok   broken=$b $1 caught: $line"
+    fi
+  done
 done
-echo "== ThreadSanitizer: free-running threads (ranks and lanes), 3 ranks x 2 lanes, 50 calls"
+echo "== ThreadSanitizer: free-running threads (ranks and lanes), 2-4 ranks x 2 lanes, 50 calls of all_reduce, broadcast, reduce"
 inputs 3 200
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66"
 for w in 2 3 4; do
   inputs $w 200
-  if line=$("$OUT/harness_tsan" run ranks=threads world=$w lanes=2 slots=2 count=200 slot_bytes=32 calls=50 \
-            timeout_ms=20000 "in=$OUT/in.bin" 2>"$OUT/tsan.log"); then
-    echo "ok   tsan world=$w: $line"
-  else
-    echo "FAIL tsan world=$w: $line"; head -50 "$OUT/tsan.log"; fail=1
-  fi
+  for c in "ar 0" "bc $((w - 1))" "rd 1"; do
+    set -- $c
+    if line=$("$OUT/harness_tsan" run ranks=threads world=$w lanes=2 slots=2 count=200 slot_bytes=32 calls=50 \
+              coll=$1 root=$2 timeout_ms=20000 "in=$OUT/in.bin" 2>"$OUT/tsan.log"); then
+      echo "ok   tsan world=$w $1: $line"
+    else
+      echo "FAIL tsan world=$w $1: $line"; head -50 "$OUT/tsan.log"; fail=1
+    fi
+  done
 done
 echo "== SASS of the production build (every dtype x op kernel), when it was built"
 obj=$(ls build/setup-cmake/CMakeFiles/ringcomm_cuda_kernels.dir/csrc/device/ring_kernel.cu.o 2>/dev/null || true)

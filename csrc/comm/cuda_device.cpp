@@ -176,8 +176,9 @@ bool capturing(cudaStream_t s, const char* op) {
 [[noreturn]] void refuse_capture(const std::string& what) {
   RC_THROW(Unsupported, "ringcomm: " << what << " on a CUDA stream that is being captured into a graph: it runs on "
                                         "the host-ordered path, whose host waits cannot be captured (with "
-                                        "RINGCOMM_CUDA_P2P=device, all_reduce, reduce_scatter and all_gather of equal "
-                                        "contributions run as one kernel and can be captured)");
+                                        "RINGCOMM_CUDA_P2P=device, all_reduce, reduce_scatter, all_gather of equal "
+                                        "contributions, broadcast and reduce run as one kernel and can be "
+                                        "captured)");
 }
 
 }  // namespace
@@ -203,7 +204,7 @@ bool CudaDevice::fused(Coll coll, const std::vector<CollHeader>& headers) const 
 
 std::shared_ptr<DeviceFence> CudaDevice::run_fused(Coll coll, const CollHeader& h, const CollArgs& a, void* stream,
                                                    uint64_t seq) {
-  return ring_->launch(coll, static_cast<DType>(h.dtype), a.op, a.in, a.out, a.count,
+  return ring_->launch(coll, static_cast<DType>(h.dtype), a.op, a.in, a.out, a.count, a.root,
                        static_cast<cudaStream_t>(stream), [this](std::shared_ptr<GpuEvent> ev) {
                          // The ring's stream is in order: its last event covers every launch
                          // (close() drains it). Nothing is queried here.

@@ -10,8 +10,9 @@
 // liveness; stream_wait() makes another stream wait for it.
 // send/recv run on an internal stream that first waits for the caller's stream (an event
 // recorded at the call); their fence is recorded after the copies.
-// RINGCOMM_CUDA_P2P=device: all_reduce, reduce_scatter and all_gather (equal contributions) run
-// on the device ring instead (comm/cuda_ring.h): one launch per call, no host wait.
+// RINGCOMM_CUDA_P2P=device: all_reduce, reduce_scatter, all_gather (equal contributions),
+// broadcast and reduce run on the device ring instead (comm/cuda_ring.h): one launch per call, no
+// host wait.
 // A collective or send/recv that runs on the host-ordered path refuses a capturing stream: its
 // host waits and event queries cannot be captured.
 // Every fence's event is also kept in pending_ until seen complete, so that close() can let the

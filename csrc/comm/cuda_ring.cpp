@@ -94,6 +94,13 @@ const char* reason_name(uint32_t r) {
   }
 }
 
+// The slot header's field a mismatch names (dev::Field).
+const char* field_name(uint32_t f) {
+  static const char* const names[] = {"", "sequence", "piece index", "collective", "dtype", "op", "root", "count",
+                                      "bytes"};
+  return f < sizeof(names) / sizeof(names[0]) ? names[f] : "";
+}
+
 }  // namespace
 
 DeviceRing::DeviceRing(CudaIpcTransport& t, int rank, int world, int device,
@@ -157,7 +164,7 @@ void DeviceRing::init() {
 }
 
 std::shared_ptr<DeviceFence> DeviceRing::launch(Coll coll, DType dt, ReduceOp op, const void* in, void* out,
-                                                int64_t count, cudaStream_t caller,
+                                                int64_t count, int root, cudaStream_t caller,
                                                 const std::function<void(std::shared_ptr<GpuEvent>)>& keep) {
   if (std::exception_ptr e = error()) std::rethrow_exception(e);
   CudaDeviceGuard g(device_);
@@ -167,8 +174,19 @@ std::shared_ptr<DeviceFence> DeviceRing::launch(Coll coll, DType dt, ReduceOp op
   const bool capturing = cs != cudaStreamCaptureStatusNone;
   dev::RingArgs a;
   std::memset(&a, 0, sizeof(a));
-  a.coll = coll == Coll::kAllReduce ? dev::Coll::kAllReduce
-           : coll == Coll::kReduceScatter ? dev::Coll::kReduceScatter : dev::Coll::kAllGather;
+  switch (coll) {
+    case Coll::kAllReduce: a.coll = dev::Coll::kAllReduce; break;
+    case Coll::kReduceScatter: a.coll = dev::Coll::kReduceScatter; break;
+    case Coll::kAllGather: a.coll = dev::Coll::kAllGather; break;
+    case Coll::kBroadcast: a.coll = dev::Coll::kBroadcast; break;
+    case Coll::kReduce: a.coll = dev::Coll::kReduce; break;
+    default: RC_THROW(Error, "ringcomm: " << coll_name(coll) << " does not run on the device ring");
+  }
+  // Carried in every slot header, so that a receiver catches a mismatched call (op: any code
+  // for the collectives that combine nothing, whose headers carry kNoOp).
+  a.dtype = static_cast<uint32_t>(dt);
+  a.op = static_cast<uint32_t>(op);
+  a.root = coll == Coll::kBroadcast || coll == Coll::kReduce ? root : 0;
   a.rank = rank_;
   a.world = world_;
   a.nlanes = c.ring.lanes;
@@ -217,7 +235,9 @@ std::exception_ptr DeviceRing::Health::status_error() {
   const dev::Status& s = *status;
   std::ostringstream m;
   m << "ringcomm: " << op << " (device sequence " << s.seq << ") on rank " << s.rank << ": the device ring "
-    << reason_name(why) << " at step " << s.step << " (lane " << s.lane << ") with peer " << s.peer << " (expected "
+    << reason_name(why);
+  if (*field_name(s.field) != '\0') m << " (" << field_name(s.field) << ")";
+  m << " at step " << s.step << " (lane " << s.lane << ") with peer " << s.peer << " (expected "
     << s.expected << ", saw " << s.seen << ")";
   switch (static_cast<dev::Reason>(why)) {
     case dev::Reason::kTimeout: return std::make_exception_ptr(TimeoutError(m.str()));

@@ -1,5 +1,6 @@
-// The device ring on a CUDA communicator (RINGCOMM_CUDA_P2P=device): all_reduce, reduce_scatter
-// and all_gather as ONE launch of the fused ring kernel (device/ring_cuda.h) per call.
+// The device ring on a CUDA communicator (RINGCOMM_CUDA_P2P=device): all_reduce, reduce_scatter,
+// all_gather (the ring), broadcast and reduce (the chain along the ring, as the host's chain
+// broadcast and reduce) as ONE launch of the fused ring kernel (device/ring_cuda.h) per call.
 //
 // Registered once, at connect: every rank's region (signal page and receive slots) is a part of
 // its CUDA IPC inbox (transport/cuda_ipc.h: exported, opened and zeroed at setup); the lanes'
@@ -67,13 +68,16 @@ class DeviceRing {
   void init();
   /// Whether `coll` runs on the device ring.
   static bool runs(Coll coll) {
-    return coll == Coll::kAllReduce || coll == Coll::kReduceScatter || coll == Coll::kAllGather;
+    return coll == Coll::kAllReduce || coll == Coll::kReduceScatter || coll == Coll::kAllGather ||
+           coll == Coll::kBroadcast || coll == Coll::kReduce;
   }
   /// Enqueue one call (see above). count: all_reduce / reduce_scatter the input's elements,
-  /// all_gather each rank's. Returns the fence of the call (nullptr while `caller` is capturing).
+  /// all_gather each rank's, broadcast / reduce the buffer's. broadcast: `out` is the buffer;
+  /// reduce: `out` is written on the root only. root: broadcast / reduce only. Returns the fence
+  /// of the call (nullptr while `caller` is capturing).
   /// `keep`: the device's record of enqueued work (for close's drain), not touched while capturing.
   std::shared_ptr<DeviceFence> launch(Coll coll, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
-                                      cudaStream_t caller,
+                                      int root, cudaStream_t caller,
                                       const std::function<void(std::shared_ptr<GpuEvent>)>& keep);
   /// The typed error of a failure seen so far (nullptr: none). Reads the status record itself too,
   /// so that a wait that saw its event complete does not depend on the watchdog's period.

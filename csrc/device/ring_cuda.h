@@ -1,5 +1,6 @@
-// The fused device ring kernel (device/ring_kernel.cu): one launch runs a whole ring all_reduce,
-// reduce_scatter or all_gather of one rank, its protocol and body being device/ring_proto.h.
+// The fused device ring kernel (device/ring_kernel.cu): one launch runs a whole all_reduce,
+// reduce_scatter, all_gather (the ring), broadcast or reduce (the chain along the ring) of one
+// rank, its protocol and body being device/ring_proto.h.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -15,8 +16,9 @@ constexpr int kRingThreads = 512;
 
 /// Enqueue one rank's call on `stream`: a.nlanes blocks, one per lane. Nothing waits on the host;
 /// failures reach a.status (device/ring_proto.h). Throws rc::Unsupported for an unsupported
-/// (dtype, op) pair (all_gather: op is ignored), rc::InvalidArgument for arguments the kernel
-/// cannot run with, rc::Error when the launch fails.
+/// (dtype, op) pair (all_gather, broadcast: op is ignored), rc::InvalidArgument for arguments the
+/// kernel cannot run with (a.dtype and a.op must be dt's and op's codes), rc::Error when the launch
+/// fails.
 void ring_cuda(const dev::RingArgs& a, DType dt, ReduceOp op, cudaStream_t stream);
 
 /// Every instantiation of the ring kernel that ring_cuda can launch (its host stubs, one per

@@ -64,16 +64,21 @@ struct RingKernelOf {
 }  // namespace
 
 void ring_cuda(const dev::RingArgs& a, DType dt, ReduceOp op, cudaStream_t stream) {
-  // all_gather combines nothing: any supported pair of the dtype moves its bytes (MAX: every dtype).
-  const ReduceOp eff = a.coll == dev::Coll::kAllGather ? ReduceOp::kMax : op;
+  // all_gather and broadcast combine nothing: any supported pair of the dtype moves its bytes (MAX:
+  // every dtype).
+  const bool moves = a.coll == dev::Coll::kAllGather || a.coll == dev::Coll::kBroadcast;
+  const ReduceOp eff = moves ? ReduceOp::kMax : op;
   RingOf v;
   const RingLaunch f = rops::dispatch_reduce(dt, eff, v);
   if (!f) RC_THROW(Unsupported, "ringcomm: reduce op " << op_name(op) << " is not supported for dtype " << dtype_name(dt));
   RC_CHECK(a.world >= 2 && a.nlanes >= 1 && a.nlanes <= dev::kMaxLanes && a.nslots >= 2 && a.slot_bytes >= 16 &&
-               a.slot_stride >= dev::kSlotHeaderBytes + a.slot_bytes + 16 && a.slot_stride % 64 == 0,
+               a.slot_stride >= dev::kSlotHeaderBytes + a.slot_bytes + 16 && a.slot_stride % 64 == 0 &&
+               a.dtype == static_cast<uint32_t>(dt) && (moves || a.op == static_cast<uint32_t>(op)) &&
+               ((a.coll != dev::Coll::kBroadcast && a.coll != dev::Coll::kReduce) || (a.root >= 0 && a.root < a.world)),
            InvalidArgument,
            "ringcomm: ring kernel arguments out of range (world " << a.world << ", lanes " << a.nlanes << ", slots "
-                                                                  << a.nslots << ", slot bytes " << a.slot_bytes << ")");
+                                                                  << a.nslots << ", slot bytes " << a.slot_bytes
+                                                                  << ", root " << a.root << ")");
   f(a, stream);
   RC_CUDA(cudaGetLastError(), " launching the " << dtype_name(dt) << " " << op_name(op) << " ring kernel");
 }

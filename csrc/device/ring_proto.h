@@ -7,7 +7,9 @@
 // and a hook called before every shared access, where the host scheduler may switch.
 //
 // Signals. Lane l (one block per lane) of the ring carries pieces j = l, l + nlanes, ... of the
-// host ring's schedule (algo/ring.cpp). For the link left -> this rank and lane l:
+// host's schedule: the ring (algo/ring.cpp) for all_reduce, reduce_scatter and all_gather, the
+// pipelined chain along the ring (algo/chain.cpp) for broadcast and reduce, whose link into the
+// chain's head carries nothing. For the link left -> this rank and lane l:
 //  - head: this rank's page, head[l]; written only by the left neighbour (the sender): the number
 //    of pieces it has put into this rank's slots on lane l.
 //  - tail: the left neighbour's page, tail[l]; written only by this rank (the receiver): the number
@@ -24,8 +26,12 @@
 // Slots. Piece number i of lane l goes to slot i % nslots of that lane in the receiver's memory.
 // The sender may write slot i only once tail >= i + 1 - nslots (its previous occupant consumed),
 // the receiver may read it only once head >= i + 1. Each slot starts with a SlotHeader {sequence,
-// index, bytes, collective} that the receiver checks against what it expects: a lost piece, a
-// piece overwritten before it was read, a stale slot or a mismatched call all show as a mismatch.
+// index, bytes, and the call: collective, dtype, op, root, count} that the receiver checks against
+// what it expects: a lost piece, a piece overwritten before it was read, a stale slot or a
+// mismatched call all show as a mismatch (Status::field names the first field that differs). A
+// mismatched call is caught by the first piece a rank receives in it; a call in which no rank
+// receives anything (every rank its own broadcast root, or every rank the head of its reduce
+// chain) leaves pieces in the slots that the next call on that lane reports as stale.
 //
 // Waits. Only thread 0 of a block polls; the result reaches the block through P::all. A wait spins
 // with back-off (__nanosleep on the GPU); every kCheckEvery spins it checks the host-mapped abort
@@ -35,7 +41,8 @@
 // rank's status record (the first failure wins) and returns; the kernel exits. It never traps.
 //
 // Deadlock freedom: per lane, the sequence of sends and receives is the host ring's
-// (algo/ring.cpp), whose argument holds for >= 2 slots; lanes share no slots or words.
+// (algo/ring.cpp), whose argument holds for >= 2 slots, or the host chain's (algo/chain.cpp),
+// which has no cycle; lanes share no slots or words.
 //
 // Broken variants (Broken, a template argument; production code instantiates kNone only) exist so
 // that the tests can show that their checks catch each defect (tests/test_device_proof.py).
@@ -61,13 +68,19 @@ constexpr uint64_t kSlotHeaderBytes = 64;
 /// Bytes between two slots of the region (header, payload, 16 bytes of alignment slack; whole lines).
 RC_HD uint64_t ring_slot_stride(uint64_t slot_bytes) { return (kSlotHeaderBytes + slot_bytes + 16 + 63) / 64 * 64; }
 
-enum class Coll : uint32_t { kAllReduce = 1, kReduceScatter = 2, kAllGather = 3 };
+enum class Coll : uint32_t { kAllReduce = 1, kReduceScatter = 2, kAllGather = 3, kBroadcast = 4, kReduce = 5 };
 enum class Reason : uint32_t { kNone = 0, kTimeout = 1, kAbort = 2, kMismatch = 3, kCorrupt = 4 };
 /// The defects the tests must catch: the flag published before the data, the words reset at the
 /// end of a call, a slot released before it is read, the flag's load hoisted out of its spin.
 enum class Broken : int { kNone = 0, kFlagBeforeData = 1, kWordReset = 2, kEarlyFree = 3, kHoistedLoad = 4 };
 /// What the host scheduler's hook is told before a shared access.
 enum class Access : int { kLoad = 0, kStore = 1, kData = 2, kSpin = 3 };
+/// The slot header's field that differed (Status::field of a kMismatch).
+enum class Field : uint32_t { kNone = 0, kSeq = 1, kIndex = 2, kColl = 3, kDtype = 4, kOp = 5, kRoot = 6, kCount = 7,
+                              kBytes = 8 };
+/// The header's op of a collective that combines nothing, and its root of one without a root.
+constexpr uint32_t kNoOp = 0xffffffffu;
+constexpr uint32_t kNoRoot = 0xffffffffu;
 
 struct alignas(64) Word {  // one per cache line: words of different writers never share a line
   uint64_t v;
@@ -79,13 +92,18 @@ struct SignalPage {
   Word tail[kMaxLanes];  ///< tail[l]: written only by the right neighbour
 };
 
+/// What a slot carries before its payload; the receiver checks every field.
 struct SlotHeader {
   uint64_t seq;    ///< the collective's sequence on the sending lane
   uint64_t index;  ///< the piece's number on the lane (pieces sent before it, ever)
   uint64_t bytes;  ///< payload bytes
+  uint64_t count;  ///< the call's RingArgs::count
   uint32_t coll;   ///< Coll
-  uint32_t pad;
+  uint32_t dtype;  ///< the call's dtype code (ringcomm/abi.h)
+  uint32_t op;     ///< the call's op code; kNoOp for all_gather and broadcast
+  uint32_t root;   ///< broadcast, reduce: the root; else kNoRoot
 };
+static_assert(sizeof(SlotHeader) <= kSlotHeaderBytes, "the slot header outgrew its room");
 
 /// A lane's expected values; device memory of its own rank, advanced only by the kernel.
 struct LaneState {
@@ -101,20 +119,27 @@ struct Status {
   uint32_t claim;
   uint32_t reason;
   int32_t rank, peer, step, lane;
+  uint32_t field;  ///< Field: a kMismatch's header field; else kNone
+  uint32_t pad;
   uint64_t seq, expected, seen;
 };
 
 /// One call of one rank. Element counts are of the collective's dtype.
 struct RingArgs {
   Coll coll;
+  uint32_t dtype, op;  ///< the call's codes (ringcomm/abi.h), carried in the slot headers
   int rank, world, nlanes, nslots;
-  /// all_reduce, reduce_scatter: elements of `in`; all_gather: elements each rank contributes.
+  int root;  ///< broadcast, reduce: the root rank; ignored otherwise
+  /// all_reduce, reduce_scatter, broadcast, reduce: elements of the buffer(s); all_gather: elements
+  /// each rank contributes.
   int64_t count;
   uint64_t slot_bytes;   ///< payload capacity of a slot
   uint64_t slot_stride;  ///< bytes between slots: kSlotHeaderBytes + slot_bytes + 16
   double scale;          ///< AVG: 1 / world (applied at a chunk's last combining step); else 1
-  const void* in;
-  void* out;  ///< may equal `in` (in place) for all_reduce; all_gather: in may be out + rank's part
+  const void* in;  ///< broadcast: unused
+  /// may equal `in` (in place) for all_reduce and reduce; all_gather: in may be out + rank's part;
+  /// broadcast: the buffer (the root's is sent, the others' are written); reduce: the root's only
+  void* out;
   SignalPage* self;   ///< this rank's page: head polled here, tail polled here
   SignalPage* right;  ///< the right neighbour's page: this rank writes its head
   SignalPage* left;   ///< the left neighbour's page: this rank writes its tail
@@ -160,7 +185,7 @@ RC_HD bool stop_requested(const RingArgs& a) {
 /// Records a failure in the rank's status record (only the first one is kept); returns false.
 template <class P>
 RC_HD bool fail(const RingArgs& a, int lane, Reason why, int step, int peer, uint64_t seq, uint64_t expected,
-                uint64_t seen) {
+                uint64_t seen, Field field = Field::kNone) {
   P::point(Access::kStore, a.status);
   uint32_t zero = 0;
   if (SysU32(a.status->claim).compare_exchange_strong(zero, 1u, cuda::std::memory_order_acq_rel)) {
@@ -168,6 +193,7 @@ RC_HD bool fail(const RingArgs& a, int lane, Reason why, int step, int peer, uin
     a.status->peer = peer;
     a.status->step = step;
     a.status->lane = lane;
+    a.status->field = static_cast<uint32_t>(field);
     a.status->seq = seq;
     a.status->expected = expected;
     a.status->seen = seen;
@@ -270,6 +296,12 @@ class RingLane {
         }
         break;
       }
+      case Coll::kBroadcast:
+      case Coll::kReduce: {
+        const int64_t npieces = (cnt + pe_ - 1) / pe_;
+        for (int64_t j = lane_; ok && j < npieces; j += a_.nlanes) ok = chain_piece(j);
+        break;
+      }
     }
     P::sync();
     if (tid_ == 0) {
@@ -314,6 +346,13 @@ class RingLane {
     return s + kSlotHeaderBytes + ((static_cast<uint64_t>(o) * sizeof(T)) & 15u);
   }
 
+  // The call's identity as the slot headers carry it (the same on every rank of a matching call).
+  RC_HD bool rooted() const { return a_.coll == Coll::kBroadcast || a_.coll == Coll::kReduce; }
+  RC_HD uint32_t call_op() const {
+    return a_.coll == Coll::kAllGather || a_.coll == Coll::kBroadcast ? kNoOp : a_.op;
+  }
+  RC_HD uint32_t call_root() const { return rooted() ? static_cast<uint32_t>(a_.root) : kNoRoot; }
+
   // ---- sending: claim the slot, fill it, publish it ----
   RC_HD char* send_begin(int step) {
     bool ok = true;
@@ -330,7 +369,11 @@ class RingLane {
     h->seq = seq_;
     h->index = index;
     h->bytes = static_cast<uint64_t>(m) * sizeof(T);
+    h->count = static_cast<uint64_t>(a_.count);
     h->coll = static_cast<uint32_t>(a_.coll);
+    h->dtype = a_.dtype;
+    h->op = call_op();
+    h->root = call_root();
   }
   // Data, then (block barrier, system fence) the head: the receiver that acquires it sees the data.
   RC_HD void publish() {
@@ -341,7 +384,9 @@ class RingLane {
       flag_store<P>(a_.right->head[lane_], sent_);
     }
   }
-  RC_HD bool send_copy(const T* src, int64_t o, int64_t m, int step) {
+  // The next slot to the right = src (b == nullptr) or src (step op) b, over m elements at element
+  // offset o of the full buffer; published. Nothing for m == 0.
+  RC_HD bool send_piece(const T* src, const T* b, int64_t o, int64_t m, int step) {
     if (m == 0) return true;
     char* s = send_begin(step);
     if (!s) return false;
@@ -349,21 +394,17 @@ class RingLane {
     if constexpr (B == Broken::kFlagBeforeData) publish();
     send_header(s, index, m);
     P::point(Access::kData, s + kSlotHeaderBytes);
-    copy_range(payload(s, o), reinterpret_cast<const char*>(src), static_cast<uint64_t>(m) * sizeof(T), tid_, nth_);
+    char* dst = payload(s, o);
+    if (b == nullptr) {
+      copy_range(dst, reinterpret_cast<const char*>(src), static_cast<uint64_t>(m) * sizeof(T), tid_, nth_);
+    } else {
+      rops::reduce_range(reinterpret_cast<T*>(dst), src, b, static_cast<size_t>(m), step_op_, tid_, nth_);
+    }
     if constexpr (B != Broken::kFlagBeforeData) publish();
     return true;
   }
-  RC_HD bool send_reduced(const T* a, const T* b, int64_t o, int64_t m, int step) {
-    char* s = send_begin(step);
-    if (!s) return false;
-    const uint64_t index = sent_;
-    if constexpr (B == Broken::kFlagBeforeData) publish();
-    send_header(s, index, m);
-    P::point(Access::kData, s + kSlotHeaderBytes);
-    rops::reduce_range(reinterpret_cast<T*>(payload(s, o)), a, b, static_cast<size_t>(m), step_op_, tid_, nth_);
-    if constexpr (B != Broken::kFlagBeforeData) publish();
-    return true;
-  }
+  RC_HD bool send_copy(const T* src, int64_t o, int64_t m, int step) { return send_piece(src, nullptr, o, m, step); }
+  RC_HD bool send_reduced(const T* a, const T* b, int64_t o, int64_t m, int step) { return send_piece(a, b, o, m, step); }
 
   // ---- receiving: wait for the piece, check its header, read it, release the slot ----
   RC_HD const T* recv_begin(int64_t o, int64_t m, int step) {
@@ -374,12 +415,20 @@ class RingLane {
       if (ok) {
         const SlotHeader* h = reinterpret_cast<const SlotHeader*>(slot(a_.recv_slots, recvd_));
         P::point(Access::kData, h);
-        const uint64_t bytes = static_cast<uint64_t>(m) * sizeof(T);
-        if (h->seq != seq_) ok = fail<P>(a_, lane_, Reason::kMismatch, step, peer, seq_, seq_, h->seq);
-        else if (h->index != recvd_) ok = fail<P>(a_, lane_, Reason::kMismatch, step, peer, seq_, recvd_, h->index);
-        else if (h->bytes != bytes) ok = fail<P>(a_, lane_, Reason::kMismatch, step, peer, seq_, bytes, h->bytes);
-        else if (h->coll != static_cast<uint32_t>(a_.coll))
-          ok = fail<P>(a_, lane_, Reason::kMismatch, step, peer, seq_, static_cast<uint64_t>(a_.coll), h->coll);
+        // The call's fields before bytes: a mismatched call is named by what differs, not by a size.
+        const uint64_t want[] = {seq_,
+                                 recvd_,
+                                 static_cast<uint64_t>(a_.coll),
+                                 a_.dtype,
+                                 call_op(),
+                                 call_root(),
+                                 static_cast<uint64_t>(a_.count),
+                                 static_cast<uint64_t>(m) * sizeof(T)};
+        const uint64_t seen[] = {h->seq, h->index, h->coll, h->dtype, h->op, h->root, h->count, h->bytes};
+        for (int f = 0; ok && f < 8; ++f) {
+          if (seen[f] != want[f])
+            ok = fail<P>(a_, lane_, Reason::kMismatch, step, peer, seq_, want[f], seen[f], static_cast<Field>(f + 1));
+        }
       }
     }
     if (!P::all(ok)) return nullptr;
@@ -446,6 +495,32 @@ class RingLane {
       recv_done();
     }
     (void)total_steps;
+    return true;
+  }
+
+  // The host chain's piece j (algo/chain.cpp): broadcast flows root -> root+1 -> ... -> root-1, the
+  // buffer being `out`; reduce flows root+1 -> ... -> root, each rank combining its input into the
+  // passing piece (in (op) incoming), the root's last combine into `out`. Step: the chain position.
+  RC_HD bool chain_piece(int64_t j) {
+    const bool bc = a_.coll == Coll::kBroadcast;
+    const int pos = static_cast<int>(ring::mod(bc ? r_ - a_.root : r_ - a_.root - 1, n_));
+    const T* in = static_cast<const T*>(bc ? a_.out : a_.in);
+    int64_t o, m;
+    bounds(0, a_.count, j, &o, &m);
+    if (pos == 0) return send_copy(in + o, o, m, 0);
+    const T* src = recv_begin(o, m, pos);
+    if (!src) return false;
+    if (bc) {
+      // Forwarded from the slot first (the next link starts sooner), as ag_piece.
+      if (pos < n_ - 1 && !send_copy(src, o, m, pos)) return false;
+      copy_range(reinterpret_cast<char*>(static_cast<T*>(a_.out) + o), reinterpret_cast<const char*>(src),
+                 static_cast<uint64_t>(m) * sizeof(T), tid_, nth_);
+    } else if (pos < n_ - 1) {
+      if (!send_reduced(in + o, src, o, m, pos)) return false;
+    } else {
+      rops::reduce_range(static_cast<T*>(a_.out) + o, in + o, src, static_cast<size_t>(m), fin_, tid_, nth_);
+    }
+    recv_done();
     return true;
   }
 

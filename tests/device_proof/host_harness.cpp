@@ -16,8 +16,13 @@
 //          (no deadlock, no mismatch: a lost or early-reused slot fails its header check), and
 //          the outputs equal expect=FILE bit for bit. stop_on_fail=1 ends at the first failure.
 // Common options: world, lanes, slots, slot_bytes, count, dtype, op (codes of ringcomm/abi.h),
-// coll=ar|rs|ag, inplace=0|1, calls=C (C calls back to back, each must pass), broken=0..4
-// (dev::Broken; float32 SUM only), timeout_ms, in=FILE (every rank's input, rank after rank).
+// coll=ar|rs|ag|bc|rd (all_reduce, reduce_scatter, all_gather, broadcast, reduce), root=R (bc, rd),
+// inplace=0|1 (bc: always in place), calls=C (C calls back to back, each must pass), broken=0..4
+// (dev::Broken; float32 SUM only), timeout_ms, in=FILE (every rank's input, rank after rank),
+// skew=R:FIELD:V (in the first call, rank R calls with FIELD = V, FIELD one of dtype, op, root,
+// count: a mismatched call; dtype and op change only the codes its slot headers carry).
+// Outputs, rank after rank: ar, bc: count elements; rs: the rank's chunk; ag: count x world; rd:
+// count elements of the root, nothing of the others (whose `out` is null).
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -193,8 +198,12 @@ LaneFn broken_lane(int b) {  // the broken variants: float32 SUM only
 // ---------------- the shared world ------------------------------------------------------------
 
 struct World {
-  int n, lanes, nslots;
+  int n, lanes, nslots, root = 0;
+  uint32_t dtype = 0, op = 0;
   Coll coll;
+  int skew_rank = -1;
+  std::string skew_field;
+  long skew_value = 0;
   int64_t count, es, in_elems, slot_bytes, stride;
   bool inplace;
   std::vector<int64_t> out_elems, out_off;
@@ -212,8 +221,12 @@ struct World {
     out_elems.resize(n);
     out_off.resize(n);
     for (int r = 0; r < n; ++r) {
-      out_elems[r] = coll == Coll::kAllReduce ? count : coll == Coll::kAllGather ? count * n
-                                                                                 : rc::ring::chunk_count(count, n, r);
+      switch (coll) {
+        case Coll::kAllGather: out_elems[r] = count * n; break;
+        case Coll::kReduceScatter: out_elems[r] = rc::ring::chunk_count(count, n, r); break;
+        case Coll::kReduce: out_elems[r] = r == root ? count : 0; break;
+        default: out_elems[r] = count;
+      }
       out_off[r] = total_out;
       total_out += out_elems[r];
     }
@@ -247,9 +260,12 @@ struct World {
     std::memset(base, 0, bytes);
     for (int r = 0; r < n; ++r) std::memcpy(in[r], input.data() + r * in_elems * es, in_elems * es);
   }
-  RingArgs args(int r, uint64_t timeout_ns) const {
+  RingArgs args(int r, uint64_t timeout_ns, int call) const {
     RingArgs a{};
     a.coll = coll;
+    a.dtype = dtype;
+    a.op = op;
+    a.root = root;
     a.rank = r;
     a.world = n;
     a.nlanes = lanes;
@@ -259,7 +275,7 @@ struct World {
     a.slot_stride = stride;
     a.scale = 1.0 / n;
     a.in = in[r];
-    a.out = out[r];
+    a.out = coll == Coll::kReduce && r != root ? nullptr : out[r];
     const int R = (r + 1) % n, L = (r + n - 1) % n;
     a.self = page[r];
     a.right = page[R];
@@ -270,6 +286,12 @@ struct World {
     a.status = status[r];
     a.abort = abort;
     a.timeout_ns = timeout_ns;
+    if (r == skew_rank && call == 0) {
+      if (skew_field == "dtype") a.dtype = static_cast<uint32_t>(skew_value);
+      else if (skew_field == "op") a.op = static_cast<uint32_t>(skew_value);
+      else if (skew_field == "root") a.root = static_cast<int>(skew_value);
+      else if (skew_field == "count") a.count = skew_value;
+    }
     return a;
   }
   std::vector<char> outputs() const {
@@ -283,7 +305,8 @@ struct World {
       const Status& st = *status[r];
       if (st.reason == 0) continue;
       s += "rank=" + std::to_string(st.rank) + ",lane=" + std::to_string(st.lane) + ",reason=" +
-           std::to_string(st.reason) + ",step=" + std::to_string(st.step) + ",peer=" + std::to_string(st.peer) +
+           std::to_string(st.reason) + ",field=" + std::to_string(st.field) + ",step=" + std::to_string(st.step) +
+           ",peer=" + std::to_string(st.peer) +
            ",expected=" + std::to_string(st.expected) + ",seen=" + std::to_string(st.seen) + ";";
     }
     return s;
@@ -309,7 +332,7 @@ CoArg* g_coargs = nullptr;
 void co_entry(int idx) {
   CoArg& c = g_coargs[idx];
   for (int k = 0; k < c.calls; ++k) {
-    const RingArgs a = c.w->args(c.rank, c.timeout_ns);
+    const RingArgs a = c.w->args(c.rank, c.timeout_ns, k);
     if (!c.fn(a, c.lane)) break;
   }
   c.s->finish();
@@ -407,7 +430,7 @@ void run_rank(World& w, LaneFn fn, int r, int calls, uint64_t timeout_ns, long l
   for (int l = 0; l < w.lanes; ++l)
     th.emplace_back([&, l] {
       for (int k = 0; k < calls; ++k)
-        if (!fn(w.args(r, timeout_ns), l)) break;
+        if (!fn(w.args(r, timeout_ns, k), l)) break;
     });
   for (auto& t : th) t.join();
 }
@@ -488,18 +511,39 @@ int main(int argc, char** argv) {
   w.nslots = static_cast<int>(opti("slots", 2));
   w.slot_bytes = opti("slot_bytes", 16);
   w.count = opti("count", 16);
-  w.inplace = opti("inplace", 0) != 0;
   const std::string coll = opt("coll", "ar");
-  w.coll = coll == "rs" ? Coll::kReduceScatter : coll == "ag" ? Coll::kAllGather : Coll::kAllReduce;
+  w.coll = coll == "rs"   ? Coll::kReduceScatter
+           : coll == "ag" ? Coll::kAllGather
+           : coll == "bc" ? Coll::kBroadcast
+           : coll == "rd" ? Coll::kReduce
+                          : Coll::kAllReduce;
+  w.inplace = opti("inplace", 0) != 0 || w.coll == Coll::kBroadcast;
+  w.root = static_cast<int>(opti("root", 0));
   const auto dt = static_cast<DType>(opti("dtype", 0));
   auto op = static_cast<ReduceOp>(opti("op", 0));
-  if (w.coll == Coll::kAllGather) op = ReduceOp::kMax;  // any pair of the dtype moves its bytes
+  // all_gather and broadcast: any pair of the dtype moves its bytes
+  if (w.coll == Coll::kAllGather || w.coll == Coll::kBroadcast) op = ReduceOp::kMax;
+  w.dtype = static_cast<uint32_t>(dt);
+  w.op = static_cast<uint32_t>(op);
+  if (g_opt.count("skew")) {
+    char field[16] = {0};
+    if (std::sscanf(opt("skew", "").c_str(), "%d:%15[a-z]:%ld", &w.skew_rank, field, &w.skew_value) != 3) {
+      std::fprintf(stderr, "skew=RANK:FIELD:VALUE\n");
+      return 2;
+    }
+    w.skew_field = field;
+    if (w.skew_field == "count" && (w.skew_value < 0 || w.skew_value > w.count)) {
+      std::fprintf(stderr, "a skewed count must be in [0, count]\n");
+      return 2;
+    }
+  }
   const int broken = static_cast<int>(opti("broken", 0));
   LaneOf lv;
   EsizeOf ev;
   const LaneFn fn = broken ? broken_lane(broken) : rc::rops::dispatch_reduce(dt, op, lv);
   w.es = broken ? 4 : rc::rops::dispatch_reduce(dt, op, ev);
-  if (!fn || w.es == 0 || w.n < 2 || w.nslots < 2 || w.lanes < 1 || w.lanes > kMaxLanes) {
+  if (!fn || w.es == 0 || w.n < 2 || w.nslots < 2 || w.lanes < 1 || w.lanes > kMaxLanes || w.root < 0 ||
+      w.root >= w.n) {
     std::fprintf(stderr, "unsupported arguments\n");
     return 2;
   }

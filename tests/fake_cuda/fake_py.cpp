@@ -45,6 +45,9 @@ py::dict launch_dict(const fake_cuda::Launch& l) {
     d["nlanes"] = a.nlanes;
     d["nslots"] = a.nslots;
     d["count"] = a.count;
+    d["root"] = a.root;
+    d["header_dtype"] = a.dtype;
+    d["header_op"] = a.op;
     d["slot_stride"] = a.slot_stride;
     d["in"] = u(a.in);
     d["out"] = u(a.out);
@@ -134,13 +137,14 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
   });
   // What a failing lane of the kernel writes (device/ring_proto.h's fail()): the fields, then reason.
   m.def("write_status", [](uintptr_t a, uint32_t reason, int rank, int peer, int step, int lane, uint64_t seq,
-                           uint64_t expected, uint64_t seen) {
+                           uint64_t expected, uint64_t seen, uint32_t field) {
     auto* s = static_cast<rc::dev::Status*>(ptr_of(a));
     s->claim = 1;
     s->rank = rank;
     s->peer = peer;
     s->step = step;
     s->lane = lane;
+    s->field = field;
     s->seq = seq;
     s->expected = expected;
     s->seen = seen;

@@ -97,7 +97,7 @@ def main():
         # communicator usable.
         fake.begin_capture(s)
         try:
-            comm.broadcast(buf["in"], n, F32, 0, s)
+            comm.gather(buf["in"], buf["out"], n, F32, 0, s)
             out["host_capture_error"] = None
         except Exception as e:  # noqa: BLE001 - the type is what the test checks
             out["host_capture_error"] = [type(e).__name__, str(e)]
@@ -111,7 +111,7 @@ def main():
         barrier(d, rank, world, "before_status")
         t0 = time.monotonic()
         if rank == 0:
-            fake.write_status(last["status"], 3, 0, 1, 2, 1, 7, 11, 13)
+            fake.write_status(last["status"], 3, 0, 1, 2, 1, 7, 11, 13, 4)  # field 4: dtype
         while comm.errored() is None and time.monotonic() - t0 < 10:
             time.sleep(0.001)
         out["errored_after_s"] = time.monotonic() - t0
@@ -164,7 +164,7 @@ def main():
         pc.all_reduce(Arr(buf["in2"], n), output=Arr(buf["out2"], n), stream=s)
         out["held_captured"] = len(pc._guard.refs)
         try:
-            pc.broadcast(x, 0, stream=s)
+            pc.gather(Arr(buf["out"], n * world), x, 0, stream=s)
             out["host_capture_error"] = None
         except Exception as e:  # noqa: BLE001
             out["host_capture_error"] = [type(e).__name__, str(e)]
@@ -175,6 +175,16 @@ def main():
         out["held_after"] = len(pc._guard.refs)
         out["after_calls"] = [c["name"] for c in fake.calls()]
         out["errored"] = comm.errored()
+    elif scenario == "rooted":
+        # broadcast and reduce, every root: each call is one launch of the ring kernel.
+        calls = {}
+        for root in range(world):
+            for name, fn in [("broadcast", lambda: comm.broadcast(buf["out"], n, F32, root, s)),
+                             ("reduce", lambda: comm.reduce(buf["in"], buf["out"], n, F32, SUM, root, s))]:
+                w, c, ls = call_log(fn)
+                calls[f"{name}/{root}"] = {"calls": c, "launches": ls}
+                w.wait()
+        out["eager"] = calls
     elif scenario == "host":
         fake.clear()
         fake.begin_capture(s)
