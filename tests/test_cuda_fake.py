@@ -79,6 +79,7 @@ def test_one_launch_and_no_host_wait(device_run, op):
         calls, launches = out["eager"][op]["calls"], out["eager"][op]["launches"]
         names = [c["name"] for c in calls]
         assert [lch["kernel"] for lch in launches] == ["ring"], (rank, names)
+        assert out["eager"][op]["posted"] == 0, "a fused call posted a header (a host round trip)"
         assert not QUERIES & set(names), (rank, names)
         assert not SETUP & set(names), (rank, names)
         assert all(c["stream"] != 0 for c in calls if c["stream"] != 2**64 - 1), "the legacy default stream"
@@ -91,6 +92,14 @@ def test_one_launch_and_no_host_wait(device_run, op):
         regs, _ = ring_pointers(launches[0])
         for what, (lo, hi) in regs.items():
             assert within(out["registered"], lo, hi), (rank, op, what)
+
+
+def test_host_path_call_after_fused_ones_exchanges_once(device_run):
+    # Three fused calls posted nothing; the barrier's exchange pairs up on every rank (the board
+    # counts exchanges), so it completes without a mismatch.
+    for out in device_run:
+        assert out["barrier_posted"] == 1
+        assert out["barrier_errored"] is None
 
 
 def test_capture_queries_nothing_and_replays_touch_registered_buffers(device_run):
@@ -148,3 +157,47 @@ def test_dead_peer_sets_abort_word(tmp_path):
     assert ERR[code] == "PeerFailure", msg
     assert r0["abort_word"] == 1
     assert r0["errored_after_s"] < 5.0
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_kernel_mismatch_is_mismatch_error_on_every_rank(tmp_path, world):
+    outs = run(tmp_path, "status_mismatch", world=world)
+    for rank, out in enumerate(outs):
+        assert out["errored"] is not None, f"rank {rank} never learnt of the mismatch"
+        code, msg = out["errored"]
+        assert ERR[code] == "Mismatch", (rank, msg)
+        assert out["errored_after_s"] < 2.0, (rank, out["errored_after_s"])
+        assert out["abort_word"] == 1, rank
+        assert out["wait_error"] is not None and out["wait_error"][0] == "MismatchError", (rank, out["wait_error"])
+        if rank == 0:
+            for part in ("all_reduce", "rank 0", f"peer {world - 1}", "mismatched slot header", "expected 40",
+                         "saw 48"):
+                assert part in msg, (part, msg)
+        else:  # the others name the rank whose kernel found it (directly, or through a rank it told)
+            assert "rank 0" in msg and "mismatched slot header" in msg, (rank, msg)
+        # The device path does not keep the host path's contract: the communicator is broken.
+        name, after = out["after"]
+        assert name == "RingcommError" and "unusable after an earlier failure" in after, (rank, name, after)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rank_on_host_path_beside_fused_rank_errors_on_both(tmp_path, world):
+    """world 2: all_reduce (fused) on rank 0, broadcast (host path) on rank 1; world 3: an all_gather of
+    unequal contributions, fused on rank 1 only (its part is the output's equal share)."""
+    outs = run(tmp_path, "mixed", world=world)
+    fused = {0} if world == 2 else {1}
+    for rank, out in enumerate(outs):
+        assert out["launched"] == (["ring"] if rank in fused else []), (rank, out["launched"])
+        assert out["errored"] is not None, f"rank {rank} hangs"
+        code, msg = out["errored"]
+        assert ERR[code] == "Mismatch", (rank, msg)
+        assert out["errored_after_s"] < 4.0, (rank, out["errored_after_s"])  # the timeout is 5 s
+        if rank in fused:
+            assert out["call_error"] is None  # the launch returned; the error comes without a wait
+            assert out["wait_error"][0] == "MismatchError", out["wait_error"]
+        else:
+            name, cmsg = out["call_error"]
+            assert name == "MismatchError", (rank, name, cmsg)
+            assert "without a header exchange" in cmsg, cmsg
+        assert "without a header exchange" in msg or "failed" in msg, (rank, msg)
+        assert out["after"] is not None and "unusable after an earlier failure" in out["after"][1], (rank, out["after"])
