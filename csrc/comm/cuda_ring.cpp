@@ -246,10 +246,10 @@ void DeviceRing::watch() {
       WaitCtx w;
       {
         std::lock_guard<std::mutex> lk(health_->mu);
-        op = health_->last_op.empty() ? std::string("the device ring's watchdog") : health_->last_op;
+        op = health_->last_op;
         w.seq = health_->last_seq;
       }
-      w.op = op.c_str();
+      w.op = op.empty() ? "the device ring's watchdog" : op.c_str();
       try {
         // A dead or aborted peer (or this rank aborting) throws the typed error the host path
         // would raise; the kernels of this rank stop at their next check of the abort word.
