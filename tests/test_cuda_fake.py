@@ -3,7 +3,7 @@ objects as ringcomm._C_cuda, linked with a runtime that records every call inste
 No GPU is involved and no kernel runs (the ring kernel's body is proved by tests/test_device_proof.py);
 what is checked is what the host path asks of the runtime.
 
-RINGCOMM_CUDA_P2P=device, two rank processes:
+RINGCOMM_CUDA_P2P=device, two (or three) rank processes:
 - all_reduce, reduce_scatter, all_gather: exactly one kernel launch per call, on the communicator's own
   stream, joined to the caller's by an event record and a stream wait each way; no query or
   synchronize, no allocation or registration, nothing on the legacy default stream;
@@ -13,7 +13,11 @@ RINGCOMM_CUDA_P2P=device, two rank processes:
 - a status record written as a kernel's failing lane writes it becomes, without any wait, the typed
   error naming op, rank, peer, step and sequence (errored(), the Work's wait), the abort word is set,
   and the peer's watchdog sets its own abort word;
-- a peer process that dies makes the watchdog set the abort word and report PeerFailureError.
+- a peer process that dies makes the watchdog set the abort word and report PeerFailureError;
+- no header exchange: a fused call posts no header (the board's post counter), a host-ordered call
+  after fused ones posts one and pairs up; a mismatch status record on one rank is MismatchError on
+  every rank (2 and 3 ranks); a call fused on some ranks and run on the host path (or rejected) on
+  others raises on every rank at once, and the communicator is broken.
 Default mode: an all_reduce under capture raises (it would wait on the host)."""
 import importlib.util
 import json
@@ -36,8 +40,8 @@ SETUP = {"cudaMalloc", "cudaHostAlloc", "cudaHostRegister", "cudaIpcOpenMemHandl
 ERR = {1: "InvalidArgument", 2: "Timeout", 3: "PeerFailure", 4: "Mismatch", 5: "Unsupported"}
 
 
-def run(tmp_path, scenario, mode="device", world=2, results=None):
-    env = dict(os.environ, RINGCOMM_CUDA_P2P=mode, RINGCOMM_CUDA_SLOT_BYTES="4096", RINGCOMM_CUDA_NSLOTS="2",
+def run(tmp_path, scenario, mode="device", world=2, results=None, extra_env=None):
+    env = dict(os.environ, **(extra_env or {}), RINGCOMM_CUDA_P2P=mode, RINGCOMM_CUDA_SLOT_BYTES="4096", RINGCOMM_CUDA_NSLOTS="2",
                RINGCOMM_CUDA_RING_LANES="2", RINGCOMM_CUDA_WATCHDOG_US="200", RINGCOMM_CUDA_CLOSE_WAIT="2")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
     procs = [subprocess.Popen([sys.executable, str(RANK), str(r), str(world), str(tmp_path), scenario], env=env,
@@ -201,3 +205,18 @@ def test_rank_on_host_path_beside_fused_rank_errors_on_both(tmp_path, world):
             assert "without a header exchange" in cmsg, cmsg
         assert "without a header exchange" in msg or "failed" in msg, (rank, msg)
         assert out["after"] is not None and "unusable after an earlier failure" in out["after"][1], (rank, out["after"])
+
+
+def test_rejected_arguments_beside_fused_calls(tmp_path):
+    """Rank 1's all_reduce fails its own argument check (it joins as a rejection, on the host path)
+    while rank 0's fuses: rank 1 raises its own InvalidArgumentError, rank 0 MismatchError, both at
+    once, and both communicators are broken (no header exchange came before rank 0's launch)."""
+    r0, r1 = run(tmp_path, "mixed", extra_env={"MIXED": "rejected"})
+    assert r0["launched"] == ["ring"] and r1["launched"] == []
+    assert r1["call_error"][0] == "InvalidArgumentError", r1["call_error"]
+    code, msg = r0["errored"]
+    assert ERR[code] == "Mismatch" and "rank 1 failed" in msg and "rejected its arguments" in msg, msg
+    assert r0["errored_after_s"] < 4.0
+    for out in (r0, r1):
+        assert out["errored"] is not None
+        assert out["after"] is not None and "unusable after an earlier failure" in out["after"][1], out["after"]

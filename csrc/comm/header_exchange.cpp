@@ -57,9 +57,11 @@ std::vector<CollHeader> exchange_headers(ShmControl& t, int rank, int world, uin
     bool fused = false;
     all[p] = coll_header(t.wait_header(p, board_seq, w, nullptr, xs.watch_fused ? seq : 0, &fused));
     if (fused) {
+      const std::string here = coll == Coll::kRejected
+                                   ? "rejected its arguments (its own error says why)"
+                                   : "called " + describe_header(mine) + " on the host-ordered path";
       routed("rank " + std::to_string(p) + " ran this call on the device ring without a header exchange while this "
-             "rank called " + describe_header(mine) + " on the host-ordered path (different collectives, or an "
-             "all_gather whose contributions differ between ranks)");
+             "rank " + here + " (different collectives, or an all_gather whose contributions differ between ranks)");
     }
   }
   for (int p = 0; p < world; ++p) {

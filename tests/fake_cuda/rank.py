@@ -151,9 +151,11 @@ def main():
         comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s).wait()  # a matched fused call first
         barrier(d, rank, world, "before_mixed")
         t0 = time.monotonic()
-        if world == 2:
+        if world == 2 and os.environ.get("MIXED") != "rejected":
             fn = (lambda: comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)) if rank == 0 else \
                 (lambda: comm.broadcast(buf["in"], n, F32, 0, s))
+        elif os.environ.get("MIXED") == "rejected":  # rank 1's arguments fail its own checks
+            fn = lambda: comm.all_reduce(buf["in"], buf["out"], n if rank == 0 else -1, F32, SUM, s)  # noqa: E731
         else:
             fn = lambda: comm.all_gather(buf["in"], buf["out"], rank + 2, 9, F32, s)  # noqa: E731
         fake.clear()
