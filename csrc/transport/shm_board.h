@@ -22,8 +22,9 @@
 // finishing its reads of s.
 //
 // Calls without a header exchange (a device that runs a collective as one fused launch, decided
-// by every rank from its own call: comm/device.h): they post nothing, and the board is indexed by
-// the exchange's own count (every rank's exchanges pair up when every rank decides alike), so the
+// by every rank from its own call: comm/device.h): they post nothing, and on such a device the
+// board is indexed by the exchanges' own count, not by the collective sequence (elsewhere the two
+// are equal; comm/core.cpp). Every rank's exchanges pair up when every rank decides alike, so the
 // two-entry argument above holds over the exchanges. Such a call stores its collective sequence
 // in the owner's fused word instead (mark_fused: a local store, no wait). A peer that waits for
 // this rank's header of an exchange at collective sequence t, and sees the fused word >= t while
