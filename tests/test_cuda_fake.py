@@ -3,7 +3,7 @@ objects as ringcomm._C_cuda, linked with a runtime that records every call inste
 No GPU is involved and no kernel runs (the ring kernel's body is proved by tests/test_device_proof.py);
 what is checked is what the host path asks of the runtime.
 
-RINGCOMM_CUDA_P2P=device, two rank processes:
+RINGCOMM_CUDA_P2P=device, two (or three) rank processes:
 - all_reduce, reduce_scatter, all_gather, and broadcast and reduce at every root: exactly one kernel
   launch per call, on the communicator's own stream, joined to the caller's by an event record and a
   stream wait each way; no query or synchronize, no allocation or registration, nothing on the legacy
@@ -14,7 +14,11 @@ RINGCOMM_CUDA_P2P=device, two rank processes:
 - a status record written as a kernel's failing lane writes it becomes, without any wait, the typed
   error naming op, rank, peer, step and sequence (errored(), the Work's wait), the abort word is set,
   and the peer's watchdog sets its own abort word;
-- a peer process that dies makes the watchdog set the abort word and report PeerFailureError.
+- a peer process that dies makes the watchdog set the abort word and report PeerFailureError;
+- no header exchange: a fused call posts no header (the board's post counter), a host-ordered call
+  after fused ones posts one and pairs up; a mismatch status record on one rank is MismatchError on
+  every rank (2 and 3 ranks); a call fused on some ranks and run on the host path (or rejected) on
+  others raises on every rank at once, and the communicator is broken.
 Default mode: an all_reduce under capture raises (it would wait on the host).
 The fake's topology (device count, P2P, MPS, SMs, occupancy): the setup each one gets, the ring
 launch's grid within the SM budget, the refusal of grids that could not all be resident, every ring
@@ -23,6 +27,7 @@ call's stream captures."""
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +95,7 @@ def check_one_launch(rank, out, op):
     calls, launches = out["eager"][op]["calls"], out["eager"][op]["launches"]
     names = [c["name"] for c in calls]
     assert [lch["kernel"] for lch in launches] == ["ring"], (rank, names)
+    assert out["eager"][op]["posted"] == 0, "a fused call posted a header (a host round trip)"
     assert not QUERIES & set(names), (rank, names)
     assert not SETUP & set(names), (rank, names)
     assert all(c["stream"] != 0 for c in calls if c["stream"] != 2**64 - 1), "the legacy default stream"
@@ -126,6 +132,14 @@ def test_broadcast_and_reduce_are_one_launch_at_every_root(tmp_path):
                 assert launch["out"] == out["buffers"]["out"], (rank, key, launch)
             else:
                 assert (launch["in"], launch["out"]) == (out["buffers"]["in"], out["buffers"]["out"]), (rank, key)
+
+
+def test_host_path_call_after_fused_ones_exchanges_once(device_run):
+    # Three fused calls posted nothing; the barrier's exchange pairs up on every rank (the board
+    # counts exchanges), so it completes without a mismatch.
+    for out in device_run:
+        assert out["barrier_posted"] == 1
+        assert out["barrier_errored"] is None
 
 
 def test_capture_queries_nothing_and_replays_touch_registered_buffers(device_run):
@@ -209,7 +223,7 @@ def check_loaded_at_init(out):
     assert out["setup_legacy_stream"] == [], "setup used the legacy default stream"
     for name, c in out["calls"].items():
         assert not c["kernel_calls"], (name, c["kernel_calls"])
-        assert not QUERIES & set(c["names"]) or name == "broadcast", (name, c["names"])
+        assert not QUERIES & set(c["names"]), (name, c["names"])
 
 
 @pytest.mark.parametrize("topology", ["one-gpu", "mps", "mps-3", "separate", "forced-spin"])
@@ -237,11 +251,10 @@ def test_setup_per_topology(tmp_path, topology):
         st = out["setup"]
         assert (st["setup"], st["signalling"], st["blocks"], st["nslots"], st["slot_bytes"], st["budget"]) == want, st
         assert setup in st["why"] and ("spins" if signalling == "spin" else "flags") in st["why"], st["why"]
-        for name in ("all_reduce", "all_gather"):
+        for name in ("all_reduce", "all_gather", "broadcast"):
             ((kernel, grid, slots, stride),) = out["calls"][name]["grids"]
             assert (kernel, grid, slots) == ("ring", blocks, nslots), (rank, name, out["calls"][name])
             assert stride >= slot_bytes
-        assert out["calls"]["broadcast"]["grids"] == [] or all(g[0] == "reduce" for g in out["calls"]["broadcast"]["grids"])
         check_loaded_at_init(out)
     if topology == "separate":
         why = outs[0]["setup"]["why"]
@@ -282,3 +295,75 @@ def test_python_guard_queries_nothing_under_capture(tmp_path):
         assert out["held_after"] == 1, "the eager Work before the capture is let go, the new one held"
         assert "cudaEventQuery" in out["after_calls"]
         assert out["errored"] is None
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_kernel_mismatch_is_mismatch_error_on_every_rank(tmp_path, world):
+    outs = run(tmp_path, "status_mismatch", world=world)
+    for rank, out in enumerate(outs):
+        assert out["errored"] is not None, f"rank {rank} never learnt of the mismatch"
+        code, msg = out["errored"]
+        assert ERR[code] == "Mismatch", (rank, msg)
+        assert out["errored_after_s"] < 2.0, (rank, out["errored_after_s"])
+        assert out["abort_word"] == 1, rank
+        assert out["wait_error"] is not None and out["wait_error"][0] == "MismatchError", (rank, out["wait_error"])
+        if rank == 0:
+            for part in ("all_reduce", "rank 0", f"peer {world - 1}", "mismatched slot header", "expected 40",
+                         "saw 48"):
+                assert part in msg, (part, msg)
+        else:  # the others name the rank whose kernel found it (directly, or through a rank it told)
+            assert "rank 0" in msg and "mismatched slot header" in msg, (rank, msg)
+        # The device path does not keep the host path's contract: the communicator is broken.
+        name, after = out["after"]
+        assert name == "RingcommError" and "unusable after an earlier failure" in after, (rank, name, after)
+
+
+def call_outcome_ok(out, fused):
+    """What a rank's own call of a mismatched pair may do. A rank learns of the mismatch from the first
+    rank to see it (at once, through its abort), so its own call may come after it knows: then the call
+    is refused (a fused one before its launch) with the MismatchError itself or with RingcommError
+    "unusable after an earlier failure" / "not run: the communicator failed earlier" naming it. Otherwise a fused call launches and returns (the error
+    comes without a wait), and a host-path call raises MismatchError from its header wait."""
+    err = out["call_error"]
+    if err is not None and ("unusable after an earlier failure" in err[1] or "failed earlier" in err[1]):
+        return err[0] == "RingcommError" and "without a header exchange" in err[1] and out["launched"] == []
+    if fused and err is None:
+        return out["launched"] == ["ring"] and out["wait_error"][0] == "MismatchError"
+    return err is not None and err[0] == "MismatchError" and out["launched"] == []
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rank_on_host_path_beside_fused_rank_errors_on_both(tmp_path, world):
+    """world 2: all_reduce (fused) on rank 0, gather (host path) on rank 1; world 3: an all_gather of
+    unequal contributions, fused on rank 1 only (its part is the output's equal share)."""
+    outs = run(tmp_path, "mixed", world=world)
+    fused = {0} if world == 2 else {1}
+    for rank, out in enumerate(outs):
+        assert out["errored"] is not None, f"rank {rank} hangs"
+        code, msg = out["errored"]
+        assert ERR[code] == "Mismatch", (rank, msg)
+        assert "without a header exchange" in msg, (rank, msg)
+        assert out["errored_after_s"] < 4.0, (rank, out["errored_after_s"])  # the timeout is 5 s
+        assert call_outcome_ok(out, rank in fused), (rank, out["launched"], out["call_error"], out["wait_error"])
+        assert out["after"] is not None and "unusable after an earlier failure" in out["after"][1], (rank, out["after"])
+    # Some host-path rank saw the fused rank's note itself (not only a peer's abort).
+    saw = re.compile(r"^ringcomm: \w+ \(seq 2\) on rank \d: rank \d ran this call on the device ring without a header "
+                     r"exchange while this rank called \w+\(.*\) on the host-ordered path")
+    assert any(o["call_error"] and o["call_error"][0] == "MismatchError" and saw.match(o["call_error"][1])
+               for r, o in enumerate(outs) if r not in fused), [o["call_error"] for o in outs]
+
+
+def test_rejected_arguments_beside_fused_calls(tmp_path):
+    """Rank 1's all_reduce fails its own argument check (it joins as a rejection, on the host path)
+    while rank 0's fuses: rank 1 raises its own InvalidArgumentError, rank 0 MismatchError (from its
+    launch, or without a wait after it), both at once, and both communicators are broken (no header
+    exchange came before rank 0's launch)."""
+    r0, r1 = run(tmp_path, "mixed", env_extra={"MIXED": "rejected"})
+    assert r1["launched"] == [] and r1["call_error"][0] == "InvalidArgumentError", r1["call_error"]
+    code, msg = r0["errored"]
+    assert ERR[code] == "Mismatch" and "rank 1 failed" in msg and "rejected its arguments" in msg, msg
+    assert r0["errored_after_s"] < 4.0
+    assert call_outcome_ok(r0, True), (r0["launched"], r0["call_error"], r0["wait_error"])
+    for out in (r0, r1):
+        assert out["errored"] is not None
+        assert out["after"] is not None and "unusable after an earlier failure" in out["after"][1], out["after"]

@@ -25,7 +25,11 @@ struct CollHeader {
   uint8_t algo = 0;
   uint8_t proto = 0;
   uint8_t store = 0;
-  uint8_t reserved[5] = {0, 0, 0, 0, 0};
+  uint8_t reserved = 0;
+  // The collective's sequence on the posting rank (its low 32 bits): every rank numbers every
+  // collective, so a difference means the ranks' calls no longer pair up (a call one rank ran
+  // without an exchange, comm/device.h's fused, that a peer exchanged for).
+  uint32_t seq = 0;
 };
 static_assert(sizeof(CollHeader) == kHeaderBytes && alignof(CollHeader) <= alignof(HeaderBlob),
               "CollHeader is what the transport's header blob carries (the segment layout: board, LL line 0)");

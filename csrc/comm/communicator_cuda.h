@@ -37,6 +37,8 @@ class CudaCommunicator final : public CommCore {
   const RingPlan& device_setup() const { return cuda_->transport().config().ring; }
   /// The device ring (RINGCOMM_CUDA_P2P=device, once connected), else nullptr (tests).
   DeviceRing* device_ring() { return cuda_->ring(); }
+  /// Headers this rank has posted on the control plane's board (tests: a fused call posts none).
+  uint64_t headers_posted() const { return cuda_->transport().ctl().headers_posted(); }
   /// The transport's owner id in the process's PinRegistry (tests).
   uint64_t pin_owner() const { return cuda_->transport().pin_owner(); }
 

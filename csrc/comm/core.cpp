@@ -224,6 +224,7 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int
 #ifdef RINGCOMM_TEST_HOOKS
     if (coll != Coll::kRejected) test_hooks::apply_next_header(this, hdr);
 #endif
+    hdr.seq = static_cast<uint32_t>(seq);
     task.work = std::make_shared<Work>(coll_name(coll), seq);
     task.seq = seq;
     task.coll = coll;
@@ -302,6 +303,20 @@ void CommCore::execute(Task& t) {
   c.esize = dtype_size(c.dtype);
   std::shared_ptr<DeviceFence> fence;
   const Route& route = *t.route;
+  // A fused call is decided from this rank's own call and exchanges nothing: a local note for a
+  // peer that would wait for our header (transport/shm_board.h), then the device's launch.
+  if (world_ > 1 && coll != Coll::kRejected && dev_->fused(coll, hdr, t.args)) {
+    dev_->control().mark_fused(seq);
+    fence = dev_->run_fused(coll, hdr, t.args, l.stream, seq);
+    trace_guard.done();
+    t.work->complete(fence);
+    return;
+  }
+  // The board numbers the exchanges: the calls themselves where no call is ever fused (then the
+  // LL outboxes, numbered by call, pair with the board entries), else the exchanges only.
+  ExchangeSeq xs;
+  xs.watch_fused = dev_->may_fuse();
+  xs.board_seq = xs.watch_fused ? ++exchanges_ : seq;
   // What goes before the header is decided from the header this rank posts (forged or not),
   // exactly as its peers decide from that header whether to drain a slot from it.
   if (world_ > 1 && route.first != nullptr && sent_before_header(hdr, rank_)) {
@@ -319,7 +334,8 @@ void CommCore::execute(Task& t) {
         route.first(quiet, t.args, hdr);
         if (tr && !header_in_first) tr->mark(kTraceHeaderPosted);
       };
-      const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
+      const std::vector<CollHeader> headers =
+          exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks, xs);
       // A peer whose wait for our header ran out has raised and posted its abort, but its
       // header and piece 0 are here, so none of our waits would block (and see it): ask once.
       WaitCtx w;
@@ -335,10 +351,9 @@ void CommCore::execute(Task& t) {
       if (tr && tr->t[kTraceLastSlot] == 0) tr->t[kTraceLastSlot] = tr->t[kTraceFirstSlot];
     });
   } else {
-    const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks);
+    const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks, xs);
     if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
-    if (world_ > 1 && dev_->fused(coll, headers)) fence = dev_->run_fused(coll, hdr, t.args, l.stream, seq);
-    else fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); });
+    fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); });
   }
   trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
   t.work->complete(fence);

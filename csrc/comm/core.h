@@ -195,6 +195,10 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   int calls_ = 0;             // threads inside a public call (see Call)
   bool draining_ = false;     // close() waits for calls_ == 0 and !busy_ (cv_ notified then)
   uint64_t seq_ = 0;          // last collective sequence number handed out
+  // On a device that may fuse calls (CommDevice::may_fuse): the header exchanges run so far, the
+  // board's sequence (transport/shm_board.h), i.e. seq_ less the calls that ran fused; elsewhere
+  // the board takes seq_ itself. Only the thread executing a task touches it (one at a time: busy_).
+  uint64_t exchanges_ = 0;
   std::string broken_;        // non-empty after a data-phase failure or abort()
   // Set (release, under mu_) right after broken_ first becomes non-empty and never cleared: the
   // per-call checks read it without mu_ and take the lock only to build the error.

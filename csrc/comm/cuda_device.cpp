@@ -184,22 +184,18 @@ bool capturing(cudaStream_t s, const char* op) {
 }  // namespace
 
 void CudaDevice::check_submit(Coll coll, const CollHeader& h, const CollArgs& a, void* stream) {
-  // The fused path is decided from every rank's header; locally, an all_gather can be fused only
-  // if its contribution is an equal part of the output.
-  const bool may_fuse = fused(coll, {}) && (coll != Coll::kAllGather || a.count * world_ == a.out_count);
-  if (may_fuse) return;
+  if (fused(coll, h, a)) return;
   CudaDeviceGuard g(device_);
   if (capturing(static_cast<cudaStream_t>(stream), coll_name(coll))) refuse_capture(coll_name(coll));
 }
 
-bool CudaDevice::fused(Coll coll, const std::vector<CollHeader>& headers) const {
+bool CudaDevice::fused(Coll coll, const CollHeader&, const CollArgs& a) const {
   if (!ring_ || !DeviceRing::runs(coll)) return false;
-  if (coll == Coll::kAllGather) {  // the kernel moves equal contributions
-    for (const CollHeader& h : headers) {
-      if (h.count2 != headers.front().count2) return false;
-    }
-  }
-  return true;
+  // The kernel moves equal contributions: an all_gather is fused when this rank's is the
+  // output's equal part. With unequal contributions a rank whose part happens to be that size
+  // fuses while the others take the host-ordered path: their header waits see it
+  // (RoutingMismatch) and every rank raises MismatchError.
+  return coll != Coll::kAllGather || a.count * world_ == a.out_count;
 }
 
 std::shared_ptr<DeviceFence> CudaDevice::run_fused(Coll coll, const CollHeader& h, const CollArgs& a, void* stream,
@@ -210,7 +206,8 @@ std::shared_ptr<DeviceFence> CudaDevice::run_fused(Coll coll, const CollHeader& 
                          // (close() drains it). Nothing is queried here.
                          std::lock_guard<std::mutex> lk(pending_mu_);
                          ring_last_ = std::move(ev);
-                       });
+                       },
+                       seq);
 }
 
 void CudaDevice::p2p_thread_start() {

@@ -12,7 +12,7 @@
 // recorded at the call); their fence is recorded after the copies.
 // RINGCOMM_CUDA_P2P=device: all_reduce, reduce_scatter, all_gather (equal contributions),
 // broadcast and reduce run on the device ring instead (comm/cuda_ring.h): one launch per call, no
-// host wait.
+// host wait and no header exchange (the ring kernel checks each piece's slot header).
 // A collective or send/recv that runs on the host-ordered path refuses a capturing stream: its
 // host waits and event queries cannot be captured.
 // Every fence's event is also kept in pending_ until seen complete, so that close() can let the
@@ -81,7 +81,8 @@ class CudaDevice final : public CommDevice {
   std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
                                        const std::function<void(const AlgoCtx&)>& body) override;
   void check_submit(Coll coll, const CollHeader& h, const CollArgs& a, void* stream) override;
-  bool fused(Coll coll, const std::vector<CollHeader>& headers) const override;
+  bool fused(Coll coll, const CollHeader& h, const CollArgs& a) const override;
+  bool may_fuse() const override { return ring_ != nullptr; }
   std::shared_ptr<DeviceFence> run_fused(Coll coll, const CollHeader& h, const CollArgs& a, void* stream,
                                          uint64_t seq) override;
   /// The device ring (RINGCOMM_CUDA_P2P=device, after connect), else nullptr.

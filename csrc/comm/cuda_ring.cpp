@@ -165,7 +165,8 @@ void DeviceRing::init() {
 
 std::shared_ptr<DeviceFence> DeviceRing::launch(Coll coll, DType dt, ReduceOp op, const void* in, void* out,
                                                 int64_t count, int root, cudaStream_t caller,
-                                                const std::function<void(std::shared_ptr<GpuEvent>)>& keep) {
+                                                const std::function<void(std::shared_ptr<GpuEvent>)>& keep,
+                                                uint64_t seq) {
   if (std::exception_ptr e = error()) std::rethrow_exception(e);
   CudaDeviceGuard g(device_);
   const CudaIpcConfig& c = t_.config();
@@ -209,6 +210,7 @@ std::shared_ptr<DeviceFence> DeviceRing::launch(Coll coll, DType dt, ReduceOp op
   {
     std::lock_guard<std::mutex> lk(health_->mu);
     health_->last_op = coll_name(coll);
+    health_->last_seq = seq;
   }
   // caller -> ring stream -> caller, by events of this process only; no host wait.
   auto joined = std::make_shared<GpuEvent>();
@@ -278,10 +280,17 @@ std::exception_ptr DeviceRing::Health::error() {
 
 void DeviceRing::watch() {
   const auto period = std::chrono::microseconds(t_.config().watchdog_us);
-  WaitCtx w;
-  w.op = "the device ring's watchdog";
   while (!stop_.load(std::memory_order_acquire)) {
     if (error() == nullptr) {
+      // The errors name the last launched call (a peer's failure ends it too).
+      std::string op;
+      WaitCtx w;
+      {
+        std::lock_guard<std::mutex> lk(health_->mu);
+        op = health_->last_op;
+        w.seq = health_->last_seq;
+      }
+      w.op = op.empty() ? "the device ring's watchdog" : op.c_str();
       try {
         // A dead or aborted peer (or this rank aborting) throws the typed error the host path
         // would raise; the kernels of this rank stop at their next check of the abort word.

@@ -76,9 +76,11 @@ class DeviceRing {
   /// reduce: `out` is written on the root only. root: broadcast / reduce only. Returns the fence
   /// of the call (nullptr while `caller` is capturing).
   /// `keep`: the device's record of enqueued work (for close's drain), not touched while capturing.
+  /// `seq`: the communicator's sequence of the call (named by the watchdog's errors).
   std::shared_ptr<DeviceFence> launch(Coll coll, DType dt, ReduceOp op, const void* in, void* out, int64_t count,
                                       int root, cudaStream_t caller,
-                                      const std::function<void(std::shared_ptr<GpuEvent>)>& keep);
+                                      const std::function<void(std::shared_ptr<GpuEvent>)>& keep,
+                                      uint64_t seq = 0);
   /// The typed error of a failure seen so far (nullptr: none). Reads the status record itself too,
   /// so that a wait that saw its event complete does not depend on the watchdog's period.
   std::exception_ptr error() { return health_->error(); }
@@ -101,6 +103,7 @@ class DeviceRing {
     std::function<void(std::exception_ptr)> on_error;
     std::mutex mu;
     std::string last_op;  // the op of the last launch (the status record does not carry it)
+    uint64_t last_seq = 0;  // its communicator sequence
     std::exception_ptr err;
     ~Health();
     std::exception_ptr error();

@@ -51,11 +51,15 @@ class CommDevice {
   /// caller's stream is being captured into a CUDA graph). A throw here rejects the call on this
   /// rank only, before any header is posted.
   virtual void check_submit(Coll coll, const CollHeader& h, const CollArgs& a, void* stream) {}
-  /// Whether the device runs `coll` itself as one fused launch (run_fused) instead of a data
-  /// phase through the channel; decided from every rank's header, so alike on every rank
-  /// (headers empty: whether it may, before the exchange).
-  virtual bool fused(Coll coll, const std::vector<CollHeader>& headers) const { return false; }
-  /// Enqueue a fused call after the header exchange; returns its fence (nullptr: none to wait for).
+  /// Whether the device runs `coll` itself as one fused launch (run_fused) without a header
+  /// exchange nor a data phase through the channel. Decided from this rank's call alone (h, a),
+  /// so alike on every rank whose calls match; a rank that decides otherwise for the same call
+  /// is caught by the peers' header waits (comm/header_exchange.h, RoutingMismatch) or by the
+  /// device's own checks of what arrives.
+  virtual bool fused(Coll coll, const CollHeader& h, const CollArgs& a) const { return false; }
+  /// Whether any call may run fused: the header waits then watch for a peer that did.
+  virtual bool may_fuse() const { return false; }
+  /// Enqueue a fused call (no header exchange); returns its fence (nullptr: none to wait for).
   virtual std::shared_ptr<DeviceFence> run_fused(Coll coll, const CollHeader& h, const CollArgs& a, void* stream,
                                                  uint64_t seq) {
     return nullptr;

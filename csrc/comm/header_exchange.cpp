@@ -33,7 +33,7 @@ std::string describe_header(const CollHeader& h) {
 }
 
 std::vector<CollHeader> exchange_headers(ShmControl& t, int rank, int world, uint64_t seq, Coll coll,
-                                         const CollHeader& mine, const HeaderHooks& hooks) {
+                                         const CollHeader& mine, const HeaderHooks& hooks, ExchangeSeq xs) {
   std::vector<CollHeader> all(world);
   all[rank] = mine;
   if (world == 1) {
@@ -41,12 +41,35 @@ std::vector<CollHeader> exchange_headers(ShmControl& t, int rank, int world, uin
     return all;
   }
   if (hooks.before_post) hooks.before_post();
-  t.post_header(seq, header_blob(mine));
+  const uint64_t board_seq = xs.board_seq != 0 ? xs.board_seq : seq;
+  t.post_header(board_seq, header_blob(mine));
   WaitCtx w;
   w.op = coll_name(coll);
   w.seq = seq;
+  auto routed = [&](const std::string& why) {
+    std::ostringstream o;
+    o << "ringcomm: " << coll_name(coll) << " (seq " << seq << ") on rank " << rank << ": " << why
+      << "; the ranks are out of step and the communicator is broken";
+    throw RoutingMismatch(o.str());
+  };
   for (int p = 0; p < world; ++p) {
-    if (p != rank) all[p] = coll_header(t.wait_header(p, seq, w));
+    if (p == rank) continue;
+    bool fused = false;
+    all[p] = coll_header(t.wait_header(p, board_seq, w, nullptr, xs.watch_fused ? seq : 0, &fused));
+    if (fused) {
+      const std::string here = coll == Coll::kRejected
+                                   ? "rejected its arguments (its own error says why)"
+                                   : "called " + describe_header(mine) + " on the host-ordered path";
+      routed("rank " + std::to_string(p) + " ran this call on the device ring without a header exchange while this "
+             "rank " + here + " (different collectives, or an all_gather whose contributions differ between ranks)");
+    }
+  }
+  for (int p = 0; p < world; ++p) {
+    if (all[p].seq != static_cast<uint32_t>(seq)) {
+      routed("rank " + std::to_string(p) + " posted its header for collective seq " + std::to_string(all[p].seq) +
+             " (mod 2^32) against this rank's " + std::to_string(static_cast<uint32_t>(seq)) +
+             ": a call ran on the device ring on some ranks only");
+    }
   }
   auto fail = [&](const std::string& why) {
     std::ostringstream o;

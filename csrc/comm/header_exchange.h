@@ -47,10 +47,28 @@ class HeaderMismatch : public Mismatch {
   using Mismatch::Mismatch;
 };
 
-/// Post `mine` (with mine.coll already set) for collective `seq`, read every rank's header, and
-/// validate them. Returns all headers in rank order. Throws HeaderMismatch.
+/// Where the exchange sits among the calls: `board_seq` numbers the exchanges (0: = seq, every
+/// collective exchanges); `watch_fused`: peers may run a collective without an exchange
+/// (comm/device.h's fused), so each header wait also watches the peer's fused word
+/// (transport/shm_board.h).
+struct ExchangeSeq {
+  uint64_t board_seq = 0;
+  bool watch_fused = false;
+};
+
+/// A mismatch that leaves the ranks out of step (they routed a call differently: a peer ran it
+/// on the device without an exchange, or the headers' collective sequences differ): unlike
+/// HeaderMismatch, it breaks the communicator (every peer's wait then raises MismatchError).
+class RoutingMismatch : public Mismatch {
+  using Mismatch::Mismatch;
+};
+
+/// Post `mine` (with mine.coll and mine.seq already set) for collective `seq`, read every rank's
+/// header, and validate them. Returns all headers in rank order. Throws HeaderMismatch, or
+/// RoutingMismatch when the ranks routed the call differently.
 std::vector<CollHeader> exchange_headers(ShmControl& t, int rank, int world, uint64_t seq, Coll coll,
-                                         const CollHeader& mine, const HeaderHooks& hooks = {});
+                                         const CollHeader& mine, const HeaderHooks& hooks = {},
+                                         ExchangeSeq xs = {});
 
 /// "all_reduce(count=.., dtype=.., op=..)" for messages.
 std::string describe_header(const CollHeader& h);

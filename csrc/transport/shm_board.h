@@ -21,6 +21,18 @@
 // after it finished s+1, which needs every peer's header for s+1, which every peer posts only after
 // finishing its reads of s.
 //
+// Calls without a header exchange (a device that runs a collective as one fused launch, decided
+// by every rank from its own call: comm/device.h): they post nothing, and on such a device the
+// board is indexed by the exchanges' own count, not by the collective sequence (elsewhere the two
+// are equal; comm/core.cpp). Every rank's exchanges pair up when every rank decides alike, so the
+// two-entry argument above holds over the exchanges. Such a call stores its collective sequence
+// in the owner's fused word instead (mark_fused: a local store, no wait). A peer that waits for
+// this rank's header of an exchange at collective sequence t, and sees the fused word >= t while
+// the entry does not hold the exchange, knows that this rank ran collective t (or a later one)
+// without posting it: the ranks routed the same call differently (wait()'s *fused). The fused
+// word is loaded before the entry's word: the owner stores a fused sequence > t only after it
+// posted the exchange at t, so a reader that sees it sees that post too (no false alarm).
+//
 // Threading: post() and the owner's LL writes run on the thread executing the collective (one at a
 // time per rank); wait() and wait_line_or_header() on that thread too.
 #pragma once
@@ -44,7 +56,14 @@ class ShmBoard {
   void post(uint64_t seq, const HeaderBlob& h);
   /// `peer`'s header for collective `seq`: from line 0 of its LL outbox when it wrote one for
   /// `seq` (*ll = true), else from its board once posted (*ll = false).
-  HeaderBlob wait(int peer, uint64_t seq, const WaitCtx& w, bool* ll);
+  /// fused_from > 0: the wait also ends when `peer`'s fused word reaches fused_from without the
+  /// entry holding `seq`; *fused is then true and the blob is empty.
+  HeaderBlob wait(int peer, uint64_t seq, const WaitCtx& w, bool* ll, uint64_t fused_from = 0, bool* fused = nullptr);
+  /// Record that this rank ran collective `call_seq` without an exchange, waking a peer that
+  /// sleeps on this rank's board.
+  void mark_fused(uint64_t call_seq);
+  /// Headers this rank has posted (relaxed; for tests and diagnostics).
+  uint64_t posted() const { return posted_.load(std::memory_order_relaxed); }
   /// The lines of `owner`'s LL outbox for collective `seq` (the one of its two outboxes that the
   /// board entry for `seq` pairs with): line_count() lines, written only by `owner`.
   LLLine* ll_outbox(int owner, uint64_t seq) const;
@@ -59,6 +78,7 @@ class ShmBoard {
   const ShmSegments& segs_;
   ShmWaits& waits_;
   size_t ll_lines_;  // lines per LL outbox
+  std::atomic<uint64_t> posted_{0};
 };
 
 }  // namespace rc

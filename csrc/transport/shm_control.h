@@ -93,9 +93,16 @@ class ShmControl {
   void post_header(uint64_t seq, const HeaderBlob& h) { board_.post(seq, h); }
   /// `peer`'s header for collective `seq`: from line 0 of its LL outbox when it wrote one for
   /// `seq` (*ll = true), else from its board once posted (*ll = false).
-  HeaderBlob wait_header(int peer, uint64_t seq, const WaitCtx& w, bool* ll = nullptr) {
-    return board_.wait(peer, seq, w, ll);
+  /// fused_from > 0: the wait also ends, with *fused = true, when `peer` ran collective
+  /// fused_from (or a later one) without posting this header (mark_fused).
+  HeaderBlob wait_header(int peer, uint64_t seq, const WaitCtx& w, bool* ll = nullptr, uint64_t fused_from = 0,
+                         bool* fused = nullptr) {
+    return board_.wait(peer, seq, w, ll, fused_from, fused);
   }
+  /// This rank ran collective `call_seq` without a header exchange (a local store, no wait).
+  void mark_fused(uint64_t call_seq) { board_.mark_fused(call_seq); }
+  /// Headers this rank has posted so far (relaxed).
+  uint64_t headers_posted() const { return board_.posted(); }
 
   // ---- low-latency outbox region (transport/shm_board.h; its protocol: proto/ll.h) ----
   /// Data bytes an LL outbox carries (ShmConfig::ll_bytes); 0: there is none.

@@ -20,7 +20,7 @@ namespace rc {
 namespace shm_detail {
 
 constexpr uint64_t kMagic = 0x52494e47434f4d4dULL;  // "RINGCOMM"
-constexpr uint32_t kVersion = 8;
+constexpr uint32_t kVersion = 9;
 constexpr size_t kPage = 4096;
 constexpr size_t kAbortMsgBytes = 1024;
 
@@ -77,6 +77,9 @@ struct SegmentHeader {
   alignas(64) std::atomic<int32_t> on_cpu;
   alignas(64) Word doorbell;   // p2p activity counter (transport/shm_doorbell.h)
   alignas(64) BoardEntry board[2];
+  // The sequence of the last collective the owner ran without a header exchange (a fused device
+  // call: transport/shm_board.h, mark_fused); written only by the owner, 0: none.
+  alignas(64) std::atomic<uint64_t> fused_seq;
 };
 
 struct ChannelCtl {

@@ -92,6 +92,7 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
              const rc::ErrorCode code = rc::error_code_of(e, &msg);
              return py::make_tuple(static_cast<int>(code), msg);
            })
+      .def("headers_posted", &CudaCommunicator::headers_posted)
       .def("ring_registered", [](CudaCommunicator& c) {
              rc::DeviceRing* r = c.device_ring();
              return r ? r->registered() : std::vector<std::pair<uintptr_t, uintptr_t>>{};

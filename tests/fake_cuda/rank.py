@@ -53,6 +53,29 @@ def kernel_calls(calls):
             if c["name"] in ("cudaFuncGetAttributes", "cudaOccupancyMaxActiveBlocksPerMultiprocessor")]
 
 
+def wait_errored(comm, out, t0, limit=10.0):
+    while comm.errored() is None and time.monotonic() - t0 < limit:
+        time.sleep(0.001)
+    out["errored_after_s"] = time.monotonic() - t0
+    out["errored"] = comm.errored()
+
+
+def wait_error(w):
+    try:
+        w.wait()
+        return None
+    except Exception as e:  # noqa: BLE001 - the type is what the test checks
+        return [type(e).__name__, str(e)]
+
+
+def call_error(fn):
+    try:
+        fn().wait()
+        return None
+    except Exception as e:  # noqa: BLE001
+        return [type(e).__name__, str(e)]
+
+
 def main():
     rank, world, d, scenario = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     comm = fake.Communicator(rank, world, int(os.environ.get("FAKE_CUDA_DEVICE", "0")), 5.0)
@@ -79,10 +102,17 @@ def main():
         for name, fn in [("all_reduce", lambda: comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)),
                          ("reduce_scatter", lambda: comm.reduce_scatter(buf["in"], buf["out"], n * world, F32, SUM, s)),
                          ("all_gather", lambda: comm.all_gather(buf["in"], buf["out"], n, n * world, F32, s))]:
+            posted = comm.headers_posted()
             w, c, ls = call_log(fn)
-            calls[name] = {"calls": c, "launches": ls}
+            calls[name] = {"calls": c, "launches": ls, "posted": comm.headers_posted() - posted}
             w.wait()
         out["eager"] = calls
+        # A host-ordered call after the fused ones: one header, paired with the peers' (the board
+        # counts exchanges, not calls).
+        posted = comm.headers_posted()
+        comm.barrier(s).wait()
+        out["barrier_posted"] = comm.headers_posted() - posted
+        out["barrier_errored"] = comm.errored()
         # Capture: the caller's stream captures one all_reduce; the graph is replayed three times.
         fake.clear()
         fake.begin_capture(s)
@@ -123,6 +153,45 @@ def main():
             out["wait_error"] = None
         except Exception as e:  # noqa: BLE001
             out["wait_error"] = [type(e).__name__, str(e)]
+    elif scenario == "status_mismatch":
+        # One rank's kernel finds a mismatched slot header; every rank must raise MismatchError.
+        w = comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)
+        w.wait()
+        last = fake.launches()[-1]
+        w = comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)
+        barrier(d, rank, world, "before_status")
+        t0 = time.monotonic()
+        if rank == 0:
+            fake.write_status(last["status"], 3, 0, world - 1, 1, 0, 2, 40, 48)
+        wait_errored(comm, out, t0)
+        out["abort_word"] = fake.read_u32(last["abort"])
+        out["wait_error"] = wait_error(w)
+        out["after"] = call_error(lambda: comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s))
+    elif scenario == "mixed":
+        # The same call routed differently: world 2, an all_reduce (fused) beside a gather (host
+        # path); world 3, an all_gather of 2, 3 and 4 elements: rank 1's is the output's equal part
+        # (fused), ranks 0 and 2 take the host path. No rank may hang; each raises MismatchError.
+        comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s).wait()  # a matched fused call first
+        barrier(d, rank, world, "before_mixed")
+        t0 = time.monotonic()
+        if world == 2 and os.environ.get("MIXED") != "rejected":
+            fn = (lambda: comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)) if rank == 0 else \
+                (lambda: comm.gather(buf["in"], buf["out"], n, F32, 0, s))
+        elif os.environ.get("MIXED") == "rejected":  # rank 1's arguments fail its own checks
+            fn = lambda: comm.all_reduce(buf["in"], buf["out"], n if rank == 0 else -1, F32, SUM, s)  # noqa: E731
+        else:
+            fn = lambda: comm.all_gather(buf["in"], buf["out"], rank + 2, 9, F32, s)  # noqa: E731
+        fake.clear()
+        try:
+            w = fn()
+            out["call_error"] = None
+        except Exception as e:  # noqa: BLE001
+            w = None
+            out["call_error"] = [type(e).__name__, str(e)]
+        out["launched"] = [lch["kernel"] for lch in fake.launches()]
+        wait_errored(comm, out, t0)
+        out["wait_error"] = wait_error(w) if w is not None else None
+        out["after"] = call_error(lambda: comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s))
     elif scenario == "dead":
         w = comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s)
         w.wait()
@@ -181,8 +250,9 @@ def main():
         for root in range(world):
             for name, fn in [("broadcast", lambda: comm.broadcast(buf["out"], n, F32, root, s)),
                              ("reduce", lambda: comm.reduce(buf["in"], buf["out"], n, F32, SUM, root, s))]:
+                posted = comm.headers_posted()
                 w, c, ls = call_log(fn)
-                calls[f"{name}/{root}"] = {"calls": c, "launches": ls}
+                calls[f"{name}/{root}"] = {"calls": c, "launches": ls, "posted": comm.headers_posted() - posted}
                 w.wait()
         out["eager"] = calls
     elif scenario == "host":
