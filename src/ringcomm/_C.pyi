@@ -44,7 +44,7 @@ class Knobs:
     @property
     def cuda_max_blocks(self) -> int:
         """
-        RINGCOMM_CUDA_MAX_BLOCKS: CUDA reduce grid cap (0: 4 blocks per SM)
+        RINGCOMM_CUDA_MAX_BLOCKS: CUDA grid cap of this rank: the reduce kernel's blocks (0: 4 per SM) and, RINGCOMM_CUDA_P2P=device*, the SM budget of the ring kernel (0: the SMs x its resident blocks per SM, divided by the ranks that run concurrently on the GPU); init refuses grids that could not all be resident
         """
     @property
     def cuda_nslots(self) -> int:
@@ -54,12 +54,12 @@ class Knobs:
     @property
     def cuda_p2p(self) -> str:
         """
-        RINGCOMM_CUDA_P2P: CUDA channel kind; device: all_reduce, reduce_scatter, all_gather, broadcast and reduce run as one fused ring kernel per call with in-kernel flags over IPC memory (every channel ipc; every rank must set it; not yet run on a GPU), the other collectives on ipc channels
+        RINGCOMM_CUDA_P2P: CUDA channel kind; device: all_reduce, reduce_scatter, all_gather, broadcast and reduce run as one fused ring kernel per call with in-kernel flags over IPC memory (every channel ipc; every rank must set it; not yet run on a GPU), the other collectives on ipc channels, with the signalling of the setup detected at init (separate GPUs with P2P or one GPU under MPS: flags, each rank's grid within an SM budget; one GPU without MPS: spins with few, large slots); device-flags / device-spin force one of the two
         """
     @property
     def cuda_ring_lanes(self) -> int:
         """
-        RINGCOMM_CUDA_RING_LANES: RINGCOMM_CUDA_P2P=device: blocks (lanes) of the fused ring kernel, 1..32; its slots per rank: lanes x RINGCOMM_CUDA_NSLOTS x RINGCOMM_CUDA_SLOT_BYTES
+        RINGCOMM_CUDA_RING_LANES: RINGCOMM_CUDA_P2P=device*: blocks (lanes) of the fused ring kernel, 1..32 (unset under device-spin: 1), capped by the SM budget (RINGCOMM_CUDA_MAX_BLOCKS); its slots per rank: lanes x RINGCOMM_CUDA_NSLOTS x RINGCOMM_CUDA_SLOT_BYTES (unset under device-spin: 2 x 8 MiB)
         """
     @property
     def cuda_slot_bytes(self) -> int:

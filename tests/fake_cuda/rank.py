@@ -162,7 +162,7 @@ def main():
         barrier(d, rank, world, "before_status")
         t0 = time.monotonic()
         if rank == 0:
-            fake.write_status(last["status"], 3, 0, world - 1, 1, 0, 2, 40, 48)
+            fake.write_status(last["status"], 3, 0, world - 1, 1, 0, 2, 40, 48, 8)  # field 8: bytes
         wait_errored(comm, out, t0)
         out["abort_word"] = fake.read_u32(last["abort"])
         out["wait_error"] = wait_error(w)
