@@ -225,6 +225,9 @@ class FakeCore:
     def p2p_idle(self):
         return self.idle
 
+    def stream_capturing(self, stream):
+        return False  # capture is tested over the fake CUDA runtime (tests/test_cuda_fake.py)
+
     def reject(self, code):
         raise AssertionError("no call in these tests is rejected")
 
