@@ -29,6 +29,8 @@ namespace {
 
 int64_t npieces_of(int64_t count, int64_t pe) { return count == 0 ? 1 : (count + pe - 1) / pe; }
 
+}  // namespace
+
 // The ring's order of operations for elements of all-reduce chunk k (ring::ar_chunk_*), so that
 // every all-reduce algorithm gives bit-identical results (and gloo's, at world sizes 2 and 3):
 // the element is combined as x[k+1], then x[k+2] (op) that, ..., then x[k] (op) that, scaled for
@@ -49,8 +51,6 @@ void combine_chunk_in_ring_order(const AlgoCtx& c, char* dst, const char* const*
   for (int t = 3; t < n; ++t) c.ch->reduce(acc, x(k + t), acc, len, c.dtype, op, 1.0);
   c.ch->reduce(dst, x(k), acc, len, c.dtype, op, scale);
 }
-
-}  // namespace
 
 void combine_in_ring_order(const AlgoCtx& c, const char* const* src, char* out, int64_t o, int64_t m,
                            int64_t count, ReduceOp op, char* acc) {
