@@ -497,37 +497,6 @@ def self_split_mismatch(rank, world):
     return res, y.tolist()
 
 
-def all_to_all_against_another_collective(rank, world):
-    """At 2 ranks every rank of an all_to_all hands its peer piece 0 with its header: rank 0 calls
-    all_to_all (one slot to rank 1) while rank 1 calls a broadcast whose root, rank 1, hands its
-    piece 0 with its header too. Both raise MismatchError, each drains the slot its peer handed
-    it, and a correct all_to_all (over 2 pieces), all_reduce and broadcast follow."""
-    comm = init_under_env(rank, world, "a2a-vs-bcast", {"RINGCOMM_TRACE": "4"}, timeout=20)
-    n = 2 * world
-    try:
-        if rank == 0:
-            comm.all_to_all(np.zeros(n, np.float32), np.ones(n, np.float32))
-        else:
-            comm.broadcast(np.ones(4096, np.float32), root=1)
-        res = ("no error", "")
-    except Exception as e:  # noqa: BLE001
-        res = (type(e).__name__, str(e))
-    big = 40000   # float32 per block: 160 KB, several far pieces
-    x = np.arange(big * world, dtype=np.float32) + 1e6 * rank
-    y = np.zeros(big * world, np.float32)
-    comm.all_to_all(y, x)
-    path = comm.trace()[-1]
-    want = np.concatenate([np.arange(rank * big, (rank + 1) * big, dtype=np.float32) + 1e6 * p
-                           for p in range(world)])
-    z = np.full(5, rank + 1.0, np.float32)
-    comm.all_reduce(z)
-    b = np.arange(4096, dtype=np.float32) if rank == 1 else np.zeros(4096, np.float32)
-    comm.broadcast(b, root=1)
-    comm.close()
-    return (res, f"{path['algorithm']}/{path['protocol']}", bool((y == want).all()), z.tolist(),
-            bool((b == np.arange(4096, dtype=np.float32)).all()))
-
-
 def abort_and_recover(rank, world):
     """torchft-style recovery. Communicator A: ranks 1.. wait in an all_reduce that rank 0 never
     joins; rank 0 has a recv pending on a thread and calls abort() from 4 threads at once. Every

@@ -51,10 +51,8 @@ def model(coll, b, n, algo="auto", ll=4 * KiB, direct=64 * KiB, ts_max=128 * KiB
         return ("direct", "header_in_slot") if slot and ar_algo() == "direct" else ("chain", "simple")
     if coll == "reduce":
         return ("direct", "ll") if fits_ll else ("chain", "simple")
-    if coll == "all_to_all":
-        return ("direct", "header_in_slot" if inslot and n == 2 else "simple")
     return {"reduce_scatter": ("ring", "simple"), "all_gather": ("ring", "simple"),
-            "gather": ("direct", "simple"), "scatter": ("direct", "simple"),
+            "all_to_all": ("direct", "simple"), "gather": ("direct", "simple"), "scatter": ("direct", "simple"),
             "barrier": ("none", "none")}[coll]
 
 

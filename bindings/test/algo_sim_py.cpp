@@ -70,7 +70,7 @@ class AlgoSim {
   }
   void all_to_all(uintptr_t in, uintptr_t out, std::vector<int64_t> sc, std::vector<int64_t> rcn, int dt) {
     rc::direct_all_to_all(ctx(static_cast<DType>(dt), "all_to_all"), C(in), W(out), sc, rc::split_offsets(sc), rcn,
-                          rc::split_offsets(rcn), /*first_sent=*/false);
+                          rc::split_offsets(rcn));
   }
   void gather(uintptr_t in, uintptr_t out, int64_t count, int dt, int root) {
     rc::direct_gather(ctx(static_cast<DType>(dt), "gather"), C(in), W(out), count, root);

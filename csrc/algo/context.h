@@ -106,16 +106,9 @@ void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
 void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root);
 
 /// Direct exchanges (algo/direct.cpp). Counts and offsets in elements, one per peer.
-/// first_sent: direct_all_to_all_send_first already handed piece 0 of every peer's block to it
-/// (the header-in-slot path, comm/header_exchange.h).
 void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& send_counts,
                        const std::vector<int64_t>& send_offs, const std::vector<int64_t>& recv_counts,
-                       const std::vector<int64_t>& recv_offs, bool first_sent);
-/// Piece 0 of block dst of `in` (an empty block: one empty slot) to every peer dst, in the
-/// exchange's round order, before the header is posted: one slot per peer, which every peer's
-/// channel must hold without its reader (per-pair channels: comm/selection.cpp picks it at 2 ranks).
-void direct_all_to_all_send_first(const AlgoCtx& c, const char* in, const std::vector<int64_t>& send_counts,
-                                  const std::vector<int64_t>& send_offs);
+                       const std::vector<int64_t>& recv_offs);
 void direct_gather(const AlgoCtx& c, const char* in, char* out, int64_t count, int root);
 void direct_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, int root);
 

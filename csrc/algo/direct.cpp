@@ -66,22 +66,9 @@ void combine_in_ring_order(const AlgoCtx& c, const char* const* src, char* out, 
   }
 }
 
-void direct_all_to_all_send_first(const AlgoCtx& c, const char* in, const std::vector<int64_t>& send_counts,
-                                  const std::vector<int64_t>& send_offs) {
-  const int n = c.world, r = c.rank;
-  const size_t es = c.esize;
-  const int64_t pe = c.far_piece_elems();
-  for (int s = 1; s < n; ++s) {
-    const int dst = static_cast<int>(ring::mod(r + s, n));
-    int64_t o, m;
-    piece_bounds(send_offs[dst], send_counts[dst], 0, pe, &o, &m);
-    send_copy(c, dst, in + o * es, -1, m, wait_ctx(c, s - 1, n - 1), static_cast<uint64_t>(send_counts[dst]) * es);
-  }
-}
-
 void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& send_counts,
                        const std::vector<int64_t>& send_offs, const std::vector<int64_t>& recv_counts,
-                       const std::vector<int64_t>& recv_offs, bool first_sent) {
+                       const std::vector<int64_t>& recv_offs) {
   const int n = c.world, r = c.rank;
   const size_t es = c.esize;
   RC_CHECK(send_counts[r] == recv_counts[r], Mismatch,
@@ -96,7 +83,7 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
     const uint64_t send_total = static_cast<uint64_t>(send_counts[dst]) * es;
     for (int64_t j = 0; j < std::max(ns, nr); ++j) {
       WaitCtx w = wait_ctx(c, s - 1, n - 1);
-      if (j < ns && (j > 0 || !first_sent)) {
+      if (j < ns) {
         int64_t o, m;
         piece_bounds(send_offs[dst], send_counts[dst], j, pe, &o, &m);
         send_copy(c, dst, in + o * es, -1, m, w, send_total);

@@ -73,14 +73,7 @@ void reduce_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine
 }
 void a2a_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   direct_all_to_all(c, in_of(a), out_of(a), a.send_counts, split_offsets(a.send_counts), a.recv_counts,
-                    split_offsets(a.recv_counts), /*first_sent=*/false);
-}
-void a2a_direct_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
-  direct_all_to_all(c, in_of(a), out_of(a), a.send_counts, split_offsets(a.send_counts), a.recv_counts,
-                    split_offsets(a.recv_counts), /*first_sent=*/true);
-}
-void a2a_direct_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
-  direct_all_to_all_send_first(c, in_of(a), a.send_counts, split_offsets(a.send_counts));
+                    split_offsets(a.recv_counts));
 }
 void gather_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   direct_gather(c, in_of(a), out_of(a), a.count, a.root);
@@ -106,7 +99,6 @@ const Route kRoutes[] = {
     {Coll::kReduce, Algo::kChain, Proto::kSimple, reduce_chain, nullptr},
     {Coll::kReduce, Algo::kDirect, Proto::kLL, reduce_ll, reduce_ll_first},
     {Coll::kAllToAll, Algo::kDirect, Proto::kSimple, a2a_direct, nullptr},
-    {Coll::kAllToAll, Algo::kDirect, Proto::kHeaderInSlot, a2a_direct_after_first, a2a_direct_first},
     {Coll::kGather, Algo::kDirect, Proto::kSimple, gather_direct, nullptr},
     {Coll::kScatter, Algo::kDirect, Proto::kSimple, scatter_direct, nullptr},
     {Coll::kBarrier, Algo::kNone, Proto::kNone, nothing, nullptr},

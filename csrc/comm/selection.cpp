@@ -159,12 +159,6 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       }
       break;
     case Coll::kAllToAll:
-      // At 2 ranks (a channel per peer, which holds piece 0 before its reader has the header)
-      // each rank hands its peer piece 0 of its block with the header: one hand-off, not two.
-      // Every size, empty blocks included (an empty block is one empty slot).
-      s.algo = Algo::kDirect;
-      s.proto = k.header_in_slot && caps.header_slot && world == 2 ? Proto::kHeaderInSlot : Proto::kSimple;
-      break;
     case Coll::kGather:
     case Coll::kScatter:
       s.algo = Algo::kDirect;
@@ -221,8 +215,7 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   if (inslot && caps.host_algorithms) o << "direct/header_in_slot in all_reduce's direct range, ";
   o << "chain/simple above; reduce ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
-  o << "chain/simple above; all_to_all direct/"
-    << (inslot && caps.host_algorithms && world == 2 ? "header_in_slot" : "simple") << "; store ";
+  o << "chain/simple above; store ";
   if (!caps.streaming_stores || k.stream == SelectionKnobs::Stream::kOff) {
     o << "cached";
   } else if (k.stream == SelectionKnobs::Stream::kOn) {
@@ -234,19 +227,19 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
 }
 
 bool slot_before_header(const CollHeader& h, int poster) {
-  if (h.proto != static_cast<uint8_t>(Proto::kHeaderInSlot)) return false;
+  if (h.count <= 0 || h.proto != static_cast<uint8_t>(Proto::kHeaderInSlot)) return false;
   switch (static_cast<Coll>(h.coll)) {
-    case Coll::kAllReduce: return h.count > 0;
-    case Coll::kBroadcast: return h.count > 0 && h.root == poster;
-    case Coll::kAllToAll: return true;  // a slot per peer even for an empty block
+    case Coll::kAllReduce: return true;
+    case Coll::kBroadcast: return h.root == poster;
     default: return false;
   }
 }
 
 bool sent_before_header(const CollHeader& h, int poster) {
+  if (h.count <= 0) return false;
   if (h.proto == static_cast<uint8_t>(Proto::kLL)) {
     const Coll c = static_cast<Coll>(h.coll);
-    return h.count > 0 && (c == Coll::kAllReduce || c == Coll::kBroadcast || c == Coll::kReduce);
+    return c == Coll::kAllReduce || c == Coll::kBroadcast || c == Coll::kReduce;
   }
   return slot_before_header(h, poster);
 }

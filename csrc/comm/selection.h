@@ -118,9 +118,8 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
 
 /// True when the rank that posted `h` (rank `poster`) handed data off before posting it, by
 /// its header's protocol: every rank of a header_in_slot all_reduce and the root of a
-/// header_in_slot broadcast (one slot to every peer: comm/header_exchange.h), every rank of a
-/// header_in_slot all_to_all (one slot to every peer, empty blocks included), every rank of an
-/// LL collective (its outbox lines). Never for an empty all_reduce, broadcast or LL message.
+/// header_in_slot broadcast (one slot to every peer: comm/header_exchange.h), every rank of an
+/// LL collective (its outbox lines). Never for an empty message.
 bool sent_before_header(const CollHeader& h, int poster);
 /// The part of sent_before_header that leaves a slot in each peer's channel (header_in_slot),
 /// which a failed exchange must drain; LL lines need no draining (never consumed).
