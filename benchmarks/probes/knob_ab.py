@@ -108,7 +108,7 @@ def _rank(rank, world, store, coll, sizes, env_a, env_b, rounds, calls, pin):
     return out, wrong
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-np", type=int, default=2)
     ap.add_argument("--coll", choices=COLLS, required=True)
@@ -119,7 +119,11 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--pin", action="store_true", help="rank r on CPU r mod n")
     ap.add_argument("--json", default=None)
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    a = build_parser().parse_args()
     import tempfile
 
     from ringcomm.core.launch import spawn
