@@ -17,7 +17,7 @@
 // empty slot), so a receiver whose expected size differs detects it instead of misreading.
 // Round 1's messages go to the ring successor, whose channel carries the ring's slots
 // (Channel::piece_bytes, at least the far size): a large block travels there in pieces of a
-// sixteenth of the block, between the far and the ring piece size, so that it takes fewer
+// 32nd of the block, between the far and the ring piece size, so that it takes fewer
 // hand-offs and still pipelines through the slots; every other round uses far pieces. Both ends
 // compute the piece from the block's size, which they agree on (or the first slot's total
 // raises). At 2 ranks round 1 is the whole exchange.
@@ -82,9 +82,9 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
                                            << recv_counts[r]);
   copy_elems(c, out + recv_offs[r] * es, in + send_offs[r] * es, send_counts[r]);
   const int64_t far = c.far_piece_elems();
-  // Round 1: a sixteenth of the block, between the far and the ring piece size (see above).
+  // Round 1: a 32nd of the block, between the far and the ring piece size (see above).
   auto round_piece = [&](int s, int64_t block) {
-    return s == 1 ? std::max(far, std::min(c.piece_elems(), block / 16)) : far;
+    return s == 1 ? std::max(far, std::min(c.piece_elems(), block / 32)) : far;
   };
   for (int s = 1; s < n; ++s) {
     const int dst = static_cast<int>(ring::mod(r + s, n));
