@@ -29,7 +29,7 @@ def reuse_cases(rank, world, calls, seed):
     try:
         pending = []
         for i in range(calls):
-            kind = rng.choice(["ar", "ar", "ar_async", "bcast", "big", "barrier", "ag"])
+            kind = rng.choice(["ar", "ar", "ar_async", "bcast", "reduce", "big", "barrier", "ag"])
             count = rng.choice([1, 5, 6, 14, 100, 249, 250, 256])   # 250 float32: 1000 B (LL), 256: 1 KiB
             if delay.random() < 0.1:
                 time.sleep(delay.random() * 0.002)
@@ -49,6 +49,16 @@ def reuse_cases(rank, world, calls, seed):
                 comm.broadcast(x, root=root)
                 if not (x == np.arange(count, dtype=np.float32) * (i + 1)).all():
                     fails.append(f"rank {rank} call {i}: broadcast({count}, root {root}) wrong")
+            elif kind == "reduce":
+                root = rng.randrange(world)
+                x = np.full(count, float(rank + 1 + i % 5), np.float32)
+                comm.reduce(x, root=root)
+                want = sum(r + 1 + i % 5 for r in range(world))
+                if rank == root and not (x == want).all():
+                    fails.append(f"rank {rank} call {i}: reduce({count}, root {root}) gave {x[:4]} want {want}")
+                if rank != root and not (x == float(rank + 1 + i % 5)).all():
+                    fails.append(f"rank {rank} call {i}: reduce({count}, root {root}) wrote a non-root's input")
+                algos.add(path(comm.trace()[-1]))
             elif kind == "big":
                 x = np.full(3000 + count, float(rank), np.float32)   # above the outbox: direct or ring
                 comm.all_reduce(x)
@@ -88,3 +98,41 @@ def knob_mismatch_case(rank, world):
         return ("no error", "")
     except Exception as e:  # noqa: BLE001
         return (type(e).__name__, str(e))
+
+
+def reduce_order_case(rank, world):
+    """The LL reduce (outbox) against the chain reduce (RINGCOMM_LL_MAX_BYTES=0) on order-sensitive
+    data, every root, dtype and op: the root's results must agree bit for bit (the chain combines
+    x[root+1], then x[root+2] (op) that, ..., x[root] last), and no other rank's buffer changes."""
+    from order_ref import order_sensitive
+    fails = []
+    ll = init_under_env(rank, world, "ll", {"RINGCOMM_TRACE": "2"}, prefix="red-ll")
+    chain = init_under_env(rank, world, "chain", {"RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_TRACE": "2"},
+                           prefix="red-chain")
+    try:
+        for dt in (np.float16, np.float32, np.float64):
+            for count in (1, 7, 13, 250, 4096 // np.dtype(dt).itemsize):
+                for op in ("SUM", "AVG", "MAX", "PRODUCT"):
+                    x = order_sensitive(count, rank, dt)
+                    if op == "PRODUCT":
+                        x = (1 + x / 1e4).astype(dt)
+                    for root in range(world):
+                        a, b = x.copy(), x.copy()
+                        ll.reduce(a, root=root, op=op)
+                        got_ll = path(ll.trace()[-1])
+                        chain.reduce(b, root=root, op=op)
+                        got_chain = path(chain.trace()[-1])
+                        tag = f"{np.dtype(dt).name} n={count} {op} root {root}"
+                        if (got_ll, got_chain) != ("direct/ll", "chain/simple"):
+                            fails.append(f"rank {rank}: {tag} ran {got_ll} and {got_chain}")
+                        if rank == root and a.tobytes() != b.tobytes():
+                            bad = int(np.flatnonzero(a != b)[0])
+                            fails.append(f"rank {rank}: LL and chain reduce differ, {tag}, first at {bad}")
+                        if rank != root and a.tobytes() != x.tobytes():
+                            fails.append(f"rank {rank}: the LL reduce wrote a non-root's input, {tag}")
+    except Exception:  # noqa: BLE001
+        fails.append(f"rank {rank}: " + traceback.format_exc())
+    finally:
+        ll.close()
+        chain.close()
+    return fails

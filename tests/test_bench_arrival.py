@@ -216,6 +216,19 @@ def test_cli_trace_table_at_given_sizes():
     assert "# check: ok" in r.stdout
 
 
+def test_cli_trace_table_of_the_named_collectives():
+    r = run_bench("-np", "2", "--trace", "-n", "3", "--ops", "reduce,all_to_all,all_gather,reduce_scatter",
+                  "-b", "1K", "-e", "64K", "-f", "64", timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line and not line.startswith("#")]
+    assert {(row[0], row[1]) for row in rows} == {
+        (op, size) for op in ("reduce", "all_to_all", "all_gather", "reduce_scatter") for size in ("1K", "64K")}, r.stdout
+    algos = {(row[0], row[1]): row[4] for row in rows}
+    assert algos[("reduce", "1K")] == "direct/ll" and algos[("reduce", "64K")] == "chain/simple"
+    assert algos[("all_to_all", "1K")] == "direct/simple" and algos[("all_gather", "64K")] == "ring/simple"
+    assert "# check: ok" in r.stdout
+
+
 def _deepspeed_reason():
     from ringcomm.bench.peers import probe
     return probe("deepspeed")

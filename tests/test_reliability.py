@@ -211,8 +211,8 @@ def _launch_sum(comm):
 
 
 @pytest.mark.timeout(90)
-def test_all_to_all_self_split_mismatch_raises_everywhere_and_recovers(store_env):
-    world = 3
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_to_all_self_split_mismatch_raises_everywhere_and_recovers(world, store_env):
     res = ranks.run(fault_cases.self_split_mismatch, world, timeout=80, env=store_env)
     for r, (err, y) in enumerate(res):
         assert err[0] == "MismatchError", (r, err)

@@ -49,7 +49,9 @@ def model(coll, b, n, algo="auto", ll=4 * KiB, direct=64 * KiB, ts_max=128 * KiB
         if fits_ll:
             return ("direct", "ll")
         return ("direct", "header_in_slot") if slot and ar_algo() == "direct" else ("chain", "simple")
-    return {"reduce_scatter": ("ring", "simple"), "all_gather": ("ring", "simple"), "reduce": ("chain", "simple"),
+    if coll == "reduce":
+        return ("direct", "ll") if fits_ll else ("chain", "simple")
+    return {"reduce_scatter": ("ring", "simple"), "all_gather": ("ring", "simple"),
             "all_to_all": ("direct", "simple"), "gather": ("direct", "simple"), "scatter": ("direct", "simple"),
             "barrier": ("none", "none")}[coll]
 

@@ -97,6 +97,9 @@ void direct_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root, bool
 void ll_send_first(const AlgoCtx& c, const HeaderBlob& h, const void* data, int64_t count);
 void ll_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
 void ll_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
+/// The root reads every peer's input from its outbox and combines them in the chain reduce's
+/// order (bit-identical to chain_reduce); the other ranks' part was ll_send_first.
+void ll_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root);
 
 /// Pipelined chains (algo/chain.cpp).
 void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);

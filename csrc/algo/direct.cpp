@@ -15,6 +15,12 @@
 // moves; a shared outbox needs 2 slots).
 // Every all-to-all message carries its total size in its first slot (an empty block is one
 // empty slot), so a receiver whose expected size differs detects it instead of misreading.
+// Round 1's messages go to the ring successor, whose channel carries the ring's slots
+// (Channel::piece_bytes, at least the far size): a large block travels there in pieces of a
+// 32nd of the block, between the far and the ring piece size, so that it takes fewer
+// hand-offs and still pipelines through the slots; every other round uses far pieces. Both ends
+// compute the piece from the block's size, which they agree on (or the first slot's total
+// raises). At 2 ranks round 1 is the whole exchange.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -28,6 +34,8 @@ namespace rc {
 namespace {
 
 int64_t npieces_of(int64_t count, int64_t pe) { return count == 0 ? 1 : (count + pe - 1) / pe; }
+
+}  // namespace
 
 // The ring's order of operations for elements of all-reduce chunk k (ring::ar_chunk_*), so that
 // every all-reduce algorithm gives bit-identical results (and gloo's, at world sizes 2 and 3):
@@ -49,8 +57,6 @@ void combine_chunk_in_ring_order(const AlgoCtx& c, char* dst, const char* const*
   for (int t = 3; t < n; ++t) c.ch->reduce(acc, x(k + t), acc, len, c.dtype, op, 1.0);
   c.ch->reduce(dst, x(k), acc, len, c.dtype, op, scale);
 }
-
-}  // namespace
 
 void combine_in_ring_order(const AlgoCtx& c, const char* const* src, char* out, int64_t o, int64_t m,
                            int64_t count, ReduceOp op, char* acc) {
@@ -75,17 +81,22 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
            "ringcomm: all_to_all on rank " << r << ": sends " << send_counts[r] << " elements to itself but expects "
                                            << recv_counts[r]);
   copy_elems(c, out + recv_offs[r] * es, in + send_offs[r] * es, send_counts[r]);
-  const int64_t pe = c.far_piece_elems();
+  const int64_t far = c.far_piece_elems();
+  // Round 1: a 32nd of the block, between the far and the ring piece size (see above).
+  auto round_piece = [&](int s, int64_t block) {
+    return s == 1 ? std::max(far, std::min(c.piece_elems(), block / 32)) : far;
+  };
   for (int s = 1; s < n; ++s) {
     const int dst = static_cast<int>(ring::mod(r + s, n));
     const int src = static_cast<int>(ring::mod(r - s, n));
-    const int64_t ns = npieces_of(send_counts[dst], pe), nr = npieces_of(recv_counts[src], pe);
+    const int64_t pe_s = round_piece(s, send_counts[dst]), pe_r = round_piece(s, recv_counts[src]);
+    const int64_t ns = npieces_of(send_counts[dst], pe_s), nr = npieces_of(recv_counts[src], pe_r);
     const uint64_t send_total = static_cast<uint64_t>(send_counts[dst]) * es;
     for (int64_t j = 0; j < std::max(ns, nr); ++j) {
       WaitCtx w = wait_ctx(c, s - 1, n - 1);
       if (j < ns) {
         int64_t o, m;
-        piece_bounds(send_offs[dst], send_counts[dst], j, pe, &o, &m);
+        piece_bounds(send_offs[dst], send_counts[dst], j, pe_s, &o, &m);
         send_copy(c, dst, in + o * es, -1, m, w, send_total);
       }
       if (j < nr) {
@@ -99,7 +110,7 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
                              << recv_counts[src] << " (input/output split sizes disagree across ranks)");
         }
         int64_t o, m;
-        piece_bounds(recv_offs[src], recv_counts[src], j, pe, &o, &m);
+        piece_bounds(recv_offs[src], recv_counts[src], j, pe_r, &o, &m);
         if (meta->bytes != static_cast<uint64_t>(m) * es) {
           RC_THROW(Error, "ringcomm: all_to_all (seq " << c.seq << ") on rank " << r << ": piece " << j << " from rank "
                           << src << " has " << meta->bytes << " bytes, expected " << m * es);

@@ -42,6 +42,37 @@ void ll_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, R
   combine_in_ring_order(c, src, out, 0, count, count, op, c.ll->stage(r));
 }
 
+void ll_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root) {
+  check_reduce_supported(c.dtype, op);
+  const int n = c.world, r = c.rank;
+  if (count == 0 || r != root) return;
+  if (n == 1) {
+    copy_elems(c, out, in, count);
+    return;
+  }
+  const size_t bytes = static_cast<size_t>(count) * c.esize;
+  const char* small[8];
+  std::vector<const char*> big;
+  const char** src = small;
+  if (n > 8) {
+    big.resize(n);
+    src = big.data();
+  }
+  const WaitCtx w = wait_ctx(c, 0, 1);
+  for (int p = 0; p < n; ++p) {
+    if (p == r) {
+      src[p] = in;
+      continue;
+    }
+    char* stage = c.ll->stage(p);
+    c.ll->read(p, c.seq, stage, bytes, w);
+    if (c.trace) c.trace->slot_received();
+    src[p] = stage;
+  }
+  // The root's own stage is free: the accumulator (3 or more ranks).
+  combine_chunk_in_ring_order(c, out, src, 0, root, static_cast<size_t>(count), op, c.ll->stage(r));
+}
+
 void ll_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root) {
   if (count == 0 || c.world == 1 || c.rank == root) return;
   c.ll->read(root, c.seq, buf, static_cast<size_t>(count) * c.esize, wait_ctx(c, 0, 1));

@@ -93,6 +93,13 @@ inline const char* recv_expect(const AlgoCtx& c, int peer, int64_t o, int64_t m,
 /// (in place), never another src.
 void combine_in_ring_order(const AlgoCtx& c, const char* const* src, char* out, int64_t o, int64_t m,
                            int64_t count, ReduceOp op, char* acc);
+/// dst[0, len) = the reduction of src[0..world) in the order the chain reduce to root k combines
+/// them (x[k+1], then x[k+2] (op) that, ..., x[k] (op) that, scaled for AVG at that last step):
+/// the ring's order for all-reduce chunk k. src[p] + rel is rank p's contribution. With 3 or more
+/// ranks `acc` (private memory for len elements) holds the partial results; dst may be src[k]
+/// (in place), never another src.
+void combine_chunk_in_ring_order(const AlgoCtx& c, char* dst, const char* const* src, size_t rel, int k, size_t len,
+                                 ReduceOp op, char* acc);
 
 /// Copy m elements between local buffers (equal or disjoint).
 inline void copy_elems(const AlgoCtx& c, char* dst, const char* src, int64_t m) {

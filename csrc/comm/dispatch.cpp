@@ -64,6 +64,13 @@ void bc_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
 void reduce_chain(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   chain_reduce(c, in_of(a), out_of(a), a.count, a.op, a.root);
 }
+void reduce_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  ll_reduce(c, in_of(a), out_of(a), a.count, a.op, a.root);
+}
+// Every rank writes its header to its outbox; only the non-roots' carry their input.
+void reduce_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
+  ll_send_first(c, header_blob(mine), a.in, c.rank == a.root ? 0 : a.count);
+}
 void a2a_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   direct_all_to_all(c, in_of(a), out_of(a), a.send_counts, split_offsets(a.send_counts), a.recv_counts,
                     split_offsets(a.recv_counts));
@@ -90,6 +97,7 @@ const Route kRoutes[] = {
     {Coll::kBroadcast, Algo::kDirect, Proto::kHeaderInSlot, bc_direct_after_first, bc_direct_first},
     {Coll::kBroadcast, Algo::kDirect, Proto::kLL, bc_ll, bc_ll_first},
     {Coll::kReduce, Algo::kChain, Proto::kSimple, reduce_chain, nullptr},
+    {Coll::kReduce, Algo::kDirect, Proto::kLL, reduce_ll, reduce_ll_first},
     {Coll::kAllToAll, Algo::kDirect, Proto::kSimple, a2a_direct, nullptr},
     {Coll::kGather, Algo::kDirect, Proto::kSimple, gather_direct, nullptr},
     {Coll::kScatter, Algo::kDirect, Proto::kSimple, scatter_direct, nullptr},

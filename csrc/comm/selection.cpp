@@ -149,8 +149,14 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       s.proto = Proto::kSimple;
       break;
     case Coll::kReduce:
-      s.algo = Algo::kChain;
-      s.proto = Proto::kSimple;
+      // The LL outbox (one hand-off: the root reads every input in place), the chain above.
+      if (fits_ll(bytes, world, caps)) {
+        s.algo = Algo::kDirect;
+        s.proto = Proto::kLL;
+      } else {
+        s.algo = Algo::kChain;
+        s.proto = Proto::kSimple;
+      }
       break;
     case Coll::kAllToAll:
     case Coll::kGather:
@@ -207,6 +213,8 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   o << "; broadcast ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
   if (inslot && caps.host_algorithms) o << "direct/header_in_slot in all_reduce's direct range, ";
+  o << "chain/simple above; reduce ";
+  if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
   o << "chain/simple above; store ";
   if (!caps.streaming_stores || k.stream == SelectionKnobs::Stream::kOff) {
     o << "cached";
@@ -231,7 +239,7 @@ bool sent_before_header(const CollHeader& h, int poster) {
   if (h.count <= 0) return false;
   if (h.proto == static_cast<uint8_t>(Proto::kLL)) {
     const Coll c = static_cast<Coll>(h.coll);
-    return c == Coll::kAllReduce || c == Coll::kBroadcast;
+    return c == Coll::kAllReduce || c == Coll::kBroadcast || c == Coll::kReduce;
   }
   return slot_before_header(h, poster);
 }

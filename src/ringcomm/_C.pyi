@@ -119,7 +119,7 @@ class Knobs:
     @property
     def ll_max_bytes(self) -> int:
         """
-        RINGCOMM_LL_MAX_BYTES: all-reduces (under RINGCOMM_ALGO=auto) and broadcasts of at most this many bytes use the LL protocol: each rank writes header and data into 64-byte lines of its own shared-memory outbox (56 data bytes and a flag each) and its peers read them in place; the outbox's size, so equal on every rank (0: off)
+        RINGCOMM_LL_MAX_BYTES: all-reduces (under RINGCOMM_ALGO=auto), broadcasts and reduces of at most this many bytes use the LL protocol: each rank writes header and data into 64-byte lines of its own shared-memory outbox (56 data bytes and a flag each) and its peers read them in place; the outbox's size, so equal on every rank (0: off)
         """
     @property
     def load_avg_slack(self) -> float:

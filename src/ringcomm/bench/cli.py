@@ -278,7 +278,8 @@ def main(argv=None) -> int:
         parser.error("--plot needs matplotlib (pip install matplotlib, or 'ringcomm[bench]')")
     if args.trace:
         sizes = cfg["sizes"] if (args.minbytes or args.maxbytes) else None
-        return main_trace(cfg, args.iters or 100, BusyLoad(cfg["load"]), sizes)
+        ops = cfg["ops"] if args.ops != parser.get_default("ops") else None
+        return main_trace(cfg, args.iters or 100, BusyLoad(cfg["load"]), sizes, ops)
 
     started = datetime.datetime.now(datetime.timezone.utc)
     load_start, busy_start = loadavg(), cpu_busy()

@@ -1,7 +1,9 @@
 """``python -m ringcomm.bench --trace``: where the microseconds of a small call go.
 
 Spawns ``-np`` ranks with ``RINGCOMM_TRACE`` on; each runs 1 KiB and 64 KiB (or the sizes of
-``-b``/``-e``/``-f`` when given) all_reduce (float32 sum, in place) and broadcast (root 0), back
+``-b``/``-e``/``-f`` when given) all_reduce (float32 sum, in place) and broadcast (root 0), or the
+collectives of ``--ops`` (reduce: root 0, in place; all_gather, reduce_scatter, all_to_all: out of
+place, the size being the input's), back
 to back and apart (a gloo barrier before every call, in the same processes), timing each call from Python (``time.monotonic_ns``, the
 clock of the C++ trace) and reading its C++ record (``comm.trace()``). The table shows, per
 case and rank, the median µs of each segment between consecutive phases:
@@ -36,6 +38,7 @@ from .load import BusyLoad
 
 SIZES = (1024, 65536)
 OPS = ("all_reduce", "broadcast")
+TRACEABLE = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all")
 ARRIVALS = ("b2b", "apart")
 SEGMENTS = ("py_in", "checks", "header", "first", "slots", "finish", "py_out", "total")
 WARMUP = 50
@@ -79,24 +82,53 @@ def _rank(rank, world, init_method, store_path, calls, cases):
             count = nbytes // 4
             base = (np.arange(count) % 7 + 1).astype(np.float32)
             x = np.empty(count, dtype=np.float32)
-            want = base * world if op == "all_reduce" else base
+            y = None
+            if op == "all_reduce" or (op == "reduce" and rank == 0):
+                want = base * world
+            elif op == "reduce":
+                want = None  # a non-root's buffer is not written
+            elif op == "all_gather":
+                y = np.empty(count * world, dtype=np.float32)
+                want = np.concatenate([base + p for p in range(world)])
+            elif op == "reduce_scatter":
+                y = np.empty(count // world, dtype=np.float32)
+                want = (base * world)[rank * (count // world):(rank + 1) * (count // world)]
+            elif op == "all_to_all":
+                y = np.empty(count, dtype=np.float32)
+                blk = count // world
+                # Rank p sends base + p; rank r's block q of the output is rank q's block r.
+                want = np.concatenate([(base + q)[rank * blk:(rank + 1) * blk] for q in range(world)])
+            else:
+                want = base
             for arrival in ARRIVALS:
                 if arrival == "apart" and separator is None:
                     continue
                 windows = []
                 for i in range(WARMUP + calls):
-                    x[:] = base if (op == "all_reduce" or rank == 0) else 0
+                    if op in ("all_gather", "all_to_all"):
+                        x[:] = base + rank
+                    else:
+                        x[:] = base if (op != "broadcast" or rank == 0) else 0
                     if arrival == "apart":
                         separator()
                     t0 = time.monotonic_ns()
                     if op == "all_reduce":
                         comm.all_reduce(x)
-                    else:
+                    elif op == "broadcast":
                         comm.broadcast(x, root=0)
+                    elif op == "reduce":
+                        comm.reduce(x, root=0)
+                    elif op == "all_gather":
+                        comm.all_gather(y, x)
+                    elif op == "reduce_scatter":
+                        comm.reduce_scatter(y, x)
+                    else:
+                        comm.all_to_all(y, x)
                     t1 = time.monotonic_ns()
                     if i >= WARMUP:
                         windows.append((t0, t1))
-                    wrong += int(np.count_nonzero(x != want))
+                    if want is not None:
+                        wrong += int(np.count_nonzero((x if y is None else y) != want))
                 recs = comm.trace()[-calls:]
                 if len(recs) != calls:
                     raise RuntimeError(f"trace kept {len(recs)} records, expected {calls}")
@@ -140,17 +172,24 @@ def render(results: list[dict], world: int) -> list[str]:
     return lines
 
 
-def main_trace(cfg: dict, calls: int = 100, load=None, sizes=None) -> int:
+def main_trace(cfg: dict, calls: int = 100, load=None, sizes=None, ops=None) -> int:
     """The per-phase table on stdout; `load` (a BusyLoad or None) runs around the ranks; `sizes`
-    (bytes, multiples of 4) replace the default 1 KiB and 64 KiB."""
+    (bytes, multiples of 4 x the world) replace the default 1 KiB and 64 KiB; `ops` (of
+    TRACEABLE) replace all_reduce and broadcast."""
     world = cfg["world_size"]
     if world < 2:
         print("ringcomm-bench --trace: needs -np >= 2", file=sys.stderr)
         return 2
     calls = max(1, int(calls))
-    cases = [(op, int(n)) for op in OPS for n in (sizes or SIZES) if int(n) >= 4]
+    ops = tuple(ops or OPS)
+    bad = [o for o in ops if o not in TRACEABLE]
+    if bad:
+        print(f"ringcomm-bench --trace: cannot trace {', '.join(bad)} (traceable: {', '.join(TRACEABLE)})",
+              file=sys.stderr)
+        return 2
+    cases = [(op, int(n)) for op in ops for n in (sizes or SIZES) if int(n) >= 4 * world]
     if not cases:
-        print("ringcomm-bench --trace: no size of at least 4 bytes", file=sys.stderr)
+        print(f"ringcomm-bench --trace: no size of at least {4 * world} bytes (4 per rank)", file=sys.stderr)
         return 2
     started = datetime.datetime.now(datetime.timezone.utc)
     load0 = loadavg()
@@ -171,7 +210,7 @@ def main_trace(cfg: dict, calls: int = 100, load=None, sizes=None) -> int:
     head = [f"# ringcomm-bench --trace  {started:%Y-%m-%d %H:%M:%S} UTC  host {platform.node()}  "
             f"{cpu_model()} ({os.cpu_count()} cores)  {platform.system()} {platform.release()}",
             f"# command: {cmd}",
-            f"# {world} local ranks; float32 sum all_reduce (in place) and broadcast (root 0); "
+            f"# {world} local ranks; float32 sum {', '.join(ops)} (root 0 where rooted); "
             f"{WARMUP} warm-up + {calls} traced calls per case; medians per rank of each segment",
             "# arrival: b2b = back to back; apart = a torch.distributed gloo barrier (same "
             "processes) before every call" + ("" if all(r["apart"] for r in results) else
