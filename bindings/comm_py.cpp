@@ -79,11 +79,13 @@ void bind_comm(py::module_& m, bool module_local) {
              d["descheduled"] = st.descheduled;
              d["unpinned_spins"] = st.unpinned_spins;
              d["load_over"] = st.load_over;
+             d["unpinned_backoffs"] = st.unpinned_backoffs;
              return d;
            },
            "Counters of this rank's waits' slow paths: futex sleeps, sched_yields that lost the CPU, "
            "waits that found their peer on their own CPU, long spins that lost the CPU, unpinned ranks' "
-           "long spins, load checks that found the node oversubscribed.")
+           "long spins, load checks that found the node oversubscribed, unpinned waits that skipped the long "
+           "spin after one lost its CPU.")
       .def("abort", &Communicator::abort, py::arg("reason") = "", rc_py::ReleaseGil())
       .def("set_timeout", &Communicator::set_timeout, py::arg("seconds"))
       .def("set_cpus", &Communicator::set_cpus, py::arg("threads"), py::arg("min_bytes"), py::arg("where") = "", py::arg("ranks_sharing") = 0,

@@ -73,7 +73,8 @@ def test_ranks_sharing_a_cpu_with_a_busy_process(world):
     res = _run(world, [{0}], True, 120, {"RINGCOMM_WAIT": "yield", "RINGCOMM_YIELD_LOST_US": "1"})
     for r in res:
         assert r["wrong"] == 0
-        assert set(r["after"]) == {"slept", "yields_lost", "colocated", "descheduled", "unpinned_spins", "load_over"}
+        assert set(r["after"]) == {"slept", "yields_lost", "colocated", "descheduled", "unpinned_spins", "load_over",
+                                   "unpinned_backoffs"}
         assert all(r["after"][k] >= r["before"][k] for k in r["after"])
         assert re.search(r"none for 50 ms after a yield lost the CPU 1 us", r["log"]), r["log"]
     assert _sum(res, "yields_lost") >= 1, [r["after"] for r in res]
@@ -117,5 +118,5 @@ def test_world_of_one_has_counters():
         comm.all_reduce(x)
         st = comm.wait_stats()
     assert st == {"slept": 0, "yields_lost": 0, "colocated": 0, "descheduled": 0, "unpinned_spins": 0,
-                  "load_over": 0}
+                  "load_over": 0, "unpinned_backoffs": 0}
     np.testing.assert_array_equal(x, np.ones(10, np.float32))

@@ -51,6 +51,7 @@ ShmWaitStats ShmWaits::stats() const {
   st.colocated = n_colocated_.load(std::memory_order_relaxed);
   st.descheduled = n_descheduled_.load(std::memory_order_relaxed);
   st.unpinned_spins = n_unpinned_spins_.load(std::memory_order_relaxed);
+  st.unpinned_backoffs = n_unpinned_backoffs_.load(std::memory_order_relaxed);
   st.load_over = n_load_over_.load(std::memory_order_relaxed);
   return st;
 }

@@ -63,6 +63,7 @@ struct ShmWaitStats {
   uint64_t descheduled = 0;  ///< kAuto spins on a CPU of their own that lost it (then slept)
   uint64_t unpinned_spins = 0;  ///< kAuto waits of ranks not pinned apart that took the long spin
   uint64_t load_over = 0;    ///< load checks that found more runnable threads than CPUs
+  uint64_t unpinned_backoffs = 0;  ///< kAuto waits that skipped that spin: one lost its CPU lately
 };
 
 namespace shm_detail {
@@ -142,7 +143,7 @@ class ShmWaits {
   std::atomic<bool> load_over_{false};
   std::atomic<int64_t> next_load_check_{0};
   std::atomic<uint64_t> n_slept_{0}, n_yields_lost_{0}, n_colocated_{0}, n_descheduled_{0};
-  std::atomic<uint64_t> n_unpinned_spins_{0}, n_load_over_{0};
+  std::atomic<uint64_t> n_unpinned_spins_{0}, n_load_over_{0}, n_unpinned_backoffs_{0};
 };
 
 template <class Ready>
@@ -200,8 +201,9 @@ inline void ShmWaits::until(std::atomic<uint32_t>* word, std::atomic<uint32_t>* 
   const WaitMode mode = cfg_.wait_mode;
   const bool auto_sync = mode == WaitMode::kAuto && caller_blocked();
   const bool over = mode == WaitMode::kAuto && load_over(t0);
-  const bool unpinned = auto_sync && cfg_.unpinned_own && !over &&
-                        t0 >= no_unpinned_spin_until_.load(std::memory_order_relaxed);
+  const bool backed_off = t0 < no_unpinned_spin_until_.load(std::memory_order_relaxed);
+  const bool unpinned = auto_sync && cfg_.unpinned_own && !over && !backed_off;
+  if (auto_sync && cfg_.unpinned_own && !over && backed_off) n_unpinned_backoffs_.fetch_add(1, std::memory_order_relaxed);
   const bool colocated = placed_with(w.peer, t0 < no_yield_until || over || unpinned);
   // Spin phase: poll the word with `pause`. A yielding wait (WaitMode::kYield, or kAdaptive after
   // a miss) also hands the CPU to whoever else is runnable on it every yield_every_ns,

@@ -374,7 +374,7 @@ class Communicator:
         """
     def wait_stats(self) -> dict:
         """
-        Counters of this rank's waits' slow paths: futex sleeps, sched_yields that lost the CPU, waits that found their peer on their own CPU, long spins that lost the CPU, unpinned ranks' long spins, load checks that found the node oversubscribed.
+        Counters of this rank's waits' slow paths: futex sleeps, sched_yields that lost the CPU, waits that found their peer on their own CPU, long spins that lost the CPU, unpinned ranks' long spins, load checks that found the node oversubscribed, unpinned waits that skipped the long spin after one lost its CPU.
         """
     @property
     def closed(self) -> bool:

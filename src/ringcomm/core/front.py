@@ -106,8 +106,9 @@ class CommunicatorBase:
         own, ``RINGCOMM_WAIT=auto``, that lost the CPU to another task and slept at once),
         ``unpinned_spins`` (waits of ranks not pinned apart that took that spin:
         ``RINGCOMM_SPIN_UNPINNED_US``), ``load_over`` (load checks that found more runnable threads
-        on the node than usable CPUs: ``RINGCOMM_LOAD_CHECK_MS``). Empty for back ends without a
-        shared-memory wait."""
+        on the node than usable CPUs: ``RINGCOMM_LOAD_CHECK_MS``), ``unpinned_backoffs`` (waits of
+        ranks not pinned apart that skipped that spin because one lost its CPU within
+        ``RINGCOMM_UNPINNED_BACKOFF_MS``). Empty for back ends without a shared-memory wait."""
         stats = getattr(getattr(self, "_c", None), "wait_stats", None)
         return dict(stats()) if stats is not None else {}
 
