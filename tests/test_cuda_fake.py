@@ -46,20 +46,36 @@ SETUP = {"cudaMalloc", "cudaHostAlloc", "cudaHostRegister", "cudaIpcOpenMemHandl
 ERR = {1: "InvalidArgument", 2: "Timeout", 3: "PeerFailure", 4: "Mismatch", 5: "Unsupported"}
 
 
-def run(tmp_path, scenario, mode="device", world=2, results=None, env_extra=None, rank_env=None):
-    """env_extra: variables for every rank (None: unset); rank_env(r): a rank's own."""
+def start(tmp_path, scenario, mode="device", world=2, env_extra=None, rank_env=None, ledger=None):
+    """The rank processes of one communicator. env_extra: variables for every rank (None: unset);
+    rank_env(r): a rank's own; ledger: the GPU ledgers' directory (default: DIR/ledger, of this
+    communicator alone, so that tests running at once do not share the fake GPU's ledger)."""
     env = dict(os.environ, RINGCOMM_CUDA_P2P=mode, RINGCOMM_CUDA_SLOT_BYTES="4096", RINGCOMM_CUDA_NSLOTS="2",
-               RINGCOMM_CUDA_RING_LANES="2", RINGCOMM_CUDA_WATCHDOG_US="200", RINGCOMM_CUDA_CLOSE_WAIT="2")
+               RINGCOMM_CUDA_RING_LANES="2", RINGCOMM_CUDA_WATCHDOG_US="200", RINGCOMM_CUDA_CLOSE_WAIT="2",
+               RINGCOMM_CUDA_LEDGER_DIR=str(ledger or tmp_path / "ledger"))
+    Path(env["RINGCOMM_CUDA_LEDGER_DIR"]).mkdir(parents=True, exist_ok=True)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent / "src"), env.get("PYTHONPATH", "")])
     for k, v in (env_extra or {}).items():
         if v is None:
             env.pop(k, None)
         else:
             env[k] = v
-    procs = [subprocess.Popen([sys.executable, str(RANK), str(r), str(world), str(tmp_path), scenario],
-                              env=dict(env, **(rank_env(r) if rank_env else {})),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    return [subprocess.Popen([sys.executable, str(RANK), str(r), str(world), str(tmp_path), scenario],
+                             env=dict(env, **(rank_env(r) if rank_env else {})),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+
+
+def ledgers(d):
+    """The GPU ledger files in directory d."""
+    return sorted(f.name for f in Path(d).iterdir() if f.name.startswith("ringcomm-gpu-"))
+
+
+def run(tmp_path, scenario, mode="device", world=2, results=None, env_extra=None, rank_env=None):
+    """Runs one communicator's ranks to their end; its GPU ledger is gone after (every rank closed,
+    or died)."""
+    procs = start(tmp_path, scenario, mode, world, env_extra, rank_env)
     logs = [p.communicate(timeout=60)[0] for p in procs]
+    assert not ledgers(tmp_path / "ledger"), "a GPU ledger outlived its communicator:\n" + "\n".join(logs)
     outs = []
     for r in range(world) if results is None else results:
         f = tmp_path / f"out_{r}.json"
@@ -367,3 +383,214 @@ def test_rejected_arguments_beside_fused_calls(tmp_path):
     for out in (r0, r1):
         assert out["errored"] is not None
         assert out["after"] is not None and "unusable after an earlier failure" in out["after"][1], out["after"]
+
+
+# ---- communicators sharing one GPU: the node's GPU ledger (transport/gpu_ledger.h) ----
+
+# Under MPS, 6 SMs x 2 resident ring blocks: 12 blocks for every grid of the GPU at once.
+SHARED = dict(DEFAULT_GEOMETRY, FAKE_CUDA_MPS="1", FAKE_CUDA_SMS="6")
+
+
+def entries(ledger):
+    """The fake GPU's ledger entries: (pid, blocks) of each, [] when there is no ledger."""
+    files = ledgers(ledger)
+    assert len(files) <= 1, files
+    if not files:
+        return []
+    lines = (Path(ledger) / files[0]).read_text().split("\n")
+    return sorted((int(x.split()[0]), int(x.split()[4])) for x in lines if x.strip())
+
+
+class Group:
+    """One communicator's ranks in scenario "ledger": they init, run one call, and hold the ring's
+    blocks until end() tells them to close or to exit without closing."""
+
+    def __init__(self, tmp_path, name, ledger, world=2, **env):
+        self.dir = tmp_path / name
+        self.dir.mkdir()
+        self.world = world
+        self.procs = start(self.dir, "ledger", world=world, env_extra=dict(SHARED, **env), ledger=ledger)
+
+    def outs(self, timeout=60):
+        import time
+        t0 = time.monotonic()
+        files = [self.dir / f"out_{r}.json" for r in range(self.world)]
+        while not all(f.exists() for f in files):
+            dead = [p for p in self.procs if p.poll() not in (None, 0)]
+            assert not dead and time.monotonic() - t0 < timeout, "\n".join(p.communicate()[0] for p in self.procs)
+            time.sleep(0.01)
+        return [json.loads(f.read_text()) for f in files]
+
+    def blocks(self):
+        outs = self.outs()
+        assert all("setup" in o for o in outs), outs
+        assert len({o["setup"]["blocks"] for o in outs}) == 1, outs
+        return outs[0]["setup"]["blocks"], outs
+
+    def end(self, how="close"):
+        (self.dir / "end.tmp").write_text(how)
+        (self.dir / "end.tmp").rename(self.dir / "end")
+        for p in self.procs:
+            out = p.communicate(timeout=60)[0]
+            assert p.returncode == 0, out
+
+
+def test_communicators_on_one_gpu_share_its_blocks(tmp_path):
+    """Under MPS the GPU's 12 resident blocks are shared by every communicator there: the first
+    takes its 2 x 4 lanes, the second what is left (2 x 2), a third is refused naming the holders;
+    closing one frees its blocks for the next, and a dead process's entry is reclaimed."""
+    ledger = tmp_path / "ledger"
+    groups = []
+    try:
+        a = Group(tmp_path, "a", ledger)
+        groups.append(a)
+        blocks_a, outs_a = a.blocks()
+        assert blocks_a == 4
+        pids_a = sorted(o["pid"] for o in outs_a)
+        assert entries(ledger) == [(p, 4) for p in pids_a]
+        b = Group(tmp_path, "b", ledger)
+        groups.append(b)
+        blocks_b, outs_b = b.blocks()
+        assert blocks_b == 2, outs_b[0]["setup"]
+        why = outs_b[0]["setup"]["why"]
+        assert "ledger" in why and "12 resident blocks" in why and "leaves 4 of them" in why, why
+        assert f"pid {pids_a[0]} (rank" in why, why
+        pids_b = sorted(o["pid"] for o in outs_b)
+        # A third finds nothing left: refused on every rank, naming every holder.
+        c = Group(tmp_path, "c", ledger)
+        for o in c.outs():
+            name, msg = o["create_error"]
+            assert name == "InvalidArgumentError", (name, msg)
+            assert "no ring block fits" in msg and "leaves 0 of them" in msg, msg
+            for pid, n in [(p, 4) for p in pids_a] + [(p, 2) for p in pids_b]:
+                assert f"pid {pid} (rank " in msg and f"): {n} blocks" in msg, (pid, msg)
+        c.end()
+        assert sorted(entries(ledger)) == sorted([(p, 4) for p in pids_a] + [(p, 2) for p in pids_b])
+        # Closing A frees its 8 blocks: D gets 2 x 4.
+        a.end("close")
+        groups.remove(a)
+        assert entries(ledger) == [(p, 2) for p in pids_b]
+        d = Group(tmp_path, "d", ledger)
+        groups.append(d)
+        assert d.blocks()[0] == 4
+        # B's processes die holding their blocks: the next init reclaims them (12 - D's 8 = 2 x 2).
+        b.end("die")
+        groups.remove(b)
+        e = Group(tmp_path, "e", ledger)
+        groups.append(e)
+        assert e.blocks()[0] == 2
+        assert not {p for p, _ in entries(ledger)} & set(pids_b)
+    finally:
+        for g in groups:
+            g.end("close")
+    assert not ledgers(ledger)
+
+
+def test_concurrent_inits_do_not_over_commit(tmp_path):
+    """Two communicators initialising at once on a GPU that cannot hold both at full width: the
+    ledger's entries never exceed its 12 blocks, and each communicator that came up holds what it
+    plans with; a loser of the race is refused on every rank, never over-committed."""
+    ledger = tmp_path / "ledger"
+    groups = [Group(tmp_path, "x", ledger), Group(tmp_path, "y", ledger)]
+    try:
+        held = 0
+        for g in groups:
+            outs = g.outs()
+            if all("setup" in o for o in outs):
+                held += 2 * outs[0]["setup"]["blocks"]
+            else:
+                for o in outs:
+                    name, msg = (o.get("create_error") or o.get("connect_error"))
+                    assert name == "InvalidArgumentError" and "ledger" in msg, (name, msg)
+        assert 0 < held <= 12
+        assert sum(n for _, n in entries(ledger)) == held
+    finally:
+        for g in groups:
+            g.end("close")
+    assert not ledgers(ledger)
+
+
+def test_blocks_taken_between_info_and_create_refuse_on_every_rank(tmp_path):
+    """Another communicator reserves after the ranks read the ledger and before they reserve the
+    grid they agreed on: the rank that finds too little left reserves nothing, and every rank
+    refuses at connect naming it and the holders; the entry the other rank made goes with it."""
+    import time
+    from ringcomm import _C_cuda_fake as fake
+    ledger = tmp_path / "ledger"
+    g = Group(tmp_path, "a", ledger, PAUSE_BEFORE_CREATE="1")
+    try:
+        t0 = time.monotonic()
+        while len(list(g.dir.glob("info_[01]"))) < 2 and time.monotonic() - t0 < 60:
+            time.sleep(0.01)
+        # Both ranks saw 12 blocks free and will plan 2 x 4; 6 go to another holder now.
+        assert fake.ledger_reserve(str(ledger), b"0fake-gpu-uuid-0", 99, True, 6, 12)[0]
+        (g.dir / "go").write_text("")
+        outs = g.outs()
+        failed = set()
+        for o in outs:
+            name, msg = o["connect_error"]
+            assert name == "InvalidArgumentError" and "could not reserve the ring's 4 block(s)" in msg, (name, msg)
+            assert f"pid {os.getpid()} (rank 0 of 1): 6 blocks" in msg, msg
+            failed.add(re.search(r"rank (\d) could not reserve", msg).group(1))
+        assert len(failed) == 1, outs
+        g.end("close")
+        assert entries(ledger) == [(os.getpid(), 6)], "the refused communicator left an entry"
+    finally:
+        fake.ledger_release(str(ledger), b"0fake-gpu-uuid-0", 99)
+        if any(p.poll() is None for p in g.procs):
+            g.end("close")
+    assert not ledgers(ledger)
+
+
+LEDGER_RESERVER = r"""
+import sys, time
+from pathlib import Path
+from ringcomm import _C_cuda_fake as fake
+d, when = sys.argv[1], float(sys.argv[2])
+time.sleep(max(0.0, when - time.time()))
+ok, held, holders = fake.ledger_reserve(d + "/ledger", b"0fake-gpu-uuid-0", 1, True, 3, 12)
+Path(d, f"res_{sys.argv[3]}").write_text(str(int(ok)))
+while not Path(d, "end").exists():
+    time.sleep(0.005)
+fake.ledger_release(d + "/ledger", b"0fake-gpu-uuid-0", 1)
+"""
+
+
+def test_ledger_reservations_at_once_never_exceed_the_gpu(tmp_path):
+    """Eight processes reserve 3 of 12 blocks at the same instant under the ledger's lock: exactly
+    four get them; a process's own entries (not an MPS client) count against it alone; a
+    released or dead holder's blocks are free again."""
+    import time
+    from ringcomm import _C_cuda_fake as fake
+    (tmp_path / "ledger").mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]))
+    when = time.time() + 3.0
+    procs = [subprocess.Popen([sys.executable, "-c", LEDGER_RESERVER, str(tmp_path), str(when), str(i)], env=env)
+             for i in range(8)]
+    try:
+        t0 = time.monotonic()
+        while len(list(tmp_path.glob("res_*"))) < 8 and time.monotonic() - t0 < 60:
+            time.sleep(0.01)
+        got = [int((tmp_path / f"res_{i}").read_text()) for i in range(8)]
+        assert sum(got) == 4, got
+        assert sum(n for _, n in entries(tmp_path / "ledger")) == 12
+    finally:
+        (tmp_path / "end").write_text("")
+        for p in procs:
+            p.wait(timeout=60)
+    assert not ledgers(tmp_path / "ledger")
+    # Without MPS a process's context is its own: only its own entries share the blocks.
+    d, u = str(tmp_path / "ledger"), b"0fake-gpu-uuid-0"
+    assert fake.ledger_reserve(d, u, 1, False, 8, 12)[0]
+    ok, held, holders = fake.ledger_reserve(d, u, 2, False, 5, 12)
+    assert not ok and held == 8 and f"pid {os.getpid()} (rank 0 of 1): 8 blocks" in holders, holders
+    assert fake.ledger_look(d, u, True, 2)[0] == 0, "an MPS client does not share a context with it"
+    fake.ledger_release(d, u, 1)
+    assert fake.ledger_reserve(d, u, 2, False, 5, 12)[0]
+    fake.ledger_release(d, u, 2)
+    assert not ledgers(d)
+    # A dead holder's entry (its process gone, or its pid reused) is dropped by the next access.
+    p = Path(fake.ledger_path(d, u))
+    p.write_text("999999999 1 1 1 12 0 2\n%d 1 1 1 12 0 2\n" % os.getpid())
+    assert fake.ledger_look(d, u, True, 7) == (0, "")
+    assert not ledgers(d), "an empty ledger is removed"

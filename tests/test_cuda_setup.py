@@ -100,6 +100,28 @@ def test_refuses_grids_that_cannot_all_be_resident():
         plan([gpu(0, sms=1, blocks_per_sm=2, ring_lanes=3, knobs_set=SET_LANES, max_blocks=3)] * 2)
 
 
+def test_the_gpu_ledger_caps_the_grid():
+    """What the GPU's ledger leaves (other communicators' grids there) is shared by the ranks
+    running there at once, and caps the grid like the SM budget; none left is refused naming the
+    holders."""
+    held = "pid 7 (rank 0 of 2): 4 blocks; pid 8 (rank 1 of 2): 4 blocks"
+    p = plan([gpu(0, mps=True, sms=6, ledger_free=4, ledger_holders=held)] * 2)
+    assert brief(p) == ("one GPU shared under MPS", "flags", 2, 2)
+    assert "ledger" in p["why"] and "12 resident blocks" in p["why"] and "leaves 4 of them" in p["why"] and held in p["why"], p["why"]
+    # Left room for more than the grid asks: the lanes asked decide, not the ledger.
+    p = plan([gpu(0, mps=True, ledger_free=200)] * 2)
+    assert brief(p) == ("one GPU shared under MPS", "flags", 4, 100)
+    # One rank's ledger decides for every rank (a GPU of its own, with another communicator there).
+    p = plan([gpu(0, ledger_free=3, ledger_holders="pid 9 (rank 0 of 1): 261 blocks"), gpu(1)])
+    assert brief(p) == ("separate GPUs", "flags", 3, 3)
+    # Nothing left: refused, naming the holders.
+    with pytest.raises(ringcomm.InvalidArgumentError, match="no ring block fits") as e:
+        plan([gpu(0, mps=True, sms=6, ledger_free=1, ledger_holders=held)] * 2)
+    assert held in str(e.value) and "close one of those communicators" in str(e.value)
+    # No ledger (-1: not read): the budget alone.
+    assert brief(plan([gpu(0, mps=True, ledger_free=-1)] * 2)) == ("one GPU shared under MPS", "flags", 4, 132)
+
+
 def test_ranks_must_agree_on_the_ring_knobs():
     with pytest.raises(ringcomm.MismatchError, match="RINGCOMM_CUDA_RING_LANES"):
         plan([gpu(0, ring_lanes=2, knobs_set=SET_LANES), gpu(0)])

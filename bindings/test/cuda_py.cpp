@@ -74,6 +74,8 @@ rc::CudaPeerInfo info_from_dict(const py::dict& d) {
   p.max_blocks = d.contains("max_blocks") ? d["max_blocks"].cast<int32_t>() : 0;
   p.ring_lanes = d.contains("ring_lanes") ? d["ring_lanes"].cast<int32_t>() : 4;
   p.ring_knobs_set = d.contains("knobs_set") ? d["knobs_set"].cast<uint32_t>() : 0;
+  p.ledger_free = d.contains("ledger_free") ? d["ledger_free"].cast<int32_t>() : -1;
+  p.ledger_holders = d.contains("ledger_holders") ? d["ledger_holders"].cast<std::string>() : "";
   return p;
 }
 

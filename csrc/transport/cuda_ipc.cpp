@@ -101,6 +101,14 @@ std::string CudaIpcTransport::local_info() const {
   p.max_blocks = cfg_.max_blocks_set ? cfg_.max_blocks : 0;
   p.ring_lanes = cfg_.ring_lanes;
   p.ring_knobs_set = cfg_.ring_knobs_set;
+  if (is_device_mode(cfg_.mode) && world_ > 1) {
+    // What the other communicators' grids leave on this GPU, in this rank's domain (MPS clients
+    // share one); create() reserves the agreed grid from it.
+    const GpuLedgerLook l = GpuLedger(cfg_.ledger_dir, p.uuid).look(p.mps, pin_owner_);
+    const int64_t resident = static_cast<int64_t>(p.sms) * p.ring_blocks_per_sm;
+    p.ledger_free = static_cast<int32_t>(std::max<int64_t>(0, std::min<int64_t>(resident - l.held, 1 << 30)));
+    p.ledger_holders = l.holders;
+  }
   return encode_peer_info(p);
 }
 
@@ -131,6 +139,14 @@ std::string CudaIpcTransport::create(const std::vector<std::string>& infos) {
     // after the channels' slots (exported and opened with them, once, at setup).
     cfg_.ring = plan_device_ring(all, cfg_.mode);
     cfg_.ring_lanes = cfg_.ring.lanes;
+    // Reserve the grid in the GPU's ledger. Another communicator may have reserved since
+    // local_info(): then this rank reserves nothing, and attach() refuses on every rank (the blob
+    // says so).
+    ledger_ = std::make_unique<GpuLedger>(cfg_.ledger_dir, me.uuid);
+    GpuLedgerLook l;
+    ledger_ok_ = ledger_->reserve(pin_owner_, me.mps, cfg_.ring.lanes, rank_, world_,
+                                  static_cast<int64_t>(me.sms) * me.ring_blocks_per_sm, &l);
+    if (!ledger_ok_) ledger_holders_ = l.holders;
     cfg_.ring_slot_stride = ring_layout_.slot_stride(cfg_.ring.slot_bytes);
     cfg_.ring_bytes =
         ring_layout_.region_bytes(cfg_.ring.slot_bytes, cfg_.ring.nslots, static_cast<size_t>(cfg_.ring.lanes));
@@ -186,6 +202,8 @@ std::string CudaIpcTransport::create(const std::vector<std::string>& infos) {
   }
   w.put<uint8_t>(inbox_ ? 1 : 0);
   w.bytes(&mh, sizeof(mh));
+  w.put<uint8_t>(ledger_ok_ ? 1 : 0);
+  w.str(ledger_holders_);
   for (int l = 0; l < kNumLanes; ++l) {
     for (int peer = 0; peer < world_; ++peer) {
       if (peer == rank_) continue;
@@ -221,6 +239,18 @@ void CudaIpcTransport::attach(const std::vector<std::string>& blobs) {
     x.name = r.str();
     x.has_inbox = r.get<uint8_t>() != 0;
     r.bytes(&x.mh, sizeof(x.mh));
+    const bool reserved = r.get<uint8_t>() != 0;
+    const std::string holders = r.str();
+    if (!reserved) {
+      // Every rank refuses alike; this rank's own entry goes (nothing of the ring has run).
+      if (ledger_) ledger_->release(pin_owner_);
+      ledger_.reset();
+      RC_THROW(InvalidArgument, "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(cfg_.mode) << ": rank " << p
+                   << " could not reserve the ring's " << cfg_.ring.lanes << " block(s) in its GPU's ledger "
+                   << "(RINGCOMM_CUDA_LEDGER_DIR): another communicator initialised at once took them; "
+                   << "its holders now: " << holders << "; a spinning grid waiting on one that is not resident "
+                   << "never ends: retry, or close one of those communicators");
+    }
   }
   std::vector<std::string> names;
   for (auto& x : peers) names.push_back(x.name);
@@ -544,6 +574,16 @@ void CudaIpcTransport::close(bool drained) {
   (void)cudaGetLastError();
   if (prev >= 0 && prev != device_) (void)cudaSetDevice(prev);
   if (ctl_) ctl_->close(keep_mappings);
+  // The ledger's entry goes when no grid of this rank can still be resident: drained, or never
+  // attached (no launch). Otherwise it stays until this process exits (dead holders are dropped).
+  if (ledger_ && (safe || !attached_)) {
+    try {
+      ledger_->release(pin_owner_);
+    } catch (const std::exception& e) {
+      RC_LOG(kWarn, rank_, world_, "the GPU ledger's entry was not released: " << e.what());
+    }
+    ledger_.reset();
+  }
 }
 
 void CudaIpcTransport::abort(uint32_t kind, const std::string& msg) {

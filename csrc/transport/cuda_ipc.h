@@ -72,6 +72,7 @@
 
 #include "common/errors.h"
 #include "common/knobs.h"
+#include "transport/gpu_ledger.h"
 #include "transport/pin_registry.h"
 #include "transport/shm.h"
 #include "transport/shm_config.h"
@@ -124,6 +125,7 @@ struct CudaIpcConfig {
   int ring_lanes = 0;        // RINGCOMM_CUDA_RING_LANES; after create(): the ring's grid (ring.lanes)
   uint32_t ring_knobs_set = 0;  // bits: 1 RINGCOMM_CUDA_RING_LANES, 2 _NSLOTS, 4 _SLOT_BYTES set
   int64_t watchdog_us = 0;   // RINGCOMM_CUDA_WATCHDOG_US
+  std::string ledger_dir;    // RINGCOMM_CUDA_LEDGER_DIR (transport/gpu_ledger.h)
   // Device modes, after create(): the ring's plan and its region (ring_bytes 0: no device ring).
   RingPlan ring;
   size_t ring_bytes = 0;
@@ -152,6 +154,9 @@ struct CudaPeerInfo {
   int32_t max_blocks = 0;             // its RINGCOMM_CUDA_MAX_BLOCKS when set, else 0
   int32_t ring_lanes = 0;             // its RINGCOMM_CUDA_RING_LANES
   uint32_t ring_knobs_set = 0;        // CudaIpcConfig::ring_knobs_set
+  int32_t ledger_free = -1;           // device modes: ring blocks its GPU's ledger leaves in its
+                                      // domain (transport/gpu_ledger.h); -1: no ledger
+  std::string ledger_holders;         // the entries holding the rest, for messages
 };
 
 /// Channel kinds for every ordered pair, computed identically on every rank (pure; unit-tested
@@ -161,9 +166,11 @@ std::vector<ChannelKind> plan_channels(const std::vector<CudaPeerInfo>& infos, i
 /// rank (pure). Ranks on one GPU (same uuid) share it; its grids run at once when it is theirs
 /// alone or under MPS. Each rank's SM budget is its RINGCOMM_CUDA_MAX_BLOCKS, else its GPU's
 /// resident ring blocks (sms x ring_blocks_per_sm) divided by the ranks whose grids run there at
-/// once; the grid is the smallest budget capped at the lanes asked for. Throws InvalidArgument
-/// when the grids could not all be resident (a spinning grid waiting on a grid that is not
-/// resident never ends), Mismatch when the ranks' ring knobs differ.
+/// once, and at most what its GPU's ledger leaves (ledger_free, other communicators' grids on that
+/// GPU) divided alike; the grid is the smallest budget capped at the lanes asked for. Throws
+/// InvalidArgument when the grids could not all be resident (a spinning grid waiting on a grid
+/// that is not resident never ends; naming the ledger's holders when they are why), Mismatch
+/// when the ranks' ring knobs differ.
 RingPlan plan_device_ring(const std::vector<CudaPeerInfo>& infos, int mode);
 
 std::string encode_peer_info(const CudaPeerInfo& p);
@@ -256,6 +263,11 @@ class CudaIpcTransport {
   std::vector<int32_t> pids_;             // every rank's pid (from the infos)
   bool attached_ = false;
   bool closed_ = false;
+  // Device modes: this rank's entry in its GPU's ledger, from create() to close() (an undrained
+  // close keeps it until the process exits: its grids may still be resident).
+  std::unique_ptr<GpuLedger> ledger_;
+  bool ledger_ok_ = true;      // create()'s reservation succeeded (or there was none)
+  std::string ledger_holders_;  // else: the holders that left too little
 };
 
 }  // namespace rc

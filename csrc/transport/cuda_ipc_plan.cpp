@@ -91,6 +91,7 @@ CudaIpcConfig CudaIpcConfig::from_knobs(const Knobs& k, int world, double timeou
   c.ring_knobs_set = (k.is_set(KnobId::cuda_ring_lanes) ? 1u : 0u) | (k.is_set(KnobId::cuda_nslots) ? 2u : 0u) |
                      (k.is_set(KnobId::cuda_slot_bytes) ? 4u : 0u);
   c.watchdog_us = k.cuda_watchdog_us;
+  c.ledger_dir = k.cuda_ledger_dir;
   RC_CHECK(c.watchdog_us >= 10, InvalidArgument, "RINGCOMM_CUDA_WATCHDOG_US must be >= 10, got " << c.watchdog_us);
   // Device modes: the ring's geometry and region (ring, ring_bytes) are decided at create(), from
   // every rank's device info (plan_device_ring).
@@ -120,6 +121,8 @@ std::string encode_peer_info(const CudaPeerInfo& p) {
   w.put(p.max_blocks);
   w.put(p.ring_lanes);
   w.put(p.ring_knobs_set);
+  w.put(p.ledger_free);
+  w.str(p.ledger_holders);
   return w.take();
 }
 
@@ -148,6 +151,8 @@ CudaPeerInfo decode_peer_info(const std::string& bytes) {
   p.max_blocks = r.get<int32_t>();
   p.ring_lanes = r.get<int32_t>();
   p.ring_knobs_set = r.get<uint32_t>();
+  p.ledger_free = r.get<int32_t>();
+  p.ledger_holders = r.str();
   return p;
 }
 
@@ -212,6 +217,8 @@ RingPlan plan_device_ring(const std::vector<CudaPeerInfo>& infos, int mode) {
     bool mps = true;
     int64_t resident = -1;  // ring blocks resident at once: SMs x blocks per SM
     int sms = 0, per_sm = 0;
+    int64_t free = -1;    // of those, what the GPU's ledger leaves to this communicator
+    int ledger_rank = -1;  // the rank whose ledger left the least (-1: no other holder)
     bool concurrent() const { return ranks.size() == 1 || mps; }
     int64_t share() const { return concurrent() ? static_cast<int64_t>(ranks.size()) : 1; }
   };
@@ -221,7 +228,10 @@ RingPlan plan_device_ring(const std::vector<CudaPeerInfo>& infos, int mode) {
     const CudaPeerInfo& x = infos[r];
     size_t g = 0;
     while (g < gpus.size() && gpus[g].uuid != x.uuid) ++g;
-    if (g == gpus.size()) gpus.push_back(Gpu{x.uuid});
+    if (g == gpus.size()) {
+      gpus.emplace_back();
+      gpus.back().uuid = x.uuid;
+    }
     Gpu& G = gpus[g];
     G.ranks.push_back(r);
     G.mps = G.mps && x.mps;
@@ -256,8 +266,26 @@ RingPlan plan_device_ring(const std::vector<CudaPeerInfo>& infos, int mode) {
   p.slot_bytes = (r0.ring_knobs_set & 4u) || !p.spin ? r0.slot_bytes : (size_t{8} << 20);
   const int asked = p.lanes;
 
-  // Each rank's SM budget: its RINGCOMM_CUDA_MAX_BLOCKS, else its share of its GPU's resident
-  // blocks. Every rank runs the smallest (the lanes of a ring are equal on every rank).
+  // What each GPU's ledger leaves to this communicator (the other communicators' grids there):
+  // the least any of its ranks there saw; without a ledger, every resident block.
+  for (int r = 0; r < n; ++r) {
+    Gpu& G = gpus[gpu_of[r]];
+    if (G.free < 0) G.free = G.resident;
+    if (infos[r].ledger_free >= 0 && infos[r].ledger_free < G.free) {
+      G.free = infos[r].ledger_free;
+      G.ledger_rank = r;
+    }
+  }
+  auto ledger_text = [&](const Gpu& G) {
+    std::ostringstream o;
+    if (G.ledger_rank >= 0)
+      o << "; its ledger (RINGCOMM_CUDA_LEDGER_DIR) leaves " << G.free << " of them: other communicators hold the rest: "
+        << infos[G.ledger_rank].ledger_holders;
+    return o.str();
+  };
+
+  // Each rank's SM budget: its RINGCOMM_CUDA_MAX_BLOCKS, else its share of what its GPU's ledger
+  // leaves. Every rank runs the smallest (the lanes of a ring are equal on every rank).
   int tight = 0;
   int64_t budget = -1;
   for (int r = 0; r < n; ++r) {
@@ -266,24 +294,28 @@ RingPlan plan_device_ring(const std::vector<CudaPeerInfo>& infos, int mode) {
              "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": the ring kernel cannot be resident on the GPU of "
                                             << "rank " << r << " (" << G.sms << " SMs x " << G.per_sm
                                             << " blocks per SM)");
-    const int64_t b = infos[r].max_blocks > 0 ? infos[r].max_blocks : G.resident / G.share();
+    const int64_t b = infos[r].max_blocks > 0 ? infos[r].max_blocks : G.free / G.share();
     if (budget < 0 || b < budget) {
       budget = b;
       tight = r;
     }
   }
+  const Gpu& T = gpus[gpu_of[tight]];
+  const bool by_ledger = infos[tight].max_blocks <= 0 && T.ledger_rank >= 0;
   p.budget = static_cast<int>(std::min<int64_t>(budget, 1 << 30));
   p.lanes = std::min(p.lanes, p.budget);
   RC_CHECK(p.lanes >= 1, InvalidArgument,
            "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": no ring block fits the SM budget of rank " << tight
-               << " (" << describe(gpus[gpu_of[tight]]) << "); a spinning grid waiting on one that is not resident "
-               << "never ends: use fewer ranks per GPU, MPS, or RINGCOMM_CUDA_P2P=auto");
+               << " (" << describe(T) << ledger_text(T) << "); a spinning grid waiting on one that is not resident "
+               << "never ends: " << (by_ledger ? "close one of those communicators, " : "")
+               << "use fewer ranks per GPU, MPS, or RINGCOMM_CUDA_P2P=auto");
   for (const Gpu& G : gpus) {
-    RC_CHECK(G.share() * p.lanes <= G.resident, InvalidArgument,
+    RC_CHECK(G.share() * p.lanes <= G.free, InvalidArgument,
              "ringcomm: RINGCOMM_CUDA_P2P=" << mode_name(mode) << ": " << G.share() << " ring grid(s) of " << p.lanes
-                 << " blocks cannot all be resident (" << describe(G) << "; RINGCOMM_CUDA_MAX_BLOCKS " << p.budget
-                 << "); a spinning grid waiting on one that is not resident never ends: lower "
-                 << "RINGCOMM_CUDA_MAX_BLOCKS or RINGCOMM_CUDA_RING_LANES");
+                 << " blocks cannot all be resident (" << describe(G) << ledger_text(G) << "; RINGCOMM_CUDA_MAX_BLOCKS "
+                 << p.budget << "); a spinning grid waiting on one that is not resident never ends: lower "
+                 << "RINGCOMM_CUDA_MAX_BLOCKS or RINGCOMM_CUDA_RING_LANES"
+                 << (G.ledger_rank >= 0 ? ", or close one of those communicators" : ""));
   }
 
   std::ostringstream why;
@@ -296,7 +328,7 @@ RingPlan plan_device_ring(const std::vector<CudaPeerInfo>& infos, int mode) {
   why << "); " << (p.spin ? "in-kernel spins with few, large slots" : "in-kernel flags")
       << (mode == kModeDevice ? "" : " (forced by RINGCOMM_CUDA_P2P)") << "; grid " << p.lanes
       << " block(s) per rank (lanes asked " << asked << ", SM budget " << p.budget << " of rank " << tight << ": "
-      << (infos[tight].max_blocks > 0 ? std::string("RINGCOMM_CUDA_MAX_BLOCKS") : describe(gpus[gpu_of[tight]]))
+      << (infos[tight].max_blocks > 0 ? std::string("RINGCOMM_CUDA_MAX_BLOCKS") : describe(T) + ledger_text(T))
       << "); slots " << p.nslots << " x " << p.slot_bytes << " B per lane";
   p.why = why.str();
   return p;

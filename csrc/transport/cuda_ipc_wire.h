@@ -18,7 +18,7 @@ namespace cuda_ipc_wire {
 
 inline constexpr uint32_t kInfoMagic = 0x52434449;  // "RCDI"
 inline constexpr uint32_t kBlobMagic = 0x52434842;  // "RCHB"
-inline constexpr uint32_t kWireVersion = 3;
+inline constexpr uint32_t kWireVersion = 4;
 inline constexpr uint64_t kByeTag = ~0ull;          // the control-plane message a closing rank sends
 inline constexpr size_t kPageBytes = 4096;
 /// RINGCOMM_CUDA_P2P=device's mode number (kModeNames in cuda_ipc_plan.cpp), and its two forced

@@ -42,9 +42,14 @@ class Knobs:
         RINGCOMM_CUDA_CLOSE_WAIT: seconds a closing CUDA communicator waits for its peers' goodbyes
         """
     @property
+    def cuda_ledger_dir(self) -> str:
+        """
+        RINGCOMM_CUDA_LEDGER_DIR: RINGCOMM_CUDA_P2P=device*: directory of the node's per-GPU ledgers (one file per GPU, ringcomm-gpu-<uuid>) of the ring blocks each live communicator holds, so that communicators sharing a GPU plan within what the others left; every process sharing a GPU must see the same directory
+        """
+    @property
     def cuda_max_blocks(self) -> int:
         """
-        RINGCOMM_CUDA_MAX_BLOCKS: CUDA grid cap of this rank: the reduce kernel's blocks (0: 4 per SM) and, RINGCOMM_CUDA_P2P=device*, the SM budget of the ring kernel (0: the SMs x its resident blocks per SM, divided by the ranks that run concurrently on the GPU); init refuses grids that could not all be resident
+        RINGCOMM_CUDA_MAX_BLOCKS: CUDA grid cap of this rank: the reduce kernel's blocks (0: 4 per SM) and, RINGCOMM_CUDA_P2P=device*, the SM budget of the ring kernel (0: what the GPU's ledger, RINGCOMM_CUDA_LEDGER_DIR, leaves of the SMs x its resident blocks per SM once the other communicators there are counted, divided by this communicator's ranks that run concurrently on the GPU); init refuses grids that could not all be resident
         """
     @property
     def cuda_nslots(self) -> int:

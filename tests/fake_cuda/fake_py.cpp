@@ -13,6 +13,7 @@
 
 #include "comm/communicator_cuda.h"
 #include "device/ring_cuda.h"
+#include "transport/gpu_ledger.h"
 
 namespace py = pybind11;
 using rc::CudaCommunicator;
@@ -151,4 +152,23 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
     s->seen = seen;
     rc::dev::SysU32(s->reason).store(reason, cuda::std::memory_order_release);
   });
+  // The production GPU ledger (transport/gpu_ledger.h), driven directly.
+  m.def("ledger_reserve", [](const std::string& dir, const std::string& uuid, uint64_t owner, bool mps, int blocks,
+                             int64_t capacity) {
+    rc::GpuLedgerLook l;
+    bool ok = false;
+    {
+      py::gil_scoped_release nogil;
+      ok = rc::GpuLedger(dir, uuid).reserve(owner, mps, blocks, 0, 1, capacity, &l);
+    }
+    return py::make_tuple(ok, l.held, l.holders);
+  });
+  m.def("ledger_release", [](const std::string& dir, const std::string& uuid, uint64_t owner) {
+    rc::GpuLedger(dir, uuid).release(owner);
+  });
+  m.def("ledger_look", [](const std::string& dir, const std::string& uuid, bool mps, uint64_t owner) {
+    const rc::GpuLedgerLook l = rc::GpuLedger(dir, uuid).look(mps, owner);
+    return py::make_tuple(l.held, l.holders);
+  });
+  m.def("ledger_path", [](const std::string& dir, const std::string& uuid) { return rc::GpuLedger(dir, uuid).path(); });
 }

@@ -80,16 +80,26 @@ def main():
     rank, world, d, scenario = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     comm = fake.Communicator(rank, world, int(os.environ.get("FAKE_CUDA_DEVICE", "0")), 5.0)
     infos = exchange(d, rank, world, "info", comm.local_info())
+    if os.environ.get("PAUSE_BEFORE_CREATE"):  # until DIR/go: the test changes the GPU ledger meanwhile
+        while not (d / "go").exists():
+            time.sleep(0.005)
     try:
         blob = comm.create(infos)
-    except Exception as e:  # noqa: BLE001 - a refused setup is what scenario "refused" checks
-        if scenario != "refused":
+    except Exception as e:  # noqa: BLE001 - a refused setup is what scenarios "refused" and "ledger" check
+        if scenario not in ("refused", "ledger"):
             raise
         (d / f"out_{rank}.json").write_text(json.dumps({"create_error": [type(e).__name__, str(e)]}))
         comm.close()
         return
     blobs = exchange(d, rank, world, "blob", blob)
-    comm.connect(blobs)
+    try:
+        comm.connect(blobs)
+    except Exception as e:  # noqa: BLE001 - a reservation lost to a concurrent init ("ledger")
+        if scenario != "ledger":
+            raise
+        (d / f"out_{rank}.json").write_text(json.dumps({"connect_error": [type(e).__name__, str(e)]}))
+        comm.close()
+        return
     setup_log = fake.calls()
     setup_calls = kernel_calls(setup_log)
     s = fake.new_stream()
@@ -255,6 +265,21 @@ def main():
                 calls[f"{name}/{root}"] = {"calls": c, "launches": ls, "posted": comm.headers_posted() - posted}
                 w.wait()
         out["eager"] = calls
+    elif scenario == "ledger":
+        # Hold the ring's blocks (one call runs) until DIR/end says "close" or "die" (exit without
+        # closing: the GPU ledger's entry outlives the process).
+        comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s).wait()
+        out["setup"] = comm.device_setup()
+        out["pid"] = os.getpid()
+        (d / f"out_{rank}.json").write_text(json.dumps(out))
+        end = d / "end"
+        t0 = time.monotonic()
+        while not end.exists() and time.monotonic() - t0 < 50:
+            time.sleep(0.005)
+        if end.exists() and end.read_text() == "die":
+            os._exit(0)
+        comm.close()
+        return
     elif scenario == "host":
         fake.clear()
         fake.begin_capture(s)
