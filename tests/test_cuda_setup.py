@@ -118,6 +118,10 @@ def test_the_gpu_ledger_caps_the_grid():
     with pytest.raises(ringcomm.InvalidArgumentError, match="no ring block fits") as e:
         plan([gpu(0, mps=True, sms=6, ledger_free=1, ledger_holders=held)] * 2)
     assert held in str(e.value) and "close one of those communicators" in str(e.value)
+    # RINGCOMM_CUDA_MAX_BLOCKS set: the knob is the budget, and grids beyond what is left are refused.
+    with pytest.raises(ringcomm.InvalidArgumentError, match="cannot all be resident") as e:
+        plan([gpu(0, mps=True, sms=6, max_blocks=4, ledger_free=4, ledger_holders=held)] * 2)
+    assert held in str(e.value) and "close one of those communicators" in str(e.value)
     # No ledger (-1: not read): the budget alone.
     assert brief(plan([gpu(0, mps=True, ledger_free=-1)] * 2)) == ("one GPU shared under MPS", "flags", 4, 132)
 
