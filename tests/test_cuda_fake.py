@@ -23,7 +23,11 @@ Default mode: an all_reduce under capture raises (it would wait on the host).
 The fake's topology (device count, P2P, MPS, SMs, occupancy): the setup each one gets, the ring
 launch's grid within the SM budget, the refusal of grids that could not all be resident, every ring
 kernel loaded at init and none by a call; ringcomm.cuda's in-flight guard queries nothing while the
-call's stream captures."""
+call's stream captures.
+Communicators sharing one fake GPU under MPS, through the node's GPU ledger (transport/gpu_ledger.h):
+the second gets what the first left, a third is refused naming the holders, closing one frees its
+blocks, a dead process's entry is reclaimed, inits at once never over-commit, blocks taken between a
+rank's read and its reservation refuse on every rank; no ledger file outlives its communicators."""
 import importlib.util
 import json
 import os
@@ -591,6 +595,11 @@ def test_ledger_reservations_at_once_never_exceed_the_gpu(tmp_path):
     assert not ledgers(d)
     # A dead holder's entry (its process gone, or its pid reused) is dropped by the next access.
     p = Path(fake.ledger_path(d, u))
-    p.write_text("999999999 1 1 1 12 0 2\n%d 1 1 1 12 0 2\n" % os.getpid())
+    ns = int(os.readlink("/proc/self/ns/pid").split("[")[1].rstrip("]"))
+    p.write_text("999999999 1 1 1 12 0 2 %d\n%d 1 1 1 12 0 2 %d\n" % (ns, os.getpid(), ns))
     assert fake.ledger_look(d, u, True, 7) == (0, "")
     assert not ledgers(d), "an empty ledger is removed"
+    # A holder in another PID namespace cannot be checked from here: it is kept.
+    p.write_text("999999999 1 1 1 12 0 2 %d\n" % (ns + 1))
+    assert fake.ledger_look(d, u, True, 7) == (12, "pid 999999999 (rank 0 of 2): 12 blocks")
+    p.unlink()

@@ -26,7 +26,17 @@ struct Entry {
   int mps = 0;
   int64_t blocks = 0;
   int rank = 0, world = 0;
+  uint64_t ns = 0;  // the process's PID namespace (0: unknown): its pid means nothing in another
 };
+
+// This process's PID namespace (the inode of /proc/self/ns/pid); 0 when it cannot be read.
+uint64_t pid_namespace() {
+  char buf[64] = {0};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+  if (n <= 0) return 0;
+  const char* b = std::strchr(buf, '[');
+  return b != nullptr ? std::strtoull(b + 1, nullptr, 10) : 0;
+}
 
 // The start time of `pid` in clock ticks since boot; 0 when there is no such process or it has
 // exited (a zombie, not yet reaped, holds nothing on the GPU).
@@ -45,7 +55,14 @@ uint64_t start_time(int64_t pid) {
   return 0;
 }
 
-bool alive(const Entry& e) { return e.pid > 0 && start_time(e.pid) == e.start && e.start != 0; }
+// An entry of another PID namespace (another container sharing the directory) cannot be checked
+// from here and counts as alive: keeping a dead holder's blocks wastes them, dropping a live one's
+// could leave a grid not resident.
+bool alive(const Entry& e) {
+  static const uint64_t me = pid_namespace();
+  if (e.ns != 0 && me != 0 && e.ns != me) return true;
+  return e.pid > 0 && start_time(e.pid) == e.start && e.start != 0;
+}
 
 // The ledger's file, opened and locked (flock, exclusive); -1 when it does not exist and
 // !create. A file unlinked or replaced between open and lock is let go and the path reopened.
@@ -90,7 +107,7 @@ std::vector<Entry> read_entries(int fd) {
   while (std::getline(in, line)) {
     std::istringstream l(line);
     Entry e;
-    if (l >> e.pid >> e.start >> e.owner >> e.mps >> e.blocks >> e.rank >> e.world) {
+    if (l >> e.pid >> e.start >> e.owner >> e.mps >> e.blocks >> e.rank >> e.world >> e.ns) {
       if (alive(e)) v.push_back(e);
     }
   }
@@ -106,7 +123,7 @@ void write_entries(int fd, const std::string& path, const std::vector<Entry>& v)
   std::ostringstream o;
   for (const Entry& e : v)
     o << e.pid << ' ' << e.start << ' ' << e.owner << ' ' << e.mps << ' ' << e.blocks << ' ' << e.rank << ' '
-      << e.world << '\n';
+      << e.world << ' ' << e.ns << '\n';
   const std::string s = o.str();
   RC_CHECK(::ftruncate(fd, 0) == 0, Error, "ringcomm: cannot write the GPU ledger " << path << ": " << std::strerror(errno));
   size_t done = 0;
@@ -182,6 +199,7 @@ bool GpuLedger::reserve(uint64_t owner, bool mps, int blocks, int rank, int worl
     e.blocks = blocks;
     e.rank = rank;
     e.world = world;
+    e.ns = pid_namespace();
     keep.push_back(e);
   }
   write_entries(l.fd, path_, keep);

@@ -1,6 +1,7 @@
 // The node-wide ledger of the device ring's resident blocks on each GPU (RINGCOMM_CUDA_P2P=device*):
 // every live communicator rank that runs ring grids on a GPU holds an entry {pid, the process's
-// start time, owner (its transport), MPS client or not, blocks, rank, world} in that GPU's file
+// start time, owner (its transport), MPS client or not, blocks, rank, world, PID namespace} in that
+// GPU's file
 // `<RINGCOMM_CUDA_LEDGER_DIR>/ringcomm-gpu-<uuid in hex>`, read and written only under flock.
 //
 // Invariants.
@@ -9,8 +10,10 @@
 //    takes turns with the others, so only its own entries share the blocks. In every domain the
 //    entries' blocks never exceed the GPU's resident blocks: an entry is added only under the lock,
 //    with at most the blocks left in its domain at that moment (reserve()).
-//  - Dead holders: an entry whose process is gone (no /proc/<pid>, or another process with that pid:
-//    its start time differs) is dropped by every access under the lock.
+//  - Dead holders: an entry whose process is gone (no /proc/<pid>, a zombie, or another process with
+//    that pid: its start time differs) is dropped by every access under the lock. An entry of
+//    another PID namespace cannot be checked and is kept (its blocks stay held until its own
+//    namespace drops it or the file is removed).
 //  - No lasting file: a ledger that becomes empty is unlinked under the lock; an access that locked
 //    a file since unlinked (or replaced) reopens the path, so no entry is ever added to an unlinked
 //    file. Reading a ledger that does not exist creates nothing.
