@@ -1,0 +1,84 @@
+"""The header board under a fused/host-ordered call mix (transport/shm_board.h, comm/core.cpp): the
+production CUDA host code over the fake runtime (tests/test_cuda_fake.py), RINGCOMM_CUDA_P2P=device.
+
+Every rank runs the same seeded plan (tests/fake_cuda/rank.py, stress_plan) of fused collectives
+(all_reduce, reduce_scatter, equal all_gather, broadcast, reduce: no header, no data moved under the
+fake) and host-ordered ones (gather, scatter, all_to_all, barrier, unequal all_gather, send/recv
+pairs), in bursts, each rank sleeping its own random 0-2 ms before every call, so that a fast rank
+runs fused calls and its next exchange while a slow one is still before its previous exchange:
+- no error, every host-ordered call's output right, one header posted per host-ordered collective
+  and none per fused call;
+- one rank calling, at one random point, a call of the other kind (fused for host-ordered or the
+  reverse) and then the plan again: every rank raises MismatchError (or, having learnt it from a
+  peer before its own call, RingcommError "unusable after an earlier failure" with errored() the
+  MismatchError: docs/cuda.md), well within the timeout.
+The soak (more seeds, longer plans) is marked slow."""
+import random
+
+import pytest
+from test_cuda_fake import ERR, pytestmark, run  # noqa: F401 - pytestmark: skipped where the fake is not built
+
+HOST_COLLECTIVES = {"gather", "scatter", "all_to_all", "barrier", "all_gather_unequal"}
+TIMEOUT_S = 5.0  # the rank script's communicator timeout
+
+
+def stress(tmp_path, world, seed, calls, diverge=None):
+    env = {"STRESS_SEED": str(seed), "STRESS_CALLS": str(calls)}
+    if diverge is not None:
+        env["STRESS_DIVERGE"] = "%d,%d" % diverge
+    return run(tmp_path, "stress", world=world, env_extra=env)
+
+
+def check_clean(outs, calls):
+    for r, o in enumerate(outs):
+        assert o["error"] is None, (r, o["error"])
+        assert o["errored"] is None, (r, o["errored"])
+        assert o["done"] == calls
+        assert o["bad"] == [], (r, o["bad"][:3])
+        assert o["posted"] == sum(k in HOST_COLLECTIVES for k in o["kinds"]), r
+
+
+def check_diverged(outs):
+    at = outs[0]["diverge_at"]
+    assert 0 <= at < len(outs[0]["kinds"])
+    for r, o in enumerate(outs):
+        assert o["bad"] == [], (r, o["bad"][:3])
+        assert o["error"] is not None, f"rank {r} finished the plan"
+        i, kind, msg = o["error"]
+        assert i >= at, (r, o["error"])
+        assert o["errored"] is not None, (r, o["error"])
+        assert ERR[o["errored"][0]] == "Mismatch", (r, o["errored"])
+        assert kind == "MismatchError" or (kind == "RingcommError" and "unusable after an earlier failure" in msg), \
+            (r, o["error"])
+        # Found by the board, never by a timeout.
+        assert o["elapsed_s"] + o["errored_after_s"] < TIMEOUT_S * 0.6, (r, o["elapsed_s"], o["errored_after_s"])
+    assert any(o["error"][1] == "MismatchError" for o in outs)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fused_and_host_calls_interleave(tmp_path, world):
+    check_clean(stress(tmp_path, world, seed=world, calls=300), 300)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_diverging_rank_is_mismatch_on_every_rank(tmp_path, world):
+    rng = random.Random(100 + world)
+    for k in range(3):
+        d = tmp_path / str(k)
+        d.mkdir()
+        check_diverged(stress(d, world, seed=world * 10 + k, calls=200,
+                              diverge=(rng.randrange(world), rng.randrange(10, 190))))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_soak(tmp_path, world):
+    rng = random.Random(world)
+    for k in range(20):
+        d = tmp_path / str(k)
+        d.mkdir()
+        if k % 2 == 0:
+            check_clean(stress(d, world, seed=1000 + k, calls=1000), 1000)
+        else:
+            check_diverged(stress(d, world, seed=1000 + k, calls=1000,
+                                  diverge=(rng.randrange(world), rng.randrange(10, 990))))
