@@ -11,15 +11,19 @@ runs fused calls and its next exchange while a slow one is still before its prev
 - one rank calling, at one random point, a call of the other kind (fused for host-ordered or the
   reverse) and then the plan again: every rank raises MismatchError (or, having learnt it from a
   peer before its own call, RingcommError "unusable after an earlier failure" with errored() the
-  MismatchError: docs/cuda.md), well within the timeout.
+  MismatchError: docs/cuda.md), well within the timeout; no rank's own exchange finds a mismatch
+  before the diverging call (a slow rank may learn a peer's before it gets there).
 The soak (more seeds, longer plans) is marked slow."""
 import random
+import re
 
 import pytest
 from test_cuda_fake import ERR, pytestmark, run  # noqa: F401 - pytestmark: skipped where the fake is not built
 
 HOST_COLLECTIVES = {"gather", "scatter", "all_to_all", "barrier", "all_gather_unequal"}
 TIMEOUT_S = 5.0  # the rank script's communicator timeout
+# A mismatch this rank's header exchange found itself (comm/header_exchange.cpp), not a peer's.
+OWN_FINDING = re.compile(r"^ringcomm: \w+ \(seq \d+\) on rank \d+: rank \d+ (ran this call|posted its header)")
 
 
 def stress(tmp_path, world, seed, calls, diverge=None):
@@ -45,7 +49,10 @@ def check_diverged(outs):
         assert o["bad"] == [], (r, o["bad"][:3])
         assert o["error"] is not None, f"rank {r} finished the plan"
         i, kind, msg = o["error"]
-        assert i >= at, (r, o["error"])
+        # A rank may learn a peer's failure before it reaches the diverging call (a slow rank's
+        # earlier call then raises the peer's error), but its own board never finds a mismatch
+        # there: that would be a false alarm.
+        assert i >= at or not OWN_FINDING.match(msg), (r, at, o["error"])
         assert o["errored"] is not None, (r, o["error"])
         assert ERR[o["errored"][0]] == "Mismatch", (r, o["errored"])
         assert kind == "MismatchError" or (kind == "RingcommError" and "unusable after an earlier failure" in msg), \
