@@ -26,10 +26,15 @@ TIMEOUT_S = 5.0  # the rank script's communicator timeout
 OWN_FINDING = re.compile(r"^ringcomm: \w+ \(seq \d+\) on rank \d+: rank \d+ (ran this call|posted its header)")
 
 
-def stress(tmp_path, world, seed, calls, diverge=None):
-    env = {"STRESS_SEED": str(seed), "STRESS_CALLS": str(calls)}
+# The waits as configured, and waits that sleep at once (a futex wake-up between a rank's post and
+# its reads of the peers' headers: a peer meanwhile runs further).
+WAITS = {"default": {}, "sleep": {"RINGCOMM_WAIT": "spin", "RINGCOMM_SPIN_US": "0"}}
+
+
+def stress(tmp_path, world, seed, calls, diverge=None, waits="default"):
+    env = dict(WAITS[waits], STRESS_SEED=str(seed), STRESS_CALLS=str(calls))
     if diverge is not None:
-        env["STRESS_DIVERGE"] = "%d,%d" % diverge
+        env["STRESS_DIVERGE"] = ",".join(map(str, diverge))
     return run(tmp_path, "stress", world=world, env_extra=env)
 
 
@@ -42,29 +47,34 @@ def check_clean(outs, calls):
         assert o["posted"] == sum(k in HOST_COLLECTIVES for k in o["kinds"]), r
 
 
-def check_diverged(outs):
+def check_diverged(outs, stalled=None):
+    """stalled: the rank that made no call after its diverging one (it raises nothing)."""
     at = outs[0]["diverge_at"]
     assert 0 <= at < len(outs[0]["kinds"])
     for r, o in enumerate(outs):
         assert o["bad"] == [], (r, o["bad"][:3])
+        assert o["errored"] is not None, (r, o["error"], f"rank {r}: no error")
+        assert ERR[o["errored"][0]] == "Mismatch", (r, o["errored"])
+        # Found by the board, never by a timeout.
+        assert o["elapsed_s"] + o["errored_after_s"] < TIMEOUT_S * 0.6, (r, o["elapsed_s"], o["errored_after_s"])
+        if r == stalled:
+            assert o["error"] is None and o["done"] == at + 1, (r, o["error"], o["done"])
+            continue
         assert o["error"] is not None, f"rank {r} finished the plan"
         i, kind, msg = o["error"]
         # A rank may learn a peer's failure before it reaches the diverging call (a slow rank's
         # earlier call then raises the peer's error), but its own board never finds a mismatch
         # there: that would be a false alarm.
         assert i >= at or not OWN_FINDING.match(msg), (r, at, o["error"])
-        assert o["errored"] is not None, (r, o["error"])
-        assert ERR[o["errored"][0]] == "Mismatch", (r, o["errored"])
         assert kind == "MismatchError" or (kind == "RingcommError" and "unusable after an earlier failure" in msg), \
             (r, o["error"])
-        # Found by the board, never by a timeout.
-        assert o["elapsed_s"] + o["errored_after_s"] < TIMEOUT_S * 0.6, (r, o["elapsed_s"], o["errored_after_s"])
-    assert any(o["error"][1] == "MismatchError" for o in outs)
+    assert any(o["error"] and o["error"][1] == "MismatchError" for o in outs)
 
 
+@pytest.mark.parametrize("waits", sorted(WAITS))
 @pytest.mark.parametrize("world", [2, 3])
-def test_fused_and_host_calls_interleave(tmp_path, world):
-    check_clean(stress(tmp_path, world, seed=world, calls=300), 300)
+def test_fused_and_host_calls_interleave(tmp_path, world, waits):
+    check_clean(stress(tmp_path, world, seed=world, calls=300, waits=waits), 300)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -77,15 +87,31 @@ def test_diverging_rank_is_mismatch_on_every_rank(tmp_path, world):
                               diverge=(rng.randrange(world), rng.randrange(10, 190))))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_stalled_fused_rank_is_seen_by_its_fused_word(tmp_path, world):
+    """The diverging rank runs a host-ordered call fused and then makes no call, posting nothing
+    more: only its fused word (ShmBoard::mark_fused) tells the peers' header waits."""
+    rng = random.Random(200 + world)
+    for k in range(2):
+        d = tmp_path / str(k)
+        d.mkdir()
+        r = rng.randrange(world)
+        outs = stress(d, world, seed=world * 20 + k, calls=200, diverge=(r, rng.randrange(10, 150), "stall"))
+        check_diverged(outs, stalled=r)
+        assert all("without a header exchange" in o["errored"][1] for o in outs), [o["errored"] for o in outs]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_soak(tmp_path, world):
     rng = random.Random(world)
-    for k in range(20):
+    for k in range(24):
         d = tmp_path / str(k)
         d.mkdir()
-        if k % 2 == 0:
-            check_clean(stress(d, world, seed=1000 + k, calls=1000), 1000)
+        seed, r, at = 1000 + k, rng.randrange(world), rng.randrange(10, 900)
+        if k % 3 == 0:
+            check_clean(stress(d, world, seed, calls=1000, waits=sorted(WAITS)[k % 2]), 1000)
+        elif k % 3 == 1:
+            check_diverged(stress(d, world, seed, calls=1000, diverge=(r, at)))
         else:
-            check_diverged(stress(d, world, seed=1000 + k, calls=1000,
-                                  diverge=(rng.randrange(world), rng.randrange(10, 990))))
+            check_diverged(stress(d, world, seed, calls=1000, diverge=(r, at, "stall")), stalled=r)

@@ -204,21 +204,27 @@ def stress_call(comm, rank, world, s, buf, i, op, p):
 
 def stress(comm, rank, world, s, buf, n):
     """Scenario "stress": the seeded plan (STRESS_SEED, STRESS_CALLS) with a random sleep of 0-2 ms
-    before each call, different per rank; STRESS_DIVERGE=R,K: rank R calls stress_diverge()'s call
+    before half the calls, chosen per rank; STRESS_DIVERGE=R,K: rank R calls stress_diverge()'s call
     at K (the first call from K on that is not a send/recv) instead, then follows the plan again.
-    Stops at the first error."""
+    STRESS_DIVERGE=R,K,stall: the first host-ordered collective from K on, which rank R runs fused,
+    then makes no call and waits for errored() (as a rank whose kernel waits for pieces no peer
+    sends: the peers' header waits can only see its fused word). Stops at the first error."""
     seed, calls = int(os.environ["STRESS_SEED"]), int(os.environ["STRESS_CALLS"])
     plan = stress_plan(seed, calls, world)
-    div = [int(x) for x in os.environ.get("STRESS_DIVERGE", "-1,-1").split(",")]
-    while 0 <= div[1] < calls and plan[div[1]][0] == "sendrecv":
+    spec = os.environ.get("STRESS_DIVERGE", "-1,-1").split(",")
+    div, stall = [int(spec[0]), int(spec[1])], spec[2:] == ["stall"]
+    skip = ("sendrecv",) + (FUSED if stall else ())
+    while 0 <= div[1] < calls and plan[div[1]][0] in skip:
         div[1] += 1  # the board never sees point-to-point calls: a missing send is a timeout
     delay = random.Random(seed * 7919 + rank + 1)
     res = {"done": 0, "bad": [], "error": None, "kinds": [op for op, _ in plan], "diverge_at": div[1]}
     t0 = time.monotonic()
     for i, (op, p) in enumerate(plan):
-        if div[0] == rank and div[1] == i:
+        diverge = div[0] == rank and div[1] == i
+        if diverge:
             op, p = stress_diverge(plan, i, world)
-        time.sleep(delay.uniform(0.0, 0.002))
+        if delay.random() < 0.5:  # else none: a run of calls back to back on a fast rank
+            time.sleep(delay.uniform(0.0, 0.002))
         if i % 32 == 0:
             fake.clear()  # the fake's call log grows with every call
         try:
@@ -229,9 +235,11 @@ def stress(comm, rank, world, s, buf, n):
         if bad:
             res["bad"].append([i, op, bad[:4]])
         res["done"] = i + 1
+        if diverge and stall:
+            break
     res["elapsed_s"] = time.monotonic() - t0
     res["posted"] = comm.headers_posted()
-    if res["error"] is not None:
+    if res["error"] is not None or res["done"] < calls:
         wait_errored(comm, res, t0 + res["elapsed_s"])
     else:
         res["errored"] = comm.errored()
@@ -240,6 +248,8 @@ def stress(comm, rank, world, s, buf, n):
 
 def main():
     rank, world, d, scenario = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+    if os.environ.get("FAKE_CUDA_ONE_CPU"):  # every rank on one CPU: a waiter runs only when the others wait
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     comm = fake.Communicator(rank, world, int(os.environ.get("FAKE_CUDA_DEVICE", "0")), 5.0)
     infos = exchange(d, rank, world, "info", comm.local_info())
     try:
