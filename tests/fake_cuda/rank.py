@@ -208,8 +208,12 @@ def stress(comm, rank, world, s, buf, n):
     at K (the first call from K on that is not a send/recv) instead, then follows the plan again.
     STRESS_DIVERGE=R,K,stall: the first host-ordered collective from K on, which rank R runs fused,
     then makes no call and waits for errored() (as a rank whose kernel waits for pieces no peer
-    sends: the peers' header waits can only see its fused word). Stops at the first error."""
+    sends: the peers' header waits can only see its fused word). STRESS_LAST_SEQ: the number the
+    first call follows (set_last_seq; 0: none). Stops at the first error."""
     seed, calls = int(os.environ["STRESS_SEED"]), int(os.environ["STRESS_CALLS"])
+    last_seq = int(os.environ.get("STRESS_LAST_SEQ", "0"))
+    if last_seq:
+        comm.set_last_seq(last_seq)
     plan = stress_plan(seed, calls, world)
     spec = os.environ.get("STRESS_DIVERGE", "-1,-1").split(",")
     div, stall = [int(spec[0]), int(spec[1])], spec[2:] == ["stall"]
@@ -239,6 +243,7 @@ def stress(comm, rank, world, s, buf, n):
             break
     res["elapsed_s"] = time.monotonic() - t0
     res["posted"] = comm.headers_posted()
+    res["next_seq"] = comm.next_seq()
     if res["error"] is not None or res["done"] < calls:
         wait_errored(comm, res, t0 + res["elapsed_s"])
     else:
