@@ -227,6 +227,7 @@ def stress(comm, rank, world, s, buf, n):
         diverge = div[0] == rank and div[1] == i
         if diverge:
             op, p = stress_diverge(plan, i, world)
+            res["t_diverged"] = time.monotonic()  # CLOCK_MONOTONIC: comparable between the ranks
         if delay.random() < 0.5:  # else none: a run of calls back to back on a fast rank
             time.sleep(delay.uniform(0.0, 0.002))
         if i % 32 == 0:
@@ -248,6 +249,7 @@ def stress(comm, rank, world, s, buf, n):
         wait_errored(comm, res, t0 + res["elapsed_s"])
     else:
         res["errored"] = comm.errored()
+    res["t_errored"] = time.monotonic()
     return res
 
 
