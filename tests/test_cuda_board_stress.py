@@ -12,7 +12,10 @@ runs fused calls and its next exchange while a slow one is still before its prev
   reverse) and then the plan again: every rank raises MismatchError (or, having learnt it from a
   peer before its own call, RingcommError "unusable after an earlier failure" with errored() the
   MismatchError: docs/cuda.md), well within the timeout; no rank's own exchange finds a mismatch
-  before the diverging call (a slow rank may learn a peer's before it gets there).
+  before the diverging call (a slow rank may learn a peer's before it gets there); so is a diverging
+  rank that makes no call after its fused one (its fused word alone tells the peers);
+- the same numbered across the wrap of the headers' 32-bit sequence and of the board's word;
+- a rank closing midway: PeerFailureError on the others at once, never MismatchError.
 The soak (more seeds, longer plans) is marked slow."""
 import random
 import re
@@ -31,8 +34,10 @@ OWN_FINDING = re.compile(r"^ringcomm: \w+ \(seq \d+\) on rank \d+: rank \d+ (ran
 WAITS = {"default": {}, "sleep": {"RINGCOMM_WAIT": "spin", "RINGCOMM_SPIN_US": "0"}}
 
 
-def stress(tmp_path, world, seed, calls, diverge=None, waits="default", last_seq=0):
+def stress(tmp_path, world, seed, calls, diverge=None, waits="default", last_seq=0, close_after=None):
     env = dict(WAITS[waits], STRESS_SEED=str(seed), STRESS_CALLS=str(calls), STRESS_LAST_SEQ=str(last_seq))
+    if close_after is not None:
+        env["STRESS_CLOSE"] = ",".join(map(str, close_after))
     if diverge is not None:
         env["STRESS_DIVERGE"] = ",".join(map(str, diverge))
     return run(tmp_path, "stress", world=world, env_extra=env)
@@ -122,6 +127,36 @@ def test_stalled_fused_rank_is_seen_by_its_fused_word(tmp_path, world):
         outs = stress(d, world, seed=world * 20 + k, calls=200, diverge=(r, rng.randrange(10, 150), "stall"))
         check_diverged(outs, stalled=r)
         assert all("without a header exchange" in o["errored"][1] for o in outs), [o["errored"] for o in outs]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rank_closing_mid_plan_is_peer_failure_at_once(tmp_path, world):
+    """One rank closes its communicator after a random call while the others go on: their next
+    exchange with it (a host-ordered collective, or a send/recv pair with it) raises
+    PeerFailureError "closed" at once, never MismatchError (its fused word is below their call's
+    sequence) and without waiting for the closing rank's close() (RINGCOMM_CUDA_CLOSE_WAIT: 2 s in
+    these runs), whose own close() returns as soon as they have closed too."""
+    rng = random.Random(300 + world)
+    for k in range(2):
+        d = tmp_path / str(k)
+        d.mkdir()
+        r, after = rng.randrange(world), rng.randrange(10, 150)
+        outs = stress(d, world, seed=world * 30 + k, calls=200, close_after=(r, after))
+        t_closed = outs[r]["t_closed"]
+        assert outs[r]["error"] is None and outs[r]["done"] == after + 1
+        assert outs[r]["close_s"] < 1.0, outs[r]["close_s"]
+        for q, o in enumerate(outs):
+            if q == r:
+                continue
+            assert o["bad"] == [], (q, o["bad"][:3])
+            assert o["error"] is not None, (q, "finished the plan")
+            i, kind, msg = o["error"]
+            assert i > after, (q, after, o["error"])
+            assert kind == "PeerFailureError" or (kind == "RingcommError" and "unusable after an earlier failure" in msg), \
+                (q, o["error"])
+            assert ERR[o["errored"][0]] == "PeerFailure", (q, o["errored"])
+            assert o["t_errored"] - t_closed < 1.0, (q, o["t_errored"] - t_closed)
+        assert any(o["error"] and "closed its communicator" in o["error"][2] for o in outs), [o["error"] for o in outs]
 
 
 @pytest.mark.slow

@@ -209,9 +209,11 @@ def stress(comm, rank, world, s, buf, n):
     STRESS_DIVERGE=R,K,stall: the first host-ordered collective from K on, which rank R runs fused,
     then makes no call and waits for errored() (as a rank whose kernel waits for pieces no peer
     sends: the peers' header waits can only see its fused word). STRESS_LAST_SEQ: the number the
-    first call follows (set_last_seq; 0: none). Stops at the first error."""
+    first call follows (set_last_seq; 0: none). STRESS_CLOSE=R,K: rank R closes its communicator
+    after call K, while the others go on (without the send/recv pairs with R). Stops at the first error."""
     seed, calls = int(os.environ["STRESS_SEED"]), int(os.environ["STRESS_CALLS"])
     last_seq = int(os.environ.get("STRESS_LAST_SEQ", "0"))
+    close_after = [int(x) for x in os.environ.get("STRESS_CLOSE", "-1,-1").split(",")]
     if last_seq:
         comm.set_last_seq(last_seq)
     plan = stress_plan(seed, calls, world)
@@ -224,6 +226,8 @@ def stress(comm, rank, world, s, buf, n):
     res = {"done": 0, "bad": [], "error": None, "kinds": [op for op, _ in plan], "diverge_at": div[1]}
     t0 = time.monotonic()
     for i, (op, p) in enumerate(plan):
+        if op == "sendrecv" and close_after[0] in p["pair"] and i > close_after[1]:
+            continue  # what checks the closed rank is the board: a pending recv from it waits out the timeout
         diverge = div[0] == rank and div[1] == i
         if diverge:
             op, p = stress_diverge(plan, i, world)
@@ -242,6 +246,11 @@ def stress(comm, rank, world, s, buf, n):
         res["done"] = i + 1
         if diverge and stall:
             break
+        if close_after == [rank, i]:
+            res["t_closed"] = time.monotonic()
+            comm.close()
+            res["close_s"] = time.monotonic() - res["t_closed"]
+            return res
     res["elapsed_s"] = time.monotonic() - t0
     res["posted"] = comm.headers_posted()
     res["next_seq"] = comm.next_seq()
