@@ -13,6 +13,7 @@
 #include "comm/communicator.h"
 #include "comm/core.h"
 #include "comm/test_hooks.h"
+#include "test/core_access.h"
 #include "common/errors.h"
 #include "common/knobs.h"
 #include "common/test_knobs.h"
@@ -22,24 +23,6 @@
 #include "transport/shm_types.h"
 
 namespace py = pybind11;
-
-namespace rc {
-
-// Friend of CommCore (comm/core.h). Touches only the core's members, under its mutex mu_, as
-// submit() does: the communicator may be in use by other threads. The core's layout is the same
-// in both builds (RINGCOMM_TEST_HOOKS changes no header), so it serves either module's object.
-struct CommCoreTestAccess {
-  // Number the next collective `last + 1`: exercises the board's counter wrap without 2^32
-  // calls. Before the first collective only, with the same value on every rank.
-  static void set_last_seq(CommCore& c, uint64_t last) {
-    std::lock_guard<std::mutex> lk(c.mu_);
-    RC_CHECK(c.seq_ == 0 && c.queue_.empty() && !c.busy_, Error, "set_last_seq: collectives already ran");
-    c.seq_ = last;
-    c.exchanges_ = last;  // the board's count too, on a device that fuses calls
-  }
-};
-
-}  // namespace rc
 
 void bind_test_comm(py::module_& m) {
   m.def("set_last_seq", [](rc::Communicator& c, uint64_t last) { rc::CommCoreTestAccess::set_last_seq(c, last); },

@@ -524,6 +524,10 @@ void CudaIpcTransport::exchange_byes(bool* all_done) {
 void CudaIpcTransport::close(bool drained) {
   if (closed_) return;
   closed_ = true;
+  // Closed for the peers now, not after the goodbyes: a peer waiting on this rank (a header, a
+  // slot) raises PeerFailure at once and closes in turn, which sends the bye that the wait below
+  // needs; otherwise both would wait, this rank for its bye and the peer for this rank.
+  if (ctl_) ctl_->mark_closed();
   // Device resources are released only when no GPU work of ours can still touch them (drained)
   // and, for exported ones, when every importer has let go (byes). Otherwise they are left
   // allocated on purpose: freeing memory a stuck stream or a peer may still access is undefined

@@ -43,6 +43,10 @@ class ShmControl {
   /// addresses are never mapped again (device copies still in flight may use them through host
   /// registrations: transport/cuda_ipc.cpp, transport/pin_registry.h).
   void close(bool keep_mappings = false);
+  /// close()'s first step alone: mark this rank closed (peers waiting on it get PeerFailure; an
+  /// aborted rank stays aborted), keeping every mapping and slot usable, for a transport that
+  /// still exchanges goodbyes on them before close(). Idempotent.
+  void mark_closed() { live_.close(); }
   /// Mark this rank aborted with a reason; peers' waits raise the ErrorCode `kind` (see
   /// abort_kind_of) carrying it.
   void abort(uint32_t kind, const std::string& msg);

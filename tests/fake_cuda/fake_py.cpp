@@ -10,6 +10,7 @@
 #include "cuda_methods_py.h"
 #include "errors_py.h"
 #include "fake_cudart.h"
+#include "test/core_access.h"
 
 #include "comm/communicator_cuda.h"
 #include "device/ring_cuda.h"
@@ -94,6 +95,8 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
              return py::make_tuple(static_cast<int>(code), msg);
            })
       .def("headers_posted", &CudaCommunicator::headers_posted)
+      // Number the next collective (and the board's next exchange) last + 1: before any call.
+      .def("set_last_seq", [](CudaCommunicator& c, uint64_t last) { rc::CommCoreTestAccess::set_last_seq(c, last); })
       .def("ring_registered", [](CudaCommunicator& c) {
              rc::DeviceRing* r = c.device_ring();
              return r ? r->registered() : std::vector<std::pair<uintptr_t, uintptr_t>>{};

@@ -1,8 +1,10 @@
 """One rank of tests/test_cuda_fake.py: the production CUDA communicator over the fake runtime.
 usage: rank.py RANK WORLD DIR SCENARIO; the setup bytes travel through files in DIR; the result is
 DIR/out_RANK.json."""
+import ctypes
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -76,8 +78,194 @@ def call_error(fn):
         return [type(e).__name__, str(e)]
 
 
+def f32(ptr: int, n: int):
+    """n float32 elements of the fake's device memory (this process's mapping)."""
+    return (ctypes.c_float * n).from_address(ptr)
+
+
+FUSED = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+HOST = ("gather", "scatter", "all_to_all", "barrier", "all_gather_unequal", "sendrecv")
+
+
+def stress_plan(seed: int, calls: int, world: int) -> list:
+    """The seeded call sequence every rank runs: (op, params), fused and host-ordered mixed, in
+    bursts of either kind so that a fast rank runs several fused calls between two exchanges."""
+    rng = random.Random(seed)
+    plan = []
+    while len(plan) < calls:
+        kind = FUSED if rng.random() < 0.5 else HOST
+        for _ in range(rng.randint(1, 6)):
+            op = rng.choice(kind)
+            p = {"count": rng.randint(1, 64), "root": rng.randrange(world)}
+            if op == "all_to_all":
+                p["counts"] = [[rng.randint(0, 16) for _ in range(world)] for _ in range(world)]  # [src][dst]
+            elif op == "all_gather_unequal":
+                c = [rng.randint(1, 32) for _ in range(world)]
+                while any(x * world == sum(c) for x in c):  # no rank's part is the equal one (it would fuse)
+                    c[-1] += 1
+                p["counts"] = c
+            elif op == "sendrecv":
+                a, b = rng.sample(range(world), 2)
+                p["pair"] = [a, b]
+            plan.append((op, p))
+    return plan[:calls]
+
+
+def stress_diverge(plan: list, at: int, world: int) -> tuple:
+    """The call the diverging rank makes at `at` instead of plan[at]: one of the other kind (a
+    fused call for a host-ordered one and the reverse), so that the host path sees it."""
+    op, p = plan[at]
+    if op in FUSED:
+        return ("gather", {"count": p["count"], "root": p["root"]})
+    return ("all_reduce", {"count": p.get("count", 8), "root": 0})
+
+
+def stress_value(i: int, r: int, j: int) -> float:
+    """Element j of rank r's input at call i: exact in float32, distinct per (i mod 50, r, j)."""
+    return float((i % 50) * 100000 + r * 1000 + j)
+
+
+def stress_call(comm, rank, world, s, buf, i, op, p):
+    """Run call i on this rank; returns the mismatches found in its output (host-ordered calls)."""
+    bad = []
+    cnt, root = p.get("count", 0), p.get("root", 0)
+    if op in FUSED:
+        if op == "all_reduce":
+            w = comm.all_reduce(buf["in"], buf["out"], cnt, F32, SUM, s)
+        elif op == "reduce_scatter":
+            w = comm.reduce_scatter(buf["in"], buf["out"], cnt * world, F32, SUM, s)
+        elif op == "all_gather":
+            w = comm.all_gather(buf["in"], buf["out"], cnt, cnt * world, F32, s)
+        elif op == "broadcast":
+            w = comm.broadcast(buf["out"], cnt, F32, root, s)
+        else:
+            w = comm.reduce(buf["in"], buf["out"], cnt, F32, SUM, root, s)
+        w.wait()
+        return bad
+    src, dst = f32(buf["in"], 1000 * world), f32(buf["out"], 1000 * world)
+    if op == "barrier":
+        comm.barrier(s).wait()
+    elif op == "gather":
+        for j in range(cnt):
+            src[j] = stress_value(i, rank, j)
+        dst[:cnt * world] = [-1.0] * (cnt * world)
+        comm.gather(buf["in"], buf["out"], cnt, F32, root, s).wait()
+        if rank == root:
+            bad += [(r, j) for r in range(world) for j in range(cnt) if dst[r * cnt + j] != stress_value(i, r, j)]
+    elif op == "scatter":
+        if rank == root:
+            for r in range(world):
+                for j in range(cnt):
+                    src[r * cnt + j] = stress_value(i, r, j)
+        dst[:cnt] = [-1.0] * cnt
+        comm.scatter(buf["in"], buf["out"], cnt, F32, root, s).wait()
+        bad += [j for j in range(cnt) if dst[j] != stress_value(i, rank, j)]
+    elif op == "all_to_all":
+        c = p["counts"]
+        send, recv = c[rank], [c[q][rank] for q in range(world)]
+        k = 0
+        for d in range(world):
+            for j in range(send[d]):
+                src[k] = stress_value(i, rank, d * 100 + j)
+                k += 1
+        dst[:sum(recv)] = [-1.0] * sum(recv)
+        comm.all_to_all(buf["in"], buf["out"], send, recv, F32, s).wait()
+        k = 0
+        for q in range(world):
+            for j in range(recv[q]):
+                if dst[k] != stress_value(i, q, rank * 100 + j):
+                    bad.append((q, j))
+                k += 1
+    elif op == "all_gather_unequal":
+        c = p["counts"]
+        for j in range(c[rank]):
+            src[j] = stress_value(i, rank, j)
+        dst[:sum(c)] = [-1.0] * sum(c)
+        comm.all_gather(buf["in"], buf["out"], c[rank], sum(c), F32, s).wait()
+        k = 0
+        for q in range(world):
+            for j in range(c[q]):
+                if dst[k] != stress_value(i, q, j):
+                    bad.append((q, j))
+                k += 1
+    elif op == "sendrecv":
+        a, b = p["pair"]
+        if rank in (a, b):
+            peer = b if rank == a else a
+            for j in range(cnt):
+                src[j] = stress_value(i, rank, j)
+            dst[:cnt] = [-1.0] * cnt
+            ws = [comm.send(buf["in"], cnt * 4, peer, i, s), comm.recv(buf["out"], cnt * 4, peer, i, s)]
+            for w in ws:
+                w.wait()
+            bad += [j for j in range(cnt) if dst[j] != stress_value(i, peer, j)]
+    return bad
+
+
+def stress(comm, rank, world, s, buf, n):
+    """Scenario "stress": the seeded plan (STRESS_SEED, STRESS_CALLS) with a random sleep of 0-2 ms
+    before half the calls, chosen per rank; STRESS_DIVERGE=R,K: rank R calls stress_diverge()'s call
+    at K (the first call from K on that is not a send/recv) instead, then follows the plan again.
+    STRESS_DIVERGE=R,K,stall: the first host-ordered collective from K on, which rank R runs fused,
+    then makes no call and waits for errored() (as a rank whose kernel waits for pieces no peer
+    sends: the peers' header waits can only see its fused word). STRESS_LAST_SEQ: the number the
+    first call follows (set_last_seq; 0: none). STRESS_CLOSE=R,K: rank R closes its communicator
+    after call K, while the others go on (without the send/recv pairs with R). Stops at the first error."""
+    seed, calls = int(os.environ["STRESS_SEED"]), int(os.environ["STRESS_CALLS"])
+    last_seq = int(os.environ.get("STRESS_LAST_SEQ", "0"))
+    close_after = [int(x) for x in os.environ.get("STRESS_CLOSE", "-1,-1").split(",")]
+    if last_seq:
+        comm.set_last_seq(last_seq)
+    plan = stress_plan(seed, calls, world)
+    spec = os.environ.get("STRESS_DIVERGE", "-1,-1").split(",")
+    div, stall = [int(spec[0]), int(spec[1])], spec[2:] == ["stall"]
+    skip = ("sendrecv",) + (FUSED if stall else ())
+    while 0 <= div[1] < calls and plan[div[1]][0] in skip:
+        div[1] += 1  # the board never sees point-to-point calls: a missing send is a timeout
+    delay = random.Random(seed * 7919 + rank + 1)
+    res = {"done": 0, "bad": [], "error": None, "kinds": [op for op, _ in plan], "diverge_at": div[1]}
+    t0 = time.monotonic()
+    for i, (op, p) in enumerate(plan):
+        if op == "sendrecv" and close_after[0] in p["pair"] and i > close_after[1]:
+            continue  # what checks the closed rank is the board: a pending recv from it waits out the timeout
+        diverge = div[0] == rank and div[1] == i
+        if diverge:
+            op, p = stress_diverge(plan, i, world)
+            res["t_diverged"] = time.monotonic()  # CLOCK_MONOTONIC: comparable between the ranks
+        if delay.random() < 0.5:  # else none: a run of calls back to back on a fast rank
+            time.sleep(delay.uniform(0.0, 0.002))
+        if i % 32 == 0:
+            fake.clear()  # the fake's call log grows with every call
+        try:
+            bad = stress_call(comm, rank, world, s, buf, i, op, p)
+        except Exception as e:  # noqa: BLE001 - the type is what the test checks
+            res["error"] = [i, type(e).__name__, str(e)]
+            break
+        if bad:
+            res["bad"].append([i, op, bad[:4]])
+        res["done"] = i + 1
+        if diverge and stall:
+            break
+        if close_after == [rank, i]:
+            res["t_closed"] = time.monotonic()
+            comm.close()
+            res["close_s"] = time.monotonic() - res["t_closed"]
+            return res
+    res["elapsed_s"] = time.monotonic() - t0
+    res["posted"] = comm.headers_posted()
+    res["next_seq"] = comm.next_seq()
+    if res["error"] is not None or res["done"] < calls:
+        wait_errored(comm, res, t0 + res["elapsed_s"])
+    else:
+        res["errored"] = comm.errored()
+    res["t_errored"] = time.monotonic()
+    return res
+
+
 def main():
     rank, world, d, scenario = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+    if os.environ.get("FAKE_CUDA_ONE_CPU"):  # every rank on one CPU: a waiter runs only when the others wait
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     comm = fake.Communicator(rank, world, int(os.environ.get("FAKE_CUDA_DEVICE", "0")), 5.0)
     infos = exchange(d, rank, world, "info", comm.local_info())
     if os.environ.get("PAUSE_BEFORE_CREATE"):  # until DIR/go: the test changes the GPU ledger meanwhile
@@ -280,6 +468,8 @@ def main():
             os._exit(0)
         comm.close()
         return
+    elif scenario == "stress":
+        out.update(stress(comm, rank, world, s, buf, n))
     elif scenario == "host":
         fake.clear()
         fake.begin_capture(s)
