@@ -41,8 +41,8 @@ def exact_cases(rank, world, env):
     try:
         for di, dtype in enumerate(DTYPES):
             es = np.dtype(dtype).itemsize
-            # A block below the threshold, one at it, and one above that no world size divides.
-            for block_bytes in (4096, 65536, 65536 * 3 + 8):
+            # Messages below the threshold (64 KiB), at it or above, and blocks no world size divides.
+            for block_bytes in (4096, 65536 // world, 65536 * 3 + 8):
                 block = max(1, block_bytes // es)
                 seed = 1000 * di + block
                 # all_to_all, even splits: rank r's input is block-by-block from a seeded source.
@@ -79,11 +79,12 @@ def exact_cases(rank, world, env):
                 comm.all_gather(buf, buf[rank * block:(rank + 1) * block])
                 if buf.tobytes() != want.tobytes():
                     fails.append(f"rank {rank}: all_gather in place {dtype} block {block}")
-                # broadcast from every root.
+                # broadcast from every root, of a count no world size divides.
                 for root in range(world):
-                    x = ins[root].copy() if rank == root else np.zeros(block * world, dtype)
+                    msg = np.concatenate([ins[root], ins[root][:3]])
+                    x = msg.copy() if rank == root else np.zeros(msg.size, dtype)
                     comm.broadcast(x, root=root)
-                    if x.tobytes() != ins[root].tobytes():
+                    if x.tobytes() != msg.tobytes():
                         fails.append(f"rank {rank}: broadcast {dtype} {block * world} root {root}")
                     note("broadcast")
         # Asynchronous calls back to back: each rank's buffer stays read until its peers are done.
@@ -124,7 +125,7 @@ def deny_case(rank, world, deny_rank):
     so every rank falls back to the slots (the INFO line says why) and results stay exact."""
     import hooked_build
     hooked_build.use()
-    env = {"RINGCOMM_CMA_MIN_BYTES": "64K", "RINGCOMM_TRACE": "4"}
+    env = {"RINGCOMM_CMA_MIN_BYTES": "64K", "RINGCOMM_CMA_BROADCAST_MIN_BYTES": "64K", "RINGCOMM_TRACE": "4"}
     if rank == deny_rank:
         env["RINGCOMM_TEST_CMA_DENY"] = "1"
     comm = init_under_env(rank, world, "deny", env)

@@ -8,7 +8,7 @@ from ringcomm import _C
 from ringcomm.core.launch import spawn
 from cma_cases import deny_case, dies_mid_call_case, exact_cases, non_contiguous_case
 
-CMA = {"RINGCOMM_CMA_MIN_BYTES": "64K"}
+CMA = {"RINGCOMM_CMA_MIN_BYTES": "64K", "RINGCOMM_CMA_BROADCAST_MIN_BYTES": "64K"}
 
 
 def _cma_possible(store_env):
@@ -35,7 +35,8 @@ def test_results_are_exact_on_and_beside_the_cma_path(world, store_env):
 
 @pytest.mark.timeout(300)
 def test_results_are_exact_with_the_protocol_off(store_env):
-    results = spawn(exact_cases, 2, args=({"RINGCOMM_CMA_MIN_BYTES": "0"},), timeout=280, env=store_env)
+    results = spawn(exact_cases, 2, args=({"RINGCOMM_CMA_MIN_BYTES": "0", "RINGCOMM_CMA_BROADCAST_MIN_BYTES": "64K"},),
+                    timeout=280, env=store_env)
     fails = [f for fs, _ in results for f in fs]
     assert not fails, "\n".join(fails[:20])
     assert all("cma" not in p for ps in results[0][1].values() for p in ps), results[0][1]
@@ -71,3 +72,6 @@ def test_knob_range(monkeypatch):
         _C.Communicator(0, 1, 10.0)
     monkeypatch.setenv("RINGCOMM_CMA_MIN_BYTES", "0")
     _C.Communicator(0, 1, 10.0)
+    monkeypatch.setenv("RINGCOMM_CMA_BROADCAST_MIN_BYTES", "-1")
+    with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_CMA_BROADCAST_MIN_BYTES"):
+        _C.Communicator(0, 1, 10.0)

@@ -59,15 +59,26 @@ void cma_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vect
   m.finish(wait_of(c, "reads of this rank's buffer"), [](int) { return true; });
 }
 
+// The copying is shared out evenly: every non-root reads the first (N-1)/N of the message from
+// the root's buffer, and the root writes the last 1/N into every non-root's buffer (each peer
+// published its own), so every rank copies (N-1)/N of the message once. A non-root's call ends
+// after the root's finish (its writes are in), the root's after every non-root's.
 void cma_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root) {
   ShmCma& m = cma_of(c);
+  const size_t bytes = static_cast<size_t>(count) * c.esize;
+  const size_t tail = bytes / static_cast<size_t>(c.world) / 64 * 64;  // the root's share, whole lines
+  const size_t head = bytes - tail;
   if (c.rank != root) {
-    WaitCtx w = wait_of(c, "single-copy read");
-    m.read(root, m.peer_buf(root), buf, static_cast<size_t>(count) * c.esize, w);
+    m.read(root, m.peer_buf(root), buf, head, wait_of(c, "single-copy read"));
+  } else if (tail > 0) {
+    const WaitCtx w = wait_of(c, "single-copy write");
+    for (int i = 1; i < c.world; ++i) {
+      const int p = (c.rank + i) % c.world;
+      m.write(p, m.peer_buf(p) + head, buf + head, tail, w);
+    }
   }
-  // Only the root's buffer is read: it waits for every peer, the others for nobody.
   const bool is_root = c.rank == root;
-  m.finish(wait_of(c, "reads of this rank's buffer"), [is_root](int) { return is_root; });
+  m.finish(wait_of(c, "peers' copies of this rank's buffer"), [is_root, root](int p) { return is_root || p == root; });
 }
 
 }  // namespace rc

@@ -51,6 +51,9 @@ SelectionKnobs SelectionKnobs::from_knobs(const Knobs& env) {
   k.cma_min_bytes = env.cma_min_bytes;
   RC_CHECK(k.cma_min_bytes >= 0, InvalidArgument,
            "ringcomm: RINGCOMM_CMA_MIN_BYTES must be >= 0, got " << k.cma_min_bytes);
+  k.cma_broadcast_min_bytes = env.cma_broadcast_min_bytes;
+  RC_CHECK(k.cma_broadcast_min_bytes >= 0, InvalidArgument,
+           "ringcomm: RINGCOMM_CMA_BROADCAST_MIN_BYTES must be >= 0, got " << k.cma_broadcast_min_bytes);
   k.stream_min_bytes = env.stream_min_bytes;
   RC_CHECK(k.stream_min_bytes >= 0, InvalidArgument,
            "ringcomm: RINGCOMM_STREAM_MIN_BYTES must be >= 0, got " << k.stream_min_bytes);
@@ -85,6 +88,9 @@ bool fits_ll(int64_t bytes, int world, const DeviceCaps& caps) {
 // its own part).
 bool fits_cma(int64_t bytes, const SelectionKnobs& k, const DeviceCaps& caps) {
   return caps.cma && k.cma_min_bytes > 0 && bytes >= k.cma_min_bytes;
+}
+bool broadcast_fits_cma(int64_t bytes, const SelectionKnobs& k, const DeviceCaps& caps) {
+  return caps.cma && k.cma_min_bytes > 0 && k.cma_broadcast_min_bytes > 0 && bytes >= k.cma_broadcast_min_bytes;
 }
 
 bool header_in_slot(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
@@ -144,7 +150,7 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       if (fits_ll(bytes, world, caps)) {
         s.algo = Algo::kDirect;
         s.proto = Proto::kLL;
-      } else if (fits_cma(bytes, k, caps)) {
+      } else if (broadcast_fits_cma(bytes, k, caps)) {
         s.algo = Algo::kDirect;
         s.proto = Proto::kCMA;
       } else if (header_in_slot(bytes, world, k, caps) && all_reduce_algo(bytes, world, k, caps) == Algo::kDirect) {
@@ -200,7 +206,7 @@ bool cma_blocks_qualify(const std::vector<int64_t>& send_counts, const std::vect
     if (c != block) return false;
   for (int64_t c : recv_counts)
     if (c != block) return false;
-  return block > 0 && block * static_cast<int64_t>(esize) >= k.cma_min_bytes;
+  return block > 0 && block * static_cast<int64_t>(send_counts.size()) * static_cast<int64_t>(esize) >= k.cma_min_bytes;
 }
 
 bool cma_all_to_all_agreed(const std::vector<CollHeader>& headers) {
@@ -253,12 +259,13 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   o << "; broadcast ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
   if (inslot && caps.host_algorithms) o << "direct/header_in_slot in all_reduce's direct range, ";
-  if (caps.cma && k.cma_min_bytes > 0) o << "direct/cma from " << k.cma_min_bytes << " B, ";
+  if (caps.cma && k.cma_min_bytes > 0 && k.cma_broadcast_min_bytes > 0)
+    o << "direct/cma from " << k.cma_broadcast_min_bytes << " B, ";
   o << "chain/simple above; all_gather ";
   if (caps.cma && k.cma_min_bytes > 0) o << "direct/cma from " << k.cma_min_bytes << " B, ";
   o << "ring/simple; all_to_all direct/";
   if (caps.cma && k.cma_min_bytes > 0) {
-    o << "cma (blocks of " << k.cma_min_bytes << " B or more, even splits on every rank; else through slots)";
+    o << "cma (inputs of " << k.cma_min_bytes << " B or more, even splits on every rank; else through slots)";
   } else {
     o << "simple";
   }

@@ -106,6 +106,7 @@ struct SelectionKnobs {
   Stream stream = Stream::kAuto;   ///< RINGCOMM_STREAM
   int64_t stream_min_bytes = 0;    ///< RINGCOMM_STREAM_MIN_BYTES
   int64_t cma_min_bytes = 0;       ///< RINGCOMM_CMA_MIN_BYTES (0: off)
+  int64_t cma_broadcast_min_bytes = 0;  ///< RINGCOMM_CMA_BROADCAST_MIN_BYTES (0: never)
   /// From the knobs `k` (and RINGCOMM_PROFILE's file, loaded now); an out-of-range value throws
   /// InvalidArgument naming it.
   static SelectionKnobs from_knobs(const Knobs& k);
@@ -117,7 +118,7 @@ struct SelectionKnobs {
 Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps);
 
 /// all_to_all under the cma protocol: whether this rank's blocks qualify for single-copy reads
-/// (every block to and from every peer the same, at least RINGCOMM_CMA_MIN_BYTES). The header
+/// (every block to and from every peer the same, this rank's input at least RINGCOMM_CMA_MIN_BYTES). The header
 /// carries it (kHeaderCmaBlocks); the call reads in place iff every rank's header has it, so the
 /// ranks decide alike although each knows only its own splits (cma_all_to_all_agreed).
 bool cma_blocks_qualify(const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts,

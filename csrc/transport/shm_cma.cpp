@@ -31,17 +31,18 @@ int yama_scope() {
   return v;
 }
 
-// One process_vm_readv of up to `bytes`; returns the bytes read or -1 with errno set.
-ssize_t readv_once(int pid, uint64_t remote, void* dst, size_t bytes) {
+// One process_vm_readv (or, `write`, process_vm_writev) of up to `bytes`; returns the bytes moved
+// or -1 with errno set.
+ssize_t move_once(int pid, uint64_t remote, void* local_buf, size_t bytes, bool write = false) {
 #ifdef RINGCOMM_TEST_HOOKS
   if (TestKnobs::read().test_cma_deny != 0) {
     errno = EPERM;
     return -1;
   }
 #endif
-  struct iovec local = {dst, bytes};
+  struct iovec local = {local_buf, bytes};
   struct iovec far = {reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), bytes};
-  return process_vm_readv(pid, &local, 1, &far, 1, 0);
+  return write ? process_vm_writev(pid, &local, 1, &far, 1, 0) : process_vm_readv(pid, &local, 1, &far, 1, 0);
 }
 
 }  // namespace
@@ -62,11 +63,18 @@ void ShmCma::probe(int p) {
   }
   const SegmentHeader* h = segs_.header(p);
   uint64_t got = 0;
-  const ssize_t n = readv_once(h->pid, h->cma_probe_addr, &got, sizeof(got));
-  if (n == static_cast<ssize_t>(sizeof(got)) && got == h->cma_probe) return;
+  const ssize_t n = move_once(h->pid, h->cma_probe_addr, &got, sizeof(got));
+  ssize_t wn = -1;
+  // The root of a broadcast writes into its peers' buffers (process_vm_writev): the same value
+  // written back proves that too.
+  if (n == static_cast<ssize_t>(sizeof(got)) && got == h->cma_probe) {
+    wn = move_once(h->pid, h->cma_probe_addr, &got, sizeof(got), true);
+    if (wn == static_cast<ssize_t>(sizeof(got))) return;
+  }
   const int err = errno;
-  o << "single-copy reads off: rank " << rank_ << " cannot read rank " << p << "'s memory with process_vm_readv (";
-  if (n < 0) {
+  o << "single-copy reads off: rank " << rank_ << " cannot read or write rank " << p
+    << "'s memory with process_vm_readv / process_vm_writev (";
+  if (n < 0 || (n == static_cast<ssize_t>(sizeof(got)) && got == h->cma_probe && wn < 0)) {
     o << std::strerror(err);
     if (err == EPERM) {
       const int scope = yama_scope();
@@ -116,16 +124,24 @@ void ShmCma::publish(const void* buf) {
 uint64_t ShmCma::peer_buf(int peer) const { return segs_.header(peer)->cma_buf.load(std::memory_order_acquire); }
 
 void ShmCma::read(int peer, uint64_t remote, void* dst, size_t bytes, const WaitCtx& w) const {
+  move(peer, remote, dst, bytes, false, w);
+}
+
+void ShmCma::write(int peer, uint64_t remote, const void* src, size_t bytes, const WaitCtx& w) const {
+  move(peer, remote, const_cast<void*>(src), bytes, true, w);
+}
+
+void ShmCma::move(int peer, uint64_t remote, void* local, size_t bytes, bool write, const WaitCtx& w) const {
   const int pid = segs_.header(peer)->pid;
-  char* d = static_cast<char*>(dst);
+  char* d = static_cast<char*>(local);
   while (bytes > 0) {
-    const ssize_t n = readv_once(pid, remote, d, bytes);
+    const ssize_t n = move_once(pid, remote, d, bytes, write);
     if (n <= 0) {
       const int err = n < 0 ? errno : EFAULT;
       if (err == EINTR) continue;
       live_.check_peers(w, true);  // an aborted or dead peer raises its own error
       RC_THROW(PeerFailure, "ringcomm: " << w.op << " (seq " << w.seq << ") on rank " << rank_
-                                         << ": process_vm_readv of " << bytes << " bytes from rank " << peer
+                                         << ": " << (write ? "process_vm_writev" : "process_vm_readv") << " of " << bytes << " bytes from rank " << peer
                                          << " (pid " << pid << ") failed: " << std::strerror(err));
     }
     d += n;

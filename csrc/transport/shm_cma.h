@@ -5,7 +5,7 @@
 // Availability (decided at attach, alike on every rank): each rank's segment header carries a
 // probe word and its owner's address of it (written before `magic`). With the protocol enabled
 // (ShmConfig::cma), every rank reads every peer's probe word with process_vm_readv while mapping
-// it (probe()), stores its verdict in its own `cma_ok` (1: it read every peer's word and found the
+// it, and writes the value back unchanged with process_vm_writev (probe()), stores its verdict in its own `cma_ok` (1: it read every peer's word and found the
 // value the segment shows; 2: it could not, or the protocol is off here), and after every peer
 // attached waits (bounded) until every peer stored one (agree()). The protocol is ready iff every
 // verdict is 1, which every rank computes from the same words. Reasons a read fails: another uid,
@@ -17,7 +17,8 @@
 // A collective (algo/cma.cpp): before posting its header, a rank stores the address of the buffer
 // its peers read (publish(): cma_buf, ordered before the header by the board word's release);
 // after reading the header, a reader loads it (peer_buf()) and reads with read(). The buffer must
-// stay valid and unchanged until every reader is done: finish() bumps this rank's `cma_done`
+// stay valid and unchanged until every reader is done (and, where a peer writes into it with
+// write(), hold nothing this rank reads before that peer is done): finish() bumps this rank's `cma_done`
 // counter (its reads of this call are over) and waits until every reader's counter reached this
 // rank's count of such calls. Every rank runs the same single-copy calls (the selection travels
 // in the header), so the counts pair up; a rank stores the next call's address only after
@@ -64,12 +65,16 @@ class ShmCma {
   uint64_t peer_buf(int peer) const;
   /// `bytes` from `peer`'s memory at its address `remote` into `dst`.
   void read(int peer, uint64_t remote, void* dst, size_t bytes, const WaitCtx& w) const;
-  /// This rank's reads of the current call are done; wait until every rank `r` with
-  /// reads_me(r) finished its reads of it.
+  /// `bytes` from `src` into `peer`'s memory at its address `remote` (process_vm_writev: the
+  /// same permission as a read); the peer waits for this rank's finish() before using them.
+  void write(int peer, uint64_t remote, const void* src, size_t bytes, const WaitCtx& w) const;
+  /// This rank's reads and writes of the current call are done; wait until every rank `r` with
+  /// reads_me(r) (it reads this rank's buffer or writes into it) finished its own.
   template <class ReadsMe>
   void finish(const WaitCtx& w, ReadsMe reads_me);
 
  private:
+  void move(int peer, uint64_t remote, void* local, size_t bytes, bool write, const WaitCtx& w) const;
   void finish_mine();
   void wait_reader(int peer, const WaitCtx& w);
   int rank_;

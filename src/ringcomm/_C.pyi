@@ -32,9 +32,14 @@ class Knobs:
         RINGCOMM_BIND_REGISTRY: directory of the node registry through which ringcomm jobs that bind see each other (one file per process; the first job to register binds, later ones are left unbound)
         """
     @property
+    def cma_broadcast_min_bytes(self) -> int:
+        """
+        RINGCOMM_CMA_BROADCAST_MIN_BYTES: broadcasts of at least this many bytes take the single-copy path of RINGCOMM_CMA_MIN_BYTES (each non-root reads (N-1)/N of the message from the root's buffer, the root writes the rest into theirs); 0: never; must be equal on every rank
+        """
+    @property
     def cma_min_bytes(self) -> int:
         """
-        RINGCOMM_CMA_MIN_BYTES: all_to_all (per block, even splits on every rank), all_gather and broadcast of at least this many bytes read the peers' buffers straight into their outputs with process_vm_readv (one copy instead of two through slots), where every rank may read every peer's memory (probed at init, the INFO line says which); 0: off; must be equal on every rank
+        RINGCOMM_CMA_MIN_BYTES: all_gather (the output's bytes) and all_to_all (each rank's input bytes, even splits on every rank) of at least this many bytes read the peers' buffers straight into their outputs with process_vm_readv (one copy instead of two through slots), where every rank may read and write every peer's memory (probed at init, the INFO line says which); 0: off, for broadcast too; must be equal on every rank
         """
     @property
     def cpu_isa(self) -> str:
