@@ -97,8 +97,8 @@ def test_thresholds_are_the_knobs(knobs):
 
 def test_single_copy_reads_from_their_threshold(knobs):
     """With the ranks able to read each other's memory (cma=True): all_gather takes direct/cma
-    from RINGCOMM_CMA_MIN_BYTES (1 MiB by default), broadcast from RINGCOMM_CMA_BROADCAST_MIN_BYTES
-    (16 MiB), all_to_all at every size (each call reads in place only when every rank's blocks
+    from RINGCOMM_CMA_MIN_BYTES (8 MiB by default), broadcast from RINGCOMM_CMA_BROADCAST_MIN_BYTES
+    (8 MiB), all_to_all at every size (each call reads in place only when every rank's blocks
     qualify); other collectives, and every collective without the reads or with the knob at 0,
     keep the documented table."""
     for n in (2, 3, 4, 8):
@@ -107,7 +107,7 @@ def test_single_copy_reads_from_their_threshold(knobs):
                 got = _C._select(coll, b, n, "host", True)[:2]
                 if coll == "all_to_all":
                     want = ("direct", "cma")
-                elif coll == "all_gather" and b >= (1 << 20) or coll == "broadcast" and b >= (16 << 20):
+                elif coll in ("all_gather", "broadcast") and b >= (8 << 20):
                     want = ("direct", "cma")
                 else:
                     want = model(coll, b, n)
