@@ -33,6 +33,14 @@ def test_results_are_exact_on_and_beside_the_cma_path(world, store_env):
     assert paths["all_to_all_uneven"] == ["direct/cma"], paths
 
 
+@pytest.mark.timeout(600)
+def test_results_are_exact_at_8_ranks(store_env):
+    """8 ranks on these CPUs: every reader of one owner at once, blocks no world size divides."""
+    results = spawn(exact_cases, 8, args=(CMA,), timeout=580, env=store_env)
+    fails = [f for fs, _ in results for f in fs]
+    assert not fails, "\n".join(fails[:20])
+
+
 @pytest.mark.timeout(300)
 def test_results_are_exact_with_the_protocol_off(store_env):
     results = spawn(exact_cases, 2, args=({"RINGCOMM_CMA_MIN_BYTES": "0", "RINGCOMM_CMA_BROADCAST_MIN_BYTES": "64K"},),
