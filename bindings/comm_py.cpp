@@ -137,7 +137,7 @@ void bind_comm(py::module_& m, bool module_local) {
 
   // Tests and tools: the selection (comm/selection.h) a communicator of `world_size` ranks makes
   // for `collective` of `bytes` under the current knobs; device "host" or "cuda" (its caps).
-  m.def("_select", [](const std::string& collective, int64_t bytes, int world_size, const std::string& device) {
+  m.def("_select", [](const std::string& collective, int64_t bytes, int world_size, const std::string& device, bool cma) {
     rc::Coll coll = rc::Coll::kRejected;
 #define RC_COLL_BY_NAME_(name, code, str, reduces) \
     if (collective == str) coll = rc::Coll::k##name;
@@ -146,10 +146,12 @@ void bind_comm(py::module_& m, bool module_local) {
     RC_CHECK(coll != rc::Coll::kRejected, InvalidArgument, "ringcomm: unknown collective '" << collective << "'");
     RC_CHECK(device == "host" || device == "cuda", InvalidArgument, "ringcomm: device must be host or cuda");
     const rc::Knobs knobs = rc::Knobs::read();
-    const rc::DeviceCaps caps = device == "host"
+    rc::DeviceCaps caps = device == "host"
         ? rc::HostDevice::caps_for(rc::ShmConfig::host_from_knobs(knobs, world_size, 1.0)) : rc::DeviceCaps{};
+    caps.cma = device == "host" && cma;
     const rc::Selection s = rc::select(coll, bytes, world_size, rc::SelectionKnobs::from_knobs(knobs), caps);
     return py::make_tuple(rc::algo_name(s.algo), rc::proto_name(s.proto), rc::store_name(s.store));
-  }, py::arg("collective"), py::arg("bytes"), py::arg("world_size"), py::arg("device") = "host",
-     "(algorithm, protocol, store) names the selection picks (csrc/comm/selection.h)");
+  }, py::arg("collective"), py::arg("bytes"), py::arg("world_size"), py::arg("device") = "host", py::arg("cma") = false,
+     "(algorithm, protocol, store) names the selection picks (csrc/comm/selection.h); cma: the host device's "
+     "ranks may read each other's memory (its probe at connect, transport/shm_cma.h)");
 }

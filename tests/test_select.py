@@ -12,7 +12,8 @@ from selection_cases import store_mismatch_case, threshold_mismatch_case
 KiB = 1024
 SELECTION_KNOBS = ("RINGCOMM_ALGO", "RINGCOMM_LL_MAX_BYTES", "RINGCOMM_DIRECT_MAX_BYTES", "RINGCOMM_TWO_SHOT_MAX_BYTES",
                    "RINGCOMM_TWO_SHOT_MIN_WORLD", "RINGCOMM_HEADER_IN_SLOT", "RINGCOMM_STREAM",
-                   "RINGCOMM_STREAM_MIN_BYTES", "RINGCOMM_MODEL_MIN_WORLD", "RINGCOMM_PROFILE")
+                   "RINGCOMM_STREAM_MIN_BYTES", "RINGCOMM_MODEL_MIN_WORLD", "RINGCOMM_PROFILE", "RINGCOMM_CMA_MIN_BYTES",
+                   "RINGCOMM_CMA_BROADCAST_MIN_BYTES")
 SIZES = [0, 1, 16, 4 * KiB, 4 * KiB + 1, 16 * KiB, 21845, 21846, 32 * KiB, 64 * KiB, 64 * KiB + 1, 128 * KiB,
          128 * KiB + 1, 1 << 20, 64 << 20]
 COLLS = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "gather", "scatter",
@@ -92,6 +93,43 @@ def test_thresholds_are_the_knobs(knobs):
     _check_all(ll=0, direct=8 * KiB, ts_max=1 << 20, ts_world=3, inslot=False)
     knobs.setenv("RINGCOMM_MODEL_MIN_WORLD", "3")
     _check_all(ll=0, direct=8 * KiB, ts_max=1 << 20, ts_world=3, inslot=False, model_world=3)
+
+
+def test_single_copy_reads_from_their_threshold(knobs):
+    """With the ranks able to read each other's memory (cma=True): all_gather takes direct/cma
+    from RINGCOMM_CMA_MIN_BYTES (8 MiB by default), broadcast from RINGCOMM_CMA_BROADCAST_MIN_BYTES
+    (8 MiB), all_to_all at every size (each call reads in place only when every rank's blocks
+    qualify); other collectives, and every collective without the reads or with the knob at 0,
+    keep the documented table."""
+    for n in (2, 3, 4, 8):
+        for b in SIZES:
+            for coll in COLLS:
+                got = _C._select(coll, b, n, "host", True)[:2]
+                if coll == "all_to_all":
+                    want = ("direct", "cma")
+                elif coll in ("all_gather", "broadcast") and b >= (8 << 20):
+                    want = ("direct", "cma")
+                else:
+                    want = model(coll, b, n)
+                assert got == want, (coll, b, n, got)
+    knobs.setenv("RINGCOMM_CMA_MIN_BYTES", "64K")
+    assert _C._select("all_gather", 64 * KiB - 1, 2, "host", True)[:2] == ("ring", "simple")
+    assert _C._select("all_gather", 64 * KiB, 2, "host", True)[:2] == ("direct", "cma")
+    assert _C._select("broadcast", 64 * KiB, 2, "host", True)[:2] == ("direct", "header_in_slot")
+    # LL first: a threshold below the outbox's size leaves the small broadcasts on it
+    knobs.setenv("RINGCOMM_CMA_BROADCAST_MIN_BYTES", "1K")
+    assert _C._select("broadcast", 2 * KiB, 2, "host", True)[:2] == ("direct", "ll")
+    assert _C._select("broadcast", 8 * KiB, 2, "host", True)[:2] == ("direct", "cma")
+    knobs.setenv("RINGCOMM_CMA_BROADCAST_MIN_BYTES", "0")
+    assert _C._select("broadcast", 64 << 20, 2, "host", True)[:2] == ("chain", "simple")
+    assert _C._select("all_gather", 64 << 20, 2, "host", True)[:2] == ("direct", "cma")
+    knobs.setenv("RINGCOMM_CMA_BROADCAST_MIN_BYTES", "1K")
+    knobs.setenv("RINGCOMM_CMA_MIN_BYTES", "0")
+    _check_all()
+    for coll in COLLS:
+        for b in SIZES:
+            assert _C._select(coll, b, 2, "host", True)[:2] == model(coll, b, 2)
+            assert _C._select(coll, b, 2, "cuda", True)[:2] != ("direct", "cma")
 
 
 def test_cuda_device_runs_the_ring_and_chains_over_slots(knobs):

@@ -15,6 +15,7 @@
 namespace rc {
 
 class LLProtocol;  // proto/ll.h
+class ShmCma;      // transport/shm_cma.h
 
 struct AlgoCtx {
   Channel* ch = nullptr;
@@ -33,6 +34,9 @@ struct AlgoCtx {
   /// The LL protocol over this rank's outbox (proto/ll.h), where the device has one; the LL
   /// collectives run only where it does (comm/selection.h).
   LLProtocol* ll = nullptr;
+  /// Single-copy reads of peers' buffers (transport/shm_cma.h), where every rank may read every
+  /// peer's memory; the cma collectives run only where it is (comm/selection.h).
+  ShmCma* cma = nullptr;
   /// The collective's per-phase record (algo/trace_record.h) when RINGCOMM_TRACE is on, else nullptr.
   TraceRecord* trace = nullptr;
   /// Elements per piece: one slot's payload (at least 1).
@@ -104,6 +108,18 @@ void ll_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, Reduc
 /// Pipelined chains (algo/chain.cpp).
 void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
 void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root);
+
+/// Single-copy collectives (algo/cma.cpp; the cma protocol, transport/shm_cma.h): cma_publish,
+/// before the header is posted, stores the address of the buffer this rank's peers read (the
+/// all_to_all's and all_gather's input, the broadcast's buffer); after the exchange every rank
+/// reads what it needs straight from its peers' buffers into its output, then waits until every
+/// peer that reads its buffer is done. Results bit-equal to the slot paths' (pure copies).
+void cma_publish(const AlgoCtx& c, const void* buf);
+/// all_to_all with every block `block` elements (cma_blocks_qualify on every rank).
+void cma_all_to_all(const AlgoCtx& c, const char* in, char* out, int64_t block);
+/// all_gather: rank k contributes counts[k] elements; in may be this rank's slice of out.
+void cma_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts);
+void cma_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
 
 /// Direct exchanges (algo/direct.cpp). Counts and offsets in elements, one per peer.
 void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& send_counts,

@@ -25,7 +25,9 @@ struct CollHeader {
   uint8_t algo = 0;
   uint8_t proto = 0;
   uint8_t store = 0;
-  uint8_t reserved = 0;
+  // Per-rank facts a protocol needs beside the selection, not compared across ranks:
+  // kHeaderCmaBlocks (all_to_all under the cma protocol: this rank's blocks qualify, select.h).
+  uint8_t flags = 0;
   // The collective's sequence on the posting rank (its low 32 bits): every rank numbers every
   // collective, so a difference means the ranks' calls no longer pair up (a call one rank ran
   // without an exchange, comm/device.h's fused, that a peer exchanged for).
@@ -34,6 +36,9 @@ struct CollHeader {
 static_assert(sizeof(CollHeader) == kHeaderBytes && alignof(CollHeader) <= alignof(HeaderBlob),
               "CollHeader is what the transport's header blob carries (the segment layout: board, LL line 0)");
 static_assert(std::is_trivially_copyable_v<CollHeader>, "CollHeader travels as bytes");
+
+/// CollHeader::flags bits.
+constexpr uint8_t kHeaderCmaBlocks = 1;
 
 /// The header as the transport carries it, and back.
 inline HeaderBlob header_blob(const CollHeader& h) {

@@ -36,6 +36,7 @@ std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h,
   c.scratch = scratch_.data();
   c.staging = &staging_;
   c.ll = &ll_;
+  c.cma = transport_.cma().ready() ? &transport_.cma() : nullptr;
   if (!log_enabled(LogLevel::kTrace)) {
     body(c);
     return nullptr;  // the host part is the whole collective
@@ -75,7 +76,7 @@ void HostDevice::log_connected(const std::string& selection) {
   const ShmConfig& sc = transport_.config();
   RC_LOG(kInfo, rank_, world_,
          "transport shm; " << transport_.describe_geometry() << "; " << transport_.describe_liveness() << "; "
-         << selection << "; reduce ISA " << describe_reduce_cpu_isa() << "; " << transport_.describe_wait()
+         << transport_.cma().describe() << "; " << selection << "; reduce ISA " << describe_reduce_cpu_isa() << "; " << transport_.describe_wait()
          << "; timeout " << sc.timeout_s << " s" << (cpus_.empty() ? "" : "; cpus: ") << cpus_);
 }
 

@@ -36,7 +36,11 @@ class HostDevice final : public CommDevice {
   const char* name() const override { return "communicator"; }
   ShmControl& control() override { return transport_; }
   const MemoryCheck* memory() const override { return nullptr; }
-  DeviceCaps caps() const override { return caps_for(transport_.config()); }
+  DeviceCaps caps() const override {
+    DeviceCaps d = caps_for(transport_.config());
+    d.cma = transport_.cma().ready();  // false until connected
+    return d;
+  }
   /// A host device's capabilities under transport configuration `cfg`.
   static DeviceCaps caps_for(const ShmConfig& cfg);
   Channel* header_slot_channel() override { return &coll_; }

@@ -110,6 +110,7 @@ std::string CommCore::closed_reason() const {
 void CommCore::start() {
   RC_CHECK(!connected_, Error, "ringcomm: the " << dev_->name() << " is already connected");
   connected_ = true;
+  caps_ = dev_->caps();  // connecting settled what needs the peers (single-copy reads); no call ran yet
   progress_ = std::thread([this] { progress_loop(); });
   p2p_.start();
 }
@@ -208,6 +209,9 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int
   hdr.algo = static_cast<uint8_t>(sel.algo);
   hdr.proto = static_cast<uint8_t>(sel.proto);
   hdr.store = static_cast<uint8_t>(sel.store);
+  if (coll == Coll::kAllToAll && sel.proto == Proto::kCMA &&
+      cma_blocks_qualify(args.send_counts, args.recv_counts, dtype_size(static_cast<DType>(hdr.dtype)), knobs_))
+    hdr.flags |= kHeaderCmaBlocks;
   const Route& route = route_of(coll, sel.algo, sel.proto);
   if (coll != Coll::kRejected) dev_->check_submit(coll, hdr, args, l.stream);
   Task task;

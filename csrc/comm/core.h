@@ -181,7 +181,7 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   ArgChecks checks_;
   Tracer tracer_;  // configured once from RINGCOMM_TRACE; written only by the executing thread
   const SelectionKnobs knobs_;  // the selection's knobs, read once at creation
-  const DeviceCaps caps_;       // what the device can run, asked once at creation
+  DeviceCaps caps_;  // what the device can run: asked at creation and again once connected (start())
   P2PEngine p2p_;
   bool connected_ = false;
   std::atomic<bool> closed_{false};

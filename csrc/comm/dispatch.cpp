@@ -61,6 +61,12 @@ void bc_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
   ll_send_first(c, header_blob(mine), a.out, c.rank == a.root ? a.count : 0);
 }
 
+void bc_cma(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  cma_broadcast(c, out_of(a), a.count, a.root);
+}
+// Every rank publishes its buffer; only the root's is read.
+void bc_cma_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) { cma_publish(c, a.out); }
+
 void reduce_chain(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   chain_reduce(c, in_of(a), out_of(a), a.count, a.op, a.root);
 }
@@ -74,6 +80,22 @@ void reduce_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine
 void a2a_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   direct_all_to_all(c, in_of(a), out_of(a), a.send_counts, split_offsets(a.send_counts), a.recv_counts,
                     split_offsets(a.recv_counts));
+}
+// Every rank's header says whether its blocks qualify; the call reads in place iff all do, else
+// it is the simple protocol's exchange (the same decision on every rank, from the same headers).
+void a2a_cma(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
+  if (cma_all_to_all_agreed(hs)) {
+    cma_all_to_all(c, in_of(a), out_of(a), a.send_counts[0]);
+  } else {
+    a2a_direct(c, a, hs);
+  }
+}
+void in_cma_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) { cma_publish(c, a.in); }
+void ag_cma(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
+  std::vector<int64_t> counts(c.world, 0);
+  for (int p = 0; p < c.world; ++p) counts[p] = hs[p].count2;
+  check_all_gather_block(c.rank, a.in, a.out, counts, a.out_count, c.esize);
+  cma_all_gather(c, in_of(a), out_of(a), counts);
 }
 void gather_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   direct_gather(c, in_of(a), out_of(a), a.count, a.root);
@@ -93,12 +115,15 @@ const Route kRoutes[] = {
     {Coll::kAllReduce, Algo::kHalvingDoubling, Proto::kSimple, ar_halving_doubling, nullptr},
     {Coll::kReduceScatter, Algo::kRing, Proto::kSimple, rs_ring, nullptr},
     {Coll::kAllGather, Algo::kRing, Proto::kSimple, ag_ring, nullptr},
+    {Coll::kAllGather, Algo::kDirect, Proto::kCMA, ag_cma, in_cma_first},
     {Coll::kBroadcast, Algo::kChain, Proto::kSimple, bc_chain, nullptr},
     {Coll::kBroadcast, Algo::kDirect, Proto::kHeaderInSlot, bc_direct_after_first, bc_direct_first},
     {Coll::kBroadcast, Algo::kDirect, Proto::kLL, bc_ll, bc_ll_first},
+    {Coll::kBroadcast, Algo::kDirect, Proto::kCMA, bc_cma, bc_cma_first},
     {Coll::kReduce, Algo::kChain, Proto::kSimple, reduce_chain, nullptr},
     {Coll::kReduce, Algo::kDirect, Proto::kLL, reduce_ll, reduce_ll_first},
     {Coll::kAllToAll, Algo::kDirect, Proto::kSimple, a2a_direct, nullptr},
+    {Coll::kAllToAll, Algo::kDirect, Proto::kCMA, a2a_cma, in_cma_first},
     {Coll::kGather, Algo::kDirect, Proto::kSimple, gather_direct, nullptr},
     {Coll::kScatter, Algo::kDirect, Proto::kSimple, scatter_direct, nullptr},
     {Coll::kBarrier, Algo::kNone, Proto::kNone, nothing, nullptr},

@@ -48,6 +48,12 @@ SelectionKnobs SelectionKnobs::from_knobs(const Knobs& env) {
   k.header_in_slot = env.header_in_slot == "on";
   const std::string& stream = env.stream;
   k.stream = stream == "on" ? Stream::kOn : stream == "off" ? Stream::kOff : Stream::kAuto;
+  k.cma_min_bytes = env.cma_min_bytes;
+  RC_CHECK(k.cma_min_bytes >= 0, InvalidArgument,
+           "ringcomm: RINGCOMM_CMA_MIN_BYTES must be >= 0, got " << k.cma_min_bytes);
+  k.cma_broadcast_min_bytes = env.cma_broadcast_min_bytes;
+  RC_CHECK(k.cma_broadcast_min_bytes >= 0, InvalidArgument,
+           "ringcomm: RINGCOMM_CMA_BROADCAST_MIN_BYTES must be >= 0, got " << k.cma_broadcast_min_bytes);
   k.stream_min_bytes = env.stream_min_bytes;
   RC_CHECK(k.stream_min_bytes >= 0, InvalidArgument,
            "ringcomm: RINGCOMM_STREAM_MIN_BYTES must be >= 0, got " << k.stream_min_bytes);
@@ -76,6 +82,15 @@ Algo all_reduce_algo(int64_t bytes, int world, const SelectionKnobs& k, const De
 
 bool fits_ll(int64_t bytes, int world, const DeviceCaps& caps) {
   return world >= 2 && bytes > 0 && bytes <= static_cast<int64_t>(caps.ll_bytes);
+}
+
+// Single-copy reads for a message of `bytes` (the whole message: every rank reads all of it but
+// its own part).
+bool fits_cma(int64_t bytes, const SelectionKnobs& k, const DeviceCaps& caps) {
+  return caps.cma && k.cma_min_bytes > 0 && bytes >= k.cma_min_bytes;
+}
+bool broadcast_fits_cma(int64_t bytes, const SelectionKnobs& k, const DeviceCaps& caps) {
+  return caps.cma && k.cma_min_bytes > 0 && k.cma_broadcast_min_bytes > 0 && bytes >= k.cma_broadcast_min_bytes;
 }
 
 bool header_in_slot(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
@@ -135,6 +150,9 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       if (fits_ll(bytes, world, caps)) {
         s.algo = Algo::kDirect;
         s.proto = Proto::kLL;
+      } else if (broadcast_fits_cma(bytes, k, caps)) {
+        s.algo = Algo::kDirect;
+        s.proto = Proto::kCMA;
       } else if (header_in_slot(bytes, world, k, caps) && all_reduce_algo(bytes, world, k, caps) == Algo::kDirect) {
         s.algo = Algo::kDirect;
         s.proto = Proto::kHeaderInSlot;
@@ -144,9 +162,12 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       }
       break;
     case Coll::kReduceScatter:
-    case Coll::kAllGather:
       s.algo = Algo::kRing;
       s.proto = Proto::kSimple;
+      break;
+    case Coll::kAllGather:
+      s.algo = fits_cma(bytes, k, caps) ? Algo::kDirect : Algo::kRing;
+      s.proto = s.algo == Algo::kDirect ? Proto::kCMA : Proto::kSimple;
       break;
     case Coll::kReduce:
       // The LL outbox (one hand-off: the root reads every input in place), the chain above.
@@ -159,6 +180,12 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       }
       break;
     case Coll::kAllToAll:
+      // Its per-rank sizes differ (bytes is 0): cma wherever the reads are possible, and each
+      // call reads in place only when every rank's blocks qualify (cma_all_to_all_agreed), else
+      // moves through slots as the simple protocol does.
+      s.algo = Algo::kDirect;
+      s.proto = caps.cma && k.cma_min_bytes > 0 ? Proto::kCMA : Proto::kSimple;
+      break;
     case Coll::kGather:
     case Coll::kScatter:
       s.algo = Algo::kDirect;
@@ -169,6 +196,25 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       break;
   }
   return s;
+}
+
+bool cma_blocks_qualify(const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts,
+                        size_t esize, const SelectionKnobs& k) {
+  if (k.cma_min_bytes <= 0 || send_counts.empty() || recv_counts.size() != send_counts.size()) return false;
+  const int64_t block = send_counts[0];
+  for (int64_t c : send_counts)
+    if (c != block) return false;
+  for (int64_t c : recv_counts)
+    if (c != block) return false;
+  return block > 0 && block * static_cast<int64_t>(send_counts.size()) * static_cast<int64_t>(esize) >= k.cma_min_bytes;
+}
+
+bool cma_all_to_all_agreed(const std::vector<CollHeader>& headers) {
+  // Every rank's splits even and every rank's totals equal: one block size everywhere. (Ranks
+  // whose splits disagree take the slots, which check every block's size.)
+  for (const CollHeader& h : headers)
+    if ((h.flags & kHeaderCmaBlocks) == 0 || h.count != headers[0].count || h.count2 != headers[0].count) return false;
+  return true;
 }
 
 int64_t selection_bytes(Coll coll, const CollHeader& h) {
@@ -213,7 +259,17 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   o << "; broadcast ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
   if (inslot && caps.host_algorithms) o << "direct/header_in_slot in all_reduce's direct range, ";
-  o << "chain/simple above; reduce ";
+  if (caps.cma && k.cma_min_bytes > 0 && k.cma_broadcast_min_bytes > 0)
+    o << "direct/cma from " << k.cma_broadcast_min_bytes << " B, ";
+  o << "chain/simple above; all_gather ";
+  if (caps.cma && k.cma_min_bytes > 0) o << "direct/cma from " << k.cma_min_bytes << " B, ";
+  o << "ring/simple; all_to_all direct/";
+  if (caps.cma && k.cma_min_bytes > 0) {
+    o << "cma (inputs of " << k.cma_min_bytes << " B or more, even splits on every rank; else through slots)";
+  } else {
+    o << "simple";
+  }
+  o << "; reduce ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
   o << "chain/simple above; store ";
   if (!caps.streaming_stores || k.stream == SelectionKnobs::Stream::kOff) {
@@ -236,6 +292,7 @@ bool slot_before_header(const CollHeader& h, int poster) {
 }
 
 bool sent_before_header(const CollHeader& h, int poster) {
+  if (h.proto == static_cast<uint8_t>(Proto::kCMA)) return true;
   if (h.count <= 0) return false;
   if (h.proto == static_cast<uint8_t>(Proto::kLL)) {
     const Coll c = static_cast<Coll>(h.coll);

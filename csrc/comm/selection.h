@@ -5,7 +5,8 @@
 //    chain);
 //  - the protocol is how bytes and readiness travel (simple: flow-controlled slots after the
 //    header exchange; header_in_slot: piece 0 handed to every peer before the header is posted;
-//    ll: header and data in the sender's LL outbox lines, proto/ll.h);
+//    ll: header and data in the sender's LL outbox lines, proto/ll.h; cma: every reader copies
+//    straight from the sender's own buffer with process_vm_readv, transport/shm_cma.h);
 // plus the store policy: cached or streaming stores into peers' slots.
 //
 // all_reduce under RINGCOMM_ALGO=auto: with fewer than RINGCOMM_MODEL_MIN_WORLD ranks the
@@ -22,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/coll.h"
 #include "comm/coll_header.h"
@@ -43,7 +45,8 @@ namespace rc {
   X(None, 0, "none")     \
   X(Simple, 1, "simple") \
   X(HeaderInSlot, 2, "header_in_slot") \
-  X(LL, 3, "ll")
+  X(LL, 3, "ll") \
+  X(CMA, 4, "cma")
 
 #define RC_STORES(X)     \
   X(Cached, 0, "cached") \
@@ -83,6 +86,8 @@ struct DeviceCaps {
   size_t ll_bytes = 0;
   /// Stores into peers' slots may be streaming (non-temporal).
   bool streaming_stores = false;
+  /// Every rank may read every peer's memory (transport/shm_cma.h; the host device after connect).
+  bool cma = false;
   /// The slot payloads the host algorithms cut messages into (the cost model's input).
   PieceSizes pieces;
 };
@@ -100,6 +105,8 @@ struct SelectionKnobs {
   bool header_in_slot = true;      ///< RINGCOMM_HEADER_IN_SLOT
   Stream stream = Stream::kAuto;   ///< RINGCOMM_STREAM
   int64_t stream_min_bytes = 0;    ///< RINGCOMM_STREAM_MIN_BYTES
+  int64_t cma_min_bytes = 0;       ///< RINGCOMM_CMA_MIN_BYTES (0: off)
+  int64_t cma_broadcast_min_bytes = 0;  ///< RINGCOMM_CMA_BROADCAST_MIN_BYTES (0: never)
   /// From the knobs `k` (and RINGCOMM_PROFILE's file, loaded now); an out-of-range value throws
   /// InvalidArgument naming it.
   static SelectionKnobs from_knobs(const Knobs& k);
@@ -110,6 +117,14 @@ struct SelectionKnobs {
 /// for all_to_all, whose per-rank sizes differ). Barrier and rejected calls: (none, none, cached).
 Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps);
 
+/// all_to_all under the cma protocol: whether this rank's blocks qualify for single-copy reads
+/// (every block to and from every peer the same, this rank's input at least RINGCOMM_CMA_MIN_BYTES). The header
+/// carries it (kHeaderCmaBlocks); the call reads in place iff every rank's header has it, so the
+/// ranks decide alike although each knows only its own splits (cma_all_to_all_agreed).
+bool cma_blocks_qualify(const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts,
+                        size_t esize, const SelectionKnobs& k);
+bool cma_all_to_all_agreed(const std::vector<CollHeader>& headers);
+
 /// The bytes select() is given for a header (see select()).
 int64_t selection_bytes(Coll coll, const CollHeader& h);
 
@@ -119,7 +134,8 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
 /// True when the rank that posted `h` (rank `poster`) handed data off before posting it, by
 /// its header's protocol: every rank of a header_in_slot all_reduce and the root of a
 /// header_in_slot broadcast (one slot to every peer: comm/header_exchange.h), every rank of an
-/// LL collective (its outbox lines). Never for an empty message.
+/// LL collective (its outbox lines), and every rank of a cma collective (the address of the
+/// buffer its peers read, transport/shm_cma.h). Else never for an empty message.
 bool sent_before_header(const CollHeader& h, int poster);
 /// The part of sent_before_header that leaves a slot in each peer's channel (header_in_slot),
 /// which a failed exchange must drain; LL lines need no draining (never consumed).

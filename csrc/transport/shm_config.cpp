@@ -168,6 +168,8 @@ ShmConfig ShmConfig::host_from_knobs(const Knobs& k, int world_size, double time
   RC_CHECK(ll >= 0 && ll <= (int64_t{1} << 20), InvalidArgument,
            "RINGCOMM_LL_MAX_BYTES must be in [0, 1M], got " << ll);
   c.ll_bytes = static_cast<size_t>(ll);
+  RC_CHECK(k.cma_min_bytes >= 0, InvalidArgument, "RINGCOMM_CMA_MIN_BYTES must be >= 0, got " << k.cma_min_bytes);
+  c.cma = k.cma_min_bytes > 0;
   return c;
 }
 

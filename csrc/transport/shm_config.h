@@ -67,6 +67,7 @@ struct ShmConfig {
   size_t far_slot_bytes = 0;   // RINGCOMM_FAR_SLOT_BYTES
   uint32_t far_nslots = 0;     // RINGCOMM_OUTBOX_SLOTS
   size_t ll_bytes = 0;         // RINGCOMM_LL_MAX_BYTES: data bytes one LL outbox carries
+  bool cma = false;            // RINGCOMM_CMA_MIN_BYTES > 0: probe for single-copy reads (shm_cma.h)
   /// Uniform geometry (far = full) from the knobs `k` (their range checks throw
   /// InvalidArgument): what the CUDA control plane and the simulation use.
   static ShmConfig from_knobs(const Knobs& k, int world_size, double timeout_s);

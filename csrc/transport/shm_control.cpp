@@ -21,7 +21,7 @@ using namespace shm_detail;
 ShmControl::ShmControl(int rank, int world, ShmConfig cfg)
     : rank_(rank), world_(world), cfg_(normalized(world, cfg)), segs_(rank, world, cfg_),
       live_(rank, world, cfg_, segs_), waits_(rank, world, cfg_, segs_, live_), bell_(rank, segs_),
-      board_(rank, cfg_, segs_, waits_) {
+      board_(rank, cfg_, segs_, waits_), cma_(rank, world, cfg_, segs_, live_, waits_) {
   RC_CHECK(world >= 1, InvalidArgument, "world size must be >= 1, got " << world);
   RC_CHECK(rank >= 0 && rank < world, InvalidArgument, "rank " << rank << " out of range [0, " << world << ")");
   RC_CHECK(!has_outbox() || world_ <= kMaxOutboxWorld, InvalidArgument,
@@ -33,11 +33,16 @@ ShmControl::~ShmControl() { close(); }
 std::string ShmControl::create() {
   std::string name = segs_.create(pid_namespace_id());
   live_.on_created();
+  cma_.on_created();
   return name;
 }
 
 void ShmControl::attach(const std::vector<std::string>& names) {
-  segs_.map_peers(names, [this](int p, const SegmentHeader* h) { live_.on_mapped(p, h); });
+  segs_.map_peers(names, [this](int p, const SegmentHeader* h) {
+    live_.on_mapped(p, h);
+    cma_.probe(p);
+  });
+  cma_.post_verdict();
   live_.stop_heartbeat_if_unused();
   // The masks cover this communicator's ranks only: a subgroup's members can be pinned apart while
   // ranks of other groups share their CPUs. So the count is at least what the front knows from
@@ -69,6 +74,8 @@ void ShmControl::attach(const std::vector<std::string>& names) {
     throw;
   }
   segs_.unlink_own();
+  // Every peer posted its verdict right after mapping every segment, before its own wait above.
+  cma_.agree();
 }
 
 // Every mapped peer's header carries its affinity mask: the local ranks (this one included) whose

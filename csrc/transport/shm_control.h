@@ -5,6 +5,7 @@
 //   ShmWaits     (shm_wait.h)      every bounded wait: spin, yield, futex sleep, deadline
 //   ShmDoorbell  (shm_doorbell.h)  the point-to-point activity counter
 //   ShmBoard     (shm_board.h)     the header board and the LL outboxes beside it
+//   ShmCma       (shm_cma.h)       single-copy reads of peers' buffers: probe, agreement, completion
 // The data plane (the push channels and the outboxes, and the routing between them) is
 // ShmTransport (transport/shm.h), which is a control plane with slots: the segments it maps hold
 // both. A user of the board, the doorbell, the liveness checks or the timeouts only (the
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "transport/shm_board.h"
+#include "transport/shm_cma.h"
 #include "transport/shm_config.h"
 #include "transport/shm_doorbell.h"
 #include "transport/shm_liveness.h"
@@ -121,6 +123,11 @@ class ShmControl {
     board_.wait_line_or_header(peer, seq, flag, w);
   }
 
+  // ---- single-copy reads (transport/shm_cma.h) ----
+  /// The part itself: ready() after attach() when every rank may read every peer's memory.
+  ShmCma& cma() { return cma_; }
+  const ShmCma& cma() const { return cma_; }
+
   // ---- p2p doorbell (transport/shm_doorbell.h) ----
   uint32_t doorbell_value() const { return bell_.value(); }
   /// Ring `owner`'s doorbell (also used to wake this rank's own p2p thread).
@@ -150,6 +157,7 @@ class ShmControl {
   ShmWaits waits_;
   ShmDoorbell bell_;
   ShmBoard board_;
+  ShmCma cma_;
 
  private:
   // After mapping every peer: the local ranks whose CPUs meet this rank's (0: not known).

@@ -20,7 +20,7 @@ namespace rc {
 namespace shm_detail {
 
 constexpr uint64_t kMagic = 0x52494e47434f4d4dULL;  // "RINGCOMM"
-constexpr uint32_t kVersion = 9;
+constexpr uint32_t kVersion = 10;
 constexpr size_t kPage = 4096;
 constexpr size_t kAbortMsgBytes = 1024;
 
@@ -80,7 +80,25 @@ struct SegmentHeader {
   // The sequence of the last collective the owner ran without a header exchange (a fused device
   // call: transport/shm_board.h, mark_fused); written only by the owner, 0: none.
   alignas(64) std::atomic<uint64_t> fused_seq;
+  // Single-copy reads (transport/shm_cma.h). Written by the owner before `magic`: a word holding
+  // cma_probe_value(owner pid, this address) and the owner's own address of it, which peers read
+  // with process_vm_readv at attach to learn whether they may read the owner's memory.
+  uint64_t cma_probe;
+  uint64_t cma_probe_addr;
+  // The owner's verdict (1: it could read every peer's probe word): written before it reports
+  // attaching to any peer, read by every peer after all of them did (ShmControl::attach).
+  Word cma_ok;
+  // The address, in the owner's memory, of the buffer peers read in the current collective:
+  // written by the owner before it posts that collective's header (the board word's release
+  // orders it), never while a peer may still read the previous one (shm_cma.h).
+  alignas(64) std::atomic<uint64_t> cma_buf;
+  // The low 32 bits of the sequence of the last collective whose single-copy reads the owner
+  // finished (owner only, publish_add's seq_cst; peers wait on it before returning).
+  Word cma_done;
 };
+inline uint64_t cma_probe_value(int32_t pid, uint64_t addr) {
+  return kMagic ^ (static_cast<uint64_t>(static_cast<uint32_t>(pid)) << 17) ^ addr;
+}
 
 struct ChannelCtl {
   Word head;  // written by the sender only

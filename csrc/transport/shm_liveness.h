@@ -71,6 +71,8 @@ class ShmLiveness {
   /// Throw if a peer aborted or (with check_liveness) died.
   void check_peers(const WaitCtx& w, bool check_liveness) const;
   bool peer_dead(int peer) const;
+  /// Whether `peer` shares this rank's PID namespace (after on_mapped): its header's pid names it here.
+  bool same_pid_namespace_as(int peer) const { return by_heartbeat_[peer] == 0; }
   /// "op (seq s) on rank r, waiting for what from rank p at step i/n": the start of every error.
   std::string describe(const WaitCtx& w) const;
   /// How each peer's liveness is checked (ShmControl::describe_liveness).

@@ -137,6 +137,8 @@ std::string ShmSegments::create(const std::string& pidns) {
   h->hb_timeout_ns = cfg_.heartbeat_timeout_ns;
   h->hb_period_ns = std::max<int64_t>(1000000, cfg_.heartbeat_timeout_ns / 8);
   h->cpu_mask_known = affinity_mask(h->cpu_mask) ? 1 : 0;
+  h->cma_probe_addr = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(&h->cma_probe));
+  h->cma_probe = cma_probe_value(h->pid, h->cma_probe_addr);
   std::atomic_thread_fence(std::memory_order_release);
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
   return name;

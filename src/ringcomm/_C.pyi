@@ -32,6 +32,16 @@ class Knobs:
         RINGCOMM_BIND_REGISTRY: directory of the node registry through which ringcomm jobs that bind see each other (one file per process; the first job to register binds, later ones are left unbound)
         """
     @property
+    def cma_broadcast_min_bytes(self) -> int:
+        """
+        RINGCOMM_CMA_BROADCAST_MIN_BYTES: broadcasts of at least this many bytes take the single-copy path of RINGCOMM_CMA_MIN_BYTES (each non-root reads (N-1)/N of the message from the root's buffer, the root writes the rest into theirs); 0: never; must be equal on every rank
+        """
+    @property
+    def cma_min_bytes(self) -> int:
+        """
+        RINGCOMM_CMA_MIN_BYTES: all_gather (the output's bytes) and all_to_all (each rank's input bytes, even splits on every rank) of at least this many bytes read the peers' buffers straight into their outputs with process_vm_readv (one copy instead of two through slots), where every rank may read and write every peer's memory (probed at init, the INFO line says which); 0: off, for broadcast too; must be equal on every rank
+        """
+    @property
     def cpu_isa(self) -> str:
         """
         RINGCOMM_CPU_ISA: CPU reduce kernels: auto (bfloat16 AVX-512 where present; other dtypes AVX2 where present; else generic), or one of avx512, avx2, generic for every dtype
@@ -453,9 +463,9 @@ def _reduce(dst: typing.Any, a: typing.Any, b: typing.Any, dtype: typing.Support
     dtype/op are rc::DType / rc::ReduceOp codes; scale applies to AVG only; isa is 'auto' (the
     RINGCOMM_CPU_ISA choice for dtype), 'generic', 'avx2' or 'avx512'. Runs with the GIL released.
     """
-def _select(collective: str, bytes: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, device: str = 'host') -> tuple[str, str, str]:
+def _select(collective: str, bytes: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, device: str = 'host', cma: bool = False) -> tuple[str, str, str]:
     """
-    (algorithm, protocol, store) names the selection picks (csrc/comm/selection.h)
+    (algorithm, protocol, store) names the selection picks (csrc/comm/selection.h); cma: the host device's ranks may read each other's memory (its probe at connect, transport/shm_cma.h)
     """
 def buffer_address(arg0: typing.Any, arg1: bool) -> typing.Any:
     ...
