@@ -7,6 +7,7 @@ cases of a test (tests/small_message_cases.py)."""
 import pytest
 
 import ringcomm
+import ringcomm.core.config
 from ringcomm import _C
 import ranks
 from small_message_cases import correctness_cases, mismatch_cases
