@@ -186,6 +186,19 @@ int fast_broadcast(void* h, const RcArray* buf, int32_t root, char* msg, size_t 
   return fast_call(msg, msg_len, [&] { return rc::sync_broadcast(*static_cast<FastHandle*>(h)->comm, *buf, root); });
 }
 
+// A root given from Python as a rank: an int (not a bool or another subclass) in [0, INT32_MAX].
+// False, the Python error cleared, for anything else (the entry checks it against the world).
+bool root_of(py::handle root, int32_t* r) {
+  if (!PyLong_CheckExact(root.ptr())) return false;
+  const long long v = PyLong_AsLongLong(root.ptr());
+  if (v < 0 || v > INT32_MAX) {  // -1 also for an overflow (the error is cleared)
+    PyErr_Clear();
+    return false;
+  }
+  *r = static_cast<int32_t>(v);
+  return true;
+}
+
 const RcFastApi kFastApi = {RC_FAST_API_VERSION, sizeof(RcFastApi), &fast_release, &fast_all_reduce,
                             &fast_broadcast};
 
@@ -212,16 +225,12 @@ void def_sync_methods(HostCommClass& cls) {
            [](rc::Communicator& c, py::handle x, py::handle root) -> bool {
              // rc::sync_broadcast of x from root (an int, not a bool); False, having done
              // nothing, when x is not described, root is not a rank or the entry declines.
-             if (!PyLong_CheckExact(root.ptr())) return false;
-             const long long r = PyLong_AsLongLong(root.ptr());
-             if (r < 0 || r > INT32_MAX) {  // -1 also for an overflow (the error is cleared)
-               PyErr_Clear();
-               return false;
-             }
+             int32_t r = 0;
+             if (!root_of(root, &r)) return false;
              Described b(x.ptr());
              if (!b.ok()) return false;
              py::gil_scoped_release nogil;
-             return rc::sync_broadcast(c, b.array(), static_cast<int32_t>(r));
+             return rc::sync_broadcast(c, b.array(), r);
            },
            py::arg("x"), py::arg("root"))
       .def("sync_reduce_scatter",
@@ -248,6 +257,84 @@ void def_sync_methods(HostCommClass& cls) {
              return rc::sync_all_gather(c, in.array(), o.array());
            },
            py::arg("output"), py::arg("input"))
+      .def("sync_reduce",
+           [](rc::Communicator& c, py::handle x, py::handle out, int op, py::handle root) -> bool {
+             // rc::sync_reduce of x onto root (into out there; None: in place); out is read on
+             // the root only. False, having done nothing, when root is not an int, an object is
+             // not described or the entry declines.
+             int32_t r = 0;
+             if (!root_of(root, &r)) return false;
+             Described in(x.ptr());
+             if (!in.ok()) return false;
+             if (out.is_none() || r != c.rank()) {
+               py::gil_scoped_release nogil;
+               return rc::sync_reduce(c, in.array(), nullptr, op, r);
+             }
+             Described o(out.ptr());
+             if (!o.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_reduce(c, in.array(), &o.array(), op, r);
+           },
+           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("root"))
+      .def("sync_all_to_all",
+           [](rc::Communicator& c, py::handle out, py::handle x) -> bool {
+             // rc::sync_all_to_all of x into out, even splits; False, having done nothing, when
+             // an object is not described or the entry declines it.
+             Described in(x.ptr());
+             if (!in.ok()) return false;
+             Described o(out.ptr());
+             if (!o.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_all_to_all(c, in.array(), o.array());
+           },
+           py::arg("output"), py::arg("input"))
+      .def("sync_gather",
+           [](rc::Communicator& c, py::handle out, py::handle x, py::handle root) -> bool {
+             // rc::sync_gather of x into root's out (read on the root only); False, having done
+             // nothing, when root is not an int, an object is not described or the entry
+             // declines.
+             int32_t r = 0;
+             if (!root_of(root, &r)) return false;
+             Described in(x.ptr());
+             if (!in.ok()) return false;
+             if (r != c.rank()) {
+               py::gil_scoped_release nogil;
+               return rc::sync_gather(c, in.array(), nullptr, r);
+             }
+             if (out.is_none()) return false;
+             Described o(out.ptr());
+             if (!o.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_gather(c, in.array(), &o.array(), r);
+           },
+           py::arg("output"), py::arg("input"), py::arg("root"))
+      .def("sync_scatter",
+           [](rc::Communicator& c, py::handle out, py::handle x, py::handle root) -> bool {
+             // rc::sync_scatter of root's x (read on the root only) into out; False, having done
+             // nothing, when root is not an int, an object is not described or the entry
+             // declines.
+             int32_t r = 0;
+             if (!root_of(root, &r)) return false;
+             Described o(out.ptr());
+             if (!o.ok()) return false;
+             if (r != c.rank()) {
+               py::gil_scoped_release nogil;
+               return rc::sync_scatter(c, nullptr, o.array(), r);
+             }
+             if (x.is_none()) return false;
+             Described in(x.ptr());
+             if (!in.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_scatter(c, &in.array(), o.array(), r);
+           },
+           py::arg("output"), py::arg("input"), py::arg("root"))
+      .def("sync_barrier",
+           [](rc::Communicator& c) -> bool {
+             // rc::sync_barrier (always taken: True).
+             py::gil_scoped_release nogil;
+             rc::sync_barrier(c);
+             return true;
+           })
       .def("_fast_handle",
            [](std::shared_ptr<rc::Communicator> c) { return reinterpret_cast<uintptr_t>(new FastHandle{std::move(c)}); },
            "A new handle of this communicator for RcFastApi (ringcomm/abi.h); the receiver releases it.");

@@ -1,5 +1,7 @@
 #include "comm/sync_entry.h"
 
+#include <vector>
+
 #include "algo/ring_schedule.h"
 #include "comm/core.h"
 #include "common/dtype.h"
@@ -69,5 +71,62 @@ bool sync_all_gather(CommCore& c, const RcArray& in, const RcArray& out) {
   c.all_gather(in.data, out.data, n, n_out, static_cast<DType>(in.dtype), kSync);
   return true;
 }
+
+bool sync_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t op, int32_t root) {
+  if (root < 0 || root >= c.world()) return false;
+  const bool on_root = c.rank() == root;
+  int64_t n = 0, n_out = 0;
+  if (!takes(in, on_root && out == nullptr, &n) || !rc_op_supported(in.dtype, op)) return false;
+  void* dst = nullptr;
+  if (on_root) {
+    if (out != nullptr && (!takes(*out, true, &n_out) || out->dtype != in.dtype || n_out != n)) return false;
+    dst = out != nullptr ? out->data : in.data;
+  }
+  c.reduce(in.data, dst, n, static_cast<DType>(in.dtype), static_cast<ReduceOp>(op), root, kSync);
+  return true;
+}
+
+bool sync_all_to_all(CommCore& c, const RcArray& in, const RcArray& out) {
+  int64_t n = 0, n_out = 0;
+  const int64_t w = c.world();
+  if (!takes(in, false, &n) || !takes(out, true, &n_out) || out.dtype != in.dtype || n % w != 0 || n_out % w != 0)
+    return false;
+  const int64_t esize = rc_dtype_size(in.dtype);
+  const auto* a = static_cast<const char*>(in.data);
+  const auto* b = static_cast<const char*>(out.data);
+  if (n != 0 && n_out != 0 && a < b + n_out * esize && b < a + n * esize) return false;
+  c.all_to_all(in.data, out.data, std::vector<int64_t>(w, n / w), std::vector<int64_t>(w, n_out / w),
+               static_cast<DType>(in.dtype), kSync);
+  return true;
+}
+
+bool sync_gather(CommCore& c, const RcArray& in, const RcArray* out, int32_t root) {
+  if (root < 0 || root >= c.world()) return false;
+  int64_t n = 0, n_out = 0;
+  if (!takes(in, false, &n)) return false;
+  void* dst = nullptr;
+  if (c.rank() == root) {
+    if (out == nullptr || !takes(*out, true, &n_out) || out->dtype != in.dtype || n_out != n * c.world())
+      return false;
+    dst = out->data;
+  }
+  c.gather(in.data, dst, n, static_cast<DType>(in.dtype), root, kSync);
+  return true;
+}
+
+bool sync_scatter(CommCore& c, const RcArray* in, const RcArray& out, int32_t root) {
+  if (root < 0 || root >= c.world()) return false;
+  int64_t n = 0, n_in = 0;
+  if (!takes(out, true, &n)) return false;
+  const void* src = nullptr;
+  if (c.rank() == root) {
+    if (in == nullptr || !takes(*in, false, &n_in) || in->dtype != out.dtype || n_in != n * c.world()) return false;
+    src = in->data;
+  }
+  c.scatter(src, out.data, n, static_cast<DType>(out.dtype), root, kSync);
+  return true;
+}
+
+void sync_barrier(CommCore& c) { c.barrier(kSync); }
 
 }  // namespace rc

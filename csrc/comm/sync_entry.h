@@ -1,5 +1,5 @@
 // The synchronous entries: ONE function per collective (all_reduce, broadcast, reduce_scatter,
-// all_gather) through which every front runs a synchronous call on host memory. numpy arrays
+// all_gather, reduce, all_to_all, gather, scatter, barrier) through which every front runs a synchronous call on host memory. numpy arrays
 // (bindings/sync_py.cpp, from the array's fields), torch CPU tensors handed to the plain API (the
 // same binding, from their DLPack capsule) and the torch c10d trampoline (through RcFastApi,
 // ringcomm/abi.h) describe their arrays as RcArray and call these. Each applies the one
@@ -37,5 +37,31 @@ bool sync_reduce_scatter(CommCore& c, const RcArray& in, const RcArray& out, int
 /// are described as all_reduce's are (`out` writable), of one dtype, and `out` holds at least
 /// `in`'s elements; the core checks the counts against every rank's once the headers are in.
 bool sync_all_gather(CommCore& c, const RcArray& in, const RcArray& out);
+
+/// A synchronous reduce of `in` with op code `op` onto rank `root` (into `out` there; null: in
+/// place). Taken when root is a rank of `c`, `in` is described as all_reduce's input (writable
+/// on the root when `out` is null) and `op` reduces its dtype; on the root, a non-null `out` as
+/// all_reduce's. Other ranks never read `out`.
+bool sync_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t op, int32_t root);
+
+/// A synchronous all_to_all with even splits: block j of `in` to rank j, block i of `out` from
+/// rank i, each array cut into world() blocks. Taken when both arrays are described as
+/// all_gather's are, of one dtype, each count divisible by world(), and the two do not overlap
+/// (an overlapping input is copied first, which the general way does). The core checks the
+/// blocks against every rank's.
+bool sync_all_to_all(CommCore& c, const RcArray& in, const RcArray& out);
+
+/// A synchronous gather of every rank's `in` into `out` on rank `root` (rank order). Taken when
+/// root is a rank of `c`, `in` is described as all_gather's input and, on the root, `out` is
+/// non-null, writable, of `in`'s dtype and world() times its count. Other ranks never read `out`.
+bool sync_gather(CommCore& c, const RcArray& in, const RcArray* out, int32_t root);
+
+/// A synchronous scatter of the root's `in`, block i into rank i's `out`. Taken when root is a
+/// rank of `c`, `out` is writable and described as all_gather's output and, on the root, `in` is
+/// non-null, of `out`'s dtype and world() times its count. Other ranks never read `in`.
+bool sync_scatter(CommCore& c, const RcArray* in, const RcArray& out, int32_t root);
+
+/// A synchronous barrier (always taken).
+void sync_barrier(CommCore& c);
 
 }  // namespace rc
