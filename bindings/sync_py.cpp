@@ -199,8 +199,16 @@ bool root_of(py::handle root, int32_t* r) {
   return true;
 }
 
+int fast_reduce(void* h, const RcArray* in, const RcArray* out, int32_t op, int32_t root, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] { return rc::sync_reduce(*static_cast<FastHandle*>(h)->comm, *in, out, op, root); });
+}
+
+int fast_all_to_all(void* h, const RcArray* in, const RcArray* out, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] { return rc::sync_all_to_all(*static_cast<FastHandle*>(h)->comm, *in, *out); });
+}
+
 const RcFastApi kFastApi = {RC_FAST_API_VERSION, sizeof(RcFastApi), &fast_release, &fast_all_reduce,
-                            &fast_broadcast};
+                            &fast_broadcast,     &fast_reduce,       &fast_all_to_all};
 
 }  // namespace
 
