@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "comm/sync_entry.h"
 #include "common/errors.h"
@@ -207,6 +208,30 @@ int fast_all_to_all(void* h, const RcArray* in, const RcArray* out, char* msg, s
   return fast_call(msg, msg_len, [&] { return rc::sync_all_to_all(*static_cast<FastHandle*>(h)->comm, *in, *out); });
 }
 
+// Split sizes given from Python: None (*given false), or a list or tuple of exactly `world` ints
+// (not bools or other subclasses), each in int64_t. False, the Python error cleared, for
+// anything else (the entry checks the sizes themselves).
+bool splits_of(py::handle h, int world, std::vector<int64_t>* s, bool* given) {
+  *given = !h.is_none();
+  if (!*given) return true;
+  PyObject* o = h.ptr();
+  if (!PyList_CheckExact(o) && !PyTuple_CheckExact(o)) return false;
+  const Py_ssize_t len = PySequence_Fast_GET_SIZE(o);
+  if (len != world) return false;
+  PyObject** items = PySequence_Fast_ITEMS(o);
+  s->resize(static_cast<size_t>(len));
+  for (Py_ssize_t i = 0; i < len; ++i) {
+    if (!PyLong_CheckExact(items[i])) return false;
+    const long long v = PyLong_AsLongLong(items[i]);
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    (*s)[static_cast<size_t>(i)] = v;
+  }
+  return true;
+}
+
 const RcFastApi kFastApi = {RC_FAST_API_VERSION, sizeof(RcFastApi), &fast_release, &fast_all_reduce,
                             &fast_broadcast,     &fast_reduce,       &fast_all_to_all};
 
@@ -285,17 +310,24 @@ void def_sync_methods(HostCommClass& cls) {
            },
            py::arg("x"), py::arg("out"), py::arg("op"), py::arg("root"))
       .def("sync_all_to_all",
-           [](rc::Communicator& c, py::handle out, py::handle x) -> bool {
-             // rc::sync_all_to_all of x into out, even splits; False, having done nothing, when
-             // an object is not described or the entry declines it.
+           [](rc::Communicator& c, py::handle out, py::handle x, py::handle out_splits,
+              py::handle in_splits) -> bool {
+             // rc::sync_all_to_all of x into out with the split sizes given (None: even);
+             // False, having done nothing, when the sizes are not a list or tuple of world ints,
+             // an object is not described or the entry declines.
+             std::vector<int64_t> sc, rcn;
+             bool has_sc = false, has_rc = false;
+             if (!splits_of(in_splits, c.world(), &sc, &has_sc) || !splits_of(out_splits, c.world(), &rcn, &has_rc))
+               return false;
              Described in(x.ptr());
              if (!in.ok()) return false;
              Described o(out.ptr());
              if (!o.ok()) return false;
              py::gil_scoped_release nogil;
-             return rc::sync_all_to_all(c, in.array(), o.array());
+             return rc::sync_all_to_all(c, in.array(), o.array(), has_sc ? &sc : nullptr, has_rc ? &rcn : nullptr);
            },
-           py::arg("output"), py::arg("input"))
+           py::arg("output"), py::arg("input"), py::arg("output_splits") = py::none(),
+           py::arg("input_splits") = py::none())
       .def("sync_gather",
            [](rc::Communicator& c, py::handle out, py::handle x, py::handle root) -> bool {
              // rc::sync_gather of x into root's out (read on the root only); False, having done

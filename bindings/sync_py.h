@@ -14,7 +14,7 @@ using HostCommClass = pybind11::class_<rc::Communicator, std::shared_ptr<rc::Com
 
 /// Communicator.sync_all_reduce(x, out, op), sync_broadcast(x, root),
 /// sync_reduce_scatter(output, input, op), sync_all_gather(output, input), sync_reduce(x, out,
-/// op, root), sync_all_to_all(output, input), sync_gather(output, input, root),
+/// op, root), sync_all_to_all(output, input, output_splits, input_splits), sync_gather(output, input, root),
 /// sync_scatter(output, input, root), sync_barrier() (each -> bool: True done, False declined
 /// having done nothing) and _fast_handle() -> int.
 void def_sync_methods(HostCommClass& cls);

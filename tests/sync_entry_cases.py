@@ -155,6 +155,15 @@ def rooted_and_all_to_all(comm):
                     calls["all_to_all"] += 1
                     comm.barrier()
                     calls["barrier"] += 1
+                    # given split sizes, uneven: rank i sends (3i + j) % 4 * count elements to j
+                    sc = [(3 * r + j) % 4 * count for j in range(n)]
+                    rcv = [(3 * i + r) % 4 * count for i in range(n)]
+                    xs = x[:sum(sc)] if sum(sc) <= x.size else np.resize(x, sum(sc))
+                    fo, so = np.zeros(sum(rcv), dt), np.zeros(sum(rcv), dt)
+                    comm.all_to_all(wrap(fo), wrap(xs), output_splits=rcv, input_splits=sc)
+                    comm.all_to_all(so, xs, output_splits=rcv, input_splits=sc, async_op=True).wait()
+                    same(("all_to_all splits",) + tag, fo, so)
+                    calls["all_to_all"] += 1
         taken = spy.taken()
         # In place: the entry declines (the buffers overlap) and the general path copies the input.
         buf = np.arange(4 * n, dtype=np.float32) + 100 * r

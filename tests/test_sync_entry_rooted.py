@@ -1,4 +1,4 @@
-"""The synchronous entries of reduce, all_to_all (even splits), gather, scatter and barrier
+"""The synchronous entries of reduce, all_to_all (even or given split sizes), gather, scatter and barrier
 (csrc/comm/sync_entry.h, bindings/sync_py.cpp) as the plain API uses them: the public call of a
 host communicator takes the C++ entry (EntrySpy sees the offer and the entry's True; the core
 issued exactly one collective), what the entry takes gives the general path's results bit for
@@ -24,6 +24,8 @@ def test_entries_run_what_they_take_and_nothing_else(comm1):
         lambda: comm1._c.sync_reduce(x, None, 0, 0),
         lambda: comm1._c.sync_reduce(x, y, int(tables.ReduceOp.MAX), 0),
         lambda: comm1._c.sync_all_to_all(y, x),
+        lambda: comm1._c.sync_all_to_all(y, x, [6], [6]),                        # split sizes given
+        lambda: comm1._c.sync_all_to_all(y, x, (6,), None),
         lambda: comm1._c.sync_gather(y, x, 0),
         lambda: comm1._c.sync_scatter(y, x, 0),
         lambda: comm1._c.sync_barrier(),
@@ -45,6 +47,12 @@ def test_entries_run_what_they_take_and_nothing_else(comm1):
         lambda: comm1._c.sync_all_to_all(np.zeros(6, np.int32), x),
         lambda: comm1._c.sync_all_to_all(x, x),                                  # overlapping
         lambda: comm1._c.sync_all_to_all(y, [1.0] * 6),                          # not an array
+        lambda: comm1._c.sync_all_to_all(y, x, [6], [5]),                        # sizes do not sum
+        lambda: comm1._c.sync_all_to_all(y, x, [6, 0], [6, 0]),                  # not world sizes
+        lambda: comm1._c.sync_all_to_all(y, x, [True], None),                    # a bool
+        lambda: comm1._c.sync_all_to_all(y, x, np.array([6]), None),             # not a list
+        lambda: comm1._c.sync_all_to_all(y, x, [2**70], None),                   # over int64
+        lambda: comm1._c.sync_all_to_all(y, x, None, [-1]),
         lambda: comm1._c.sync_gather(None, x, 0),                                # the root's output
         lambda: comm1._c.sync_gather(np.zeros(7, np.float32), x, 0),
         lambda: comm1._c.sync_gather(ro, x, 0),
@@ -74,10 +82,14 @@ def test_public_calls_take_the_entry(comm1):
         assert spy.offers == [("reduce", True), ("reduce", True), ("all_to_all", True), ("gather", True),
                               ("scatter", True), ("barrier", True)], wrap
         assert (y == x).all()
-    # What the entry is not offered: asynchronous calls and explicit splits.
+    with EntrySpy(comm1) as spy:
+        comm1.all_to_all(y, x, output_splits=[8], input_splits=[8])      # split sizes: offered too
+        comm1.all_to_all(y, x, output_splits=np.array([8]))             # declined: not a list
+        assert spy.offers == [("all_to_all", True), ("all_to_all", False)]
+    # What the entry is not offered: asynchronous calls.
     with EntrySpy(comm1) as spy:
         comm1.reduce(x, async_op=True).wait()
-        comm1.all_to_all(y, x, output_splits=[8], input_splits=[8])
+        comm1.all_to_all(y, x, async_op=True).wait()
         comm1.barrier(async_op=True).wait()
         assert spy.offers == []
 
@@ -123,6 +135,9 @@ def test_declined_calls_raise_the_general_paths_errors(comm1):
         ("all_to_all", lambda c: c.all_to_all(ro, f32)),
         ("all_to_all", lambda c: c.all_to_all(np.zeros(5, np.float32), f32)),
         ("all_to_all", lambda c: c.all_to_all(np.zeros(8, np.float32)[::2], f32)),
+        ("all_to_all", lambda c: c.all_to_all(f32.copy(), f32, output_splits=[3], input_splits=[4])),
+        ("all_to_all", lambda c: c.all_to_all(f32.copy(), f32, output_splits=[4, 0])),
+        ("all_to_all", lambda c: c.all_to_all(f32.copy(), f32, input_splits=[-1])),
         ("gather", lambda c: c.gather(None, f32, root=0)),
         ("gather", lambda c: c.gather(np.zeros(5, np.float32), f32, root=0)),
         ("gather", lambda c: c.gather(f64, f32, root=0)),

@@ -86,17 +86,39 @@ bool sync_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t op,
   return true;
 }
 
-bool sync_all_to_all(CommCore& c, const RcArray& in, const RcArray& out) {
+namespace {
+
+// One side's split sizes for `count` elements: `given` (null: an even split, when world divides
+// count) when it holds world non-negative sizes summing to count. False otherwise.
+bool splits_of(const std::vector<int64_t>* given, int64_t count, int64_t world, std::vector<int64_t>* s) {
+  if (given == nullptr) {
+    if (count % world != 0) return false;
+    s->assign(static_cast<size_t>(world), count / world);
+    return true;
+  }
+  if (static_cast<int64_t>(given->size()) != world) return false;
+  int64_t sum = 0;
+  for (const int64_t v : *given)
+    if (v < 0 || __builtin_add_overflow(sum, v, &sum)) return false;
+  if (sum != count) return false;
+  *s = *given;
+  return true;
+}
+
+}  // namespace
+
+bool sync_all_to_all(CommCore& c, const RcArray& in, const RcArray& out, const std::vector<int64_t>* send_counts,
+                     const std::vector<int64_t>* recv_counts) {
   int64_t n = 0, n_out = 0;
   const int64_t w = c.world();
-  if (!takes(in, false, &n) || !takes(out, true, &n_out) || out.dtype != in.dtype || n % w != 0 || n_out % w != 0)
-    return false;
+  if (!takes(in, false, &n) || !takes(out, true, &n_out) || out.dtype != in.dtype) return false;
+  std::vector<int64_t> sc, rcn;
+  if (!splits_of(send_counts, n, w, &sc) || !splits_of(recv_counts, n_out, w, &rcn)) return false;
   const int64_t esize = rc_dtype_size(in.dtype);
   const auto* a = static_cast<const char*>(in.data);
   const auto* b = static_cast<const char*>(out.data);
   if (n != 0 && n_out != 0 && a < b + n_out * esize && b < a + n * esize) return false;
-  c.all_to_all(in.data, out.data, std::vector<int64_t>(w, n / w), std::vector<int64_t>(w, n_out / w),
-               static_cast<DType>(in.dtype), kSync);
+  c.all_to_all(in.data, out.data, std::move(sc), std::move(rcn), static_cast<DType>(in.dtype), kSync);
   return true;
 }
 

@@ -9,6 +9,7 @@
 // explains the refusal.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "ringcomm/abi.h"
 
@@ -44,12 +45,15 @@ bool sync_all_gather(CommCore& c, const RcArray& in, const RcArray& out);
 /// all_reduce's. Other ranks never read `out`.
 bool sync_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t op, int32_t root);
 
-/// A synchronous all_to_all with even splits: block j of `in` to rank j, block i of `out` from
-/// rank i, each array cut into world() blocks. Taken when both arrays are described as
-/// all_gather's are, of one dtype, each count divisible by world(), and the two do not overlap
-/// (an overlapping input is copied first, which the general way does). The core checks the
-/// blocks against every rank's.
-bool sync_all_to_all(CommCore& c, const RcArray& in, const RcArray& out);
+/// A synchronous all_to_all: block j of `in` to rank j, block i of `out` from rank i, the blocks'
+/// sizes (elements) `send_counts` and `recv_counts` (null: an even split into world() blocks).
+/// Taken when both arrays are described as all_gather's are, of one dtype, each side's sizes are
+/// world() non-negative counts summing to its array's count (an even split: world() divides it),
+/// and the two arrays do not overlap (an overlapping input is copied first, which the general way
+/// does). The core checks the blocks against every rank's.
+bool sync_all_to_all(CommCore& c, const RcArray& in, const RcArray& out,
+                     const std::vector<int64_t>* send_counts = nullptr,
+                     const std::vector<int64_t>* recv_counts = nullptr);
 
 /// A synchronous gather of every rank's `in` into `out` on rank `root` (rank order). Taken when
 /// root is a rank of `c`, `in` is described as all_gather's input and, on the root, `out` is

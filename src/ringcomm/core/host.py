@@ -60,16 +60,16 @@ class Communicator(CoreBackEnd):
 
     # -- the synchronous entries ---------------------------------------------------------------
     # Every synchronous collective with no stream (all_reduce, broadcast, reduce_scatter,
-    # all_gather, reduce, all_to_all without splits, gather, scatter, barrier) first offers its
-    # arrays to the core's synchronous entry (csrc/comm/sync_entry.h, through the bindings
+    # all_gather, reduce, all_to_all, gather, scatter, barrier) first offers its arrays to the
+    # core's synchronous entry (csrc/comm/sync_entry.h, through the bindings
     # Communicator.sync_<collective>): numpy arrays and torch tensors are described in C++ from
     # their own fields (a tensor through its DLPack capsule) and the one eligibility rule decides;
     # what it takes runs there with the GIL released. What it declines (another layout, dtype, op
-    # or device, read-only memory, a root that is not a rank, counts that do not fit, all_to_all
-    # buffers that overlap) goes the general way, which explains the refusal or routes the call
-    # (CUDA arrays). ``general()`` is this communicator without the
-    # offers, for a caller whose call the entry has declined already; ``sync_entry_handle()``
-    # hands the same entries to a C extension (the torch c10d trampoline).
+    # or device, read-only memory, a root that is not a rank, counts or split sizes that do not
+    # fit, all_to_all buffers that overlap) goes the general way, which explains the refusal or
+    # routes the call (CUDA arrays). ``general()`` is this communicator without the offers, for a
+    # caller whose call the entry has declined already; ``sync_entry_handle()`` hands the same
+    # entries to a C extension (the torch c10d trampoline).
     def general(self) -> "GeneralPath":
         # A new view each time (the caller keeps it): cached here it would make a reference
         # cycle, and a dropped communicator would wait for the garbage collector.
@@ -111,8 +111,8 @@ class Communicator(CoreBackEnd):
 
     def all_to_all(self, output, input, output_splits=None, input_splits=None, async_op: bool = False,
                    stream=None):
-        if (not async_op and stream is None and output_splits is None and input_splits is None
-                and self._c.sync_all_to_all(output, input)):
+        if (not async_op and stream is None
+                and self._c.sync_all_to_all(output, input, output_splits, input_splits)):
             return None
         return CoreBackEnd.all_to_all(self, output, input, output_splits, input_splits, async_op, stream)
 
