@@ -39,6 +39,7 @@ def main() -> int:
     sc = comm._splits("all_to_all", None, 256, "input")
     rows = [
         ("all_to_all", lambda: comm.all_to_all(y, x)),
+        ("all_to_all, split sizes given", lambda: comm.all_to_all(y, x, output_splits=[256], input_splits=[256])),
         ("reduce", lambda: comm.reduce(x, root=0)),
         ("all_reduce", lambda: comm.all_reduce(x)),
         ("all_gather", lambda: comm.all_gather(y, x)),
