@@ -370,10 +370,9 @@ void def_sync_methods(HostCommClass& cls) {
            py::arg("output"), py::arg("input"), py::arg("root"))
       .def("sync_barrier",
            [](rc::Communicator& c) -> bool {
-             // rc::sync_barrier (always taken: True).
+             // rc::sync_barrier; False, having done nothing, when the entry declines it.
              py::gil_scoped_release nogil;
-             rc::sync_barrier(c);
-             return true;
+             return rc::sync_barrier(c);
            })
       .def("_fast_handle",
            [](std::shared_ptr<rc::Communicator> c) { return reinterpret_cast<uintptr_t>(new FastHandle{std::move(c)}); },

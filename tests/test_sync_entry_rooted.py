@@ -162,6 +162,10 @@ def test_declined_calls_raise_the_general_paths_errors(comm1):
                        ("barrier", lambda c: c.barrier())]:
         got = _error(lambda: call(comm1))
         assert got is not None and got[0] is ringcomm.ClosedError, (name, got)
+        assert got == _error(lambda: call(comm1.general())), (name, got)     # the same message
+    with EntrySpy(comm1) as spy, pytest.raises(ringcomm.ClosedError):
+        comm1.barrier()
+    assert spy.offers == [("barrier", False)]                           # declined: closed
 
 
 @pytest.mark.timeout(300)

@@ -73,6 +73,7 @@ bool sync_all_gather(CommCore& c, const RcArray& in, const RcArray& out) {
 }
 
 bool sync_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t op, int32_t root) {
+  if (c.closed()) return false;
   if (root < 0 || root >= c.world()) return false;
   const bool on_root = c.rank() == root;
   int64_t n = 0, n_out = 0;
@@ -109,6 +110,7 @@ bool splits_of(const std::vector<int64_t>* given, int64_t count, int64_t world, 
 
 bool sync_all_to_all(CommCore& c, const RcArray& in, const RcArray& out, const std::vector<int64_t>* send_counts,
                      const std::vector<int64_t>* recv_counts) {
+  if (c.closed()) return false;
   int64_t n = 0, n_out = 0;
   const int64_t w = c.world();
   if (!takes(in, false, &n) || !takes(out, true, &n_out) || out.dtype != in.dtype) return false;
@@ -123,6 +125,7 @@ bool sync_all_to_all(CommCore& c, const RcArray& in, const RcArray& out, const s
 }
 
 bool sync_gather(CommCore& c, const RcArray& in, const RcArray* out, int32_t root) {
+  if (c.closed()) return false;
   if (root < 0 || root >= c.world()) return false;
   int64_t n = 0, n_out = 0;
   if (!takes(in, false, &n)) return false;
@@ -137,6 +140,7 @@ bool sync_gather(CommCore& c, const RcArray& in, const RcArray* out, int32_t roo
 }
 
 bool sync_scatter(CommCore& c, const RcArray* in, const RcArray& out, int32_t root) {
+  if (c.closed()) return false;
   if (root < 0 || root >= c.world()) return false;
   int64_t n = 0, n_in = 0;
   if (!takes(out, true, &n)) return false;
@@ -149,6 +153,10 @@ bool sync_scatter(CommCore& c, const RcArray* in, const RcArray& out, int32_t ro
   return true;
 }
 
-void sync_barrier(CommCore& c) { c.barrier(kSync); }
+bool sync_barrier(CommCore& c) {
+  if (c.closed()) return false;
+  c.barrier(kSync);
+  return true;
+}
 
 }  // namespace rc

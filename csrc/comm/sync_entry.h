@@ -6,7 +6,8 @@
 // eligibility rule (takes() in sync_entry.cpp) and, when it takes the arguments, runs CommCore's
 // collective without async (the caller has released the GIL); otherwise it returns false having
 // done nothing, and the caller goes the general way (Python), which raises the typed error that
-// explains the refusal.
+// explains the refusal. The entries of reduce, all_to_all, gather, scatter and barrier also decline
+// on a closed communicator, whose error the general way raises (ClosedError, its own message).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -65,7 +66,7 @@ bool sync_gather(CommCore& c, const RcArray& in, const RcArray* out, int32_t roo
 /// non-null, of `out`'s dtype and world() times its count. Other ranks never read `in`.
 bool sync_scatter(CommCore& c, const RcArray* in, const RcArray& out, int32_t root);
 
-/// A synchronous barrier (always taken).
-void sync_barrier(CommCore& c);
+/// A synchronous barrier. Taken unless the communicator is closed.
+bool sync_barrier(CommCore& c);
 
 }  // namespace rc
