@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "comm/sync_entry.h"
 #include "common/errors.h"
@@ -186,8 +187,53 @@ int fast_broadcast(void* h, const RcArray* buf, int32_t root, char* msg, size_t 
   return fast_call(msg, msg_len, [&] { return rc::sync_broadcast(*static_cast<FastHandle*>(h)->comm, *buf, root); });
 }
 
+// A root given from Python as a rank: an int (not a bool or another subclass) in [0, INT32_MAX].
+// False, the Python error cleared, for anything else (the entry checks it against the world).
+bool root_of(py::handle root, int32_t* r) {
+  if (!PyLong_CheckExact(root.ptr())) return false;
+  const long long v = PyLong_AsLongLong(root.ptr());
+  if (v < 0 || v > INT32_MAX) {  // -1 also for an overflow (the error is cleared)
+    PyErr_Clear();
+    return false;
+  }
+  *r = static_cast<int32_t>(v);
+  return true;
+}
+
+int fast_reduce(void* h, const RcArray* in, const RcArray* out, int32_t op, int32_t root, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] { return rc::sync_reduce(*static_cast<FastHandle*>(h)->comm, *in, out, op, root); });
+}
+
+int fast_all_to_all(void* h, const RcArray* in, const RcArray* out, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] { return rc::sync_all_to_all(*static_cast<FastHandle*>(h)->comm, *in, *out); });
+}
+
+// Split sizes given from Python: None (*given false), or a list or tuple of exactly `world` ints
+// (not bools or other subclasses), each in int64_t. False, the Python error cleared, for
+// anything else (the entry checks the sizes themselves).
+bool splits_of(py::handle h, int world, std::vector<int64_t>* s, bool* given) {
+  *given = !h.is_none();
+  if (!*given) return true;
+  PyObject* o = h.ptr();
+  if (!PyList_CheckExact(o) && !PyTuple_CheckExact(o)) return false;
+  const Py_ssize_t len = PySequence_Fast_GET_SIZE(o);
+  if (len != world) return false;
+  PyObject** items = PySequence_Fast_ITEMS(o);
+  s->resize(static_cast<size_t>(len));
+  for (Py_ssize_t i = 0; i < len; ++i) {
+    if (!PyLong_CheckExact(items[i])) return false;
+    const long long v = PyLong_AsLongLong(items[i]);
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    (*s)[static_cast<size_t>(i)] = v;
+  }
+  return true;
+}
+
 const RcFastApi kFastApi = {RC_FAST_API_VERSION, sizeof(RcFastApi), &fast_release, &fast_all_reduce,
-                            &fast_broadcast};
+                            &fast_broadcast,     &fast_reduce,       &fast_all_to_all};
 
 }  // namespace
 
@@ -212,16 +258,12 @@ void def_sync_methods(HostCommClass& cls) {
            [](rc::Communicator& c, py::handle x, py::handle root) -> bool {
              // rc::sync_broadcast of x from root (an int, not a bool); False, having done
              // nothing, when x is not described, root is not a rank or the entry declines.
-             if (!PyLong_CheckExact(root.ptr())) return false;
-             const long long r = PyLong_AsLongLong(root.ptr());
-             if (r < 0 || r > INT32_MAX) {  // -1 also for an overflow (the error is cleared)
-               PyErr_Clear();
-               return false;
-             }
+             int32_t r = 0;
+             if (!root_of(root, &r)) return false;
              Described b(x.ptr());
              if (!b.ok()) return false;
              py::gil_scoped_release nogil;
-             return rc::sync_broadcast(c, b.array(), static_cast<int32_t>(r));
+             return rc::sync_broadcast(c, b.array(), r);
            },
            py::arg("x"), py::arg("root"))
       .def("sync_reduce_scatter",
@@ -248,6 +290,90 @@ void def_sync_methods(HostCommClass& cls) {
              return rc::sync_all_gather(c, in.array(), o.array());
            },
            py::arg("output"), py::arg("input"))
+      .def("sync_reduce",
+           [](rc::Communicator& c, py::handle x, py::handle out, int op, py::handle root) -> bool {
+             // rc::sync_reduce of x onto root (into out there; None: in place); out is read on
+             // the root only. False, having done nothing, when root is not an int, an object is
+             // not described or the entry declines.
+             int32_t r = 0;
+             if (!root_of(root, &r)) return false;
+             Described in(x.ptr());
+             if (!in.ok()) return false;
+             if (out.is_none() || r != c.rank()) {
+               py::gil_scoped_release nogil;
+               return rc::sync_reduce(c, in.array(), nullptr, op, r);
+             }
+             Described o(out.ptr());
+             if (!o.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_reduce(c, in.array(), &o.array(), op, r);
+           },
+           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("root"))
+      .def("sync_all_to_all",
+           [](rc::Communicator& c, py::handle out, py::handle x, py::handle out_splits,
+              py::handle in_splits) -> bool {
+             // rc::sync_all_to_all of x into out with the split sizes given (None: even);
+             // False, having done nothing, when the sizes are not a list or tuple of world ints,
+             // an object is not described or the entry declines.
+             std::vector<int64_t> sc, rcn;
+             bool has_sc = false, has_rc = false;
+             if (!splits_of(in_splits, c.world(), &sc, &has_sc) || !splits_of(out_splits, c.world(), &rcn, &has_rc))
+               return false;
+             Described in(x.ptr());
+             if (!in.ok()) return false;
+             Described o(out.ptr());
+             if (!o.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_all_to_all(c, in.array(), o.array(), has_sc ? &sc : nullptr, has_rc ? &rcn : nullptr);
+           },
+           py::arg("output"), py::arg("input"), py::arg("output_splits") = py::none(),
+           py::arg("input_splits") = py::none())
+      .def("sync_gather",
+           [](rc::Communicator& c, py::handle out, py::handle x, py::handle root) -> bool {
+             // rc::sync_gather of x into root's out (read on the root only); False, having done
+             // nothing, when root is not an int, an object is not described or the entry
+             // declines.
+             int32_t r = 0;
+             if (!root_of(root, &r)) return false;
+             Described in(x.ptr());
+             if (!in.ok()) return false;
+             if (r != c.rank()) {
+               py::gil_scoped_release nogil;
+               return rc::sync_gather(c, in.array(), nullptr, r);
+             }
+             if (out.is_none()) return false;
+             Described o(out.ptr());
+             if (!o.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_gather(c, in.array(), &o.array(), r);
+           },
+           py::arg("output"), py::arg("input"), py::arg("root"))
+      .def("sync_scatter",
+           [](rc::Communicator& c, py::handle out, py::handle x, py::handle root) -> bool {
+             // rc::sync_scatter of root's x (read on the root only) into out; False, having done
+             // nothing, when root is not an int, an object is not described or the entry
+             // declines.
+             int32_t r = 0;
+             if (!root_of(root, &r)) return false;
+             Described o(out.ptr());
+             if (!o.ok()) return false;
+             if (r != c.rank()) {
+               py::gil_scoped_release nogil;
+               return rc::sync_scatter(c, nullptr, o.array(), r);
+             }
+             if (x.is_none()) return false;
+             Described in(x.ptr());
+             if (!in.ok()) return false;
+             py::gil_scoped_release nogil;
+             return rc::sync_scatter(c, &in.array(), o.array(), r);
+           },
+           py::arg("output"), py::arg("input"), py::arg("root"))
+      .def("sync_barrier",
+           [](rc::Communicator& c) -> bool {
+             // rc::sync_barrier; False, having done nothing, when the entry declines it.
+             py::gil_scoped_release nogil;
+             return rc::sync_barrier(c);
+           })
       .def("_fast_handle",
            [](std::shared_ptr<rc::Communicator> c) { return reinterpret_cast<uintptr_t>(new FastHandle{std::move(c)}); },
            "A new handle of this communicator for RcFastApi (ringcomm/abi.h); the receiver releases it.");

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "ringcomm"
 # (source in the repository, its copy in the package)
 DATA = [("csrc/include/ringcomm/abi.h", "_data/include/ringcomm/abi.h"),
-        ("bindings/torch/trampoline.cpp", "_data/torch/trampoline.cpp")]
+        ("bindings/torch/trampoline.cpp", "_data/torch/trampoline.cpp"),
+        ("bindings/torch/offer_point.h", "_data/torch/offer_point.h")]
 
 
 def _from_source_tree() -> bool:

@@ -27,6 +27,7 @@ from sync_entry_cases import EntrySpy
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "csrc" / "include" / "ringcomm" / "abi.h"
 TRAMPOLINE = ROOT / "bindings" / "torch" / "trampoline.cpp"
+OFFER_POINT = ROOT / "bindings" / "torch" / "offer_point.h"
 
 
 def test_plain_api_reaches_the_entry_with_torch_tensors_in_a_fresh_environment(tmp_path):
@@ -147,11 +148,12 @@ def test_the_trampoline_takes_codes_and_abi_from_the_header(tmp_path, monkeypatc
     build puts the packaged header on the include path, and the header's bytes are part of the
     extension's name, so an edited header never loads a stale build."""
     pytest.importorskip("torch")
-    src = TRAMPOLINE.read_text()
+    src = TRAMPOLINE.read_text() + OFFER_POINT.read_text()
     assert '#include "ringcomm/abi.h"' in src and "RC_DTYPES(" in src
     from ringcomm.torch import extension
     assert Path(extension.INCLUDE, "ringcomm", "abi.h").read_bytes() == HEADER.read_bytes()
     assert Path(extension.SOURCE).read_bytes() == TRAMPOLINE.read_bytes()
+    assert Path(extension.OFFER_POINT).read_bytes() == OFFER_POINT.read_bytes()
     assert Path(extension.HEADER) == Path(extension.INCLUDE, "ringcomm", "abi.h")
     name = extension.extension_name()
     edited = tmp_path / "abi.h"

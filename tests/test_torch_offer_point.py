@@ -7,7 +7,7 @@ RcFastApi table (``_set_fast_path``, the C ABI of ringcomm/abi.h), whose entries
 callbacks that record each offer and forward it to ringcomm._C's table, or decline it themselves
 (a case the real entry would take, changed in C++: Python must follow); and it wraps the
 communicator's binding (``Communicator._c``) to record what the Python half offers
-(``sync_all_reduce``, ``sync_broadcast``). Results are checked against the exact values."""
+(``sync_all_reduce``, ``sync_broadcast``, ``sync_reduce``, ``sync_all_to_all``). Results are checked against the exact values."""
 from __future__ import annotations
 
 import ctypes
@@ -24,13 +24,18 @@ _ALL_REDUCE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, c
                                ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t)
 _BROADCAST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
                               ctypes.c_void_p, ctypes.c_size_t)
+_REDUCE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
+                           ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t)
+_ALL_TO_ALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_void_p, ctypes.c_size_t)
 DONE, DECLINED = 0, -1   # RC_CALL_DONE, RC_CALL_DECLINED
 
 
 class _Api(ctypes.Structure):
     """RcFastApi (ringcomm/abi.h)."""
     _fields_ = [("version", ctypes.c_uint32), ("size", ctypes.c_uint32), ("release", _RELEASE),
-                ("all_reduce", _ALL_REDUCE), ("broadcast", _BROADCAST)]
+                ("all_reduce", _ALL_REDUCE), ("broadcast", _BROADCAST), ("reduce", _REDUCE),
+                ("all_to_all", _ALL_TO_ALL)]
 
 
 class Offers:
@@ -53,7 +58,18 @@ class Offers:
             self.log.append(("broadcast", root, rc))
             return rc
 
-        self._fns = (_ALL_REDUCE(all_reduce), _BROADCAST(broadcast))   # alive while the table is
+        def reduce(h, a, out, op, root, msg, n):
+            rc = DECLINED if self.decline else real.reduce(h, a, out, op, root, msg, n)
+            self.log.append(("reduce", root, rc))
+            return rc
+
+        def all_to_all(h, a, out, msg, n):
+            rc = DECLINED if self.decline else real.all_to_all(h, a, out, msg, n)
+            self.log.append(("all_to_all", None, rc))
+            return rc
+
+        self._fns = (_ALL_REDUCE(all_reduce), _BROADCAST(broadcast), _REDUCE(reduce),
+                     _ALL_TO_ALL(all_to_all))   # alive while the table is
         self.table = _Api(real.version, ctypes.sizeof(_Api), real.release, *self._fns)
         self.be = be
         self.on = bool(be._set_fast_path(ctypes.addressof(self.table), be.communicator._c._fast_handle()))
@@ -77,6 +93,16 @@ class Binding:
     def sync_broadcast(self, x, root):
         r = self._core.sync_broadcast(x, root)
         self.log.append(("broadcast", root, r))
+        return r
+
+    def sync_reduce(self, x, out, op, root):
+        r = self._core.sync_reduce(x, out, op, root)
+        self.log.append(("reduce", root, r))
+        return r
+
+    def sync_all_to_all(self, out, x, out_splits=None, in_splits=None):
+        r = self._core.sync_all_to_all(out, x, out_splits, in_splits)
+        self.log.append(("all_to_all", None, r))
         return r
 
     def __getattr__(self, name):
@@ -139,6 +165,28 @@ def _doors(rank, world):
         y = _values(rank) if rank == 0 else torch.zeros(6)
         case("taken/broadcast", lambda: dist.broadcast(y, src=0, group=rc) or True,
              lambda: torch.equal(y, _values(0)))
+        def a2a_in(n=2):
+            return torch.arange(world * n, dtype=torch.float32) + 100 * rank
+
+        def a2a_want(n=2):
+            return torch.cat([torch.arange(rank * n, rank * n + n, dtype=torch.float32) + 100 * j
+                              for j in range(world)])
+
+        def reduce_want(n=6):
+            return _expect(world, n) if rank == 0 else _values(rank, n)
+
+        def rooted_cases(tag, contiguous):
+            shape = (lambda t: t) if contiguous else (lambda t: t.reshape(3, 4).t())
+            n = 6 if contiguous else 12
+            r = shape(_values(rank, n))
+            case(f"{tag}/reduce", lambda: dist.reduce(r, dst=0, group=rc) or True,
+                 lambda: torch.equal(r, shape(reduce_want(n))))
+            o = torch.zeros(2 * world) if contiguous else torch.zeros(2 * world, 2)[:, 0]
+            i = a2a_in()
+            case(f"{tag}/all_to_all", lambda: dist.all_to_all_single(o, i, group=rc) or True,
+                 lambda: torch.equal(o, a2a_want()))
+
+        rooted_cases("taken", True)
         # (b) a call the entry declines (not contiguous): offered once, then the general path,
         # never offered again (neither by the binding nor through dist.all_reduce)
         for door in doors:
@@ -148,8 +196,10 @@ def _doors(rank, world):
         b = (_values(0, 12) if rank == 0 else torch.zeros(12)).reshape(3, 4).t()
         case("declined/broadcast", lambda: dist.broadcast(b, src=0, group=rc) or True,
              lambda: torch.equal(b, _values(0, 12).reshape(3, 4).t()))
+        rooted_cases("declined", False)
         # (c) a case changed in C++: the table declines what the entry would take; Python follows
         fast.decline = True
+        rooted_cases("changed", True)
         for door in doors:
             x = _values(rank)
             case(f"changed/{door}", lambda: all_reduce_by(door, x), lambda: torch.equal(x, _expect(world)))
@@ -164,6 +214,12 @@ def _doors(rank, world):
         x = _values(rank)
         case("async", lambda: real_all_reduce(x, group=rc, async_op=True).wait(),
              lambda: torch.equal(x, _expect(world)))
+        r = _values(rank)
+        case("async/reduce", lambda: dist.reduce(r, dst=0, group=rc, async_op=True).wait(),
+             lambda: torch.equal(r, reduce_want()))
+        o, i = torch.zeros(2 * world), a2a_in()
+        case("splits/all_to_all", lambda: dist.all_to_all_single(o, i, [2] * world, [2] * world, group=rc) or True,
+             lambda: torch.equal(o, a2a_want()))
         p, q = _values(rank, 3), _values(rank, 5)
         case("coalesced", lambda: dist.all_reduce_coalesced([p, q], group=rc) or True,
              lambda: torch.equal(p, _expect(world, 3)) and torch.equal(q, _expect(world, 5)))
@@ -231,6 +287,19 @@ def test_every_door_reaches_the_one_offer_point_once(world):
         for case in ("declined/broadcast", "changed/broadcast"):
             assert out[case] == {"fast": [("broadcast", 0, DECLINED)], "binding": [], "dist": 0,
                                  "ok": True}, (case, out)
+        # dist.reduce and dist.all_to_all_single (no split sizes) through the same offer point:
+        # taken there, or declined (by the entry, or by the table) and then the general path
+        for coll, key in (("reduce", 0), ("all_to_all", None)):
+            assert out[f"taken/{coll}"] == {"fast": [(coll, key, DONE)], "binding": [], "dist": 0,
+                                            "ok": True}, (coll, out)
+            for case in (f"declined/{coll}", f"changed/{coll}"):
+                assert out[case] == {"fast": [(coll, key, DECLINED)], "binding": [], "dist": 0,
+                                     "ok": True}, (case, out)
+        # not offered by the offer point: asynchronous (then not at all), split sizes (the
+        # Python half converts them to elements and offers the call once, through the binding)
+        assert out["async/reduce"] == {"fast": [], "binding": [], "dist": 0, "ok": True}, out
+        assert out["splits/all_to_all"] == {"fast": [], "binding": [("all_to_all", None, True)], "dist": 0,
+                                            "ok": True}, out
         # not offered by the offer point: the Python half offers what it runs synchronously, once
         avg = out["avg"]
         assert avg["fast"] == [] and len(avg["binding"]) == 1 and avg["binding"][0][2] is True, out

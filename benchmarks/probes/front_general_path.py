@@ -1,7 +1,8 @@
-"""What a synchronous call costs on a world of one, in the layers of the Python front: reduce and
-all_to_all (the general path: the front's checks and adapters, then the binding) against
-all_reduce and all_gather (one C++ synchronous entry, csrc/comm/sync_entry.cpp), 1 KiB float32,
-and the general path's parts. Each figure is the least of --repeats means over --calls calls.
+"""What a synchronous call costs on a world of one, in the layers of the Python front: every
+collective of the plain API through its public method (each offered to its C++ synchronous entry,
+csrc/comm/sync_entry.cpp, where the build has one), 1 KiB float32, and the parts of the general
+path (the front's checks and adapters, then the binding) that a call the entry declines pays.
+Each figure is the least of --repeats means over --calls calls.
 
     taskset -c 0 python benchmarks/probes/front_general_path.py --calls 20000
 """
@@ -38,9 +39,15 @@ def main() -> int:
     sc = comm._splits("all_to_all", None, 256, "input")
     rows = [
         ("all_to_all", lambda: comm.all_to_all(y, x)),
+        ("all_to_all, split sizes given", lambda: comm.all_to_all(y, x, output_splits=[256], input_splits=[256])),
         ("reduce", lambda: comm.reduce(x, root=0)),
         ("all_reduce", lambda: comm.all_reduce(x)),
         ("all_gather", lambda: comm.all_gather(y, x)),
+        ("reduce_scatter", lambda: comm.reduce_scatter(y, x)),
+        ("broadcast", lambda: comm.broadcast(x, root=0)),
+        ("gather", lambda: comm.gather(y, x, root=0)),
+        ("scatter", lambda: comm.scatter(y, x, root=0)),
+        ("barrier", lambda: comm.barrier()),
         ("all_to_all: _in_out (route, two adapters, dtype check)", lambda: comm._in_out("all_to_all", y, x, None)),
         ("all_to_all: _splits x 2", lambda: (comm._splits("all_to_all", None, 256, "input"),
                                              comm._splits("all_to_all", None, 256, "output"))),

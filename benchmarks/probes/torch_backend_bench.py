@@ -1,10 +1,11 @@
-"""torch.distributed all_reduce (or broadcast) on backend "ringcomm" beside "gloo" in the same
-run, the same backend with the c10d trampoline's C++ fast path off, and ringcomm's own API at the
+"""torch.distributed all_reduce (or broadcast, reduce, all_to_all_single) on backend "ringcomm"
+beside "gloo" in the same run, the same backend with the c10d trampoline's C++ fast path off, and ringcomm's own API at the
 same sizes. Prints a markdown table.
 
     python benchmarks/probes/torch_backend_bench.py                 # 2 processes, 4 KiB / 1 MiB / 64 MiB
     python benchmarks/probes/torch_backend_bench.py --sizes 4K,256K,1M,16M,64M --world-size 2
     python benchmarks/probes/torch_backend_bench.py --op broadcast --sizes 1K,4K,64K
+    python benchmarks/probes/torch_backend_bench.py --op reduce|all_to_all --sizes 1K,4K,16K
 
 Every rank runs, per size, rounds of: the collective on the gloo group, on the ringcomm group
 (the trampoline's fast path on, as users get it), on the ringcomm group with the fast path off
@@ -15,7 +16,7 @@ saves per call). Within a round each variant runs for about ``--min-time`` secon
 warm-up, with the ranks released together by a barrier; a variant's time per call is the slowest
 rank's mean. The table reports, per variant, the best round (the least disturbed by other load on
 the machine) and checks each result. float32, SUM, root 0. Bus bandwidth uses nccl-tests'
-factors: all_reduce 2(n-1)/n, broadcast 1.
+factors: all_reduce 2(n-1)/n, broadcast and reduce 1, all_to_all (n-1)/n.
 """
 from __future__ import annotations
 
@@ -87,16 +88,30 @@ def _worker(rank: int, world: int, store_path: str, op: str, sizes: list, rounds
     for nbytes in sizes:
         n = nbytes // 4
         x = torch.ones(n, dtype=torch.float32)
+        y = torch.zeros(n, dtype=torch.float32)   # all_to_all's output
+        res = x
         if op == "broadcast":
             calls = {"gloo": lambda: dist.broadcast(x, src=0, group=gloo),
                      "ringcomm": lambda: dist.broadcast(x, src=0, group=rc),
                      "api": lambda: comm.broadcast(x, root=0)}
-            want = 1.0
+            want = torch.full((n,), 1.0)
+        elif op == "reduce":
+            calls = {"gloo": lambda: dist.reduce(x, dst=0, group=gloo),
+                     "ringcomm": lambda: dist.reduce(x, dst=0, group=rc),
+                     "api": lambda: comm.reduce(x, root=0)}
+            # checked on the root only: gloo may leave other ranks' tensors changed
+            want = torch.full((n,), float(sum(range(1, world + 1)))) if rank == 0 else None
+        elif op == "all_to_all":
+            calls = {"gloo": lambda: dist.all_to_all_single(y, x, group=gloo),
+                     "ringcomm": lambda: dist.all_to_all_single(y, x, group=rc),
+                     "api": lambda: comm.all_to_all(y, x)}
+            want = torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(n // world)
+            res = y
         else:
             calls = {"gloo": lambda: dist.all_reduce(x, group=gloo),
                      "ringcomm": lambda: dist.all_reduce(x, group=rc),
                      "api": lambda: comm.all_reduce(x)}
-            want = float(sum(range(1, world + 1)))
+            want = torch.full((n,), float(sum(range(1, world + 1))))
         calls["no_fast_path"] = calls["ringcomm"]
         warm = 20 if nbytes <= (1 << 20) else 3
         for _ in range(rounds):
@@ -127,8 +142,9 @@ def _worker(rank: int, world: int, store_path: str, op: str, sizes: list, rounds
             fast_path(name != "no_fast_path")
             x.fill_(float(rank + 1))
             calls[name]()
-            if not torch.all(x == want):
-                raise RuntimeError(f"{name} {op} {nbytes} B: got {x[:4].tolist()}, want {want}")
+            if want is not None and not torch.equal(res, want):
+                raise RuntimeError(f"{name} {op} {nbytes} B: got {res[:4].tolist()}, "
+                                   f"want {want[:4].tolist()}")
         fast_path(True)
     dist.destroy_process_group()
     return results
@@ -136,7 +152,7 @@ def _worker(rank: int, world: int, store_path: str, op: str, sizes: list, rounds
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--op", choices=("all_reduce", "broadcast"), default="all_reduce")
+    p.add_argument("--op", choices=("all_reduce", "broadcast", "reduce", "all_to_all"), default="all_reduce")
     p.add_argument("--sizes", default="4K,1M,64M", help="comma-separated byte sizes (K/M/G)")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5, help="rounds per size; the best is reported")
@@ -160,7 +176,8 @@ def main(argv=None) -> int:
                     timeout=args.timeout)[0]
 
     n = args.world_size
-    bus, factor = (1.0, "1") if args.op == "broadcast" else (2 * (n - 1) / n, "2(n-1)/n")
+    bus, factor = {"broadcast": (1.0, "1"), "reduce": (1.0, "1"),
+                   "all_to_all": ((n - 1) / n, "(n-1)/n")}.get(args.op, (2 * (n - 1) / n, "2(n-1)/n"))
     print(f"{args.op}, float32, {n} processes, torch.distributed backends vs ringcomm's API "
           f"(best of {args.rounds} rounds; busbw = size x {factor} / time)\n")
     print("| size | gloo | ringcomm backend | speed-up vs gloo | fast path off | fast path saves | "

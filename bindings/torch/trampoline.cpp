@@ -6,10 +6,11 @@
 // file into the package (ringcomm/_data/torch/), and ringcomm/torch/extension.py compiles it just
 // in time against the installed torch: ringcomm._C never links torch.
 //
-// One exception, the latency-critical calls: the offer point (Trampoline::offer and the two
-// functions it serves, offer_all_reduce and offer_broadcast). Every torch call on this backend
-// that a synchronous entry may run comes through it once: dist.all_reduce and dist.broadcast
-// (allreduce(), broadcast()), ringcomm.torch.all_reduce_'s direct call (all_reduce_now()) and
+// One exception, the latency-critical calls: the offer point (Trampoline::offer and the
+// functions it serves, offer_all_reduce and offer_all_to_all). Every torch call
+// on this backend that a synchronous entry may run comes through it once: dist.all_reduce,
+// dist.broadcast, dist.reduce and dist.all_to_all_single without split sizes (allreduce(),
+// broadcast(), reduce(), alltoall_base()), ringcomm.torch.all_reduce_'s direct call (all_reduce_now()) and
 // torch.ops.ringcomm.all_reduce_ (all_reduce_op()). It decides whether the call is one the entry
 // has (synchronous, one tensor described as an RcArray, a reduce op of RC_TORCH_OPS, the fast
 // path on) and, if so, offers it to the host communicator's synchronous entry
@@ -17,8 +18,8 @@
 // ringcomm._C's C ABI, without the GIL or Python. Its answer (Offer) is the only word on what
 // happened: a call not offered goes to the Python override as every other call (which may offer
 // what it composes, an AVG say, to the entry through ringcomm's own API); a declined call goes
-// to the Python override marked `offered`, whose allreduce and broadcast then take the
-// communicator's general path (Communicator.general(): never offered again). The Python half
+// to the Python override marked `offered`, whose allreduce, broadcast, reduce and alltoall_base
+// then take the communicator's general path (Communicator.general(): never offered again). The Python half
 // turns the fast path on while nothing needs it (_set_fast_path: not coalescing, no issue hooks,
 // not shut down). The codes, the torch ops offered, the dimension limit and the ABI come from
 // ringcomm/abi.h (csrc/include, copied into the package beside this file's copy, and on the
@@ -53,212 +54,10 @@
 #include <string>
 #include <string_view>
 
+#include "offer_point.h"
 #include "ringcomm/abi.h"
 
 namespace {
-
-namespace py = pybind11;
-using WorkPtr = c10::intrusive_ptr<c10d::Work>;
-
-bool fast_api_ok(const RcFastApi* a) {
-  return a != nullptr && a->version == RC_FAST_API_VERSION && a->size >= sizeof(RcFastApi);
-}
-
-// ringcomm's dtype code of each torch ScalarType (-1: none), filled once at module import from
-// the header's dtype names (torch.<name> for every entry of RC_DTYPES; a name this torch lacks
-// stays unmapped, its tensors go the Python way) and read-only afterwards.
-constexpr int kScalarTypes = static_cast<int>(c10::ScalarType::NumOptions);
-int8_t g_dtype_code[kScalarTypes];
-
-void init_dtype_codes() {
-  for (int8_t& c : g_dtype_code) c = -1;
-  py::module_ torch = py::module_::import("torch");
-#define RC_TORCH_DTYPE_(name, code, bytes, str, ...)                                           \
-  {                                                                                           \
-    py::object d = py::getattr(torch, str, py::none());                                       \
-    if (THPDtype_Check(d.ptr()))                                                              \
-      g_dtype_code[static_cast<int>(reinterpret_cast<THPDtype*>(d.ptr())->scalar_type)] = code; \
-  }
-  RC_DTYPES(RC_TORCH_DTYPE_)
-#undef RC_TORCH_DTYPE_
-}
-
-// Tensor x as an RcArray (byte strides in `strides`), or false when it has no such description
-// (another layout, no storage, more than RC_ARRAY_MAX_DIMS dimensions): the Python path then
-// explains. Whether the entry takes the description is the entry's rule, not decided here.
-bool describe(const at::Tensor& x, RcArray* a, int64_t (&strides)[RC_ARRAY_MAX_DIMS]) {
-  if (x.layout() != c10::kStrided || !x.has_storage() || x.dim() > RC_ARRAY_MAX_DIMS) return false;
-  const bool cpu = x.device().is_cpu();
-  const int64_t esize = static_cast<int64_t>(x.element_size());
-  const c10::IntArrayRef st = x.strides();
-  for (size_t i = 0; i < st.size(); ++i) strides[i] = st[i] * esize;
-  a->data = cpu && x.numel() != 0 ? x.data_ptr() : nullptr;
-  a->shape = x.sizes().data();
-  a->strides = strides;
-  a->ndim = static_cast<int32_t>(x.dim());
-  a->dtype = g_dtype_code[static_cast<int>(x.scalar_type())];
-  a->device_type = cpu ? RC_DEVICE_CPU : 0;
-  a->flags = RC_ARRAY_WRITABLE;
-  return true;
-}
-
-// A handle (a reference to the communicator, from Communicator._fast_handle()) and the table
-// that releases it; shared by the calls in flight, so disabling never frees it under them.
-struct FastPath {
-  const RcFastApi* api;
-  void* handle;
-  ~FastPath() { api->release(handle); }
-};
-
-// The fast path over the table at `api` with `handle` (taken over), or null for a table of another
-// version or size, or no handle (the handle is then left unreleased: its table cannot be trusted).
-std::shared_ptr<const FastPath> make_fast_path(uintptr_t api, uintptr_t handle) {
-  const auto* a = reinterpret_cast<const RcFastApi*>(api);
-  if (!fast_api_ok(a) || handle == 0) return nullptr;
-  return std::shared_ptr<const FastPath>(new FastPath{a, reinterpret_cast<void*>(handle)});
-}
-
-// The work of a collective the fast path ran: complete, successful, its tensor the result.
-class FastDoneWork : public c10d::Work {
- public:
-  FastDoneWork(int rank, c10d::OpType op, const at::Tensor& t) : c10d::Work(rank, op), outputs_{t} {
-    finish();
-  }
-  bool isCompleted() override { return true; }
-  bool isSuccess() const override { return true; }
-  bool wait(std::chrono::milliseconds) override { return true; }
-  std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    auto f = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-    f->markCompleted(c10::IValue(outputs_));
-    return f;
-  }
-
- private:
-  std::vector<at::Tensor> outputs_;
-};
-
-// Raise ringcomm's exception for ErrorCode `code` (ringcomm.core.errors.from_code), marked as raised
-// by the core (every rank has been told: see ringcomm/torch/steps.py).
-[[noreturn]] void raise_ringcomm(int code, const char* msg) {
-  py::gil_scoped_acquire gil;
-  py::object exc = py::module_::import("ringcomm.core.errors").attr("from_code")(code, msg);
-  exc.attr("_ringcomm_issued") = true;
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-  throw py::error_already_set();
-}
-
-// The entry's code of the reduce op named `name` in RC_REDUCE_OPS, or -1.
-constexpr int32_t entry_code(std::string_view name) {
-#define RC_ENTRY_CODE_(enumerator, code, str, kinds) \
-  if (name == str) return code;
-  RC_REDUCE_OPS(RC_ENTRY_CODE_)
-#undef RC_ENTRY_CODE_
-  return -1;
-}
-
-// The reduce ops offered to the entry (RC_TORCH_OPS): each one's name, c10d op and entry code.
-// The names torch.ops.ringcomm.all_reduce_'s `op` takes are these names in lower case.
-struct TorchOp {
-  std::string_view name;
-  c10d::ReduceOp::RedOpType op;
-  int32_t code;
-};
-#define RC_TORCH_OP_(name) TorchOp{#name, c10d::ReduceOp::name, entry_code(#name)},
-constexpr TorchOp kTorchOps[] = {RC_TORCH_OPS(RC_TORCH_OP_)};
-#undef RC_TORCH_OP_
-
-constexpr bool every_torch_op_has_a_code() {
-  for (const TorchOp& t : kTorchOps)
-    if (t.code < 0) return false;
-  return true;
-}
-static_assert(every_torch_op_has_a_code(), "RC_TORCH_OPS names an op RC_REDUCE_OPS lacks");
-
-// The offered op of c10d op `op`, or null (AVG, PREMUL_SUM: composed by the Python half).
-const TorchOp* torch_op(c10d::ReduceOp::RedOpType op) {
-  for (const TorchOp& t : kTorchOps)
-    if (t.op == op) return &t;
-  return nullptr;
-}
-
-// The offered op of entry code `code`, or null.
-const TorchOp* torch_op_of_code(long code) {
-  for (const TorchOp& t : kTorchOps)
-    if (t.code == code) return &t;
-  return nullptr;
-}
-
-// The entry's code of c10d reduce op `op`, or -1 when it is not offered.
-int32_t entry_op(const c10d::ReduceOp& op) {
-  const TorchOp* t = torch_op(op.op_);
-  return t != nullptr ? t->code : -1;
-}
-
-constexpr char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
-
-// Name `name` in lower case.
-std::string lower(std::string_view name) {
-  std::string s(name);
-  for (char& c : s) c = lower(c);
-  return s;
-}
-
-// Whether `s` is `name` in lower case.
-bool is_lower_of(std::string_view s, std::string_view name) {
-  if (s.size() != name.size()) return false;
-  for (size_t i = 0; i < s.size(); ++i)
-    if (s[i] != lower(name[i])) return false;
-  return true;
-}
-
-// The c10d op of torch.ops.ringcomm.all_reduce_'s `op` (a lower-case name of RC_TORCH_OPS);
-// ValueError for any other.
-c10d::ReduceOp::RedOpType reduce_op_named(std::string_view name) {
-  for (const TorchOp& t : kTorchOps)
-    if (is_lower_of(name, t.name)) return t.op;
-  std::string names;
-  for (const TorchOp& t : kTorchOps) names += (names.empty() ? "" : ", ") + lower(t.name);
-  TORCH_CHECK_VALUE(false, "ringcomm all_reduce_: op must be one of ", names, "; got '", name,
-                    "' (dist.all_reduce takes the others)");
-}
-
-// Raise ringcomm.ClosedError for call `op` on a group that was shut down.
-[[noreturn]] void raise_closed(const char* op) {
-  py::gil_scoped_acquire gil;
-  py::object exc = py::module_::import("ringcomm.core.errors").attr("ClosedError")(
-      std::string("ringcomm: ") + op + " on a process group that was shut down");
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
-  throw py::error_already_set();
-}
-
-// What the offer point did with a call.
-enum class Offer {
-  kNotOffered,  // not a call the entry has: nothing done, the entry not called
-  kDone,        // the entry ran it (the tensors hold the result)
-  kDeclined,    // offered, and the entry declined it: nothing done; never offer it again
-};
-
-// Offer tensor x to one RcFastApi entry (`call(array, msg, msg_len)`), the GIL released around
-// the call (it blocks until every rank has joined). kNotOffered when x has no description. A
-// failure raises ringcomm's exception, marked as raised by the core (see raise_ringcomm). The
-// caller holds x.
-template <class F>
-Offer offer_to_entry(const at::Tensor& x, F&& call) {
-  RcArray a;
-  int64_t strides[RC_ARRAY_MAX_DIMS];
-  if (!describe(x, &a, strides)) return Offer::kNotOffered;
-  char msg[2048];
-  int rc;
-  {
-    std::optional<py::gil_scoped_release> nogil;
-    if (PyGILState_Check()) nogil.emplace();
-    rc = call(&a, msg, sizeof msg);
-  }
-  if (rc == RC_CALL_DECLINED) return Offer::kDeclined;
-  if (rc != RC_CALL_DONE) raise_ringcomm(rc - 1, msg);
-  return Offer::kDone;
-}
 
 // A Python Work, seen from C++. work_ is the C++ half of the Python object (torch's PyWork
 // trampoline forwards wait and get_future to it); the other virtuals call the Python method.
@@ -405,15 +204,17 @@ class Trampoline : public c10d::Backend {
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_.load(std::memory_order_relaxed); }
 
-  // Collectives by argument shape; the Python method has the C++ name.
+  // Collectives by argument shape; the Python method has the C++ name. Those of the offer point
+  // (but allreduce) end in RC_OFFERED: the entry's completed work when it ran the call, else the
+  // Python override's, told whether the call was offered.
+#define RC_OFFERED(pyname, optype, result, got, base_call, ...)                                         \
+  if (got == Offer::kDone) return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::optype, result); \
+  if (closed_.load(std::memory_order_acquire)) raise_closed(pyname);                                    \
+  RC_OVERRIDE(pyname, base_call, return c10::make_intrusive<WorkRef>(r), __VA_ARGS__, got == Offer::kDeclined)
   WorkPtr broadcast(Tensors& t, const c10d::BroadcastOptions& o) override {
     RC_COUNT();
     const Offer got = offer(t, o);
-    if (got == Offer::kDone) return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::BROADCAST, t[0]);
-    const bool offered = got == Offer::kDeclined;
-    if (closed_.load(std::memory_order_acquire)) raise_closed("broadcast");
-    RC_OVERRIDE("broadcast", c10d::Backend::broadcast(t, o), return c10::make_intrusive<WorkRef>(r), t, o,
-                offered);
+    RC_OFFERED("broadcast", BROADCAST, t[0], got, c10d::Backend::broadcast(t, o), t, o);
   }
   WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
     RC_COUNT();
@@ -421,26 +222,35 @@ class Trampoline : public c10d::Backend {
     if (got == Offer::kDone) return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t[0]);
     return allreduce_python(t, o, got == Offer::kDeclined);
   }
+  WorkPtr reduce(Tensors& t, const c10d::ReduceOptions& o) override {
+    RC_COUNT();
+    const Offer got = offer(t, o);
+    RC_OFFERED("reduce", REDUCE, t[0], got, c10d::Backend::reduce(t, o), t, o);
+  }
+  WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                        std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) override {
+    RC_COUNT();
+    const Offer got = offer_all_to_all(out, in, out_splits, in_splits, o);
+    RC_OFFERED("alltoall_base", ALLTOALL_BASE, out, got,
+               c10d::Backend::alltoall_base(out, in, out_splits, in_splits, o), out, in, out_splits, in_splits, o);
+  }
 
   // ---- the offer point (see the file's header) ----
+  /// `call(fast path)`: an entry's offer, or kNotOffered while the fast path is off.
+  template <class F>
+  Offer with_fast(F&& call) {
+    const std::shared_ptr<const FastPath> fast = fast_path();
+    return fast ? call(*fast) : Offer::kNotOffered;
+  }
   /// Offer an in-place synchronous allreduce of `x` with entry op code `op` (-1: an op that is
   /// not offered) to the entry: kNotOffered while the fast path is off, for such an op or a
   /// tensor with no description.
   Offer offer_all_reduce(const at::Tensor& x, int32_t op) {
     if (op < 0) return Offer::kNotOffered;
-    const std::shared_ptr<const FastPath> fast = fast_path();
-    if (!fast) return Offer::kNotOffered;
-    return offer_to_entry(x, [&](const RcArray* a, char* msg, size_t len) {
-      return fast->api->all_reduce(fast->handle, a, nullptr, op, msg, len);
-    });
-  }
-  /// Offer a synchronous broadcast of `x` from group rank `root` to the entry (which checks the
-  /// root again): kNotOffered while the fast path is off or for a tensor with no description.
-  Offer offer_broadcast(const at::Tensor& x, int32_t root) {
-    const std::shared_ptr<const FastPath> fast = fast_path();
-    if (!fast) return Offer::kNotOffered;
-    return offer_to_entry(x, [&](const RcArray* a, char* msg, size_t len) {
-      return fast->api->broadcast(fast->handle, a, root, msg, len);
+    return with_fast([&](const FastPath& f) {
+      return offer_to_entry(x, [&](const RcArray* a, char* msg, size_t len) {
+        return f.api->all_reduce(f.handle, a, nullptr, op, msg, len);
+      });
     });
   }
   /// A c10d allreduce, offered when it is synchronous, of one dense tensor, with an op of
@@ -449,12 +259,44 @@ class Trampoline : public c10d::Backend {
     if (o.asyncOp || t.size() != 1 || o.sparseIndices) return Offer::kNotOffered;
     return offer_all_reduce(t[0], entry_op(o.reduceOp));
   }
-  /// A c10d broadcast, offered when it is synchronous, of one tensor, from a rank of this group
-  /// (torch translated it).
+  /// Whether a rooted c10d call may be offered: synchronous, of one tensor, its root a rank of
+  /// this group (torch translated it; the entry checks it again).
+  template <class Opts>
+  bool rooted(const Tensors& t, const Opts& o) const {
+    return !o.asyncOp && t.size() == 1 && o.rootTensor == 0 && o.rootRank >= 0 && o.rootRank < getSize();
+  }
+  /// A c10d broadcast, offered when rooted().
   Offer offer(Tensors& t, const c10d::BroadcastOptions& o) {
-    if (o.asyncOp || t.size() != 1 || o.rootTensor != 0 || o.rootRank < 0 || o.rootRank >= getSize())
+    if (!rooted(t, o)) return Offer::kNotOffered;
+    const auto root = static_cast<int32_t>(o.rootRank);
+    return with_fast([&](const FastPath& f) {
+      return offer_to_entry(t[0], [&](const RcArray* a, char* msg, size_t len) {
+        return f.api->broadcast(f.handle, a, root, msg, len);
+      });
+    });
+  }
+  /// A c10d reduce (in place on the root), offered when rooted(), with an op of RC_TORCH_OPS.
+  Offer offer(Tensors& t, const c10d::ReduceOptions& o) {
+    const int32_t op = entry_op(o.reduceOp);
+    if (!rooted(t, o) || op < 0) return Offer::kNotOffered;
+    const auto root = static_cast<int32_t>(o.rootRank);
+    return with_fast([&](const FastPath& f) {
+      return offer_to_entry(t[0], [&](const RcArray* a, char* msg, size_t len) {
+        return f.api->reduce(f.handle, a, nullptr, op, root, msg, len);
+      });
+    });
+  }
+  /// A c10d alltoall_base (dist.all_to_all_single), offered when it is synchronous, without
+  /// split sizes, of an input and an output of one element count (as the Python half requires).
+  Offer offer_all_to_all(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                         const std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) {
+    if (o.asyncOp || !out_splits.empty() || !in_splits.empty() || out.numel() != in.numel())
       return Offer::kNotOffered;
-    return offer_broadcast(t[0], static_cast<int32_t>(o.rootRank));
+    return with_fast([&](const FastPath& f) {
+      return offer_pair_to_entry(in, out, [&](const RcArray* a, const RcArray* b, char* msg, size_t len) {
+        return f.api->all_to_all(f.handle, a, b, msg, len);
+      });
+    });
   }
 
   /// ringcomm.torch.all_reduce_'s call (DirectCall below), from Python with the GIL: an
@@ -509,7 +351,6 @@ class Trampoline : public c10d::Backend {
   void count_call() { RC_COUNT(); }
   RC_OP1(allreduce_coalesced, AllreduceCoalescedOptions)
   RC_OP1(allreduce_sparse, AllreduceOptions)
-  RC_OP1(reduce, ReduceOptions)
   RC_OP2(allgather, TensorLists, Tensors, AllgatherOptions)
   RC_OP2(allgather_coalesced, TensorLists, Tensors, AllgatherOptions)
   RC_OP2(gather, TensorLists, Tensors, GatherOptions)
@@ -520,11 +361,6 @@ class Trampoline : public c10d::Backend {
   RC_OP2(allgather_into_tensor_coalesced, Tensors, Tensors, AllgatherOptions)
   RC_OP2(reduce_scatter_tensor_coalesced, Tensors, Tensors, ReduceScatterOptions)
   RC_OP2(alltoall, Tensors, Tensors, AllToAllOptions)
-  WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
-                        std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) override {
-    RC_COUNT();
-    RC_WORK("alltoall_base", alltoall_base, out, in, out_splits, in_splits, o);
-  }
   WorkPtr send(Tensors& t, int dst, int tag) override {
     RC_COUNT();
     RC_WORK("send", send, t, dst, tag);

@@ -1,5 +1,7 @@
 #include "comm/sync_entry.h"
 
+#include <vector>
+
 #include "algo/ring_schedule.h"
 #include "comm/core.h"
 #include "common/dtype.h"
@@ -67,6 +69,93 @@ bool sync_all_gather(CommCore& c, const RcArray& in, const RcArray& out) {
   int64_t n = 0, n_out = 0;
   if (!takes(in, false, &n) || !takes(out, true, &n_out) || out.dtype != in.dtype || n_out < n) return false;
   c.all_gather(in.data, out.data, n, n_out, static_cast<DType>(in.dtype), kSync);
+  return true;
+}
+
+bool sync_reduce(CommCore& c, const RcArray& in, const RcArray* out, int32_t op, int32_t root) {
+  if (c.closed()) return false;
+  if (root < 0 || root >= c.world()) return false;
+  const bool on_root = c.rank() == root;
+  int64_t n = 0, n_out = 0;
+  if (!takes(in, on_root && out == nullptr, &n) || !rc_op_supported(in.dtype, op)) return false;
+  void* dst = nullptr;
+  if (on_root) {
+    if (out != nullptr && (!takes(*out, true, &n_out) || out->dtype != in.dtype || n_out != n)) return false;
+    dst = out != nullptr ? out->data : in.data;
+  }
+  c.reduce(in.data, dst, n, static_cast<DType>(in.dtype), static_cast<ReduceOp>(op), root, kSync);
+  return true;
+}
+
+namespace {
+
+// One side's split sizes for `count` elements: `given` (null: an even split, when world divides
+// count) when it holds world non-negative sizes summing to count. False otherwise.
+bool splits_of(const std::vector<int64_t>* given, int64_t count, int64_t world, std::vector<int64_t>* s) {
+  if (given == nullptr) {
+    if (count % world != 0) return false;
+    s->assign(static_cast<size_t>(world), count / world);
+    return true;
+  }
+  if (static_cast<int64_t>(given->size()) != world) return false;
+  int64_t sum = 0;
+  for (const int64_t v : *given)
+    if (v < 0 || __builtin_add_overflow(sum, v, &sum)) return false;
+  if (sum != count) return false;
+  *s = *given;
+  return true;
+}
+
+}  // namespace
+
+bool sync_all_to_all(CommCore& c, const RcArray& in, const RcArray& out, const std::vector<int64_t>* send_counts,
+                     const std::vector<int64_t>* recv_counts) {
+  if (c.closed()) return false;
+  int64_t n = 0, n_out = 0;
+  const int64_t w = c.world();
+  if (!takes(in, false, &n) || !takes(out, true, &n_out) || out.dtype != in.dtype) return false;
+  std::vector<int64_t> sc, rcn;
+  if (!splits_of(send_counts, n, w, &sc) || !splits_of(recv_counts, n_out, w, &rcn)) return false;
+  const int64_t esize = rc_dtype_size(in.dtype);
+  const auto* a = static_cast<const char*>(in.data);
+  const auto* b = static_cast<const char*>(out.data);
+  if (n != 0 && n_out != 0 && a < b + n_out * esize && b < a + n * esize) return false;
+  c.all_to_all(in.data, out.data, std::move(sc), std::move(rcn), static_cast<DType>(in.dtype), kSync);
+  return true;
+}
+
+bool sync_gather(CommCore& c, const RcArray& in, const RcArray* out, int32_t root) {
+  if (c.closed()) return false;
+  if (root < 0 || root >= c.world()) return false;
+  int64_t n = 0, n_out = 0;
+  if (!takes(in, false, &n)) return false;
+  void* dst = nullptr;
+  if (c.rank() == root) {
+    if (out == nullptr || !takes(*out, true, &n_out) || out->dtype != in.dtype || n_out != n * c.world())
+      return false;
+    dst = out->data;
+  }
+  c.gather(in.data, dst, n, static_cast<DType>(in.dtype), root, kSync);
+  return true;
+}
+
+bool sync_scatter(CommCore& c, const RcArray* in, const RcArray& out, int32_t root) {
+  if (c.closed()) return false;
+  if (root < 0 || root >= c.world()) return false;
+  int64_t n = 0, n_in = 0;
+  if (!takes(out, true, &n)) return false;
+  const void* src = nullptr;
+  if (c.rank() == root) {
+    if (in == nullptr || !takes(*in, false, &n_in) || in->dtype != out.dtype || n_in != n * c.world()) return false;
+    src = in->data;
+  }
+  c.scatter(src, out.data, n, static_cast<DType>(out.dtype), root, kSync);
+  return true;
+}
+
+bool sync_barrier(CommCore& c) {
+  if (c.closed()) return false;
+  c.barrier(kSync);
   return true;
 }
 

@@ -187,8 +187,14 @@ typedef struct RcFastApi {
                     size_t msg_len);
   /* rc::sync_broadcast: `buf` from rank `root`. */
   int (*broadcast)(void* handle, const RcArray* buf, int32_t root, char* msg, size_t msg_len);
+  /* rc::sync_reduce: `in` reduced with op code `op` onto rank `root` (into `out` there; null: in
+   * place). */
+  int (*reduce)(void* handle, const RcArray* in, const RcArray* out, int32_t op, int32_t root, char* msg,
+                size_t msg_len);
+  /* rc::sync_all_to_all: `in` into `out`, both cut into world-size even blocks. */
+  int (*all_to_all)(void* handle, const RcArray* in, const RcArray* out, char* msg, size_t msg_len);
 } RcFastApi;
 
-#define RC_FAST_API_VERSION 3u
+#define RC_FAST_API_VERSION 4u
 
 #endif /* RC_ABI_H_ */

@@ -59,16 +59,17 @@ class Communicator(CoreBackEnd):
         return work
 
     # -- the synchronous entries ---------------------------------------------------------------
-    # A synchronous all_reduce, broadcast, reduce_scatter or all_gather with no stream first
-    # offers its arrays to the core's synchronous entry (csrc/comm/sync_entry.h, through the
-    # bindings Communicator.sync_all_reduce, sync_broadcast, sync_reduce_scatter and
-    # sync_all_gather): numpy arrays and torch tensors are described in C++ from their own fields
-    # (a tensor through its DLPack capsule) and the one eligibility rule decides; what it takes
-    # runs there with the GIL released. What it declines (another layout, dtype, op or device,
-    # read-only memory, a root that is not a rank) goes the general way, which explains the
-    # refusal or routes the call (CUDA arrays). ``general()`` is this communicator without the
-    # offers, for a caller whose call the entry has declined already; ``sync_entry_handle()``
-    # hands the same entries to a C extension (the torch c10d trampoline).
+    # Every synchronous collective with no stream (all_reduce, broadcast, reduce_scatter,
+    # all_gather, reduce, all_to_all, gather, scatter, barrier) first offers its arrays to the
+    # core's synchronous entry (csrc/comm/sync_entry.h, through the bindings
+    # Communicator.sync_<collective>): numpy arrays and torch tensors are described in C++ from
+    # their own fields (a tensor through its DLPack capsule) and the one eligibility rule decides;
+    # what it takes runs there with the GIL released. What it declines (another layout, dtype, op
+    # or device, read-only memory, a root that is not a rank, counts or split sizes that do not
+    # fit, all_to_all buffers that overlap) goes the general way, which explains the refusal or
+    # routes the call (CUDA arrays). ``general()`` is this communicator without the offers, for a
+    # caller whose call the entry has declined already; ``sync_entry_handle()`` hands the same
+    # entries to a C extension (the torch c10d trampoline).
     def general(self) -> "GeneralPath":
         # A new view each time (the caller keeps it): cached here it would make a reference
         # cycle, and a dropped communicator would wait for the garbage collector.
@@ -100,6 +101,35 @@ class Communicator(CoreBackEnd):
         if not async_op and stream is None and self._c.sync_all_gather(output, input):
             return None
         return CoreBackEnd.all_gather(self, output, input, async_op, stream)
+
+    def reduce(self, x, root: int = 0, op=_SUM, async_op: bool = False, output=None, stream=None):
+        if not async_op and stream is None and output is not x:
+            opc = _OP_CODES.get(op)
+            if opc is not None and self._c.sync_reduce(x, output, opc, root):
+                return None
+        return CoreBackEnd.reduce(self, x, root, op, async_op, output, stream)
+
+    def all_to_all(self, output, input, output_splits=None, input_splits=None, async_op: bool = False,
+                   stream=None):
+        if (not async_op and stream is None
+                and self._c.sync_all_to_all(output, input, output_splits, input_splits)):
+            return None
+        return CoreBackEnd.all_to_all(self, output, input, output_splits, input_splits, async_op, stream)
+
+    def gather(self, output, input, root: int = 0, async_op: bool = False, stream=None):
+        if not async_op and stream is None and self._c.sync_gather(output, input, root):
+            return None
+        return CoreBackEnd.gather(self, output, input, root, async_op, stream)
+
+    def scatter(self, output, input=None, root: int = 0, async_op: bool = False, stream=None):
+        if not async_op and stream is None and self._c.sync_scatter(output, input, root):
+            return None
+        return CoreBackEnd.scatter(self, output, input, root, async_op, stream)
+
+    def barrier(self, async_op: bool = False, stream=None):
+        if not async_op and stream is None and self._c.sync_barrier():
+            return None
+        return CoreBackEnd.barrier(self, async_op, stream)
 
     # -- issuing (arguments validated by CommunicatorBase) ------------------------------------
     def _issue_all_reduce(self, bi, bo, opc, async_op, stream):
@@ -199,18 +229,19 @@ class Communicator(CoreBackEnd):
 
 
 class GeneralPath:
-    """A host communicator whose all_reduce, broadcast, reduce_scatter and all_gather take the
-    general path (``CoreBackEnd``'s: validate, route, issue) without the synchronous entry's
-    offer (``Communicator.general()``); every other attribute is the communicator's own."""
+    """A host communicator whose collectives (all_reduce, broadcast, reduce_scatter, all_gather,
+    reduce, all_to_all, gather, scatter, barrier) take the general path (``CoreBackEnd``'s:
+    validate, route, issue) without the synchronous entry's offer (``Communicator.general()``);
+    every other attribute is the communicator's own."""
 
-    __slots__ = ("communicator", "all_reduce", "broadcast", "reduce_scatter", "all_gather")
+    _COLLECTIVES = ("all_reduce", "broadcast", "reduce_scatter", "all_gather", "reduce", "all_to_all",
+                    "gather", "scatter", "barrier")
+    __slots__ = ("communicator",) + _COLLECTIVES
 
     def __init__(self, communicator: Communicator):
         self.communicator = communicator
-        self.all_reduce = CoreBackEnd.all_reduce.__get__(communicator)
-        self.broadcast = CoreBackEnd.broadcast.__get__(communicator)
-        self.reduce_scatter = CoreBackEnd.reduce_scatter.__get__(communicator)
-        self.all_gather = CoreBackEnd.all_gather.__get__(communicator)
+        for name in self._COLLECTIVES:
+            setattr(self, name, getattr(CoreBackEnd, name).__get__(communicator))
 
     def general(self) -> "GeneralPath":
         return self

@@ -97,7 +97,8 @@ class Collectives(GroupCore):
         return self._run("broadcast", opts, [step], [t])
 
     @collective("reduce")
-    def reduce(self, tensors, opts=None):
+    def reduce(self, tensors, opts=None, offered: bool = False):
+        """c10d ``reduce``; ``offered`` as for ``allreduce``."""
         opts = opts if opts is not None else _c10d.ReduceOptions()
         t, root = self._rooted("reduce", tensors, opts)
         rop, factor = reduce_op(opts.reduceOp, t.dtype)
@@ -108,7 +109,7 @@ class Collectives(GroupCore):
             else:
                 buf = buf * factor
                 staged = False
-        comm = self._comm
+        comm = self._runner(offered)
         rbuf = reducible(buf, rop)
         on_root = self._rank == root
         step = Step(lambda a: comm.reduce(rbuf, root=root, op=rop, async_op=a),
@@ -206,14 +207,16 @@ class Collectives(GroupCore):
 
     # ---- all-to-all ------------------------------------------------------------------------------------
     @collective("all_to_all")
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None,
+                          offered: bool = False):
+        """c10d ``alltoall_base``; ``offered`` as for ``allreduce``."""
         opts = opts if opts is not None else _c10d.AllToAllOptions()
         coll = "all_to_all_single"
         check_tensors(coll, (output, input))
         same_dtype(coll, (output, input))
         obuf, staged = contig(output)
         ibuf, _ = contig(input)
-        comm = self._comm
+        comm = self._runner(offered)
         out_splits = list(output_split_sizes or [])
         in_splits = list(input_split_sizes or [])
         if not out_splits and not in_splits:

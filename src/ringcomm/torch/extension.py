@@ -22,9 +22,11 @@ from ringcomm.core.tables import ABI_HEADER as HEADER
 from ringcomm.core.tables import ABI_INCLUDE as INCLUDE
 from ringcomm.core.tables import DATA_DIR
 
-__all__ = ["SOURCE", "INCLUDE", "HEADER", "CFLAGS", "extension_name", "build_directory", "load"]
+__all__ = ["SOURCE", "OFFER_POINT", "INCLUDE", "HEADER", "CFLAGS", "extension_name", "build_directory", "load"]
 
 SOURCE = os.path.join(DATA_DIR, "torch", "trampoline.cpp")
+# The header SOURCE includes (beside it): its bytes are part of the extension's name too.
+OFFER_POINT = os.path.join(DATA_DIR, "torch", "offer_point.h")
 # -O1 and no debug info keep the first build short (the trampoline only forwards calls).
 CFLAGS = ["-O1", "-g0"]
 
@@ -35,7 +37,7 @@ _module = None
 def extension_name() -> str:
     import torch
     h = hashlib.sha256()
-    for path in (SOURCE, HEADER):
+    for path in (SOURCE, OFFER_POINT, HEADER):
         with open(path, "rb") as f:
             h.update(f.read())
     h.update(" ".join(CFLAGS).encode())
