@@ -31,7 +31,9 @@ def _kill_cases():
                 # Small slots: the data phase is thousands of hand-offs long, and a sender can
                 # never be more than the slots (32 KiB) ahead of the victim, so no survivor can
                 # finish its part in the moment between the victim's first data and its death.
-                case["env"] = {"RINGCOMM_SLOT_BYTES": "4096"}
+                # The single-copy path (RINGCOMM_CMA_MIN_BYTES) would make the data phase one
+                # copy: its death-after-reads case is in tests/test_cma.py.
+                case["env"] = {"RINGCOMM_SLOT_BYTES": "4096", "RINGCOMM_CMA_MIN_BYTES": "0"}
                 cases.append(case)
     return cases
 

@@ -87,6 +87,7 @@ void a2a_cma(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&
   if (cma_all_to_all_agreed(hs)) {
     cma_all_to_all(c, in_of(a), out_of(a), a.send_counts[0]);
   } else {
+    if (c.trace != nullptr) c.trace->proto = proto_name(Proto::kSimple);  // the trace names what ran
     a2a_direct(c, a, hs);
   }
 }
