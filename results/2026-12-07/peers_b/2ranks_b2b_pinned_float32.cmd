@@ -1,0 +1,1 @@
+python -m ringcomm.bench -np 2 -b 1K -e 64M -f 4 --ops all --time-budget 0.02 --peers gloo,mpi,deepspeed,oneccl,impi --tune --arrival b2b --bind core --json results/2026-12-07/peers_b/2ranks_b2b_pinned_float32.json
