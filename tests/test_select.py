@@ -52,7 +52,9 @@ def model(coll, b, n, algo="auto", ll=4 * KiB, direct=64 * KiB, ts_max=128 * KiB
         return ("direct", "header_in_slot") if slot and ar_algo() == "direct" else ("chain", "simple")
     if coll == "reduce":
         return ("direct", "ll") if fits_ll else ("chain", "simple")
-    return {"reduce_scatter": ("ring", "simple"), "all_gather": ("ring", "simple"),
+    if coll == "reduce_scatter":
+        return ("direct", "ll") if algo == "auto" and fits_ll else ("ring", "simple")
+    return {"all_gather": ("ring", "simple"),
             "all_to_all": ("direct", "simple"), "gather": ("direct", "simple"), "scatter": ("direct", "simple"),
             "barrier": ("none", "none")}[coll]
 

@@ -162,8 +162,15 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       }
       break;
     case Coll::kReduceScatter:
-      s.algo = Algo::kRing;
-      s.proto = Proto::kSimple;
+      // The LL outbox (every rank's whole input goes out with its header; each reads its own
+      // chunk from every peer) under auto, as all_reduce's; the ring over slots above.
+      if (k.algo == SelectionKnobs::Forced::kAuto && fits_ll(bytes, world, caps)) {
+        s.algo = Algo::kDirect;
+        s.proto = Proto::kLL;
+      } else {
+        s.algo = Algo::kRing;
+        s.proto = Proto::kSimple;
+      }
       break;
     case Coll::kAllGather:
       s.algo = fits_cma(bytes, k, caps) ? Algo::kDirect : Algo::kRing;
@@ -261,7 +268,10 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   if (inslot && caps.host_algorithms) o << "direct/header_in_slot in all_reduce's direct range, ";
   if (caps.cma && k.cma_min_bytes > 0 && k.cma_broadcast_min_bytes > 0)
     o << "direct/cma from " << k.cma_broadcast_min_bytes << " B, ";
-  o << "chain/simple above; all_gather ";
+  o << "chain/simple above; reduce_scatter ";
+  if (caps.ll_bytes > 0 && k.algo == SelectionKnobs::Forced::kAuto)
+    o << "direct/ll up to " << caps.ll_bytes << " B, ";
+  o << "ring/simple; all_gather ";
   if (caps.cma && k.cma_min_bytes > 0) o << "direct/cma from " << k.cma_min_bytes << " B, ";
   o << "ring/simple; all_to_all direct/";
   if (caps.cma && k.cma_min_bytes > 0) {
@@ -296,7 +306,7 @@ bool sent_before_header(const CollHeader& h, int poster) {
   if (h.count <= 0) return false;
   if (h.proto == static_cast<uint8_t>(Proto::kLL)) {
     const Coll c = static_cast<Coll>(h.coll);
-    return c == Coll::kAllReduce || c == Coll::kBroadcast || c == Coll::kReduce;
+    return c == Coll::kAllReduce || c == Coll::kReduceScatter || c == Coll::kBroadcast || c == Coll::kReduce;
   }
   return slot_before_header(h, poster);
 }
