@@ -150,17 +150,27 @@ def reduce_order_case(rank, world):
 
 
 def reduce_scatter_order_case(rank, world):
-    """The LL reduce_scatter (outbox) against the ring's (RINGCOMM_LL_MAX_BYTES=0) on
-    order-sensitive data, every float dtype and op, counts not divisible by the world size, 0 and 1
-    element per rank, out of place and in place (the output this rank's own chunk of the input):
-    results must agree bit for bit (both combine chunk k as x[k+1], then x[k+2] (op) that, ...,
-    x[k] last), and the input outside the output must not change."""
+    """Every reduce_scatter path against the ring's (RINGCOMM_ALGO=ring) on order-sensitive data:
+    the LL outbox, the direct exchange with the header in the first slot and without it, and the
+    direct exchange in pieces of 256 bytes; every float dtype and op, counts not divisible by the
+    world size, 0 and 1 element per rank, out of place and in place (the output this rank's own
+    chunk of the input). Results must agree bit for bit (every path combines chunk k as x[k+1],
+    then x[k+2] (op) that, ..., x[k] last), and the input outside the output must not change."""
     import torch
     from order_ref import order_sensitive
     from ringcomm.core.front import chunk_count
     fails = []
-    ll = init_under_env(rank, world, "rs-ll", {"RINGCOMM_LL_MAX_BYTES": "64K", "RINGCOMM_TRACE": "2"})
-    ring = init_under_env(rank, world, "rs-ring", {"RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_TRACE": "2"})
+    configs = {
+        "ll": ({"RINGCOMM_LL_MAX_BYTES": "64K"}, "direct/ll"),
+        "inslot": ({"RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_DIRECT_MAX_BYTES": "1M"}, "direct/header_in_slot"),
+        "board": ({"RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_DIRECT_MAX_BYTES": "1M", "RINGCOMM_HEADER_IN_SLOT": "off"},
+                  "direct/simple"),
+        "tiny": ({"RINGCOMM_ALGO": "direct", "RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "256",
+                  "RINGCOMM_NSLOTS": "2", "RINGCOMM_LL_MAX_BYTES": "0"}, "direct/header_in_slot"),
+    }
+    comms = {name: init_under_env(rank, world, "rs-" + name, dict(env, RINGCOMM_TRACE="2"))
+             for name, (env, _) in configs.items()}
+    ring = init_under_env(rank, world, "rs-ring", {"RINGCOMM_ALGO": "ring", "RINGCOMM_TRACE": "2"})
     try:
         for dt in ("float16", "bfloat16", "float32", "float64"):
             es = 2 if dt == "bfloat16" else np.dtype(dt).itemsize
@@ -179,26 +189,31 @@ def reduce_scatter_order_case(rank, world):
                         return t.clone() if dt == "bfloat16" else t.copy()
                     off = sum(chunk_count(count, world, k) for k in range(rank))
                     cnt = chunk_count(count, world, rank)
-                    a, b, inp = copy(x[:cnt]), copy(x[:cnt]), copy(x)
-                    ll.reduce_scatter(a, inp)
-                    got_ll = path(ll.trace()[-1])
-                    ring.reduce_scatter(b, x)
+                    want = copy(x[:cnt])
+                    ring.reduce_scatter(want, x)
                     got_ring = path(ring.trace()[-1])
-                    ll.reduce_scatter(inp[off:off + cnt], inp)  # in place
-                    got_inplace = path(ll.trace()[-1])
-                    tag = f"{dt} n={count} {op}"
-                    want_ll = "direct/ll" if count > 0 else "ring/simple"
-                    if (got_ll, got_inplace, got_ring) != (want_ll, want_ll, "ring/simple"):
-                        fails.append(f"rank {rank}: {tag} ran {got_ll}, {got_inplace} in place and {got_ring}")
-                    if raw(a) != raw(b):
-                        fails.append(f"rank {rank}: LL and ring reduce_scatter differ, {tag}")
-                    if raw(inp[off:off + cnt]) != raw(b):
-                        fails.append(f"rank {rank}: the in-place LL reduce_scatter differs from the ring's, {tag}")
-                    if raw(inp[:off]) + raw(inp[off + cnt:]) != raw(x[:off]) + raw(x[off + cnt:]):
-                        fails.append(f"rank {rank}: the in-place LL reduce_scatter wrote outside its chunk, {tag}")
+                    if got_ring != "ring/simple":
+                        fails.append(f"rank {rank}: {dt} n={count} {op} ran {got_ring} on the ring's communicator")
+                    for name, comm in comms.items():
+                        tag = f"{name} {dt} n={count} {op}"
+                        expect = configs[name][1] if count > 0 else "direct/simple"
+                        a, inp = copy(x[:cnt]), copy(x)
+                        comm.reduce_scatter(a, inp)
+                        got = path(comm.trace()[-1])
+                        comm.reduce_scatter(inp[off:off + cnt], inp)  # in place
+                        got_inplace = path(comm.trace()[-1])
+                        if (got, got_inplace) != (expect, expect):
+                            fails.append(f"rank {rank}: {tag} ran {got} and {got_inplace} in place, want {expect}")
+                        if raw(a) != raw(want):
+                            fails.append(f"rank {rank}: {tag}: differs from the ring's")
+                        if raw(inp[off:off + cnt]) != raw(want):
+                            fails.append(f"rank {rank}: {tag}: in place differs from the ring's")
+                        if raw(inp[:off]) + raw(inp[off + cnt:]) != raw(x[:off]) + raw(x[off + cnt:]):
+                            fails.append(f"rank {rank}: {tag}: in place wrote outside its chunk")
     except Exception:  # noqa: BLE001
         fails.append(f"rank {rank}: " + traceback.format_exc())
     finally:
-        ll.close()
+        for comm in comms.values():
+            comm.close()
         ring.close()
     return fails

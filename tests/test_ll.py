@@ -31,7 +31,7 @@ def test_reduce_through_the_outbox_is_bitwise_the_chains(world, store_env):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_reduce_scatter_through_the_outbox_is_bitwise_the_rings(world, store_env):
+def test_reduce_scatter_outbox_and_direct_are_bitwise_the_rings(world, store_env):
     results = spawn(reduce_scatter_order_case, world, timeout=180, env=store_env)
     fails = [f for fs in results for f in fs]
     assert not fails, "\n".join(fails[:20])

@@ -140,5 +140,8 @@ bool sent_before_header(const CollHeader& h, int poster);
 /// The part of sent_before_header that leaves a slot in each peer's channel (header_in_slot),
 /// which a failed exchange must drain; LL lines need no draining (never consumed).
 bool slot_before_header(const CollHeader& h, int poster);
+/// Whether that slot is in `reader`'s channel from `poster` (of `world` ranks): every peer's for
+/// all_reduce and broadcast, the poster's ring predecessor's for reduce_scatter.
+bool slot_before_header_for(const CollHeader& h, int poster, int reader, int world);
 
 }  // namespace rc
