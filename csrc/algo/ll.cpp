@@ -81,8 +81,8 @@ void ll_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t coun
   const size_t es = c.esize;
   const int64_t own_off = ring::chunk_offset(count, n, r), own_cnt = ring::chunk_count(count, n, r);
   if (own_cnt == 0) return;
-  // A peer's stream holds its input from element 0: this rank needs it up to its chunk's end.
-  const size_t bytes = static_cast<size_t>(own_off + own_cnt) * es;
+  const size_t bytes = static_cast<size_t>(own_cnt) * es;
+  // Only this rank's chunk of every peer's input, into a stage of its own.
   const char* small[8];
   std::vector<const char*> big;
   const char** src = small;
@@ -93,18 +93,17 @@ void ll_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t coun
   const WaitCtx w = wait_ctx(c, 0, 1);
   for (int p = 0; p < n; ++p) {
     if (p == r) {
-      src[p] = in;
+      src[p] = in + own_off * static_cast<int64_t>(es);
       continue;
     }
     char* stage = c.ll->stage(p);
-    c.ll->read(p, c.seq, stage, bytes, w);
+    c.ll->read(p, c.seq, stage, bytes, w, static_cast<size_t>(own_off) * es);
     if (c.trace) c.trace->slot_received();
     src[p] = stage;
   }
   // This rank's own stage is the accumulator (3 or more ranks); out may be this rank's own chunk
   // of in (the last step reads each element before writing it).
-  combine_chunk_in_ring_order(c, out, src, static_cast<size_t>(own_off) * es, r, static_cast<size_t>(own_cnt), op,
-                              c.ll->stage(r));
+  combine_chunk_in_ring_order(c, out, src, 0, r, static_cast<size_t>(own_cnt), op, c.ll->stage(r));
 }
 
 void ll_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root) {
