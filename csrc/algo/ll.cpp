@@ -16,6 +16,14 @@ void ll_send_first(const AlgoCtx& c, const HeaderBlob& h, const void* data, int6
   c.ll->write(c.seq, h, data, static_cast<size_t>(count) * c.esize);
 }
 
+void ll_reduce_scatter_send_first(const AlgoCtx& c, const HeaderBlob& h, const void* data, int64_t count) {
+  // No peer reads this rank's own chunk (each reads only its own): its whole lines stay unwritten.
+  const int n = c.world, r = c.rank;
+  const size_t es = c.esize;
+  c.ll->write(c.seq, h, data, static_cast<size_t>(count) * es, static_cast<size_t>(ring::chunk_offset(count, n, r)) * es,
+              static_cast<size_t>(ring::chunk_count(count, n, r)) * es);
+}
+
 void ll_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
   if (all_reduce_trivial(c, in, out, count, op)) return;
   const int n = c.world, r = c.rank;

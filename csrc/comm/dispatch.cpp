@@ -48,6 +48,9 @@ void rs_direct_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
 void rs_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   ll_reduce_scatter(c, in_of(a), out_of(a), a.count, a.op);
 }
+void rs_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
+  ll_reduce_scatter_send_first(c, header_blob(mine), a.in, a.count);
+}
 
 void ag_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
   // Every rank's contribution size is known only from the headers.
@@ -129,7 +132,7 @@ const Route kRoutes[] = {
     {Coll::kReduceScatter, Algo::kRing, Proto::kSimple, rs_ring, nullptr},
     {Coll::kReduceScatter, Algo::kDirect, Proto::kSimple, rs_direct, nullptr},
     {Coll::kReduceScatter, Algo::kDirect, Proto::kHeaderInSlot, rs_direct_after_first, rs_direct_first},
-    {Coll::kReduceScatter, Algo::kDirect, Proto::kLL, rs_ll, ar_ll_first},
+    {Coll::kReduceScatter, Algo::kDirect, Proto::kLL, rs_ll, rs_ll_first},
     {Coll::kAllGather, Algo::kRing, Proto::kSimple, ag_ring, nullptr},
     {Coll::kAllGather, Algo::kDirect, Proto::kCMA, ag_cma, in_cma_first},
     {Coll::kBroadcast, Algo::kChain, Proto::kSimple, bc_chain, nullptr},

@@ -13,7 +13,8 @@ constexpr size_t kHead = kHeaderBytes;
 constexpr size_t kLine = LLLine::kPayload;
 }  // namespace
 
-void LLProtocol::write(uint64_t seq, const HeaderBlob& h, const void* data, size_t bytes) {
+void LLProtocol::write(uint64_t seq, const HeaderBlob& h, const void* data, size_t bytes, size_t skip_from,
+                        size_t skip_bytes) {
   RC_CHECK(bytes <= max_bytes(), InvalidArgument,
            "ringcomm: " << bytes << " bytes do not fit the LL outbox (" << max_bytes() << " bytes)");
   LLLine* lines = t_->ll_outbox(t_->rank(), seq);
@@ -24,12 +25,14 @@ void LLProtocol::write(uint64_t seq, const HeaderBlob& h, const void* data, size
   lines[0].flag.store(seq, std::memory_order_release);
   size_t done = first;
   size_t i = 1;
+  auto skipped = [&](size_t len) { return done >= skip_from && done + len <= skip_from + skip_bytes; };
   // Whole lines with a fixed-size copy (inlined: a few vector moves), then the last one.
   for (; bytes - done >= kLine; ++i, done += kLine) {
+    if (skipped(kLine)) continue;
     std::memcpy(lines[i].payload, src + done, kLine);
     lines[i].flag.store(seq, std::memory_order_release);
   }
-  if (done < bytes) {
+  if (done < bytes && !skipped(bytes - done)) {
     std::memcpy(lines[i].payload, src + done, bytes - done);
     lines[i].flag.store(seq, std::memory_order_release);
   }

@@ -30,8 +30,10 @@ class LLProtocol {
   /// Data bytes one collective may carry (the outbox's size).
   size_t max_bytes() const { return t_->ll_max_bytes(); }
   /// This rank's header `h` and `bytes` (<= max_bytes()) of `data` into its outbox for collective
-  /// `seq`; post_header(seq, h) must follow.
-  void write(uint64_t seq, const HeaderBlob& h, const void* data, size_t bytes);
+  /// `seq`; post_header(seq, h) must follow. Lines whose data all lies in data bytes
+  /// [skip_from, skip_from + skip_bytes) are left as they are: no peer may read them.
+  void write(uint64_t seq, const HeaderBlob& h, const void* data, size_t bytes, size_t skip_from = 0,
+             size_t skip_bytes = 0);
   /// `bytes` of `peer`'s data for collective `seq`, from data byte `from` on, into local memory
   /// `dst` (its header said it wrote them). Waits (bounded) for the lines that hold them (line 0
   /// at least) while still being written; a line that never becomes current although the peer
