@@ -114,7 +114,7 @@ void ll_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
 /// The root reads every peer's input from its outbox and combines them in the chain reduce's
 /// order (bit-identical to chain_reduce); the other ranks' part was ll_send_first.
 void ll_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root);
-/// Every rank's whole input went out with its header (ll_send_first); each rank reads its own
+/// Every rank's input went out with its header (ll_reduce_scatter_send_first); each rank reads its own
 /// chunk (balanced_chunks) of every peer's input and combines it in the ring's order (combine_chunk_in_ring_order): bit-identical to ring_reduce_scatter.
 void ll_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
 /// ll_send_first of a reduce_scatter's input: its own chunk's lines, which no peer reads, unwritten.

@@ -176,7 +176,7 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       }
       break;
     case Coll::kReduceScatter:
-      // The LL outbox (every rank's whole input goes out with its header; each reads its own
+      // The LL outbox (every rank's input goes out with its header; each reads its own
       // chunk from every peer) under auto, as all_reduce's; the direct exchange (each rank's
       // chunk from every peer, the header with the first piece) in its range; the ring above.
       if (k.algo == SelectionKnobs::Forced::kAuto && fits_ll(bytes, world, caps)) {
