@@ -21,6 +21,7 @@ def reuse_cases(rank, world, calls, seed):
     random delays before calls on random ranks, every result checked against the exact value: a
     rank that rewrote its outbox while a peer still read it (the reuse rule in
     csrc/transport/shm_board.h) would show up as a wrong result or a diverged stream."""
+    from ringcomm.core.front import chunk_count
     fails = []
     comm = init_under_env(rank, world, "reuse", {"RINGCOMM_LL_MAX_BYTES": "1K", "RINGCOMM_TRACE": "8"})
     rng = random.Random(seed)            # the same sequence of calls on every rank
@@ -29,7 +30,7 @@ def reuse_cases(rank, world, calls, seed):
     try:
         pending = []
         for i in range(calls):
-            kind = rng.choice(["ar", "ar", "ar_async", "bcast", "reduce", "big", "barrier", "ag"])
+            kind = rng.choice(["ar", "ar", "ar_async", "bcast", "reduce", "rs", "big", "barrier", "ag"])
             count = rng.choice([1, 5, 6, 14, 100, 249, 250, 256])   # 250 float32: 1000 B (LL), 256: 1 KiB
             if delay.random() < 0.1:
                 time.sleep(delay.random() * 0.002)
@@ -58,6 +59,16 @@ def reuse_cases(rank, world, calls, seed):
                     fails.append(f"rank {rank} call {i}: reduce({count}, root {root}) gave {x[:4]} want {want}")
                 if rank != root and not (x == float(rank + 1 + i % 5)).all():
                     fails.append(f"rank {rank} call {i}: reduce({count}, root {root}) wrote a non-root's input")
+                algos.add(path(comm.trace()[-1]))
+            elif kind == "rs":
+                total = count * world + i % world   # chunks of unequal size, LL up to 1 KiB
+                x = np.arange(total, dtype=np.float32) + rank
+                off = sum(chunk_count(total, world, k) for k in range(rank))
+                out = np.zeros(chunk_count(total, world, rank), np.float32)
+                comm.reduce_scatter(out, x)
+                want = world * np.arange(off, off + len(out), dtype=np.float32) + sum(range(world))
+                if not (out == want).all():
+                    fails.append(f"rank {rank} call {i}: reduce_scatter({total}) gave {out[:4]} want {want[:4]}")
                 algos.add(path(comm.trace()[-1]))
             elif kind == "big":
                 x = np.full(3000 + count, float(rank), np.float32)   # above the outbox: direct or ring
@@ -135,4 +146,74 @@ def reduce_order_case(rank, world):
     finally:
         ll.close()
         chain.close()
+    return fails
+
+
+def reduce_scatter_order_case(rank, world):
+    """Every reduce_scatter path against the ring's (RINGCOMM_ALGO=ring) on order-sensitive data:
+    the LL outbox, the direct exchange with the header in the first slot and without it, and the
+    direct exchange in pieces of 256 bytes; every float dtype and op, counts not divisible by the
+    world size, 0 and 1 element per rank, out of place and in place (the output this rank's own
+    chunk of the input). Results must agree bit for bit (every path combines chunk k as x[k+1],
+    then x[k+2] (op) that, ..., x[k] last), and the input outside the output must not change."""
+    import torch
+    from order_ref import order_sensitive
+    from ringcomm.core.front import chunk_count
+    fails = []
+    configs = {
+        "ll": ({"RINGCOMM_LL_MAX_BYTES": "64K"}, "direct/ll"),
+        "inslot": ({"RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_DIRECT_MAX_BYTES": "1M"}, "direct/header_in_slot"),
+        "board": ({"RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_DIRECT_MAX_BYTES": "1M", "RINGCOMM_HEADER_IN_SLOT": "off"},
+                  "direct/simple"),
+        "tiny": ({"RINGCOMM_ALGO": "direct", "RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "256",
+                  "RINGCOMM_NSLOTS": "2", "RINGCOMM_LL_MAX_BYTES": "0"}, "direct/header_in_slot"),
+    }
+    comms = {name: init_under_env(rank, world, "rs-" + name, dict(env, RINGCOMM_TRACE="2"))
+             for name, (env, _) in configs.items()}
+    ring = init_under_env(rank, world, "rs-ring", {"RINGCOMM_ALGO": "ring", "RINGCOMM_TRACE": "2"})
+    try:
+        for dt in ("float16", "bfloat16", "float32", "float64"):
+            es = 2 if dt == "bfloat16" else np.dtype(dt).itemsize
+            for count in (0, 1, world - 1, world, world + 1, 7 * world + 3, 4096 // es + 1, 65536 // es):
+                for op in ("SUM", "AVG", "MAX", "PRODUCT"):
+                    x = order_sensitive(count, rank, np.float32 if dt == "bfloat16" else dt)
+                    if op == "PRODUCT":
+                        x = (1 + x / 1e4).astype(x.dtype)
+                    if dt == "bfloat16":
+                        x = torch.from_numpy(x).to(torch.bfloat16)
+
+                    def raw(t):
+                        return t.view(torch.int16).numpy().tobytes() if dt == "bfloat16" else t.tobytes()
+
+                    def copy(t):
+                        return t.clone() if dt == "bfloat16" else t.copy()
+                    off = sum(chunk_count(count, world, k) for k in range(rank))
+                    cnt = chunk_count(count, world, rank)
+                    want = copy(x[:cnt])
+                    ring.reduce_scatter(want, x)
+                    got_ring = path(ring.trace()[-1])
+                    if got_ring != "ring/simple":
+                        fails.append(f"rank {rank}: {dt} n={count} {op} ran {got_ring} on the ring's communicator")
+                    for name, comm in comms.items():
+                        tag = f"{name} {dt} n={count} {op}"
+                        expect = configs[name][1] if count > 0 else "direct/simple"
+                        a, inp = copy(x[:cnt]), copy(x)
+                        comm.reduce_scatter(a, inp)
+                        got = path(comm.trace()[-1])
+                        comm.reduce_scatter(inp[off:off + cnt], inp)  # in place
+                        got_inplace = path(comm.trace()[-1])
+                        if (got, got_inplace) != (expect, expect):
+                            fails.append(f"rank {rank}: {tag} ran {got} and {got_inplace} in place, want {expect}")
+                        if raw(a) != raw(want):
+                            fails.append(f"rank {rank}: {tag}: differs from the ring's")
+                        if raw(inp[off:off + cnt]) != raw(want):
+                            fails.append(f"rank {rank}: {tag}: in place differs from the ring's")
+                        if raw(inp[:off]) + raw(inp[off + cnt:]) != raw(x[:off]) + raw(x[off + cnt:]):
+                            fails.append(f"rank {rank}: {tag}: in place wrote outside its chunk")
+    except Exception:  # noqa: BLE001
+        fails.append(f"rank {rank}: " + traceback.format_exc())
+    finally:
+        for comm in comms.values():
+            comm.close()
+        ring.close()
     return fails

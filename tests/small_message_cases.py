@@ -271,6 +271,19 @@ def mismatch_cases(rank, world):
     scenario("broadcast in-slot vs all_reduce", "inslot",
              lambda comm, guard: (bc(6, last) if rank == last else ar(6))(comm, guard))
     scenario("broadcast counts differ, many pieces", "tiny", by_rank(lambda r: bc(300 if r == 0 else 301, last)))
+
+    def rs(count):
+        # this rank's chunk into the guarded buffer
+        def call(comm, guard):
+            from ringcomm.core.front import chunk_count
+            comm.reduce_scatter(guard[:chunk_count(count, world, rank)], np.full(count, rank + 1, np.float32))
+        return call
+
+    scenario("reduce_scatter counts differ", "inslot", by_rank(lambda r: rs(5 * world if r == 0 else 5 * world + 1)))
+    scenario("reduce_scatter vs all_reduce", "inslot",
+             lambda comm, guard: (rs(6 * world) if rank == last else ar(6))(comm, guard))
+    scenario("reduce_scatter counts differ, many pieces", "tiny",
+             by_rank(lambda r: rs(300 * world if r == 0 else 300 * world + 1)))
     ok = all(after_ok(comms[c], 300) for c in ("inslot", "ll", "tiny"))
     for c in comms.values():
         c.close()

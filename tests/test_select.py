@@ -52,7 +52,13 @@ def model(coll, b, n, algo="auto", ll=4 * KiB, direct=64 * KiB, ts_max=128 * KiB
         return ("direct", "header_in_slot") if slot and ar_algo() == "direct" else ("chain", "simple")
     if coll == "reduce":
         return ("direct", "ll") if fits_ll else ("chain", "simple")
-    return {"reduce_scatter": ("ring", "simple"), "all_gather": ("ring", "simple"),
+    if coll == "reduce_scatter":
+        if algo == "auto" and fits_ll:
+            return ("direct", "ll")
+        if algo == "direct" or (algo == "auto" and (n <= 1 or b // n * (n - 1) <= direct)):
+            return ("direct", "header_in_slot" if slot else "simple")
+        return ("ring", "simple")
+    return {"all_gather": ("ring", "simple"),
             "all_to_all": ("direct", "simple"), "gather": ("direct", "simple"), "scatter": ("direct", "simple"),
             "barrier": ("none", "none")}[coll]
 
@@ -74,6 +80,9 @@ def test_defaults_follow_the_documented_table(knobs):
     assert _C._select("all_reduce", 21848, 4) == ("two_shot", "simple", "cached")
     assert _C._select("all_reduce", 128 * KiB + 4, 4) == ("ring", "simple", "cached")
     assert _C._select("broadcast", 1 << 20, 4) == ("chain", "simple", "cached")
+    assert _C._select("reduce_scatter", 4 * KiB, 2) == ("direct", "ll", "cached")
+    assert _C._select("reduce_scatter", 128 * KiB, 2) == ("direct", "header_in_slot", "cached")
+    assert _C._select("reduce_scatter", 128 * KiB + 2, 2) == ("ring", "simple", "cached")
 
 
 @pytest.mark.parametrize("algo", ["ring", "direct", "two_shot", "halving_doubling"])

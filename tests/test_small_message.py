@@ -42,10 +42,11 @@ def test_mismatch_through_the_in_slot_path_raises_everywhere(world, store_env):
             assert untouched, f"{name}: rank {rank} wrote a result before the mismatch was raised"
             assert after, f"{name}: rank {rank}'s next all_reduce was wrong"
         if name in ("counts differ", "counts differ, many pieces", "broadcast counts differ",
-                    "broadcast counts differ, many pieces"):
+                    "broadcast counts differ, many pieces", "reduce_scatter counts differ",
+                    "reduce_scatter counts differ, many pieces"):
             # the headers named the path they took
             assert all("proto=header_in_slot" in row[3] for row in rows), rows
-        if name in ("counts differ (ll)", "broadcast counts differ (ll)"):
+        if name in ("counts differ (ll)", "broadcast counts differ (ll)", "reduce_scatter counts differ (ll)"):
             assert all("algo=direct, proto=ll" in row[3] for row in rows), rows
         if name == "ll vs in-slot (knob differs)":
             assert all("proto=header_in_slot" in row[3] and "proto=ll" in row[3] for row in rows), rows

@@ -70,6 +70,16 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
 /// 2(N-1), and each rank combines 1/N of the message instead of all of it: bit-identical to the
 /// ring and the one-shot. in == out allowed.
 void two_shot_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
+/// Direct reduce-scatter (algo/direct.cpp): the two-shot's first phase over reduce_scatter's
+/// chunks (balanced_chunks): rank r receives chunk r from every peer and combines it in the
+/// ring's order, bit-identical to ring_reduce_scatter; one hand-off instead of the ring's N-1.
+/// first_sent: direct_reduce_scatter_send_first already handed round 1's piece 0 (chunk r-1's, to
+/// rank r-1) over, before the header. out may be this rank's own chunk of in.
+void direct_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op,
+                           bool first_sent);
+/// Piece 0 of chunk r-1 of `in` to rank r-1, one slot even when that piece is empty (nothing for
+/// count 0 or a world of one): the header_in_slot reduce_scatter's send before the header.
+void direct_reduce_scatter_send_first(const AlgoCtx& c, const char* in, int64_t count);
 /// Recursive halving / doubling all-reduce (algo/halving_doubling.cpp): 2 log2(P) hand-offs (P the
 /// largest power of two <= N; 2 more when N is not one: the extra ranks fold into ranks 0..N-P-1).
 /// The halving moves raw inputs, so that each chunk's owner combines all N of them in the ring's
@@ -104,6 +114,11 @@ void ll_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
 /// The root reads every peer's input from its outbox and combines them in the chain reduce's
 /// order (bit-identical to chain_reduce); the other ranks' part was ll_send_first.
 void ll_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root);
+/// Every rank's input went out with its header (ll_reduce_scatter_send_first); each rank reads its own
+/// chunk (balanced_chunks) of every peer's input and combines it in the ring's order (combine_chunk_in_ring_order): bit-identical to ring_reduce_scatter.
+void ll_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
+/// ll_send_first of a reduce_scatter's input: its own chunk's lines, which no peer reads, unwritten.
+void ll_reduce_scatter_send_first(const AlgoCtx& c, const HeaderBlob& h, const void* data, int64_t count);
 
 /// Pipelined chains (algo/chain.cpp).
 void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);

@@ -189,6 +189,81 @@ void direct_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t coun
 // In place (in == out): piece j of chunk p != r of `in` is sent (phase 1) before P2_j overwrites it
 // (phase 2 of the same iteration), and chunk r is read only by this rank's own combine, which
 // writes each element after reading it.
+namespace {
+
+// Phase 1 of the two-shot and the whole direct reduce-scatter, for piece j of every chunk of
+// `ch`: the rounds described above two_shot_all_reduce; the finished piece of chunk r goes to
+// own + (o - ch.off[r]) (o: its full-buffer offset). With first_sent, round 1's message of
+// piece 0 went out before the header (direct_reduce_scatter_send_first) and exists even when
+// empty, so that its reader always takes exactly that one slot, as drain_in_slot does.
+void rs_direct_piece(const AlgoCtx& c, const Chunks& ch, const char* in, char* own, int64_t j, int64_t pe,
+                     ReduceOp op, const WaitCtx& w1, bool first_sent) {
+  const int n = c.world, r = c.rank;
+  const size_t es = c.esize;
+  const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
+  // Round t's send (chunk r-t's piece j to rank r-t); blocking, or only if a slot is free now.
+  auto p1_send = [&](int t, bool block) {
+    const int p = static_cast<int>(ring::mod(r - t, n));
+    int64_t o, m;
+    piece_bounds(ch.off[p], ch.cnt[p], j, pe, &o, &m);
+    if (m == 0) return true;
+    if (block) {
+      send_copy(c, p, in + o * es, o, m, w1);
+      return true;
+    }
+    char* dst = c.ch->try_send_slot(p, place(c, in + o * es, o));
+    if (dst == nullptr) return false;
+    c.ch->copy_into_slot(dst, in + o * es, static_cast<size_t>(m) * es);
+    c.ch->send_post(p, static_cast<uint64_t>(m) * es, 0, c.seq);
+    if (c.trace) c.trace->slot_sent();
+    return true;
+  };
+  const bool round1_sent = first_sent && j == 0;
+  int sent = round1_sent ? 1 : 0;  // rounds whose send is done
+  auto send_ahead = [&] {
+    while (sent < n - 1 && p1_send(sent + 1, false)) ++sent;
+  };
+  int64_t o, m;
+  piece_bounds(ch.off[r], ch.cnt[r], j, pe, &o, &m);
+  char* fin = own + (o - ch.off[r]) * static_cast<int64_t>(es);
+  send_ahead();
+  const char* first = nullptr;  // round 1's piece, combined at round 2
+  for (int t = 1; t < n; ++t) {
+    if (sent < t) {
+      p1_send(t, true);
+      sent = t;
+      send_ahead();
+    }
+    const int q = static_cast<int>(ring::mod(r + t, n));
+    if (m == 0) {
+      if (round1_sent && t == 1) {  // the empty message sent before the header
+        recv_expect(c, q, o, 0, w1);
+        c.ch->recv_done(q);
+      }
+      continue;
+    }
+    const char* x = recv_expect(c, q, o, m, w1);
+    const size_t len = static_cast<size_t>(m);
+    if (n == 2) {  // x[r] (op) x[r+1]: the last and only step
+      c.ch->reduce(fin, in + o * es, x, len, c.dtype, op, scale);
+      c.ch->recv_done(q);
+    } else if (t == 1) {
+      first = x;
+    } else {
+      if (t == 2) {
+        c.ch->reduce(c.scratch, x, first, len, c.dtype, op, 1.0);
+        c.ch->recv_done(static_cast<int>(ring::mod(r + 1, n)));
+      } else {
+        c.ch->reduce(c.scratch, x, c.scratch, len, c.dtype, op, 1.0);
+      }
+      c.ch->recv_done(q);
+    }
+  }
+  if (m > 0 && n > 2) c.ch->reduce(fin, in + o * es, c.scratch, static_cast<size_t>(m), c.dtype, op, scale);
+}
+
+}  // namespace
+
 void two_shot_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
   if (all_reduce_trivial(c, in, out, count, op)) return;
   const int n = c.world, r = c.rank;
@@ -199,65 +274,13 @@ void two_shot_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t co
   const Chunks chunks = all_reduce_chunks(count, n, es);
   const std::vector<int64_t>& off = chunks.off;
   const std::vector<int64_t>& cnt = chunks.cnt;
-  const int64_t max_cnt = chunks.max_cnt;
-  const int64_t np = (max_cnt + pe - 1) / pe;
-  const double scale = (op == ReduceOp::kAvg) ? 1.0 / n : 1.0;
+  const int64_t np = (chunks.max_cnt + pe - 1) / pe;
   for (int64_t j = 0; j < np; ++j) {
     const WaitCtx w1 = wait_ctx(c, 0, 2), w2 = wait_ctx(c, 1, 2);
-    // Round t's send (chunk r-t's piece j to rank r-t); blocking, or only if a slot is free now.
-    auto p1_send = [&](int t, bool block) {
-      const int p = static_cast<int>(ring::mod(r - t, n));
-      int64_t o, m;
-      piece_bounds(off[p], cnt[p], j, pe, &o, &m);
-      if (m == 0) return true;
-      if (block) {
-        send_copy(c, p, in + o * es, o, m, w1);
-        return true;
-      }
-      char* dst = c.ch->try_send_slot(p, place(c, in + o * es, o));
-      if (dst == nullptr) return false;
-      c.ch->copy_into_slot(dst, in + o * es, static_cast<size_t>(m) * es);
-      c.ch->send_post(p, static_cast<uint64_t>(m) * es, 0, c.seq);
-      if (c.trace) c.trace->slot_sent();
-      return true;
-    };
-    int sent = 0;  // rounds whose send is done
-    auto send_ahead = [&] {
-      while (sent < n - 1 && p1_send(sent + 1, false)) ++sent;
-    };
+    rs_direct_piece(c, chunks, in, out + off[r] * es, j, pe, op, w1, /*first_sent=*/false);
     int64_t o, m;
     piece_bounds(off[r], cnt[r], j, pe, &o, &m);
-    send_ahead();
-    const char* first = nullptr;  // round 1's piece, combined at round 2
-    for (int t = 1; t < n; ++t) {
-      if (sent < t) {
-        p1_send(t, true);
-        sent = t;
-        send_ahead();
-      }
-      if (m == 0) continue;
-      const int q = static_cast<int>(ring::mod(r + t, n));
-      const char* x = recv_expect(c, q, o, m, w1);
-      const size_t len = static_cast<size_t>(m);
-      if (n == 2) {  // x[r] (op) x[r+1]: the last and only step
-        c.ch->reduce(out + o * es, in + o * es, x, len, c.dtype, op, scale);
-        c.ch->recv_done(q);
-      } else if (t == 1) {
-        first = x;
-      } else {
-        if (t == 2) {
-          c.ch->reduce(c.scratch, x, first, len, c.dtype, op, 1.0);
-          c.ch->recv_done(static_cast<int>(ring::mod(r + 1, n)));
-        } else {
-          c.ch->reduce(c.scratch, x, c.scratch, len, c.dtype, op, 1.0);
-        }
-        c.ch->recv_done(q);
-      }
-    }
-    if (m > 0) {
-      if (n > 2) c.ch->reduce(out + o * es, in + o * es, c.scratch, static_cast<size_t>(m), c.dtype, op, scale);
-      send_copy_all(c, out + o * es, o, m, w2);
-    }
+    if (m > 0) send_copy_all(c, out + o * es, o, m, w2);
     for (int s = 1; s < n; ++s) {
       const int p = static_cast<int>(ring::mod(r - s, n));
       piece_bounds(off[p], cnt[p], j, pe, &o, &m);
@@ -266,6 +289,28 @@ void two_shot_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t co
       c.ch->recv_done(p);
     }
   }
+}
+
+void direct_reduce_scatter_send_first(const AlgoCtx& c, const char* in, int64_t count) {
+  const int n = c.world;
+  if (count == 0 || n == 1) return;
+  const int p = ring::left(c.rank, n);
+  int64_t o, m;
+  piece_bounds(ring::chunk_offset(count, n, p), ring::chunk_count(count, n, p), 0, c.far_piece_elems(), &o, &m);
+  send_copy(c, p, in + o * c.esize, o, m, wait_ctx(c, 0, 1));
+}
+
+void direct_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op,
+                           bool first_sent) {
+  check_reduce_supported(c.dtype, op);
+  const int n = c.world;
+  if (n == 1 || count == 0) return copy_elems(c, out, in, count);
+  RC_CHECK(n == 2 || c.scratch != nullptr, Unsupported,
+           "ringcomm: the direct reduce_scatter with more than 2 ranks needs the channel's scratch memory");
+  const Chunks chunks = balanced_chunks(count, n);
+  const int64_t pe = c.far_piece_elems();
+  const int64_t np = (chunks.max_cnt + pe - 1) / pe;
+  for (int64_t j = 0; j < np; ++j) rs_direct_piece(c, chunks, in, out, j, pe, op, wait_ctx(c, 0, 1), first_sent);
 }
 
 void direct_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root, bool first_sent) {

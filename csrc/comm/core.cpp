@@ -268,7 +268,7 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int
 void CommCore::drain_in_slot(const std::vector<CollHeader>& all, uint64_t seq, Coll coll) {
   Channel* ch = nullptr;
   for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || !slot_before_header(all[p], p)) continue;
+    if (p == rank_ || !slot_before_header_for(all[p], p, rank_, world_)) continue;
     if (ch == nullptr) ch = dev_->header_slot_channel();
     RC_CHECK(ch != nullptr, Error, "ringcomm: " << coll_name(coll) << " (seq " << seq << ") on rank " << rank_
                                    << ": rank " << p << " handed off its first piece with its header, but the "

@@ -36,6 +36,21 @@ void ar_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
 void rs_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   ring_reduce_scatter(c, in_of(a), out_of(a), a.count, a.op);
 }
+void rs_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  direct_reduce_scatter(c, in_of(a), out_of(a), a.count, a.op, /*first_sent=*/false);
+}
+void rs_direct_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  direct_reduce_scatter(c, in_of(a), out_of(a), a.count, a.op, /*first_sent=*/true);
+}
+void rs_direct_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
+  direct_reduce_scatter_send_first(c, in_of(a), a.count);
+}
+void rs_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  ll_reduce_scatter(c, in_of(a), out_of(a), a.count, a.op);
+}
+void rs_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
+  ll_reduce_scatter_send_first(c, header_blob(mine), a.in, a.count);
+}
 
 void ag_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
   // Every rank's contribution size is known only from the headers.
@@ -115,6 +130,9 @@ const Route kRoutes[] = {
     {Coll::kAllReduce, Algo::kTwoShot, Proto::kSimple, ar_two_shot, nullptr},
     {Coll::kAllReduce, Algo::kHalvingDoubling, Proto::kSimple, ar_halving_doubling, nullptr},
     {Coll::kReduceScatter, Algo::kRing, Proto::kSimple, rs_ring, nullptr},
+    {Coll::kReduceScatter, Algo::kDirect, Proto::kSimple, rs_direct, nullptr},
+    {Coll::kReduceScatter, Algo::kDirect, Proto::kHeaderInSlot, rs_direct_after_first, rs_direct_first},
+    {Coll::kReduceScatter, Algo::kDirect, Proto::kLL, rs_ll, rs_ll_first},
     {Coll::kAllGather, Algo::kRing, Proto::kSimple, ag_ring, nullptr},
     {Coll::kAllGather, Algo::kDirect, Proto::kCMA, ag_cma, in_cma_first},
     {Coll::kBroadcast, Algo::kChain, Proto::kSimple, bc_chain, nullptr},

@@ -6,14 +6,15 @@
 //
 // Data before the header (comm/selection.h: the header_in_slot and ll protocols): a rank whose
 // header says header_in_slot hands its first piece to every peer (the direct algorithm's piece 0,
-// one slot per peer on the collective lane; for a broadcast only the root) BEFORE it posts its
+// one slot per peer on the collective lane; for a broadcast only the root; for a reduce_scatter
+// one slot, to its ring predecessor) BEFORE it posts its
 // header, so one wake-up of a waiting peer delivers both: the peer's acquire of the board word
 // orders the slot's publication (an earlier seq_cst RMW of head) before it, so the piece is there
 // when the header is seen. A rank whose header says ll wrote header and data into its LL outbox
 // first (proto/ll.h). The header itself stays on the board: that is where a peer on any other
 // path (another collective, the ring, a rejection) posts, so the check stays exact against every
 // kind of peer. When the check fails every rank drains exactly one slot from each peer whose
-// header says it handed one off (slot_before_header; HeaderHooks::on_mismatch), before it
+// header says it handed one off to it (slot_before_header_for; HeaderHooks::on_mismatch), before it
 // raises: the slot streams stay in step and no result buffer has been touched. LL lines need no
 // draining: the outbox is rewritten, never consumed.
 //

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "algo/ring_schedule.h"
 #include "common/dtype.h"
 #include "common/errors.h"
 
@@ -78,6 +79,19 @@ Algo all_reduce_algo(int64_t bytes, int world, const SelectionKnobs& k, const De
   if (world <= 1 || bytes <= k.direct_max_bytes / (world - 1)) return Algo::kDirect;
   if (world >= k.two_shot_min_world && bytes <= k.two_shot_max_bytes) return Algo::kTwoShot;
   return Algo::kRing;
+}
+
+// The direct reduce_scatter: forced by RINGCOMM_ALGO=direct, or under auto where the bytes each
+// rank copies in, bytes x (world-1) / world, are within RINGCOMM_DIRECT_MAX_BYTES (the all-reduce
+// direct range's measure); every other RINGCOMM_ALGO forces the ring.
+bool reduce_scatter_direct(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  if (!caps.host_algorithms) return false;
+  switch (k.algo) {
+    case SelectionKnobs::Forced::kDirect: return true;
+    case SelectionKnobs::Forced::kAuto: break;
+    default: return false;
+  }
+  return world <= 1 || bytes / world * (world - 1) <= k.direct_max_bytes;
 }
 
 bool fits_ll(int64_t bytes, int world, const DeviceCaps& caps) {
@@ -162,8 +176,19 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       }
       break;
     case Coll::kReduceScatter:
-      s.algo = Algo::kRing;
-      s.proto = Proto::kSimple;
+      // The LL outbox (every rank's input goes out with its header; each reads its own
+      // chunk from every peer) under auto, as all_reduce's; the direct exchange (each rank's
+      // chunk from every peer, the header with the first piece) in its range; the ring above.
+      if (k.algo == SelectionKnobs::Forced::kAuto && fits_ll(bytes, world, caps)) {
+        s.algo = Algo::kDirect;
+        s.proto = Proto::kLL;
+      } else if (reduce_scatter_direct(bytes, world, k, caps)) {
+        s.algo = Algo::kDirect;
+        s.proto = header_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
+      } else {
+        s.algo = Algo::kRing;
+        s.proto = Proto::kSimple;
+      }
       break;
     case Coll::kAllGather:
       s.algo = fits_cma(bytes, k, caps) ? Algo::kDirect : Algo::kRing;
@@ -261,7 +286,17 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   if (inslot && caps.host_algorithms) o << "direct/header_in_slot in all_reduce's direct range, ";
   if (caps.cma && k.cma_min_bytes > 0 && k.cma_broadcast_min_bytes > 0)
     o << "direct/cma from " << k.cma_broadcast_min_bytes << " B, ";
-  o << "chain/simple above; all_gather ";
+  o << "chain/simple above; reduce_scatter ";
+  if (caps.ll_bytes > 0 && k.algo == SelectionKnobs::Forced::kAuto)
+    o << "direct/ll up to " << caps.ll_bytes << " B, ";
+  if (caps.host_algorithms && k.algo == SelectionKnobs::Forced::kDirect) {
+    o << "direct/" << (inslot ? "header_in_slot" : "simple") << " (RINGCOMM_ALGO); all_gather ";
+  } else {
+    if (caps.host_algorithms && k.algo == SelectionKnobs::Forced::kAuto)
+      o << "direct/" << (inslot ? "header_in_slot" : "simple") << " while bytes x (N-1) / N <= " << k.direct_max_bytes
+        << " B, ";
+    o << "ring/simple; all_gather ";
+  }
   if (caps.cma && k.cma_min_bytes > 0) o << "direct/cma from " << k.cma_min_bytes << " B, ";
   o << "ring/simple; all_to_all direct/";
   if (caps.cma && k.cma_min_bytes > 0) {
@@ -287,8 +322,15 @@ bool slot_before_header(const CollHeader& h, int poster) {
   switch (static_cast<Coll>(h.coll)) {
     case Coll::kAllReduce: return true;
     case Coll::kBroadcast: return h.root == poster;
+    case Coll::kReduceScatter: return true;
     default: return false;
   }
+}
+
+bool slot_before_header_for(const CollHeader& h, int poster, int reader, int world) {
+  if (!slot_before_header(h, poster)) return false;
+  // The reduce_scatter's first piece goes to the poster's ring predecessor only.
+  return static_cast<Coll>(h.coll) != Coll::kReduceScatter || reader == ring::left(poster, world);
 }
 
 bool sent_before_header(const CollHeader& h, int poster) {
@@ -296,7 +338,7 @@ bool sent_before_header(const CollHeader& h, int poster) {
   if (h.count <= 0) return false;
   if (h.proto == static_cast<uint8_t>(Proto::kLL)) {
     const Coll c = static_cast<Coll>(h.coll);
-    return c == Coll::kAllReduce || c == Coll::kBroadcast || c == Coll::kReduce;
+    return c == Coll::kAllReduce || c == Coll::kReduceScatter || c == Coll::kBroadcast || c == Coll::kReduce;
   }
   return slot_before_header(h, poster);
 }

@@ -133,12 +133,16 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
 
 /// True when the rank that posted `h` (rank `poster`) handed data off before posting it, by
 /// its header's protocol: every rank of a header_in_slot all_reduce and the root of a
-/// header_in_slot broadcast (one slot to every peer: comm/header_exchange.h), every rank of an
+/// header_in_slot broadcast (one slot to every peer: comm/header_exchange.h), every rank of a
+/// header_in_slot reduce_scatter (one slot to its ring predecessor), every rank of an
 /// LL collective (its outbox lines), and every rank of a cma collective (the address of the
 /// buffer its peers read, transport/shm_cma.h). Else never for an empty message.
 bool sent_before_header(const CollHeader& h, int poster);
-/// The part of sent_before_header that leaves a slot in each peer's channel (header_in_slot),
+/// The part of sent_before_header that leaves a slot in a peer's channel (header_in_slot),
 /// which a failed exchange must drain; LL lines need no draining (never consumed).
 bool slot_before_header(const CollHeader& h, int poster);
+/// Whether that slot is in `reader`'s channel from `poster` (of `world` ranks): every peer's for
+/// all_reduce and broadcast, the poster's ring predecessor's for reduce_scatter.
+bool slot_before_header_for(const CollHeader& h, int poster, int reader, int world);
 
 }  // namespace rc

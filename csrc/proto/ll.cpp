@@ -13,7 +13,8 @@ constexpr size_t kHead = kHeaderBytes;
 constexpr size_t kLine = LLLine::kPayload;
 }  // namespace
 
-void LLProtocol::write(uint64_t seq, const HeaderBlob& h, const void* data, size_t bytes) {
+void LLProtocol::write(uint64_t seq, const HeaderBlob& h, const void* data, size_t bytes, size_t skip_from,
+                        size_t skip_bytes) {
   RC_CHECK(bytes <= max_bytes(), InvalidArgument,
            "ringcomm: " << bytes << " bytes do not fit the LL outbox (" << max_bytes() << " bytes)");
   LLLine* lines = t_->ll_outbox(t_->rank(), seq);
@@ -24,24 +25,29 @@ void LLProtocol::write(uint64_t seq, const HeaderBlob& h, const void* data, size
   lines[0].flag.store(seq, std::memory_order_release);
   size_t done = first;
   size_t i = 1;
+  auto skipped = [&](size_t len) { return done >= skip_from && done + len <= skip_from + skip_bytes; };
   // Whole lines with a fixed-size copy (inlined: a few vector moves), then the last one.
   for (; bytes - done >= kLine; ++i, done += kLine) {
+    if (skipped(kLine)) continue;
     std::memcpy(lines[i].payload, src + done, kLine);
     lines[i].flag.store(seq, std::memory_order_release);
   }
-  if (done < bytes) {
+  if (done < bytes && !skipped(bytes - done)) {
     std::memcpy(lines[i].payload, src + done, bytes - done);
     lines[i].flag.store(seq, std::memory_order_release);
   }
 }
 
-void LLProtocol::read(int peer, uint64_t seq, void* dst, size_t bytes, const WaitCtx& w) {
-  RC_CHECK(bytes <= max_bytes(), InvalidArgument,
-           "ringcomm: " << bytes << " bytes do not fit the LL outbox (" << max_bytes() << " bytes)");
+void LLProtocol::read(int peer, uint64_t seq, void* dst, size_t bytes, const WaitCtx& w, size_t from) {
+  RC_CHECK(from <= max_bytes() && bytes <= max_bytes() - from, InvalidArgument,
+           "ringcomm: bytes " << from << " to " << from + bytes << " do not fit the LL outbox (" << max_bytes()
+                              << " bytes)");
   const LLLine* lines = t_->ll_outbox(peer, seq);
   char* out = static_cast<char*>(dst);
   size_t done = 0;
-  for (size_t i = 0; i == 0 || done < bytes; ++i) {
+  // Data byte d is stream byte kHead + d: line (kHead + d) / kLine, at (kHead + d) % kLine.
+  size_t i = (kHead + from) / kLine, at = (kHead + from) % kLine;
+  do {
     const LLLine& line = lines[i];
     if (line.flag.load(std::memory_order_acquire) != seq) {
       // The owner is still writing (it posts its header after its last line), or never will.
@@ -62,7 +68,6 @@ void LLProtocol::read(int peer, uint64_t seq, void* dst, size_t bytes, const Wai
         }
       }
     }
-    const size_t at = i == 0 ? kHead : 0;
     const size_t n = std::min(bytes - done, kLine - at);
     if (n == kLine) {
       std::memcpy(out + done, line.payload, kLine);  // fixed size: inlined
@@ -70,7 +75,9 @@ void LLProtocol::read(int peer, uint64_t seq, void* dst, size_t bytes, const Wai
       std::memcpy(out + done, line.payload + at, n);
     }
     done += n;
-  }
+    at = 0;
+    ++i;
+  } while (done < bytes);
 }
 
 char* LLProtocol::stage(int i) {

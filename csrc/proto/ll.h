@@ -30,12 +30,15 @@ class LLProtocol {
   /// Data bytes one collective may carry (the outbox's size).
   size_t max_bytes() const { return t_->ll_max_bytes(); }
   /// This rank's header `h` and `bytes` (<= max_bytes()) of `data` into its outbox for collective
-  /// `seq`; post_header(seq, h) must follow.
-  void write(uint64_t seq, const HeaderBlob& h, const void* data, size_t bytes);
-  /// `bytes` of `peer`'s data for collective `seq` into local memory `dst` (its header said it
-  /// wrote them). Waits (bounded) for lines still being written; a line that never becomes current
-  /// although the peer posted its header raises rc::Error.
-  void read(int peer, uint64_t seq, void* dst, size_t bytes, const WaitCtx& w);
+  /// `seq`; post_header(seq, h) must follow. Lines whose data all lies in data bytes
+  /// [skip_from, skip_from + skip_bytes) are left as they are: no peer may read them.
+  void write(uint64_t seq, const HeaderBlob& h, const void* data, size_t bytes, size_t skip_from = 0,
+             size_t skip_bytes = 0);
+  /// `bytes` of `peer`'s data for collective `seq`, from data byte `from` on, into local memory
+  /// `dst` (its header said it wrote them). Waits (bounded) for the lines that hold them (line 0
+  /// at least) while still being written; a line that never becomes current although the peer
+  /// posted its header raises rc::Error.
+  void read(int peer, uint64_t seq, void* dst, size_t bytes, const WaitCtx& w, size_t from = 0);
   /// Private memory of max_bytes() for index i in [0, world): where the reading thread collects
   /// peers' data (one collective at a time uses it).
   char* stage(int i);
