@@ -4,6 +4,7 @@ import traceback
 
 import numpy as np
 import ringcomm
+import ringcomm.core.config
 from mp_cases import close_enough, init_under_env, make, pairs, reference, to_lib, to_np
 from order_ref import ordered_sum
 

@@ -18,6 +18,7 @@ import sys
 import pytest
 
 import ringcomm
+import ringcomm.core.config
 from ringcomm import _C, _C_test
 from ringcomm.apps.tune import write_profile
 import ranks

@@ -8,6 +8,7 @@ ranks per world size runs all cases of a test (tests/two_shot_cases.py)."""
 import pytest
 
 import ringcomm
+import ringcomm.core.config
 from ringcomm import _C
 import ranks
 from two_shot_cases import correctness_cases, mismatch_cases

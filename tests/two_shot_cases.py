@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import ringcomm
+import ringcomm.core.config
 from mp_cases import (ESIZE, FLOAT, TINY, close_enough, counts_of, init_under_env, make, pairs,
                       reference)
 from order_ref import order_sensitive, ordered_sum

@@ -19,7 +19,7 @@ class Knobs:
     @property
     def algo(self) -> str:
         """
-        RINGCOMM_ALGO: all-reduce algorithm: ring, direct (one hand-off, every rank combines all inputs), two_shot (a direct reduce-scatter, then a direct all-gather: two hand-offs, each rank combines 1/N), halving_doubling (recursive halving of the raw inputs, then recursive doubling: 2 log2 N hand-offs) or auto (below RINGCOMM_MODEL_MIN_WORLD ranks by size: RINGCOMM_LL_MAX_BYTES, RINGCOMM_DIRECT_MAX_BYTES, RINGCOMM_TWO_SHOT_MAX_BYTES; from there the cost model over RINGCOMM_PROFILE); must be equal on every rank
+        RINGCOMM_ALGO: all-reduce algorithm: ring, direct (one hand-off, every rank combines all inputs), two_shot (a direct reduce-scatter, then a direct all-gather: two hand-offs, each rank combines 1/N), halving_doubling (recursive halving of the raw inputs, then recursive doubling: 2 log2 N hand-offs) or auto (below RINGCOMM_MODEL_MIN_WORLD ranks by size: RINGCOMM_LL_MAX_BYTES, RINGCOMM_DIRECT_MAX_BYTES, RINGCOMM_TWO_SHOT_MAX_BYTES; from there the cost model over RINGCOMM_PROFILE); reduce_scatter: direct forces its direct exchange, ring, two_shot and halving_doubling its ring, auto by size (RINGCOMM_LL_MAX_BYTES, RINGCOMM_DIRECT_MAX_BYTES); must be equal on every rank
         """
     @property
     def bind(self) -> str:
@@ -99,7 +99,7 @@ class Knobs:
     @property
     def direct_max_bytes(self) -> int:
         """
-        RINGCOMM_DIRECT_MAX_BYTES: auto takes the direct all-reduce (and the direct broadcast) while bytes x (world - 1) is at most this
+        RINGCOMM_DIRECT_MAX_BYTES: auto takes the direct all-reduce (and the direct broadcast) while bytes x (world - 1) is at most this, the direct reduce_scatter while bytes x (world - 1) / world is
         """
     @property
     def far_slot_bytes(self) -> int:
@@ -134,7 +134,7 @@ class Knobs:
     @property
     def ll_max_bytes(self) -> int:
         """
-        RINGCOMM_LL_MAX_BYTES: all-reduces (under RINGCOMM_ALGO=auto), broadcasts and reduces of at most this many bytes use the LL protocol: each rank writes header and data into 64-byte lines of its own shared-memory outbox (56 data bytes and a flag each) and its peers read them in place; the outbox's size, so equal on every rank (0: off)
+        RINGCOMM_LL_MAX_BYTES: all-reduces and reduce_scatters (under RINGCOMM_ALGO=auto), broadcasts and reduces of at most this many bytes use the LL protocol: each rank writes header and data into 64-byte lines of its own shared-memory outbox (56 data bytes and a flag each) and its peers read them in place; the outbox's size, so equal on every rank (0: off)
         """
     @property
     def load_avg_slack(self) -> float:
