@@ -138,15 +138,16 @@ def mismatch_cases(rank, world):
                 res = _attempt(lambda: comm.all_reduce(x, output=y))
                 untouched = bool((y == SENTINEL).all() and (x == rank + 1.0).all())
                 # usable afterwards: the collectives whose algorithm RINGCOMM_ALGO does not choose
-                # (broadcast's follows all_reduce's direct choice) run and give the right results
+                # (broadcast follows all_reduce's direct choice, reduce_scatter the forced value) run and
+                # give the right results
                 comm.barrier()
                 g = np.zeros(world * count, np.float32)
                 comm.all_gather(g, np.full(count, rank + 1.0, np.float32))
-                rs_in = np.full(world * 5, rank + 1.0, np.float32)
-                rs_out = np.zeros(5, np.float32)
-                comm.reduce_scatter(rs_out, rs_in)
+                a_in = np.full(world * 5, rank + 1.0, np.float32)
+                a_out = np.zeros(world * 5, np.float32)
+                comm.all_to_all(a_out, a_in)
                 usable = bool((g == np.repeat(np.arange(1.0, world + 1), count)).all()
-                              and (rs_out == world * (world + 1) / 2).all())
+                              and (a_out == np.repeat(np.arange(1.0, world + 1), 5)).all())
                 out.append((f"two_shot vs {other} n={count}", rank, res[0], res[1], untouched, usable))
         finally:
             comm.close()
