@@ -183,10 +183,12 @@ def test_stage_that_does_not_fit_the_total_shrinks_or_is_recorded_and_rerun(tmp_
     assert "cpu: not run" in r.stdout
     # A runner's folder gets the archive, the summary and the state.
     assert {"device_check.tgz", "summary.txt", "state"} <= set(os.listdir(out))
-    # The rerun runs only cpu; with 14 s left of the total and a budget of 20 it runs with 14.
+    # The rerun runs only cpu; with about 14 s left of the total and a budget of 20 it runs with those.
     r, _ = _run_check(tmp_path, results, cmds, dict(budgets, cpu=20), extra=dict(TOTAL_BUDGET="14"))
     assert r.returncode == 0 and _state(results)["cpu"][0] == "ok", r.stdout
-    assert "cpu: its budget shrinks from 20 s to the 14 s left" in r.stdout and "build: ok in an earlier run" in r.stdout
+    # (the stages before it take a second or so on a busy machine: the seconds left then are fewer)
+    m = re.search(r"cpu: its budget shrinks from 20 s to the (\d+) s left", r.stdout)
+    assert m and 10 <= int(m.group(1)) <= 14 and "build: ok in an earlier run" in r.stdout, r.stdout
 
 
 def test_handoff_script_runs_each_way_under_its_limit_and_stops_its_mps_daemon(tmp_path):
