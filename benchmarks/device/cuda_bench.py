@@ -22,25 +22,8 @@ import sys
 import tempfile
 import time
 
-
-def _size(s: str) -> int:
-    s = s.strip().upper().rstrip("B").rstrip("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
-
-
-def _fmt(n: int) -> str:
-    for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= f and n % f == 0:
-            return f"{n // f}{unit}"
-    return str(n)
-
-
-def sizes(b: int, e: int, f: int):
-    s = b
-    while s <= e:
-        yield s
-        s *= f
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import fmt_size, size_arg, sizes  # noqa: E402
 
 
 # ---- 1. reduce kernel vs D2D copy -------------------------------------------------------------------
@@ -56,7 +39,7 @@ def bench_kernels(args) -> list:
             red = 3 * r["bytes"] / r["reduce_s"] / 1e9
             cpy = 2 * r["bytes"] / r["copy_s"] / 1e9
             rows.append(dict(kind="kernel", size=n, dtype=dt_name, reduce_gbps=red, copy_gbps=cpy, ratio=red / cpy))
-            print(f"{_fmt(n):>8} {dt_name:>9} {red:12.1f} {cpy:10.1f} {red / cpy:6.2f}")
+            print(f"{fmt_size(n):>8} {dt_name:>9} {red:12.1f} {cpy:10.1f} {red / cpy:6.2f}")
     return rows
 
 
@@ -129,7 +112,7 @@ def bench_all_reduce(args, world: int, per_gpu: int) -> list:
     for r in rows:
         alg = r["size"] / r["ringcomm_s"] / 1e9
         ok = "y" if r["ok"] else "N"
-        line = f"{_fmt(r['size']):>8} {r['ringcomm_s'] * 1e6:11.1f} {alg:9.2f} {alg * bus:9.2f} {ok:>3}"
+        line = f"{fmt_size(r['size']):>8} {r['ringcomm_s'] * 1e6:11.1f} {alg:9.2f} {alg * bus:9.2f} {ok:>3}"
         r["ringcomm_busbw"] = alg * bus
         if peer:
             nalg = r["size"] / r["nccl_s"] / 1e9
@@ -141,8 +124,8 @@ def bench_all_reduce(args, world: int, per_gpu: int) -> list:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-b", type=_size, default=_size("1M"))
-    p.add_argument("-e", type=_size, default=_size("256M"))
+    p.add_argument("-b", type=size_arg, default=size_arg("1M"))
+    p.add_argument("-e", type=size_arg, default=size_arg("256M"))
     p.add_argument("-f", type=int, default=4)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)

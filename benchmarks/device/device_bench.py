@@ -29,31 +29,8 @@ import sys
 import tempfile
 import time
 
-
-def size_arg(s: str) -> int:
-    t = s.strip().upper().rstrip("B").rstrip("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    return int(float(t[:-1] if t[-1:] in "KMG" else t) * mult)
-
-
-def fmt_size(n: int) -> str:
-    for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= f and n % f == 0:
-            return f"{n // f}{unit}"
-    return str(n)
-
-
-def sizes(b: int, e: int, f: int) -> list:
-    out, s = [], b
-    while s <= e:
-        out.append(s)
-        s *= f
-    return out
-
-
-def _sync(torch, dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import add_sweep_args, fmt_size, rank_device, size_arg, sizes, sync  # noqa: E402
 
 
 def cache_bytes(torch, dev) -> int:
@@ -72,11 +49,11 @@ def cache_bytes(torch, dev) -> int:
 
 def _timed(torch, dev, fn, iters: int) -> float:
     fn(0)
-    _sync(torch, dev)
+    sync(torch, dev)
     t = time.perf_counter()
     for i in range(iters):
         fn(i)
-    _sync(torch, dev)
+    sync(torch, dev)
     return (time.perf_counter() - t) / iters
 
 
@@ -105,11 +82,7 @@ def _rank_main(rank: int, world: int, a: dict) -> list:
     import torch.distributed as dist
 
     import ringcomm
-    if a["device"] == "cuda":
-        dev = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
+    dev = rank_device(torch, a["device"], rank)
     comm = ringcomm.init(rank=rank, world_size=world, init_method=f"file://{a['dir']}/rc", timeout=a["timeout"])
     dist.init_process_group("gloo", init_method=f"file://{a['dir']}/gloo", rank=rank, world_size=world)
     want = world * (world + 1) / 2
@@ -121,10 +94,10 @@ def _rank_main(rank: int, world: int, a: dict) -> list:
         return int(t.item())
 
     def bench(call, x) -> float:
-        _sync(torch, dev)
+        sync(torch, dev)
         t = time.perf_counter()
         call(x)
-        _sync(torch, dev)
+        sync(torch, dev)
         iters = agreed(max(a["min_iters"], min(a["iters"], int(a["time_per_size"] / max(time.perf_counter() - t,
                                                                                           1e-6)))))
         comm.barrier()
@@ -134,13 +107,13 @@ def _rank_main(rank: int, world: int, a: dict) -> list:
         for nbytes in sizes(a["b"], a["e"], a["f"]):
             x = torch.full((nbytes // 4,), float(rank + 1), device=dev)
             comm.all_reduce(x)
-            _sync(torch, dev)
+            sync(torch, dev)
             row = dict(bytes=nbytes, world=world, ok=bool((x == want).all()))
             row["ringcomm_s"] = bench(lambda y: comm.all_reduce(y), x)
             if nbytes <= a["gloo_max"]:
                 y = torch.full((nbytes // 4,), float(rank + 1), device=dev)
                 dist.all_reduce(y)
-                _sync(torch, dev)
+                sync(torch, dev)
                 row["gloo_ok"] = bool((y == want).all())
                 row["gloo_s"] = bench(lambda z: dist.all_reduce(z), y)
             rows.append(row)
@@ -153,16 +126,8 @@ def _rank_main(rank: int, world: int, a: dict) -> list:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-np", type=int, default=2, help="processes (default 2)")
-    p.add_argument("-b", type=size_arg, default=size_arg("1K"), help="smallest size (default 1K)")
-    p.add_argument("-e", type=size_arg, default=size_arg("256M"), help="largest size (default 256M)")
-    p.add_argument("-f", type=int, default=4, help="size factor (default 4)")
+    add_sweep_args(p, iters=100, time_per_size=0.25)
     p.add_argument("--gloo-max", type=size_arg, default=size_arg("64M"), help="largest size gloo runs (default 64M)")
-    p.add_argument("--iters", type=int, default=100, help="timed calls per size at most (default 100)")
-    p.add_argument("--min-iters", type=int, default=3, help="timed calls per size at least (default 3)")
-    p.add_argument("--time-per-size", type=float, default=0.25, help="seconds of timed calls per size (default 0.25)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--timeout", type=float, default=30, help="the communicator's timeout (s, default 30)")
-    p.add_argument("--launch-timeout", type=float, default=600, help="the whole run's limit (s, default 600)")
     p.add_argument("--json", default="", help="write the rows here")
     return p
 

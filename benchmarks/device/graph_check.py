@@ -33,20 +33,10 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import rank_device, sync  # noqa: E402
+
 SCENARIOS = ("graph", "late", "kill")
-
-
-def _device(torch, a: dict, rank: int):
-    if a["device"] == "cuda":
-        dev = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
-        return dev
-    return torch.device("cpu")
-
-
-def _sync(torch, dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
 
 
 def _init(a: dict, rank: int, world: int, name: str):
@@ -57,13 +47,13 @@ def _init(a: dict, rank: int, world: int, name: str):
 
 def graph_rank(rank: int, world: int, a: dict) -> dict:
     import torch
-    dev = _device(torch, a, rank)
+    dev = rank_device(torch, a["device"], rank)
     comm = _init(a, rank, world, "graph")
     n = a["count"]
     try:
         x = torch.full((n,), float(rank + 1), device=dev)
         comm.all_reduce(x)
-        _sync(torch, dev)
+        sync(torch, dev)
         eager_ok = bool((x == world * (world + 1) / 2).all())
         bad = torch.zeros((), dtype=torch.int64, device=dev)
         if dev.type == "cuda":
@@ -73,7 +63,7 @@ def graph_rank(rank: int, world: int, a: dict) -> dict:
                 x.fill_(1.0)
                 comm.all_reduce(x)
             torch.cuda.current_stream(dev).wait_stream(side)
-            _sync(torch, dev)
+            sync(torch, dev)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 comm.all_reduce(x)
@@ -88,12 +78,12 @@ def graph_rank(rank: int, world: int, a: dict) -> dict:
             x.fill_(float(rank + 1 + i))     # new inputs into the captured buffer
             step()
             bad += (x != world * (world + 1) / 2 + world * i).sum()
-        _sync(torch, dev)
+        sync(torch, dev)
         replay_s = time.perf_counter() - t0
         mismatches = int(bad.item())
         x.fill_(float(rank + 1))
         comm.all_reduce(x)                   # eager again, after the replays
-        _sync(torch, dev)
+        sync(torch, dev)
         after_ok = bool((x == world * (world + 1) / 2).all())
     finally:
         comm.close()
@@ -103,7 +93,7 @@ def graph_rank(rank: int, world: int, a: dict) -> dict:
 
 def late_rank(rank: int, world: int, a: dict) -> dict:
     import torch
-    dev = _device(torch, a, rank)
+    dev = rank_device(torch, a["device"], rank)
     comm = _init(a, rank, world, "late")
     try:
         x = torch.full((a["count"],), float(rank + 1), device=dev)
@@ -112,7 +102,7 @@ def late_rank(rank: int, world: int, a: dict) -> dict:
             time.sleep(a["late_ms"] / 1e3)
         t0 = time.perf_counter()
         comm.all_reduce(x)
-        _sync(torch, dev)
+        sync(torch, dev)
         took = time.perf_counter() - t0
         ok = bool((x == world * (world + 1) / 2).all())
     finally:
@@ -139,12 +129,12 @@ def kill_rank(rank: int, world: int, a: dict):
     import torch
 
     import ringcomm
-    dev = _device(torch, a, rank)
+    dev = rank_device(torch, a["device"], rank)
     comm = _init(a, rank, world, "kill")
     waiting = os.path.join(a["dir"], "rank0_waiting")
     x = torch.full((a["count"],), float(rank + 1), device=dev)
     comm.all_reduce(x)                       # both ranks are up and connected
-    _sync(torch, dev)
+    sync(torch, dev)
     if rank == 1:
         deadline = time.monotonic() + 30
         while not os.path.exists(waiting) and time.monotonic() < deadline:
@@ -163,7 +153,7 @@ def kill_rank(rank: int, world: int, a: dict):
     except ringcomm.RingcommError as e:
         err = e
     took = time.perf_counter() - t0
-    synced, sync_exc = _bounded(lambda: _sync(torch, dev), a["timeout"])
+    synced, sync_exc = _bounded(lambda: sync(torch, dev), a["timeout"])
     alloc_ok = False
     if synced:
         def alloc():

@@ -26,32 +26,14 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device_common import add_sweep_args, fmt_size, rank_device, size_arg, sizes, sync  # noqa: E402
+
 COLLS = ("all_reduce", "reduce_scatter", "all_gather")
 BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
        "all_gather": lambda n: (n - 1) / n}
 MATRIX_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "int8", "uint8")
 MATRIX_OPS = ("SUM", "PROD", "MIN", "MAX")
-
-
-def size_arg(s: str) -> int:
-    t = s.strip().upper().rstrip("B").rstrip("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    return int(float(t[:-1] if t[-1:] in "KMG" else t) * mult)
-
-
-def fmt_size(n: int) -> str:
-    for unit, f in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= f and n % f == 0:
-            return f"{n // f}{unit}"
-    return str(n)
-
-
-def sizes(b: int, e: int, f: int) -> list:
-    out, s = [], b
-    while s <= e:
-        out.append(s)
-        s *= f
-    return out
 
 
 def inputs(torch, rank: int, nbytes: int, dtype: str = "float32", seed: int = 0):
@@ -83,11 +65,6 @@ def run_coll(comm, coll: str, x, out=None, op=None):
     return out
 
 
-def _sync(torch, dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def _case(torch, comm, coll, world, rank, nbytes, dev, dtype="float32", op=None, seed=0):
     """(bit-exact, device input, device output buffer) of one collective at one size."""
     x = inputs(torch, rank, nbytes, dtype, seed)
@@ -101,7 +78,7 @@ def _case(torch, comm, coll, world, rank, nbytes, dev, dtype="float32", op=None,
     xd = x.to(dev)
     out_d = torch.empty(n_out, dtype=x.dtype, device=dev) if n_out else None
     got = run_coll(comm, coll, xd, out_d, op)
-    _sync(torch, dev)
+    sync(torch, dev)
     return same_bits(torch, got, ref), xd, out_d
 
 
@@ -109,21 +86,17 @@ def _rank_main(rank: int, world: int, a: dict):
     import torch
 
     import ringcomm
-    if a["device"] == "cuda":
-        dev = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
+    dev = rank_device(torch, a["device"], rank)
     comm = ringcomm.init(rank=rank, world_size=world, init_method=f"file://{a['store']}", timeout=a["timeout"])
     rows = []
     try:
         for coll in a["colls"]:
             for nbytes in sizes(a["b"], a["e"], a["f"]):
                 exact, xd, out_d = _case(torch, comm, coll, world, rank, nbytes, dev)
-                _sync(torch, dev)
+                sync(torch, dev)
                 t = time.perf_counter()
                 run_coll(comm, coll, xd, out_d)   # warm-up, and the estimate of one call
-                _sync(torch, dev)
+                sync(torch, dev)
                 one = max(time.perf_counter() - t, 1e-6)
                 want = torch.tensor([max(a["min_iters"], min(a["iters"], int(a["time_per_size"] / one)))])
                 comm.all_reduce(want, op=ringcomm.ReduceOp.MAX)   # every rank makes as many calls
@@ -131,7 +104,7 @@ def _rank_main(rank: int, world: int, a: dict):
                 t = time.perf_counter()
                 for _ in range(iters):
                     run_coll(comm, coll, xd, out_d)
-                _sync(torch, dev)
+                sync(torch, dev)
                 spent = time.perf_counter() - t
                 rows.append(dict(kind="sweep", coll=coll, bytes=nbytes, world=world, exact=exact, iters=iters,
                                  time_s=spent / iters, busbw_gbps=nbytes / (spent / iters) / 1e9 * BUS[coll](world)))
@@ -154,20 +127,12 @@ def _rank_main(rank: int, world: int, a: dict):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2, help="processes (default 2)")
-    p.add_argument("-b", type=size_arg, default=size_arg("1K"), help="smallest size (default 1K)")
-    p.add_argument("-e", type=size_arg, default=size_arg("256M"), help="largest size (default 256M)")
-    p.add_argument("-f", type=int, default=4, help="size factor (default 4)")
+    add_sweep_args(p, iters=50, time_per_size=0.2)
     p.add_argument("--colls", default="all_reduce", help=f"comma-separated, of {','.join(COLLS)}")
-    p.add_argument("--iters", type=int, default=50, help="timed calls per size at most (default 50)")
-    p.add_argument("--min-iters", type=int, default=3, help="timed calls per size at least (default 3)")
-    p.add_argument("--time-per-size", type=float, default=0.2, help="seconds of timed calls per size (default 0.2)")
     p.add_argument("--matrix-size", type=size_arg, default=size_arg("64K"),
                    help="bytes per rank of the dtype x op check (default 64K)")
     p.add_argument("--matrix-dtypes", default=",".join(MATRIX_DTYPES), help="'' to skip the dtype x op check")
     p.add_argument("--matrix-ops", default=",".join(MATRIX_OPS))
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--timeout", type=float, default=30, help="the communicator's timeout (s, default 30)")
-    p.add_argument("--launch-timeout", type=float, default=600, help="the whole run's limit (s, default 600)")
     p.add_argument("--json", default="", help="write the rows here")
     return p
 
