@@ -41,6 +41,38 @@ struct Call {
     int root;
 };
 
+// A name's value in a table of (name, value) pairs; false when the table has no such name.
+template <class T, size_t N>
+bool lookup(const std::pair<const char*, T> (&table)[N], const char* name, T* out) {
+    for (const auto& [n, v] : table)
+        if (std::strcmp(name, n) == 0) { *out = v; return true; }
+    return false;
+}
+
+// What a driver tells the shared checks about its library: how it names the bench's dtypes and
+// reduce ops (false: it has none by that name), and the words its refusals begin with.
+template <class DType, class RedOp>
+struct Library {
+    bool (*dtype)(const char* name, DType* out);
+    bool (*redop)(const char* name, RedOp* out);
+    const char* no_dtype;   // followed by the dtype's name
+    const char* no_redop;   // followed by the reduce op's name and " reduction"
+    RedOp redop_unused;     // what a call that does not reduce carries
+};
+
+// Why the library cannot run (op, dtype, redop); empty when it can.
+template <class DType, class RedOp>
+std::string check(const Library<DType, RedOp>& lib, const char* op_name, const char* dtype,
+                  const char* redop) {
+    Op op;
+    DType dt;
+    RedOp r;
+    if (!parse_op(op_name, &op)) return std::string("unsupported collective ") + op_name;
+    if (!lib.dtype(dtype, &dt)) return std::string(lib.no_dtype) + dtype;
+    if (reducing(op) && !lib.redop(redop, &r)) return std::string(lib.no_redop) + redop + " reduction";
+    return "";
+}
+
 inline std::string& error() {
     static std::string e;
     return e;
@@ -57,6 +89,26 @@ inline const char* check_answer(std::string why) {
     static std::string kept;
     kept = std::move(why);
     return kept.empty() ? nullptr : kept.c_str();
+}
+
+// rcd_prepare's work: the call checked and kept in `calls`; its handle, or -1 with the reason.
+template <class DType, class RedOp>
+long prepare(const Library<DType, RedOp>& lib, std::vector<Call<DType, RedOp>>& calls,
+             const char* op_name, const char* dtype, const char* redop, void* in, void* out,
+             size_t count, int root) {
+    std::string why = check(lib, op_name, dtype, redop);
+    if (!why.empty()) return fail(why);
+    Call<DType, RedOp> c{};
+    parse_op(op_name, &c.op);
+    lib.dtype(dtype, &c.dtype);
+    c.redop = lib.redop_unused;
+    if (reducing(c.op)) lib.redop(redop, &c.redop);
+    c.in = in;
+    c.out = out;
+    c.count = count;
+    c.root = root;
+    calls.push_back(c);
+    return static_cast<long>(calls.size() - 1);
 }
 
 }  // namespace rcd

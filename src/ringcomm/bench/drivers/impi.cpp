@@ -24,29 +24,18 @@ bool parse_dtype(const char* name, MPI_Datatype* dt) {
         {"float16", MPIX_C_FLOAT16}, {"bfloat16", MPIX_C_BF16},
 #endif
     };
-    for (const auto& [n, d] : table)
-        if (std::strcmp(name, n) == 0) { *dt = d; return true; }
-    return false;
+    return rcd::lookup(table, name, dt);
 }
 
 bool parse_redop(const char* name, MPI_Op* r) {
     static const std::pair<const char*, MPI_Op> table[] = {
         {"sum", MPI_SUM}, {"prod", MPI_PROD}, {"min", MPI_MIN}, {"max", MPI_MAX}};
-    for (const auto& [n, v] : table)
-        if (std::strcmp(name, n) == 0) { *r = v; return true; }
-    return false;
+    return rcd::lookup(table, name, r);
 }
 
-std::string check(const char* op_name, const char* dtype, const char* redop) {
-    rcd::Op op;
-    MPI_Datatype dt;
-    MPI_Op r;
-    if (!rcd::parse_op(op_name, &op)) return std::string("unsupported collective ") + op_name;
-    if (!parse_dtype(dtype, &dt)) return std::string("unsupported: no MPI datatype for ") + dtype;
-    if (rcd::reducing(op) && !parse_redop(redop, &r))
-        return std::string("unsupported: MPI has no ") + redop + " reduction";
-    return "";
-}
+const rcd::Library<MPI_Datatype, MPI_Op> kMpi{parse_dtype, parse_redop,
+                                              "unsupported: no MPI datatype for ",
+                                              "unsupported: MPI has no ", MPI_SUM};
 
 int mpi_fail(int err, const char* what) {
     char text[MPI_MAX_ERROR_STRING];
@@ -120,26 +109,14 @@ int rcd_init(int rank, int world, const char*) {
 }
 
 const char* rcd_check(const char* op, const char* dtype, const char* redop) {
-    return rcd::check_answer(check(op, dtype, redop));
+    return rcd::check_answer(rcd::check(kMpi, op, dtype, redop));
 }
 
-long rcd_prepare(const char* op_name, const char* dtype, const char* redop, void* in, void* out,
+long rcd_prepare(const char* op, const char* dtype, const char* redop, void* in, void* out,
                  size_t count, int root) {
-    std::string why = check(op_name, dtype, redop);
-    if (!why.empty()) return rcd::fail(why);
     if (count > static_cast<size_t>(2147483647))
         return rcd::fail("unsupported: MPI counts are int; " + std::to_string(count) + " elements");
-    MpiCall c{};
-    rcd::parse_op(op_name, &c.op);
-    parse_dtype(dtype, &c.dtype);
-    c.redop = MPI_SUM;
-    if (rcd::reducing(c.op)) parse_redop(redop, &c.redop);
-    c.in = in;
-    c.out = out;
-    c.count = count;
-    c.root = root;
-    g_calls.push_back(c);
-    return static_cast<long>(g_calls.size() - 1);
+    return rcd::prepare(kMpi, g_calls, op, dtype, redop, in, out, count, root);
 }
 
 int rcd_run(long h) {

@@ -30,30 +30,19 @@ bool parse_dtype(const char* name, ccl::datatype* dt) {
         {"int32", ccl::datatype::int32},     {"int64", ccl::datatype::int64},
         {"float16", ccl::datatype::float16}, {"float32", ccl::datatype::float32},
         {"float64", ccl::datatype::float64}, {"bfloat16", ccl::datatype::bfloat16}};
-    for (const auto& [n, d] : table)
-        if (std::strcmp(name, n) == 0) { *dt = d; return true; }
-    return false;
+    return rcd::lookup(table, name, dt);
 }
 
 bool parse_redop(const char* name, ccl::reduction* r) {
     static const std::pair<const char*, ccl::reduction> table[] = {
         {"sum", ccl::reduction::sum}, {"prod", ccl::reduction::prod},
         {"min", ccl::reduction::min}, {"max", ccl::reduction::max}};
-    for (const auto& [n, v] : table)
-        if (std::strcmp(name, n) == 0) { *r = v; return true; }
-    return false;
+    return rcd::lookup(table, name, r);
 }
 
-std::string check(const char* op_name, const char* dtype, const char* redop) {
-    rcd::Op op;
-    ccl::datatype dt;
-    ccl::reduction r;
-    if (!rcd::parse_op(op_name, &op)) return std::string("unsupported collective ") + op_name;
-    if (!parse_dtype(dtype, &dt)) return std::string("unsupported: oneCCL has no ") + dtype;
-    if (rcd::reducing(op) && !parse_redop(redop, &r))
-        return std::string("unsupported: oneCCL's host collectives have no ") + redop + " reduction";
-    return "";
-}
+const rcd::Library<ccl::datatype, ccl::reduction> kCcl{
+    parse_dtype, parse_redop, "unsupported: oneCCL has no ",
+    "unsupported: oneCCL's host collectives have no ", ccl::reduction::sum};
 
 ccl::kvs::address_type rendezvous(int rank, const std::string& path) {
     ccl::kvs::address_type addr{};
@@ -137,23 +126,12 @@ int rcd_init(int rank, int world, const char* rdzv) {
 }
 
 const char* rcd_check(const char* op, const char* dtype, const char* redop) {
-    return rcd::check_answer(check(op, dtype, redop));
+    return rcd::check_answer(rcd::check(kCcl, op, dtype, redop));
 }
 
-long rcd_prepare(const char* op_name, const char* dtype, const char* redop, void* in, void* out,
+long rcd_prepare(const char* op, const char* dtype, const char* redop, void* in, void* out,
                  size_t count, int root) {
-    std::string why = check(op_name, dtype, redop);
-    if (!why.empty()) return rcd::fail(why);
-    CclCall c{};
-    rcd::parse_op(op_name, &c.op);
-    parse_dtype(dtype, &c.dtype);
-    if (rcd::reducing(c.op)) parse_redop(redop, &c.redop);
-    c.in = in;
-    c.out = out;
-    c.count = count;
-    c.root = root;
-    g_calls.push_back(c);
-    return static_cast<long>(g_calls.size() - 1);
+    return rcd::prepare(kCcl, g_calls, op, dtype, redop, in, out, count, root);
 }
 
 int rcd_run(long h) {
