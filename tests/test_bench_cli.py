@@ -343,7 +343,7 @@ def test_apart_summary_takes_the_median_over_runs(tmp_path):
     assert r.returncode == 0, r.stderr
     row = [line for line in r.stdout.splitlines() if line.startswith("| 1024 | ringcomm_fn |")][0]
     # medians: mine 20 (call 20/40/60, after 10/20/30), ratio median of 0.5, 2, 0.5 = 0.5
-    assert row == "| 1024 | ringcomm_fn | 20.0 / 40.0 / 60.0 | 10.0 / 20.0 / 30.0 | 0.50 / 0.50 / 0.50 | 0.50 / 0.50 / 0.50 |", row
+    assert row == "| 1024 | ringcomm_fn | 20.0 / 40.0 / 60.0 | 10.0 / 20.0 / 30.0 | 0.50 / 0.50 / 0.50 | 0.50 / 0.50 / 0.50 | 1 of 3 |", row
     assert "| 1024 | deepspeed | 20.0 / 40.0 / 60.0 |" in r.stdout
     bad = tmp_path / "other.json"
     bad.write_text(json.dumps({"peers": ["deepspeed"], "summary": {"1024": {}}}))
