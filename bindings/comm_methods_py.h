@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/core.h"
+#include "common/errors.h"
 
 namespace rc_py {
 
@@ -94,6 +95,18 @@ void def_core_methods(py::class_<Comm, std::shared_ptr<Comm>>& cls) {
              return c.recv(ptr_of(buf), bytes, src, tag, Launches::p2p(a));
            }, ReleaseGil())
       .def("close", &Comm::close, ReleaseGil());
+}
+
+/// errored(): (ErrorCode, message) of the first error that made the communicator unusable, or None.
+template <class Comm>
+void def_errored(py::class_<Comm, std::shared_ptr<Comm>>& cls) {
+  cls.def("errored", [](Comm& c) -> py::object {
+    std::exception_ptr e = c.errored();
+    if (!e) return py::none();
+    std::string msg;
+    const rc::ErrorCode code = rc::error_code_of(e, &msg);
+    return py::make_tuple(static_cast<int>(code), msg);
+  });
 }
 
 }  // namespace rc_py

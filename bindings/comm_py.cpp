@@ -96,15 +96,8 @@ void bind_comm(py::module_& m, bool module_local) {
            "group) inform the wait policy (0: not known).")
       .def_property_readonly("cpu_threads", &Communicator::cpu_threads)
       .def_property_readonly("pool_spin_us", &Communicator::pool_spin_us,
-                             "The split copies' pool's idle spin (us), -1 without a pool.")
-      .def("errored", [](Communicator& c) -> py::object {
-             // (ErrorCode, message) of the first error that made the communicator unusable, or None.
-             std::exception_ptr e = c.errored();
-             if (!e) return py::none();
-             std::string msg;
-             const rc::ErrorCode code = rc::error_code_of(e, &msg);
-             return py::make_tuple(static_cast<int>(code), msg);
-           });
+                             "The split copies' pool's idle spin (us), -1 without a pool.");
+  rc_py::def_errored(comm);
   rc_py::def_core_methods<HostLaunches>(comm);
   rc_py::def_sync_methods(comm);
   rc_py::bind_sync(m);

@@ -3,13 +3,48 @@
 #pragma once
 #include <cuda_runtime_api.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "comm/communicator_cuda.h"
 #include "common/cuda_check.h"
 
 namespace rc_py {
+
+/// The constructor, the setup steps (local_info() -> create(infos) -> connect(blobs)) and the device.
+template <class Class>
+void def_cuda_setup(Class& comm) {
+  namespace py = pybind11;
+  using rc::CudaCommunicator;
+  comm.def(py::init<int, int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("device"),
+           py::arg("timeout") = 0.0)
+      .def("local_info", [](CudaCommunicator& c) {
+             std::string s;
+             {
+               py::gil_scoped_release nogil;
+               s = c.local_info();
+             }
+             return py::bytes(s);
+           })
+      .def("create", [](CudaCommunicator& c, const std::vector<py::bytes>& infos) {
+             std::vector<std::string> v(infos.begin(), infos.end());
+             std::string s;
+             {
+               py::gil_scoped_release nogil;
+               s = c.create(v);
+             }
+             return py::bytes(s);
+           })
+      .def("connect", [](CudaCommunicator& c, const std::vector<py::bytes>& blobs) {
+             std::vector<std::string> v(blobs.begin(), blobs.end());
+             py::gil_scoped_release nogil;
+             c.connect(v);
+           })
+      .def_property_readonly("device", &CudaCommunicator::device);
+}
 
 template <class Class>
 void def_cuda_methods(Class& comm) {

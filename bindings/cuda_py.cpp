@@ -149,34 +149,8 @@ PYBIND11_MODULE(_C_cuda, m) {
                                 rc_py::ReleaseGil());
 
   py::class_<CudaCommunicator, std::shared_ptr<CudaCommunicator>> comm(m, "Communicator");
-  comm.def(py::init<int, int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("device"),
-           py::arg("timeout") = 0.0)
-      .def("local_info", [](CudaCommunicator& c) {
-             std::string s;
-             {
-               py::gil_scoped_release nogil;
-               s = c.local_info();
-             }
-             return py::bytes(s);
-           })
-      .def("create", [](CudaCommunicator& c, const std::vector<py::bytes>& infos) {
-             std::vector<std::string> v;
-             for (auto& b : infos) v.push_back(b);
-             std::string s;
-             {
-               py::gil_scoped_release nogil;
-               s = c.create(v);
-             }
-             return py::bytes(s);
-           })
-      .def("connect", [](CudaCommunicator& c, const std::vector<py::bytes>& blobs) {
-             std::vector<std::string> v;
-             for (auto& b : blobs) v.push_back(b);
-             py::gil_scoped_release nogil;
-             c.connect(v);
-           })
-      .def_property_readonly("device", &CudaCommunicator::device)
-      .def("channels", &CudaCommunicator::channels)
+  rc_py::def_cuda_setup(comm);
+  comm.def("channels", &CudaCommunicator::channels)
       .def_property_readonly("p2p_stream", &CudaCommunicator::p2p_stream)
       .def("p2p_idle", &CudaCommunicator::p2p_idle, rc_py::ReleaseGil())
       .def_property_readonly("pin_owner", &CudaCommunicator::pin_owner);

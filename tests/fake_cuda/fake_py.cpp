@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "comm_methods_py.h"
 #include "cuda_methods_py.h"
@@ -32,37 +34,38 @@ struct StreamLaunches {
 
 uintptr_t u(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
+// A field as Python sees it: a pointer as its address, an enum as its number.
+template <class T>
+py::object field_value(const T& v) {
+  if constexpr (std::is_pointer_v<T>) return py::int_(u(v));
+  else if constexpr (std::is_enum_v<T>) return py::int_(static_cast<int64_t>(v));
+  else return py::cast(v);
+}
+
+template <class S, class M>
+std::pair<const char*, M S::*> field(const char* key, M S::*member) { return {key, member}; }
+
+// d[key] = s.*member for each (key, member) of the table.
+template <class S, class... M>
+void put_fields(py::dict& d, const S& s, std::pair<const char*, M S::*>... table) {
+  ((d[table.first] = field_value(s.*(table.second))), ...);
+}
+
 py::dict launch_dict(const fake_cuda::Launch& l) {
+  using L = fake_cuda::Launch;
+  using A = rc::dev::RingArgs;
   py::dict d;
-  d["kernel"] = l.kernel;
-  d["stream"] = l.stream;
-  d["replay"] = l.replay;
-  d["dtype"] = l.dtype;
-  d["op"] = l.op;
-  if (l.kernel == "ring") {
-    const rc::dev::RingArgs& a = l.ring;
-    d["coll"] = static_cast<int>(a.coll);
-    d["rank"] = a.rank;
-    d["world"] = a.world;
-    d["nlanes"] = a.nlanes;
-    d["nslots"] = a.nslots;
-    d["count"] = a.count;
-    d["root"] = a.root;
-    d["header_dtype"] = a.dtype;
-    d["header_op"] = a.op;
-    d["slot_stride"] = a.slot_stride;
-    d["in"] = u(a.in);
-    d["out"] = u(a.out);
-    d["self"] = u(a.self);
-    d["right"] = u(a.right);
-    d["left"] = u(a.left);
-    d["recv_slots"] = u(a.recv_slots);
-    d["send_slots"] = u(a.send_slots);
-    d["state"] = u(a.state);
-    d["status"] = u(a.status);
-    d["abort"] = u(a.abort);
-    d["timeout_ns"] = a.timeout_ns;
-  }
+  put_fields(d, l, field("kernel", &L::kernel), field("stream", &L::stream), field("replay", &L::replay),
+             field("dtype", &L::dtype), field("op", &L::op));
+  if (l.kernel == "ring")
+    put_fields(d, l.ring, field("coll", &A::coll), field("rank", &A::rank), field("world", &A::world),
+               field("nlanes", &A::nlanes), field("nslots", &A::nslots), field("count", &A::count),
+               field("root", &A::root), field("header_dtype", &A::dtype), field("header_op", &A::op),
+               field("slot_stride", &A::slot_stride), field("in", &A::in), field("out", &A::out),
+               field("self", &A::self), field("right", &A::right), field("left", &A::left),
+               field("recv_slots", &A::recv_slots), field("send_slots", &A::send_slots),
+               field("state", &A::state), field("status", &A::status), field("abort", &A::abort),
+               field("timeout_ns", &A::timeout_ns));
   return d;
 }
 
@@ -74,27 +77,9 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
   rc_py::bind_work(m, true);
   // module_local: ringcomm._C_cuda binds the same C++ class (both may be imported in one process).
   py::class_<CudaCommunicator, std::shared_ptr<CudaCommunicator>> comm(m, "Communicator", py::module_local());
-  comm.def(py::init<int, int, int, double>(), py::arg("rank"), py::arg("world_size"), py::arg("device"),
-           py::arg("timeout") = 0.0)
-      .def("local_info", [](CudaCommunicator& c) { return py::bytes(c.local_info()); })
-      .def("create", [](CudaCommunicator& c, const std::vector<py::bytes>& infos) {
-             std::vector<std::string> v(infos.begin(), infos.end());
-             return py::bytes(c.create(v));
-           })
-      .def("connect", [](CudaCommunicator& c, const std::vector<py::bytes>& blobs) {
-             std::vector<std::string> v(blobs.begin(), blobs.end());
-             py::gil_scoped_release nogil;
-             c.connect(v);
-           })
-      .def_property_readonly("device", &CudaCommunicator::device)
-      .def("errored", [](CudaCommunicator& c) -> py::object {
-             std::exception_ptr e = c.errored();
-             if (!e) return py::none();
-             std::string msg;
-             const rc::ErrorCode code = rc::error_code_of(e, &msg);
-             return py::make_tuple(static_cast<int>(code), msg);
-           })
-      .def("headers_posted", &CudaCommunicator::headers_posted)
+  rc_py::def_cuda_setup(comm);
+  rc_py::def_errored(comm);
+  comm.def("headers_posted", &CudaCommunicator::headers_posted)
       // Number the next collective (and the board's next exchange) last + 1: before any call.
       .def("set_last_seq", [](CudaCommunicator& c, uint64_t last) { rc::CommCoreTestAccess::set_last_seq(c, last); })
       .def("ring_registered", [](CudaCommunicator& c) {
@@ -106,14 +91,11 @@ PYBIND11_MODULE(_C_cuda_fake, m) {
 
   m.def("calls", [] {
     py::list out;
+    using C = fake_cuda::Call;
     for (const auto& c : fake_cuda::calls()) {
       py::dict d;
-      d["name"] = c.name;
-      d["stream"] = c.stream;
-      d["capturing"] = c.capturing;
-      d["replay"] = c.replay;
-      d["graph"] = c.graph;
-      d["arg"] = c.arg;
+      put_fields(d, c, field("name", &C::name), field("stream", &C::stream), field("capturing", &C::capturing),
+                 field("replay", &C::replay), field("graph", &C::graph), field("arg", &C::arg));
       out.append(d);
     }
     return out;
