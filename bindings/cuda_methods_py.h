@@ -1,5 +1,6 @@
 // The CUDA communicator's own methods, bound alike by ringcomm._C_cuda (bindings/cuda_py.cpp) and
-// the fake-runtime module ringcomm._C_cuda_fake (tests/fake_cuda/fake_py.cpp).
+// the fake-runtime module ringcomm._C_cuda_fake (tests/fake_cuda/fake_py.cpp), and the device
+// ring's plan as Python sees it (ringcomm._C_cuda_test's plan_device_ring too).
 #pragma once
 #include <cuda_runtime_api.h>
 #include <pybind11/pybind11.h>
@@ -13,6 +14,20 @@
 #include "common/cuda_check.h"
 
 namespace rc_py {
+
+/// A device ring's plan (transport/cuda_ipc.h's RingPlan) as a dict: setup, signalling ('' for both
+/// when there is no device ring), blocks, nslots, slot_bytes, budget, why.
+inline pybind11::dict ring_plan_dict(const rc::RingPlan& p) {
+  pybind11::dict d;
+  d["setup"] = p.setup == rc::RingSetup::kNone ? std::string() : std::string(rc::ring_setup_name(p.setup));
+  d["signalling"] = p.setup == rc::RingSetup::kNone ? "" : p.spin ? "spin" : "flags";
+  d["blocks"] = p.lanes;
+  d["nslots"] = p.nslots;
+  d["slot_bytes"] = p.slot_bytes;
+  d["budget"] = p.budget;
+  d["why"] = p.why;
+  return d;
+}
 
 /// The constructor, the setup steps (local_info() -> create(infos) -> connect(blobs)) and the device.
 template <class Class>
@@ -49,18 +64,7 @@ void def_cuda_setup(Class& comm) {
 template <class Class>
 void def_cuda_methods(Class& comm) {
   namespace py = pybind11;
-  comm.def("device_setup", [](const rc::CudaCommunicator& c) {
-        const rc::RingPlan& p = c.device_setup();
-        py::dict d;
-        d["setup"] = p.setup == rc::RingSetup::kNone ? std::string() : std::string(rc::ring_setup_name(p.setup));
-        d["signalling"] = p.setup == rc::RingSetup::kNone ? "" : p.spin ? "spin" : "flags";
-        d["blocks"] = p.lanes;
-        d["nslots"] = p.nslots;
-        d["slot_bytes"] = p.slot_bytes;
-        d["budget"] = p.budget;
-        d["why"] = p.why;
-        return d;
-      }, "The device ring's setup (RINGCOMM_CUDA_P2P=device*): setup, signalling, the grid's blocks, slots, "
+  comm.def("device_setup", [](const rc::CudaCommunicator& c) { return ring_plan_dict(c.device_setup()); }, "The device ring's setup (RINGCOMM_CUDA_P2P=device*): setup, signalling, the grid's blocks, slots, "
          "the SM budget and why ('' setup: no device ring).")
       .def("stream_capturing", [](const rc::CudaCommunicator& c, uintptr_t stream) {
         rc::CudaDeviceGuard g(c.device());

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm_methods_py.h"
+#include "cuda_methods_py.h"
 #include "errors_py.h"
 
 #include "common/cuda_check.h"
@@ -110,16 +111,7 @@ PYBIND11_MODULE(_C_cuda_test, m) {
   m.def("plan_device_ring", [](const std::vector<py::dict>& infos, int mode) {
     std::vector<rc::CudaPeerInfo> w;
     for (auto& d : infos) w.push_back(rc::decode_peer_info(rc::encode_peer_info(info_from_dict(d))));
-    const rc::RingPlan p = rc::plan_device_ring(w, mode);
-    py::dict d;
-    d["setup"] = std::string(rc::ring_setup_name(p.setup));
-    d["signalling"] = p.spin ? "spin" : "flags";
-    d["blocks"] = p.lanes;
-    d["nslots"] = p.nslots;
-    d["slot_bytes"] = p.slot_bytes;
-    d["budget"] = p.budget;
-    d["why"] = p.why;
-    return d;
+    return rc_py::ring_plan_dict(rc::plan_device_ring(w, mode));
   }, py::arg("infos"), py::arg("mode") = 4,
      "The device ring's setup, signalling, grid (blocks), slots and SM budget from device descriptions (no GPU needed).");
 }
