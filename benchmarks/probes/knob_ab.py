@@ -36,6 +36,7 @@ def _env(s: str) -> dict:
 
 def _rank(rank, world, store, coll, sizes, env_a, env_b, rounds, calls, pin):
     import ringcomm
+    from ringcomm.bench.checked import CheckedCall
     from ringcomm.core.config import environment
     if pin:
         cpus = sorted(os.sched_getaffinity(0))
@@ -49,55 +50,25 @@ def _rank(rank, world, store, coll, sizes, env_a, env_b, rounds, calls, pin):
     try:
         for nbytes in sizes:
             count = max(world, nbytes // 4 - (nbytes // 4) % world)
-            base = (np.arange(count) % 5 + 1).astype(np.float32)
-            x = np.empty(count, np.float32)
-            y = np.empty(count * world if coll == "all_gather" else
-                         count // world if coll == "reduce_scatter" else count, np.float32)
-            blk = count // world
-            if coll in ("all_reduce",) or (coll == "reduce" and rank == 0):
-                want = base * world
-            elif coll == "reduce_scatter":
-                want = (base * world)[rank * blk:(rank + 1) * blk]
-            elif coll == "all_gather":
-                want = np.concatenate([base + p for p in range(world)])
-            elif coll == "all_to_all":
-                want = np.concatenate([(base + q)[rank * blk:(rank + 1) * blk] for q in range(world)])
-            elif coll == "broadcast":
-                want = base
-            else:
-                want = None
+            case = CheckedCall(coll, count, rank, world)
+            bound = {side: case.bound(c) for side, c in comms.items()}
 
-            def call(comm):
-                if coll in ("all_gather", "all_to_all"):
-                    x[:] = base + rank
-                else:
-                    x[:] = base if (coll != "broadcast" or rank == 0) else 0
+            def call(side):
+                case.fill()
                 t0 = time.perf_counter()
-                if coll == "all_reduce":
-                    comm.all_reduce(x)
-                elif coll == "reduce":
-                    comm.reduce(x, root=0)
-                elif coll == "broadcast":
-                    comm.broadcast(x, root=0)
-                elif coll == "all_gather":
-                    comm.all_gather(y, x)
-                elif coll == "reduce_scatter":
-                    comm.reduce_scatter(y, x)
-                else:
-                    comm.all_to_all(y, x)
+                bound[side]()
                 t = time.perf_counter() - t0
-                got = x if coll in ("all_reduce", "reduce", "broadcast") else y
-                return t, (0 if want is None else int(np.count_nonzero(got != want)))
+                return t, case.wrong()
 
             times = {"A": [], "B": []}
             for side in ("A", "B"):   # warm-up
                 for _ in range(max(2, calls // 2)):
-                    call(comms[side])
+                    call(side)
             for k in range(rounds):
                 for side in (("B", "A") if k % 2 else ("A", "B")):
                     ts = []
                     for _ in range(calls):
-                        t, w = call(comms[side])
+                        t, w = call(side)
                         ts.append(t)
                         wrong += w
                     times[side].append(ts)

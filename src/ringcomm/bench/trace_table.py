@@ -33,6 +33,7 @@ import numpy as np
 
 from ..core.launch import LaunchError, spawn
 from ..core.machine import cpu_model
+from .checked import CheckedCall
 from .hostload import loadavg
 from .load import BusyLoad
 
@@ -79,56 +80,22 @@ def _rank(rank, world, init_method, store_path, calls, cases):
     out, wrong = [], 0
     try:
         for op, nbytes in cases:
-            count = nbytes // 4
-            base = (np.arange(count) % 7 + 1).astype(np.float32)
-            x = np.empty(count, dtype=np.float32)
-            y = None
-            if op == "all_reduce" or (op == "reduce" and rank == 0):
-                want = base * world
-            elif op == "reduce":
-                want = None  # a non-root's buffer is not written
-            elif op == "all_gather":
-                y = np.empty(count * world, dtype=np.float32)
-                want = np.concatenate([base + p for p in range(world)])
-            elif op == "reduce_scatter":
-                y = np.empty(count // world, dtype=np.float32)
-                want = (base * world)[rank * (count // world):(rank + 1) * (count // world)]
-            elif op == "all_to_all":
-                y = np.empty(count, dtype=np.float32)
-                blk = count // world
-                # Rank p sends base + p; rank r's block q of the output is rank q's block r.
-                want = np.concatenate([(base + q)[rank * blk:(rank + 1) * blk] for q in range(world)])
-            else:
-                want = base
+            case = CheckedCall(op, nbytes // 4, rank, world)
+            call = case.bound(comm)
             for arrival in ARRIVALS:
                 if arrival == "apart" and separator is None:
                     continue
                 windows = []
                 for i in range(WARMUP + calls):
-                    if op in ("all_gather", "all_to_all"):
-                        x[:] = base + rank
-                    else:
-                        x[:] = base if (op != "broadcast" or rank == 0) else 0
+                    case.fill()
                     if arrival == "apart":
                         separator()
                     t0 = time.monotonic_ns()
-                    if op == "all_reduce":
-                        comm.all_reduce(x)
-                    elif op == "broadcast":
-                        comm.broadcast(x, root=0)
-                    elif op == "reduce":
-                        comm.reduce(x, root=0)
-                    elif op == "all_gather":
-                        comm.all_gather(y, x)
-                    elif op == "reduce_scatter":
-                        comm.reduce_scatter(y, x)
-                    else:
-                        comm.all_to_all(y, x)
+                    call()
                     t1 = time.monotonic_ns()
                     if i >= WARMUP:
                         windows.append((t0, t1))
-                    if want is not None:
-                        wrong += int(np.count_nonzero((x if y is None else y) != want))
+                    wrong += case.wrong()
                 recs = comm.trace()[-calls:]
                 if len(recs) != calls:
                     raise RuntimeError(f"trace kept {len(recs)} records, expected {calls}")
