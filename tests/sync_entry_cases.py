@@ -1,4 +1,4 @@
-"""Ranks of tests/test_sync_entry.py (module-level so that spawn can pickle them), and EntrySpy."""
+"""Ranks of tests/test_sync_entry.py (module-level so that spawn can pickle them), EntrySpy and issued()."""
 import os
 import sys
 
@@ -35,6 +35,13 @@ class EntrySpy:
     def taken(self):
         """{entry: calls it ran} over the offers so far."""
         return {e: sum(1 for n, answer in self.offers if n == e and answer is True) for e in ENTRIES}
+
+
+def issued(comm, f):
+    """(what f returned, the collectives comm's core issued meanwhile: its next_seq()'s step)."""
+    before = comm._c.next_seq()
+    got = f()
+    return got, comm._c.next_seq() - before
 
 
 def plain_api_torch(comm):

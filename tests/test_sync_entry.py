@@ -22,7 +22,7 @@ import pytest
 import ringcomm
 from ringcomm import _C, _C_test
 from ringcomm.core import tables
-from sync_entry_cases import EntrySpy
+from sync_entry_cases import EntrySpy, issued
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "csrc" / "include" / "ringcomm" / "abi.h"
@@ -164,19 +164,12 @@ def test_the_trampoline_takes_codes_and_abi_from_the_header(tmp_path, monkeypatc
 
 # ---- the entry's rule, as the bindings apply it ---------------------------------------------------
 
-def _issued(comm, f):
-    """(what f returned, the collectives comm's core issued meanwhile: its next_seq()'s step)."""
-    before = comm._c.next_seq()
-    got = f()
-    return got, comm._c.next_seq() - before
-
-
 def test_entry_runs_what_it_takes_and_nothing_else(comm1):
     x, y = np.ones(6, np.float32), np.zeros(6, np.float32)
-    assert _issued(comm1, lambda: comm1._c.sync_all_reduce(x, None, 0)) == (True, 1)
-    assert _issued(comm1, lambda: comm1._c.sync_broadcast(x, 0)) == (True, 1)
-    assert _issued(comm1, lambda: comm1._c.sync_reduce_scatter(y, x, 0)) == (True, 1)
-    assert _issued(comm1, lambda: comm1._c.sync_all_gather(y, x)) == (True, 1)
+    assert issued(comm1, lambda: comm1._c.sync_all_reduce(x, None, 0)) == (True, 1)
+    assert issued(comm1, lambda: comm1._c.sync_broadcast(x, 0)) == (True, 1)
+    assert issued(comm1, lambda: comm1._c.sync_reduce_scatter(y, x, 0)) == (True, 1)
+    assert issued(comm1, lambda: comm1._c.sync_all_gather(y, x)) == (True, 1)
     ro = np.zeros(6, np.float32)
     ro.flags.writeable = False
     declined = [
@@ -192,7 +185,7 @@ def test_entry_runs_what_it_takes_and_nothing_else(comm1):
         lambda: comm1._c.sync_all_gather(y[::1].reshape(2, 3).T, x),             # not compact
     ]
     for i, f in enumerate(declined):
-        assert _issued(comm1, f) == (False, 0), i                                # nothing done
+        assert issued(comm1, f) == (False, 0), i                                # nothing done
 
 
 def test_general_path_never_offers_the_entry(comm1):

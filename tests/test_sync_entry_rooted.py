@@ -9,13 +9,7 @@ import pytest
 
 import ringcomm
 from ringcomm.core import tables
-from sync_entry_cases import EntrySpy
-
-
-def _issued(comm, f):
-    before = comm._c.next_seq()
-    got = f()
-    return got, comm._c.next_seq() - before
+from sync_entry_cases import EntrySpy, issued
 
 
 def test_entries_run_what_they_take_and_nothing_else(comm1):
@@ -31,7 +25,7 @@ def test_entries_run_what_they_take_and_nothing_else(comm1):
         lambda: comm1._c.sync_barrier(),
     ]
     for i, f in enumerate(taken):
-        assert _issued(comm1, f) == (True, 1), i
+        assert issued(comm1, f) == (True, 1), i
     ro = np.ones(6, np.float32)
     ro.flags.writeable = False
     declined = [
@@ -63,7 +57,7 @@ def test_entries_run_what_they_take_and_nothing_else(comm1):
         lambda: comm1._c.sync_scatter(y, x, 2**40),
     ]
     for i, f in enumerate(declined):
-        assert _issued(comm1, f) == (False, 0), i
+        assert issued(comm1, f) == (False, 0), i
 
 
 def test_public_calls_take_the_entry(comm1):
