@@ -328,6 +328,33 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
     assert shm() <= before, shm() - before
 
 
+@pytest.mark.skipif(not HAVE_TORCH, reason="the probe runs torch ranks")
+@pytest.mark.timeout(900)
+def test_torch_apart_probe_runs_every_peer_on_the_dtype_asked(tmp_path):
+    """torch_apart.py --dtype bfloat16: every peer (DeepSpeed's op where it is installed) runs on
+    bfloat16 buffers (the ranks report the dtype they ran, every result checked), the header and
+    the JSON say so, and a size that is no whole number of the dtype's elements is refused."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "probes" / "torch_apart.py"
+    out = tmp_path / "apart.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    ds = importlib.util.find_spec("deepspeed") is not None
+    peers = ["ringcomm", "ringcomm_fn"] + (["deepspeed"] if ds else [])
+    r = subprocess.run([sys.executable, str(script), "--sizes", "6,1K", "--calls", "5", "--warmup", "2",
+                        "--omp1", "--dtype", "bfloat16", "--peers", ",".join(peers), "--timeout", "600",
+                        "--json", str(out)], capture_output=True, text=True, timeout=840, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["dtype"] == "bfloat16" and doc["sizes"] == [6, 1024] and doc["peers"] == peers
+    assert "\nall_reduce bfloat16 SUM in place" in "\n" + r.stdout, r.stdout[:2000]
+    assert "| 6 B |" in r.stdout
+    for name in peers:
+        assert len(doc["cells"][f"6/{name}"]["call"]) == 5
+    bad = subprocess.run([sys.executable, str(script), "--sizes", "6", "--calls", "1"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "whole number of float32 elements" in bad.stderr, bad.stderr
+
+
 def test_apart_summary_takes_the_median_over_runs(tmp_path):
     # Three hand-made runs: the summary's figures are the medians over them, per quantile.
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "probes" / "apart_summary.py"
