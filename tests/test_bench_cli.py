@@ -346,6 +346,7 @@ def test_torch_apart_probe_runs_every_peer_on_the_dtype_asked(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["dtype"] == "bfloat16" and doc["sizes"] == [6, 1024] and doc["peers"] == peers
+    assert doc["order"] == "shuffle" and "peers' order shuffle (seed 0)" in r.stdout
     assert "\nall_reduce bfloat16 SUM in place" in "\n" + r.stdout, r.stdout[:2000]
     assert "| 6 B |" in r.stdout
     for name in peers:

@@ -25,8 +25,13 @@ fills the buffer with rank + 1, passes the separator's barrier, records its arri
 ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process of the machine),
 calls the all_reduce (SUM, in place, of ``--dtype``: float32 or bfloat16, the same for every
 peer, DeepSpeed's op included) and records its end. Every result is checked
-outside the timed span. The peers of one size take turns call by call (each round starting with
-the next peer), in the same processes, so a slow spell of the machine falls on all of them alike.
+outside the timed span. The peers of one size take turns call by call, in the same processes, so a
+slow spell of the machine falls on all of them alike; each round runs them in a new order
+(``--order shuffle``, the default: a permutation drawn from ``--seed``, the same on every rank),
+because a call's time depends on the call before it (what that left in the caches: a peer that
+always follows another ``dist.all_reduce`` finds torch's front warm, one that always follows
+DeepSpeed's op finds it cold). ``--order rotate`` starts each round one peer further, keeping
+the cyclic order, so every peer always follows the same one.
 ``--trace`` also splits the ringcomm peers' calls (RINGCOMM_TRACE on; the C++ record of each call is read
 after it, outside the timed span) into ``torch_in`` (Python call -> ringcomm's C++ entry: torch's
 ``dist.all_reduce``, its ProcessGroup and dispatcher, the c10d trampoline), ``core`` (entry ->
@@ -102,7 +107,7 @@ def _ds_module():
 
 def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int, warmup: int,
             peers: list[str], pin: list[int] | None, omp_threads: int | None, trace: bool,
-            dtype: str) -> dict:
+            dtype: str, order: str, seed: int) -> dict:
     if pin is not None:
         os.sched_setaffinity(0, {pin[rank % len(pin)]})
     from datetime import timedelta
@@ -161,9 +166,12 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
             phases = {name: np.full((calls, 2), np.nan) for name in peers
                       if comm is not None and name in TRACED}
             stamps = {name: np.full((calls, 2), np.nan) for name in front}
+            rng = np.random.default_rng([seed, nbytes])   # every rank draws the same orders
             for i in range(-warmup, calls):
-                k = i % len(peers)   # the peers take turns, starting one further each round
-                for name in peers[k:] + peers[:k]:
+                k = i % len(peers)   # rotate: the peers take turns, starting one further each round
+                turn = ([peers[j] for j in rng.permutation(len(peers))] if order == "shuffle"
+                        else peers[k:] + peers[:k])
+                for name in turn:
                     op = ops[name]
                     x.fill_(float(rank + 1))
                     dist.barrier(group=sep)
@@ -244,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calls", type=int, default=200, help="timed calls per size and peer")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls before them")
     p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--order", choices=("shuffle", "rotate"), default="shuffle",
+                   help="the peers' order in each round: a new permutation (default) or the last one rotated")
+    p.add_argument("--seed", type=int, default=0, help="--order shuffle's seed (default 0)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
                    help="the buffer's dtype, for every peer (default float32)")
     p.add_argument("--peers", default=None,
@@ -299,7 +310,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="ringcomm-torch-apart-") as d, BusyLoad(a.load):
             res = spawn(_worker, a.world_size,
                         (os.path.join(d, "store"), sizes, a.calls, a.warmup, peers, pin, omp, a.trace,
-                         a.dtype),
+                         a.dtype, a.order, a.seed),
                         timeout=a.timeout, env=env)
     finally:
         for path in _ds_shm_names(port, a.world_size):
@@ -321,7 +332,8 @@ def main(argv=None) -> int:
         raise RuntimeError(f"--dtype {a.dtype}: the ranks ran {[r['dtype'] for r in res]}")
     print(f"all_reduce {a.dtype} SUM in place, {a.world_size} ranks (torch; default group gloo, "
           f"each call after a barrier on another gloo group), {a.calls} calls per size after "
-          f"{a.warmup}; OMP threads {res[0]['threads']}, CPUs per rank "
+          f"{a.warmup}, peers' order {a.order}{f' (seed {a.seed})' if a.order == 'shuffle' else ''}; "
+          f"OMP threads {res[0]['threads']}, CPUs per rank "
           f"{[r['cpus'] for r in res]}; {a.load} busy processes beside them; load average before "
           f"{' '.join(f'{v:.2f}' for v in loadavg)}; {env_line or 'no RINGCOMM_ settings'}")
     print("ringcomm group's wait counters per rank (wait_stats()): "
@@ -399,7 +411,7 @@ def main(argv=None) -> int:
                       + f" | {med['own_last']:,.1f} |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"world_size": a.world_size, "dtype": a.dtype, "load": a.load, "loadavg": loadavg, "sizes": sizes, "peers": peers, "calls": a.calls,
+            json.dump({"world_size": a.world_size, "dtype": a.dtype, "order": a.order, "seed": a.seed, "load": a.load, "loadavg": loadavg, "sizes": sizes, "peers": peers, "calls": a.calls,
                        "warmup": a.warmup, "omp_threads": res[0]["threads"],
                        "cpus": [r["cpus"] for r in res], "env": env_line, "summary": summary,
                        "wait_stats": [r.get("wait_stats", {}) for r in res],
