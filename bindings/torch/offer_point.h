@@ -68,9 +68,12 @@ bool describe(const at::Tensor& x, RcArray* a, int64_t (&strides)[RC_ARRAY_MAX_D
 // A handle (a reference to the communicator, from Communicator._fast_handle()) and the table
 // that releases it; shared by the calls in flight, so disabling never frees it under them.
 struct FastPath {
+  FastPath(const RcFastApi* a, void* h) : api(a), handle(h) {}
+  FastPath(const FastPath&) = delete;
+  FastPath& operator=(const FastPath&) = delete;
+  ~FastPath() { api->release(handle); }
   const RcFastApi* api;
   void* handle;
-  ~FastPath() { api->release(handle); }
 };
 
 // The fast path over the table at `api` with `handle` (taken over), or null for a table of another
@@ -78,7 +81,8 @@ struct FastPath {
 std::shared_ptr<const FastPath> make_fast_path(uintptr_t api, uintptr_t handle) {
   const auto* a = reinterpret_cast<const RcFastApi*>(api);
   if (!fast_api_ok(a) || handle == 0) return nullptr;
-  return std::shared_ptr<const FastPath>(new FastPath{a, reinterpret_cast<void*>(handle)});
+  // One allocation for the object and its count: a call reads both.
+  return std::make_shared<const FastPath>(a, reinterpret_cast<void*>(handle));
 }
 
 // The work of a collective the fast path ran: complete, successful, its tensors the result.
