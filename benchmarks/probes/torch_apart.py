@@ -36,7 +36,10 @@ the cyclic order, so every peer always follows the same one.
 after it, outside the timed span) into ``torch_in`` (Python call -> ringcomm's C++ entry: torch's
 ``dist.all_reduce``, its ProcessGroup and dispatcher, the c10d trampoline), ``core`` (entry ->
 exit: ringcomm's collective, waits included) and ``torch_out`` (exit -> back in Python: the Work
-and ``wait()``), medians over the calls of the last rank to arrive.
+and ``wait()``), medians over the calls of the last rank to arrive; and, from the ringcomm and
+null backends' own stamps around their ``allreduce()`` (FrontStamps, bindings/torch/offer_point.h),
+``dist.all_reduce`` into torch's way in, ours in (-> the core's entry), core, ours out (the core's
+exit -> the work returned) and torch's way out, against null's way in, ``allreduce()`` and way out.
 ``--load N`` runs N busy processes (``ringcomm.bench --load``'s: pure compute, not pinned) beside
 the ranks for the whole run, the other work of a shared machine. The header records the load
 average before the run, and each row the CPU time a call took on its rank's calling thread
