@@ -317,6 +317,15 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
         for i in range(20):
             parts = [cell[k][i] for k in ("torch_in", "core", "torch_out")]
             assert all(v > 0 for v in parts) and sum(parts) <= cell["call"][i] + 1e-3, (name, i, parts)
+    # dist.all_reduce split at the backend's own allreduce(): its stamps lie between the Python
+    # call and the core's entry, and between the core's exit and the return to Python
+    cell = doc["cells"]["1024/ringcomm"]
+    for i in range(20):
+        way = [cell[k][i] for k in ("torch_way_in", "ours_in", "ours_out", "torch_way_out")]
+        assert all(v > 0 for v in way), (i, way)
+        assert abs(way[0] + way[1] - cell["torch_in"][i]) < 1e-3, (i, way, cell["torch_in"][i])
+        assert abs(way[2] + way[3] - cell["torch_out"][i]) < 1e-3, (i, way, cell["torch_out"][i])
+    assert "torch's way in" in r.stdout and "front_p50" in doc["summary"]["1024"]["ringcomm"]
     assert "| 1 KiB |" in r.stdout and "torch_in" in r.stdout
     if ds:
         assert len(doc["summary"]["1024"]["ratio"]["call"]) == 3
