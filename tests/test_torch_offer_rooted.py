@@ -6,7 +6,7 @@ same ranks, and every call runs on both with the same inputs; the results must b
 every dtype both take, element counts 0, 1 and odd, every root, worlds 1 to 4, the root's list
 as separate tensors (staged in C++) and as views of one tensor (handed over as it is). That the
 offer point ran them: the Python half's sequence number does not move while the core's does, once
-per call. What the entry declines (a strided tensor) and what the Python half refuses (a wrong
+per call, and their works answer torch's Work contract as gloo's do. What the entry declines (a strided tensor) and what the Python half refuses (a wrong
 list, split sizes that do not add up) still reach the Python half, with its results and errors."""
 from __future__ import annotations
 
@@ -100,7 +100,37 @@ def _matrix(rank, world):
                 return [o_t]
             both(("all_to_all_half", str(dt), n), a2a_half)
         both(("barrier", str(dt)), lambda g: dist.barrier(group=g) or [])
-    out = {"wrong": wrong, "calls": calls,
+    # torch's Work contract for a call the offer point ran (ProcessGroup's own methods, asyncOp
+    # False), as gloo's work answers it: complete after wait(), its result and its future's
+    # value the outputs, no exception
+    def contract(name, g):
+        if name == "gather":
+            opts = dist.GatherOptions()
+            opts.rootRank, opts.asyncOp = 0, False
+            outs = [[torch.zeros(3) for _ in range(world)]] if rank == 0 else []
+            ins = [_vals(rank, 3, torch.float32)]
+            return g.gather(outs, ins, opts)
+        if name == "scatter":
+            opts = dist.ScatterOptions()
+            opts.rootRank, opts.asyncOp = 0, False
+            ins = [[_vals(j, 3, torch.float32) for j in range(world)]] if rank == 0 else []
+            return g.scatter([torch.zeros(3)], ins, opts)
+        opts = dist.BarrierOptions()
+        opts.asyncOp = False
+        return g.barrier(opts)
+
+    works = {}
+    for name in ("gather", "scatter", "barrier"):
+        seen = []
+        for g in (rc, gl):
+            w = contract(name, g)
+            w.wait()
+            seen.append({"completed": w.is_completed(), "exception": w.exception() is None,
+                         "result": [t.tolist() for t in w.result()],
+                         "future": [t.tolist() for t in w.get_future().wait()]})
+        works[name] = seen
+    calls += 3
+    out = {"wrong": wrong, "calls": calls, "works": works,
            "python_calls": _seq_next(be) - py_before, "core_calls": core.next_seq() - core_before}
 
     # what the offer point leaves to the Python half: still right, counted there
@@ -143,7 +173,9 @@ def test_rooted_and_split_collectives_through_the_offer_point_match_gloo(world):
     per_dtype = 3 * (world * 2 * 2 + 2) + 1
     for r, out in enumerate(res):
         assert out["wrong"] == [], (r, out["wrong"][:5])
-        assert out["calls"] == len(DTYPES) * per_dtype, out
+        assert out["calls"] == len(DTYPES) * per_dtype + 3, out
+        for name, (ours, gloo) in out["works"].items():
+            assert ours == gloo and ours["completed"] and ours["exception"], (name, ours, gloo)
         # every call ran in C++, once each: the Python half issued none, the core all of them
         assert out["python_calls"] == 0, out
         assert out["core_calls"] == out["calls"], out
