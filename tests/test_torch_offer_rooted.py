@@ -6,8 +6,9 @@ same ranks, and every call runs on both with the same inputs; the results must b
 every dtype both take, element counts 0, 1 and odd, every root, worlds 1 to 4, the root's list
 as separate tensors (staged in C++) and as views of one tensor (handed over as it is). That the
 offer point ran them: the Python half's sequence number does not move while the core's does, once
-per call, and their works answer torch's Work contract as gloo's do. What the entry declines (a strided tensor) and what the Python half refuses (a wrong
-list, split sizes that do not add up) still reach the Python half, with its results and errors."""
+per call, and their works answer torch's Work contract as gloo's do. What the entry declines (a
+strided tensor) and what the Python half refuses (a wrong list, split sizes that do not add up)
+still reach the Python half, with its results and errors."""
 from __future__ import annotations
 
 import re
