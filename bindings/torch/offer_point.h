@@ -109,9 +109,9 @@ class FastDoneWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
 };
 
-// A backend's front stamps (RINGCOMM_TRACE: the Python half turns them on): CLOCK_MONOTONIC,
-// the core's trace clock, when the backend's allreduce() was entered and when it returned its
-// work, for the last such call. Off, they cost one relaxed load per call.
+// A backend's front stamps, off until its `_front_trace(True)` (torch_apart.py --trace turns
+// them on): CLOCK_MONOTONIC, the core's trace clock, when the backend's allreduce() was entered
+// and when it returned its work, for the last such call. Off, they cost one relaxed load per call.
 struct FrontStamps {
   std::atomic<bool> on{false};
   std::atomic<int64_t> in_ns{0}, out_ns{0};
