@@ -232,8 +232,31 @@ bool splits_of(py::handle h, int world, std::vector<int64_t>* s, bool* given) {
   return true;
 }
 
+int fast_all_to_all_v(void* h, const RcArray* in, const RcArray* out, const int64_t* send_counts,
+                      const int64_t* recv_counts, int32_t n, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] {
+    if (n < 0 || send_counts == nullptr || recv_counts == nullptr) return false;
+    const std::vector<int64_t> sc(send_counts, send_counts + n), rcn(recv_counts, recv_counts + n);
+    return rc::sync_all_to_all(*static_cast<FastHandle*>(h)->comm, *in, *out, &sc, &rcn);
+  });
+}
+
+int fast_gather(void* h, const RcArray* in, const RcArray* out, int32_t root, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] { return rc::sync_gather(*static_cast<FastHandle*>(h)->comm, *in, out, root); });
+}
+
+int fast_scatter(void* h, const RcArray* in, const RcArray* out, int32_t root, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] { return rc::sync_scatter(*static_cast<FastHandle*>(h)->comm, in, *out, root); });
+}
+
+int fast_barrier(void* h, char* msg, size_t msg_len) {
+  return fast_call(msg, msg_len, [&] { return rc::sync_barrier(*static_cast<FastHandle*>(h)->comm); });
+}
+
 const RcFastApi kFastApi = {RC_FAST_API_VERSION, sizeof(RcFastApi), &fast_release, &fast_all_reduce,
-                            &fast_broadcast,     &fast_reduce,       &fast_all_to_all};
+                            &fast_broadcast,     &fast_reduce,       &fast_all_to_all,
+                            &fast_all_to_all_v,  &fast_gather,       &fast_scatter,
+                            &fast_barrier};
 
 }  // namespace
 

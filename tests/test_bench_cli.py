@@ -317,6 +317,15 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
         for i in range(20):
             parts = [cell[k][i] for k in ("torch_in", "core", "torch_out")]
             assert all(v > 0 for v in parts) and sum(parts) <= cell["call"][i] + 1e-3, (name, i, parts)
+    # dist.all_reduce split at the backend's own allreduce(): its stamps lie between the Python
+    # call and the core's entry, and between the core's exit and the return to Python
+    cell = doc["cells"]["1024/ringcomm"]
+    for i in range(20):
+        way = [cell[k][i] for k in ("torch_way_in", "ours_in", "ours_out", "torch_way_out")]
+        assert all(v > 0 for v in way), (i, way)
+        assert abs(way[0] + way[1] - cell["torch_in"][i]) < 1e-3, (i, way, cell["torch_in"][i])
+        assert abs(way[2] + way[3] - cell["torch_out"][i]) < 1e-3, (i, way, cell["torch_out"][i])
+    assert "torch's way in" in r.stdout and "front_p50" in doc["summary"]["1024"]["ringcomm"]
     assert "| 1 KiB |" in r.stdout and "torch_in" in r.stdout
     if ds:
         assert len(doc["summary"]["1024"]["ratio"]["call"]) == 3
@@ -326,6 +335,34 @@ def test_torch_apart_probe_reports_each_call(tmp_path):
     for name in peers:
         assert f"| 1 KiB | {name} |" in r.stdout
     assert shm() <= before, shm() - before
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="the probe runs torch ranks")
+@pytest.mark.timeout(900)
+def test_torch_apart_probe_runs_every_peer_on_the_dtype_asked(tmp_path):
+    """torch_apart.py --dtype bfloat16: every peer (DeepSpeed's op where it is installed) runs on
+    bfloat16 buffers (the ranks report the dtype they ran, every result checked), the header and
+    the JSON say so, and a size that is no whole number of the dtype's elements is refused."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "probes" / "torch_apart.py"
+    out = tmp_path / "apart.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    ds = importlib.util.find_spec("deepspeed") is not None
+    peers = ["ringcomm", "ringcomm_fn"] + (["deepspeed"] if ds else [])
+    r = subprocess.run([sys.executable, str(script), "--sizes", "6,1K", "--calls", "5", "--warmup", "2",
+                        "--omp1", "--dtype", "bfloat16", "--peers", ",".join(peers), "--timeout", "600",
+                        "--json", str(out)], capture_output=True, text=True, timeout=840, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["dtype"] == "bfloat16" and doc["sizes"] == [6, 1024] and doc["peers"] == peers
+    assert doc["order"] == "shuffle" and "peers' order shuffle (seed 0)" in r.stdout
+    assert "\nall_reduce bfloat16 SUM in place" in "\n" + r.stdout, r.stdout[:2000]
+    assert "| 6 B |" in r.stdout
+    for name in peers:
+        assert len(doc["cells"][f"6/{name}"]["call"]) == 5
+    bad = subprocess.run([sys.executable, str(script), "--sizes", "6", "--calls", "1"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "whole number of float32 elements" in bad.stderr, bad.stderr
 
 
 def test_apart_summary_takes_the_median_over_runs(tmp_path):

@@ -7,7 +7,8 @@ RcFastApi table (``_set_fast_path``, the C ABI of ringcomm/abi.h), whose entries
 callbacks that record each offer and forward it to ringcomm._C's table, or decline it themselves
 (a case the real entry would take, changed in C++: Python must follow); and it wraps the
 communicator's binding (``Communicator._c``) to record what the Python half offers
-(``sync_all_reduce``, ``sync_broadcast``, ``sync_reduce``, ``sync_all_to_all``). Results are checked against the exact values."""
+(``sync_all_reduce``, ``sync_broadcast``, ``sync_reduce``, ``sync_all_to_all``; the trampoline also
+offers gather, scatter, barrier and split all_to_all, which the Python half then never offers). Results are checked against the exact values."""
 from __future__ import annotations
 
 import ctypes
@@ -28,6 +29,12 @@ _REDUCE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctype
                            ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t)
 _ALL_TO_ALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_void_p, ctypes.c_size_t)
+_ALL_TO_ALL_V = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64), ctypes.c_int32,
+                                 ctypes.c_void_p, ctypes.c_size_t)
+_ROOTED_PAIR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32,
+                                ctypes.c_void_p, ctypes.c_size_t)   # gather, scatter
+_BARRIER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 DONE, DECLINED = 0, -1   # RC_CALL_DONE, RC_CALL_DECLINED
 
 
@@ -35,7 +42,8 @@ class _Api(ctypes.Structure):
     """RcFastApi (ringcomm/abi.h)."""
     _fields_ = [("version", ctypes.c_uint32), ("size", ctypes.c_uint32), ("release", _RELEASE),
                 ("all_reduce", _ALL_REDUCE), ("broadcast", _BROADCAST), ("reduce", _REDUCE),
-                ("all_to_all", _ALL_TO_ALL)]
+                ("all_to_all", _ALL_TO_ALL), ("all_to_all_v", _ALL_TO_ALL_V), ("gather", _ROOTED_PAIR),
+                ("scatter", _ROOTED_PAIR), ("barrier", _BARRIER)]
 
 
 class Offers:
@@ -68,8 +76,29 @@ class Offers:
             self.log.append(("all_to_all", None, rc))
             return rc
 
+        def all_to_all_v(h, a, out, sc, rc_, n, msg, k):
+            rc = DECLINED if self.decline else real.all_to_all_v(h, a, out, sc, rc_, n, msg, k)
+            self.log.append(("all_to_all_v", (list(sc[:n]), list(rc_[:n])), rc))
+            return rc
+
+        def gather(h, a, out, root, msg, n):
+            rc = DECLINED if self.decline else real.gather(h, a, out, root, msg, n)
+            self.log.append(("gather", root, rc))
+            return rc
+
+        def scatter(h, a, out, root, msg, n):
+            rc = DECLINED if self.decline else real.scatter(h, a, out, root, msg, n)
+            self.log.append(("scatter", root, rc))
+            return rc
+
+        def barrier(h, msg, n):
+            rc = DECLINED if self.decline else real.barrier(h, msg, n)
+            self.log.append(("barrier", None, rc))
+            return rc
+
         self._fns = (_ALL_REDUCE(all_reduce), _BROADCAST(broadcast), _REDUCE(reduce),
-                     _ALL_TO_ALL(all_to_all))   # alive while the table is
+                     _ALL_TO_ALL(all_to_all), _ALL_TO_ALL_V(all_to_all_v), _ROOTED_PAIR(gather),
+                     _ROOTED_PAIR(scatter), _BARRIER(barrier))   # alive while the table is
         self.table = _Api(real.version, ctypes.sizeof(_Api), real.release, *self._fns)
         self.be = be
         self.on = bool(be._set_fast_path(ctypes.addressof(self.table), be.communicator._c._fast_handle()))
@@ -185,8 +214,17 @@ def _doors(rank, world):
             i = a2a_in()
             case(f"{tag}/all_to_all", lambda: dist.all_to_all_single(o, i, group=rc) or True,
                  lambda: torch.equal(o, a2a_want()))
+            g = shape(_values(rank, n))
+            lst = [torch.zeros(n) for _ in range(world)] if rank == 0 else None
+            case(f"{tag}/gather", lambda: dist.gather(g, gather_list=lst, dst=0, group=rc) or True,
+                 lambda: rank != 0 or all(torch.equal(lst[p], shape(_values(p, n)).reshape(-1)) for p in range(world)))
+            so = shape(torch.zeros(n))
+            sl = [_values(p, n) for p in range(world)] if rank == 0 else None
+            case(f"{tag}/scatter", lambda: dist.scatter(so, scatter_list=sl, src=0, group=rc) or True,
+                 lambda: torch.equal(so.reshape(-1), _values(rank, n)))
 
         rooted_cases("taken", True)
+        case("taken/barrier", lambda: dist.barrier(group=rc) or True, lambda: True)
         # (b) a call the entry declines (not contiguous): offered once, then the general path,
         # never offered again (neither by the binding nor through dist.all_reduce)
         for door in doors:
@@ -203,6 +241,7 @@ def _doors(rank, world):
         for door in doors:
             x = _values(rank)
             case(f"changed/{door}", lambda: all_reduce_by(door, x), lambda: torch.equal(x, _expect(world)))
+        case("changed/barrier", lambda: dist.barrier(group=rc) or True, lambda: True)
         y = _values(rank) if rank == 0 else torch.zeros(6)
         case("changed/broadcast", lambda: dist.broadcast(y, src=0, group=rc) or True,
              lambda: torch.equal(y, _values(0)))
@@ -289,17 +328,22 @@ def test_every_door_reaches_the_one_offer_point_once(world):
                                  "ok": True}, (case, out)
         # dist.reduce and dist.all_to_all_single (no split sizes) through the same offer point:
         # taken there, or declined (by the entry, or by the table) and then the general path
-        for coll, key in (("reduce", 0), ("all_to_all", None)):
+        for coll, key in (("reduce", 0), ("all_to_all", None), ("gather", 0), ("scatter", 0)):
             assert out[f"taken/{coll}"] == {"fast": [(coll, key, DONE)], "binding": [], "dist": 0,
                                             "ok": True}, (coll, out)
             for case in (f"declined/{coll}", f"changed/{coll}"):
                 assert out[case] == {"fast": [(coll, key, DECLINED)], "binding": [], "dist": 0,
-                                     "ok": True}, (case, out)
-        # not offered by the offer point: asynchronous (then not at all), split sizes (the
-        # Python half converts them to elements and offers the call once, through the binding)
+                                     "ok": True}, (case, out[case])
+        assert out["taken/barrier"] == {"fast": [("barrier", None, DONE)], "binding": [], "dist": 0,
+                                        "ok": True}, out
+        assert out["changed/barrier"] == {"fast": [("barrier", None, DECLINED)], "binding": [], "dist": 0,
+                                          "ok": True}, out
+        # not offered by the offer point: asynchronous (then not at all)
         assert out["async/reduce"] == {"fast": [], "binding": [], "dist": 0, "ok": True}, out
-        assert out["splits/all_to_all"] == {"fast": [], "binding": [("all_to_all", None, True)], "dist": 0,
-                                            "ok": True}, out
+        # split sizes: offered as element counts (rows of dim 0 times the row's elements)
+        w = len(res)
+        assert out["splits/all_to_all"] == {"fast": [("all_to_all_v", ([2] * w, [2] * w), DONE)], "binding": [],
+                                            "dist": 0, "ok": True}, out
         # not offered by the offer point: the Python half offers what it runs synchronously, once
         avg = out["avg"]
         assert avg["fast"] == [] and len(avg["binding"]) == 1 and avg["binding"][0][2] is True, out

@@ -14,6 +14,7 @@ backend pays; registered only for this peer). Prints a markdown table.
     python benchmarks/probes/torch_apart.py --omp1 --pin             # OMP_NUM_THREADS=1, one CPU per rank
     python benchmarks/probes/torch_apart.py --sizes 1K --calls 20 --peers ringcomm --json out.json
     python benchmarks/probes/torch_apart.py --omp1 --pin --load 1    # beside one busy process
+    python benchmarks/probes/torch_apart.py --dtype bfloat16         # every peer on bfloat16
     python benchmarks/probes/torch_apart.py --sizes 1K --peers ringcomm,null,ringcomm_fn --trace  # the front's floor
 
 Ranks start as fresh processes (``ringcomm.core.launch.spawn``, the environment torchrun gives:
@@ -22,14 +23,23 @@ RANK, WORLD_SIZE, LOCAL_RANK). The default process group is gloo; ``dist.new_gro
 peer, after ``--warmup`` untimed calls made the same way, each of ``--calls`` calls is: every rank
 fills the buffer with rank + 1, passes the separator's barrier, records its arrival on
 ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process of the machine),
-calls the all_reduce (float32, SUM, in place) and records its end. Every result is checked
-outside the timed span. The peers of one size take turns call by call (each round starting with
-the next peer), in the same processes, so a slow spell of the machine falls on all of them alike.
+calls the all_reduce (SUM, in place, of ``--dtype``: float32 or bfloat16, the same for every
+peer, DeepSpeed's op included) and records its end. Every result is checked
+outside the timed span. The peers of one size take turns call by call, in the same processes, so a
+slow spell of the machine falls on all of them alike; each round runs them in a new order
+(``--order shuffle``, the default: a permutation drawn from ``--seed``, the same on every rank),
+because a call's time depends on the call before it (what that left in the caches: a peer that
+always follows another ``dist.all_reduce`` finds torch's front warm, one that always follows
+DeepSpeed's op finds it cold). ``--order rotate`` starts each round one peer further, keeping
+the cyclic order, so every peer always follows the same one.
 ``--trace`` also splits the ringcomm peers' calls (RINGCOMM_TRACE on; the C++ record of each call is read
 after it, outside the timed span) into ``torch_in`` (Python call -> ringcomm's C++ entry: torch's
 ``dist.all_reduce``, its ProcessGroup and dispatcher, the c10d trampoline), ``core`` (entry ->
 exit: ringcomm's collective, waits included) and ``torch_out`` (exit -> back in Python: the Work
-and ``wait()``), medians over the calls of the last rank to arrive.
+and ``wait()``), medians over the calls of the last rank to arrive; and, from the ringcomm and
+null backends' own stamps around their ``allreduce()`` (FrontStamps, bindings/torch/offer_point.h),
+``dist.all_reduce`` into torch's way in, ours in (-> the core's entry), core, ours out (the core's
+exit -> the work returned) and torch's way out, against null's way in, ``allreduce()`` and way out.
 ``--load N`` runs N busy processes (``ringcomm.bench --load``'s: pure compute, not pinned) beside
 the ranks for the whole run, the other work of a shared machine. The header records the load
 average before the run, and each row the CPU time a call took on its rank's calling thread
@@ -62,6 +72,7 @@ PEERS = ("ringcomm", "ringcomm_fn", "ringcomm_op", "deepspeed", "torch_noop", "n
 UNCHECKED = ("torch_noop", "null")   # the peers that compute nothing
 TRACED = ("ringcomm", "ringcomm_fn", "ringcomm_op")   # the peers --trace splits (both run on the group's communicator)
 QUANTILES = (50, 90, 99)
+DTYPES = {"float32": 4, "bfloat16": 2}   # --dtype's choices and their element sizes
 DS_SHM_PREFIX = "deepspeed_allreduce_buffer"   # DeepSpeed's SHM_BUFFER_NAME (csrc/cpu/comm/shm.cpp)
 DS_ADDR = "127.0.0.1"
 
@@ -98,7 +109,8 @@ def _ds_module():
 
 
 def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int, warmup: int,
-            peers: list[str], pin: list[int] | None, omp_threads: int | None, trace: bool) -> dict:
+            peers: list[str], pin: list[int] | None, omp_threads: int | None, trace: bool,
+            dtype: str, order: str, seed: int) -> dict:
     if pin is not None:
         os.sched_setaffinity(0, {pin[rank % len(pin)]})
     from datetime import timedelta
@@ -137,18 +149,32 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
     clock = time.perf_counter
     # --trace: the C++ records are on CLOCK_MONOTONIC, which is perf_counter's clock on Linux.
     comm = rc._get_backend(torch.device("cpu")).communicator if trace and set(TRACED) & set(peers) else None
+    # --trace: the backends' own stamps around their allreduce() (FrontStamps in
+    # bindings/torch/offer_point.h), for dist.all_reduce on the ringcomm group and on the null one
+    front = {}
+    if trace:
+        for name, g in (("ringcomm", rc), ("null", nullg if "null" in peers else None)):
+            b = g._get_backend(torch.device("cpu")) if name in peers and g is not None else None
+            if b is not None and hasattr(b, "_front_trace"):
+                b._front_trace(True)
+                front[name] = b
     out = {"cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(), "cells": {}}
     try:
         for nbytes in sizes:
-            x = torch.empty(nbytes // 4, dtype=torch.float32)
+            x = torch.empty(nbytes // DTYPES[dtype], dtype=getattr(torch, dtype))
+            out["dtype"] = str(x.dtype).removeprefix("torch.")   # what every peer's calls ran on
             arrive = {name: np.empty(calls, np.float64) for name in peers}
             end = {name: np.empty(calls, np.float64) for name in peers}
             cpu = {name: np.empty(calls, np.float64) for name in peers}
             phases = {name: np.full((calls, 2), np.nan) for name in peers
                       if comm is not None and name in TRACED}
+            stamps = {name: np.full((calls, 2), np.nan) for name in front}
+            rng = np.random.default_rng([seed, nbytes])   # every rank draws the same orders
             for i in range(-warmup, calls):
-                k = i % len(peers)   # the peers take turns, starting one further each round
-                for name in peers[k:] + peers[:k]:
+                k = i % len(peers)   # rotate: the peers take turns, starting one further each round
+                turn = ([peers[j] for j in rng.permutation(len(peers))] if order == "shuffle"
+                        else peers[k:] + peers[:k])
+                for name in turn:
                     op = ops[name]
                     x.fill_(float(rank + 1))
                     dist.barrier(group=sep)
@@ -162,6 +188,9 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
                         if name in phases:
                             rec = comm.trace()[-1]
                             phases[name][i] = (rec["entry"] * 1e-9, rec["exit"] * 1e-9)
+                        if name in stamps:
+                            t_in, t_out = front[name]._front_stamps()
+                            stamps[name][i] = (t_in * 1e-9, t_out * 1e-9)
                     if name not in UNCHECKED and not bool(torch.all(x == want)):
                         raise RuntimeError(f"rank {rank}: {name} all_reduce of {nbytes} B gave "
                                            f"{x[:4].tolist()}, want {want}")
@@ -171,6 +200,8 @@ def _worker(rank: int, world: int, store_path: str, sizes: list[int], calls: int
                                                           "cpu": cpu[name].tolist()}
                 if name in phases:
                     cell["phases"] = phases[name].tolist()
+                if name in stamps:
+                    cell["front"] = stamps[name].tolist()
         dist.barrier(group=sep)
         stats = getattr(rc._get_backend(torch.device("cpu")), "communicator", None)
         out["wait_stats"] = stats.wait_stats() if stats is not None else {}
@@ -200,6 +231,17 @@ def split(ranks: list[dict]) -> dict:
         entry, leave = ph[last, calls, 0], ph[last, calls, 1]
         for seg, v in zip(TRACE_SEGMENTS, (entry - a, leave - entry, e - leave)):
             out[seg] = (v * 1e6).tolist()
+    if all("front" in r for r in ranks):
+        fr = np.array([r["front"] for r in ranks])             # rank, call, (backend in, backend out)
+        b_in, b_out = fr[last, calls, 0], fr[last, calls, 1]
+        a, e = arrive[last, calls], end[last, calls]
+        out["torch_way_in"] = ((b_in - a) * 1e6).tolist()       # Python -> the backend's allreduce()
+        out["torch_way_out"] = ((e - b_out) * 1e6).tolist()     # its work returned -> back in Python
+        if "core" in out:
+            out["ours_in"] = ((entry - b_in) * 1e6).tolist()    # allreduce() -> the core's entry
+            out["ours_out"] = ((b_out - leave) * 1e6).tolist()  # the core's exit -> its work returned
+        else:
+            out["backend"] = ((b_out - b_in) * 1e6).tolist()    # the whole allreduce()
     return out
 
 
@@ -213,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calls", type=int, default=200, help="timed calls per size and peer")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls before them")
     p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--order", choices=("shuffle", "rotate"), default="shuffle",
+                   help="the peers' order in each round: a new permutation (default) or the last one rotated")
+    p.add_argument("--seed", type=int, default=0, help="--order shuffle's seed (default 0)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32",
+                   help="the buffer's dtype, for every peer (default float32)")
     p.add_argument("--peers", default=None,
                    help="comma-separated, of ringcomm, ringcomm_fn, ringcomm_op, deepspeed, torch_noop, null (default: the first four, deepspeed where installed)")
     p.add_argument("--omp1", action="store_true", help="OMP_NUM_THREADS=1 in every rank (as torchrun sets it)")
@@ -232,8 +279,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     sizes = [parse_size(s) for s in a.sizes.split(",") if s]
     for s in sizes:
-        if s <= 0 or s % 4:
-            p.error(f"size {s} is not a positive whole number of float32 elements")
+        if s <= 0 or s % DTYPES[a.dtype]:
+            p.error(f"size {s} is not a positive whole number of {a.dtype} elements")
     if a.calls < 1 or a.warmup < 0 or a.load < 0:
         p.error("--calls must be >= 1, --warmup and --load >= 0")
     if a.peers is None:
@@ -265,7 +312,8 @@ def main(argv=None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="ringcomm-torch-apart-") as d, BusyLoad(a.load):
             res = spawn(_worker, a.world_size,
-                        (os.path.join(d, "store"), sizes, a.calls, a.warmup, peers, pin, omp, a.trace),
+                        (os.path.join(d, "store"), sizes, a.calls, a.warmup, peers, pin, omp, a.trace,
+                         a.dtype, a.order, a.seed),
                         timeout=a.timeout, env=env)
     finally:
         for path in _ds_shm_names(port, a.world_size):
@@ -283,9 +331,12 @@ def main(argv=None) -> int:
             summary[str(s)][name]["cpu_mean"] = cells[key]["cpu_mean"]
 
     env_line = " ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ) if k.startswith("RINGCOMM_"))
-    print(f"all_reduce float32 SUM in place, {a.world_size} ranks (torch; default group gloo, "
+    if any(r["dtype"] != a.dtype for r in res):
+        raise RuntimeError(f"--dtype {a.dtype}: the ranks ran {[r['dtype'] for r in res]}")
+    print(f"all_reduce {a.dtype} SUM in place, {a.world_size} ranks (torch; default group gloo, "
           f"each call after a barrier on another gloo group), {a.calls} calls per size after "
-          f"{a.warmup}; OMP threads {res[0]['threads']}, CPUs per rank "
+          f"{a.warmup}, peers' order {a.order}{f' (seed {a.seed})' if a.order == 'shuffle' else ''}; "
+          f"OMP threads {res[0]['threads']}, CPUs per rank "
           f"{[r['cpus'] for r in res]}; {a.load} busy processes beside them; load average before "
           f"{' '.join(f'{v:.2f}' for v in loadavg)}; {env_line or 'no RINGCOMM_ settings'}")
     print("ringcomm group's wait counters per rank (wait_stats()): "
@@ -342,9 +393,28 @@ def main(argv=None) -> int:
                 floor = float(np.median(cells[f"{s}/null"]["own_last"]))
                 summary[str(s)]["front_above_floor"] = {"front": front, "floor": floor, "above": front - floor}
                 print(f"| {fmt_size(s)} | {front:,.1f} | {floor:,.1f} | {front - floor:,.1f} |")
+    fronted = [n for n in ("ringcomm", "null") if n in peers and "torch_way_in" in cells[f"{sizes[0]}/{n}"]]
+    if a.trace and fronted:
+        print("\ndist.all_reduce split at the backend's own allreduce() (its stamps), the last rank to arrive, "
+              "median µs: torch's way in = Python call -> the backend's allreduce(); ours in = -> the core's "
+              "entry; core; ours out = the core's exit -> the work returned; torch's way out = -> back in Python "
+              "(null: its whole allreduce() under 'ours in')\n")
+        print("| size | peer | torch's way in | ours in | core | ours out | torch's way out | call (own) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for s in sizes:
+            for name in fronted:
+                c = cells[f"{s}/{name}"]
+                keys = (("torch_way_in", "ours_in", "core", "ours_out", "torch_way_out") if name == "ringcomm"
+                        else ("torch_way_in", "backend", None, None, "torch_way_out"))
+                med = {k: float(np.median(c[k])) for k in keys if k is not None}
+                med["own_last"] = float(np.median(c["own_last"]))
+                summary[str(s)][name]["front_p50"] = med
+                print(f"| {fmt_size(s)} | {name} | "
+                      + " | ".join("-" if k is None else f"{med[k]:,.2f}" for k in keys)
+                      + f" | {med['own_last']:,.1f} |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"world_size": a.world_size, "load": a.load, "loadavg": loadavg, "sizes": sizes, "peers": peers, "calls": a.calls,
+            json.dump({"world_size": a.world_size, "dtype": a.dtype, "order": a.order, "seed": a.seed, "load": a.load, "loadavg": loadavg, "sizes": sizes, "peers": peers, "calls": a.calls,
                        "warmup": a.warmup, "omp_threads": res[0]["threads"],
                        "cpus": [r["cpus"] for r in res], "env": env_line, "summary": summary,
                        "wait_stats": [r.get("wait_stats", {}) for r in res],

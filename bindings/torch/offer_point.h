@@ -7,6 +7,9 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <time.h>
+
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -65,9 +68,12 @@ bool describe(const at::Tensor& x, RcArray* a, int64_t (&strides)[RC_ARRAY_MAX_D
 // A handle (a reference to the communicator, from Communicator._fast_handle()) and the table
 // that releases it; shared by the calls in flight, so disabling never frees it under them.
 struct FastPath {
+  FastPath(const RcFastApi* a, void* h) : api(a), handle(h) {}
+  FastPath(const FastPath&) = delete;
+  FastPath& operator=(const FastPath&) = delete;
+  ~FastPath() { api->release(handle); }
   const RcFastApi* api;
   void* handle;
-  ~FastPath() { api->release(handle); }
 };
 
 // The fast path over the table at `api` with `handle` (taken over), or null for a table of another
@@ -75,14 +81,19 @@ struct FastPath {
 std::shared_ptr<const FastPath> make_fast_path(uintptr_t api, uintptr_t handle) {
   const auto* a = reinterpret_cast<const RcFastApi*>(api);
   if (!fast_api_ok(a) || handle == 0) return nullptr;
-  return std::shared_ptr<const FastPath>(new FastPath{a, reinterpret_cast<void*>(handle)});
+  // One allocation for the object and its count: a call reads both.
+  return std::make_shared<const FastPath>(a, reinterpret_cast<void*>(handle));
 }
 
-// The work of a collective the fast path ran: complete, successful, its tensor the result.
+// The work of a collective the fast path ran: complete, successful, its tensors the result.
+// Complete from birth: no other thread can see it before the constructor returns, so it sets
+// Work's flag without Work::finish()'s lock and wake-up.
 class FastDoneWork : public c10d::Work {
  public:
-  FastDoneWork(int rank, c10d::OpType op, const at::Tensor& t) : c10d::Work(rank, op), outputs_{t} {
-    finish();
+  FastDoneWork(int rank, c10d::OpType op, const at::Tensor& t) : FastDoneWork(rank, op, std::vector<at::Tensor>{t}) {}
+  FastDoneWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs)
+      : c10d::Work(rank, op), outputs_(std::move(outputs)) {
+    completed_ = true;
   }
   bool isCompleted() override { return true; }
   bool isSuccess() const override { return true; }
@@ -96,6 +107,30 @@ class FastDoneWork : public c10d::Work {
 
  private:
   std::vector<at::Tensor> outputs_;
+};
+
+// A backend's front stamps, off until its `_front_trace(True)` (torch_apart.py --trace turns
+// them on): CLOCK_MONOTONIC, the core's trace clock, when the backend's allreduce() was entered
+// and when it returned its work, for the last such call. Off, they cost one relaxed load per call.
+struct FrontStamps {
+  std::atomic<bool> on{false};
+  std::atomic<int64_t> in_ns{0}, out_ns{0};
+  static int64_t now() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  }
+  /// The entry stamp, or 0 while off.
+  int64_t enter() const { return on.load(std::memory_order_relaxed) ? now() : 0; }
+  /// Record a call entered at `t_in` (0: stamps off, nothing recorded) as leaving now.
+  void leave(int64_t t_in) {
+    if (t_in == 0) return;
+    out_ns.store(now(), std::memory_order_relaxed);
+    in_ns.store(t_in, std::memory_order_relaxed);
+  }
+  py::tuple get() const {
+    return py::make_tuple(in_ns.load(std::memory_order_relaxed), out_ns.load(std::memory_order_relaxed));
+  }
 };
 
 // Raise ringcomm's exception for ErrorCode `code` (ringcomm.core.errors.from_code), marked as raised
@@ -224,6 +259,37 @@ Offer offer_to_entry(const at::Tensor& x, F&& call) {
   int64_t strides[RC_ARRAY_MAX_DIMS];
   if (!describe(x, &a, strides)) return Offer::kNotOffered;
   return offer_described([&](char* msg, size_t len) { return call(&a, msg, len); });
+}
+
+// Offer tensors `in` and `out` (either may be null: no array, null handed to the entry) to one
+// RcFastApi entry (`call(in, out, msg, msg_len)`), as offer_to_entry offers one.
+template <class F>
+Offer offer_opt_pair_to_entry(const at::Tensor* in, const at::Tensor* out, F&& call) {
+  RcArray a, b;
+  int64_t sa[RC_ARRAY_MAX_DIMS], sb[RC_ARRAY_MAX_DIMS];
+  if ((in != nullptr && !describe(*in, &a, sa)) || (out != nullptr && !describe(*out, &b, sb)))
+    return Offer::kNotOffered;
+  return offer_described(
+      [&](char* msg, size_t len) { return call(in ? &a : nullptr, out ? &b : nullptr, msg, len); });
+}
+
+// One tensor over `ts` (world() of them, one dtype, one element count each) when they lie back
+// to back in one storage, contiguous: the 1-D view of them all; else undefined (the caller
+// stages a copy). No view for empty tensors (no address to compare).
+at::Tensor flat_view(const std::vector<at::Tensor>& ts) {
+  const at::Tensor& t0 = ts.at(0);
+  const int64_t n = t0.numel();
+  if (n == 0 || !t0.has_storage()) return at::Tensor();
+  const auto* base = static_cast<const char*>(t0.data_ptr());
+  const int64_t step = n * static_cast<int64_t>(t0.element_size());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const at::Tensor& t = ts[i];
+    if (!t.is_contiguous() || t.scalar_type() != t0.scalar_type() || t.numel() != n || !t.has_storage() ||
+        static_cast<const char*>(t.data_ptr()) != base + static_cast<int64_t>(i) * step ||
+        !t.storage().is_alias_of(t0.storage()))
+      return at::Tensor();
+  }
+  return t0.as_strided({n * static_cast<int64_t>(ts.size())}, {1}, t0.storage_offset());
 }
 
 // Offer tensors `in` and `out` to one RcFastApi entry (`call(in, out, msg, msg_len)`), as

@@ -7,19 +7,21 @@
 // in time against the installed torch: ringcomm._C never links torch.
 //
 // One exception, the latency-critical calls: the offer point (Trampoline::offer and the
-// functions it serves, offer_all_reduce and offer_all_to_all). Every torch call
-// on this backend that a synchronous entry may run comes through it once: dist.all_reduce,
-// dist.broadcast, dist.reduce and dist.all_to_all_single without split sizes (allreduce(),
-// broadcast(), reduce(), alltoall_base()), ringcomm.torch.all_reduce_'s direct call (all_reduce_now()) and
-// torch.ops.ringcomm.all_reduce_ (all_reduce_op()). It decides whether the call is one the entry
-// has (synchronous, one tensor described as an RcArray, a reduce op of RC_TORCH_OPS, the fast
-// path on) and, if so, offers it to the host communicator's synchronous entry
+// functions it serves, offer_all_reduce, offer_all_to_all, offer_gather, offer_scatter and
+// offer_barrier). Every torch call on this backend that a synchronous entry may run comes through
+// it once: dist.all_reduce, dist.broadcast, dist.reduce, dist.all_to_all_single (with or without
+// split sizes), dist.gather, dist.scatter and dist.barrier (allreduce(), broadcast(), reduce(),
+// alltoall_base(), gather(), scatter(), barrier()), ringcomm.torch.all_reduce_'s direct call
+// (all_reduce_now()) and torch.ops.ringcomm.all_reduce_ (all_reduce_op()). It decides whether
+// the call is one the entry has (synchronous, its tensors described as RcArrays, a reduce op of
+// RC_TORCH_OPS, a root's list or split sizes the Python half accepts, the fast path on) and, if
+// so, offers it to the host communicator's synchronous entry
 // (csrc/comm/sync_entry.h, whose rule decides whether it takes it) through RcFastApi,
 // ringcomm._C's C ABI, without the GIL or Python. Its answer (Offer) is the only word on what
 // happened: a call not offered goes to the Python override as every other call (which may offer
 // what it composes, an AVG say, to the entry through ringcomm's own API); a declined call goes
-// to the Python override marked `offered`, whose allreduce, broadcast, reduce and alltoall_base
-// then take the communicator's general path (Communicator.general(): never offered again). The Python half
+// to the Python override marked `offered`, whose allreduce, broadcast, reduce, alltoall_base,
+// gather, scatter and barrier then take the communicator's general path (Communicator.general(): never offered again). The Python half
 // turns the fast path on while nothing needs it (_set_fast_path: not coalescing, no issue hooks,
 // not shut down). The codes, the torch ops offered, the dimension limit and the ABI come from
 // ringcomm/abi.h (csrc/include, copied into the package beside this file's copy, and on the
@@ -140,12 +142,17 @@ using TensorLists = std::vector<std::vector<at::Tensor>>;
 
 // A backend that moves nothing (allreduce: a completed Work at once, the tensor untouched): its
 // dist.all_reduce is the floor every c10d backend pays. Registered only by ringcomm.torch.null_backend.
+// Its front stamps (FrontStamps) bracket allreduce() as the ringcomm backend's do.
 struct NullBackend : c10d::Backend {
   NullBackend(int rank, int size) : c10d::Backend(rank, size) {}
   const std::string getBackendName() const override { return "ringcomm_null"; }
   WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions&) override {
-    return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t.at(0));
+    const int64_t t_in = front_.enter();
+    WorkPtr w = c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t.at(0));
+    front_.leave(t_in);
+    return w;
   }
+  FrontStamps front_;
 };
 
 class Trampoline : public c10d::Backend {
@@ -217,15 +224,36 @@ class Trampoline : public c10d::Backend {
     RC_OFFERED("broadcast", BROADCAST, t[0], got, c10d::Backend::broadcast(t, o), t, o);
   }
   WorkPtr allreduce(Tensors& t, const c10d::AllreduceOptions& o) override {
+    const int64_t t_in = front_.enter();
     RC_COUNT();
     const Offer got = offer(t, o);
-    if (got == Offer::kDone) return c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t[0]);
+    if (got == Offer::kDone) {
+      WorkPtr w = c10::make_intrusive<FastDoneWork>(getRank(), c10d::OpType::ALLREDUCE, t[0]);
+      front_.leave(t_in);
+      return w;
+    }
     return allreduce_python(t, o, got == Offer::kDeclined);
   }
   WorkPtr reduce(Tensors& t, const c10d::ReduceOptions& o) override {
     RC_COUNT();
     const Offer got = offer(t, o);
     RC_OFFERED("reduce", REDUCE, t[0], got, c10d::Backend::reduce(t, o), t, o);
+  }
+  WorkPtr gather(TensorLists& outs, Tensors& in, const c10d::GatherOptions& o) override {
+    RC_COUNT();
+    const Offer got = offer_gather(outs, in, o);
+    const bool on_root = getRank() == o.rootRank && outs.size() == 1;
+    RC_OFFERED("gather", GATHER, on_root ? outs[0] : Tensors{}, got, c10d::Backend::gather(outs, in, o), outs, in, o);
+  }
+  WorkPtr scatter(Tensors& outs, TensorLists& ins, const c10d::ScatterOptions& o) override {
+    RC_COUNT();
+    const Offer got = offer_scatter(outs, ins, o);
+    RC_OFFERED("scatter", SCATTER, outs, got, c10d::Backend::scatter(outs, ins, o), outs, ins, o);
+  }
+  WorkPtr barrier(const c10d::BarrierOptions& o) override {
+    RC_COUNT();
+    const Offer got = offer_barrier(o);
+    RC_OFFERED("barrier", BARRIER, Tensors{}, got, c10d::Backend::barrier(o), o);
   }
   WorkPtr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
                         std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) override {
@@ -286,16 +314,127 @@ class Trampoline : public c10d::Backend {
       });
     });
   }
-  /// A c10d alltoall_base (dist.all_to_all_single), offered when it is synchronous, without
-  /// split sizes, of an input and an output of one element count (as the Python half requires).
+  /// A c10d alltoall_base (dist.all_to_all_single), offered when it is synchronous and, without
+  /// split sizes, of an input and an output of one element count (as the Python half requires);
+  /// with split sizes, when both sides' sizes are ones the Python half accepts (split_elements),
+  /// offered as element counts.
   Offer offer_all_to_all(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
                          const std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) {
-    if (o.asyncOp || !out_splits.empty() || !in_splits.empty() || out.numel() != in.numel())
-      return Offer::kNotOffered;
+    if (o.asyncOp) return Offer::kNotOffered;
+    if (out_splits.empty() && in_splits.empty()) {
+      if (out.numel() != in.numel()) return Offer::kNotOffered;
+      return with_fast([&](const FastPath& f) {
+        return offer_pair_to_entry(in, out, [&](const RcArray* a, const RcArray* b, char* msg, size_t len) {
+          return f.api->all_to_all(f.handle, a, b, msg, len);
+        });
+      });
+    }
+    std::vector<int64_t> sc, rcn;
+    if (!split_elements(in, in_splits, &sc) || !split_elements(out, out_splits, &rcn)) return Offer::kNotOffered;
     return with_fast([&](const FastPath& f) {
       return offer_pair_to_entry(in, out, [&](const RcArray* a, const RcArray* b, char* msg, size_t len) {
-        return f.api->all_to_all(f.handle, a, b, msg, len);
+        return f.api->all_to_all_v(f.handle, a, b, sc.data(), rcn.data(), static_cast<int32_t>(sc.size()), msg, len);
       });
+    });
+  }
+  /// torch's split sizes of `t` (rows of dim 0; none: an even split) as element counts, exactly
+  /// where the Python half's _split_elements accepts them (else false: it raises).
+  bool split_elements(const at::Tensor& t, const std::vector<int64_t>& splits, std::vector<int64_t>* e) const {
+    if (t.dim() == 0) return false;
+    int64_t row = 1;
+    for (int64_t d = 1; d < t.dim(); ++d) row *= t.size(d);
+    const int64_t w = getSize(), rows = t.size(0);
+    if (splits.empty()) {
+      if (rows % w != 0) return false;
+      e->assign(static_cast<size_t>(w), rows / w * row);
+      return true;
+    }
+    if (static_cast<int64_t>(splits.size()) != w) return false;
+    int64_t sum = 0;
+    for (const int64_t v : splits)
+      if (v < 0 || __builtin_add_overflow(sum, v, &sum)) return false;
+    if (sum != rows) return false;
+    e->clear();
+    for (const int64_t v : splits) e->push_back(v * row);
+    return true;
+  }
+  /// Whether `ts` holds world-size CPU strided tensors of `x`'s dtype and element count (the
+  /// root's list the Python half accepts for gather and scatter).
+  bool root_list_ok(const Tensors& ts, const at::Tensor& x) const {
+    if (static_cast<int64_t>(ts.size()) != getSize()) return false;
+    for (const at::Tensor& t : ts)
+      if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided || t.scalar_type() != x.scalar_type() ||
+          t.numel() != x.numel())
+        return false;
+    return true;
+  }
+  /// A c10d gather, offered when it is synchronous, of one CPU tensor, its root a rank of this
+  /// group, the root's list one the Python half accepts and no list elsewhere. The root's list
+  /// is handed over as one array when it lies back to back in memory, else gathered into a
+  /// staging tensor and copied out.
+  Offer offer_gather(TensorLists& outs, const Tensors& in, const c10d::GatherOptions& o) {
+    if (o.asyncOp || in.size() != 1 || o.rootRank < 0 || o.rootRank >= getSize()) return Offer::kNotOffered;
+    const at::Tensor& x = in[0];
+    if (!x.defined() || !x.device().is_cpu()) return Offer::kNotOffered;
+    const bool on_root = getRank() == o.rootRank;
+    if (on_root ? outs.size() != 1 || !root_list_ok(outs[0], x) : !outs.empty() && !outs[0].empty())
+      return Offer::kNotOffered;
+    const auto root = static_cast<int32_t>(o.rootRank);
+    return with_fast([&](const FastPath& f) {
+      at::Tensor flat;
+      bool staged = false;
+      if (on_root) {
+        flat = flat_view(outs[0]);
+        if (!flat.defined()) {
+          flat = at::empty({x.numel() * getSize()}, x.options());
+          staged = true;
+        }
+      }
+      const Offer got = offer_opt_pair_to_entry(
+          &x, on_root ? &flat : nullptr, [&](const RcArray* a, const RcArray* b, char* msg, size_t len) {
+            return f.api->gather(f.handle, a, b, root, msg, len);
+          });
+      if (got == Offer::kDone && staged) {
+        const int64_t n = x.numel();
+        for (size_t i = 0; i < outs[0].size(); ++i)
+          outs[0][i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[0][i].sizes()));
+      }
+      return got;
+    });
+  }
+  /// A c10d scatter, offered as gather is (the root's list staged into one tensor unless it lies
+  /// back to back in memory).
+  Offer offer_scatter(const Tensors& outs, const TensorLists& ins, const c10d::ScatterOptions& o) {
+    if (o.asyncOp || outs.size() != 1 || o.rootRank < 0 || o.rootRank >= getSize()) return Offer::kNotOffered;
+    const at::Tensor& y = outs[0];
+    if (!y.defined() || !y.device().is_cpu()) return Offer::kNotOffered;
+    const bool on_root = getRank() == o.rootRank;
+    if (on_root ? ins.size() != 1 || !root_list_ok(ins[0], y) : !ins.empty() && !ins[0].empty())
+      return Offer::kNotOffered;
+    const auto root = static_cast<int32_t>(o.rootRank);
+    return with_fast([&](const FastPath& f) {
+      at::Tensor flat;
+      if (on_root) {
+        flat = flat_view(ins[0]);
+        if (!flat.defined()) {
+          std::vector<at::Tensor> rows;
+          rows.reserve(ins[0].size());
+          for (const at::Tensor& t : ins[0]) rows.push_back(t.reshape({-1}));
+          flat = at::cat(rows);
+        }
+      }
+      return offer_opt_pair_to_entry(on_root ? &flat : nullptr, &y,
+                                     [&](const RcArray* a, const RcArray* b, char* msg, size_t len) {
+                                       return f.api->scatter(f.handle, a, b, root, msg, len);
+                                     });
+    });
+  }
+  /// A c10d barrier, offered when it is synchronous and without a timeout of its own (one the
+  /// Python half bounds the wait by).
+  Offer offer_barrier(const c10d::BarrierOptions& o) {
+    if (o.asyncOp || o.timeout.count() > 0) return Offer::kNotOffered;
+    return with_fast([&](const FastPath& f) {
+      return offer_described([&](char* msg, size_t len) { return f.api->barrier(f.handle, msg, len); });
     });
   }
 
@@ -353,8 +492,6 @@ class Trampoline : public c10d::Backend {
   RC_OP1(allreduce_sparse, AllreduceOptions)
   RC_OP2(allgather, TensorLists, Tensors, AllgatherOptions)
   RC_OP2(allgather_coalesced, TensorLists, Tensors, AllgatherOptions)
-  RC_OP2(gather, TensorLists, Tensors, GatherOptions)
-  RC_OP2(scatter, Tensors, TensorLists, ScatterOptions)
   RC_OP2(reduce_scatter, Tensors, TensorLists, ReduceScatterOptions)
   RC_OP2(_allgather_base, at::Tensor, at::Tensor, AllgatherOptions)
   RC_OP2(_reduce_scatter_base, at::Tensor, at::Tensor, ReduceScatterOptions)
@@ -373,10 +510,6 @@ class Trampoline : public c10d::Backend {
     RC_COUNT();
     RC_WORK("recv_anysource", recvAnysource, t, tag);
   }
-  WorkPtr barrier(const c10d::BarrierOptions& o) override {
-    RC_COUNT();
-    RC_WORK("barrier", barrier, o);
-  }
 
   /// abort() or shutdown(): the Python half's method `name`, then every later call raises
   /// ClosedError from C++ (the Python half is released once it has shut down).
@@ -388,6 +521,8 @@ class Trampoline : public c10d::Backend {
     }
     closed_.store(true, std::memory_order_release);
   }
+
+  FrontStamps front_;  // allreduce()'s stamps (RINGCOMM_TRACE)
 
   /// The fast path's table and handle while it is on, else null (held by the call in flight).
   std::shared_ptr<const FastPath> fast_path() {
@@ -525,9 +660,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Trampoline, c10d::Backend, c10::intrusive_ptr<Trampoline>>(m, "Trampoline")
       .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
       .def("_set_fast_path", &Trampoline::set_fast_path, py::arg("api"), py::arg("handle"))
-      .def("_direct_all_reduce", &make_direct_call);
+      .def("_direct_all_reduce", &make_direct_call)
+      .def("_front_trace", [](Trampoline& t, bool on) { t.front_.on.store(on); }, py::arg("on"))
+      .def("_front_stamps", [](const Trampoline& t) { return t.front_.get(); });
   py::class_<NullBackend, c10d::Backend, c10::intrusive_ptr<NullBackend>>(m, "NullBackend")
-      .def(py::init<int, int>(), py::arg("rank"), py::arg("size"));
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("size"))
+      .def("_front_trace", [](NullBackend& t, bool on) { t.front_.on.store(on); }, py::arg("on"))
+      .def("_front_stamps", [](const NullBackend& t) { return t.front_.get(); });
   if (PyType_Ready(&g_direct_call_type) < 0) throw py::error_already_set();
   // The entry's reduce-op code of each name torch.ops.ringcomm.all_reduce_ takes (RC_TORCH_OPS).
   py::dict ops;

@@ -193,8 +193,18 @@ typedef struct RcFastApi {
                 size_t msg_len);
   /* rc::sync_all_to_all: `in` into `out`, both cut into world-size even blocks. */
   int (*all_to_all)(void* handle, const RcArray* in, const RcArray* out, char* msg, size_t msg_len);
+  /* rc::sync_all_to_all with split sizes: `in` into `out`, block j of `in` `send_counts[j]`
+   * elements, block i of `out` `recv_counts[i]` (`n` counts each). */
+  int (*all_to_all_v)(void* handle, const RcArray* in, const RcArray* out, const int64_t* send_counts,
+                      const int64_t* recv_counts, int32_t n, char* msg, size_t msg_len);
+  /* rc::sync_gather: every rank's `in` into `out` on rank `root` (null elsewhere). */
+  int (*gather)(void* handle, const RcArray* in, const RcArray* out, int32_t root, char* msg, size_t msg_len);
+  /* rc::sync_scatter: the root's `in` (null elsewhere), block i into rank i's `out`. */
+  int (*scatter)(void* handle, const RcArray* in, const RcArray* out, int32_t root, char* msg, size_t msg_len);
+  /* rc::sync_barrier. */
+  int (*barrier)(void* handle, char* msg, size_t msg_len);
 } RcFastApi;
 
-#define RC_FAST_API_VERSION 4u
+#define RC_FAST_API_VERSION 5u
 
 #endif /* RC_ABI_H_ */

@@ -273,9 +273,10 @@ class Collectives(GroupCore):
             raise invalid(f"{coll}: only the root (rank {root}) may pass a {coll} list")
 
     @collective("gather")
-    def gather(self, output_tensors, input_tensors, opts=None):
+    def gather(self, output_tensors, input_tensors, opts=None, offered: bool = False):
+        """c10d ``gather``; ``offered`` as for ``allreduce``."""
         opts = opts if opts is not None else _c10d.GatherOptions()
-        inp, root, comm = one("gather", input_tensors), opts.rootRank, self._comm
+        inp, root, comm = one("gather", input_tensors), opts.rootRank, self._runner(offered)
         ibuf, _ = contig(inp)
         if self._rank != root:
             self._no_list_off_root("gather", output_tensors, root)
@@ -292,9 +293,10 @@ class Collectives(GroupCore):
         return self._run("gather", opts, [step], outs)
 
     @collective("scatter")
-    def scatter(self, output_tensors, input_tensors, opts=None):
+    def scatter(self, output_tensors, input_tensors, opts=None, offered: bool = False):
+        """c10d ``scatter``; ``offered`` as for ``allreduce``."""
         opts = opts if opts is not None else _c10d.ScatterOptions()
-        out, root, comm = one("scatter", output_tensors), opts.rootRank, self._comm
+        out, root, comm = one("scatter", output_tensors), opts.rootRank, self._runner(offered)
         obuf, staged = contig(out)
         flat = None
         if self._rank == root:
@@ -310,12 +312,13 @@ class Collectives(GroupCore):
 
     # ---- barrier ---------------------------------------------------------------------------------------
     @collective("barrier")
-    def barrier(self, opts=None):
+    def barrier(self, opts=None, offered: bool = False):
         """``opts.timeout`` (``dist.barrier(timeout=)``; unset: the group's timeout) bounds the
         wait: past it, ``ringcomm.TimeoutError`` naming the barrier. The barrier itself stays
-        issued, so a late rank still completes it and the ranks' collective order stays aligned."""
+        issued, so a late rank still completes it and the ranks' collective order stays aligned.
+        ``offered`` as for ``allreduce``."""
         opts = opts if opts is not None else _c10d.BarrierOptions()
-        comm = self._comm
+        comm = self._runner(offered)
         limit = timeout_seconds(getattr(opts, "timeout", None), 0.0)
         if limit <= 0 or limit >= self._timeout_s:
             return self._run("barrier", opts, [Step(lambda a: comm.barrier(async_op=a))], [])
