@@ -69,7 +69,10 @@ def _algo_expected(world, count, esize, cfg, coll):
     inslot = "direct/simple" if cfg == "board" else "direct/header_in_slot"
     if coll == "all_reduce":
         return inslot if direct else _above_direct(world, count * esize) + "/simple"
-    return "direct/header_in_slot" if cfg != "board" and direct else "chain/simple"
+    if cfg == "board":
+        return "chain/simple"
+    # Above the direct range the chain's head hands its first piece off with its header.
+    return "direct/header_in_slot" if direct else "chain/header_in_slot"
 
 
 def _path(rec):
@@ -139,6 +142,46 @@ def correctness_cases(rank, world):
                             rec = comm.trace()[-1]
                             algo = _algo_expected(world, count, es, name, "broadcast")
                             check(f"{tag}: algorithm {_path(rec)}", _path(rec) == algo)
+        # all_gather (the ring) and reduce (the chain) above the LL outbox: the first send (every
+        # rank's own block; the chain head's first piece) travels with the header unless the knob
+        # is off; blocks of different sizes, an empty one, and many pieces (the tiny config).
+        for dt in ("float32", "int32"):
+            es = esizes[dt]
+            for count in sorted({0, 1, 7, 300, 1025, 16385}):
+                blocks = [count + p for p in range(world)]
+                if world > 2:
+                    blocks[1] = 0
+                ins = [make(dt, blocks[p], p, 13, "SUM") for p in range(world)]
+                want = np.concatenate(ins)
+                for name, comm in comms.items():
+                    out = np.full(sum(blocks), SENTINEL, ins[rank].dtype)
+                    comm.all_gather(out, ins[rank])
+                    tag = f"{name} all_gather {dt} blocks={blocks}"
+                    check(tag, np.array_equal(out, want))
+                    if name != "ring" and world > 1 and sum(blocks) > 0:
+                        path = _path(comm.trace()[-1])
+                        check(f"{tag}: algorithm {path}",
+                              path == ("ring/simple" if name == "board" else "ring/header_in_slot"))
+                if count == 0:
+                    continue
+                xs = [make(dt, count, p, 17, "SUM") for p in range(world)]
+                ref = reference(xs, dt, "SUM", world)
+                for root in range(world):
+                    got = {}
+                    for name, comm in comms.items():
+                        x = xs[rank].copy()
+                        comm.reduce(x, root=root)
+                        tag = f"{name} reduce {dt} n={count} root={root}"
+                        if rank == root:
+                            check(tag, close_enough(x, ref, dt, "SUM"))
+                            got[name] = x.tobytes()
+                        if name != "ring" and world > 1:
+                            path = _path(comm.trace()[-1])
+                            want_path = ("direct/ll" if count * es <= LL_BYTES.get(name, 0)
+                                         else "chain/simple" if name == "board" else "chain/header_in_slot")
+                            check(f"{tag}: algorithm {path}", path == want_path)
+                    for name in got:
+                        check(f"{name} reduce differs bitwise from the chain, n={count}", got[name] == got["board"])
         # Order-sensitive floating sums: bit for bit the order model (order_ref) on every path.
         for dt in (np.float16, np.float32, np.float64):
             for count in sorted({1, 7, 13, 5 * world + 1, *_thresholds(world, np.dtype(dt).itemsize)}):
@@ -285,6 +328,34 @@ def mismatch_cases(rank, world):
              lambda comm, guard: (rs(6 * world) if rank == last else ar(6))(comm, guard))
     scenario("reduce_scatter counts differ, many pieces", "tiny",
              by_rank(lambda r: rs(300 * world if r == 0 else 300 * world + 1)))
+    # the chains and the all_gather ring hand their first piece off with the header
+    big = thr + 1  # above the direct range: the broadcast's chain
+    scenario("broadcast chain counts differ", "inslot", by_rank(lambda r: bc(big if r == 0 else big + 1, 0)))
+    scenario("broadcast chain vs all_reduce", "inslot",
+             lambda comm, guard: (bc(big, last) if rank == last else ar(6))(comm, guard))
+
+    def red(count, root):
+        # the root reduces into the guarded buffer
+        def call(comm, guard):
+            x = np.full(count, rank + 1, np.float32)
+            comm.reduce(x, root=root, output=guard[:count] if rank == root else None)
+        return call
+
+    scenario("reduce counts differ", "inslot", by_rank(lambda r: red(5 if r == 0 else 6, 0)))
+    scenario("reduce roots differ", "inslot", by_rank(lambda r: red(6, 0 if r == 0 else last)))
+    scenario("reduce counts differ, many pieces", "tiny", by_rank(lambda r: red(300 if r == 0 else 301, last)))
+
+    def ag(mine, total):
+        def call(comm, guard):
+            comm.all_gather(guard[:total], np.full(mine, rank + 1, np.float32))
+        return call
+
+    # rank 0's block is one short of what every output holds; then an empty block on rank 0
+    scenario("all_gather blocks differ", "inslot", by_rank(lambda r: ag(5 if r == 0 else 6, 6 * world)))
+    scenario("all_gather empty block vs all_reduce", "inslot",
+             lambda comm, guard: (ar(6) if rank == last else ag(0 if rank == 0 else 6, 6 * (world - 1)))(comm, guard))
+    scenario("all_gather blocks differ, many pieces", "tiny",
+             by_rank(lambda r: ag(300 if r == 0 else 301, 301 * world)))
     ok = all(after_ok(comms[c], 300) for c in ("inslot", "ll", "tiny"))
     for c in comms.values():
         c.close()

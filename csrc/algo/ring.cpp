@@ -107,7 +107,18 @@ void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t co
   }
 }
 
-void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts) {
+void ring_all_gather_send_first(const AlgoCtx& c, const char* in, int64_t count, int64_t total) {
+  const int n = c.world;
+  if (count == 0 || n == 1) return;
+  int64_t o, m;
+  piece_bounds(0, count, 0, c.piece_elems(), &o, &m);
+  // The piece's place in the output (its slot offset only): the ring's when the blocks are even.
+  const int64_t at = total == count * n ? c.rank * count + o : -1;
+  send_copy(c, ring::right(c.rank, n), in + o * c.esize, at, m, wait_ctx(c, 0, n - 1));
+}
+
+void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts,
+                     bool first_sent) {
   const int n = c.world, r = c.rank;
   std::vector<int64_t> off(n, 0);
   int64_t total = 0, max_cnt = 0;
@@ -135,7 +146,7 @@ void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vec
     int64_t o, m;
     piece_bounds(0, counts[r], j, pe, &o, &m);
     if (m > 0) {
-      send_copy(c, R, src + o * es, off[r] + o, m, wait_ctx(c, 0, n - 1));
+      if (j > 0 || !first_sent) send_copy(c, R, src + o * es, off[r] + o, m, wait_ctx(c, 0, n - 1));
       if (src != own) copy_elems(c, own + o * es, src + o * es, m);
     }
     ag_piece_recv(c, counts, off, out, j, pe, 0, n - 1);

@@ -59,9 +59,26 @@ void ag_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&
   check_all_gather_block(c.rank, a.in, a.out, counts, a.out_count, c.esize);
   ring_all_gather(c, in_of(a), out_of(a), counts);
 }
+void ag_ring_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
+  std::vector<int64_t> counts(c.world, 0);
+  for (int p = 0; p < c.world; ++p) counts[p] = hs[p].count2;
+  check_all_gather_block(c.rank, a.in, a.out, counts, a.out_count, c.esize);
+  ring_all_gather(c, in_of(a), out_of(a), counts, /*first_sent=*/true);
+}
+// Sends iff this rank's own block is not empty (slot_before_header).
+void ag_ring_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
+  ring_all_gather_send_first(c, in_of(a), mine.count2, mine.count);
+}
 
 void bc_chain(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   chain_broadcast(c, out_of(a), a.count, a.root);
+}
+void bc_chain_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  chain_broadcast(c, out_of(a), a.count, a.root, /*first_sent=*/c.rank == a.root);
+}
+// Only the root, the chain's head, sends first (slot_before_header).
+void bc_chain_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
+  if (c.rank == a.root) chain_send_first(c, out_of(a), a.count);
 }
 void bc_direct_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   direct_broadcast(c, out_of(a), a.count, a.root, /*first_sent=*/c.rank == a.root);
@@ -84,6 +101,14 @@ void bc_cma_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) { cma_
 
 void reduce_chain(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   chain_reduce(c, in_of(a), out_of(a), a.count, a.op, a.root);
+}
+bool reduce_chain_head(const AlgoCtx& c, const CollArgs& a) { return c.rank == (a.root + 1) % c.world; }
+void reduce_chain_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  chain_reduce(c, in_of(a), out_of(a), a.count, a.op, a.root, /*first_sent=*/reduce_chain_head(c, a));
+}
+// Only rank root+1, the chain's head, sends first (slot_before_header).
+void reduce_chain_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
+  if (reduce_chain_head(c, a)) chain_send_first(c, in_of(a), a.count);
 }
 void reduce_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   ll_reduce(c, in_of(a), out_of(a), a.count, a.op, a.root);
@@ -134,12 +159,15 @@ const Route kRoutes[] = {
     {Coll::kReduceScatter, Algo::kDirect, Proto::kHeaderInSlot, rs_direct_after_first, rs_direct_first},
     {Coll::kReduceScatter, Algo::kDirect, Proto::kLL, rs_ll, rs_ll_first},
     {Coll::kAllGather, Algo::kRing, Proto::kSimple, ag_ring, nullptr},
+    {Coll::kAllGather, Algo::kRing, Proto::kHeaderInSlot, ag_ring_after_first, ag_ring_first},
     {Coll::kAllGather, Algo::kDirect, Proto::kCMA, ag_cma, in_cma_first},
     {Coll::kBroadcast, Algo::kChain, Proto::kSimple, bc_chain, nullptr},
+    {Coll::kBroadcast, Algo::kChain, Proto::kHeaderInSlot, bc_chain_after_first, bc_chain_first},
     {Coll::kBroadcast, Algo::kDirect, Proto::kHeaderInSlot, bc_direct_after_first, bc_direct_first},
     {Coll::kBroadcast, Algo::kDirect, Proto::kLL, bc_ll, bc_ll_first},
     {Coll::kBroadcast, Algo::kDirect, Proto::kCMA, bc_cma, bc_cma_first},
     {Coll::kReduce, Algo::kChain, Proto::kSimple, reduce_chain, nullptr},
+    {Coll::kReduce, Algo::kChain, Proto::kHeaderInSlot, reduce_chain_after_first, reduce_chain_first},
     {Coll::kReduce, Algo::kDirect, Proto::kLL, reduce_ll, reduce_ll_first},
     {Coll::kAllToAll, Algo::kDirect, Proto::kSimple, a2a_direct, nullptr},
     {Coll::kAllToAll, Algo::kDirect, Proto::kCMA, a2a_cma, in_cma_first},

@@ -111,6 +111,12 @@ bool header_in_slot(int64_t bytes, int world, const SelectionKnobs& k, const Dev
   return k.header_in_slot && caps.header_slot && world > 1 && bytes > 0;
 }
 
+// The chains and the ring all_gather: the head's (every rank's, for the all_gather) piece 0 goes
+// to its ring successor before the header wherever the header slot is on.
+Proto chain_proto(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  return header_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
+}
+
 Store store_of(Coll coll, int64_t bytes, const SelectionKnobs& k, const DeviceCaps& caps) {
   if (!caps.streaming_stores || coll == Coll::kBarrier || coll == Coll::kRejected) return Store::kCached;
   // all_to_all's per-rank sizes differ: its size for the rule is 0 on every rank.
@@ -172,7 +178,7 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
         s.proto = Proto::kHeaderInSlot;
       } else {
         s.algo = Algo::kChain;
-        s.proto = Proto::kSimple;
+        s.proto = chain_proto(bytes, world, k, caps);
       }
       break;
     case Coll::kReduceScatter:
@@ -191,8 +197,15 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       }
       break;
     case Coll::kAllGather:
-      s.algo = fits_cma(bytes, k, caps) ? Algo::kDirect : Algo::kRing;
-      s.proto = s.algo == Algo::kDirect ? Proto::kCMA : Proto::kSimple;
+      // The ring's first send (this rank's piece 0 to its successor) depends on nothing: it goes
+      // with the header wherever the header slot is on.
+      if (fits_cma(bytes, k, caps)) {
+        s.algo = Algo::kDirect;
+        s.proto = Proto::kCMA;
+      } else {
+        s.algo = Algo::kRing;
+        s.proto = chain_proto(bytes, world, k, caps);
+      }
       break;
     case Coll::kReduce:
       // The LL outbox (one hand-off: the root reads every input in place), the chain above.
@@ -201,7 +214,7 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
         s.proto = Proto::kLL;
       } else {
         s.algo = Algo::kChain;
-        s.proto = Proto::kSimple;
+        s.proto = chain_proto(bytes, world, k, caps);
       }
       break;
     case Coll::kAllToAll:
@@ -286,7 +299,7 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   if (inslot && caps.host_algorithms) o << "direct/header_in_slot in all_reduce's direct range, ";
   if (caps.cma && k.cma_min_bytes > 0 && k.cma_broadcast_min_bytes > 0)
     o << "direct/cma from " << k.cma_broadcast_min_bytes << " B, ";
-  o << "chain/simple above; reduce_scatter ";
+  o << "chain/" << (inslot ? "header_in_slot" : "simple") << " above; reduce_scatter ";
   if (caps.ll_bytes > 0 && k.algo == SelectionKnobs::Forced::kAuto)
     o << "direct/ll up to " << caps.ll_bytes << " B, ";
   if (caps.host_algorithms && k.algo == SelectionKnobs::Forced::kDirect) {
@@ -298,7 +311,7 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
     o << "ring/simple; all_gather ";
   }
   if (caps.cma && k.cma_min_bytes > 0) o << "direct/cma from " << k.cma_min_bytes << " B, ";
-  o << "ring/simple; all_to_all direct/";
+  o << "ring/" << (inslot ? "header_in_slot" : "simple") << "; all_to_all direct/";
   if (caps.cma && k.cma_min_bytes > 0) {
     o << "cma (inputs of " << k.cma_min_bytes << " B or more, even splits on every rank; else through slots)";
   } else {
@@ -306,7 +319,7 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   }
   o << "; reduce ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
-  o << "chain/simple above; store ";
+  o << "chain/" << (inslot ? "header_in_slot" : "simple") << " above; store ";
   if (!caps.streaming_stores || k.stream == SelectionKnobs::Stream::kOff) {
     o << "cached";
   } else if (k.stream == SelectionKnobs::Stream::kOn) {
@@ -317,30 +330,39 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   return o.str();
 }
 
-bool slot_before_header(const CollHeader& h, int poster) {
+bool slot_before_header(const CollHeader& h, int poster, int world) {
   if (h.count <= 0 || h.proto != static_cast<uint8_t>(Proto::kHeaderInSlot)) return false;
   switch (static_cast<Coll>(h.coll)) {
     case Coll::kAllReduce: return true;
     case Coll::kBroadcast: return h.root == poster;
     case Coll::kReduceScatter: return true;
+    case Coll::kAllGather: return h.count2 > 0;  // the poster's own block
+    case Coll::kReduce: return world > 1 && poster == ring::right(static_cast<int>(h.root), world);
     default: return false;
   }
 }
 
 bool slot_before_header_for(const CollHeader& h, int poster, int reader, int world) {
-  if (!slot_before_header(h, poster)) return false;
-  // The reduce_scatter's first piece goes to the poster's ring predecessor only.
-  return static_cast<Coll>(h.coll) != Coll::kReduceScatter || reader == ring::left(poster, world);
+  if (!slot_before_header(h, poster, world)) return false;
+  switch (static_cast<Coll>(h.coll)) {
+    // The reduce_scatter's first piece goes to the poster's ring predecessor only.
+    case Coll::kReduceScatter: return reader == ring::left(poster, world);
+    // The direct broadcast's to every peer; a chain's and the all_gather ring's to the successor.
+    case Coll::kBroadcast: return h.algo == static_cast<uint8_t>(Algo::kDirect) || reader == ring::right(poster, world);
+    case Coll::kAllGather:
+    case Coll::kReduce: return reader == ring::right(poster, world);
+    default: return true;
+  }
 }
 
-bool sent_before_header(const CollHeader& h, int poster) {
+bool sent_before_header(const CollHeader& h, int poster, int world) {
   if (h.proto == static_cast<uint8_t>(Proto::kCMA)) return true;
   if (h.count <= 0) return false;
   if (h.proto == static_cast<uint8_t>(Proto::kLL)) {
     const Coll c = static_cast<Coll>(h.coll);
     return c == Coll::kAllReduce || c == Coll::kReduceScatter || c == Coll::kBroadcast || c == Coll::kReduce;
   }
-  return slot_before_header(h, poster);
+  return slot_before_header(h, poster, world);
 }
 
 }  // namespace rc
