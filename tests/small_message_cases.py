@@ -24,6 +24,9 @@ CONFIGS = {
     "ring": {"RINGCOMM_ALGO": "ring"},
     "tiny": {"RINGCOMM_ALGO": "direct", "RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "256",
              "RINGCOMM_NSLOTS": "2", "RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_TRACE": "4"},
+    # the ring and the chains with 256-byte slots: only their first piece travels with the header
+    "ring_tiny": {"RINGCOMM_ALGO": "ring", "RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "256",
+                  "RINGCOMM_NSLOTS": "2", "RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_TRACE": "4"},
 }
 
 
@@ -65,10 +68,16 @@ def _algo_expected(world, count, esize, cfg, coll):
     (world > 1)."""
     if count * esize <= LL_BYTES.get(cfg, 0):
         return "direct/ll"
+    if cfg == "ring_tiny":
+        return "ring/header_in_slot" if coll == "all_reduce" else "chain/header_in_slot"
     direct = _direct_expected(world, count, esize, cfg)
     inslot = "direct/simple" if cfg == "board" else "direct/header_in_slot"
     if coll == "all_reduce":
-        return inslot if direct else _above_direct(world, count * esize) + "/simple"
+        if direct:
+            return inslot
+        above = _above_direct(world, count * esize)
+        # the ring's RS step 0 goes with the header (its chunk is not empty above the direct range)
+        return above + ("/header_in_slot" if above == "ring" and cfg != "board" else "/simple")
     if cfg == "board":
         return "chain/simple"
     # Above the direct range the chain's head hands its first piece off with its header.
@@ -182,6 +191,24 @@ def correctness_cases(rank, world):
                             check(f"{tag}: algorithm {path}", path == want_path)
                     for name in got:
                         check(f"{name} reduce differs bitwise from the chain, n={count}", got[name] == got["board"])
+        # all_to_all: round 1's first message travels with the header unless the knob is off;
+        # blocks of different sizes (block p -> q holds count + p + 2q elements), an empty one,
+        # and many pieces (the tiny config).
+        for count in (0, 1, 300, 4097):
+            def blk(p, q):
+                return 0 if (world > 2 and p == 0 and q == 1) else count + p + 2 * q
+            data = {p: [np.full(blk(p, q), 1000 * p + q, np.int32) for q in range(world)] for p in range(world)}
+            send = np.concatenate(data[rank])
+            want = np.concatenate([data[p][rank] for p in range(world)])
+            for name, comm in comms.items():
+                out = np.full(want.size, SENTINEL, np.int32)
+                comm.all_to_all(out, send, output_splits=[blk(p, rank) for p in range(world)],
+                                input_splits=[blk(rank, q) for q in range(world)])
+                tag = f"{name} all_to_all n={count}"
+                check(tag, np.array_equal(out, want))
+                if name != "ring" and world > 1:
+                    path = _path(comm.trace()[-1])
+                    check(f"{tag}: algorithm {path}", path in ("direct/simple", "direct/cma"))
         # Order-sensitive floating sums: bit for bit the order model (order_ref) on every path.
         for dt in (np.float16, np.float32, np.float64):
             for count in sorted({1, 7, 13, 5 * world + 1, *_thresholds(world, np.dtype(dt).itemsize)}):
@@ -223,6 +250,7 @@ def mismatch_cases(rank, world):
         "inslot": init_under_env(rank, world, "inslot", {"RINGCOMM_LL_MAX_BYTES": "0"}),
         "ll": init_under_env(rank, world, "ll", {}),
         "tiny": init_under_env(rank, world, "tiny", CONFIGS["tiny"]),
+        "ring_tiny": init_under_env(rank, world, "ring_tiny", CONFIGS["ring_tiny"]),
         # rank 0 without the in-slot path, the others with it: the headers say so and differ
         "mixed": init_under_env(rank, world, "mixed", {"RINGCOMM_HEADER_IN_SLOT": "off" if rank == 0 else "on",
                                                "RINGCOMM_LL_MAX_BYTES": "0"}),
@@ -253,11 +281,17 @@ def mismatch_cases(rank, world):
             # take different paths); it stays usable for everything else
             again = _attempt(lambda: ar(6)(comm, guard))[0] == "MismatchError"
             comm.barrier()
-            # the same algorithm on every rank: the ring, or (mixed_ll) the direct all_reduce above
-            # the LL outbox's size
-            x = np.full(thr + 1 if comm_name == "mixed" else thr, rank + 1.0, np.float32)
-            comm.all_reduce(x)
-            after = again and bool((x == world * (world + 1) / 2).all())
+            if comm_name == "mixed":
+                # every all_reduce's protocol differs; the all_to_all's header names none (each
+                # rank's says whether its own first message went with it)
+                y = np.zeros(3 * world, np.float32)
+                comm.all_to_all(y, np.full(3 * world, rank + 1.0, np.float32))
+                after = again and bool((y == np.repeat(np.arange(1, world + 1, dtype=np.float32), 3)).all())
+            else:
+                # the same algorithm on every rank: the direct all_reduce above the LL outbox's size
+                x = np.full(thr, rank + 1.0, np.float32)
+                comm.all_reduce(x)
+                after = again and bool((x == world * (world + 1) / 2).all())
         else:
             after = after_ok(comm)
         out.append((name, rank, res[0], res[1], untouched, after))
@@ -300,6 +334,7 @@ def mismatch_cases(rank, world):
     scenario("in-slot vs header exchange first (knob differs)", "mixed", ar(6))
     scenario("ll vs in-slot (knob differs)", "mixed_ll", ar(6))
     scenario("counts differ, many pieces", "tiny", by_rank(lambda r: ar(300 if r == 0 else 301)))
+    scenario("ring counts differ, many pieces", "ring_tiny", by_rank(lambda r: ar(300 if r == 0 else 301)))
     scenario("in-slot many pieces vs broadcast", "tiny",
              lambda comm, guard: (bcast if rank == last else ar(300))(comm, guard))
     def bc(count, root, dtype=np.float32):
@@ -356,7 +391,16 @@ def mismatch_cases(rank, world):
              lambda comm, guard: (ar(6) if rank == last else ag(0 if rank == 0 else 6, 6 * (world - 1)))(comm, guard))
     scenario("all_gather blocks differ, many pieces", "tiny",
              by_rank(lambda r: ag(300 if r == 0 else 301, 301 * world)))
-    ok = all(after_ok(comms[c], 300) for c in ("inslot", "ll", "tiny"))
+    def a2a(count):
+        def call(comm, guard):
+            comm.all_to_all(guard[:count * world], np.full(count * world, rank + 1, np.float32))
+        return call
+
+    # round 1's first message went with the header: drained by its reader
+    scenario("all_to_all vs all_reduce", "inslot", lambda comm, guard: (ar(6) if rank == last else a2a(5))(comm, guard))
+    scenario("all_to_all vs broadcast, many pieces", "tiny",
+             lambda comm, guard: (bcast if rank == last else a2a(300))(comm, guard))
+    ok = all(after_ok(comms[c], 300) for c in ("inslot", "ll", "tiny", "ring_tiny"))
     for c in comms.values():
         c.close()
     return out, ok

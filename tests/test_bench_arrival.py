@@ -212,7 +212,7 @@ def test_cli_trace_table_at_given_sizes():
     # header in the first slot, the ring over slots and the chain with its first piece in the slot
     algos = {(row[0], row[1]): row[4] for row in rows}
     assert algos[("all_reduce", "256B")] == "direct/ll" and algos[("all_reduce", "16K")] == "direct/header_in_slot"
-    assert algos[("all_reduce", "1M")] == "ring/simple" and algos[("broadcast", "1M")] == "chain/header_in_slot"
+    assert algos[("all_reduce", "1M")] == "ring/header_in_slot" and algos[("broadcast", "1M")] == "chain/header_in_slot"
     assert "# check: ok" in r.stdout
 
 

@@ -162,7 +162,9 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
         break;
       }
       s.algo = all_reduce_algo(bytes, world, k, caps);
-      s.proto = s.algo == Algo::kDirect && header_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
+      s.proto = (s.algo == Algo::kDirect || s.algo == Algo::kRing) && header_in_slot(bytes, world, k, caps)
+                    ? Proto::kHeaderInSlot
+                    : Proto::kSimple;
       break;
     case Coll::kBroadcast:
       // Direct (the root copies the message once per peer) wherever the direct all_reduce would
@@ -193,7 +195,7 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
         s.proto = header_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
       } else {
         s.algo = Algo::kRing;
-        s.proto = Proto::kSimple;
+        s.proto = chain_proto(bytes, world, k, caps);
       }
       break;
     case Coll::kAllGather:
@@ -292,7 +294,7 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
     } else {
       o << "no two_shot below " << k.two_shot_min_world << " ranks, ";
     }
-    o << "ring/simple above)";
+    o << "ring/" << (inslot ? "header_in_slot" : "simple") << " above)";
   }
   o << "; broadcast ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
@@ -308,7 +310,7 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
     if (caps.host_algorithms && k.algo == SelectionKnobs::Forced::kAuto)
       o << "direct/" << (inslot ? "header_in_slot" : "simple") << " while bytes x (N-1) / N <= " << k.direct_max_bytes
         << " B, ";
-    o << "ring/simple; all_gather ";
+    o << "ring/" << (inslot ? "header_in_slot" : "simple") << "; all_gather ";
   }
   if (caps.cma && k.cma_min_bytes > 0) o << "direct/cma from " << k.cma_min_bytes << " B, ";
   o << "ring/" << (inslot ? "header_in_slot" : "simple") << "; all_to_all direct/";
@@ -317,6 +319,7 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   } else {
     o << "simple";
   }
+  if (all_to_all_first_in_slot(world, k, caps)) o << " (round 1's first message with the header)";
   o << "; reduce ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
   o << "chain/" << (inslot ? "header_in_slot" : "simple") << " above; store ";
@@ -330,12 +333,25 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   return o.str();
 }
 
+bool all_to_all_first_in_slot(int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  return k.header_in_slot && caps.header_slot && world > 1;
+}
+
 bool slot_before_header(const CollHeader& h, int poster, int world) {
+  // The all_to_all's message exists even for an empty block (every rank's header tells its own).
+  if (static_cast<Coll>(h.coll) == Coll::kAllToAll) return (h.flags & kHeaderFirstInSlot) != 0 && world > 1;
   if (h.count <= 0 || h.proto != static_cast<uint8_t>(Proto::kHeaderInSlot)) return false;
   switch (static_cast<Coll>(h.coll)) {
-    case Coll::kAllReduce: return true;
+    case Coll::kAllReduce:
+    case Coll::kReduceScatter: {
+      if (h.algo != static_cast<uint8_t>(Algo::kRing)) return true;  // direct: always one message
+      // The ring's RS step 0 (chunk poster-1 to the successor), where that chunk is not empty.
+      const int k0 = ring::rs_send(poster, 0, world);
+      const int64_t es = static_cast<int64_t>(dtype_size(static_cast<DType>(h.dtype)));
+      return static_cast<Coll>(h.coll) == Coll::kAllReduce ? ring::ar_chunk_count(h.count, world, es, k0) > 0
+                                                            : ring::chunk_count(h.count, world, k0) > 0;
+    }
     case Coll::kBroadcast: return h.root == poster;
-    case Coll::kReduceScatter: return true;
     case Coll::kAllGather: return h.count2 > 0;  // the poster's own block
     case Coll::kReduce: return world > 1 && poster == ring::right(static_cast<int>(h.root), world);
     default: return false;
@@ -345,11 +361,15 @@ bool slot_before_header(const CollHeader& h, int poster, int world) {
 bool slot_before_header_for(const CollHeader& h, int poster, int reader, int world) {
   if (!slot_before_header(h, poster, world)) return false;
   switch (static_cast<Coll>(h.coll)) {
-    // The reduce_scatter's first piece goes to the poster's ring predecessor only.
-    case Coll::kReduceScatter: return reader == ring::left(poster, world);
+    // The direct reduce_scatter's first piece goes to the poster's ring predecessor only, the
+    // rings' to its successor.
+    case Coll::kReduceScatter:
+      return reader == (h.algo == static_cast<uint8_t>(Algo::kRing) ? ring::right(poster, world) : ring::left(poster, world));
+    case Coll::kAllReduce: return h.algo != static_cast<uint8_t>(Algo::kRing) || reader == ring::right(poster, world);
     // The direct broadcast's to every peer; a chain's and the all_gather ring's to the successor.
     case Coll::kBroadcast: return h.algo == static_cast<uint8_t>(Algo::kDirect) || reader == ring::right(poster, world);
     case Coll::kAllGather:
+    case Coll::kAllToAll:
     case Coll::kReduce: return reader == ring::right(poster, world);
     default: return true;
   }
@@ -357,6 +377,7 @@ bool slot_before_header_for(const CollHeader& h, int poster, int reader, int wor
 
 bool sent_before_header(const CollHeader& h, int poster, int world) {
   if (h.proto == static_cast<uint8_t>(Proto::kCMA)) return true;
+  if (static_cast<Coll>(h.coll) == Coll::kAllToAll) return slot_before_header(h, poster, world);
   if (h.count <= 0) return false;
   if (h.proto == static_cast<uint8_t>(Proto::kLL)) {
     const Coll c = static_cast<Coll>(h.coll);
