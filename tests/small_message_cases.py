@@ -191,6 +191,25 @@ def correctness_cases(rank, world):
                             check(f"{tag}: algorithm {path}", path == want_path)
                     for name in got:
                         check(f"{name} reduce differs bitwise from the chain, n={count}", got[name] == got["board"])
+        # reduce_scatter: every path bitwise the ring's (ring_tiny: the ring in many pieces, its RS
+        # step 0 piece with the header; chunks that are empty at count < world)
+        from ringcomm.core.front import chunk_count
+        for dt in ("float32", "float64"):
+            for count in sorted({1, world - 1, 7 * world + 3, 300 * world + 5, 16385}):
+                if count == 0:
+                    continue
+                xs = [make(dt, count, p, 19, "SUM") for p in range(world)]
+                ref = reference(xs, dt, "SUM", world)
+                off = sum(chunk_count(count, world, k) for k in range(rank))
+                cnt = chunk_count(count, world, rank)
+                got = {}
+                for name, comm in comms.items():
+                    out = np.full(cnt, SENTINEL, xs[rank].dtype)
+                    comm.reduce_scatter(out, xs[rank])
+                    check(f"{name} reduce_scatter {dt} n={count}", close_enough(out, ref[off:off + cnt], dt, "SUM"))
+                    got[name] = out.tobytes()
+                for name in got:
+                    check(f"{name} reduce_scatter differs bitwise from the ring, n={count}", got[name] == got["ring"])
         # all_to_all: round 1's first message travels with the header unless the knob is off;
         # blocks of different sizes (block p -> q holds count + p + 2q elements), an empty one,
         # and many pieces (the tiny config).
@@ -362,6 +381,8 @@ def mismatch_cases(rank, world):
     scenario("reduce_scatter vs all_reduce", "inslot",
              lambda comm, guard: (rs(6 * world) if rank == last else ar(6))(comm, guard))
     scenario("reduce_scatter counts differ, many pieces", "tiny",
+             by_rank(lambda r: rs(300 * world if r == 0 else 300 * world + 1)))
+    scenario("reduce_scatter ring counts differ, many pieces", "ring_tiny",
              by_rank(lambda r: rs(300 * world if r == 0 else 300 * world + 1)))
     # the chains and the all_gather ring hand their first piece off with the header
     big = thr + 1  # above the direct range: the broadcast's chain

@@ -44,7 +44,8 @@ def test_mismatch_through_the_in_slot_path_raises_everywhere(world, store_env):
         if name in ("counts differ", "counts differ, many pieces", "broadcast counts differ",
                     "broadcast counts differ, many pieces", "reduce_scatter counts differ",
                     "reduce_scatter counts differ, many pieces", "broadcast chain counts differ",
-                    "reduce counts differ", "reduce counts differ, many pieces", "ring counts differ, many pieces"):
+                    "reduce counts differ", "reduce counts differ, many pieces", "ring counts differ, many pieces",
+                    "reduce_scatter ring counts differ, many pieces"):
             # the headers named the path they took
             assert all("proto=header_in_slot" in row[3] for row in rows), rows
         if name.startswith("all_gather blocks differ"):
