@@ -64,9 +64,10 @@ void ring_send_first(const AlgoCtx& c, const char* in, int64_t count, bool all_r
 /// first_sent: ring_all_gather_send_first already handed this rank's piece 0 to its ring successor.
 void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts,
                      bool first_sent = false);
-/// Piece 0 of this rank's `count` input elements to its ring successor (nothing for count 0 or a
-/// world of one): the header_in_slot all_gather's send before the header. `total` (the output's
-/// elements) places the piece as the ring does when every rank contributes `count`.
+/// Piece 0 of this rank's `count` input elements to its ring successor, one slot even for count 0
+/// (nothing for a world of one): the header_in_slot all_gather's send before the header, made
+/// where the header says this rank's block is not empty. `total` (the output's elements) places
+/// the piece as the ring does when every rank contributes `count`.
 void ring_all_gather_send_first(const AlgoCtx& c, const char* in, int64_t count, int64_t total);
 
 /// Direct all-reduce (algo/direct.cpp): every rank sends its input to every peer and combines

@@ -125,7 +125,7 @@ void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t co
 
 void ring_all_gather_send_first(const AlgoCtx& c, const char* in, int64_t count, int64_t total) {
   const int n = c.world;
-  if (count == 0 || n == 1) return;
+  if (n == 1) return;
   int64_t o, m;
   piece_bounds(0, count, 0, c.piece_elems(), &o, &m);
   // The piece's place in the output (its slot offset only): the ring's when the blocks are even.

@@ -1,5 +1,7 @@
 #include "comm/dispatch.h"
 
+#include <algorithm>
+
 #include "comm/validation.h"
 #include "common/errors.h"
 
@@ -77,9 +79,10 @@ void ag_ring_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<
   check_all_gather_block(c.rank, a.in, a.out, counts, a.out_count, c.esize);
   ring_all_gather(c, in_of(a), out_of(a), counts, /*first_sent=*/true);
 }
-// Sends iff this rank's own block is not empty (slot_before_header).
+// Called iff this rank's header says its block is not empty (slot_before_header); the slot
+// holds at most the input's own elements, whatever the header claims.
 void ag_ring_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
-  ring_all_gather_send_first(c, in_of(a), mine.count2, mine.count);
+  ring_all_gather_send_first(c, in_of(a), std::min(mine.count2, a.count), mine.count);
 }
 
 void bc_chain(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
