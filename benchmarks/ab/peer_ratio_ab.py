@@ -28,12 +28,16 @@ def ratios(path: str, peer: str) -> dict[tuple[str, int], float]:
     return out
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--peer", default="impi")
-    p.add_argument("--old", nargs="+", required=True, help="the old build's runs")
-    p.add_argument("--new", nargs="+", required=True, help="the new build's runs")
-    a = p.parse_args(argv)
+    p.add_argument("--peer", default="impi", help="the peer library's name in the bench JSON (default impi)")
+    p.add_argument("--old", nargs="+", required=True, help="the old build's runs (bench --json files)")
+    p.add_argument("--new", nargs="+", required=True, help="the new build's runs (bench --json files)")
+    return p
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     sides = {"old": [ratios(f, a.peer) for f in a.old], "new": [ratios(f, a.peer) for f in a.new]}
     keys = sorted(set.intersection(*(set(r) for runs in sides.values() for r in runs)),
                   key=lambda k: (k[0], k[1]))
