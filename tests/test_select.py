@@ -55,7 +55,7 @@ def model(coll, b, n, algo="auto", ll=4 * KiB, direct=64 * KiB, ts_max=128 * KiB
     if coll == "reduce":
         return ("direct", "ll") if fits_ll else ("chain", "header_in_slot" if slot else "simple")
     if coll == "all_gather":
-        return ("ring", "header_in_slot" if slot else "simple")
+        return ("ring", "header_in_slot" if slot and b // n * (n - 1) <= direct else "simple")
     if coll == "reduce_scatter":
         if algo == "auto" and fits_ll:
             return ("direct", "ll")
@@ -84,7 +84,8 @@ def test_defaults_follow_the_documented_table(knobs):
     assert _C._select("all_reduce", 128 * KiB + 4, 4) == ("ring", "header_in_slot", "cached")
     assert _C._select("broadcast", 1 << 20, 4) == ("chain", "header_in_slot", "cached")
     assert _C._select("reduce", 16 * KiB, 2) == ("chain", "header_in_slot", "cached")
-    assert _C._select("all_gather", 64 * KiB, 2) == ("ring", "header_in_slot", "cached")
+    assert _C._select("all_gather", 128 * KiB, 2) == ("ring", "header_in_slot", "cached")
+    assert _C._select("all_gather", 128 * KiB + 2, 2) == ("ring", "simple", "cached")
     assert _C._select("reduce_scatter", 4 * KiB, 2) == ("direct", "ll", "cached")
     assert _C._select("reduce_scatter", 128 * KiB, 2) == ("direct", "header_in_slot", "cached")
     assert _C._select("reduce_scatter", 128 * KiB + 2, 2) == ("ring", "header_in_slot", "cached")

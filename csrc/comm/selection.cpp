@@ -117,6 +117,10 @@ Proto chain_proto(int64_t bytes, int world, const SelectionKnobs& k, const Devic
   return header_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
 }
 
+bool all_gather_in_slot(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  return header_in_slot(bytes, world, k, caps) && bytes / world * (world - 1) <= k.direct_max_bytes;
+}
+
 Store store_of(Coll coll, int64_t bytes, const SelectionKnobs& k, const DeviceCaps& caps) {
   if (!caps.streaming_stores || coll == Coll::kBarrier || coll == Coll::kRejected) return Store::kCached;
   // all_to_all's per-rank sizes differ: its size for the rule is 0 on every rank.
@@ -200,13 +204,15 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
       break;
     case Coll::kAllGather:
       // The ring's first send (this rank's piece 0 to its successor) depends on nothing: it goes
-      // with the header wherever the header slot is on.
+      // with the header in the direct range's measure (what each rank receives, B x (N-1) / N).
+      // Above it the ring sends each piece from the input and copies it into place while it is
+      // in cache, which a send before the header would split by the header exchange.
       if (fits_cma(bytes, k, caps)) {
         s.algo = Algo::kDirect;
         s.proto = Proto::kCMA;
       } else {
         s.algo = Algo::kRing;
-        s.proto = chain_proto(bytes, world, k, caps);
+        s.proto = all_gather_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
       }
       break;
     case Coll::kReduce:
@@ -312,8 +318,9 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
         << " B, ";
     o << "ring/" << (inslot ? "header_in_slot" : "simple") << "; all_gather ";
   }
+  if (inslot) o << "ring/header_in_slot while bytes x (N-1) / N <= " << k.direct_max_bytes << " B, ";
   if (caps.cma && k.cma_min_bytes > 0) o << "direct/cma from " << k.cma_min_bytes << " B, ";
-  o << "ring/" << (inslot ? "header_in_slot" : "simple") << "; all_to_all direct/";
+  o << "ring/simple; all_to_all direct/";
   if (caps.cma && k.cma_min_bytes > 0) {
     o << "cma (inputs of " << k.cma_min_bytes << " B or more, even splits on every rank; else through slots)";
   } else {
