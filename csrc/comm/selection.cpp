@@ -111,8 +111,8 @@ bool header_in_slot(int64_t bytes, int world, const SelectionKnobs& k, const Dev
   return k.header_in_slot && caps.header_slot && world > 1 && bytes > 0;
 }
 
-// The chains and the ring all_gather: the head's (every rank's, for the all_gather) piece 0 goes
-// to its ring successor before the header wherever the header slot is on.
+// The chains and the reduce_scatter's ring: the head's (every rank's, for the ring) first piece
+// goes to its ring successor before the header wherever the header slot is on.
 Proto chain_proto(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
   return header_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
 }
@@ -353,6 +353,8 @@ bool slot_before_header(const CollHeader& h, int poster, int world) {
     case Coll::kReduceScatter: {
       if (h.algo != static_cast<uint8_t>(Algo::kRing)) return true;  // direct: always one message
       // The ring's RS step 0 (chunk poster-1 to the successor), where that chunk is not empty.
+      // A header with an unknown dtype never sent (it fails the exchange; no throw here).
+      if (h.dtype >= static_cast<uint32_t>(DType::kCount)) return false;
       const int k0 = ring::rs_send(poster, 0, world);
       const int64_t es = static_cast<int64_t>(dtype_size(static_cast<DType>(h.dtype)));
       return static_cast<Coll>(h.coll) == Coll::kAllReduce ? ring::ar_chunk_count(h.count, world, es, k0) > 0
