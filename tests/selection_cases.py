@@ -40,9 +40,10 @@ def store_mismatch_case(rank, world):
 def threshold_mismatch_case(rank, world):
     """Rank 0's direct range ends at 8 KiB (RINGCOMM_DIRECT_MAX_BYTES), the others' at 64 KiB: an
     all_reduce of bytes x (world-1) = 16 KiB is the ring on rank 0 (fewer than 4 ranks: no
-    two-shot) and direct with the header in slot elsewhere, so every
-    rank raises MismatchError naming both selections, before a result is written (the in-slot
-    ranks' first pieces are drained); an all_reduce both rules put in the same place then runs."""
+    two-shot) and direct elsewhere, both with the header in slot (the ring's first piece to rank 1,
+    the direct one's to every peer), so every rank raises MismatchError naming both selections,
+    before a result is written (every first piece is drained by its reader); an all_reduce both
+    rules put in the same place then runs."""
     env = {"RINGCOMM_DIRECT_MAX_BYTES": "8K" if rank == 0 else "64K", "RINGCOMM_LL_MAX_BYTES": "0"}
     comm = init_under_env(rank, world, "threshold-mix", env)
     try:

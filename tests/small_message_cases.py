@@ -24,6 +24,9 @@ CONFIGS = {
     "ring": {"RINGCOMM_ALGO": "ring"},
     "tiny": {"RINGCOMM_ALGO": "direct", "RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "256",
              "RINGCOMM_NSLOTS": "2", "RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_TRACE": "4"},
+    # the ring and the chains with 256-byte slots: only their first piece travels with the header
+    "ring_tiny": {"RINGCOMM_ALGO": "ring", "RINGCOMM_SLOT_BYTES": "256", "RINGCOMM_FAR_SLOT_BYTES": "256",
+                  "RINGCOMM_NSLOTS": "2", "RINGCOMM_LL_MAX_BYTES": "0", "RINGCOMM_TRACE": "4"},
 }
 
 
@@ -65,11 +68,20 @@ def _algo_expected(world, count, esize, cfg, coll):
     (world > 1)."""
     if count * esize <= LL_BYTES.get(cfg, 0):
         return "direct/ll"
+    if cfg == "ring_tiny":
+        return "ring/header_in_slot" if coll == "all_reduce" else "chain/header_in_slot"
     direct = _direct_expected(world, count, esize, cfg)
     inslot = "direct/simple" if cfg == "board" else "direct/header_in_slot"
     if coll == "all_reduce":
-        return inslot if direct else _above_direct(world, count * esize) + "/simple"
-    return "direct/header_in_slot" if cfg != "board" and direct else "chain/simple"
+        if direct:
+            return inslot
+        above = _above_direct(world, count * esize)
+        # the ring's RS step 0 goes with the header (its chunk is not empty above the direct range)
+        return above + ("/header_in_slot" if above == "ring" and cfg != "board" else "/simple")
+    if cfg == "board":
+        return "chain/simple"
+    # Above the direct range the chain's head hands its first piece off with its header.
+    return "direct/header_in_slot" if direct else "chain/header_in_slot"
 
 
 def _path(rec):
@@ -139,6 +151,86 @@ def correctness_cases(rank, world):
                             rec = comm.trace()[-1]
                             algo = _algo_expected(world, count, es, name, "broadcast")
                             check(f"{tag}: algorithm {_path(rec)}", _path(rec) == algo)
+        # all_gather (the ring) and reduce (the chain) above the LL outbox: the first send (every
+        # rank's own block; the chain head's first piece) travels with the header unless the knob
+        # is off; blocks of different sizes, an empty one, and many pieces (the tiny config).
+        for dt in ("float32", "int32"):
+            es = esizes[dt]
+            for count in sorted({0, 1, 7, 300, 1025, 16385}):
+                blocks = [count + p for p in range(world)]
+                if world > 2:
+                    blocks[1] = 0
+                ins = [make(dt, blocks[p], p, 13, "SUM") for p in range(world)]
+                want = np.concatenate(ins)
+                for name, comm in comms.items():
+                    out = np.full(sum(blocks), SENTINEL, ins[rank].dtype)
+                    comm.all_gather(out, ins[rank])
+                    tag = f"{name} all_gather {dt} blocks={blocks}"
+                    check(tag, np.array_equal(out, want))
+                    if name != "ring" and world > 1 and sum(blocks) > 0:
+                        path = _path(comm.trace()[-1])
+                        # with the header in the direct range's measure (what each rank receives)
+                        nbytes = sum(blocks) * es
+                        direct_max = int(ringcomm.core.config.knob("RINGCOMM_DIRECT_MAX_BYTES"))
+                        inslot = name != "board" and nbytes // world * (world - 1) <= direct_max
+                        check(f"{tag}: algorithm {path}", path == ("ring/header_in_slot" if inslot else "ring/simple"))
+                if count == 0:
+                    continue
+                xs = [make(dt, count, p, 17, "SUM") for p in range(world)]
+                ref = reference(xs, dt, "SUM", world)
+                for root in range(world):
+                    got = {}
+                    for name, comm in comms.items():
+                        x = xs[rank].copy()
+                        comm.reduce(x, root=root)
+                        tag = f"{name} reduce {dt} n={count} root={root}"
+                        if rank == root:
+                            check(tag, close_enough(x, ref, dt, "SUM"))
+                            got[name] = x.tobytes()
+                        if name != "ring" and world > 1:
+                            path = _path(comm.trace()[-1])
+                            want_path = ("direct/ll" if count * es <= LL_BYTES.get(name, 0)
+                                         else "chain/simple" if name == "board" else "chain/header_in_slot")
+                            check(f"{tag}: algorithm {path}", path == want_path)
+                    for name in got:
+                        check(f"{name} reduce differs bitwise from the chain, n={count}", got[name] == got["board"])
+        # reduce_scatter: every path bitwise the ring's (ring_tiny: the ring in many pieces, its RS
+        # step 0 piece with the header; chunks that are empty at count < world)
+        from ringcomm.core.front import chunk_count
+        for dt in ("float32", "float64"):
+            for count in sorted({1, world - 1, 7 * world + 3, 300 * world + 5, 16385}):
+                if count == 0:
+                    continue
+                xs = [make(dt, count, p, 19, "SUM") for p in range(world)]
+                ref = reference(xs, dt, "SUM", world)
+                off = sum(chunk_count(count, world, k) for k in range(rank))
+                cnt = chunk_count(count, world, rank)
+                got = {}
+                for name, comm in comms.items():
+                    out = np.full(cnt, SENTINEL, xs[rank].dtype)
+                    comm.reduce_scatter(out, xs[rank])
+                    check(f"{name} reduce_scatter {dt} n={count}", close_enough(out, ref[off:off + cnt], dt, "SUM"))
+                    got[name] = out.tobytes()
+                for name in got:
+                    check(f"{name} reduce_scatter differs bitwise from the ring, n={count}", got[name] == got["ring"])
+        # all_to_all: round 1's first message travels with the header unless the knob is off;
+        # blocks of different sizes (block p -> q holds count + p + 2q elements), an empty one,
+        # and many pieces (the tiny config).
+        for count in (0, 1, 300, 4097):
+            def blk(p, q):
+                return 0 if (world > 2 and p == 0 and q == 1) else count + p + 2 * q
+            data = {p: [np.full(blk(p, q), 1000 * p + q, np.int32) for q in range(world)] for p in range(world)}
+            send = np.concatenate(data[rank])
+            want = np.concatenate([data[p][rank] for p in range(world)])
+            for name, comm in comms.items():
+                out = np.full(want.size, SENTINEL, np.int32)
+                comm.all_to_all(out, send, output_splits=[blk(p, rank) for p in range(world)],
+                                input_splits=[blk(rank, q) for q in range(world)])
+                tag = f"{name} all_to_all n={count}"
+                check(tag, np.array_equal(out, want))
+                if name != "ring" and world > 1:
+                    path = _path(comm.trace()[-1])
+                    check(f"{tag}: algorithm {path}", path in ("direct/simple", "direct/cma"))
         # Order-sensitive floating sums: bit for bit the order model (order_ref) on every path.
         for dt in (np.float16, np.float32, np.float64):
             for count in sorted({1, 7, 13, 5 * world + 1, *_thresholds(world, np.dtype(dt).itemsize)}):
@@ -180,6 +272,7 @@ def mismatch_cases(rank, world):
         "inslot": init_under_env(rank, world, "inslot", {"RINGCOMM_LL_MAX_BYTES": "0"}),
         "ll": init_under_env(rank, world, "ll", {}),
         "tiny": init_under_env(rank, world, "tiny", CONFIGS["tiny"]),
+        "ring_tiny": init_under_env(rank, world, "ring_tiny", CONFIGS["ring_tiny"]),
         # rank 0 without the in-slot path, the others with it: the headers say so and differ
         "mixed": init_under_env(rank, world, "mixed", {"RINGCOMM_HEADER_IN_SLOT": "off" if rank == 0 else "on",
                                                "RINGCOMM_LL_MAX_BYTES": "0"}),
@@ -210,11 +303,17 @@ def mismatch_cases(rank, world):
             # take different paths); it stays usable for everything else
             again = _attempt(lambda: ar(6)(comm, guard))[0] == "MismatchError"
             comm.barrier()
-            # the same algorithm on every rank: the ring, or (mixed_ll) the direct all_reduce above
-            # the LL outbox's size
-            x = np.full(thr + 1 if comm_name == "mixed" else thr, rank + 1.0, np.float32)
-            comm.all_reduce(x)
-            after = again and bool((x == world * (world + 1) / 2).all())
+            if comm_name == "mixed":
+                # every all_reduce's protocol differs; the all_to_all's header names none (each
+                # rank's says whether its own first message went with it)
+                y = np.zeros(3 * world, np.float32)
+                comm.all_to_all(y, np.full(3 * world, rank + 1.0, np.float32))
+                after = again and bool((y == np.repeat(np.arange(1, world + 1, dtype=np.float32), 3)).all())
+            else:
+                # the same algorithm on every rank: the direct all_reduce above the LL outbox's size
+                x = np.full(thr, rank + 1.0, np.float32)
+                comm.all_reduce(x)
+                after = again and bool((x == world * (world + 1) / 2).all())
         else:
             after = after_ok(comm)
         out.append((name, rank, res[0], res[1], untouched, after))
@@ -257,6 +356,7 @@ def mismatch_cases(rank, world):
     scenario("in-slot vs header exchange first (knob differs)", "mixed", ar(6))
     scenario("ll vs in-slot (knob differs)", "mixed_ll", ar(6))
     scenario("counts differ, many pieces", "tiny", by_rank(lambda r: ar(300 if r == 0 else 301)))
+    scenario("ring counts differ, many pieces", "ring_tiny", by_rank(lambda r: ar(300 if r == 0 else 301)))
     scenario("in-slot many pieces vs broadcast", "tiny",
              lambda comm, guard: (bcast if rank == last else ar(300))(comm, guard))
     def bc(count, root, dtype=np.float32):
@@ -285,7 +385,46 @@ def mismatch_cases(rank, world):
              lambda comm, guard: (rs(6 * world) if rank == last else ar(6))(comm, guard))
     scenario("reduce_scatter counts differ, many pieces", "tiny",
              by_rank(lambda r: rs(300 * world if r == 0 else 300 * world + 1)))
-    ok = all(after_ok(comms[c], 300) for c in ("inslot", "ll", "tiny"))
+    scenario("reduce_scatter ring counts differ, many pieces", "ring_tiny",
+             by_rank(lambda r: rs(300 * world if r == 0 else 300 * world + 1)))
+    # the chains and the all_gather ring hand their first piece off with the header
+    big = thr + 1  # above the direct range: the broadcast's chain
+    scenario("broadcast chain counts differ", "inslot", by_rank(lambda r: bc(big if r == 0 else big + 1, 0)))
+    scenario("broadcast chain vs all_reduce", "inslot",
+             lambda comm, guard: (bc(big, last) if rank == last else ar(6))(comm, guard))
+
+    def red(count, root):
+        # the root reduces into the guarded buffer
+        def call(comm, guard):
+            x = np.full(count, rank + 1, np.float32)
+            comm.reduce(x, root=root, output=guard[:count] if rank == root else None)
+        return call
+
+    scenario("reduce counts differ", "inslot", by_rank(lambda r: red(5 if r == 0 else 6, 0)))
+    scenario("reduce roots differ", "inslot", by_rank(lambda r: red(6, 0 if r == 0 else last)))
+    scenario("reduce counts differ, many pieces", "tiny", by_rank(lambda r: red(300 if r == 0 else 301, last)))
+
+    def ag(mine, total):
+        def call(comm, guard):
+            comm.all_gather(guard[:total], np.full(mine, rank + 1, np.float32))
+        return call
+
+    # rank 0's block is one short of what every output holds; then an empty block on rank 0
+    scenario("all_gather blocks differ", "inslot", by_rank(lambda r: ag(5 if r == 0 else 6, 6 * world)))
+    scenario("all_gather empty block vs all_reduce", "inslot",
+             lambda comm, guard: (ar(6) if rank == last else ag(0 if rank == 0 else 6, 6 * (world - 1)))(comm, guard))
+    scenario("all_gather blocks differ, many pieces", "tiny",
+             by_rank(lambda r: ag(300 if r == 0 else 301, 301 * world)))
+    def a2a(count):
+        def call(comm, guard):
+            comm.all_to_all(guard[:count * world], np.full(count * world, rank + 1, np.float32))
+        return call
+
+    # round 1's first message went with the header: drained by its reader
+    scenario("all_to_all vs all_reduce", "inslot", lambda comm, guard: (ar(6) if rank == last else a2a(5))(comm, guard))
+    scenario("all_to_all vs broadcast, many pieces", "tiny",
+             lambda comm, guard: (bcast if rank == last else a2a(300))(comm, guard))
+    ok = all(after_ok(comms[c], 300) for c in ("inslot", "ll", "tiny", "ring_tiny"))
     for c in comms.values():
         c.close()
     return out, ok

@@ -209,10 +209,10 @@ def test_cli_trace_table_at_given_sizes():
     assert {(row[0], row[1]) for row in rows} == {
         (op, size) for op in ("all_reduce", "broadcast") for size in ("256B", "16K", "1M")}, r.stdout
     # algorithm/protocol each size takes at 2 ranks: the LL outbox, the direct exchange with the
-    # header in the first slot, the ring/chain over slots
+    # header in the first slot, the ring over slots and the chain with its first piece in the slot
     algos = {(row[0], row[1]): row[4] for row in rows}
     assert algos[("all_reduce", "256B")] == "direct/ll" and algos[("all_reduce", "16K")] == "direct/header_in_slot"
-    assert algos[("all_reduce", "1M")] == "ring/simple" and algos[("broadcast", "1M")] == "chain/simple"
+    assert algos[("all_reduce", "1M")] == "ring/header_in_slot" and algos[("broadcast", "1M")] == "chain/header_in_slot"
     assert "# check: ok" in r.stdout
 
 
@@ -224,8 +224,8 @@ def test_cli_trace_table_of_the_named_collectives():
     assert {(row[0], row[1]) for row in rows} == {
         (op, size) for op in ("reduce", "all_to_all", "all_gather", "reduce_scatter") for size in ("1K", "64K")}, r.stdout
     algos = {(row[0], row[1]): row[4] for row in rows}
-    assert algos[("reduce", "1K")] == "direct/ll" and algos[("reduce", "64K")] == "chain/simple"
-    assert algos[("all_to_all", "1K")] == "direct/simple" and algos[("all_gather", "64K")] == "ring/simple"
+    assert algos[("reduce", "1K")] == "direct/ll" and algos[("reduce", "64K")] == "chain/header_in_slot"
+    assert algos[("all_to_all", "1K")] == "direct/simple" and algos[("all_gather", "64K")] == "ring/header_in_slot"
     assert "# check: ok" in r.stdout
 
 

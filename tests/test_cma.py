@@ -28,7 +28,7 @@ def test_results_are_exact_on_and_beside_the_cma_path(world, store_env):
         pytest.skip("process_vm_readv is not allowed between sibling processes here")
     # Below the threshold the slot paths, at and above it the cma protocol.
     assert "direct/cma" in paths["all_to_all"] and "direct/cma" in paths["all_gather"], paths
-    assert "direct/cma" in paths["broadcast"] and "ring/simple" in paths["all_gather"], paths
+    assert "direct/cma" in paths["broadcast"] and "ring/header_in_slot" in paths["all_gather"], paths
     # Uneven splits are not read in place: they travel through slots, and the trace says so.
     assert paths["all_to_all_uneven"] == ["direct/simple"], paths
 
@@ -55,7 +55,7 @@ def test_results_are_exact_with_the_protocol_off(store_env):
 def test_one_rank_that_cannot_read_turns_it_off_everywhere(world, deny, store_env):
     results = spawn(deny_case, world, args=(deny,), timeout=100, env=store_env)
     assert all(ok for ok, _ in results), results
-    assert all(paths == ["direct/simple", "ring/simple", "chain/simple"] for _, paths in results), results
+    assert all(paths == ["direct/simple", "ring/simple", "chain/header_in_slot"] for _, paths in results), results
 
 
 @pytest.mark.timeout(120)

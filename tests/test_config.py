@@ -316,7 +316,7 @@ def test_log_info_one_line_per_communicator(tmp_path):
         assert f"slots {256 * 1024} B x 8 x 2 lanes" in ln
         assert "shared memory" in ln and "B per rank" in ln
         assert ("all_reduce auto (direct/ll up to 4096 B, direct/header_in_slot up to 65536 B, then no two_shot "
-                "below 4 ranks, ring/simple above)") in ln
+                "below 4 ranks, ring/header_in_slot above)") in ln
         assert "broadcast direct/ll up to 4096 B, direct/header_in_slot in all_reduce's direct range" in ln
         assert "store auto (streaming from 1073741824 B)" in ln and "reduce ISA" in ln and "timeout 300 s" in ln
 

@@ -199,7 +199,8 @@ def test_forced_halving_doubling_and_cuda(knobs):
         for M in (1, 4 * KiB, 1 << 20):
             assert _C._select("all_reduce", M, n) == ("halving_doubling", "simple", "cached")
             assert _C._select("all_reduce", M, n, "cuda")[:2] == ("ring", "simple")
-        assert _C._select("broadcast", 1 << 20, n)[:2] == ("chain", "simple")
+        assert _C._select("broadcast", 1 << 20, n)[:2] == ("chain", "header_in_slot")
+        assert _C._select("broadcast", 1 << 20, n, "cuda")[:2] == ("chain", "simple")
     assert ringcomm.core.config.knob("RINGCOMM_ALGO") == "halving_doubling"
 
 

@@ -45,21 +45,24 @@ def model(coll, b, n, algo="auto", ll=4 * KiB, direct=64 * KiB, ts_max=128 * KiB
         if algo == "auto" and fits_ll:
             return ("direct", "ll")
         a = ar_algo()
-        return (a, "header_in_slot" if a == "direct" and slot else "simple")
+        return (a, "header_in_slot" if a in ("direct", "ring") and slot else "simple")
     if coll == "broadcast":
         if fits_ll:
             return ("direct", "ll")
-        return ("direct", "header_in_slot") if slot and ar_algo() == "direct" else ("chain", "simple")
+        if slot and ar_algo() == "direct":
+            return ("direct", "header_in_slot")
+        return ("chain", "header_in_slot" if slot else "simple")
     if coll == "reduce":
-        return ("direct", "ll") if fits_ll else ("chain", "simple")
+        return ("direct", "ll") if fits_ll else ("chain", "header_in_slot" if slot else "simple")
+    if coll == "all_gather":
+        return ("ring", "header_in_slot" if slot and b // n * (n - 1) <= direct else "simple")
     if coll == "reduce_scatter":
         if algo == "auto" and fits_ll:
             return ("direct", "ll")
         if algo == "direct" or (algo == "auto" and (n <= 1 or b // n * (n - 1) <= direct)):
             return ("direct", "header_in_slot" if slot else "simple")
-        return ("ring", "simple")
-    return {"all_gather": ("ring", "simple"),
-            "all_to_all": ("direct", "simple"), "gather": ("direct", "simple"), "scatter": ("direct", "simple"),
+        return ("ring", "header_in_slot" if slot else "simple")
+    return {"all_to_all": ("direct", "simple"), "gather": ("direct", "simple"), "scatter": ("direct", "simple"),
             "barrier": ("none", "none")}[coll]
 
 
@@ -76,13 +79,16 @@ def test_defaults_follow_the_documented_table(knobs):
     # the documented landmarks: 2 ranks LL / direct in slot / ring; 4 ranks two-shot above 21.3 KiB
     assert _C._select("all_reduce", 4 * KiB, 2) == ("direct", "ll", "cached")
     assert _C._select("all_reduce", 64 * KiB, 2) == ("direct", "header_in_slot", "cached")
-    assert _C._select("all_reduce", 64 * KiB + 4, 2) == ("ring", "simple", "cached")
+    assert _C._select("all_reduce", 64 * KiB + 4, 2) == ("ring", "header_in_slot", "cached")
     assert _C._select("all_reduce", 21848, 4) == ("two_shot", "simple", "cached")
-    assert _C._select("all_reduce", 128 * KiB + 4, 4) == ("ring", "simple", "cached")
-    assert _C._select("broadcast", 1 << 20, 4) == ("chain", "simple", "cached")
+    assert _C._select("all_reduce", 128 * KiB + 4, 4) == ("ring", "header_in_slot", "cached")
+    assert _C._select("broadcast", 1 << 20, 4) == ("chain", "header_in_slot", "cached")
+    assert _C._select("reduce", 16 * KiB, 2) == ("chain", "header_in_slot", "cached")
+    assert _C._select("all_gather", 128 * KiB, 2) == ("ring", "header_in_slot", "cached")
+    assert _C._select("all_gather", 128 * KiB + 2, 2) == ("ring", "simple", "cached")
     assert _C._select("reduce_scatter", 4 * KiB, 2) == ("direct", "ll", "cached")
     assert _C._select("reduce_scatter", 128 * KiB, 2) == ("direct", "header_in_slot", "cached")
-    assert _C._select("reduce_scatter", 128 * KiB + 2, 2) == ("ring", "simple", "cached")
+    assert _C._select("reduce_scatter", 128 * KiB + 2, 2) == ("ring", "header_in_slot", "cached")
 
 
 @pytest.mark.parametrize("algo", ["ring", "direct", "two_shot", "halving_doubling"])
@@ -122,7 +128,7 @@ def test_single_copy_reads_from_their_threshold(knobs):
                     want = model(coll, b, n)
                 assert got == want, (coll, b, n, got)
     knobs.setenv("RINGCOMM_CMA_MIN_BYTES", "64K")
-    assert _C._select("all_gather", 64 * KiB - 1, 2, "host", True)[:2] == ("ring", "simple")
+    assert _C._select("all_gather", 64 * KiB - 1, 2, "host", True)[:2] == ("ring", "header_in_slot")
     assert _C._select("all_gather", 64 * KiB, 2, "host", True)[:2] == ("direct", "cma")
     assert _C._select("broadcast", 64 * KiB, 2, "host", True)[:2] == ("direct", "header_in_slot")
     # LL first: a threshold below the outbox's size leaves the small broadcasts on it
@@ -130,7 +136,7 @@ def test_single_copy_reads_from_their_threshold(knobs):
     assert _C._select("broadcast", 2 * KiB, 2, "host", True)[:2] == ("direct", "ll")
     assert _C._select("broadcast", 8 * KiB, 2, "host", True)[:2] == ("direct", "cma")
     knobs.setenv("RINGCOMM_CMA_BROADCAST_MIN_BYTES", "0")
-    assert _C._select("broadcast", 64 << 20, 2, "host", True)[:2] == ("chain", "simple")
+    assert _C._select("broadcast", 64 << 20, 2, "host", True)[:2] == ("chain", "header_in_slot")
     assert _C._select("all_gather", 64 << 20, 2, "host", True)[:2] == ("direct", "cma")
     knobs.setenv("RINGCOMM_CMA_BROADCAST_MIN_BYTES", "1K")
     knobs.setenv("RINGCOMM_CMA_MIN_BYTES", "0")
@@ -175,6 +181,6 @@ def test_ranks_with_different_thresholds_raise_everywhere(world, store_env):
     results = spawn(threshold_mismatch_case, world, timeout=100, env=store_env)
     for rank, ((kind, msg), untouched, ok) in enumerate(results):
         assert kind == "MismatchError", (rank, kind, msg)
-        assert "algo=ring, proto=simple" in msg and "algo=direct, proto=header_in_slot" in msg, msg
+        assert "algo=ring, proto=header_in_slot" in msg and "algo=direct, proto=header_in_slot" in msg, msg
         assert untouched, f"rank {rank} wrote a result before the mismatch was raised"
         assert ok, f"rank {rank}: the all_reduce after the mismatch was wrong"

@@ -43,9 +43,14 @@ def test_mismatch_through_the_in_slot_path_raises_everywhere(world, store_env):
             assert after, f"{name}: rank {rank}'s next all_reduce was wrong"
         if name in ("counts differ", "counts differ, many pieces", "broadcast counts differ",
                     "broadcast counts differ, many pieces", "reduce_scatter counts differ",
-                    "reduce_scatter counts differ, many pieces"):
+                    "reduce_scatter counts differ, many pieces", "broadcast chain counts differ",
+                    "reduce counts differ", "reduce counts differ, many pieces", "ring counts differ, many pieces",
+                    "reduce_scatter ring counts differ, many pieces"):
             # the headers named the path they took
             assert all("proto=header_in_slot" in row[3] for row in rows), rows
+        if name.startswith("all_gather blocks differ"):
+            # the totals disagree (every header names its own block)
+            assert all("inputs total" in row[3] for row in rows), rows
         if name in ("counts differ (ll)", "broadcast counts differ (ll)", "reduce_scatter counts differ (ll)"):
             assert all("algo=direct, proto=ll" in row[3] for row in rows), rows
         if name == "ll vs in-slot (knob differs)":

@@ -71,7 +71,7 @@ def test_trace_records_every_call_with_monotonic_phases():
         assert seqs == list(range(seqs[0], seqs[0] + len(recs)))
         assert [rec["collective"] for rec in recs] == out["names"]
         assert [rec["algorithm"] for rec in recs] == ["direct", "ring", "direct", "none", "direct", "direct"]
-        assert [rec["protocol"] for rec in recs] == ["ll", "simple", "ll", "none", "ll", "ll"]
+        assert [rec["protocol"] for rec in recs] == ["ll", "header_in_slot", "ll", "none", "ll", "ll"]
         assert {rec["store"] for rec in recs} == {"cached"}
         assert [rec["bytes"] for rec in recs] == [1024, 1 << 18, 1200, 0, 8 * 2 * 8, 256]
         for rec, window in zip(recs, out["windows"]):

@@ -51,11 +51,24 @@ struct AlgoCtx {
 
 /// Ring collectives (algo/ring.cpp). in/out may be the same buffer (in place); any other overlap
 /// is refused by the communicator's validation (comm/validation.h).
-void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
+/// first_sent: ring_send_first already handed RS step 0's piece 0 to the right neighbour.
+void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, bool first_sent = false);
 /// Reduce-scatter over the balanced chunks of `count`: rank r receives chunk r into `out`.
-void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op);
+void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op,
+                         bool first_sent = false);
+/// RS step 0's piece 0 (chunk r-1's, of the all-reduce's chunks or, for the reduce_scatter, the
+/// balanced ones) to the right neighbour, where that piece is not empty: the header_in_slot
+/// ring's send before the header.
+void ring_send_first(const AlgoCtx& c, const char* in, int64_t count, bool all_reduce);
 /// All-gather: rank k contributes counts[k] elements (its `in`); out holds all, in rank order.
-void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts);
+/// first_sent: ring_all_gather_send_first already handed this rank's piece 0 to its ring successor.
+void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts,
+                     bool first_sent = false);
+/// Piece 0 of this rank's `count` input elements to its ring successor, one slot even for count 0
+/// (nothing for a world of one): the header_in_slot all_gather's send before the header, made
+/// where the header says this rank's block is not empty. `total` (the output's elements) places
+/// the piece as the ring does when every rank contributes `count`.
+void ring_all_gather_send_first(const AlgoCtx& c, const char* in, int64_t count, int64_t total);
 
 /// Direct all-reduce (algo/direct.cpp): every rank sends its input to every peer and combines
 /// all contributions itself, in the ring's order (so every rank computes bit-identical results,
@@ -120,9 +133,14 @@ void ll_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t coun
 /// ll_send_first of a reduce_scatter's input: its own chunk's lines, which no peer reads, unwritten.
 void ll_reduce_scatter_send_first(const AlgoCtx& c, const HeaderBlob& h, const void* data, int64_t count);
 
-/// Pipelined chains (algo/chain.cpp).
-void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
-void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root);
+/// Pipelined chains (algo/chain.cpp). first_sent (the chain's head only: the broadcast's root,
+/// the reduce's rank root+1): chain_send_first already handed piece 0 to the head's successor.
+void chain_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root, bool first_sent = false);
+void chain_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root,
+                  bool first_sent = false);
+/// Piece 0 of `src` (`count` elements) to the ring successor: the header_in_slot chain head's send
+/// before the header (the caller sends only on the head; nothing for count 0 or a world of one).
+void chain_send_first(const AlgoCtx& c, const char* src, int64_t count);
 
 /// Single-copy collectives (algo/cma.cpp; the cma protocol, transport/shm_cma.h): cma_publish,
 /// before the header is posted, stores the address of the buffer this rank's peers read (the
@@ -137,9 +155,14 @@ void cma_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vect
 void cma_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
 
 /// Direct exchanges (algo/direct.cpp). Counts and offsets in elements, one per peer.
+/// first_sent: direct_all_to_all_send_first already handed round 1's piece 0 to rank r+1.
 void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& send_counts,
                        const std::vector<int64_t>& send_offs, const std::vector<int64_t>& recv_counts,
-                       const std::vector<int64_t>& recv_offs);
+                       const std::vector<int64_t>& recv_offs, bool first_sent = false);
+/// Round 1's piece 0 (of the block for rank r+1, one slot even when the block is empty; nothing
+/// for a world of one): the all_to_all's send before the header (kHeaderFirstInSlot).
+void direct_all_to_all_send_first(const AlgoCtx& c, const char* in, const std::vector<int64_t>& send_counts,
+                                  const std::vector<int64_t>& send_offs);
 void direct_gather(const AlgoCtx& c, const char* in, char* out, int64_t count, int root);
 void direct_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, int root);
 

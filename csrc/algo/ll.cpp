@@ -24,31 +24,46 @@ void ll_reduce_scatter_send_first(const AlgoCtx& c, const HeaderBlob& h, const v
               static_cast<size_t>(ring::chunk_count(count, n, r)) * es);
 }
 
+namespace {
+
+// Every peer's `bytes` bytes from byte `from` of its LL message, each read into that peer's stage
+// (private, cache-hot); src()[p] is peer p's stage and src()[rank] is `own`. The caller combines
+// from src() while this object lives; the stage of this rank is left free (an accumulator).
+class PeerLines {
+ public:
+  PeerLines(const AlgoCtx& c, const char* own, size_t bytes, size_t from) : n_(c.world) {
+    if (n_ > 8) big_.resize(n_);
+    const char** src = n_ > 8 ? big_.data() : small_;
+    const WaitCtx w = wait_ctx(c, 0, 1);
+    for (int p = 0; p < n_; ++p) {
+      if (p == c.rank) {
+        src[p] = own;
+        continue;
+      }
+      char* stage = c.ll->stage(p);
+      c.ll->read(p, c.seq, stage, bytes, w, from);
+      if (c.trace) c.trace->slot_received();
+      src[p] = stage;
+    }
+  }
+  PeerLines(const PeerLines&) = delete;
+  PeerLines& operator=(const PeerLines&) = delete;
+  const char* const* src() const { return n_ > 8 ? big_.data() : small_; }
+
+ private:
+  int n_;
+  const char* small_[8] = {};
+  std::vector<const char*> big_;
+};
+
+}  // namespace
+
 void ll_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
   if (all_reduce_trivial(c, in, out, count, op)) return;
-  const int n = c.world, r = c.rank;
-  const size_t bytes = static_cast<size_t>(count) * c.esize;
-  // Every peer's data into a stage of its own (private, cache-hot), then the ring-order combine
-  // over the whole message; this rank's own stage is the accumulator (3 or more ranks).
-  const char* small[8];
-  std::vector<const char*> big;
-  const char** src = small;
-  if (n > 8) {
-    big.resize(n);
-    src = big.data();
-  }
-  const WaitCtx w = wait_ctx(c, 0, 1);
-  for (int p = 0; p < n; ++p) {
-    if (p == r) {
-      src[p] = in;
-      continue;
-    }
-    char* stage = c.ll->stage(p);
-    c.ll->read(p, c.seq, stage, bytes, w);
-    if (c.trace) c.trace->slot_received();
-    src[p] = stage;
-  }
-  combine_in_ring_order(c, src, out, 0, count, count, op, c.ll->stage(r));
+  // Every peer's whole message, then the ring-order combine over it; this rank's own stage is the
+  // accumulator (3 or more ranks).
+  const PeerLines lines(c, in, static_cast<size_t>(count) * c.esize, 0);
+  combine_in_ring_order(c, lines.src(), out, 0, count, count, op, c.ll->stage(c.rank));
 }
 
 void ll_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, int root) {
@@ -59,27 +74,9 @@ void ll_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, Reduc
     copy_elems(c, out, in, count);
     return;
   }
-  const size_t bytes = static_cast<size_t>(count) * c.esize;
-  const char* small[8];
-  std::vector<const char*> big;
-  const char** src = small;
-  if (n > 8) {
-    big.resize(n);
-    src = big.data();
-  }
-  const WaitCtx w = wait_ctx(c, 0, 1);
-  for (int p = 0; p < n; ++p) {
-    if (p == r) {
-      src[p] = in;
-      continue;
-    }
-    char* stage = c.ll->stage(p);
-    c.ll->read(p, c.seq, stage, bytes, w);
-    if (c.trace) c.trace->slot_received();
-    src[p] = stage;
-  }
+  const PeerLines lines(c, in, static_cast<size_t>(count) * c.esize, 0);
   // The root's own stage is free: the accumulator (3 or more ranks).
-  combine_chunk_in_ring_order(c, out, src, 0, root, static_cast<size_t>(count), op, c.ll->stage(r));
+  combine_chunk_in_ring_order(c, out, lines.src(), 0, root, static_cast<size_t>(count), op, c.ll->stage(r));
 }
 
 void ll_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
@@ -89,29 +86,12 @@ void ll_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t coun
   const size_t es = c.esize;
   const int64_t own_off = ring::chunk_offset(count, n, r), own_cnt = ring::chunk_count(count, n, r);
   if (own_cnt == 0) return;
-  const size_t bytes = static_cast<size_t>(own_cnt) * es;
-  // Only this rank's chunk of every peer's input, into a stage of its own.
-  const char* small[8];
-  std::vector<const char*> big;
-  const char** src = small;
-  if (n > 8) {
-    big.resize(n);
-    src = big.data();
-  }
-  const WaitCtx w = wait_ctx(c, 0, 1);
-  for (int p = 0; p < n; ++p) {
-    if (p == r) {
-      src[p] = in + own_off * static_cast<int64_t>(es);
-      continue;
-    }
-    char* stage = c.ll->stage(p);
-    c.ll->read(p, c.seq, stage, bytes, w, static_cast<size_t>(own_off) * es);
-    if (c.trace) c.trace->slot_received();
-    src[p] = stage;
-  }
+  // Only this rank's chunk of every peer's input.
+  const size_t from = static_cast<size_t>(own_off) * es;
+  const PeerLines lines(c, in + from, static_cast<size_t>(own_cnt) * es, from);
   // This rank's own stage is the accumulator (3 or more ranks); out may be this rank's own chunk
   // of in (the last step reads each element before writing it).
-  combine_chunk_in_ring_order(c, out, src, 0, r, static_cast<size_t>(own_cnt), op, c.ll->stage(r));
+  combine_chunk_in_ring_order(c, out, lines.src(), 0, r, static_cast<size_t>(own_cnt), op, c.ll->stage(r));
 }
 
 void ll_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root) {

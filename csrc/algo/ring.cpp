@@ -32,18 +32,26 @@ namespace rc {
 
 namespace {
 
+// RS step 0 of piece j: chunk rs_send(r, 0)'s piece j of the input to the right neighbour (no
+// message for an empty piece). It waits on nothing: piece 0's may go before the header.
+void rs_step0_send(const AlgoCtx& c, const Chunks& ch, const char* in, int64_t j, int64_t pe, int total_steps) {
+  const int k0 = ring::rs_send(c.rank, 0, c.world);
+  int64_t o, m;
+  piece_bounds(ch.off[k0], ch.cnt[k0], j, pe, &o, &m);
+  if (m > 0) send_copy(c, ring::right(c.rank, c.world), in + o * c.esize, o, m, wait_ctx(c, 0, total_steps));
+}
+
 // Reduce-scatter phase for piece j. The finished piece of this rank's chunk goes to
 // final_dst(o) (o: its full-buffer element offset) and, if `then_send`, on as AG step 0.
+// first_sent: step 0's send of piece 0 went out before the header (rs_step0_send).
 template <class FinalDst>
 void rs_piece(const AlgoCtx& c, const Chunks& ch, const char* in, int64_t j, int64_t pe, ReduceOp op,
-              FinalDst final_dst, bool then_send, int total_steps) {
+              FinalDst final_dst, bool then_send, int total_steps, bool first_sent) {
   const int n = c.world, r = c.rank;
   const int L = ring::left(r, n), R = ring::right(r, n);
   const size_t es = c.esize;
   int64_t o, m;
-  const int k0 = ring::rs_send(r, 0, n);
-  piece_bounds(ch.off[k0], ch.cnt[k0], j, pe, &o, &m);
-  if (m > 0) send_copy(c, R, in + o * es, o, m, wait_ctx(c, 0, total_steps));
+  if (j > 0 || !first_sent) rs_step0_send(c, ch, in, j, pe, total_steps);
   for (int s = 0; s < n - 1; ++s) {
     const int k = ring::rs_recv(r, s, n);
     piece_bounds(ch.off[k], ch.cnt[k], j, pe, &o, &m);
@@ -81,7 +89,14 @@ void ag_piece_recv(const AlgoCtx& c, const std::vector<int64_t>& cnt, const std:
 
 }  // namespace
 
-void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
+void ring_send_first(const AlgoCtx& c, const char* in, int64_t count, bool all_reduce) {
+  const int n = c.world;
+  if (count == 0 || n == 1) return;
+  const Chunks ch = all_reduce ? all_reduce_chunks(count, n, c.esize) : balanced_chunks(count, n);
+  rs_step0_send(c, ch, in, 0, c.piece_elems(), all_reduce ? 2 * (n - 1) : n - 1);
+}
+
+void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, bool first_sent) {
   if (all_reduce_trivial(c, in, out, count, op)) return;
   const int n = c.world;
   const Chunks ch = all_reduce_chunks(count, n, c.esize);
@@ -89,12 +104,12 @@ void ring_all_reduce(const AlgoCtx& c, const char* in, char* out, int64_t count,
   const int64_t npieces = (ch.max_cnt + pe - 1) / pe;
   const int total_steps = 2 * (n - 1);
   for (int64_t j = 0; j < npieces; ++j) {
-    rs_piece(c, ch, in, j, pe, op, [&](int64_t o) { return out + o * c.esize; }, true, total_steps);
+    rs_piece(c, ch, in, j, pe, op, [&](int64_t o) { return out + o * c.esize; }, true, total_steps, first_sent);
     ag_piece_recv(c, ch.cnt, ch.off, out, j, pe, n - 1, total_steps);
   }
 }
 
-void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op) {
+void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, ReduceOp op, bool first_sent) {
   check_reduce_supported(c.dtype, op);
   const int n = c.world, r = c.rank;
   if (n == 1 || count == 0) return copy_elems(c, out, in, count);
@@ -103,11 +118,23 @@ void ring_reduce_scatter(const AlgoCtx& c, const char* in, char* out, int64_t co
   const int64_t npieces = (ch.max_cnt + pe - 1) / pe;
   const int64_t own_off = ch.off[r];
   for (int64_t j = 0; j < npieces; ++j) {
-    rs_piece(c, ch, in, j, pe, op, [&](int64_t o) { return out + (o - own_off) * c.esize; }, false, n - 1);
+    rs_piece(c, ch, in, j, pe, op, [&](int64_t o) { return out + (o - own_off) * c.esize; }, false, n - 1,
+             first_sent);
   }
 }
 
-void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts) {
+void ring_all_gather_send_first(const AlgoCtx& c, const char* in, int64_t count, int64_t total) {
+  const int n = c.world;
+  if (n == 1) return;
+  int64_t o, m;
+  piece_bounds(0, count, 0, c.piece_elems(), &o, &m);
+  // The piece's place in the output (its slot offset only): the ring's when the blocks are even.
+  const int64_t at = total == count * n ? c.rank * count + o : -1;
+  send_copy(c, ring::right(c.rank, n), in + o * c.esize, at, m, wait_ctx(c, 0, n - 1));
+}
+
+void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& counts,
+                     bool first_sent) {
   const int n = c.world, r = c.rank;
   std::vector<int64_t> off(n, 0);
   int64_t total = 0, max_cnt = 0;
@@ -135,7 +162,7 @@ void ring_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vec
     int64_t o, m;
     piece_bounds(0, counts[r], j, pe, &o, &m);
     if (m > 0) {
-      send_copy(c, R, src + o * es, off[r] + o, m, wait_ctx(c, 0, n - 1));
+      if (j > 0 || !first_sent) send_copy(c, R, src + o * es, off[r] + o, m, wait_ctx(c, 0, n - 1));
       if (src != own) copy_elems(c, own + o * es, src + o * es, m);
     }
     ag_piece_recv(c, counts, off, out, j, pe, 0, n - 1);

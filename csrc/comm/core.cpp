@@ -212,6 +212,10 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int
   if (coll == Coll::kAllToAll && sel.proto == Proto::kCMA &&
       cma_blocks_qualify(args.send_counts, args.recv_counts, dtype_size(static_cast<DType>(hdr.dtype)), knobs_))
     hdr.flags |= kHeaderCmaBlocks;
+  // An all_to_all that will move through slots (no single-copy reads, or this rank's blocks do
+  // not qualify, which keeps every rank off them): round 1's first message goes before the header.
+  if (coll == Coll::kAllToAll && (hdr.flags & kHeaderCmaBlocks) == 0 && all_to_all_first_in_slot(world_, knobs_, caps_))
+    hdr.flags |= kHeaderFirstInSlot;
   const Route& route = route_of(coll, sel.algo, sel.proto);
   if (coll != Coll::kRejected) dev_->check_submit(coll, hdr, args, l.stream);
   Task task;
@@ -323,13 +327,13 @@ void CommCore::execute(Task& t) {
   xs.board_seq = xs.watch_fused ? ++exchanges_ : seq;
   // What goes before the header is decided from the header this rank posts (forged or not),
   // exactly as its peers decide from that header whether to drain a slot from it.
-  if (world_ > 1 && route.first != nullptr && sent_before_header(hdr, rank_)) {
+  if (world_ > 1 && route.first != nullptr && sent_before_header(hdr, rank_, world_)) {
     // Header phases collapse (comm/trace.h): header_posted is stamped just before the first
     // store a peer can read this header from, and first_slot equals header_seen (the first
     // piece travelled with the header). A header-in-slot piece does not carry the header (the
     // board store after it does: stamp once the piece is in every peer's slot); the LL outbox's
     // line 0 does (stamp before writing it).
-    const bool header_in_first = !slot_before_header(hdr, rank_);
+    const bool header_in_first = !slot_before_header(hdr, rank_, world_);
     fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) {
       hooks.before_post = [&] {
         AlgoCtx quiet = cc;

@@ -1,5 +1,7 @@
 #include "comm/dispatch.h"
 
+#include <algorithm>
+
 #include "comm/validation.h"
 #include "common/errors.h"
 
@@ -12,6 +14,12 @@ char* out_of(const CollArgs& a) { return static_cast<char*>(a.out); }
 
 void ar_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   ring_all_reduce(c, in_of(a), out_of(a), a.count, a.op);
+}
+void ar_ring_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  ring_all_reduce(c, in_of(a), out_of(a), a.count, a.op, /*first_sent=*/true);
+}
+void ar_ring_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
+  ring_send_first(c, in_of(a), a.count, /*all_reduce=*/true);
 }
 void ar_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   direct_all_reduce(c, in_of(a), out_of(a), a.count, a.op, /*first_sent=*/false);
@@ -36,6 +44,12 @@ void ar_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
 void rs_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   ring_reduce_scatter(c, in_of(a), out_of(a), a.count, a.op);
 }
+void rs_ring_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  ring_reduce_scatter(c, in_of(a), out_of(a), a.count, a.op, /*first_sent=*/true);
+}
+void rs_ring_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
+  ring_send_first(c, in_of(a), a.count, /*all_reduce=*/false);
+}
 void rs_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   direct_reduce_scatter(c, in_of(a), out_of(a), a.count, a.op, /*first_sent=*/false);
 }
@@ -59,9 +73,27 @@ void ag_ring(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&
   check_all_gather_block(c.rank, a.in, a.out, counts, a.out_count, c.esize);
   ring_all_gather(c, in_of(a), out_of(a), counts);
 }
+void ag_ring_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
+  std::vector<int64_t> counts(c.world, 0);
+  for (int p = 0; p < c.world; ++p) counts[p] = hs[p].count2;
+  check_all_gather_block(c.rank, a.in, a.out, counts, a.out_count, c.esize);
+  ring_all_gather(c, in_of(a), out_of(a), counts, /*first_sent=*/true);
+}
+// Called iff this rank's header says its block is not empty (slot_before_header); the slot
+// holds at most the input's own elements, whatever the header claims.
+void ag_ring_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
+  ring_all_gather_send_first(c, in_of(a), std::min(mine.count2, a.count), mine.count);
+}
 
 void bc_chain(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   chain_broadcast(c, out_of(a), a.count, a.root);
+}
+void bc_chain_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  chain_broadcast(c, out_of(a), a.count, a.root, /*first_sent=*/c.rank == a.root);
+}
+// Only the root, the chain's head, sends first (slot_before_header).
+void bc_chain_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
+  if (c.rank == a.root) chain_send_first(c, out_of(a), a.count);
 }
 void bc_direct_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   direct_broadcast(c, out_of(a), a.count, a.root, /*first_sent=*/c.rank == a.root);
@@ -85,6 +117,14 @@ void bc_cma_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) { cma_
 void reduce_chain(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   chain_reduce(c, in_of(a), out_of(a), a.count, a.op, a.root);
 }
+bool reduce_chain_head(const AlgoCtx& c, const CollArgs& a) { return c.rank == (a.root + 1) % c.world; }
+void reduce_chain_after_first(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+  chain_reduce(c, in_of(a), out_of(a), a.count, a.op, a.root, /*first_sent=*/reduce_chain_head(c, a));
+}
+// Only rank root+1, the chain's head, sends first (slot_before_header).
+void reduce_chain_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
+  if (reduce_chain_head(c, a)) chain_send_first(c, in_of(a), a.count);
+}
 void reduce_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   ll_reduce(c, in_of(a), out_of(a), a.count, a.op, a.root);
 }
@@ -92,9 +132,13 @@ void reduce_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader
 void reduce_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
   ll_send_first(c, header_blob(mine), a.in, c.rank == a.root ? 0 : a.count);
 }
-void a2a_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
+void a2a_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
   direct_all_to_all(c, in_of(a), out_of(a), a.send_counts, split_offsets(a.send_counts), a.recv_counts,
-                    split_offsets(a.recv_counts));
+                    split_offsets(a.recv_counts), (hs[c.rank].flags & kHeaderFirstInSlot) != 0);
+}
+// Called only where this rank's header has kHeaderFirstInSlot (sent_before_header).
+void a2a_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
+  direct_all_to_all_send_first(c, in_of(a), a.send_counts, split_offsets(a.send_counts));
 }
 // Every rank's header says whether its blocks qualify; the call reads in place iff all do, else
 // it is the simple protocol's exchange (the same decision on every rank, from the same headers).
@@ -107,6 +151,12 @@ void a2a_cma(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&
   }
 }
 void in_cma_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) { cma_publish(c, a.in); }
+// The address on every rank; round 1's first message too where the header says so (the call
+// then moves through slots on every rank: this rank's blocks do not qualify).
+void a2a_cma_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
+  cma_publish(c, a.in);
+  if ((mine.flags & kHeaderFirstInSlot) != 0) a2a_first(c, a, mine);
+}
 void ag_cma(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
   std::vector<int64_t> counts(c.world, 0);
   for (int p = 0; p < c.world; ++p) counts[p] = hs[p].count2;
@@ -124,25 +174,30 @@ void nothing(const AlgoCtx&, const CollArgs&, const std::vector<CollHeader>&) {}
 
 const Route kRoutes[] = {
     {Coll::kAllReduce, Algo::kRing, Proto::kSimple, ar_ring, nullptr},
+    {Coll::kAllReduce, Algo::kRing, Proto::kHeaderInSlot, ar_ring_after_first, ar_ring_first},
     {Coll::kAllReduce, Algo::kDirect, Proto::kSimple, ar_direct, nullptr},
     {Coll::kAllReduce, Algo::kDirect, Proto::kHeaderInSlot, ar_direct_after_first, ar_direct_first},
     {Coll::kAllReduce, Algo::kDirect, Proto::kLL, ar_ll, ar_ll_first},
     {Coll::kAllReduce, Algo::kTwoShot, Proto::kSimple, ar_two_shot, nullptr},
     {Coll::kAllReduce, Algo::kHalvingDoubling, Proto::kSimple, ar_halving_doubling, nullptr},
     {Coll::kReduceScatter, Algo::kRing, Proto::kSimple, rs_ring, nullptr},
+    {Coll::kReduceScatter, Algo::kRing, Proto::kHeaderInSlot, rs_ring_after_first, rs_ring_first},
     {Coll::kReduceScatter, Algo::kDirect, Proto::kSimple, rs_direct, nullptr},
     {Coll::kReduceScatter, Algo::kDirect, Proto::kHeaderInSlot, rs_direct_after_first, rs_direct_first},
     {Coll::kReduceScatter, Algo::kDirect, Proto::kLL, rs_ll, rs_ll_first},
     {Coll::kAllGather, Algo::kRing, Proto::kSimple, ag_ring, nullptr},
+    {Coll::kAllGather, Algo::kRing, Proto::kHeaderInSlot, ag_ring_after_first, ag_ring_first},
     {Coll::kAllGather, Algo::kDirect, Proto::kCMA, ag_cma, in_cma_first},
     {Coll::kBroadcast, Algo::kChain, Proto::kSimple, bc_chain, nullptr},
+    {Coll::kBroadcast, Algo::kChain, Proto::kHeaderInSlot, bc_chain_after_first, bc_chain_first},
     {Coll::kBroadcast, Algo::kDirect, Proto::kHeaderInSlot, bc_direct_after_first, bc_direct_first},
     {Coll::kBroadcast, Algo::kDirect, Proto::kLL, bc_ll, bc_ll_first},
     {Coll::kBroadcast, Algo::kDirect, Proto::kCMA, bc_cma, bc_cma_first},
     {Coll::kReduce, Algo::kChain, Proto::kSimple, reduce_chain, nullptr},
+    {Coll::kReduce, Algo::kChain, Proto::kHeaderInSlot, reduce_chain_after_first, reduce_chain_first},
     {Coll::kReduce, Algo::kDirect, Proto::kLL, reduce_ll, reduce_ll_first},
-    {Coll::kAllToAll, Algo::kDirect, Proto::kSimple, a2a_direct, nullptr},
-    {Coll::kAllToAll, Algo::kDirect, Proto::kCMA, a2a_cma, in_cma_first},
+    {Coll::kAllToAll, Algo::kDirect, Proto::kSimple, a2a_direct, a2a_first},
+    {Coll::kAllToAll, Algo::kDirect, Proto::kCMA, a2a_cma, a2a_cma_first},
     {Coll::kGather, Algo::kDirect, Proto::kSimple, gather_direct, nullptr},
     {Coll::kScatter, Algo::kDirect, Proto::kSimple, scatter_direct, nullptr},
     {Coll::kBarrier, Algo::kNone, Proto::kNone, nothing, nullptr},

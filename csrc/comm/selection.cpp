@@ -111,6 +111,16 @@ bool header_in_slot(int64_t bytes, int world, const SelectionKnobs& k, const Dev
   return k.header_in_slot && caps.header_slot && world > 1 && bytes > 0;
 }
 
+// The chains and the reduce_scatter's ring: the head's (every rank's, for the ring) first piece
+// goes to its ring successor before the header wherever the header slot is on.
+Proto chain_proto(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  return header_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
+}
+
+bool all_gather_in_slot(int64_t bytes, int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  return header_in_slot(bytes, world, k, caps) && bytes / world * (world - 1) <= k.direct_max_bytes;
+}
+
 Store store_of(Coll coll, int64_t bytes, const SelectionKnobs& k, const DeviceCaps& caps) {
   if (!caps.streaming_stores || coll == Coll::kBarrier || coll == Coll::kRejected) return Store::kCached;
   // all_to_all's per-rank sizes differ: its size for the rule is 0 on every rank.
@@ -156,7 +166,9 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
         break;
       }
       s.algo = all_reduce_algo(bytes, world, k, caps);
-      s.proto = s.algo == Algo::kDirect && header_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
+      s.proto = (s.algo == Algo::kDirect || s.algo == Algo::kRing) && header_in_slot(bytes, world, k, caps)
+                    ? Proto::kHeaderInSlot
+                    : Proto::kSimple;
       break;
     case Coll::kBroadcast:
       // Direct (the root copies the message once per peer) wherever the direct all_reduce would
@@ -172,7 +184,7 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
         s.proto = Proto::kHeaderInSlot;
       } else {
         s.algo = Algo::kChain;
-        s.proto = Proto::kSimple;
+        s.proto = chain_proto(bytes, world, k, caps);
       }
       break;
     case Coll::kReduceScatter:
@@ -187,12 +199,21 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
         s.proto = header_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
       } else {
         s.algo = Algo::kRing;
-        s.proto = Proto::kSimple;
+        s.proto = chain_proto(bytes, world, k, caps);
       }
       break;
     case Coll::kAllGather:
-      s.algo = fits_cma(bytes, k, caps) ? Algo::kDirect : Algo::kRing;
-      s.proto = s.algo == Algo::kDirect ? Proto::kCMA : Proto::kSimple;
+      // The ring's first send (this rank's piece 0 to its successor) depends on nothing: it goes
+      // with the header in the direct range's measure (what each rank receives, B x (N-1) / N).
+      // Above it the ring sends each piece from the input and copies it into place while it is
+      // in cache, which a send before the header would split by the header exchange.
+      if (fits_cma(bytes, k, caps)) {
+        s.algo = Algo::kDirect;
+        s.proto = Proto::kCMA;
+      } else {
+        s.algo = Algo::kRing;
+        s.proto = all_gather_in_slot(bytes, world, k, caps) ? Proto::kHeaderInSlot : Proto::kSimple;
+      }
       break;
     case Coll::kReduce:
       // The LL outbox (one hand-off: the root reads every input in place), the chain above.
@@ -201,7 +222,7 @@ Selection select(Coll coll, int64_t bytes, int world, const SelectionKnobs& k, c
         s.proto = Proto::kLL;
       } else {
         s.algo = Algo::kChain;
-        s.proto = Proto::kSimple;
+        s.proto = chain_proto(bytes, world, k, caps);
       }
       break;
     case Coll::kAllToAll:
@@ -279,14 +300,14 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
     } else {
       o << "no two_shot below " << k.two_shot_min_world << " ranks, ";
     }
-    o << "ring/simple above)";
+    o << "ring/" << (inslot ? "header_in_slot" : "simple") << " above)";
   }
   o << "; broadcast ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
   if (inslot && caps.host_algorithms) o << "direct/header_in_slot in all_reduce's direct range, ";
   if (caps.cma && k.cma_min_bytes > 0 && k.cma_broadcast_min_bytes > 0)
     o << "direct/cma from " << k.cma_broadcast_min_bytes << " B, ";
-  o << "chain/simple above; reduce_scatter ";
+  o << "chain/" << (inslot ? "header_in_slot" : "simple") << " above; reduce_scatter ";
   if (caps.ll_bytes > 0 && k.algo == SelectionKnobs::Forced::kAuto)
     o << "direct/ll up to " << caps.ll_bytes << " B, ";
   if (caps.host_algorithms && k.algo == SelectionKnobs::Forced::kDirect) {
@@ -295,8 +316,9 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
     if (caps.host_algorithms && k.algo == SelectionKnobs::Forced::kAuto)
       o << "direct/" << (inslot ? "header_in_slot" : "simple") << " while bytes x (N-1) / N <= " << k.direct_max_bytes
         << " B, ";
-    o << "ring/simple; all_gather ";
+    o << "ring/" << (inslot ? "header_in_slot" : "simple") << "; all_gather ";
   }
+  if (inslot) o << "ring/header_in_slot while bytes x (N-1) / N <= " << k.direct_max_bytes << " B, ";
   if (caps.cma && k.cma_min_bytes > 0) o << "direct/cma from " << k.cma_min_bytes << " B, ";
   o << "ring/simple; all_to_all direct/";
   if (caps.cma && k.cma_min_bytes > 0) {
@@ -304,9 +326,10 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   } else {
     o << "simple";
   }
+  if (all_to_all_first_in_slot(world, k, caps)) o << " (round 1's first message with the header)";
   o << "; reduce ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
-  o << "chain/simple above; store ";
+  o << "chain/" << (inslot ? "header_in_slot" : "simple") << " above; store ";
   if (!caps.streaming_stores || k.stream == SelectionKnobs::Stream::kOff) {
     o << "cached";
   } else if (k.stream == SelectionKnobs::Stream::kOn) {
@@ -317,30 +340,59 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   return o.str();
 }
 
-bool slot_before_header(const CollHeader& h, int poster) {
+bool all_to_all_first_in_slot(int world, const SelectionKnobs& k, const DeviceCaps& caps) {
+  return k.header_in_slot && caps.header_slot && world > 1;
+}
+
+bool slot_before_header(const CollHeader& h, int poster, int world) {
+  // The all_to_all's message exists even for an empty block (every rank's header tells its own).
+  if (static_cast<Coll>(h.coll) == Coll::kAllToAll) return (h.flags & kHeaderFirstInSlot) != 0 && world > 1;
   if (h.count <= 0 || h.proto != static_cast<uint8_t>(Proto::kHeaderInSlot)) return false;
   switch (static_cast<Coll>(h.coll)) {
-    case Coll::kAllReduce: return true;
+    case Coll::kAllReduce:
+    case Coll::kReduceScatter: {
+      if (h.algo != static_cast<uint8_t>(Algo::kRing)) return true;  // direct: always one message
+      // The ring's RS step 0 (chunk poster-1 to the successor), where that chunk is not empty.
+      // A header with an unknown dtype never sent (it fails the exchange; no throw here).
+      if (h.dtype >= static_cast<uint32_t>(DType::kCount)) return false;
+      const int k0 = ring::rs_send(poster, 0, world);
+      const int64_t es = static_cast<int64_t>(dtype_size(static_cast<DType>(h.dtype)));
+      return static_cast<Coll>(h.coll) == Coll::kAllReduce ? ring::ar_chunk_count(h.count, world, es, k0) > 0
+                                                            : ring::chunk_count(h.count, world, k0) > 0;
+    }
     case Coll::kBroadcast: return h.root == poster;
-    case Coll::kReduceScatter: return true;
+    case Coll::kAllGather: return h.count2 > 0;  // the poster's own block
+    case Coll::kReduce: return world > 1 && poster == ring::right(static_cast<int>(h.root), world);
     default: return false;
   }
 }
 
 bool slot_before_header_for(const CollHeader& h, int poster, int reader, int world) {
-  if (!slot_before_header(h, poster)) return false;
-  // The reduce_scatter's first piece goes to the poster's ring predecessor only.
-  return static_cast<Coll>(h.coll) != Coll::kReduceScatter || reader == ring::left(poster, world);
+  if (!slot_before_header(h, poster, world)) return false;
+  switch (static_cast<Coll>(h.coll)) {
+    // The direct reduce_scatter's first piece goes to the poster's ring predecessor only, the
+    // rings' to its successor.
+    case Coll::kReduceScatter:
+      return reader == (h.algo == static_cast<uint8_t>(Algo::kRing) ? ring::right(poster, world) : ring::left(poster, world));
+    case Coll::kAllReduce: return h.algo != static_cast<uint8_t>(Algo::kRing) || reader == ring::right(poster, world);
+    // The direct broadcast's to every peer; a chain's and the all_gather ring's to the successor.
+    case Coll::kBroadcast: return h.algo == static_cast<uint8_t>(Algo::kDirect) || reader == ring::right(poster, world);
+    case Coll::kAllGather:
+    case Coll::kAllToAll:
+    case Coll::kReduce: return reader == ring::right(poster, world);
+    default: return true;
+  }
 }
 
-bool sent_before_header(const CollHeader& h, int poster) {
+bool sent_before_header(const CollHeader& h, int poster, int world) {
   if (h.proto == static_cast<uint8_t>(Proto::kCMA)) return true;
+  if (static_cast<Coll>(h.coll) == Coll::kAllToAll) return slot_before_header(h, poster, world);
   if (h.count <= 0) return false;
   if (h.proto == static_cast<uint8_t>(Proto::kLL)) {
     const Coll c = static_cast<Coll>(h.coll);
     return c == Coll::kAllReduce || c == Coll::kReduceScatter || c == Coll::kBroadcast || c == Coll::kReduce;
   }
-  return slot_before_header(h, poster);
+  return slot_before_header(h, poster, world);
 }
 
 }  // namespace rc
