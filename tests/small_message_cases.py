@@ -213,8 +213,7 @@ def correctness_cases(rank, world):
                     got[name] = out.tobytes()
                 for name in got:
                     check(f"{name} reduce_scatter differs bitwise from the ring, n={count}", got[name] == got["ring"])
-        # all_to_all: round 1's first message travels with the header unless the knob is off;
-        # blocks of different sizes (block p -> q holds count + p + 2q elements), an empty one,
+        # all_to_all (its header always first, whatever the knob): blocks of different sizes (block p -> q holds count + p + 2q elements), an empty one,
         # and many pieces (the tiny config).
         for count in (0, 1, 300, 4097):
             def blk(p, q):
@@ -304,8 +303,7 @@ def mismatch_cases(rank, world):
             again = _attempt(lambda: ar(6)(comm, guard))[0] == "MismatchError"
             comm.barrier()
             if comm_name == "mixed":
-                # every all_reduce's protocol differs; the all_to_all's header names none (each
-                # rank's says whether its own first message went with it)
+                # every all_reduce's protocol differs; the all_to_all's is the same on every rank
                 y = np.zeros(3 * world, np.float32)
                 comm.all_to_all(y, np.full(3 * world, rank + 1.0, np.float32))
                 after = again and bool((y == np.repeat(np.arange(1, world + 1, dtype=np.float32), 3)).all())

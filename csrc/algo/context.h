@@ -155,14 +155,9 @@ void cma_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vect
 void cma_broadcast(const AlgoCtx& c, char* buf, int64_t count, int root);
 
 /// Direct exchanges (algo/direct.cpp). Counts and offsets in elements, one per peer.
-/// first_sent: direct_all_to_all_send_first already handed round 1's piece 0 to rank r+1.
 void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& send_counts,
                        const std::vector<int64_t>& send_offs, const std::vector<int64_t>& recv_counts,
-                       const std::vector<int64_t>& recv_offs, bool first_sent = false);
-/// Round 1's piece 0 (of the block for rank r+1, one slot even when the block is empty; nothing
-/// for a world of one): the all_to_all's send before the header (kHeaderFirstInSlot).
-void direct_all_to_all_send_first(const AlgoCtx& c, const char* in, const std::vector<int64_t>& send_counts,
-                                  const std::vector<int64_t>& send_offs);
+                       const std::vector<int64_t>& recv_offs);
 void direct_gather(const AlgoCtx& c, const char* in, char* out, int64_t count, int root);
 void direct_scatter(const AlgoCtx& c, const char* in, char* out, int64_t count, int root);
 

@@ -44,18 +44,6 @@ int64_t a2a_round_piece(const AlgoCtx& c, int s, int64_t block) {
 
 }  // namespace
 
-void direct_all_to_all_send_first(const AlgoCtx& c, const char* in, const std::vector<int64_t>& send_counts,
-                                  const std::vector<int64_t>& send_offs) {
-  if (c.world == 1) return;
-  // The message of round 1's first piece, as direct_all_to_all sends it (its slot carries the
-  // block's total).
-  const int dst = static_cast<int>(ring::mod(c.rank + 1, c.world));
-  int64_t o, m;
-  piece_bounds(send_offs[dst], send_counts[dst], 0, a2a_round_piece(c, 1, send_counts[dst]), &o, &m);
-  send_copy(c, dst, in + o * static_cast<int64_t>(c.esize), -1, m, wait_ctx(c, 0, c.world - 1),
-            static_cast<uint64_t>(send_counts[dst]) * c.esize);
-}
-
 // The ring's order of operations for elements of all-reduce chunk k (ring::ar_chunk_*), so that
 // every all-reduce algorithm gives bit-identical results (and gloo's, at world sizes 2 and 3):
 // the element is combined as x[k+1], then x[k+2] (op) that, ..., then x[k] (op) that, scaled for
@@ -93,7 +81,7 @@ void combine_in_ring_order(const AlgoCtx& c, const char* const* src, char* out, 
 
 void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::vector<int64_t>& send_counts,
                        const std::vector<int64_t>& send_offs, const std::vector<int64_t>& recv_counts,
-                       const std::vector<int64_t>& recv_offs, bool first_sent) {
+                       const std::vector<int64_t>& recv_offs) {
   const int n = c.world, r = c.rank;
   const size_t es = c.esize;
   RC_CHECK(send_counts[r] == recv_counts[r], Mismatch,
@@ -109,7 +97,7 @@ void direct_all_to_all(const AlgoCtx& c, const char* in, char* out, const std::v
     const uint64_t send_total = static_cast<uint64_t>(send_counts[dst]) * es;
     for (int64_t j = 0; j < std::max(ns, nr); ++j) {
       WaitCtx w = wait_ctx(c, s - 1, n - 1);
-      if (j < ns && !(first_sent && s == 1 && j == 0)) {
+      if (j < ns) {
         int64_t o, m;
         piece_bounds(send_offs[dst], send_counts[dst], j, pe_s, &o, &m);
         send_copy(c, dst, in + o * es, -1, m, w, send_total);

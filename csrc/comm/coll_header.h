@@ -26,9 +26,7 @@ struct CollHeader {
   uint8_t proto = 0;
   uint8_t store = 0;
   // Per-rank facts a protocol needs beside the selection, not compared across ranks:
-  // kHeaderCmaBlocks (all_to_all under the cma protocol: this rank's blocks qualify, select.h);
-  // kHeaderFirstInSlot (all_to_all: this rank handed round 1's first piece to its ring successor
-  // before posting the header, comm/selection.h: slot_before_header).
+  // kHeaderCmaBlocks (all_to_all under the cma protocol: this rank's blocks qualify, select.h).
   uint8_t flags = 0;
   // The collective's sequence on the posting rank (its low 32 bits): every rank numbers every
   // collective, so a difference means the ranks' calls no longer pair up (a call one rank ran
@@ -41,7 +39,6 @@ static_assert(std::is_trivially_copyable_v<CollHeader>, "CollHeader travels as b
 
 /// CollHeader::flags bits.
 constexpr uint8_t kHeaderCmaBlocks = 1;
-constexpr uint8_t kHeaderFirstInSlot = 2;
 
 /// The header as the transport carries it, and back.
 inline HeaderBlob header_blob(const CollHeader& h) {

@@ -212,10 +212,6 @@ WorkPtr CommCore::submit(Coll coll, CollHeader hdr, CollArgs args, Launch l, int
   if (coll == Coll::kAllToAll && sel.proto == Proto::kCMA &&
       cma_blocks_qualify(args.send_counts, args.recv_counts, dtype_size(static_cast<DType>(hdr.dtype)), knobs_))
     hdr.flags |= kHeaderCmaBlocks;
-  // An all_to_all that will move through slots (no single-copy reads, or this rank's blocks do
-  // not qualify, which keeps every rank off them): round 1's first message goes before the header.
-  if (coll == Coll::kAllToAll && (hdr.flags & kHeaderCmaBlocks) == 0 && all_to_all_first_in_slot(world_, knobs_, caps_))
-    hdr.flags |= kHeaderFirstInSlot;
   const Route& route = route_of(coll, sel.algo, sel.proto);
   if (coll != Coll::kRejected) dev_->check_submit(coll, hdr, args, l.stream);
   Task task;

@@ -132,13 +132,9 @@ void reduce_ll(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader
 void reduce_ll_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
   ll_send_first(c, header_blob(mine), a.in, c.rank == a.root ? 0 : a.count);
 }
-void a2a_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
+void a2a_direct(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&) {
   direct_all_to_all(c, in_of(a), out_of(a), a.send_counts, split_offsets(a.send_counts), a.recv_counts,
-                    split_offsets(a.recv_counts), (hs[c.rank].flags & kHeaderFirstInSlot) != 0);
-}
-// Called only where this rank's header has kHeaderFirstInSlot (sent_before_header).
-void a2a_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) {
-  direct_all_to_all_send_first(c, in_of(a), a.send_counts, split_offsets(a.send_counts));
+                    split_offsets(a.recv_counts));
 }
 // Every rank's header says whether its blocks qualify; the call reads in place iff all do, else
 // it is the simple protocol's exchange (the same decision on every rank, from the same headers).
@@ -151,12 +147,6 @@ void a2a_cma(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>&
   }
 }
 void in_cma_first(const AlgoCtx& c, const CollArgs& a, const CollHeader&) { cma_publish(c, a.in); }
-// The address on every rank; round 1's first message too where the header says so (the call
-// then moves through slots on every rank: this rank's blocks do not qualify).
-void a2a_cma_first(const AlgoCtx& c, const CollArgs& a, const CollHeader& mine) {
-  cma_publish(c, a.in);
-  if ((mine.flags & kHeaderFirstInSlot) != 0) a2a_first(c, a, mine);
-}
 void ag_cma(const AlgoCtx& c, const CollArgs& a, const std::vector<CollHeader>& hs) {
   std::vector<int64_t> counts(c.world, 0);
   for (int p = 0; p < c.world; ++p) counts[p] = hs[p].count2;
@@ -196,8 +186,8 @@ const Route kRoutes[] = {
     {Coll::kReduce, Algo::kChain, Proto::kSimple, reduce_chain, nullptr},
     {Coll::kReduce, Algo::kChain, Proto::kHeaderInSlot, reduce_chain_after_first, reduce_chain_first},
     {Coll::kReduce, Algo::kDirect, Proto::kLL, reduce_ll, reduce_ll_first},
-    {Coll::kAllToAll, Algo::kDirect, Proto::kSimple, a2a_direct, a2a_first},
-    {Coll::kAllToAll, Algo::kDirect, Proto::kCMA, a2a_cma, a2a_cma_first},
+    {Coll::kAllToAll, Algo::kDirect, Proto::kSimple, a2a_direct, nullptr},
+    {Coll::kAllToAll, Algo::kDirect, Proto::kCMA, a2a_cma, in_cma_first},
     {Coll::kGather, Algo::kDirect, Proto::kSimple, gather_direct, nullptr},
     {Coll::kScatter, Algo::kDirect, Proto::kSimple, scatter_direct, nullptr},
     {Coll::kBarrier, Algo::kNone, Proto::kNone, nothing, nullptr},

@@ -326,7 +326,6 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   } else {
     o << "simple";
   }
-  if (all_to_all_first_in_slot(world, k, caps)) o << " (round 1's first message with the header)";
   o << "; reduce ";
   if (caps.ll_bytes > 0) o << "direct/ll up to " << caps.ll_bytes << " B, ";
   o << "chain/" << (inslot ? "header_in_slot" : "simple") << " above; store ";
@@ -340,13 +339,7 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
   return o.str();
 }
 
-bool all_to_all_first_in_slot(int world, const SelectionKnobs& k, const DeviceCaps& caps) {
-  return k.header_in_slot && caps.header_slot && world > 1;
-}
-
 bool slot_before_header(const CollHeader& h, int poster, int world) {
-  // The all_to_all's message exists even for an empty block (every rank's header tells its own).
-  if (static_cast<Coll>(h.coll) == Coll::kAllToAll) return (h.flags & kHeaderFirstInSlot) != 0 && world > 1;
   if (h.count <= 0 || h.proto != static_cast<uint8_t>(Proto::kHeaderInSlot)) return false;
   switch (static_cast<Coll>(h.coll)) {
     case Coll::kAllReduce:
@@ -378,7 +371,6 @@ bool slot_before_header_for(const CollHeader& h, int poster, int reader, int wor
     // The direct broadcast's to every peer; a chain's and the all_gather ring's to the successor.
     case Coll::kBroadcast: return h.algo == static_cast<uint8_t>(Algo::kDirect) || reader == ring::right(poster, world);
     case Coll::kAllGather:
-    case Coll::kAllToAll:
     case Coll::kReduce: return reader == ring::right(poster, world);
     default: return true;
   }
@@ -386,7 +378,6 @@ bool slot_before_header_for(const CollHeader& h, int poster, int reader, int wor
 
 bool sent_before_header(const CollHeader& h, int poster, int world) {
   if (h.proto == static_cast<uint8_t>(Proto::kCMA)) return true;
-  if (static_cast<Coll>(h.coll) == Coll::kAllToAll) return slot_before_header(h, poster, world);
   if (h.count <= 0) return false;
   if (h.proto == static_cast<uint8_t>(Proto::kLL)) {
     const Coll c = static_cast<Coll>(h.coll);

@@ -125,12 +125,6 @@ bool cma_blocks_qualify(const std::vector<int64_t>& send_counts, const std::vect
                         size_t esize, const SelectionKnobs& k);
 bool cma_all_to_all_agreed(const std::vector<CollHeader>& headers);
 
-/// Whether an all_to_all that moves through slots hands round 1's first message (to the ring
-/// successor) off before its header: the header slot on (RINGCOMM_HEADER_IN_SLOT, the device) and
-/// more than one rank. The poster says so in its header (kHeaderFirstInSlot): its all_to_all
-/// protocol does not (its sizes differ per rank).
-bool all_to_all_first_in_slot(int world, const SelectionKnobs& k, const DeviceCaps& caps);
-
 /// The bytes select() is given for a header (see select()).
 int64_t selection_bytes(Coll coll, const CollHeader& h);
 
@@ -142,8 +136,7 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
 /// header_in_slot direct broadcast (one slot to every peer: comm/header_exchange.h), every rank of
 /// a header_in_slot reduce_scatter (one slot to its ring predecessor), the head of a
 /// header_in_slot chain (the broadcast's root, the reduce's rank root+1) and every rank of a
-/// header_in_slot all_gather whose own block is not empty, every rank whose all_to_all header has
-/// kHeaderFirstInSlot (one slot to its ring successor), every
+/// header_in_slot all_gather whose own block is not empty (one slot to its ring successor), every
 /// rank of an LL collective (its outbox lines), and every rank of a cma collective (the address of
 /// the buffer its peers read, transport/shm_cma.h). Else never for an empty message.
 bool sent_before_header(const CollHeader& h, int poster, int world);
@@ -152,7 +145,7 @@ bool sent_before_header(const CollHeader& h, int poster, int world);
 bool slot_before_header(const CollHeader& h, int poster, int world);
 /// Whether that slot is in `reader`'s channel from `poster` (of `world` ranks): every peer's for
 /// all_reduce and the direct broadcast, the poster's ring predecessor's for reduce_scatter, its
-/// ring successor's for a chain, the all_gather and the all_to_all.
+/// ring successor's for a chain and the all_gather.
 bool slot_before_header_for(const CollHeader& h, int poster, int reader, int world);
 
 }  // namespace rc
