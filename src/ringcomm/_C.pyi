@@ -109,7 +109,7 @@ class Knobs:
     @property
     def header_in_slot(self) -> str:
         """
-        RINGCOMM_HEADER_IN_SLOT: the header_in_slot protocol: a collective's first send that waits on nothing goes out before its header is posted (the direct all-reduce's and broadcast's piece 0 to every peer, the direct reduce_scatter's to the ring predecessor, the ring all_gather's own block while what each rank receives is within RINGCOMM_DIRECT_MAX_BYTES, the chains' head piece and the all_to_all's round-1 message to the ring successor), so header and data take one hand-off (a mismatch drains it and raises MismatchError on every rank); off: the simple protocol (header exchange first)
+        RINGCOMM_HEADER_IN_SLOT: the header_in_slot protocol: a collective's first send that waits on nothing goes out before its header is posted (the direct all-reduce's and broadcast's piece 0 to every peer, the direct reduce_scatter's to the ring predecessor, the ring all_gather's own block while what each rank receives is within RINGCOMM_DIRECT_MAX_BYTES, the chains' head piece to the ring successor; never the all_to_all's), so header and data take one hand-off (a mismatch drains it and raises MismatchError on every rank); off: the simple protocol (header exchange first)
         """
     @property
     def heartbeat_timeout_ms(self) -> int:
