@@ -259,6 +259,12 @@ def once(key, start: Callable[[], Any], what: str) -> Any:
     return value
 
 
+def assert_no_failures(per_rank: list, shown: int = 30) -> None:
+    """Every rank returned a list of failure descriptions: all of them empty, else the first `shown`."""
+    fails = [f for fs in per_rank for f in fs]
+    assert not fails, f"{len(fails)} failures:\n" + "\n".join(fails[:shown])
+
+
 def case_of(per_rank: list, name: str, what: str) -> list:
     """Every rank's result of case ``name`` out of a group's per-rank ``{case: result}`` dicts; a
     rank's ``{"error": traceback}`` fails the calling test (``what`` names the group)."""

@@ -336,5 +336,4 @@ def test_a_shared_profile_drives_auto(tmp_path, store_env):
 def test_halving_doubling_is_bit_identical_to_the_ring(world, store_env):
     pytest.importorskip("torch")   # the bfloat16 cases
     results = ranks.run(hd_cases, world, timeout=380, env=store_env)
-    fails = [f for fs in results for f in fs]
-    assert not fails, f"{len(fails)} failures:\n" + "\n".join(fails[:30])
+    ranks.assert_no_failures(results)

@@ -5,6 +5,7 @@ in tests/test_small_message.py (its "ll" configuration); the segment's size with
 tests/test_footprint.py."""
 import pytest
 
+import ranks
 import ringcomm
 from ringcomm import _C
 from ringcomm.core.launch import spawn
@@ -25,16 +26,14 @@ def test_outbox_reuse_under_a_random_mix_of_collectives(world, store_env):
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_reduce_through_the_outbox_is_bitwise_the_chains(world, store_env):
     results = spawn(reduce_order_case, world, timeout=180, env=store_env)
-    fails = [f for fs in results for f in fs]
-    assert not fails, "\n".join(fails[:20])
+    ranks.assert_no_failures(results)
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_reduce_scatter_outbox_and_direct_are_bitwise_the_rings(world, store_env):
     results = spawn(reduce_scatter_order_case, world, timeout=180, env=store_env)
-    fails = [f for fs in results for f in fs]
-    assert not fails, "\n".join(fails[:20])
+    ranks.assert_no_failures(results)
 
 
 @pytest.mark.timeout(60)

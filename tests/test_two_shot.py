@@ -20,8 +20,7 @@ torch = pytest.importorskip("torch")   # the bfloat16 cases
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_two_shot_matches_numpy_the_ring_and_the_one_shot(world, store_env):
     results = ranks.run(correctness_cases, world, timeout=140, env=store_env)
-    fails = [f for fs in results for f in fs]
-    assert not fails, f"{len(fails)} failures:\n" + "\n".join(fails[:30])
+    ranks.assert_no_failures(results)
 
 
 @pytest.mark.timeout(90)
