@@ -31,8 +31,10 @@ SHARED = {"alpha_s": 4e-6, "alpha_shared_s": 3.2e-6, "slot_s": 2.5e-6, "copy_Bps
           "ll_Bps": 18e9, "cpus": 2.0}
 MANY = {"alpha_s": 1e-6, "alpha_shared_s": 3e-6, "slot_s": 0.3e-6, "copy_Bps": 10e9, "reduce_Bps": 8e9,
         "ll_Bps": 20e9, "cpus": 0.0}
-CANDIDATES = [("direct", "ll"), ("direct", "header_in_slot"), ("two_shot", "simple"), ("ring", "simple"),
+# model_choose's candidates in its order, with the header in the first slot (the binding's default)
+CANDIDATES = [("direct", "ll"), ("direct", "header_in_slot"), ("two_shot", "simple"), ("ring", "header_in_slot"),
               ("halving_doubling", "simple")]
+PRICED = CANDIDATES + [("direct", "simple"), ("ring", "simple")]
 
 
 def hd_work(n):
@@ -74,7 +76,7 @@ def py_seconds(p, algo, proto, M, n, ring=256 * KiB, far=32 * KiB, depth=16):
         H, S, C, R = 3, 2 * (n - 1) * pieces, ((2 * n - 1) if shared else 3 * (n - 1)) / n * M, (n - 1) / n * M
         E = max(0, pieces - 1) + pieces * refills(n - 1)
     elif algo == "ring":
-        H = 2 * (n - 1) + 1
+        H = 2 * (n - 1) + (0 if proto == "header_in_slot" else 1)
         S, C, R = 2 * (n - 1) * cdiv(M / n, ring), (2 * n - 1) / n * M, (n - 1) / n * M
         E = 2 * (n - 1) * max(0, cdiv(M / n, ring) - 1)
     else:
@@ -127,7 +129,7 @@ def test_halving_doubling_work_matches_its_plan_and_closed_form():
 def test_model_choice_is_the_documented_formula(params):
     for n in WORLDS:
         for M in SIZES:
-            for algo, proto in CANDIDATES:
+            for algo, proto in PRICED:
                 got = _C_test.model_seconds(algo, proto, M, n, params=params)
                 assert got == pytest.approx(py_seconds(params, algo, proto, M, n), rel=1e-9), (algo, proto, M, n)
             assert _C._model_choose(M, n, 4 * KiB, params=params) == py_choose(params, M, n), (M, n)
@@ -140,12 +142,15 @@ def test_model_choices_at_landmarks():
     # 2N-1 steps lose wherever latency dominates.
     assert _C._model_choose(1 * KiB, 64, 4 * KiB, params=MANY) == ("direct", "ll")
     assert _C._model_choose(16 * KiB, 64, 4 * KiB, params=MANY) == ("halving_doubling", "simple")
-    assert _C._model_choose(64 << 20, 64, 4 * KiB, params=MANY) == ("ring", "simple")
-    assert _C._model_choose(16 << 20, 8, 4 * KiB, params=SHARED) == ("ring", "simple")
+    assert _C._model_choose(64 << 20, 64, 4 * KiB, params=MANY) == ("ring", "header_in_slot")
+    assert _C._model_choose(16 << 20, 8, 4 * KiB, params=SHARED) == ("ring", "header_in_slot")
+    assert _C._model_choose(64 << 20, 64, 4 * KiB, False, params=MANY) == ("ring", "simple")
     for n in (8, 16):
         assert all(_C._model_choose(M, n, 4 * KiB, params=SHARED)[0] != "ring" for M in SIZES if M <= 64 * KiB)
         step = SHARED["alpha_shared_s"] * n / SHARED["cpus"]
         assert _C_test.model_seconds("ring", "simple", 0, n, params=SHARED) == pytest.approx((2 * n - 1) * step)
+        # the first piece travels with the header: one step fewer
+        assert _C_test.model_seconds("ring", "header_in_slot", 0, n, params=SHARED) == pytest.approx((2 * n - 2) * step)
     # the ring's latency grows with N, halving_doubling's with log N
     ring = [_C_test.model_seconds("ring", "simple", 64, n, params=MANY) for n in (8, 64)]
     hd = [_C_test.model_seconds("halving_doubling", "simple", 64, n, params=MANY) for n in (8, 64)]
@@ -315,20 +320,22 @@ def test_ranks_with_different_profiles_raise_at_init(tmp_path, store_env):
 
 
 @pytest.mark.timeout(120)
-def test_a_shared_profile_drives_auto(tmp_path, store_env):
+@pytest.mark.parametrize("world", [4, 8])
+def test_a_shared_profile_drives_auto(world, tmp_path, store_env):
     path = str(tmp_path / "p.json")
     params = dict(MANY, slot_s=20e-6)   # dear slots: halving_doubling (4 slots, not 6) at 64 KiB
     write_profile(path, params)
     sizes = [64, 16 * KiB, 64 * KiB, 1 << 20]
-    res = ranks.run(model_auto_case, 4, (path, sizes), timeout=100, env=store_env)
+    res = ranks.run(model_auto_case, world, (path, sizes), timeout=100, env=store_env)
     seen = set()
     for rows in res:
         for nbytes, algo, proto, equal in rows:
-            want = _C._model_choose(nbytes, 4, 4 * KiB, params=params)
+            want = _C._model_choose(nbytes, world, 4 * KiB, params=params)
             assert (algo, proto) == want, (nbytes, algo, proto, want)
             assert equal, f"auto's {algo} differs bitwise from the ring at {nbytes} B"
-            seen.add(algo)
-    assert {"halving_doubling", "ring", "direct"} <= seen, seen
+            seen.add((algo, proto))
+    # the ring runs with its first piece in the slot, as the model priced it
+    assert {"halving_doubling", "direct"} <= {a for a, _ in seen} and ("ring", "header_in_slot") in seen, seen
 
 
 @pytest.mark.timeout(400)

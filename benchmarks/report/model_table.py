@@ -24,7 +24,8 @@ END = "<!-- model-table:end -->"
 SIZES = [1 << k for k in range(10, 25, 2)] + [64 << 20]
 WORLDS = [2, 3, 4, 5, 8, 16, 32, 64, 128]
 SHORT = {("direct", "ll"): "LL", ("direct", "header_in_slot"): "1shot", ("direct", "simple"): "1shot",
-         ("two_shot", "simple"): "2shot", ("ring", "simple"): "ring", ("halving_doubling", "simple"): "HD"}
+         ("two_shot", "simple"): "2shot", ("ring", "header_in_slot"): "ring", ("ring", "simple"): "ring",
+         ("halving_doubling", "simple"): "HD"}
 
 
 def size_name(b: int) -> str:

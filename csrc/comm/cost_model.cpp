@@ -198,8 +198,9 @@ double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes
     // work in turn and a reader finds what its CPU just wrote: the copies alone ((2N-1)/N).
     C = (shared ? 2 * n - 1 : 3 * (n - 1)) / n * M;
     R = (n - 1) / n * M;
-  } else if (algo == Algo::kRing && proto == Proto::kSimple) {
-    H = 2 * (n - 1) + 1;
+  } else if (algo == Algo::kRing && (proto == Proto::kHeaderInSlot || proto == Proto::kSimple)) {
+    // With the header in the slot, reduce-scatter step 0's first piece travels with the header.
+    H = 2 * (n - 1) + (proto == Proto::kHeaderInSlot ? 0 : 1);
     S = 2 * (n - 1) * ceil_div(M / n, pr);
     E = 2 * (n - 1) * std::max(0.0, ceil_div(M / n, pr) - 1);
     C = (2 * n - 1) / n * M;  // reduce-scatter's first send, all-gather's sends and copies out
@@ -227,7 +228,7 @@ ModelChoice model_choose(const CostProfile& p, int64_t bytes, int world, const P
       {Algo::kDirect, Proto::kLL},
       {Algo::kDirect, header_in_slot ? Proto::kHeaderInSlot : Proto::kSimple},
       {Algo::kTwoShot, Proto::kSimple},
-      {Algo::kRing, Proto::kSimple},
+      {Algo::kRing, header_in_slot ? Proto::kHeaderInSlot : Proto::kSimple},
       {Algo::kHalvingDoubling, Proto::kSimple},
   };
   ModelChoice best = candidates[1];

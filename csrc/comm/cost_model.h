@@ -75,7 +75,8 @@ struct PieceSizes {
 
 /// The modelled seconds of one all-reduce of `bytes` over `world` ranks by (algo, proto), for
 /// the pairs the model knows: (direct, ll), (direct, header_in_slot), (direct, simple),
-/// (two_shot, simple), (ring, simple), (halving_doubling, simple). Others: a programming error.
+/// (two_shot, simple), (ring, header_in_slot), (ring, simple), (halving_doubling, simple).
+/// Others: a programming error.
 double model_seconds(const CostProfile& p, Algo algo, Proto proto, int64_t bytes, int world, const PieceSizes& ps);
 
 /// halving_doubling_work(0, world) (algo/context.h) in closed form, O(log world): the model's
@@ -86,9 +87,9 @@ struct ModelChoice {
   Algo algo;
   Proto proto;
 };
-/// The cheapest candidate: LL when bytes <= ll_bytes (and bytes > 0), the direct one-shot (with
-/// the header in its first slot when `header_in_slot`), two-shot, ring, halving_doubling. Ties go
-/// to the earlier candidate in that order.
+/// The cheapest candidate: LL when bytes <= ll_bytes (and bytes > 0), the direct one-shot,
+/// two-shot, ring, halving_doubling (the one-shot and the ring with the header in their first
+/// slot when `header_in_slot`). Ties go to the earlier candidate in that order.
 ModelChoice model_choose(const CostProfile& p, int64_t bytes, int world, const PieceSizes& ps, int64_t ll_bytes,
                          bool header_in_slot);
 
