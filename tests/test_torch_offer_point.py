@@ -60,7 +60,7 @@ _FAST_ENTRIES = {
     "scatter": lambda h, a, out, root, msg, n: root,
     "barrier": lambda h, msg, n: None,
 }
-assert list(_FAST_ENTRIES) == [name for name, _ in _Api._fields_[3:]]
+assert list(_FAST_ENTRIES) == [field[0] for field in _Api._fields_[3:]]
 _SYNC_ENTRIES = {
     "all_reduce": lambda x, out, op: op,
     "broadcast": lambda x, root: root,

@@ -65,6 +65,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -253,7 +254,7 @@ def front_columns(name: str) -> list[tuple[str | None, str]]:
     return [(k, ",.2f") for k in keys] + [("own_last", ",.1f")]
 
 
-def print_medians(head: list[str], sizes: list[int], names: list[str], cells: dict, summary: dict,
+def print_medians(head: Sequence[str], sizes: list[int], names: Sequence[str], cells: dict, summary: dict,
                   field: str, columns) -> None:
     """A markdown table of per-call medians (µs): columns size, peer and ``head``; a row per size
     and peer of the medians of the figures ``columns(peer)`` names, each (key, format), None for
