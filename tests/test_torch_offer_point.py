@@ -12,6 +12,7 @@ offers gather, scatter, barrier and split all_to_all, which the Python half then
 from __future__ import annotations
 
 import ctypes
+import inspect
 
 import pytest
 
@@ -46,6 +47,43 @@ class _Api(ctypes.Structure):
                 ("scatter", _ROOTED_PAIR), ("barrier", _BARRIER)]
 
 
+# What an offer logs of its arguments, per entry of RcFastApi the test's table records (every one
+# after ``release``, in _Api's order), and per synchronous entry of the communicator's binding
+# (``sync_<name>``) the Python half offers through.
+_FAST_ENTRIES = {
+    "all_reduce": lambda h, a, out, op, msg, n: op,
+    "broadcast": lambda h, a, root, msg, n: root,
+    "reduce": lambda h, a, out, op, root, msg, n: root,
+    "all_to_all": lambda h, a, out, msg, n: None,
+    "all_to_all_v": lambda h, a, out, sc, rc, n, msg, k: (list(sc[:n]), list(rc[:n])),
+    "gather": lambda h, a, out, root, msg, n: root,
+    "scatter": lambda h, a, out, root, msg, n: root,
+    "barrier": lambda h, msg, n: None,
+}
+assert list(_FAST_ENTRIES) == [field[0] for field in _Api._fields_[3:]]
+_SYNC_ENTRIES = {
+    "all_reduce": lambda x, out, op: op,
+    "broadcast": lambda x, root: root,
+    "reduce": lambda x, out, op, root: root,
+    "all_to_all": lambda out, x, out_splits=None, in_splits=None: None,
+}
+
+
+def _recorded(log: list, name: str, key, obj, attr: str, declined=lambda: False):
+    """``obj.attr`` (looked up at each call), recording: a call takes ``key``'s arguments (its
+    defaults filled in), answers DECLINED while ``declined()`` or else forwards them all, in order,
+    and then appends (name, ``key`` of them, the answer) to ``log``."""
+    sig = inspect.signature(key)
+
+    def call(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        answer = DECLINED if declined() else getattr(obj, attr)(*bound.args)
+        log.append((name, key(*bound.args), answer))
+        return answer
+    return call
+
+
 class Offers:
     """An RcFastApi table for backend ``be`` that records every offer as (collective, op code or
     root, the answer) and forwards it to ringcomm._C's table, or declines it while ``decline``."""
@@ -55,51 +93,10 @@ class Offers:
         real = _Api.from_address(_C._fast_api())
         self.log: list = []
         self.decline = False
-
-        def all_reduce(h, a, out, op, msg, n):
-            rc = DECLINED if self.decline else real.all_reduce(h, a, out, op, msg, n)
-            self.log.append(("all_reduce", op, rc))
-            return rc
-
-        def broadcast(h, a, root, msg, n):
-            rc = DECLINED if self.decline else real.broadcast(h, a, root, msg, n)
-            self.log.append(("broadcast", root, rc))
-            return rc
-
-        def reduce(h, a, out, op, root, msg, n):
-            rc = DECLINED if self.decline else real.reduce(h, a, out, op, root, msg, n)
-            self.log.append(("reduce", root, rc))
-            return rc
-
-        def all_to_all(h, a, out, msg, n):
-            rc = DECLINED if self.decline else real.all_to_all(h, a, out, msg, n)
-            self.log.append(("all_to_all", None, rc))
-            return rc
-
-        def all_to_all_v(h, a, out, sc, rc_, n, msg, k):
-            rc = DECLINED if self.decline else real.all_to_all_v(h, a, out, sc, rc_, n, msg, k)
-            self.log.append(("all_to_all_v", (list(sc[:n]), list(rc_[:n])), rc))
-            return rc
-
-        def gather(h, a, out, root, msg, n):
-            rc = DECLINED if self.decline else real.gather(h, a, out, root, msg, n)
-            self.log.append(("gather", root, rc))
-            return rc
-
-        def scatter(h, a, out, root, msg, n):
-            rc = DECLINED if self.decline else real.scatter(h, a, out, root, msg, n)
-            self.log.append(("scatter", root, rc))
-            return rc
-
-        def barrier(h, msg, n):
-            rc = DECLINED if self.decline else real.barrier(h, msg, n)
-            self.log.append(("barrier", None, rc))
-            return rc
-
-        self._fns = (_ALL_REDUCE(all_reduce), _BROADCAST(broadcast), _REDUCE(reduce),
-                     _ALL_TO_ALL(all_to_all), _ALL_TO_ALL_V(all_to_all_v), _ROOTED_PAIR(gather),
-                     _ROOTED_PAIR(scatter), _BARRIER(barrier))   # alive while the table is
-        self.table = _Api(real.version, ctypes.sizeof(_Api), real.release, *self._fns)
+        proto = dict(_Api._fields_)
+        self._fns = {name: proto[name](_recorded(self.log, name, key, real, name, lambda: self.decline))
+                     for name, key in _FAST_ENTRIES.items()}   # alive while the table is
+        self.table = _Api(real.version, ctypes.sizeof(_Api), real.release, **self._fns)
         self.be = be
         self.on = bool(be._set_fast_path(ctypes.addressof(self.table), be.communicator._c._fast_handle()))
 
@@ -113,26 +110,8 @@ class Binding:
     def __init__(self, core):
         self._core = core
         self.log: list = []
-
-    def sync_all_reduce(self, x, out, op):
-        r = self._core.sync_all_reduce(x, out, op)
-        self.log.append(("all_reduce", op, r))
-        return r
-
-    def sync_broadcast(self, x, root):
-        r = self._core.sync_broadcast(x, root)
-        self.log.append(("broadcast", root, r))
-        return r
-
-    def sync_reduce(self, x, out, op, root):
-        r = self._core.sync_reduce(x, out, op, root)
-        self.log.append(("reduce", root, r))
-        return r
-
-    def sync_all_to_all(self, out, x, out_splits=None, in_splits=None):
-        r = self._core.sync_all_to_all(out, x, out_splits, in_splits)
-        self.log.append(("all_to_all", None, r))
-        return r
+        for name, key in _SYNC_ENTRIES.items():
+            setattr(self, f"sync_{name}", _recorded(self.log, name, key, core, f"sync_{name}"))
 
     def __getattr__(self, name):
         return getattr(self._core, name)

@@ -65,6 +65,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -245,6 +246,31 @@ def split(ranks: list[dict]) -> dict:
     return out
 
 
+def front_columns(name: str) -> list[tuple[str | None, str]]:
+    """--trace's split of dist.all_reduce at the backend's allreduce(): the figures of peer ``name``
+    (ringcomm, or null: no core, its whole allreduce() under "ours in") and their formats."""
+    keys = (("torch_way_in", "ours_in", "core", "ours_out", "torch_way_out") if name == "ringcomm"
+            else ("torch_way_in", "backend", None, None, "torch_way_out"))
+    return [(k, ",.2f") for k in keys] + [("own_last", ",.1f")]
+
+
+def print_medians(head: Sequence[str], sizes: list[int], names: Sequence[str], cells: dict, summary: dict,
+                  field: str, columns) -> None:
+    """A markdown table of per-call medians (µs): columns size, peer and ``head``; a row per size
+    and peer of the medians of the figures ``columns(peer)`` names, each (key, format), None for
+    one the peer lacks ("-"). Each row's medians go to ``summary[size][peer][field]``."""
+    print("| size | peer | " + " | ".join(head) + " |")
+    print("|" + "---|" * (len(head) + 2))
+    for s in sizes:
+        for name in names:
+            c = cells[f"{s}/{name}"]
+            cols = columns(name)
+            med = {k: float(np.median(c[k])) for k, _ in cols if k is not None}
+            summary[str(s)][name][field] = med
+            print(f"| {fmt_size(s)} | {name} | "
+                  + " | ".join("-" if k is None else format(med[k], f) for k, f in cols) + " |")
+
+
 def quantiles(v: list[float]) -> list[float]:
     return [float(q) for q in np.percentile(np.asarray(v), QUANTILES)]
 
@@ -372,15 +398,8 @@ def main(argv=None) -> int:
     if a.trace and traced:
         print("\nringcomm's calls, the last rank to arrive, median µs: torch_in = Python call -> C++ "
               "entry, core = entry -> exit, torch_out = exit -> back in Python\n")
-        print("| size | peer | torch_in | core | torch_out | after |")
-        print("|---|---|---|---|---|---|")
-        for s in sizes:
-            for name in traced:
-                c = cells[f"{s}/{name}"]
-                med = {k: float(np.median(c[k])) for k in TRACE_SEGMENTS + ("after",)}
-                summary[str(s)][name]["trace_p50"] = med
-                print(f"| {fmt_size(s)} | {name} | "
-                      + " | ".join(f"{med[k]:,.1f}" for k in TRACE_SEGMENTS + ("after",)) + " |")
+        print_medians(list(TRACE_SEGMENTS) + ["after"], sizes, traced, cells, summary, "trace_p50",
+                      lambda name: [(k, ",.1f") for k in TRACE_SEGMENTS + ("after",)])
         if "null" in peers and "ringcomm" in traced:
             print("\nthe front above its floor, the last rank to arrive, median µs: ringcomm's torch_in + "
                   "torch_out (the front's part of dist.all_reduce on the ringcomm group) against null's whole "
@@ -399,19 +418,8 @@ def main(argv=None) -> int:
               "median µs: torch's way in = Python call -> the backend's allreduce(); ours in = -> the core's "
               "entry; core; ours out = the core's exit -> the work returned; torch's way out = -> back in Python "
               "(null: its whole allreduce() under 'ours in')\n")
-        print("| size | peer | torch's way in | ours in | core | ours out | torch's way out | call (own) |")
-        print("|---|---|---|---|---|---|---|---|")
-        for s in sizes:
-            for name in fronted:
-                c = cells[f"{s}/{name}"]
-                keys = (("torch_way_in", "ours_in", "core", "ours_out", "torch_way_out") if name == "ringcomm"
-                        else ("torch_way_in", "backend", None, None, "torch_way_out"))
-                med = {k: float(np.median(c[k])) for k in keys if k is not None}
-                med["own_last"] = float(np.median(c["own_last"]))
-                summary[str(s)][name]["front_p50"] = med
-                print(f"| {fmt_size(s)} | {name} | "
-                      + " | ".join("-" if k is None else f"{med[k]:,.2f}" for k in keys)
-                      + f" | {med['own_last']:,.1f} |")
+        print_medians(["torch's way in", "ours in", "core", "ours out", "torch's way out", "call (own)"],
+                      sizes, fronted, cells, summary, "front_p50", front_columns)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"world_size": a.world_size, "dtype": a.dtype, "order": a.order, "seed": a.seed, "load": a.load, "loadavg": loadavg, "sizes": sizes, "peers": peers, "calls": a.calls,
