@@ -30,7 +30,7 @@ DeviceCaps HostDevice::caps_for(const ShmConfig& cfg) {
 }
 
 std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h, void*, AlgoCtx& c,
-                                                 const std::function<void(const AlgoCtx&)>& body) {
+                                                 FunctionRef<void(const AlgoCtx&)> body) {
   coll_.set_streaming(h.store == static_cast<uint8_t>(Store::kStreaming));
   c.ch = split_ ? static_cast<Channel*>(split_.get()) : &coll_;
   c.scratch = scratch_.data();

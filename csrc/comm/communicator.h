@@ -46,7 +46,7 @@ class HostDevice final : public CommDevice {
   Channel* header_slot_channel() override { return &coll_; }
   void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }
   std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
-                                       const std::function<void(const AlgoCtx&)>& body) override;
+                                       FunctionRef<void(const AlgoCtx&)> body) override;
   Channel& p2p_channel() override { return p2p_; }
   void close(bool broken) override {
     split_.reset();

@@ -295,8 +295,10 @@ void CommCore::execute(Task& t) {
   TraceRecord* tr = tracer_.on() ? tracer_.begin(t.entry_ns) : nullptr;
   TraceCommit trace_guard(tracer_, tr);
   if (tr) trace_begin(*tr, seq, coll, hdr);
+  // The hooks and the bodies below are named locals: the FunctionRefs that reach them do not own.
   HeaderHooks hooks;
-  hooks.on_mismatch = [&](const std::vector<CollHeader>& all) { drain_in_slot(all, seq, coll); };
+  auto drain = [&](const std::vector<CollHeader>& all) { drain_in_slot(all, seq, coll); };
+  hooks.on_mismatch = drain;
   AlgoCtx c;
   c.trace = tr;
   c.rank = rank_;
@@ -330,16 +332,17 @@ void CommCore::execute(Task& t) {
     // board store after it does: stamp once the piece is in every peer's slot); the LL outbox's
     // line 0 does (stamp before writing it).
     const bool header_in_first = !slot_before_header(hdr, rank_, world_);
-    fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) {
-      hooks.before_post = [&] {
+    auto body = [&](const AlgoCtx& cc) {
+      auto first = [&] {
         AlgoCtx quiet = cc;
         quiet.trace = nullptr;
         if (tr && header_in_first) tr->mark(kTraceHeaderPosted);
         route.first(quiet, t.args, hdr);
         if (tr && !header_in_first) tr->mark(kTraceHeaderPosted);
       };
-      const std::vector<CollHeader> headers =
-          exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks, xs);
+      hooks.before_post = first;
+      const std::vector<CollHeader>& headers = headers_;
+      exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, headers_, hooks, xs);
       // A peer whose wait for our header ran out has raised and posted its abort, but its
       // header and piece 0 are here, so none of our waits would block (and see it): ask once.
       WaitCtx w;
@@ -353,11 +356,14 @@ void CommCore::execute(Task& t) {
       route.body(cc, t.args, headers);
       // A root whose whole broadcast went with the header moved no slot after it.
       if (tr && tr->t[kTraceLastSlot] == 0) tr->t[kTraceLastSlot] = tr->t[kTraceFirstSlot];
-    });
+    };
+    fence = dev_->execute(coll, hdr, l.stream, c, body);
   } else {
-    const std::vector<CollHeader> headers = exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, hooks, xs);
+    const std::vector<CollHeader>& headers = headers_;
+    exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, headers_, hooks, xs);
     if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
-    fence = dev_->execute(coll, hdr, l.stream, c, [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); });
+    auto body = [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); };
+    fence = dev_->execute(coll, hdr, l.stream, c, body);
   }
   trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
   t.work->complete(fence);

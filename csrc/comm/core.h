@@ -199,6 +199,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   // board's sequence (transport/shm_board.h), i.e. seq_ less the calls that ran fused; elsewhere
   // the board takes seq_ itself. Only the thread executing a task touches it (one at a time: busy_).
   uint64_t exchanges_ = 0;
+  // The headers of the call being executed (exchange_headers fills it; the body reads it): only
+  // the thread executing a task touches it, and its capacity is kept between calls.
+  std::vector<CollHeader> headers_;
   std::string broken_;        // non-empty after a data-phase failure or abort()
   // Set (release, under mu_) right after broken_ first becomes non-empty and never cleared: the
   // per-call checks read it without mu_ and take the lock only to build the error.

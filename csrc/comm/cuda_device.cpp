@@ -153,7 +153,7 @@ std::shared_ptr<DeviceFence> CudaDevice::fence(std::shared_ptr<GpuEvent> ev) {
 }
 
 std::shared_ptr<DeviceFence> CudaDevice::execute(Coll coll, const CollHeader&, void* stream, AlgoCtx& c,
-                                                 const std::function<void(const AlgoCtx&)>& body) {
+                                                 FunctionRef<void(const AlgoCtx&)> body) {
   CudaDeviceGuard g(device_);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   auto ev = std::make_shared<GpuEvent>();

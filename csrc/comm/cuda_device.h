@@ -79,7 +79,7 @@ class CudaDevice final : public CommDevice {
   const MemoryCheck* memory() const override { return &memcheck_; }
   void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }
   std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
-                                       const std::function<void(const AlgoCtx&)>& body) override;
+                                       FunctionRef<void(const AlgoCtx&)> body) override;
   void check_submit(Coll coll, const CollHeader& h, const CollArgs& a, void* stream) override;
   bool fused(Coll coll, const CollHeader& h, const CollArgs& a) const override;
   bool may_fuse() const override { return ring_ != nullptr; }

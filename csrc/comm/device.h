@@ -3,7 +3,6 @@
 // the header exchange, argument checks, the queue, the point-to-point engine - is the core's.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 
@@ -13,6 +12,7 @@
 #include "comm/dispatch.h"
 #include "comm/selection.h"
 #include "comm/validation.h"
+#include "common/function_ref.h"
 #include "comm/work.h"
 #include "transport/channel.h"
 #include "transport/shm_control.h"
@@ -44,7 +44,7 @@ class CommDevice {
   /// `stream`, set to the store policy h.store says), c.scratch and c.ll, call body(c), and return the fence of whatever the body left
   /// running on the device (nullptr: nothing). Called by one thread at a time.
   virtual std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
-                                               const std::function<void(const AlgoCtx&)>& body) = 0;
+                                               FunctionRef<void(const AlgoCtx&)> body) = 0;
 
   /// On the caller's thread, when a collective is submitted (before it is numbered): throw what
   /// the device cannot run now (the CUDA device: a call that would wait on the host while the

@@ -32,13 +32,13 @@ std::string describe_header(const CollHeader& h) {
   return o.str();
 }
 
-std::vector<CollHeader> exchange_headers(ShmControl& t, int rank, int world, uint64_t seq, Coll coll,
-                                         const CollHeader& mine, const HeaderHooks& hooks, ExchangeSeq xs) {
-  std::vector<CollHeader> all(world);
+void exchange_headers(ShmControl& t, int rank, int world, uint64_t seq, Coll coll, const CollHeader& mine,
+                      std::vector<CollHeader>& all, const HeaderHooks& hooks, ExchangeSeq xs) {
+  all.assign(static_cast<size_t>(world), CollHeader{});
   all[rank] = mine;
   if (world == 1) {
     if (coll == Coll::kRejected) throw HeaderMismatch("ringcomm: rejected call");
-    return all;
+    return;
   }
   if (hooks.before_post) hooks.before_post();
   const uint64_t board_seq = xs.board_seq != 0 ? xs.board_seq : seq;
@@ -126,7 +126,6 @@ std::vector<CollHeader> exchange_headers(ShmControl& t, int rank, int world, uin
            std::to_string(out));
     }
   }
-  return all;
 }
 
 }  // namespace rc

@@ -24,13 +24,13 @@
 // add up.
 #pragma once
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "comm/coll.h"
 #include "comm/coll_header.h"
 #include "common/errors.h"
+#include "common/function_ref.h"
 #include "transport/shm_control.h"
 
 namespace rc {
@@ -40,8 +40,8 @@ namespace rc {
 /// header when the check fails, before HeaderMismatch is thrown (the in-slot drain). What
 /// on_mismatch throws propagates instead of the HeaderMismatch (a data-phase failure).
 struct HeaderHooks {
-  std::function<void()> before_post;
-  std::function<void(const std::vector<CollHeader>&)> on_mismatch;
+  FunctionRef<void()> before_post;
+  FunctionRef<void(const std::vector<CollHeader>&)> on_mismatch;
 };
 
 class HeaderMismatch : public Mismatch {
@@ -65,11 +65,11 @@ class RoutingMismatch : public Mismatch {
 };
 
 /// Post `mine` (with mine.coll and mine.seq already set) for collective `seq`, read every rank's
-/// header, and validate them. Returns all headers in rank order. Throws HeaderMismatch, or
-/// RoutingMismatch when the ranks routed the call differently.
-std::vector<CollHeader> exchange_headers(ShmControl& t, int rank, int world, uint64_t seq, Coll coll,
-                                         const CollHeader& mine, const HeaderHooks& hooks = {},
-                                         ExchangeSeq xs = {});
+/// header into `all` (resized to `world`, in rank order; a caller that keeps the vector between
+/// calls allocates nothing), and validate them. Throws HeaderMismatch, or RoutingMismatch when the
+/// ranks routed the call differently.
+void exchange_headers(ShmControl& t, int rank, int world, uint64_t seq, Coll coll, const CollHeader& mine,
+                      std::vector<CollHeader>& all, const HeaderHooks& hooks = {}, ExchangeSeq xs = {});
 
 /// "all_reduce(count=.., dtype=.., op=..)" for messages.
 std::string describe_header(const CollHeader& h);
