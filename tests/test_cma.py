@@ -33,6 +33,17 @@ def test_results_are_exact_on_and_beside_the_cma_path(world, store_env):
     assert paths["all_to_all_uneven"] == ["direct/simple"], paths
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 3])
+def test_streamed_own_blocks_are_exact(world, store_env):
+    """The own block copied with streaming stores (RINGCOMM_LOCAL_STREAM_MIN_BYTES below the blocks
+    above the cma threshold): unaligned starts and tails, every dtype, bit-equal to numpy."""
+    results = spawn(exact_cases, world, args=(dict(CMA, RINGCOMM_LOCAL_STREAM_MIN_BYTES="4097"),),
+                    timeout=280, env=store_env)
+    fails = [f for fs, _ in results for f in fs]
+    assert not fails, "\n".join(fails[:20])
+
+
 @pytest.mark.timeout(600)
 def test_results_are_exact_at_8_ranks(store_env):
     """8 ranks on these CPUs: every reader of one owner at once, blocks no world size divides."""
@@ -82,4 +93,8 @@ def test_knob_range(monkeypatch):
     _C.Communicator(0, 1, 10.0)
     monkeypatch.setenv("RINGCOMM_CMA_BROADCAST_MIN_BYTES", "-1")
     with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_CMA_BROADCAST_MIN_BYTES"):
+        _C.Communicator(0, 1, 10.0)
+    monkeypatch.setenv("RINGCOMM_CMA_BROADCAST_MIN_BYTES", "8M")
+    monkeypatch.setenv("RINGCOMM_LOCAL_STREAM_MIN_BYTES", "-1")
+    with pytest.raises(ringcomm.InvalidArgumentError, match="RINGCOMM_LOCAL_STREAM_MIN_BYTES"):
         _C.Communicator(0, 1, 10.0)

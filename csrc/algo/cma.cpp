@@ -1,8 +1,6 @@
 // The single-copy collectives (algo/context.h; the protocol: transport/shm_cma.h). Every reader
 // copies each byte once, from the owner's buffer into its output; readers start at different
 // peers (rank + 1, rank + 2, ...) so that the owners' pages are not all read by everyone at once.
-#include <cstring>
-
 #include "algo/context.h"
 #include "common/errors.h"
 #include "transport/shm_cma.h"
@@ -32,7 +30,7 @@ void cma_publish(const AlgoCtx& c, const void* buf) { cma_of(c).publish(buf); }
 void cma_all_to_all(const AlgoCtx& c, const char* in, char* out, int64_t block) {
   ShmCma& m = cma_of(c);
   const size_t b = static_cast<size_t>(block) * c.esize;
-  std::memcpy(out + static_cast<size_t>(c.rank) * b, in + static_cast<size_t>(c.rank) * b, b);
+  m.copy_own(out + static_cast<size_t>(c.rank) * b, in + static_cast<size_t>(c.rank) * b, b);
   const WaitCtx w = wait_of(c, "single-copy read");
   for (int i = 1; i < c.world; ++i) {
     const int p = (c.rank + i) % c.world;
@@ -49,7 +47,7 @@ void cma_all_gather(const AlgoCtx& c, const char* in, char* out, const std::vect
   const size_t own = off[c.rank + 1] - off[c.rank];
   // In place, `in` is this rank's slice of `out` already; peers read it while this rank writes
   // the other slices only.
-  if (own > 0 && in != out + off[c.rank]) std::memcpy(out + off[c.rank], in, own);
+  if (own > 0 && in != out + off[c.rank]) m.copy_own(out + off[c.rank], in, own);
   const WaitCtx w = wait_of(c, "single-copy read");
   for (int i = 1; i < c.world; ++i) {
     const int p = (c.rank + i) % c.world;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "kernels/copy_cpu.h"
 #include "transport/shm_layout.h"
 #ifdef RINGCOMM_TEST_HOOKS
 #include "common/test_knobs.h"
@@ -122,6 +123,11 @@ void ShmCma::publish(const void* buf) {
 }
 
 uint64_t ShmCma::peer_buf(int peer) const { return segs_.header(peer)->cma_buf.load(std::memory_order_acquire); }
+
+void ShmCma::copy_own(void* dst, const void* src, size_t bytes) const {
+  const bool stream = cfg_.local_stream_min_bytes > 0 && bytes >= cfg_.local_stream_min_bytes;
+  copy_to_peer(dst, src, bytes, stream);
+}
 
 void ShmCma::read(int peer, uint64_t remote, void* dst, size_t bytes, const WaitCtx& w) const {
   move(peer, remote, dst, bytes, false, w);

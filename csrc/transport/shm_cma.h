@@ -63,6 +63,10 @@ class ShmCma {
   void publish(const void* buf);
   /// `peer`'s published buffer address (after its header for the call was read).
   uint64_t peer_buf(int peer) const;
+  /// This rank's own block from `src` into its output `dst` (local memory): streaming stores from
+  /// RINGCOMM_LOCAL_STREAM_MIN_BYTES (fenced before return, so a later release store orders after
+  /// them), else memcpy.
+  void copy_own(void* dst, const void* src, size_t bytes) const;
   /// `bytes` from `peer`'s memory at its address `remote` into `dst`.
   void read(int peer, uint64_t remote, void* dst, size_t bytes, const WaitCtx& w) const;
   /// `bytes` from `src` into `peer`'s memory at its address `remote` (process_vm_writev: the

@@ -170,6 +170,9 @@ ShmConfig ShmConfig::host_from_knobs(const Knobs& k, int world_size, double time
   c.ll_bytes = static_cast<size_t>(ll);
   RC_CHECK(k.cma_min_bytes >= 0, InvalidArgument, "RINGCOMM_CMA_MIN_BYTES must be >= 0, got " << k.cma_min_bytes);
   c.cma = k.cma_min_bytes > 0;
+  RC_CHECK(k.local_stream_min_bytes >= 0, InvalidArgument,
+           "RINGCOMM_LOCAL_STREAM_MIN_BYTES must be >= 0, got " << k.local_stream_min_bytes);
+  c.local_stream_min_bytes = static_cast<size_t>(k.local_stream_min_bytes);
   return c;
 }
 

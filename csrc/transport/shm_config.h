@@ -68,6 +68,7 @@ struct ShmConfig {
   uint32_t far_nslots = 0;     // RINGCOMM_OUTBOX_SLOTS
   size_t ll_bytes = 0;         // RINGCOMM_LL_MAX_BYTES: data bytes one LL outbox carries
   bool cma = false;            // RINGCOMM_CMA_MIN_BYTES > 0: probe for single-copy reads (shm_cma.h)
+  size_t local_stream_min_bytes = 0;  // RINGCOMM_LOCAL_STREAM_MIN_BYTES (0: never; ShmCma::copy_own)
   /// Uniform geometry (far = full) from the knobs `k` (their range checks throw
   /// InvalidArgument): what the CUDA control plane and the simulation use.
   static ShmConfig from_knobs(const Knobs& k, int world_size, double timeout_s);

@@ -152,6 +152,11 @@ class Knobs:
         RINGCOMM_LOAD_SLACK: auto: runnable threads (and load average) beyond the usable CPUs that the node may have before waits count it as oversubscribed
         """
     @property
+    def local_stream_min_bytes(self) -> int:
+        """
+        RINGCOMM_LOCAL_STREAM_MIN_BYTES: a single-copy collective (all_gather, all_to_all over RINGCOMM_CMA_MIN_BYTES) copies this rank's own block into its output with streaming (non-temporal) stores from this many bytes, which then starts in memory rather than this core's caches; 0: never (plain memcpy); a local choice, ranks may differ
+        """
+    @property
     def model_min_world(self) -> int:
         """
         RINGCOMM_MODEL_MIN_WORLD: RINGCOMM_ALGO=auto picks the all-reduce algorithm with the cost model (docs/algorithms.md) from this many ranks up; below, by the measured size thresholds (2 lets the model decide everywhere)
