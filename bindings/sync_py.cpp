@@ -13,13 +13,17 @@
 
 #include <pybind11/numpy.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "comm/sync_entry.h"
 #include "common/errors.h"
+#include "errors_py.h"
 
 namespace py = pybind11;
 
@@ -258,148 +262,254 @@ const RcFastApi kFastApi = {RC_FAST_API_VERSION, sizeof(RcFastApi), &fast_releas
                             &fast_all_to_all_v,  &fast_gather,       &fast_scatter,
                             &fast_barrier};
 
+// ---- The Python front: each entry a builtin function bound to its communicator ---------------
+// `communicator.sync_all_reduce` (a property) makes a builtin function whose self is a capsule
+// owning the communicator and naming its entry; calling it parses the positional arguments here
+// (no per-call binding machinery: the calls are about a microsecond), releases the GIL around the
+// entry, and maps an rc::Error to its Python class through the one table (errors_py.h). An
+// entry's run() gets exactly max_args arguments, the optional ones past those given as None.
+
+// The GIL released for the scope (the entries' waits); taken back before any Python object is
+// touched again, exceptions included.
+class NoGil {
+ public:
+  NoGil() : state_(PyEval_SaveThread()) {}
+  ~NoGil() { PyEval_RestoreThread(state_); }
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
+// An int op code (exactly int, not a bool); false for anything else.
+bool op_of(PyObject* o, int32_t* op) {
+  if (!PyLong_CheckExact(o)) return false;
+  const long v = PyLong_AsLong(o);
+  if ((v == -1 && PyErr_Occurred()) || v < INT32_MIN || v > INT32_MAX) {
+    PyErr_Clear();
+    return false;
+  }
+  *op = static_cast<int32_t>(v);
+  return true;
+}
+
+bool run_all_reduce(rc::Communicator& c, PyObject* const* a) {
+  // (x, out, op): x into out (None: in place).
+  int32_t op = 0;
+  if (!op_of(a[2], &op)) return false;
+  Described in(a[0]);
+  if (!in.ok()) return false;
+  if (a[1] == Py_None) {
+    NoGil nogil;
+    return rc::sync_all_reduce(c, in.array(), nullptr, op);
+  }
+  Described o(a[1]);
+  if (!o.ok()) return false;
+  NoGil nogil;
+  return rc::sync_all_reduce(c, in.array(), &o.array(), op);
+}
+
+bool run_broadcast(rc::Communicator& c, PyObject* const* a) {
+  // (x, root): root an int, not a bool.
+  int32_t r = 0;
+  if (!root_of(a[1], &r)) return false;
+  Described b(a[0]);
+  if (!b.ok()) return false;
+  NoGil nogil;
+  return rc::sync_broadcast(c, b.array(), r);
+}
+
+bool run_reduce_scatter(rc::Communicator& c, PyObject* const* a) {
+  // (output, input, op): this rank's chunk into output.
+  int32_t op = 0;
+  if (!op_of(a[2], &op)) return false;
+  Described in(a[1]);
+  if (!in.ok()) return false;
+  Described o(a[0]);
+  if (!o.ok()) return false;
+  NoGil nogil;
+  return rc::sync_reduce_scatter(c, in.array(), o.array(), op);
+}
+
+bool run_all_gather(rc::Communicator& c, PyObject* const* a) {
+  // (output, input).
+  Described in(a[1]);
+  if (!in.ok()) return false;
+  Described o(a[0]);
+  if (!o.ok()) return false;
+  NoGil nogil;
+  return rc::sync_all_gather(c, in.array(), o.array());
+}
+
+bool run_reduce(rc::Communicator& c, PyObject* const* a) {
+  // (x, out, op, root): onto root, into out there (None: in place); out is read on the root only.
+  int32_t op = 0, r = 0;
+  if (!op_of(a[2], &op) || !root_of(a[3], &r)) return false;
+  Described in(a[0]);
+  if (!in.ok()) return false;
+  if (a[1] == Py_None || r != c.rank()) {
+    NoGil nogil;
+    return rc::sync_reduce(c, in.array(), nullptr, op, r);
+  }
+  Described o(a[1]);
+  if (!o.ok()) return false;
+  NoGil nogil;
+  return rc::sync_reduce(c, in.array(), &o.array(), op, r);
+}
+
+bool run_all_to_all(rc::Communicator& c, PyObject* const* a) {
+  // (output, input, output_splits, input_splits): split sizes None (even) or world ints.
+  std::vector<int64_t> sc, rcn;
+  bool has_sc = false, has_rc = false;
+  if (!splits_of(a[3], c.world(), &sc, &has_sc) || !splits_of(a[2], c.world(), &rcn, &has_rc)) return false;
+  Described in(a[1]);
+  if (!in.ok()) return false;
+  Described o(a[0]);
+  if (!o.ok()) return false;
+  NoGil nogil;
+  return rc::sync_all_to_all(c, in.array(), o.array(), has_sc ? &sc : nullptr, has_rc ? &rcn : nullptr);
+}
+
+bool run_gather(rc::Communicator& c, PyObject* const* a) {
+  // (output, input, root): output is read on the root only.
+  int32_t r = 0;
+  if (!root_of(a[2], &r)) return false;
+  Described in(a[1]);
+  if (!in.ok()) return false;
+  if (r != c.rank()) {
+    NoGil nogil;
+    return rc::sync_gather(c, in.array(), nullptr, r);
+  }
+  if (a[0] == Py_None) return false;
+  Described o(a[0]);
+  if (!o.ok()) return false;
+  NoGil nogil;
+  return rc::sync_gather(c, in.array(), &o.array(), r);
+}
+
+bool run_scatter(rc::Communicator& c, PyObject* const* a) {
+  // (output, input, root): input is read on the root only.
+  int32_t r = 0;
+  if (!root_of(a[2], &r)) return false;
+  Described o(a[0]);
+  if (!o.ok()) return false;
+  if (r != c.rank()) {
+    NoGil nogil;
+    return rc::sync_scatter(c, nullptr, o.array(), r);
+  }
+  if (a[1] == Py_None) return false;
+  Described in(a[1]);
+  if (!in.ok()) return false;
+  NoGil nogil;
+  return rc::sync_scatter(c, &in.array(), o.array(), r);
+}
+
+bool run_barrier(rc::Communicator& c, PyObject* const*) {
+  NoGil nogil;
+  return rc::sync_barrier(c);
+}
+
+struct SyncEntry {
+  const char* name;  // the property's name, sync_<collective>
+  const char* args;  // the positional arguments, for messages and the docstring
+  int min_args, max_args;
+  bool (*run)(rc::Communicator&, PyObject* const*);
+};
+
+constexpr int kMaxArgs = 4;
+const SyncEntry kEntries[] = {
+    {"sync_all_reduce", "(x, out, op)", 3, 3, &run_all_reduce},
+    {"sync_broadcast", "(x, root)", 2, 2, &run_broadcast},
+    {"sync_reduce_scatter", "(output, input, op)", 3, 3, &run_reduce_scatter},
+    {"sync_all_gather", "(output, input)", 2, 2, &run_all_gather},
+    {"sync_reduce", "(x, out, op, root)", 4, 4, &run_reduce},
+    {"sync_all_to_all", "(output, input, output_splits=None, input_splits=None)", 2, 4, &run_all_to_all},
+    {"sync_gather", "(output, input, root)", 3, 3, &run_gather},
+    {"sync_scatter", "(output, input, root)", 3, 3, &run_scatter},
+    {"sync_barrier", "()", 0, 0, &run_barrier},
+};
+
+// What a bound entry's capsule owns.
+struct BoundEntry {
+  std::shared_ptr<rc::Communicator> comm;
+  const SyncEntry* entry;
+};
+constexpr const char* kBoundEntry = "ringcomm.sync_entry";
+
+PyObject* call_entry(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  auto* b = static_cast<BoundEntry*>(PyCapsule_GetPointer(self, kBoundEntry));
+  if (b == nullptr) return nullptr;
+  const SyncEntry& e = *b->entry;
+  if (nargs < e.min_args || nargs > e.max_args) {
+    if (e.min_args == e.max_args) {
+      PyErr_Format(PyExc_TypeError, "%s%s takes %d positional arguments, %zd given", e.name, e.args, e.max_args, nargs);
+    } else {
+      PyErr_Format(PyExc_TypeError, "%s%s takes %d to %d positional arguments, %zd given", e.name, e.args,
+                   e.min_args, e.max_args, nargs);
+    }
+    return nullptr;
+  }
+  PyObject* a[kMaxArgs];
+  for (int i = 0; i < kMaxArgs; ++i) a[i] = i < nargs ? args[i] : Py_None;
+  try {
+    return PyBool_FromLong(e.run(*b->comm, a) ? 1 : 0);
+  } catch (const rc::Error& err) {
+    PyErr_SetString(error_class(err.code()).ptr(), err.what());
+  } catch (py::error_already_set& err) {
+    err.restore();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& err) {
+    PyErr_SetString(PyExc_RuntimeError, err.what());
+  }
+  return nullptr;
+}
+
+// One method definition per entry (the builtin's name and docstring); call_entry serves them all.
+const std::array<PyMethodDef, std::size(kEntries)>& entry_defs() {
+  static const auto defs = [] {
+    std::array<PyMethodDef, std::size(kEntries)> d{};
+    static std::array<std::string, std::size(kEntries)> docs;
+    for (size_t i = 0; i < std::size(kEntries); ++i) {
+      docs[i] = std::string(kEntries[i].name) + kEntries[i].args +
+                " -> bool: True when the synchronous entry ran the call, False when it declined, having done nothing";
+      d[i] = PyMethodDef{kEntries[i].name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&call_entry)),
+                         METH_FASTCALL, docs[i].c_str()};
+    }
+    return d;
+  }();
+  return defs;
+}
+
+py::object bind_entry(std::shared_ptr<rc::Communicator> c, size_t i) {
+  auto* b = new BoundEntry{std::move(c), &kEntries[i]};
+  PyObject* cap = PyCapsule_New(b, kBoundEntry, [](PyObject* o) {
+    delete static_cast<BoundEntry*>(PyCapsule_GetPointer(o, kBoundEntry));
+  });
+  if (cap == nullptr) {
+    delete b;
+    throw py::error_already_set();
+  }
+  PyObject* fn = PyCFunction_NewEx(const_cast<PyMethodDef*>(&entry_defs()[i]), cap, nullptr);
+  Py_DECREF(cap);  // the function holds it
+  if (fn == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(fn);
+}
+
 }  // namespace
 
 void def_sync_methods(HostCommClass& cls) {
-  cls.def("sync_all_reduce",
-          [](rc::Communicator& c, py::handle x, py::handle out, int op) -> bool {
-            // rc::sync_all_reduce of x into out (None: in place); False, having done nothing,
-            // when an object is not described or the entry declines it.
-            Described in(x.ptr());
-            if (!in.ok()) return false;
-            if (out.is_none()) {
-              py::gil_scoped_release nogil;
-              return rc::sync_all_reduce(c, in.array(), nullptr, op);
-            }
-            Described o(out.ptr());
-            if (!o.ok()) return false;
-            py::gil_scoped_release nogil;
-            return rc::sync_all_reduce(c, in.array(), &o.array(), op);
-          },
-          py::arg("x"), py::arg("out"), py::arg("op"))
-      .def("sync_broadcast",
-           [](rc::Communicator& c, py::handle x, py::handle root) -> bool {
-             // rc::sync_broadcast of x from root (an int, not a bool); False, having done
-             // nothing, when x is not described, root is not a rank or the entry declines.
-             int32_t r = 0;
-             if (!root_of(root, &r)) return false;
-             Described b(x.ptr());
-             if (!b.ok()) return false;
-             py::gil_scoped_release nogil;
-             return rc::sync_broadcast(c, b.array(), r);
-           },
-           py::arg("x"), py::arg("root"))
-      .def("sync_reduce_scatter",
-           [](rc::Communicator& c, py::handle out, py::handle x, int op) -> bool {
-             // rc::sync_reduce_scatter of x, this rank's chunk into out; False, having done
-             // nothing, when an object is not described or the entry declines it.
-             Described in(x.ptr());
-             if (!in.ok()) return false;
-             Described o(out.ptr());
-             if (!o.ok()) return false;
-             py::gil_scoped_release nogil;
-             return rc::sync_reduce_scatter(c, in.array(), o.array(), op);
-           },
-           py::arg("output"), py::arg("input"), py::arg("op"))
-      .def("sync_all_gather",
-           [](rc::Communicator& c, py::handle out, py::handle x) -> bool {
-             // rc::sync_all_gather of x into out; False, having done nothing, when an object is
-             // not described or the entry declines it.
-             Described in(x.ptr());
-             if (!in.ok()) return false;
-             Described o(out.ptr());
-             if (!o.ok()) return false;
-             py::gil_scoped_release nogil;
-             return rc::sync_all_gather(c, in.array(), o.array());
-           },
-           py::arg("output"), py::arg("input"))
-      .def("sync_reduce",
-           [](rc::Communicator& c, py::handle x, py::handle out, int op, py::handle root) -> bool {
-             // rc::sync_reduce of x onto root (into out there; None: in place); out is read on
-             // the root only. False, having done nothing, when root is not an int, an object is
-             // not described or the entry declines.
-             int32_t r = 0;
-             if (!root_of(root, &r)) return false;
-             Described in(x.ptr());
-             if (!in.ok()) return false;
-             if (out.is_none() || r != c.rank()) {
-               py::gil_scoped_release nogil;
-               return rc::sync_reduce(c, in.array(), nullptr, op, r);
-             }
-             Described o(out.ptr());
-             if (!o.ok()) return false;
-             py::gil_scoped_release nogil;
-             return rc::sync_reduce(c, in.array(), &o.array(), op, r);
-           },
-           py::arg("x"), py::arg("out"), py::arg("op"), py::arg("root"))
-      .def("sync_all_to_all",
-           [](rc::Communicator& c, py::handle out, py::handle x, py::handle out_splits,
-              py::handle in_splits) -> bool {
-             // rc::sync_all_to_all of x into out with the split sizes given (None: even);
-             // False, having done nothing, when the sizes are not a list or tuple of world ints,
-             // an object is not described or the entry declines.
-             std::vector<int64_t> sc, rcn;
-             bool has_sc = false, has_rc = false;
-             if (!splits_of(in_splits, c.world(), &sc, &has_sc) || !splits_of(out_splits, c.world(), &rcn, &has_rc))
-               return false;
-             Described in(x.ptr());
-             if (!in.ok()) return false;
-             Described o(out.ptr());
-             if (!o.ok()) return false;
-             py::gil_scoped_release nogil;
-             return rc::sync_all_to_all(c, in.array(), o.array(), has_sc ? &sc : nullptr, has_rc ? &rcn : nullptr);
-           },
-           py::arg("output"), py::arg("input"), py::arg("output_splits") = py::none(),
-           py::arg("input_splits") = py::none())
-      .def("sync_gather",
-           [](rc::Communicator& c, py::handle out, py::handle x, py::handle root) -> bool {
-             // rc::sync_gather of x into root's out (read on the root only); False, having done
-             // nothing, when root is not an int, an object is not described or the entry
-             // declines.
-             int32_t r = 0;
-             if (!root_of(root, &r)) return false;
-             Described in(x.ptr());
-             if (!in.ok()) return false;
-             if (r != c.rank()) {
-               py::gil_scoped_release nogil;
-               return rc::sync_gather(c, in.array(), nullptr, r);
-             }
-             if (out.is_none()) return false;
-             Described o(out.ptr());
-             if (!o.ok()) return false;
-             py::gil_scoped_release nogil;
-             return rc::sync_gather(c, in.array(), &o.array(), r);
-           },
-           py::arg("output"), py::arg("input"), py::arg("root"))
-      .def("sync_scatter",
-           [](rc::Communicator& c, py::handle out, py::handle x, py::handle root) -> bool {
-             // rc::sync_scatter of root's x (read on the root only) into out; False, having done
-             // nothing, when root is not an int, an object is not described or the entry
-             // declines.
-             int32_t r = 0;
-             if (!root_of(root, &r)) return false;
-             Described o(out.ptr());
-             if (!o.ok()) return false;
-             if (r != c.rank()) {
-               py::gil_scoped_release nogil;
-               return rc::sync_scatter(c, nullptr, o.array(), r);
-             }
-             if (x.is_none()) return false;
-             Described in(x.ptr());
-             if (!in.ok()) return false;
-             py::gil_scoped_release nogil;
-             return rc::sync_scatter(c, &in.array(), o.array(), r);
-           },
-           py::arg("output"), py::arg("input"), py::arg("root"))
-      .def("sync_barrier",
-           [](rc::Communicator& c) -> bool {
-             // rc::sync_barrier; False, having done nothing, when the entry declines it.
-             py::gil_scoped_release nogil;
-             return rc::sync_barrier(c);
-           })
-      .def("_fast_handle",
-           [](std::shared_ptr<rc::Communicator> c) { return reinterpret_cast<uintptr_t>(new FastHandle{std::move(c)}); },
-           "A new handle of this communicator for RcFastApi (ringcomm/abi.h); the receiver releases it.");
+  for (size_t i = 0; i < std::size(kEntries); ++i) {
+    const std::string doc = std::string("This communicator's synchronous entry, a builtin function ") + kEntries[i].name +
+                            kEntries[i].args + " -> bool (True: ran the call; False: declined, nothing done)";
+    cls.def_property_readonly(
+        kEntries[i].name, [i](std::shared_ptr<rc::Communicator> c) { return bind_entry(std::move(c), i); },
+        doc.c_str());
+  }
+  cls.def("_fast_handle",
+          [](std::shared_ptr<rc::Communicator> c) { return reinterpret_cast<uintptr_t>(new FastHandle{std::move(c)}); },
+          "A new handle of this communicator for RcFastApi (ringcomm/abi.h); the receiver releases it.");
 }
 
 void bind_sync(py::module_& m) {

@@ -80,6 +80,23 @@ def test_declined_arrays_get_the_general_paths_errors(comm1):
         comm1.broadcast(np.ones(3, np.float32), root=True)
 
 
+def test_entries_are_builtins_bound_to_their_communicator(comm1):
+    f = comm1._c.sync_all_reduce
+    x = np.ones(4, np.float32)
+    assert f(x, None, 0) is True and np.array_equal(x, np.ones(4, np.float32))
+    with pytest.raises(TypeError, match=r"sync_all_reduce\(x, out, op\) takes 3 positional arguments, 1 given"):
+        f(x)
+    with pytest.raises(TypeError, match="takes 2 to 4 positional arguments, 5 given"):
+        comm1._c.sync_all_to_all(x, x, None, None, None)
+    out = np.zeros(4, np.float32)
+    assert comm1._c.sync_all_to_all(out, x) is True and np.array_equal(out, x)   # even splits by default
+    assert f(x, None, True) is False                                # a bool is not an op code
+    assert comm1._c.sync_barrier() is True
+    comm1.close()
+    with pytest.raises(ringcomm.ClosedError):                       # the error table's class
+        f(x, None, 0)
+
+
 def test_closed_raises(comm1):
     comm1.close()
     with pytest.raises(ringcomm.ClosedError):

@@ -380,24 +380,6 @@ class Communicator:
         """
     def set_timeout(self, seconds: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
-    def sync_all_gather(self, output: typing.Any, input: typing.Any) -> bool:
-        ...
-    def sync_all_reduce(self, x: typing.Any, out: typing.Any, op: typing.SupportsInt | typing.SupportsIndex) -> bool:
-        ...
-    def sync_all_to_all(self, output: typing.Any, input: typing.Any, output_splits: typing.Any = None, input_splits: typing.Any = None) -> bool:
-        ...
-    def sync_barrier(self) -> bool:
-        ...
-    def sync_broadcast(self, x: typing.Any, root: typing.Any) -> bool:
-        ...
-    def sync_gather(self, output: typing.Any, input: typing.Any, root: typing.Any) -> bool:
-        ...
-    def sync_reduce(self, x: typing.Any, out: typing.Any, op: typing.SupportsInt | typing.SupportsIndex, root: typing.Any) -> bool:
-        ...
-    def sync_reduce_scatter(self, output: typing.Any, input: typing.Any, op: typing.SupportsInt | typing.SupportsIndex) -> bool:
-        ...
-    def sync_scatter(self, output: typing.Any, input: typing.Any, root: typing.Any) -> bool:
-        ...
     def trace(self) -> list:
         """
         The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.
@@ -431,6 +413,51 @@ class Communicator:
     @property
     def rank(self) -> int:
         ...
+    @property
+    def sync_all_gather(self) -> typing.Any:
+        """
+        This communicator's synchronous entry, a builtin function sync_all_gather(output, input) -> bool (True: ran the call; False: declined, nothing done)
+        """
+    @property
+    def sync_all_reduce(self) -> typing.Any:
+        """
+        This communicator's synchronous entry, a builtin function sync_all_reduce(x, out, op) -> bool (True: ran the call; False: declined, nothing done)
+        """
+    @property
+    def sync_all_to_all(self) -> typing.Any:
+        """
+        This communicator's synchronous entry, a builtin function sync_all_to_all(output, input, output_splits=None, input_splits=None) -> bool (True: ran the call; False: declined, nothing done)
+        """
+    @property
+    def sync_barrier(self) -> typing.Any:
+        """
+        This communicator's synchronous entry, a builtin function sync_barrier() -> bool (True: ran the call; False: declined, nothing done)
+        """
+    @property
+    def sync_broadcast(self) -> typing.Any:
+        """
+        This communicator's synchronous entry, a builtin function sync_broadcast(x, root) -> bool (True: ran the call; False: declined, nothing done)
+        """
+    @property
+    def sync_gather(self) -> typing.Any:
+        """
+        This communicator's synchronous entry, a builtin function sync_gather(output, input, root) -> bool (True: ran the call; False: declined, nothing done)
+        """
+    @property
+    def sync_reduce(self) -> typing.Any:
+        """
+        This communicator's synchronous entry, a builtin function sync_reduce(x, out, op, root) -> bool (True: ran the call; False: declined, nothing done)
+        """
+    @property
+    def sync_reduce_scatter(self) -> typing.Any:
+        """
+        This communicator's synchronous entry, a builtin function sync_reduce_scatter(output, input, op) -> bool (True: ran the call; False: declined, nothing done)
+        """
+    @property
+    def sync_scatter(self) -> typing.Any:
+        """
+        This communicator's synchronous entry, a builtin function sync_scatter(output, input, root) -> bool (True: ran the call; False: declined, nothing done)
+        """
     @property
     def timeout(self) -> float:
         ...
