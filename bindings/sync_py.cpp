@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <iterator>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -294,20 +295,29 @@ bool op_of(PyObject* o, int32_t* op) {
   return true;
 }
 
+// An array argument the entry reads only on some ranks, or may be None there: absent (nullptr)
+// where it is None or not read, else described (ok() false when it cannot be).
+class OptionalArray {
+ public:
+  OptionalArray(PyObject* o, bool read) {
+    if (read && o != Py_None) d_.emplace(o);
+  }
+  bool ok() const { return !d_ || d_->ok(); }
+  const RcArray* get() const { return d_ ? &d_->array() : nullptr; }
+
+ private:
+  std::optional<Described> d_;
+};
+
 bool run_all_reduce(rc::Communicator& c, PyObject* const* a) {
   // (x, out, op): x into out (None: in place).
   int32_t op = 0;
   if (!op_of(a[2], &op)) return false;
   Described in(a[0]);
-  if (!in.ok()) return false;
-  if (a[1] == Py_None) {
-    NoGil nogil;
-    return rc::sync_all_reduce(c, in.array(), nullptr, op);
-  }
-  Described o(a[1]);
-  if (!o.ok()) return false;
+  OptionalArray out(a[1], true);
+  if (!in.ok() || !out.ok()) return false;
   NoGil nogil;
-  return rc::sync_all_reduce(c, in.array(), &o.array(), op);
+  return rc::sync_all_reduce(c, in.array(), out.get(), op);
 }
 
 bool run_broadcast(rc::Communicator& c, PyObject* const* a) {
@@ -324,22 +334,18 @@ bool run_reduce_scatter(rc::Communicator& c, PyObject* const* a) {
   // (output, input, op): this rank's chunk into output.
   int32_t op = 0;
   if (!op_of(a[2], &op)) return false;
-  Described in(a[1]);
-  if (!in.ok()) return false;
-  Described o(a[0]);
-  if (!o.ok()) return false;
+  Described in(a[1]), out(a[0]);
+  if (!in.ok() || !out.ok()) return false;
   NoGil nogil;
-  return rc::sync_reduce_scatter(c, in.array(), o.array(), op);
+  return rc::sync_reduce_scatter(c, in.array(), out.array(), op);
 }
 
 bool run_all_gather(rc::Communicator& c, PyObject* const* a) {
   // (output, input).
-  Described in(a[1]);
-  if (!in.ok()) return false;
-  Described o(a[0]);
-  if (!o.ok()) return false;
+  Described in(a[1]), out(a[0]);
+  if (!in.ok() || !out.ok()) return false;
   NoGil nogil;
-  return rc::sync_all_gather(c, in.array(), o.array());
+  return rc::sync_all_gather(c, in.array(), out.array());
 }
 
 bool run_reduce(rc::Communicator& c, PyObject* const* a) {
@@ -347,15 +353,10 @@ bool run_reduce(rc::Communicator& c, PyObject* const* a) {
   int32_t op = 0, r = 0;
   if (!op_of(a[2], &op) || !root_of(a[3], &r)) return false;
   Described in(a[0]);
-  if (!in.ok()) return false;
-  if (a[1] == Py_None || r != c.rank()) {
-    NoGil nogil;
-    return rc::sync_reduce(c, in.array(), nullptr, op, r);
-  }
-  Described o(a[1]);
-  if (!o.ok()) return false;
+  OptionalArray out(a[1], r == c.rank());
+  if (!in.ok() || !out.ok()) return false;
   NoGil nogil;
-  return rc::sync_reduce(c, in.array(), &o.array(), op, r);
+  return rc::sync_reduce(c, in.array(), out.get(), op, r);
 }
 
 bool run_all_to_all(rc::Communicator& c, PyObject* const* a) {
@@ -363,46 +364,36 @@ bool run_all_to_all(rc::Communicator& c, PyObject* const* a) {
   std::vector<int64_t> sc, rcn;
   bool has_sc = false, has_rc = false;
   if (!splits_of(a[3], c.world(), &sc, &has_sc) || !splits_of(a[2], c.world(), &rcn, &has_rc)) return false;
-  Described in(a[1]);
-  if (!in.ok()) return false;
-  Described o(a[0]);
-  if (!o.ok()) return false;
+  Described in(a[1]), out(a[0]);
+  if (!in.ok() || !out.ok()) return false;
   NoGil nogil;
-  return rc::sync_all_to_all(c, in.array(), o.array(), has_sc ? &sc : nullptr, has_rc ? &rcn : nullptr);
+  return rc::sync_all_to_all(c, in.array(), out.array(), has_sc ? &sc : nullptr, has_rc ? &rcn : nullptr);
 }
 
 bool run_gather(rc::Communicator& c, PyObject* const* a) {
-  // (output, input, root): output is read on the root only.
+  // (output, input, root): output is read on the root only, where it must be given.
   int32_t r = 0;
   if (!root_of(a[2], &r)) return false;
+  const bool root = r == c.rank();
+  if (root && a[0] == Py_None) return false;
   Described in(a[1]);
-  if (!in.ok()) return false;
-  if (r != c.rank()) {
-    NoGil nogil;
-    return rc::sync_gather(c, in.array(), nullptr, r);
-  }
-  if (a[0] == Py_None) return false;
-  Described o(a[0]);
-  if (!o.ok()) return false;
+  OptionalArray out(a[0], root);
+  if (!in.ok() || !out.ok()) return false;
   NoGil nogil;
-  return rc::sync_gather(c, in.array(), &o.array(), r);
+  return rc::sync_gather(c, in.array(), out.get(), r);
 }
 
 bool run_scatter(rc::Communicator& c, PyObject* const* a) {
-  // (output, input, root): input is read on the root only.
+  // (output, input, root): input is read on the root only, where it must be given.
   int32_t r = 0;
   if (!root_of(a[2], &r)) return false;
-  Described o(a[0]);
-  if (!o.ok()) return false;
-  if (r != c.rank()) {
-    NoGil nogil;
-    return rc::sync_scatter(c, nullptr, o.array(), r);
-  }
-  if (a[1] == Py_None) return false;
-  Described in(a[1]);
-  if (!in.ok()) return false;
+  const bool root = r == c.rank();
+  if (root && a[1] == Py_None) return false;
+  Described out(a[0]);
+  OptionalArray in(a[1], root);
+  if (!out.ok() || !in.ok()) return false;
   NoGil nogil;
-  return rc::sync_scatter(c, &in.array(), o.array(), r);
+  return rc::sync_scatter(c, in.get(), out.array(), r);
 }
 
 bool run_barrier(rc::Communicator& c, PyObject* const*) {
