@@ -296,6 +296,8 @@ void CommCore::execute(Task& t) {
   TraceCommit trace_guard(tracer_, tr);
   if (tr) trace_begin(*tr, seq, coll, hdr);
   // The hooks and the bodies below are named locals: the FunctionRefs that reach them do not own.
+  // exchange_headers fills headers_ (kept between calls); the bodies read it as `headers`.
+  const std::vector<CollHeader>& headers = headers_;
   HeaderHooks hooks;
   auto drain = [&](const std::vector<CollHeader>& all) { drain_in_slot(all, seq, coll); };
   hooks.on_mismatch = drain;
@@ -341,7 +343,6 @@ void CommCore::execute(Task& t) {
         if (tr && !header_in_first) tr->mark(kTraceHeaderPosted);
       };
       hooks.before_post = first;
-      const std::vector<CollHeader>& headers = headers_;
       exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, headers_, hooks, xs);
       // A peer whose wait for our header ran out has raised and posted its abort, but its
       // header and piece 0 are here, so none of our waits would block (and see it): ask once.
@@ -359,7 +360,6 @@ void CommCore::execute(Task& t) {
     };
     fence = dev_->execute(coll, hdr, l.stream, c, body);
   } else {
-    const std::vector<CollHeader>& headers = headers_;
     exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, headers_, hooks, xs);
     if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
     auto body = [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); };

@@ -12,8 +12,8 @@
 #include "comm/dispatch.h"
 #include "comm/selection.h"
 #include "comm/validation.h"
-#include "common/function_ref.h"
 #include "comm/work.h"
+#include "common/function_ref.h"
 #include "transport/channel.h"
 #include "transport/shm_control.h"
 
