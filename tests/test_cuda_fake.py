@@ -553,7 +553,8 @@ from ringcomm import _C_cuda_fake as fake
 d, when = sys.argv[1], float(sys.argv[2])
 time.sleep(max(0.0, when - time.time()))
 ok, held, holders = fake.ledger_reserve(d + "/ledger", b"0fake-gpu-uuid-0", 1, True, 3, 12)
-Path(d, f"res_{sys.argv[3]}").write_text(str(int(ok)))
+Path(d, f"res_{sys.argv[3]}.tmp").write_text(str(int(ok)))
+Path(d, f"res_{sys.argv[3]}.tmp").rename(Path(d, f"res_{sys.argv[3]}"))  # whole when the test sees it
 while not Path(d, "end").exists():
     time.sleep(0.005)
 fake.ledger_release(d + "/ledger", b"0fake-gpu-uuid-0", 1)
@@ -573,7 +574,7 @@ def test_ledger_reservations_at_once_never_exceed_the_gpu(tmp_path):
              for i in range(8)]
     try:
         t0 = time.monotonic()
-        while len(list(tmp_path.glob("res_*"))) < 8 and time.monotonic() - t0 < 60:
+        while len(list(tmp_path.glob("res_[0-7]"))) < 8 and time.monotonic() - t0 < 60:
             time.sleep(0.01)
         got = [int((tmp_path / f"res_{i}").read_text()) for i in range(8)]
         assert sum(got) == 4, got

@@ -16,10 +16,19 @@ QUERIES = {"cudaStreamQuery", "cudaStreamSynchronize", "cudaEventQuery"}
 SETUP = {"cudaMalloc", "cudaHostAlloc", "cudaHostRegister", "cudaIpcOpenMemHandle"}
 
 
-def exchange(d: Path, rank: int, world: int, name: str, data: bytes) -> list:
-    tmp = d / f"{name}_{rank}.tmp"
+def publish(path: Path, data: bytes) -> None:
+    """Write `path` whole or not at all: the test and the peers poll for it and read it once it exists."""
+    tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
-    tmp.rename(d / f"{name}_{rank}")
+    tmp.rename(path)
+
+
+def write_out(d: Path, rank: int, out: dict) -> None:
+    publish(d / f"out_{rank}.json", json.dumps(out).encode())
+
+
+def exchange(d: Path, rank: int, world: int, name: str, data: bytes) -> list:
+    publish(d / f"{name}_{rank}", data)
     out = []
     for r in range(world):
         p = d / f"{name}_{r}"
@@ -276,7 +285,7 @@ def main():
     except Exception as e:  # noqa: BLE001 - a refused setup is what scenarios "refused" and "ledger" check
         if scenario not in ("refused", "ledger"):
             raise
-        (d / f"out_{rank}.json").write_text(json.dumps({"create_error": [type(e).__name__, str(e)]}))
+        write_out(d, rank, {"create_error": [type(e).__name__, str(e)]})
         comm.close()
         return
     blobs = exchange(d, rank, world, "blob", blob)
@@ -285,7 +294,7 @@ def main():
     except Exception as e:  # noqa: BLE001 - a reservation lost to a concurrent init ("ledger")
         if scenario != "ledger":
             raise
-        (d / f"out_{rank}.json").write_text(json.dumps({"connect_error": [type(e).__name__, str(e)]}))
+        write_out(d, rank, {"connect_error": [type(e).__name__, str(e)]})
         comm.close()
         return
     setup_log = fake.calls()
@@ -459,7 +468,7 @@ def main():
         comm.all_reduce(buf["in"], buf["out"], n, F32, SUM, s).wait()
         out["setup"] = comm.device_setup()
         out["pid"] = os.getpid()
-        (d / f"out_{rank}.json").write_text(json.dumps(out))
+        write_out(d, rank, out)
         end = d / "end"
         t0 = time.monotonic()
         while not end.exists() and time.monotonic() - t0 < 50:
@@ -481,7 +490,7 @@ def main():
         fake.end_capture(s)
         out["capture_calls"] = fake.calls()
         out["errored"] = comm.errored()
-    (d / f"out_{rank}.json").write_text(json.dumps(out))
+    write_out(d, rank, out)
     comm.close()
 
 
