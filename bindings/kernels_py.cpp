@@ -13,6 +13,7 @@
 #include "kernels/reduce_cpu_isa.h"
 #include "kernels/copy_cpu.h"
 #include "kernels/cpu_pool.h"
+#include "transport/cpu_pair_probe.h"
 
 #include <memory>
 
@@ -134,4 +135,19 @@ void bind_kernels(py::module_& m, bool module_local) {
     RC_CHECK(d.size * d.itemsize == s.size * s.itemsize, InvalidArgument, "_copy_to_peer: sizes differ");
     rc::copy_to_peer(d.ptr, s.ptr, static_cast<size_t>(s.size * s.itemsize), stream);
   }, py::arg("dst"), py::arg("src"), py::arg("stream"));
+
+  // Benchmarks: the cross-CPU hand-off figures (transport/cpu_pair_probe.h).
+  m.def("_cpu_pair", [](int cpu_a, int cpu_b, size_t handoff_bytes, double seconds) {
+    rc::CpuPairProbe p;
+    {
+      py::gil_scoped_release nogil;
+      p = rc::probe_cpu_pair(cpu_a, cpu_b, handoff_bytes, seconds);
+    }
+    py::dict d;
+    d["round_trip_ns"] = p.round_trip_ns;
+    d["handoff_gbps"] = p.handoff_Bps / 1e9;
+    return d;
+  }, py::arg("cpu_a"), py::arg("cpu_b"), py::arg("handoff_bytes") = 256 << 10, py::arg("seconds") = 0.2,
+        "Two threads pinned to cpu_a and cpu_b (GIL released): the median round trip of a cache line between\n"
+        "them (ns) and the rate of handing handoff_bytes through two slots (copy in, copy out; GB/s = 1e9 B/s).");
 }

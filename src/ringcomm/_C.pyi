@@ -483,6 +483,11 @@ class _CpuPool:
         ...
 def _copy_to_peer(dst: typing_extensions.Buffer, src: typing_extensions.Buffer, stream: bool) -> None:
     ...
+def _cpu_pair(cpu_a: typing.SupportsInt | typing.SupportsIndex, cpu_b: typing.SupportsInt | typing.SupportsIndex, handoff_bytes: typing.SupportsInt | typing.SupportsIndex = 262144, seconds: typing.SupportsFloat | typing.SupportsIndex = 0.2) -> dict:
+    """
+    Two threads pinned to cpu_a and cpu_b (GIL released): the median round trip of a cache line between
+    them (ns) and the rate of handing handoff_bytes through two slots (copy in, copy out; GB/s = 1e9 B/s).
+    """
 def _default_profile() -> dict:
     ...
 def _fast_api() -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -37,7 +38,8 @@ from .hostload import cpu_busy, loadavg
 from .load import BusyLoad
 from .memcpy import measure_memcpy
 from .peers import find_mpiexec, probe
-from .phases import NATIVE, PHASE_PEERS, PhaseRunner, prepare, run_peer
+from .launches import Launches, order, pair_cpus
+from .phases import NATIVE, PHASE_PEERS, PhaseRunner, choose_waiting, prepare
 from .spec import OPS, REDOP_ALIASES, REDOPS, parse_dtype, parse_size, size_sweep
 from .trace_table import main_trace
 
@@ -117,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "numa (a NUMA node's CPUs) or none; the peers run in the same, pinned, "
                         "processes (MPI's, Intel MPI's and oneCCL's ranks run in processes of their own "
                         "and stay unpinned)")
+    p.add_argument("--rounds", type=int, default=1, metavar="R",
+                   help="start every library's ranks R times, the order reversed every other "
+                        "round; each figure of a cell is the median over the rounds of that "
+                        "figure. Every launch is listed with a cross-CPU probe taken before and "
+                        "after it, which shows launches that ran while the CPUs' hand-offs were "
+                        "slow (default 1)")
     p.add_argument("--no-inplace", dest="inplace", action="store_false",
                    help="skip ringcomm's in-place variants (broadcast keeps its only, in-place, form)")
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
@@ -143,6 +151,8 @@ def resolve(args) -> dict:
         raise ValueError(f"-np must be >= 1, got {args.world_size}")
     if args.load < 0:
         raise ValueError(f"--load must be >= 0, got {args.load}")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     if args.nodes < 1 or args.nodes > args.world_size:
         raise ValueError(f"--nodes must be in 1..{args.world_size}, got {args.nodes}")
     if args.nodes > 1 and not NODES_SUPPORTED:
@@ -179,7 +189,7 @@ def resolve(args) -> dict:
     return {"world_size": args.world_size, "ops": ops, "dtypes": dtypes, "redops": redops,
             "sizes": sizes, "policy": policy, "peers": peers, "inplace": args.inplace,
             "nodes": args.nodes, "load": args.load, "op_timeout": args.op_timeout, "bind": args.bind,
-            "timeout": args.timeout, "tune": args.tune}
+            "timeout": args.timeout, "tune": args.tune, "rounds": args.rounds}
 
 
 def pol_arrival(cfg: dict) -> str:
@@ -308,6 +318,7 @@ def main(argv=None) -> int:
     memcpy = measure_memcpy(mem_sizes, budget=0.1)
 
     results: list[dict] = []
+    launches = Launches(*pair_cpus(cfg["world_size"], cfg["bind"] or _bind_knob()))
     described: dict[str, str] = {}
     tmp = tempfile.mkdtemp(prefix="ringcomm-bench-")
     load = BusyLoad(cfg["load"])
@@ -315,20 +326,20 @@ def main(argv=None) -> int:
         print(f"# ringcomm-bench: starting {load.n} busy processes ...", file=sys.stderr)
     try:
         load.__enter__()
-        cfg["rc_init"] = "file://" + os.path.join(tmp, "rc_rdzv")
-        cfg["torch_store"] = os.path.join(tmp, "torch_store")
-        if torch_libs:
-            print(f"# ringcomm-bench: {cfg['world_size']} ranks: {', '.join(torch_libs)} ...",
-                  file=sys.stderr)
-            try:
-                res = spawn(_rank_entry, cfg["world_size"], (cfg, torch_libs),
-                            timeout=cfg["timeout"],
-                            env=None if cfg["bind"] is None else {"RINGCOMM_BIND": cfg["bind"]})
-            except LaunchError as e:
-                print(f"ringcomm-bench: the ranks failed: {e}", file=sys.stderr)
-                return 3
-            results.extend(res)
         phase = PhaseRunner(tmp, notices, run_mpi_phase)
+        groups = []      # (libraries, how to start their ranks): one launch each per round
+        if torch_libs:
+            torch_launches = itertools.count(1)
+
+            def start_torch(libs=torch_libs):
+                print(f"# ringcomm-bench: {cfg['world_size']} ranks: {', '.join(libs)} ...",
+                      file=sys.stderr)
+                n = next(torch_launches)      # every launch meets on stores of its own
+                lcfg = dict(cfg, rc_init="file://" + os.path.join(tmp, f"rc_rdzv{n}"),
+                            torch_store=os.path.join(tmp, f"torch_store{n}"))
+                return spawn(_rank_entry, cfg["world_size"], (lcfg, libs), timeout=cfg["timeout"],
+                             env=None if cfg["bind"] is None else {"RINGCOMM_BIND": cfg["bind"]})
+            groups.append(("+".join(torch_libs), start_torch))
         for peer in [p for p in PHASE_PEERS if p in phased]:
             spec = None
             if peer in NATIVE:
@@ -338,11 +349,21 @@ def main(argv=None) -> int:
                 if reason:
                     notices.append(f"{peer}: skipped ({reason})")
                     continue
-            print(f"# ringcomm-bench: {cfg['world_size']} {peer} ranks ...", file=sys.stderr)
-            res, phased[peer] = run_peer(peer, cfg, spec, cfg["tune"], phase,
-                                         lambda m: print(m, file=sys.stderr))
-            if res:
-                results.extend(res)
+            rec = phased[peer] = choose_waiting(peer, cfg, spec, cfg["tune"], phase,
+                                                lambda m: print(m, file=sys.stderr))
+
+            def start_peer(peer=peer, spec=spec, used=rec["used"]):
+                print(f"# ringcomm-bench: {cfg['world_size']} {peer} ranks ...", file=sys.stderr)
+                return phase(peer, cfg, spec, used)
+            groups.append((peer, start_peer))
+        for k in range(cfg["rounds"]):
+            for libs, start in order(k, groups):
+                try:
+                    res = launches.run(k, libs, start)
+                except LaunchError as e:
+                    print(f"ringcomm-bench: the ranks failed: {e}", file=sys.stderr)
+                    return 3
+                results.extend(res or [])
     finally:
         load.__exit__(None, None, None)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -396,6 +417,7 @@ def main(argv=None) -> int:
             f"load average before/after {load_start[0]:.2f} / {load_end[0]:.2f} "
             f"({os.cpu_count()} cores)" + ("  WARNING: other processes were competing for the "
                                           "cores; figures are not representative" if busy else ""))
+    meta_lines += launches.lines(cfg["rounds"])
     meta_lines += [f"# notice: {n}" for n in notices]
     text, summary_data = report.render(meta_lines, records, memcpy, cfg["world_size"])
     text += f"# run took {elapsed:.1f} s\n"
@@ -409,7 +431,9 @@ def main(argv=None) -> int:
             "loadavg_start": load_start, "loadavg_end": load_end, "cpu_busy_start": busy_start,
             "load": load.as_dict(),
             "peer_settings": {p: r for p, r in phased.items() if r is not None},
-            "config": {k: v for k, v in cfg.items() if k not in ("rc_init", "torch_store")}}
+            "launches": [ln.as_dict() for ln in launches.done],
+            "probe_cpus": launches.cpus,
+            "config": cfg}
     if args.json:
         report.write_json(args.json, meta, records, memcpy, summary_data)
         print(f"# wrote {args.json}", file=sys.stderr)

@@ -576,19 +576,19 @@ def after_arrival(starts, times) -> dict:
 def merge_ranks(results: list[dict]) -> list[dict]:
     """Per measurement: per-call time = max over ranks; the spread of those (``spread``); with
     start times (calls that arrive apart), the spread after the last arrival (``after_arrival``);
-    wrong = sum over ranks."""
-    by_key: dict[tuple, list[dict]] = {}
-    order: list[tuple] = []
+    wrong = sum over ranks. Results tagged with a ``round`` (``--rounds``: the same ranks' sweep
+    launched again) are merged round by round; then each figure is the median over the rounds of
+    that figure (so their order, min <= median <= p90 <= p99 <= max, holds), ``iters`` the sum,
+    and ``rounds`` keeps each round's median (``round_time_s``)."""
+    by_key: dict[tuple, dict[int, list[dict]]] = {}
     for res in results:
+        rnd = res.get("round", 0)
         for rec in res["records"]:
             key = (rec["lib"], rec["mode"], rec["op"], rec["dtype"], rec["redop"], rec["size"])
-            if key not in by_key:
-                by_key[key] = []
-                order.append(key)
-            by_key[key].append(rec)
+            by_key.setdefault(key, {}).setdefault(rnd, []).append(rec)
     merged = []
-    for key in order:
-        recs = by_key[key]
+    for rounds in by_key.values():
+        recs = [r for per_round in rounds.values() for r in per_round]
         first = recs[0]
         out = {k: first[k] for k in ("lib", "mode", "op", "dtype", "redop", "size", "nominal",
                                      "count")}
@@ -597,20 +597,47 @@ def merge_ranks(results: list[dict]) -> list[dict]:
         # the failing rank's own error, not its peers' "failed on another rank"
         err = next((e for e in errs if not e.startswith("MeasurementAborted")),
                    errs[0] if errs else None)
-        out["wall_s"] = max(r.get("wall_s", 0.0) for r in recs)
+        out["wall_s"] = sum(max(r.get("wall_s", 0.0) for r in per_round)
+                            for per_round in rounds.values())
         if na:
             out["na"] = na
         elif err or any("times" not in r for r in recs):
             out["error"] = err or "missing on some ranks"
         else:
-            lens = {len(r["times"]) for r in recs}
-            if len(lens) != 1:
-                out["error"] = f"ranks timed different iteration counts {sorted(lens)}"
+            figures = [_round_figures(per_round) for per_round in rounds.values()]
+            bad = next((f for f in figures if isinstance(f, str)), None)
+            if bad:
+                out["error"] = bad
             else:
-                times = np.stack([np.asarray(r["times"]) for r in recs])
-                out.update(spread(times.max(axis=0)), warmup=int(first["warmup"]),
+                out.update(_median_over_rounds(figures), warmup=int(first["warmup"]),
                            wrong=int(sum(r["wrong"] for r in recs)))
-                if all("starts" in r for r in recs):
-                    out.update(after_arrival(np.stack([np.asarray(r["starts"]) for r in recs]), times))
         merged.append(out)
     return merged
+
+
+def _round_figures(recs: list[dict]) -> dict | str:
+    """One round's figures from its ranks' records, or why they cannot be merged."""
+    lens = {len(r["times"]) for r in recs}
+    if len(lens) != 1:
+        return f"ranks timed different iteration counts {sorted(lens)}"
+    times = np.stack([np.asarray(r["times"]) for r in recs])
+    out = spread(times.max(axis=0))
+    if all("starts" in r for r in recs):
+        out.update(after_arrival(np.stack([np.asarray(r["starts"]) for r in recs]), times))
+    return out
+
+
+def _median_over_rounds(figures: list[dict]) -> dict:
+    if len(figures) == 1:
+        return figures[0]
+    out: dict = {}
+    for k in figures[0]:
+        vals = [f[k] for f in figures]
+        if k == "iters":
+            out[k] = int(sum(vals))
+        elif any(v is None for v in vals):
+            out[k] = None
+        else:
+            out[k] = float(np.median(vals))
+    out["round_time_s"] = [f["time_s"] for f in figures]
+    return out

@@ -158,9 +158,9 @@ def _native_rank(rank: int, world: int, cfg: dict, peer: str) -> dict:
     return rank_sweep(rank, world, cfg, [peer], desc=peer)
 
 
-def run_peer(peer: str, cfg: dict, spec: dict | None, tune: bool, phase: PhaseRunner,
-             log) -> tuple[list | None, dict]:
-    """The peer's sweep with its chosen waiting setting; and the record of the choice:
+def choose_waiting(peer: str, cfg: dict, spec: dict | None, tune: bool, phase: PhaseRunner,
+                   log) -> dict:
+    """The record of the peer's waiting setting, the one its sweep runs with (``used``):
     {"fixed": .., "used": .., "chosen_by": .., "tried": [{"settings", "score_us",
     "medians_us", "error"}]}."""
     tried: list[dict[str, Any]] = []
@@ -182,4 +182,4 @@ def run_peer(peer: str, cfg: dict, spec: dict | None, tune: bool, phase: PhaseRu
                                    f"at 1 KiB, 64 KiB, 1 MiB of {len(tried)} settings")
         else:
             record["chosen_by"] = "the library's defaults (no tuned setting ran)"
-    return phase(peer, cfg, spec, record["used"]), record
+    return record
