@@ -72,15 +72,10 @@ void bind_comm(py::module_& m, bool module_local) {
       .def("wait_stats",
            [](const Communicator& c) {
              const auto st = c.wait_stats();
-             py::dict d;
-             d["slept"] = st.slept;
-             d["yields_lost"] = st.yields_lost;
-             d["colocated"] = st.colocated;
-             d["descheduled"] = st.descheduled;
-             d["unpinned_spins"] = st.unpinned_spins;
-             d["load_over"] = st.load_over;
-             d["unpinned_backoffs"] = st.unpinned_backoffs;
-             return d;
+             return py::dict(py::arg("slept") = st.slept, py::arg("yields_lost") = st.yields_lost,
+                             py::arg("colocated") = st.colocated, py::arg("descheduled") = st.descheduled,
+                             py::arg("unpinned_spins") = st.unpinned_spins, py::arg("load_over") = st.load_over,
+                             py::arg("unpinned_backoffs") = st.unpinned_backoffs);
            },
            "Counters of this rank's waits' slow paths: futex sleeps, sched_yields that lost the CPU, "
            "waits that found their peer on their own CPU, long spins that lost the CPU, unpinned ranks' "

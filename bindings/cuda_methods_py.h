@@ -18,15 +18,12 @@ namespace rc_py {
 /// A device ring's plan (transport/cuda_ipc.h's RingPlan) as a dict: setup, signalling ('' for both
 /// when there is no device ring), blocks, nslots, slot_bytes, budget, why.
 inline pybind11::dict ring_plan_dict(const rc::RingPlan& p) {
-  pybind11::dict d;
-  d["setup"] = p.setup == rc::RingSetup::kNone ? std::string() : std::string(rc::ring_setup_name(p.setup));
-  d["signalling"] = p.setup == rc::RingSetup::kNone ? "" : p.spin ? "spin" : "flags";
-  d["blocks"] = p.lanes;
-  d["nslots"] = p.nslots;
-  d["slot_bytes"] = p.slot_bytes;
-  d["budget"] = p.budget;
-  d["why"] = p.why;
-  return d;
+  using pybind11::arg;
+  const bool none = p.setup == rc::RingSetup::kNone;
+  return pybind11::dict(arg("setup") = none ? std::string() : std::string(rc::ring_setup_name(p.setup)),
+                        arg("signalling") = none ? "" : p.spin ? "spin" : "flags", arg("blocks") = p.lanes,
+                        arg("nslots") = p.nslots, arg("slot_bytes") = p.slot_bytes, arg("budget") = p.budget,
+                        arg("why") = p.why);
 }
 
 /// The constructor, the setup steps (local_info() -> create(infos) -> connect(blobs)) and the device.

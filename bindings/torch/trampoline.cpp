@@ -368,17 +368,23 @@ class Trampoline : public c10d::Backend {
         return false;
     return true;
   }
-  /// A c10d gather, offered when it is synchronous, of one CPU tensor, its root a rank of this
-  /// group, the root's list one the Python half accepts and no list elsewhere. The root's list
-  /// is handed over as one array when it lies back to back in memory, else gathered into a
-  /// staging tensor and copied out.
+  /// Whether a c10d gather or scatter may be offered: synchronous, of one defined CPU tensor
+  /// (`one`, its input or output), its root a rank of this group, the root's list (`lists`) one
+  /// the Python half accepts and no list elsewhere.
+  template <class Opts>
+  bool rooted_list_ok(const Tensors& one, const TensorLists& lists, const Opts& o) const {
+    if (o.asyncOp || one.size() != 1 || o.rootRank < 0 || o.rootRank >= getSize()) return false;
+    const at::Tensor& x = one[0];
+    if (!x.defined() || !x.device().is_cpu()) return false;
+    return getRank() == o.rootRank ? lists.size() == 1 && root_list_ok(lists[0], x)
+                                   : lists.empty() || lists[0].empty();
+  }
+  /// A c10d gather, offered when rooted_list_ok(). The root's list is handed over as one array
+  /// when it lies back to back in memory, else gathered into a staging tensor and copied out.
   Offer offer_gather(TensorLists& outs, const Tensors& in, const c10d::GatherOptions& o) {
-    if (o.asyncOp || in.size() != 1 || o.rootRank < 0 || o.rootRank >= getSize()) return Offer::kNotOffered;
+    if (!rooted_list_ok(in, outs, o)) return Offer::kNotOffered;
     const at::Tensor& x = in[0];
-    if (!x.defined() || !x.device().is_cpu()) return Offer::kNotOffered;
     const bool on_root = getRank() == o.rootRank;
-    if (on_root ? outs.size() != 1 || !root_list_ok(outs[0], x) : !outs.empty() && !outs[0].empty())
-      return Offer::kNotOffered;
     const auto root = static_cast<int32_t>(o.rootRank);
     return with_fast([&](const FastPath& f) {
       at::Tensor flat;
@@ -402,15 +408,12 @@ class Trampoline : public c10d::Backend {
       return got;
     });
   }
-  /// A c10d scatter, offered as gather is (the root's list staged into one tensor unless it lies
-  /// back to back in memory).
+  /// A c10d scatter, offered when rooted_list_ok() (the root's list staged into one tensor unless
+  /// it lies back to back in memory).
   Offer offer_scatter(const Tensors& outs, const TensorLists& ins, const c10d::ScatterOptions& o) {
-    if (o.asyncOp || outs.size() != 1 || o.rootRank < 0 || o.rootRank >= getSize()) return Offer::kNotOffered;
+    if (!rooted_list_ok(outs, ins, o)) return Offer::kNotOffered;
     const at::Tensor& y = outs[0];
-    if (!y.defined() || !y.device().is_cpu()) return Offer::kNotOffered;
     const bool on_root = getRank() == o.rootRank;
-    if (on_root ? ins.size() != 1 || !root_list_ok(ins[0], y) : !ins.empty() && !ins[0].empty())
-      return Offer::kNotOffered;
     const auto root = static_cast<int32_t>(o.rootRank);
     return with_fast([&](const FastPath& f) {
       at::Tensor flat;

@@ -251,27 +251,26 @@ void halving_doubling_all_reduce(const AlgoCtx& c, const char* in, char* out, in
       piece_bounds(off[x.chunk], cnt[x.chunk], j, u, &o, &m);
       return Seg{out + o * es, static_cast<size_t>(m) * es};
     };
+    // Each step's send and receive units, as segments (seg_of), exchanged with its peer; the
+    // steps are numbered across both phases.
     int step = 0;
-    for (const Step& st : plan.rs) {
-      sseg.clear();
-      rseg.clear();
-      for (const Unit& x : st.send) sseg.push_back(input_seg(x));
-      for (const Unit& x : st.recv) rseg.push_back(input_seg(x));
-      exchange(c, st.peer, sseg, rseg, pb, wait_ctx(c, step++, nsteps));
-    }
+    auto exchange_steps = [&](const std::vector<Step>& steps, const auto& seg_of) {
+      for (const Step& st : steps) {
+        sseg.clear();
+        rseg.clear();
+        for (const Unit& x : st.send) sseg.push_back(seg_of(x));
+        for (const Unit& x : st.recv) rseg.push_back(seg_of(x));
+        exchange(c, st.peer, sseg, rseg, pb, wait_ctx(c, step++, nsteps));
+      }
+    };
+    exchange_steps(plan.rs, input_seg);
     for (int k : plan.owned) {
       piece_bounds(off[k], cnt[k], j, u, &o, &m);
       if (m == 0) continue;
       for (int p = 0; p < n; ++p) src[p] = p == r ? in + o * es : stage[static_cast<size_t>(p) * n + k];
       combine_in_ring_order(c, src.data(), out, o, m, count, op, c.scratch);
     }
-    for (const Step& st : plan.ag) {
-      sseg.clear();
-      rseg.clear();
-      for (const Unit& x : st.send) sseg.push_back(output_seg(x));
-      for (const Unit& x : st.recv) rseg.push_back(output_seg(x));
-      exchange(c, st.peer, sseg, rseg, pb, wait_ctx(c, step++, nsteps));
-    }
+    exchange_steps(plan.ag, output_seg);
   }
 }
 
