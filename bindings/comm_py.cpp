@@ -81,6 +81,16 @@ void bind_comm(py::module_& m, bool module_local) {
            "waits that found their peer on their own CPU, long spins that lost the CPU, unpinned ranks' "
            "long spins, load checks that found the node oversubscribed, unpinned waits that skipped the long "
            "spin after one lost its CPU.")
+      .def("store_stats",
+           [](const Communicator& c) -> py::object {
+             const rc::StoreAdapt* a = c.store_adapt();
+             if (a == nullptr) return py::none();
+             const auto st = a->stats();
+             return py::dict(py::arg("current") = rc::store_name(a->current()), py::arg("eligible") = st.eligible,
+                             py::arg("explorations") = st.explorations, py::arg("switches") = st.switches);
+           },
+           "RINGCOMM_STREAM=adapt's state: the store in use, the calls it decided, the calls run under "
+           "the other store to measure it, and the switches; None where the policy does not run.")
       .def("abort", &Communicator::abort, py::arg("reason") = "", rc_py::ReleaseGil())
       .def("set_timeout", &Communicator::set_timeout, py::arg("seconds"))
       .def("set_cpus", &Communicator::set_cpus, py::arg("threads"), py::arg("min_bytes"), py::arg("where") = "", py::arg("ranks_sharing") = 0,

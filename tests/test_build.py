@@ -43,7 +43,8 @@ def test_test_hooks_live_only_in_the_test_module():
     # Both modules' classes live in one process: the test build's are its own (module_local).
     assert _C_test.Communicator is not _C.Communicator and _C_test.Knobs is not _C.Knobs
     assert {k["name"] for k in _C_test.test_knobs()} == {
-        "RINGCOMM_TEST_ATTACH_PAUSE_MS", "RINGCOMM_TEST_PIDNS", "RINGCOMM_TEST_CMA_DENY", "RINGCOMM_TEST_CMA_EXIT"}
+        "RINGCOMM_TEST_ATTACH_PAUSE_MS", "RINGCOMM_TEST_PIDNS", "RINGCOMM_TEST_CMA_DENY", "RINGCOMM_TEST_CMA_EXIT",
+        "RINGCOMM_TEST_STORE_COST"}
 
 
 # What the test build adds, by the names it compiles into a module: the test knobs, the hook's

@@ -209,7 +209,7 @@ def test_int_float_choice_values(clean_env):
     ("RINGCOMM_SLOT_BYTES", "12Q", "K/M/G suffix"),
     ("RINGCOMM_TIMEOUT", "5s", "a number"),
     ("RINGCOMM_ALGO", "tree", "one of auto, ring, direct"),
-    ("RINGCOMM_STREAM", "maybe", "one of auto, on, off"),
+    ("RINGCOMM_STREAM", "maybe", "one of auto, adapt, on, off"),
     ("RINGCOMM_DEBUG", "LOUD", "one of WARN, INFO, TRACE"),
 ])
 def test_bad_values_raise_naming_the_knob(clean_env, name, text, accepted):
@@ -318,7 +318,7 @@ def test_log_info_one_line_per_communicator(tmp_path):
         assert ("all_reduce auto (direct/ll up to 4096 B, direct/header_in_slot up to 65536 B, then no two_shot "
                 "below 4 ranks, ring/header_in_slot above)") in ln
         assert "broadcast direct/ll up to 4096 B, direct/header_in_slot in all_reduce's direct range" in ln
-        assert "store auto (streaming from 1073741824 B)" in ln and "reduce ISA" in ln and "timeout 300 s" in ln
+        assert "store adapt (cached or streaming from 16384 B, by the ranks' timings)" in ln and "reduce ISA" in ln and "timeout 300 s" in ln
 
 
 def test_log_trace_one_line_per_collective(tmp_path):

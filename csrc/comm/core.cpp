@@ -111,6 +111,11 @@ void CommCore::start() {
   RC_CHECK(!connected_, Error, "ringcomm: the " << dev_->name() << " is already connected");
   connected_ = true;
   caps_ = dev_->caps();  // connecting settled what needs the peers (single-copy reads); no call ran yet
+  if (knobs_.stream == SelectionKnobs::Stream::kAdapt && caps_.streaming_stores && world_ > 1 && !dev_->may_fuse()) {
+    StoreAdapt::Params p;
+    p.min_bytes = knobs_.stream_adapt_min_bytes;
+    adapt_ = std::make_unique<StoreAdapt>(p);
+  }
   progress_ = std::thread([this] { progress_loop(); });
   p2p_.start();
 }
@@ -290,6 +295,21 @@ void CommCore::drain_in_slot(const std::vector<CollHeader>& all, uint64_t seq, C
 void CommCore::execute(Task& t) {
   const uint64_t seq = t.seq;
   const Coll coll = t.coll;
+  // RINGCOMM_STREAM=adapt: this call's store and this rank's vote go into its header before
+  // anything of the call moves (a header_in_slot piece goes before the header).
+  const bool adapting = adapt_ != nullptr && coll != Coll::kRejected && coll != Coll::kBarrier;
+  const int64_t adapt_bytes = adapting ? selection_bytes(coll, t.hdr) : 0;
+  const Proto adapt_proto = static_cast<Proto>(t.hdr.proto);
+  if (adapting) {
+    t.hdr.store = static_cast<uint8_t>(adapt_->pick(adapt_bytes, adapt_proto));
+    t.hdr.flags |= adapt_->vote(adapt_bytes, adapt_proto);
+  }
+  int64_t data_t0 = 0;  // when the headers were in (adapting only)
+  auto agreed = [&] {
+    if (!adapting) return;
+    adapt_->agree(headers_);
+    data_t0 = now_ns();
+  };
   const CollHeader& hdr = t.hdr;
   const Launch& l = t.l;
   TraceRecord* tr = tracer_.on() ? tracer_.begin(t.entry_ns) : nullptr;
@@ -344,6 +364,7 @@ void CommCore::execute(Task& t) {
       };
       hooks.before_post = first;
       exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, headers_, hooks, xs);
+      agreed();
       // A peer whose wait for our header ran out has raised and posted its abort, but its
       // header and piece 0 are here, so none of our waits would block (and see it): ask once.
       WaitCtx w;
@@ -361,9 +382,18 @@ void CommCore::execute(Task& t) {
     fence = dev_->execute(coll, hdr, l.stream, c, body);
   } else {
     exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, headers_, hooks, xs);
+    agreed();
     if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
     auto body = [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); };
     fence = dev_->execute(coll, hdr, l.stream, c, body);
+  }
+  if (adapting && data_t0 != 0) {
+    const Store used = static_cast<Store>(hdr.store);
+    int64_t ns = now_ns() - data_t0;
+#ifdef RINGCOMM_TEST_HOOKS
+    ns = test_hooks::store_cost_ns(used == Store::kStreaming, adapt_bytes, ns);
+#endif
+    adapt_->observe(adapt_bytes, adapt_proto, used, ns);
   }
   trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
   t.work->complete(fence);

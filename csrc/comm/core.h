@@ -54,6 +54,7 @@
 #include "comm/dispatch.h"
 #include "comm/p2p_engine.h"
 #include "comm/selection.h"
+#include "comm/store_adapt.h"
 #include "comm/trace.h"
 #include "comm/validation.h"
 #include "comm/work.h"
@@ -123,6 +124,8 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   /// The cost model's profile this rank loaded (RINGCOMM_PROFILE, read at creation): every rank
   /// of a communicator must hold the same (ringcomm/core/host.py compares the hashes at init).
   const CostProfile& cost_profile() const { return knobs_.profile; }
+  /// RINGCOMM_STREAM=adapt's policy once connected, or null where it does not run.
+  const StoreAdapt* store_adapt() const { return adapt_.get(); }
 
  protected:
   CommCore(int rank, int world, std::unique_ptr<CommDevice> dev, const Knobs& knobs);
@@ -202,6 +205,9 @@ class CommCore : public std::enable_shared_from_this<CommCore> {
   // The headers of the call being executed (exchange_headers fills it; the body reads it): only
   // the thread executing a task touches it, and its capacity is kept between calls.
   std::vector<CollHeader> headers_;
+  // RINGCOMM_STREAM=adapt on a device with streaming stores (else null): the store of each call
+  // through slots. Only the thread executing a task touches its agreed state (comm/store_adapt.h).
+  std::unique_ptr<StoreAdapt> adapt_;
   std::string broken_;        // non-empty after a data-phase failure or abort()
   // Set (release, under mu_) right after broken_ first becomes non-empty and never cleared: the
   // per-call checks read it without mu_ and take the lock only to build the error.

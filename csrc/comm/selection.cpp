@@ -48,7 +48,10 @@ SelectionKnobs SelectionKnobs::from_knobs(const Knobs& env) {
            "ringcomm: RINGCOMM_TWO_SHOT_MAX_BYTES must be >= 0, got " << k.two_shot_max_bytes);
   k.header_in_slot = env.header_in_slot == "on";
   const std::string& stream = env.stream;
-  k.stream = stream == "on" ? Stream::kOn : stream == "off" ? Stream::kOff : Stream::kAuto;
+  k.stream = stream == "on"      ? Stream::kOn
+             : stream == "off"   ? Stream::kOff
+             : stream == "adapt" ? Stream::kAdapt
+                                 : Stream::kAuto;
   k.cma_min_bytes = env.cma_min_bytes;
   RC_CHECK(k.cma_min_bytes >= 0, InvalidArgument,
            "ringcomm: RINGCOMM_CMA_MIN_BYTES must be >= 0, got " << k.cma_min_bytes);
@@ -58,6 +61,9 @@ SelectionKnobs SelectionKnobs::from_knobs(const Knobs& env) {
   k.stream_min_bytes = env.stream_min_bytes;
   RC_CHECK(k.stream_min_bytes >= 0, InvalidArgument,
            "ringcomm: RINGCOMM_STREAM_MIN_BYTES must be >= 0, got " << k.stream_min_bytes);
+  k.stream_adapt_min_bytes = env.stream_adapt_min_bytes;
+  RC_CHECK(k.stream_adapt_min_bytes > 0, InvalidArgument,
+           "ringcomm: RINGCOMM_STREAM_ADAPT_MIN_BYTES must be > 0, got " << k.stream_adapt_min_bytes);
   return k;
 }
 
@@ -128,6 +134,7 @@ Store store_of(Coll coll, int64_t bytes, const SelectionKnobs& k, const DeviceCa
   switch (k.stream) {
     case SelectionKnobs::Stream::kOn: return Store::kStreaming;
     case SelectionKnobs::Stream::kOff: return Store::kCached;
+    case SelectionKnobs::Stream::kAdapt: return Store::kCached;  // until CommCore's StoreAdapt picks
     case SelectionKnobs::Stream::kAuto: break;
   }
   return bytes > 0 && bytes >= k.stream_min_bytes ? Store::kStreaming : Store::kCached;
@@ -333,6 +340,8 @@ std::string describe_selection(int world, const SelectionKnobs& k, const DeviceC
     o << "cached";
   } else if (k.stream == SelectionKnobs::Stream::kOn) {
     o << "streaming";
+  } else if (k.stream == SelectionKnobs::Stream::kAdapt) {
+    o << "adapt (cached or streaming from " << k.stream_adapt_min_bytes << " B, by the ranks' timings)";
   } else {
     o << "auto (streaming from " << k.stream_min_bytes << " B)";
   }

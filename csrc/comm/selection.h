@@ -95,7 +95,7 @@ struct DeviceCaps {
 /// The knobs of the selection, read once per communicator (SelectionKnobs::from_knobs).
 struct SelectionKnobs {
   enum class Forced { kAuto, kRing, kDirect, kTwoShot, kHalvingDoubling };
-  enum class Stream { kAuto, kOn, kOff };
+  enum class Stream { kAuto, kAdapt, kOn, kOff };
   Forced algo = Forced::kAuto;     ///< RINGCOMM_ALGO (all_reduce)
   int64_t direct_max_bytes = 0;    ///< RINGCOMM_DIRECT_MAX_BYTES: bytes x (world-1) of the direct range
   int64_t two_shot_max_bytes = 0;  ///< RINGCOMM_TWO_SHOT_MAX_BYTES
@@ -105,6 +105,7 @@ struct SelectionKnobs {
   bool header_in_slot = true;      ///< RINGCOMM_HEADER_IN_SLOT
   Stream stream = Stream::kAuto;   ///< RINGCOMM_STREAM
   int64_t stream_min_bytes = 0;    ///< RINGCOMM_STREAM_MIN_BYTES
+  int64_t stream_adapt_min_bytes = 0;  ///< RINGCOMM_STREAM_ADAPT_MIN_BYTES
   int64_t cma_min_bytes = 0;       ///< RINGCOMM_CMA_MIN_BYTES (0: off)
   int64_t cma_broadcast_min_bytes = 0;  ///< RINGCOMM_CMA_BROADCAST_MIN_BYTES (0: never)
   /// From the knobs `k` (and RINGCOMM_PROFILE's file, loaded now); an out-of-range value throws

@@ -5,6 +5,7 @@
 #ifndef RINGCOMM_TEST_HOOKS
 #error "comm/test_hooks.h belongs to the test build (RINGCOMM_TEST_HOOKS) only"
 #endif
+#include <cstdint>
 #include <functional>
 
 #include "comm/coll_header.h"
@@ -22,6 +23,9 @@ void set_next_header(const CommCore* core, std::function<void(CollHeader&)> fn);
 void apply_next_header(const CommCore* core, CollHeader& hdr);
 /// Drops what is set for `core` (its destructor: a later core at the same address starts clean).
 void forget(const CommCore* core);
+/// RINGCOMM_TEST_STORE_COST's time for a data phase of `bytes` under `streaming` stores, or
+/// `measured_ns` where the knob is empty.
+int64_t store_cost_ns(bool streaming, int64_t bytes, int64_t measured_ns);
 
 }  // namespace test_hooks
 }  // namespace rc

@@ -214,7 +214,12 @@ class Knobs:
     @property
     def stream(self) -> str:
         """
-        RINGCOMM_STREAM: stores into peers' slots: off (cached), on (streaming, non-temporal), auto (streaming from RINGCOMM_STREAM_MIN_BYTES up); the choice travels in the header, so ranks that differ raise MismatchError
+        RINGCOMM_STREAM: stores into peers' slots: off (cached), on (streaming, non-temporal), auto (streaming from RINGCOMM_STREAM_MIN_BYTES up), adapt (from RINGCOMM_STREAM_ADAPT_MIN_BYTES, whichever of the two the ranks' own timings found faster, re-measured as the calls go: comm/store_adapt.h); the choice travels in the header, so ranks that differ raise MismatchError
+        """
+    @property
+    def stream_adapt_min_bytes(self) -> int:
+        """
+        RINGCOMM_STREAM_ADAPT_MIN_BYTES: RINGCOMM_STREAM=adapt decides the store of collectives of at least this many bytes through slots (the message size; all_to_all never); smaller ones stay cached; must be equal on every rank
         """
     @property
     def stream_min_bytes(self) -> int:
@@ -380,6 +385,10 @@ class Communicator:
         """
     def set_timeout(self, seconds: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
+    def store_stats(self) -> typing.Any:
+        """
+        RINGCOMM_STREAM=adapt's state: the store in use, the calls it decided, the calls run under the other store to measure it, and the switches; None where the policy does not run.
+        """
     def trace(self) -> list:
         """
         The last RINGCOMM_TRACE collectives' phase timestamps (CLOCK_MONOTONIC ns), oldest first.

@@ -112,6 +112,17 @@ class CommunicatorBase:
         stats = getattr(getattr(self, "_c", None), "wait_stats", None)
         return dict(stats()) if stats is not None else {}
 
+    def store_stats(self) -> dict:
+        """``RINGCOMM_STREAM=adapt``'s state on this rank: ``current`` (the store of the calls it
+        decides now: ``cached`` or ``streaming``), ``eligible`` (the calls it decided: at least
+        ``RINGCOMM_STREAM_ADAPT_MIN_BYTES`` through slots), ``explorations`` (those run under the
+        other store to measure it again) and ``switches``. The same on every rank after every call.
+        Empty where the policy does not run (another ``RINGCOMM_STREAM``, one rank, a back end
+        without streaming stores)."""
+        stats = getattr(getattr(self, "_c", None), "store_stats", None)
+        got = stats() if stats is not None else None
+        return dict(got) if got is not None else {}
+
     # -- recovery (torchft-style); back ends that support it override these -----------------------
     def abort(self, reason: str = "") -> None:
         """From any thread: every pending and future call on this communicator raises promptly,

@@ -1,0 +1,89 @@
+// The adaptive store policy (RINGCOMM_STREAM=adapt): whether a collective's stores into peers'
+// slots are cached or streaming, re-decided as the calls go.
+//
+// Which is faster depends on where the reader runs, and on a virtual machine the host moves the
+// vCPUs: a reader near the writer (one L3) finds cached lines sooner, one far from it reads memory
+// faster than lines dirty in the writer's cache. So each rank times its calls' data phases under
+// the store they used, per size class, and votes in its next header for the store that was
+// faster (by a margin); every so often an eligible call runs under the other store, to measure it
+// again.
+//
+// Invariant: the state that picks a call's store (the current store, the count of eligible calls,
+// the exploration interval) is the same on every rank before every call. It changes only in
+// agree(), after a header exchange that succeeded, from what every rank read alike: whether the
+// call was eligible (header fields the exchange checked equal: the size select() is given, the
+// protocol) and the votes in all the ranks' headers. A call whose exchange failed (a mismatch
+// raises on every rank) changes nothing.
+// A rank's own timings decide only its vote. So the ranks pick the same store for every call, as
+// the header comparison (comm/header_exchange.h) requires; the store changes no result's bits.
+#pragma once
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "comm/coll_header.h"
+#include "comm/selection.h"
+
+namespace rc {
+
+class StoreAdapt {
+ public:
+  struct Params {
+    int64_t min_bytes = 16 << 10;  ///< RINGCOMM_STREAM_ADAPT_MIN_BYTES: smaller calls stay cached
+    uint32_t explore_min = 16;     ///< the first exploration's call, and the interval after a switch
+    uint32_t explore_max = 1024;   ///< the interval doubles at each exploration up to this
+    double margin = 0.85;          ///< vote for a store only when its time is under margin x the other's
+  };
+  /// CollHeader::flags bits of a rank's vote (none set: no opinion).
+  static constexpr uint8_t kVoteStream = 2;
+  static constexpr uint8_t kVoteCached = 4;
+
+  explicit StoreAdapt(const Params& p) : p_(p), interval_(p.explore_min), until_explore_(p.explore_min) {}
+
+  /// Whether a call of `bytes` (select()'s size) under `proto` is the policy's to decide.
+  bool eligible(int64_t bytes, Proto proto) const {
+    return bytes >= p_.min_bytes && (proto == Proto::kSimple || proto == Proto::kHeaderInSlot);
+  }
+  /// The store of the next call (once per call, before its exchange); changes no agreed state.
+  Store pick(int64_t bytes, Proto proto);
+  /// This rank's vote for the calls after this one (CollHeader::flags bits).
+  uint8_t vote(int64_t bytes, Proto proto) const;
+  /// After the exchange of the call pick() was asked for: every rank's header, alike on every rank.
+  void agree(const std::vector<CollHeader>& headers);
+  /// After the data phase: this rank's time for it (ns), under the store pick() gave.
+  void observe(int64_t bytes, Proto proto, Store used, int64_t ns);
+
+  Store current() const { return current_.load(std::memory_order_relaxed); }
+  struct Stats {
+    uint64_t eligible, explorations, switches;
+  };
+  Stats stats() const {
+    return {eligible_.load(std::memory_order_relaxed), explorations_.load(std::memory_order_relaxed),
+            switches_.load(std::memory_order_relaxed)};
+  }
+
+ private:
+  static constexpr int kClasses = 32;  // size classes: bytes in [4^c, 4^(c+1))
+  static int size_class(int64_t bytes);
+  struct Timing {
+    double ns_per_byte = 0;
+    uint32_t samples = 0;
+  };
+
+  const Params p_;
+  // Agreed state (the invariant above). Written by the executing thread only; atomics so that
+  // stats() may read them from another thread.
+  std::atomic<Store> current_{Store::kCached};
+  std::atomic<uint64_t> eligible_{0};
+  std::atomic<uint64_t> explorations_{0};
+  std::atomic<uint64_t> switches_{0};
+  uint32_t interval_;       // eligible calls from one exploration to the next
+  uint32_t until_explore_;  // eligible calls until the next exploration (1: the next one explores)
+  bool picked_eligible_ = false;  // the last pick()'s call is the policy's to decide
+  bool explored_ = false;         // ... and runs under the store not current
+  // This rank's timings: [size class][store code].
+  std::array<std::array<Timing, 2>, kClasses> timing_{};
+};
+
+}  // namespace rc
