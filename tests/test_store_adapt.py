@@ -21,13 +21,14 @@ def _run(world, costs, store_env, hooked=True, calls=CALLS):
     return states[0]
 
 
-def _explorations(eligible, first=16, cap=1024):
-    """Explorations among `eligible` calls without a switch: at calls 16, 48, 112, ..."""
+def _explorations(eligible, first=32, burst=4, cap=1024):
+    """Bursts begun among `eligible` calls without a switch: calls 32-35, then 64 calls after a
+    burst's end the next (99-102), then 128 after (231-234), the interval doubling up to `cap`."""
     n, at, step = 0, first, first
     while at <= eligible:
         n += 1
         step = min(step * 2, cap)
-        at += step
+        at += burst - 1 + step
     return n
 
 
@@ -37,8 +38,8 @@ def test_streaming_cheaper_everywhere_switches_once(world, store_env):
     eligible = [s["eligible"] for s in states]
     assert eligible == [4 * (i + 1 - (i + 3) // 3) for i in range(CALLS)]   # 4 per eligible round
     first = next(i for i, s in enumerate(states) if s["explorations"])
-    # the first exploration (eligible call 16) measures streaming; the next call's votes switch
-    assert states[first]["eligible"] >= 16 and states[-1]["current"] == "streaming"
+    # the first burst (eligible calls 32-35) measures streaming; the next call's votes switch
+    assert states[first]["eligible"] >= 32 and states[-1]["current"] == "streaming"
     assert states[-1]["switches"] == 1
     assert all(s["current"] == "cached" for s in states[:first])
 

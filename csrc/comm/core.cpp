@@ -300,15 +300,13 @@ void CommCore::execute(Task& t) {
   const bool adapting = adapt_ != nullptr && coll != Coll::kRejected && coll != Coll::kBarrier;
   const int64_t adapt_bytes = adapting ? selection_bytes(coll, t.hdr) : 0;
   const Proto adapt_proto = static_cast<Proto>(t.hdr.proto);
+  const int64_t adapt_t0 = adapting ? now_ns() : 0;
   if (adapting) {
     t.hdr.store = static_cast<uint8_t>(adapt_->pick(adapt_bytes, adapt_proto));
     t.hdr.flags |= adapt_->vote(adapt_bytes, adapt_proto);
   }
-  int64_t data_t0 = 0;  // when the headers were in (adapting only)
   auto agreed = [&] {
-    if (!adapting) return;
-    adapt_->agree(headers_);
-    data_t0 = now_ns();
+    if (adapting) adapt_->agree(headers_);
   };
   const CollHeader& hdr = t.hdr;
   const Launch& l = t.l;
@@ -387,9 +385,9 @@ void CommCore::execute(Task& t) {
     auto body = [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); };
     fence = dev_->execute(coll, hdr, l.stream, c, body);
   }
-  if (adapting && data_t0 != 0) {
+  if (adapting) {
     const Store used = static_cast<Store>(hdr.store);
-    int64_t ns = now_ns() - data_t0;
+    int64_t ns = now_ns() - adapt_t0;
 #ifdef RINGCOMM_TEST_HOOKS
     ns = test_hooks::store_cost_ns(used == Store::kStreaming, adapt_bytes, ns);
 #endif

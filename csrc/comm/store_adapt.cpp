@@ -1,5 +1,7 @@
 #include "comm/store_adapt.h"
 
+#include <algorithm>
+
 namespace rc {
 namespace {
 Store other(Store s) { return s == Store::kStreaming ? Store::kCached : Store::kStreaming; }
@@ -15,31 +17,44 @@ int StoreAdapt::size_class(int64_t bytes) {
   return c;
 }
 
+double StoreAdapt::Timing::least() const {
+  const uint32_t n = std::min<uint32_t>(samples, kKeep);
+  return *std::min_element(ns_per_byte.begin(), ns_per_byte.begin() + n);
+}
+
 Store StoreAdapt::pick(int64_t bytes, Proto proto) {
   picked_eligible_ = eligible(bytes, proto);
-  explored_ = picked_eligible_ && until_explore_ == 1;
+  explored_ = picked_eligible_ && (burst_left_ > 0 || until_explore_ <= 1);
   const Store cur = current_.load(std::memory_order_relaxed);
   if (!picked_eligible_) return Store::kCached;
   return explored_ ? other(cur) : cur;
 }
 
 uint8_t StoreAdapt::vote(int64_t bytes, Proto proto) const {
-  if (!eligible(bytes, proto)) return 0;
+  // No opinion during a burst: the explored store's figure is being measured afresh.
+  if (!eligible(bytes, proto) || explored_) return 0;
   const auto& t = timing_[size_class(bytes)];
   if (t[0].samples == 0 || t[1].samples == 0) return 0;
-  if (t[1].ns_per_byte < p_.margin * t[0].ns_per_byte) return kVoteStream;
-  if (t[0].ns_per_byte < p_.margin * t[1].ns_per_byte) return kVoteCached;
+  const double cached = t[0].least(), stream = t[1].least();
+  if (stream < p_.margin * cached) return kVoteStream;
+  if (cached < p_.margin * stream) return kVoteCached;
   return 0;
 }
 
 void StoreAdapt::agree(const std::vector<CollHeader>& headers) {
   if (picked_eligible_) {
     eligible_.fetch_add(1, std::memory_order_relaxed);
-    --until_explore_;
     if (explored_) {
-      explorations_.fetch_add(1, std::memory_order_relaxed);
-      interval_ = interval_ * 2 > p_.explore_max ? p_.explore_max : interval_ * 2;
-      until_explore_ = interval_;
+      if (burst_left_ == 0) {  // the burst's first call
+        explorations_.fetch_add(1, std::memory_order_relaxed);
+        burst_left_ = kKeep;
+      }
+      if (--burst_left_ == 0) {
+        interval_ = interval_ * 2 > p_.explore_max ? p_.explore_max : interval_ * 2;
+        until_explore_ = interval_;
+      }
+    } else {
+      --until_explore_;
     }
   }
   int stream = 0, cached = 0;
@@ -53,15 +68,15 @@ void StoreAdapt::agree(const std::vector<CollHeader>& headers) {
   current_.store(want, std::memory_order_relaxed);
   switches_.fetch_add(1, std::memory_order_relaxed);
   interval_ = until_explore_ = p_.explore_min;
+  burst_left_ = 0;
 }
 
 void StoreAdapt::observe(int64_t bytes, Proto proto, Store used, int64_t ns) {
   if (!eligible(bytes, proto) || ns <= 0) return;
   Timing& t = timing_[size_class(bytes)][code(used)];
-  const double sample = static_cast<double>(ns) / static_cast<double>(bytes);
-  // An exploration's one sample replaces the store's old figure, which may date from another
-  // placement; the store in use moves by a running average, so one slow call does not flip a vote.
-  t.ns_per_byte = explored_ || t.samples == 0 ? sample : 0.75 * t.ns_per_byte + 0.25 * sample;
+  // A burst starts its store's figure afresh: the old samples may date from another placement.
+  if (explored_ && burst_left_ == kKeep - 1) t.samples = 0;
+  t.ns_per_byte[t.samples % kKeep] = static_cast<double>(ns) / static_cast<double>(bytes);
   ++t.samples;
 }
 

@@ -3,19 +3,20 @@
 //
 // Which is faster depends on where the reader runs, and on a virtual machine the host moves the
 // vCPUs: a reader near the writer (one L3) finds cached lines sooner, one far from it reads memory
-// faster than lines dirty in the writer's cache. So each rank times its calls' data phases under
-// the store they used, per size class, and votes in its next header for the store that was
-// faster (by a margin); every so often an eligible call runs under the other store, to measure it
-// again.
+// faster than lines dirty in the writer's cache. So each rank times its calls (execution, from
+// before the first store to the end) per byte, per size class and per store, and keeps the least
+// of the last kKeep; its next header votes for the store whose figure is lower by a margin. Every
+// so often a burst of kKeep eligible calls runs under the other store, to measure it afresh (a
+// call's time only grows with a late peer, so the least of a few is the store's own cost).
 //
-// Invariant: the state that picks a call's store (the current store, the count of eligible calls,
-// the exploration interval) is the same on every rank before every call. It changes only in
-// agree(), after a header exchange that succeeded, from what every rank read alike: whether the
-// call was eligible (header fields the exchange checked equal: the size select() is given, the
-// protocol) and the votes in all the ranks' headers. A call whose exchange failed (a mismatch
-// raises on every rank) changes nothing.
-// A rank's own timings decide only its vote. So the ranks pick the same store for every call, as
-// the header comparison (comm/header_exchange.h) requires; the store changes no result's bits.
+// Invariant: the state that picks a call's store (the store in use, the count of eligible calls,
+// the next exploration and the burst under way) is the same on every rank before every call. It
+// changes only in agree(), after a header exchange that succeeded, from what every rank read
+// alike: whether the call was eligible (header fields the exchange checked equal: the size
+// select() is given, the protocol) and the votes in all the ranks' headers. A call whose exchange
+// failed (a mismatch raises on every rank) changes nothing. A rank's own timings decide only its
+// vote. So the ranks pick the same store for every call, as the header comparison
+// (comm/header_exchange.h) requires; the store changes no result's bits.
 #pragma once
 #include <array>
 #include <atomic>
@@ -31,9 +32,9 @@ class StoreAdapt {
  public:
   struct Params {
     int64_t min_bytes = 16 << 10;  ///< RINGCOMM_STREAM_ADAPT_MIN_BYTES: smaller calls stay cached
-    uint32_t explore_min = 16;     ///< the first exploration's call, and the interval after a switch
+    uint32_t explore_min = 32;     ///< the first exploration's call, and the interval after a switch
     uint32_t explore_max = 1024;   ///< the interval doubles at each exploration up to this
-    double margin = 0.85;          ///< vote for a store only when its time is under margin x the other's
+    double margin = 0.55;          ///< vote for a store only when its time is under margin x the other's
   };
   /// CollHeader::flags bits of a rank's vote (none set: no opinion).
   static constexpr uint8_t kVoteStream = 2;
@@ -51,7 +52,7 @@ class StoreAdapt {
   uint8_t vote(int64_t bytes, Proto proto) const;
   /// After the exchange of the call pick() was asked for: every rank's header, alike on every rank.
   void agree(const std::vector<CollHeader>& headers);
-  /// After the data phase: this rank's time for it (ns), under the store pick() gave.
+  /// After the call: this rank's time for it (ns), under the store pick() gave.
   void observe(int64_t bytes, Proto proto, Store used, int64_t ns);
 
   Store current() const { return current_.load(std::memory_order_relaxed); }
@@ -65,12 +66,13 @@ class StoreAdapt {
 
  private:
   static constexpr int kClasses = 32;  // size classes: bytes in [4^c, 4^(c+1))
+  static constexpr int kKeep = 4;      // samples kept per class and store, and calls per burst
   static int size_class(int64_t bytes);
   struct Timing {
-    double ns_per_byte = 0;
+    std::array<double, kKeep> ns_per_byte{};  // the last kKeep samples, round robin
     uint32_t samples = 0;
+    double least() const;
   };
-
   const Params p_;
   // Agreed state (the invariant above). Written by the executing thread only; atomics so that
   // stats() may read them from another thread.
@@ -78,8 +80,9 @@ class StoreAdapt {
   std::atomic<uint64_t> eligible_{0};
   std::atomic<uint64_t> explorations_{0};
   std::atomic<uint64_t> switches_{0};
-  uint32_t interval_;       // eligible calls from one exploration to the next
-  uint32_t until_explore_;  // eligible calls until the next exploration (1: the next one explores)
+  uint32_t interval_;       // eligible calls from one burst to the next
+  uint32_t until_explore_;  // eligible calls until the next burst (1: the next call starts it)
+  uint32_t burst_left_ = 0; // calls left in the burst under way (0: none)
   bool picked_eligible_ = false;  // the last pick()'s call is the policy's to decide
   bool explored_ = false;         // ... and runs under the store not current
   // This rank's timings: [size class][store code].
