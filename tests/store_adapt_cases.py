@@ -58,3 +58,22 @@ def mismatch_then_go_on_case(rank, world):
         return first, ok, comm.store_stats()
     finally:
         comm.close()
+
+
+def cost_change_case(rank, world, phases):
+    """The test build's costs change between phases (the knob is read at every call): `phases`
+    is [(costs 'C,S', rounds)]; returns the policy's state after each phase."""
+    import os
+    import hooked_build
+    hooked_build.use()
+    comm = init_under_env(rank, world, "adapt_cc", {"RINGCOMM_STREAM": "adapt"})
+    try:
+        ok, states = True, []
+        for costs, rounds in phases:
+            os.environ["RINGCOMM_TEST_STORE_COST"] = costs
+            for _ in range(rounds):
+                ok = _exact_round(comm, rank, world, 16384) and ok
+            states.append(comm.store_stats())
+        return ok, states
+    finally:
+        comm.close()

@@ -6,7 +6,7 @@ import pytest
 
 from ringcomm.core.launch import spawn
 
-from store_adapt_cases import adapt_case, mismatch_then_go_on_case
+from store_adapt_cases import adapt_case, cost_change_case, mismatch_then_go_on_case
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -86,3 +86,20 @@ def _stats_default(rank, world):
         return comm.store_stats()       # one rank: nothing to adapt
     finally:
         comm.close()
+
+
+@pytest.mark.parametrize("back,want", [
+    ("1,1.5", "cached"),      # cached under 0.87x streaming: back to cached
+    ("1,1.1", "streaming"),   # cached cheaper, but not by the margin: stays
+])
+def test_leaving_cached_takes_the_wide_margin_coming_back_the_narrow(back, want, store_env):
+    # 4 eligible calls a round: 20 rounds switch to streaming (first burst at 32), 60 more hold
+    # two bursts of cached calls (32 after the switch, then 64 after that one's end)
+    phases = [("4,1", 20), (back, 60), ("1,0.6", 60)]
+    results = spawn(cost_change_case, 2, args=(phases,), timeout=150, env=store_env)
+    assert all(ok for ok, _ in results) and results[0][1] == results[1][1], results
+    first, second, third = results[0][1]
+    assert first["current"] == "streaming" and first["switches"] == 1
+    assert second["current"] == want
+    # streaming at 0.6x cached is not under 0.55x: a rank in cached stores does not leave them
+    assert third["current"] == want

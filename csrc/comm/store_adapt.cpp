@@ -36,8 +36,8 @@ uint8_t StoreAdapt::vote(int64_t bytes, Proto proto) const {
   const auto& t = timing_[size_class(bytes)];
   if (t[0].samples == 0 || t[1].samples == 0) return 0;
   const double cached = t[0].least(), stream = t[1].least();
-  if (stream < p_.margin * cached) return kVoteStream;
-  if (cached < p_.margin * stream) return kVoteCached;
+  if (stream < p_.to_stream * cached) return kVoteStream;
+  if (cached < p_.to_cached * stream) return kVoteCached;
   return 0;
 }
 

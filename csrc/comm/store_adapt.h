@@ -5,7 +5,8 @@
 // vCPUs: a reader near the writer (one L3) finds cached lines sooner, one far from it reads memory
 // faster than lines dirty in the writer's cache. So each rank times its calls (execution, from
 // before the first store to the end) per byte, per size class and per store, and keeps the least
-// of the last kKeep; its next header votes for the store whose figure is lower by a margin. Every
+// of the last kKeep; its next header votes for the store whose figure is lower by a margin (wider
+// to leave cached stores than to return to them: Params). Every
 // so often a burst of kKeep eligible calls runs under the other store, to measure it afresh (a
 // call's time only grows with a late peer, so the least of a few is the store's own cost).
 //
@@ -34,7 +35,12 @@ class StoreAdapt {
     int64_t min_bytes = 16 << 10;  ///< RINGCOMM_STREAM_ADAPT_MIN_BYTES: smaller calls stay cached
     uint32_t explore_min = 32;     ///< the first exploration's call, and the interval after a switch
     uint32_t explore_max = 1024;   ///< the interval doubles at each exploration up to this
-    double margin = 0.55;          ///< vote for a store only when its time is under margin x the other's
+    // A rank votes to leave cached stores for streaming ones only when streaming's figure is under
+    // to_stream x cached's, and to come back when cached's is under to_cached x streaming's. Far
+    // placements make streaming 2-5x faster; near ones make it 1.1-2x slower; a stretch of slow
+    // calls is noise of either sign, so leaving the default needs the wider margin.
+    double to_stream = 0.55;
+    double to_cached = 0.87;
   };
   /// CollHeader::flags bits of a rank's vote (none set: no opinion).
   static constexpr uint8_t kVoteStream = 2;
