@@ -54,7 +54,7 @@ def mismatch_then_go_on_case(rank, world):
             first = "no error"
         except ringcomm.MismatchError:
             first = "MismatchError"
-        ok = all(_exact_round(comm, rank, world, 16384) for _ in range(60))
+        ok = all(_exact_round(comm, rank, world, 16384) for _ in range(140))
         return first, ok, comm.store_stats()
     finally:
         comm.close()

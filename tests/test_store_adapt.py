@@ -10,7 +10,7 @@ from store_adapt_cases import adapt_case, cost_change_case, mismatch_then_go_on_
 
 pytestmark = pytest.mark.timeout(180)
 
-CALLS = 60   # rounds; two in three are eligible (4 eligible collectives each)
+CALLS = 150  # rounds; two in three are eligible (4 eligible collectives each): 400 eligible calls
 
 
 def _run(world, costs, store_env, hooked=True, calls=CALLS):
@@ -21,14 +21,14 @@ def _run(world, costs, store_env, hooked=True, calls=CALLS):
     return states[0]
 
 
-def _explorations(eligible, first=32, burst=4, cap=1024):
-    """Bursts begun among `eligible` calls without a switch: calls 32-35, then 64 calls after a
-    burst's end the next (99-102), then 128 after (231-234), the interval doubling up to `cap`."""
+def _explorations(eligible, first=128, cap=1024):
+    """Explorations among `eligible` calls under cached stores, without a switch: calls 128, 384,
+    896, 1920, ... (the interval doubling from 128 up to `cap`)."""
     n, at, step = 0, first, first
     while at <= eligible:
         n += 1
         step = min(step * 2, cap)
-        at += burst - 1 + step
+        at += step
     return n
 
 
@@ -38,8 +38,8 @@ def test_streaming_cheaper_everywhere_switches_once(world, store_env):
     eligible = [s["eligible"] for s in states]
     assert eligible == [4 * (i + 1 - (i + 3) // 3) for i in range(CALLS)]   # 4 per eligible round
     first = next(i for i, s in enumerate(states) if s["explorations"])
-    # the first burst (eligible calls 32-35) measures streaming; the next call's votes switch
-    assert states[first]["eligible"] >= 32 and states[-1]["current"] == "streaming"
+    # the first exploration (eligible call 128) measures streaming; the next call's votes switch
+    assert states[first]["eligible"] >= 128 and states[-1]["current"] == "streaming"
     assert states[-1]["switches"] == 1
     assert all(s["current"] == "cached" for s in states[:first])
 
@@ -64,14 +64,14 @@ def test_the_majority_of_votes_decides(store_env):
 def test_measured_timings_keep_the_ranks_agreed_and_exact(store_env):
     """The product build, real timings: whatever it decides, the ranks decide alike (a store that
     differed would raise MismatchError) and every result is exact."""
-    last = _run(2, None, store_env, hooked=False, calls=90)[-1]
-    assert last["eligible"] == 4 * 60 and last["explorations"] >= 3
+    last = _run(2, None, store_env, hooked=False, calls=150)[-1]
+    assert last["eligible"] == 4 * 100 and last["explorations"] >= 2
 
 
 def test_a_mismatch_changes_no_agreed_state(store_env):
     results = spawn(mismatch_then_go_on_case, 2, timeout=150, env=store_env)
     assert all(first == "MismatchError" and ok for first, ok, _ in results), results
-    assert results[0][2] == results[1][2] and results[0][2]["eligible"] == 4 * 60
+    assert results[0][2] == results[1][2] and results[0][2]["eligible"] == 4 * 140
 
 
 def test_store_stats_empty_unless_adapting(store_env):
@@ -93,9 +93,10 @@ def _stats_default(rank, world):
     ("1,1.1", "streaming"),   # cached cheaper, but not by the margin: stays
 ])
 def test_leaving_cached_takes_the_wide_margin_coming_back_the_narrow(back, want, store_env):
-    # 4 eligible calls a round: 20 rounds switch to streaming (first burst at 32), 60 more hold
-    # two bursts of cached calls (32 after the switch, then 64 after that one's end)
-    phases = [("4,1", 20), (back, 60), ("1,0.6", 60)]
+    # 4 eligible calls a round: 40 rounds switch to streaming (the first exploration, call 128),
+    # 60 more hold explorations of cached stores every 64 calls while streaming, 100 more at least
+    # one exploration of the other store whichever is in use
+    phases = [("4,1", 40), (back, 60), ("1,0.6", 100)]
     results = spawn(cost_change_case, 2, args=(phases,), timeout=150, env=store_env)
     assert all(ok for ok, _ in results) and results[0][1] == results[1][1], results
     first, second, third = results[0][1]

@@ -24,16 +24,19 @@ double StoreAdapt::Timing::least() const {
 
 Store StoreAdapt::pick(int64_t bytes, Proto proto) {
   picked_eligible_ = eligible(bytes, proto);
-  explored_ = picked_eligible_ && (burst_left_ > 0 || until_explore_ <= 1);
+  if (picked_eligible_) picked_class_ = size_class(bytes);
+  explored_ = picked_eligible_ && until_explore_ <= 1;
   const Store cur = current_.load(std::memory_order_relaxed);
   if (!picked_eligible_) return Store::kCached;
   return explored_ ? other(cur) : cur;
 }
 
 uint8_t StoreAdapt::vote(int64_t bytes, Proto proto) const {
-  // No opinion during a burst: the explored store's figure is being measured afresh.
-  if (!eligible(bytes, proto) || explored_) return 0;
-  const auto& t = timing_[size_class(bytes)];
+  // Only the eligible call after an exploration votes, on the explored size class: then both
+  // stores' figures are fresh. Between explorations the other store's figure may date from
+  // another placement, and votes on it would flip the store back and forth.
+  if (!eligible(bytes, proto) || explored_ || !vote_due_) return 0;
+  const auto& t = timing_[vote_class_];
   if (t[0].samples == 0 || t[1].samples == 0) return 0;
   const double cached = t[0].least(), stream = t[1].least();
   if (stream < p_.to_stream * cached) return kVoteStream;
@@ -42,17 +45,15 @@ uint8_t StoreAdapt::vote(int64_t bytes, Proto proto) const {
 }
 
 void StoreAdapt::agree(const std::vector<CollHeader>& headers) {
+  const Store cur = current_.load(std::memory_order_relaxed);
   if (picked_eligible_) {
     eligible_.fetch_add(1, std::memory_order_relaxed);
+    vote_due_ = explored_;
     if (explored_) {
-      if (burst_left_ == 0) {  // the burst's first call
-        explorations_.fetch_add(1, std::memory_order_relaxed);
-        burst_left_ = kKeep;
-      }
-      if (--burst_left_ == 0) {
-        interval_ = interval_ * 2 > p_.explore_max ? p_.explore_max : interval_ * 2;
-        until_explore_ = interval_;
-      }
+      vote_class_ = picked_class_;
+      explorations_.fetch_add(1, std::memory_order_relaxed);
+      interval_ = cur == Store::kStreaming ? p_.explore_streaming : std::min(interval_ * 2, p_.explore_max);
+      until_explore_ = interval_;
     } else {
       --until_explore_;
     }
@@ -62,20 +63,19 @@ void StoreAdapt::agree(const std::vector<CollHeader>& headers) {
     stream += (h.flags & kVoteStream) != 0;
     cached += (h.flags & kVoteCached) != 0;
   }
-  const Store cur = current_.load(std::memory_order_relaxed);
   const Store want = stream > cached ? Store::kStreaming : cached > stream ? Store::kCached : cur;
   if (want == cur) return;
   current_.store(want, std::memory_order_relaxed);
   switches_.fetch_add(1, std::memory_order_relaxed);
-  interval_ = until_explore_ = p_.explore_min;
-  burst_left_ = 0;
+  interval_ = until_explore_ = want == Store::kStreaming ? p_.explore_streaming : p_.explore_first;
 }
 
 void StoreAdapt::observe(int64_t bytes, Proto proto, Store used, int64_t ns) {
   if (!eligible(bytes, proto) || ns <= 0) return;
   Timing& t = timing_[size_class(bytes)][code(used)];
-  // A burst starts its store's figure afresh: the old samples may date from another placement.
-  if (explored_ && burst_left_ == kKeep - 1) t.samples = 0;
+  // An exploration's sample replaces its store's figure: the old ones may date from another
+  // placement.
+  if (explored_) t.samples = 0;
   t.ns_per_byte[t.samples % kKeep] = static_cast<double>(ns) / static_cast<double>(bytes);
   ++t.samples;
 }

@@ -4,20 +4,21 @@
 // Which is faster depends on where the reader runs, and on a virtual machine the host moves the
 // vCPUs: a reader near the writer (one L3) finds cached lines sooner, one far from it reads memory
 // faster than lines dirty in the writer's cache. So each rank times its calls (execution, from
-// before the first store to the end) per byte, per size class and per store, and keeps the least
-// of the last kKeep; its next header votes for the store whose figure is lower by a margin (wider
-// to leave cached stores than to return to them: Params). Every
-// so often a burst of kKeep eligible calls runs under the other store, to measure it afresh (a
-// call's time only grows with a late peer, so the least of a few is the store's own cost).
+// before the first store to the end) per byte, per size class and per store; a store's figure is
+// the least of its last kKeep samples (a call's time only grows with a late peer). Now and then
+// one eligible call runs under the other store, whose figure that one sample then replaces (the
+// old ones may date from another placement). In the header of the next eligible call each rank
+// votes for the store whose figure (in the explored size class) is lower by a margin, wider to
+// leave cached stores than to return to them (Params).
 //
 // Invariant: the state that picks a call's store (the store in use, the count of eligible calls,
-// the next exploration and the burst under way) is the same on every rank before every call. It
-// changes only in agree(), after a header exchange that succeeded, from what every rank read
-// alike: whether the call was eligible (header fields the exchange checked equal: the size
-// select() is given, the protocol) and the votes in all the ranks' headers. A call whose exchange
-// failed (a mismatch raises on every rank) changes nothing. A rank's own timings decide only its
-// vote. So the ranks pick the same store for every call, as the header comparison
-// (comm/header_exchange.h) requires; the store changes no result's bits.
+// the next exploration) is the same on every rank before every call. It changes only in agree(),
+// after a header exchange that succeeded, from what every rank read alike: whether the call was
+// eligible (header fields the exchange checked equal: the size select() is given, the protocol)
+// and the votes in all the ranks' headers. A call whose exchange failed (a mismatch raises on
+// every rank) changes nothing. A rank's own timings decide only its vote. So the ranks pick the
+// same store for every call, as the header comparison (comm/header_exchange.h) requires; the
+// store changes no result's bits.
 #pragma once
 #include <array>
 #include <atomic>
@@ -33,8 +34,12 @@ class StoreAdapt {
  public:
   struct Params {
     int64_t min_bytes = 16 << 10;  ///< RINGCOMM_STREAM_ADAPT_MIN_BYTES: smaller calls stay cached
-    uint32_t explore_min = 32;     ///< the first exploration's call, and the interval after a switch
-    uint32_t explore_max = 1024;   ///< the interval doubles at each exploration up to this
+    // Eligible calls from one exploration to the next: under cached stores the first is the
+    // 128th call and the interval doubles up to 1024 (an exploration costs its call up to 2x where
+    // cached stores are the faster); under streaming stores, every 64th call.
+    uint32_t explore_first = 128;
+    uint32_t explore_max = 1024;
+    uint32_t explore_streaming = 64;
     // A rank votes to leave cached stores for streaming ones only when streaming's figure is under
     // to_stream x cached's, and to come back when cached's is under to_cached x streaming's. Far
     // placements make streaming 2-5x faster; near ones make it 1.1-2x slower; a stretch of slow
@@ -46,7 +51,7 @@ class StoreAdapt {
   static constexpr uint8_t kVoteStream = 2;
   static constexpr uint8_t kVoteCached = 4;
 
-  explicit StoreAdapt(const Params& p) : p_(p), interval_(p.explore_min), until_explore_(p.explore_min) {}
+  explicit StoreAdapt(const Params& p) : p_(p), interval_(p.explore_first), until_explore_(p.explore_first) {}
 
   /// Whether a call of `bytes` (select()'s size) under `proto` is the policy's to decide.
   bool eligible(int64_t bytes, Proto proto) const {
@@ -72,7 +77,7 @@ class StoreAdapt {
 
  private:
   static constexpr int kClasses = 32;  // size classes: bytes in [4^c, 4^(c+1))
-  static constexpr int kKeep = 4;      // samples kept per class and store, and calls per burst
+  static constexpr int kKeep = 4;      // samples kept per class and store
   static int size_class(int64_t bytes);
   struct Timing {
     std::array<double, kKeep> ns_per_byte{};  // the last kKeep samples, round robin
@@ -86,11 +91,13 @@ class StoreAdapt {
   std::atomic<uint64_t> eligible_{0};
   std::atomic<uint64_t> explorations_{0};
   std::atomic<uint64_t> switches_{0};
-  uint32_t interval_;       // eligible calls from one burst to the next
-  uint32_t until_explore_;  // eligible calls until the next burst (1: the next call starts it)
-  uint32_t burst_left_ = 0; // calls left in the burst under way (0: none)
+  uint32_t interval_;       // eligible calls from one exploration to the next
+  uint32_t until_explore_;  // eligible calls until the next exploration (1: the next call)
   bool picked_eligible_ = false;  // the last pick()'s call is the policy's to decide
-  bool explored_ = false;         // ... and runs under the store not current
+  bool explored_ = false;         // ... and runs under the store not in use
+  int picked_class_ = 0;          // ... and its size class
+  bool vote_due_ = false;         // the last eligible call explored: the next one votes
+  int vote_class_ = 0;            // on this class
   // This rank's timings: [size class][store code].
   std::array<std::array<Timing, 2>, kClasses> timing_{};
 };
