@@ -300,13 +300,17 @@ void CommCore::execute(Task& t) {
   const bool adapting = adapt_ != nullptr && coll != Coll::kRejected && coll != Coll::kBarrier;
   const int64_t adapt_bytes = adapting ? selection_bytes(coll, t.hdr) : 0;
   const Proto adapt_proto = static_cast<Proto>(t.hdr.proto);
-  const int64_t adapt_t0 = adapting ? now_ns() : 0;
   if (adapting) {
     t.hdr.store = static_cast<uint8_t>(adapt_->pick(adapt_bytes, adapt_proto));
     t.hdr.flags |= adapt_->vote(adapt_bytes, adapt_proto);
   }
+  // The call's time for the policy: its first piece's copy (where one goes before the header) and
+  // everything after the headers are in, but not the wait for them, which a late peer lengthens.
+  int64_t adapt_ns = 0, adapt_t0 = 0;
   auto agreed = [&] {
-    if (adapting) adapt_->agree(headers_);
+    if (!adapting) return;
+    adapt_->agree(headers_);
+    adapt_t0 = now_ns();
   };
   const CollHeader& hdr = t.hdr;
   const Launch& l = t.l;
@@ -357,7 +361,9 @@ void CommCore::execute(Task& t) {
         AlgoCtx quiet = cc;
         quiet.trace = nullptr;
         if (tr && header_in_first) tr->mark(kTraceHeaderPosted);
+        const int64_t f0 = adapting ? now_ns() : 0;
         route.first(quiet, t.args, hdr);
+        if (adapting) adapt_ns += now_ns() - f0;
         if (tr && !header_in_first) tr->mark(kTraceHeaderPosted);
       };
       hooks.before_post = first;
@@ -387,7 +393,7 @@ void CommCore::execute(Task& t) {
   }
   if (adapting) {
     const Store used = static_cast<Store>(hdr.store);
-    int64_t ns = now_ns() - adapt_t0;
+    int64_t ns = adapt_ns + (now_ns() - adapt_t0);
 #ifdef RINGCOMM_TEST_HOOKS
     ns = test_hooks::store_cost_ns(used == Store::kStreaming, adapt_bytes, ns);
 #endif

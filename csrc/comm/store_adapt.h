@@ -3,9 +3,10 @@
 //
 // Which is faster depends on where the reader runs, and on a virtual machine the host moves the
 // vCPUs: a reader near the writer (one L3) finds cached lines sooner, one far from it reads memory
-// faster than lines dirty in the writer's cache. So each rank times its calls (execution, from
-// before the first store to the end) per byte, per size class and per store; a store's figure is
-// the least of its last kKeep samples (a call's time only grows with a late peer). Now and then
+// faster than lines dirty in the writer's cache. So each rank times its calls (the copy of a first
+// piece sent before the header, and everything after the headers are in; not the wait for them,
+// which a late peer lengthens) per byte, per size class and per store; a store's figure is the
+// least of its last kKeep samples (what noise remains only lengthens a call). Now and then
 // one eligible call runs under the other store, whose figure that one sample then replaces (the
 // old ones may date from another placement). In the header of the next eligible call each rank
 // votes for the store whose figure (in the explored size class) is lower by a margin, wider to
