@@ -296,10 +296,13 @@ void CommCore::execute(Task& t) {
   const uint64_t seq = t.seq;
   const Coll coll = t.coll;
   // RINGCOMM_STREAM=adapt: this call's store and this rank's vote go into its header before
-  // anything of the call moves (a header_in_slot piece goes before the header).
-  const bool adapting = adapt_ != nullptr && coll != Coll::kRejected && coll != Coll::kBarrier;
-  const int64_t adapt_bytes = adapting ? selection_bytes(coll, t.hdr) : 0;
+  // anything of the call moves (a header_in_slot piece goes before the header). It decides only
+  // the calls it finds eligible, alike on every rank (header fields the exchange checks); on the
+  // others no rank votes and its state does not change, so they leave it out.
   const Proto adapt_proto = static_cast<Proto>(t.hdr.proto);
+  const int64_t adapt_bytes =
+      adapt_ != nullptr && coll != Coll::kRejected && coll != Coll::kBarrier ? selection_bytes(coll, t.hdr) : 0;
+  const bool adapting = adapt_bytes > 0 && adapt_->eligible(adapt_bytes, adapt_proto);
   if (adapting) {
     t.hdr.store = static_cast<uint8_t>(adapt_->pick(adapt_bytes, adapt_proto));
     t.hdr.flags |= adapt_->vote(adapt_bytes, adapt_proto);
