@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -43,16 +42,22 @@ struct Shared {
   alignas(64) std::atomic<uint64_t> ready[2] = {0, 0};
   alignas(64) std::atomic<uint64_t> done[2] = {0, 0};
   alignas(64) std::atomic<bool> stop{false};
-  std::atomic<int> pinned{0};     // threads pinned so far
-  std::atomic<int> pin_error{0};  // errno of a failed pin (first wins)
+  std::atomic<int> pin_error{0};  // the error number of a failed pin (first wins)
   std::atomic<bool> timed_out{false};
 };
 
-bool pin_self(int cpu) {
+// Pin the calling thread to `cpu`; on failure record why (pthread_setaffinity_np returns its
+// error number, it does not set errno) and stop the other thread. False when it failed.
+bool pin_self(Shared& s, int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
-  return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+  const int err = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+  if (err == 0) return true;
+  int expected = 0;
+  s.pin_error.compare_exchange_strong(expected, err);
+  s.stop.store(true);
+  return false;
 }
 
 // Spin until `word` holds `want` (acquire). False when `stop` is set or the wait outlives kStall
@@ -86,13 +91,7 @@ struct Buffers {
 };
 
 void answer(Shared& s, Buffers& b, int cpu) {
-  if (!pin_self(cpu)) {
-    int expected = 0;
-    s.pin_error.compare_exchange_strong(expected, errno ? errno : EINVAL);
-    s.stop.store(true);
-    return;
-  }
-  s.pinned.fetch_add(1);
+  if (!pin_self(s, cpu)) return;
   for (uint64_t i = 1;; ++i) {                 // round trips until A moves on (stop or ping == 0)
     const auto deadline = Clock::now() + kStall;
     uint64_t seen;
@@ -130,13 +129,7 @@ CpuPairProbe probe_cpu_pair(int cpu_a, int cpu_b, size_t handoff_bytes, double s
   CpuPairProbe out{0, 0};
   std::vector<double> trips, rates;
   auto drive = [&] {
-    if (!pin_self(cpu_a)) {
-      int expected = 0;
-      s.pin_error.compare_exchange_strong(expected, errno ? errno : EINVAL);
-      s.stop.store(true);
-      return;
-    }
-    s.pinned.fetch_add(1);
+    if (!pin_self(s, cpu_a)) return;
     const auto start = Clock::now();
     const auto trips_until = start + std::chrono::duration<double>(seconds * 0.3);
     uint64_t i = 0;
