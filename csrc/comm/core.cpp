@@ -299,13 +299,12 @@ void CommCore::execute(Task& t) {
   // anything of the call moves (a header_in_slot piece goes before the header). It decides only
   // the calls it finds eligible, alike on every rank (header fields the exchange checks); on the
   // others no rank votes and its state does not change, so they leave it out.
-  const Proto adapt_proto = static_cast<Proto>(t.hdr.proto);
   const int64_t adapt_bytes =
       adapt_ != nullptr && coll != Coll::kRejected && coll != Coll::kBarrier ? selection_bytes(coll, t.hdr) : 0;
-  const bool adapting = adapt_bytes > 0 && adapt_->eligible(adapt_bytes, adapt_proto);
+  const bool adapting = adapt_bytes > 0 && adapt_->eligible(adapt_bytes, static_cast<Proto>(t.hdr.proto));
   if (adapting) {
-    t.hdr.store = static_cast<uint8_t>(adapt_->pick(adapt_bytes, adapt_proto));
-    t.hdr.flags |= adapt_->vote(adapt_bytes, adapt_proto);
+    t.hdr.store = static_cast<uint8_t>(adapt_->pick(adapt_bytes));
+    t.hdr.flags |= adapt_->vote();
   }
   // The call's time for the policy: its first piece's copy (where one goes before the header) and
   // everything after the headers are in, but not the wait for them, which a late peer lengthens.
@@ -400,7 +399,7 @@ void CommCore::execute(Task& t) {
 #ifdef RINGCOMM_TEST_HOOKS
     ns = test_hooks::store_cost_ns(used == Store::kStreaming, adapt_bytes, ns);
 #endif
-    adapt_->observe(adapt_bytes, adapt_proto, used, ns);
+    adapt_->observe(adapt_bytes, used, ns);
   }
   trace_guard.done();  // exit is stamped before the Work completes, so a waiter sees the record
   t.work->complete(fence);

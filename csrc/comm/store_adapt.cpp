@@ -22,20 +22,18 @@ double StoreAdapt::Timing::least() const {
   return *std::min_element(ns_per_byte.begin(), ns_per_byte.begin() + n);
 }
 
-Store StoreAdapt::pick(int64_t bytes, Proto proto) {
-  picked_eligible_ = eligible(bytes, proto);
-  if (picked_eligible_) picked_class_ = size_class(bytes);
-  explored_ = picked_eligible_ && until_explore_ <= 1;
+Store StoreAdapt::pick(int64_t bytes) {
+  picked_class_ = size_class(bytes);
+  explored_ = until_explore_ <= 1;
   const Store cur = current_.load(std::memory_order_relaxed);
-  if (!picked_eligible_) return Store::kCached;
   return explored_ ? other(cur) : cur;
 }
 
-uint8_t StoreAdapt::vote(int64_t bytes, Proto proto) const {
-  // Only the eligible call after an exploration votes, on the explored size class: then both
-  // stores' figures are fresh. Between explorations the other store's figure may date from
-  // another placement, and votes on it would flip the store back and forth.
-  if (!eligible(bytes, proto) || explored_ || !vote_due_) return 0;
+uint8_t StoreAdapt::vote() const {
+  // Only the call after an exploration votes, on the explored size class: then both stores'
+  // figures are fresh. Between explorations the other store's figure may date from another
+  // placement, and votes on it would flip the store back and forth.
+  if (explored_ || !vote_due_) return 0;
   const auto& t = timing_[vote_class_];
   if (t[0].samples == 0 || t[1].samples == 0) return 0;
   const double cached = t[0].least(), stream = t[1].least();
@@ -46,17 +44,15 @@ uint8_t StoreAdapt::vote(int64_t bytes, Proto proto) const {
 
 void StoreAdapt::agree(const std::vector<CollHeader>& headers) {
   const Store cur = current_.load(std::memory_order_relaxed);
-  if (picked_eligible_) {
-    eligible_.fetch_add(1, std::memory_order_relaxed);
-    vote_due_ = explored_;
-    if (explored_) {
-      vote_class_ = picked_class_;
-      explorations_.fetch_add(1, std::memory_order_relaxed);
-      interval_ = cur == Store::kStreaming ? p_.explore_streaming : std::min(interval_ * 2, p_.explore_max);
-      until_explore_ = interval_;
-    } else {
-      --until_explore_;
-    }
+  eligible_.fetch_add(1, std::memory_order_relaxed);
+  vote_due_ = explored_;
+  if (explored_) {
+    vote_class_ = picked_class_;
+    explorations_.fetch_add(1, std::memory_order_relaxed);
+    interval_ = cur == Store::kStreaming ? p_.explore_streaming : std::min(interval_ * 2, p_.explore_max);
+    until_explore_ = interval_;
+  } else {
+    --until_explore_;
   }
   int stream = 0, cached = 0;
   for (const CollHeader& h : headers) {
@@ -70,8 +66,8 @@ void StoreAdapt::agree(const std::vector<CollHeader>& headers) {
   interval_ = until_explore_ = want == Store::kStreaming ? p_.explore_streaming : p_.explore_first;
 }
 
-void StoreAdapt::observe(int64_t bytes, Proto proto, Store used, int64_t ns) {
-  if (!eligible(bytes, proto) || ns <= 0) return;
+void StoreAdapt::observe(int64_t bytes, Store used, int64_t ns) {
+  if (ns <= 0) return;
   Timing& t = timing_[size_class(bytes)][code(used)];
   // An exploration's sample replaces its store's figure: the old ones may date from another
   // placement.

@@ -54,18 +54,20 @@ class StoreAdapt {
 
   explicit StoreAdapt(const Params& p) : p_(p), interval_(p.explore_first), until_explore_(p.explore_first) {}
 
-  /// Whether a call of `bytes` (select()'s size) under `proto` is the policy's to decide.
+  /// Whether a call of `bytes` (select()'s size) under `proto` is the policy's to decide. The
+  /// calls below are made for eligible calls only, in this order, once per call; the others
+  /// leave the policy out (no rank votes on them, and they change no state).
   bool eligible(int64_t bytes, Proto proto) const {
     return bytes >= p_.min_bytes && (proto == Proto::kSimple || proto == Proto::kHeaderInSlot);
   }
-  /// The store of the next call (once per call, before its exchange); changes no agreed state.
-  Store pick(int64_t bytes, Proto proto);
-  /// This rank's vote for the calls after this one (CollHeader::flags bits).
-  uint8_t vote(int64_t bytes, Proto proto) const;
-  /// After the exchange of the call pick() was asked for: every rank's header, alike on every rank.
+  /// The store of the call (before its exchange); changes no agreed state.
+  Store pick(int64_t bytes);
+  /// This rank's vote, for its header (CollHeader::flags bits).
+  uint8_t vote() const;
+  /// After the call's exchange: every rank's header, alike on every rank.
   void agree(const std::vector<CollHeader>& headers);
   /// After the call: this rank's time for it (ns), under the store pick() gave.
-  void observe(int64_t bytes, Proto proto, Store used, int64_t ns);
+  void observe(int64_t bytes, Store used, int64_t ns);
 
   Store current() const { return current_.load(std::memory_order_relaxed); }
   struct Stats {
@@ -94,8 +96,7 @@ class StoreAdapt {
   std::atomic<uint64_t> switches_{0};
   uint32_t interval_;       // eligible calls from one exploration to the next
   uint32_t until_explore_;  // eligible calls until the next exploration (1: the next call)
-  bool picked_eligible_ = false;  // the last pick()'s call is the policy's to decide
-  bool explored_ = false;         // ... and runs under the store not in use
+  bool explored_ = false;         // the last pick()'s call runs under the store not in use
   int picked_class_ = 0;          // ... and its size class
   bool vote_due_ = false;         // the last eligible call explored: the next one votes
   int vote_class_ = 0;            // on this class
