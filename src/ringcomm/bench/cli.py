@@ -9,6 +9,8 @@ Phases, one after the other so none disturbs another's timing:
      (``mpiexec -n N`` ranks running the same sweep with mpi4py, ``_mpi_worker``), Intel MPI and
      oneCCL (compiled drivers, ``drivers/``); with ``--tune``, first a probe phase per waiting
      setting of each.
+Phases 2 and 3 (after the tuning) are launched ``--rounds`` times, the order reversed every other
+round, each launch between two readings of the cross-CPU probe (``launches.py``).
 The ranks return their per-call times; this process takes the max over ranks per call, prints
 one table per collective (each library's count of timed calls, min / median / p90 / p99 µs,
 algbw, busbw, a peer's speedup) and the summary, and writes the JSON and the plot.
