@@ -77,3 +77,33 @@ def cost_change_case(rank, world, phases):
         return ok, states
     finally:
         comm.close()
+
+
+def all_to_all_case(rank, world, costs, calls, small_rank):
+    """`calls` all_to_alls under RINGCOMM_STREAM=adapt with this rank's faked costs: rank r sends
+    (r + 1) * 4096 floats to every peer, except `small_rank`, which sends 8 (its input under
+    RINGCOMM_STREAM_ADAPT_MIN_BYTES, the others' over it: the call is decided by the largest input
+    in the headers, alike on every rank). Returns (exact, the policy's state after each call, the
+    stores the last calls ran under, from the trace)."""
+    import os
+    import hooked_build
+    hooked_build.use()
+    os.environ["RINGCOMM_TEST_STORE_COST"] = costs[rank]
+    comm = init_under_env(rank, world, "adapt_a2a", {"RINGCOMM_STREAM": "adapt", "RINGCOMM_TRACE": "8"})
+
+    def block(r):
+        return 8 if r == small_rank else (r + 1) * 4096
+    try:
+        ok, states = True, []
+        x = np.concatenate([np.full(block(rank), rank * 100 + j, np.float32) for j in range(world)])
+        want = np.concatenate([np.full(block(i), i * 100 + rank, np.float32) for i in range(world)])
+        for _ in range(calls):
+            out = np.zeros(want.size, np.float32)
+            comm.all_to_all(out, x, output_splits=[block(i) for i in range(world)],
+                            input_splits=[block(rank)] * world)
+            ok = ok and out.tobytes() == want.tobytes()
+            states.append(comm.store_stats())
+        stores = [r["store"] for r in comm.trace() if r["collective"] == "all_to_all"]
+        return ok, states, stores
+    finally:
+        comm.close()

@@ -80,6 +80,30 @@ def test_declined_arrays_get_the_general_paths_errors(comm1):
         comm1.broadcast(np.ones(3, np.float32), root=True)
 
 
+@pytest.mark.parametrize("op", [True, False, 1.0, 0.0, np.ones(2), [0], {"op": 0}, None, "nope"],
+                         ids=lambda o: type(o).__name__ + (f"-{o}" if not hasattr(o, "__len__") else ""))
+def test_values_that_are_not_ops_are_refused_on_every_path(comm1, op):
+    # A bool or a float equals an op's code (True == PRODUCT's 1) and an array or a list is not
+    # hashable: neither may reach the op tables' lookups. Every op-taking call refuses them by name.
+    x = np.ones(4, np.float32)
+    calls = (lambda: comm1.all_reduce(x, op), lambda: comm1.all_reduce(x, op, output=np.empty_like(x)),
+             lambda: comm1.all_reduce(x, op, async_op=True), lambda: comm1.reduce(x, 0, op),
+             lambda: comm1.reduce_scatter(np.empty_like(x), x, op), lambda: comm1.general().all_reduce(x, op))
+    for call in calls:
+        with pytest.raises(ringcomm.InvalidArgumentError, match="unknown reduce op"):
+            call()
+    assert np.array_equal(x, np.ones(4, np.float32))                     # nothing ran
+
+
+@pytest.mark.parametrize("op", [ringcomm.ReduceOp.MAX, 3, np.int64(3), np.uint8(3), "max", "MAX"],
+                         ids=lambda o: type(o).__name__)
+def test_every_spelling_of_an_op_is_taken(comm1, op):
+    x = np.arange(4, dtype=np.float32)
+    comm1.all_reduce(x, op)
+    comm1.reduce(x, 0, op)
+    assert np.array_equal(x, np.arange(4, dtype=np.float32))
+
+
 def test_entries_are_builtins_bound_to_their_communicator(comm1):
     f = comm1._c.sync_all_reduce
     x = np.ones(4, np.float32)

@@ -104,3 +104,27 @@ def test_leaving_cached_takes_the_wide_margin_coming_back_the_narrow(back, want,
     assert second["current"] == want
     # streaming at 0.6x cached is not under 0.55x: a rank in cached stores does not leave them
     assert third["current"] == want
+
+
+@pytest.mark.parametrize("world,small_rank", [(2, None), (2, 0), (3, 1)])
+def test_all_to_all_is_decided_after_its_exchange(world, small_rank, store_env):
+    # Every call is eligible (the largest input is at least 16 KiB on every rank's reading), so
+    # the first exploration is call 128 and the call after it switches to streaming, which the
+    # calls then run under although each header keeps the selection's (cached) store.
+    from store_adapt_cases import all_to_all_case
+    results = spawn(all_to_all_case, world, args=(["4,1"] * world, 140, small_rank), timeout=150, env=store_env)
+    assert all(ok for ok, _, _ in results), "results not exact"
+    states = [s for _, s, _ in results]
+    assert all(s == states[0] for s in states), "the ranks' agreed states differ"
+    assert [s["eligible"] for s in states[0]] == list(range(1, 141))
+    assert states[0][126]["current"] == "cached" and states[0][127]["explorations"] == 1
+    assert states[0][128]["current"] == "streaming" and states[0][-1]["switches"] == 1
+    assert all(stores == ["streaming"] * 8 for _, _, stores in results), [s for _, _, s in results]
+
+
+def test_small_all_to_all_is_left_out(store_env):
+    from store_adapt_cases import all_to_all_case
+    results = spawn(all_to_all_case, 2, args=(["4,1"] * 2, 3, None), timeout=150,
+                    env={**store_env, "RINGCOMM_STREAM_ADAPT_MIN_BYTES": "1M"})
+    assert all(ok for ok, _, _ in results)
+    assert all(s["eligible"] == 0 and stores == ["cached"] * 3 for _, states, stores in results for s in states)

@@ -29,6 +29,8 @@ DeviceCaps HostDevice::caps_for(const ShmConfig& cfg) {
   return d;
 }
 
+void HostDevice::set_store(Store s) { coll_.set_streaming(s == Store::kStreaming); }
+
 std::shared_ptr<DeviceFence> HostDevice::execute(Coll coll, const CollHeader& h, void*, AlgoCtx& c,
                                                  FunctionRef<void(const AlgoCtx&)> body) {
   coll_.set_streaming(h.store == static_cast<uint8_t>(Store::kStreaming));

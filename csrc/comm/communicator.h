@@ -47,6 +47,7 @@ class HostDevice final : public CommDevice {
   void abort(uint32_t kind, const std::string& msg) override { transport_.abort(kind, msg); }
   std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
                                        FunctionRef<void(const AlgoCtx&)> body) override;
+  void set_store(Store s) override;
   Channel& p2p_channel() override { return p2p_; }
   void close(bool broken) override {
     split_.reset();

@@ -298,18 +298,37 @@ void CommCore::execute(Task& t) {
   // RINGCOMM_STREAM=adapt: this call's store and this rank's vote go into its header before
   // anything of the call moves (a header_in_slot piece goes before the header). It decides only
   // the calls it finds eligible, alike on every rank (header fields the exchange checks); on the
-  // others no rank votes and its state does not change, so they leave it out.
-  const int64_t adapt_bytes =
+  // others no rank's vote counts and its state does not change, so they leave it out. An
+  // all_to_all's sizes differ per rank and its header goes first: its vote goes into its header,
+  // and its eligibility and store are decided after the exchange from every rank's header, alike
+  // on every rank; the header's store stays the selection's, the body runs under the picked one.
+  int64_t adapt_bytes =
       adapt_ != nullptr && coll != Coll::kRejected && coll != Coll::kBarrier ? selection_bytes(coll, t.hdr) : 0;
-  const bool adapting = adapt_bytes > 0 && adapt_->eligible(adapt_bytes, static_cast<Proto>(t.hdr.proto));
+  const Proto proto = static_cast<Proto>(t.hdr.proto);
+  bool adapting = adapt_bytes > 0 && adapt_->eligible(adapt_bytes, proto);
+  const bool adapt_after_exchange =
+      adapt_ != nullptr && coll == Coll::kAllToAll && (proto == Proto::kSimple || proto == Proto::kCMA);
   if (adapting) {
     t.hdr.store = static_cast<uint8_t>(adapt_->pick(adapt_bytes));
     t.hdr.flags |= adapt_->vote();
+  } else if (adapt_after_exchange) {
+    t.hdr.flags |= adapt_->vote();
   }
+  Store run_store = static_cast<Store>(t.hdr.store);
   // The call's time for the policy: its first piece's copy (where one goes before the header) and
   // everything after the headers are in, but not the wait for them, which a late peer lengthens.
   int64_t adapt_ns = 0, adapt_t0 = 0;
   auto agreed = [&] {
+    if (adapt_after_exchange) {
+      // Under the cma protocol the call moves through slots unless every rank's blocks qualify.
+      const bool through_slots = proto == Proto::kSimple || !cma_all_to_all_agreed(headers_);
+      adapt_bytes = through_slots ? largest_input_bytes(headers_) : 0;
+      adapting = adapt_bytes > 0 && adapt_->eligible(adapt_bytes, Proto::kSimple);
+      if (adapting) {
+        run_store = adapt_->pick(adapt_bytes);
+        dev_->set_store(run_store);
+      }
+    }
     if (!adapting) return;
     adapt_->agree(headers_);
     adapt_t0 = now_ns();
@@ -378,7 +397,9 @@ void CommCore::execute(Task& t) {
       w.seq = seq;
       dev_->control().check_peers(w, false);
       if (tr) {
-        trace_headers_seen(*tr, coll, headers[rank_]);
+        CollHeader ran = headers[rank_];
+        ran.store = static_cast<uint8_t>(run_store);
+        trace_headers_seen(*tr, coll, ran);
         tr->t[kTraceFirstSlot] = tr->t[kTraceHeaderSeen];
       }
       route.body(cc, t.args, headers);
@@ -389,12 +410,14 @@ void CommCore::execute(Task& t) {
   } else {
     exchange_headers(dev_->control(), rank_, world_, seq, coll, hdr, headers_, hooks, xs);
     agreed();
-    if (tr) trace_headers_seen(*tr, coll, headers[rank_]);
+    CollHeader run = hdr;
+    run.store = static_cast<uint8_t>(run_store);
+    if (tr) trace_headers_seen(*tr, coll, run);
     auto body = [&](const AlgoCtx& cc) { route.body(cc, t.args, headers); };
-    fence = dev_->execute(coll, hdr, l.stream, c, body);
+    fence = dev_->execute(coll, run, l.stream, c, body);
   }
   if (adapting) {
-    const Store used = static_cast<Store>(hdr.store);
+    const Store used = run_store;
     int64_t ns = adapt_ns + (now_ns() - adapt_t0);
 #ifdef RINGCOMM_TEST_HOOKS
     ns = test_hooks::store_cost_ns(used == Store::kStreaming, adapt_bytes, ns);

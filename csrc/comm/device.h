@@ -45,6 +45,10 @@ class CommDevice {
   /// running on the device (nullptr: nothing). Called by one thread at a time.
   virtual std::shared_ptr<DeviceFence> execute(Coll coll, const CollHeader& h, void* stream, AlgoCtx& c,
                                                FunctionRef<void(const AlgoCtx&)> body) = 0;
+  /// Inside execute()'s body, after the header exchange and before any slot is written: set the
+  /// channel's store policy to `s` instead of h.store (an all_to_all's store is decided from
+  /// every rank's header: comm/core.cpp). A device without streaming stores ignores it.
+  virtual void set_store(Store s) {}
 
   /// On the caller's thread, when a collective is submitted (before it is numbered): throw what
   /// the device cannot run now (the CUDA device: a call that would wait on the host while the

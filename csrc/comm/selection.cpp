@@ -1,5 +1,6 @@
 #include "comm/selection.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -283,6 +284,13 @@ int64_t selection_bytes(Coll coll, const CollHeader& h) {
     default:
       return 0;
   }
+}
+
+int64_t largest_input_bytes(const std::vector<CollHeader>& headers) {
+  int64_t most = 0;
+  for (const CollHeader& h : headers)
+    most = std::max(most, h.count > 0 ? h.count * static_cast<int64_t>(dtype_size(static_cast<DType>(h.dtype))) : 0);
+  return most;
 }
 
 std::string describe_selection(int world, const SelectionKnobs& k, const DeviceCaps& caps) {

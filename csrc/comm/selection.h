@@ -128,6 +128,9 @@ bool cma_all_to_all_agreed(const std::vector<CollHeader>& headers);
 
 /// The bytes select() is given for a header (see select()).
 int64_t selection_bytes(Coll coll, const CollHeader& h);
+/// The largest input among the ranks' headers, in bytes (an all_to_all's size for the store
+/// policy: alike on every rank once the headers are exchanged, where each rank's own differs).
+int64_t largest_input_bytes(const std::vector<CollHeader>& headers);
 
 /// One line for the INFO log: the rule select() applies for this world and these knobs.
 std::string describe_selection(int world, const SelectionKnobs& k, const DeviceCaps& caps);

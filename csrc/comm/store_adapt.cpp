@@ -32,8 +32,9 @@ Store StoreAdapt::pick(int64_t bytes) {
 uint8_t StoreAdapt::vote() const {
   // Only the call after an exploration votes, on the explored size class: then both stores'
   // figures are fresh. Between explorations the other store's figure may date from another
-  // placement, and votes on it would flip the store back and forth.
-  if (explored_ || !vote_due_) return 0;
+  // placement, and votes on it would flip the store back and forth. An exploring call (pick()'s
+  // rule, from agreed state) does not vote.
+  if (until_explore_ <= 1 || !vote_due_) return 0;
   const auto& t = timing_[vote_class_];
   if (t[0].samples == 0 || t[1].samples == 0) return 0;
   const double cached = t[0].least(), stream = t[1].least();

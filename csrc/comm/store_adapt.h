@@ -54,15 +54,18 @@ class StoreAdapt {
 
   explicit StoreAdapt(const Params& p) : p_(p), interval_(p.explore_first), until_explore_(p.explore_first) {}
 
-  /// Whether a call of `bytes` (select()'s size) under `proto` is the policy's to decide. The
-  /// calls below are made for eligible calls only, in this order, once per call; the others
-  /// leave the policy out (no rank votes on them, and they change no state).
+  /// Whether a call of `bytes` under `proto` is the policy's to decide: `bytes` is select()'s
+  /// size, or for an all_to_all (whose sizes differ per rank) the largest input in the ranks'
+  /// headers, known after its exchange. pick(), agree() and observe() are made for eligible
+  /// calls only, in this order, once per call; the others leave the policy out (their votes are
+  /// not counted, and they change no state). vote() depends on agreed state alone, so a call
+  /// whose eligibility is known only after its exchange carries it in its header all the same.
   bool eligible(int64_t bytes, Proto proto) const {
     return bytes >= p_.min_bytes && (proto == Proto::kSimple || proto == Proto::kHeaderInSlot);
   }
   /// The store of the call (before its exchange); changes no agreed state.
   Store pick(int64_t bytes);
-  /// This rank's vote, for its header (CollHeader::flags bits).
+  /// This rank's vote, for its header (CollHeader::flags bits), before or after pick().
   uint8_t vote() const;
   /// After the call's exchange: every rank's header, alike on every rank.
   void agree(const std::vector<CollHeader>& headers);

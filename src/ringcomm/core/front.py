@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .errors import ClosedError, InvalidArgumentError, RingcommError, UnsupportedError
-from .tables import OPS_FOR_DTYPE, OPS_SUPPORTED, ReduceOp, op_code, unsupported_op_message
+from .tables import OP_TYPES, OPS_FOR_DTYPE, OPS_SUPPORTED, ReduceOp, op_code, unsupported_op_message
 
 __all__ = ["CommunicatorBase", "CoreBackEnd", "check_splits", "chunk_count"]
 
@@ -181,7 +181,7 @@ class CommunicatorBase:
 
     def _op_for(self, coll, op, b) -> int:
         """The code of reduce op ``op``, checked against buffer ``b``'s dtype."""
-        opc = OPS_FOR_DTYPE[b.code].get(op)
+        opc = OPS_FOR_DTYPE[b.code].get(op) if op.__class__ in OP_TYPES else None
         if opc is None:
             opc = self._op(coll, op)
             if not OPS_SUPPORTED[b.code] >> opc & 1:
@@ -247,7 +247,7 @@ class CommunicatorBase:
         else:
             bo = be._buf("all_reduce", output, "output", True)
             be._same_count("all_reduce", bi, bo)
-        opc = OPS_FOR_DTYPE[bi.code].get(op)     # _op_for, inlined on the latency-critical path
+        opc = OPS_FOR_DTYPE[bi.code].get(op) if op.__class__ in OP_TYPES else None  # _op_for, inlined
         if opc is None:
             opc = be._op_for("all_reduce", op, bi)
         h = be._issue_all_reduce(bi, bo, opc, async_op, stream)

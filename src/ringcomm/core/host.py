@@ -18,15 +18,17 @@ from .cpus import node_ranks, place_rank
 from .errors import InvalidArgumentError, MismatchError, PeerFailureError, RingcommError, from_code
 from .front import _SUM, CoreBackEnd
 from .rendezvous import GenerationSuperseded, exchange_segment_names, forget_segment_name
-from .tables import op_codes_by_value
+from .tables import OP_TYPES, op_codes_by_value
 from .work import CoreWork
 
 __all__ = ["Communicator", "GeneralPath", "shm_communicator"]
 
 _NDARRAY = np.ndarray
 # Reduce op (a ReduceOp or its int code) -> code; the synchronous entry checks the pair against
-# the dtype itself.
+# the dtype itself. Looked up only for an op of OP_TYPES (tables.py); any other goes the general
+# way, which names what is wrong with it.
 _OP_CODES = op_codes_by_value()
+_OP_TYPES = OP_TYPES
 
 
 class Communicator(CoreBackEnd):
@@ -99,7 +101,7 @@ class Communicator(CoreBackEnd):
 
     def all_reduce(self, x, op=_SUM, async_op: bool = False, output=None, stream=None):
         if not async_op and stream is None and output is not x:
-            opc = _OP_CODES.get(op)
+            opc = _OP_CODES.get(op) if op.__class__ in _OP_TYPES else None
             if opc is not None and self._sync_all_reduce(x, output, opc):
                 return None
         return CoreBackEnd.all_reduce(self, x, op, async_op, output, stream)
@@ -111,7 +113,7 @@ class Communicator(CoreBackEnd):
 
     def reduce_scatter(self, output, input, op=_SUM, async_op: bool = False, stream=None):
         if not async_op and stream is None:
-            opc = _OP_CODES.get(op)
+            opc = _OP_CODES.get(op) if op.__class__ in _OP_TYPES else None
             if opc is not None and self._sync_reduce_scatter(output, input, opc):
                 return None
         return CoreBackEnd.reduce_scatter(self, output, input, op, async_op, stream)
@@ -123,7 +125,7 @@ class Communicator(CoreBackEnd):
 
     def reduce(self, x, root: int = 0, op=_SUM, async_op: bool = False, output=None, stream=None):
         if not async_op and stream is None and output is not x:
-            opc = _OP_CODES.get(op)
+            opc = _OP_CODES.get(op) if op.__class__ in _OP_TYPES else None
             if opc is not None and self._sync_reduce(x, output, opc, root):
                 return None
         return CoreBackEnd.reduce(self, x, root, op, async_op, output, stream)

@@ -11,6 +11,7 @@ extension nor torch.
 from __future__ import annotations
 
 import enum
+import operator
 import os
 import re
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Optional
 from .errors import InvalidArgumentError
 
 __all__ = ["DType", "DTYPES", "DTYPE_CODES", "DTYPE_NAMES", "ITEMSIZE", "SUPPORTED_DTYPES",
-           "FLOATING", "INTEGER", "ReduceOp", "OP_NAMES", "TORCH_OPS", "op_code", "op_supported",
+           "FLOATING", "INTEGER", "ReduceOp", "OP_NAMES", "OP_TYPES", "TORCH_OPS", "op_code", "op_supported",
            "COLL_CODES", "coll_code", "torch_dtype_codes", "DATA_DIR", "ABI_INCLUDE", "ABI_HEADER"]
 
 #: The package data the build copies beside the modules (setup.py, CMakeLists.txt): the header
@@ -105,9 +106,12 @@ OP_NAMES = tuple(o.name for o in ReduceOp)           # indexed by code
 #: torch.distributed op of each name means the entry's op of that name on every dtype.
 TORCH_OPS = tuple(name for (name,) in _ABI["RC_TORCH_OPS"])
 
-# op (a ReduceOp or its int code) -> code: the per-call lookup, no enum construction.
+# op (a ReduceOp or its int code) -> code: the per-call lookup, no enum construction. Only
+# values of OP_TYPES may be looked up: a bool or a float equals an int key (True would find
+# PRODUCT), and an array or a list is not hashable.
 _OP_CACHE = {o: int(o) for o in ReduceOp}
 _OP_CACHE.update({int(o): int(o) for o in ReduceOp})
+OP_TYPES = frozenset((ReduceOp, int))
 
 
 def op_codes_by_value() -> dict:
@@ -116,9 +120,9 @@ def op_codes_by_value() -> dict:
 
 
 def op_code(op) -> int:
-    """The code of ``op``: a ReduceOp, its int code or its (case-insensitive) name.
-    InvalidArgumentError for anything else."""
-    code = _OP_CACHE.get(op) if not isinstance(op, bool) else None
+    """The code of ``op``: a ReduceOp, its int code (a Python or numpy integer) or its
+    (case-insensitive) name. InvalidArgumentError for anything else: a bool, a float, an array."""
+    code = _OP_CACHE.get(op) if op.__class__ in OP_TYPES else None
     if code is not None:
         return code
     if isinstance(op, str):
@@ -128,9 +132,12 @@ def op_code(op) -> int:
             raise InvalidArgumentError(f"ringcomm: unknown reduce op {op!r}; use one of "
                                        f"{', '.join(OP_NAMES)}") from None
     try:
-        return int(ReduceOp(int(op)))
+        if isinstance(op, bool):
+            raise TypeError
+        return int(ReduceOp(operator.index(op)))
     except (ValueError, TypeError):
-        raise InvalidArgumentError(f"ringcomm: unknown reduce op {op!r}") from None
+        raise InvalidArgumentError(f"ringcomm: unknown reduce op {op!r} ({type(op).__name__}); use a "
+                                   f"ringcomm.ReduceOp, its code or its name") from None
 
 
 def _supported_mask(d: DType) -> int:
