@@ -104,6 +104,28 @@ def test_every_spelling_of_an_op_is_taken(comm1, op):
     assert np.array_equal(x, np.arange(4, dtype=np.float32))
 
 
+@pytest.mark.parametrize("root", [np.int64(0), np.int32(0), np.uint8(0)], ids=lambda r: type(r).__name__)
+def test_numpy_integer_roots_are_ranks(comm1, root):
+    x = np.arange(4, dtype=np.float32)
+    comm1.broadcast(x, root)
+    comm1.broadcast(x, root, async_op=True).wait()
+    comm1.reduce(x, root)
+    out = np.zeros(4, np.float32)
+    comm1.gather(out, x, root)
+    back = np.zeros(4, np.float32)
+    comm1.scatter(back, out, root)
+    assert np.array_equal(back, np.arange(4, dtype=np.float32))
+
+
+@pytest.mark.parametrize("root", [True, 0.0, "0", None, [0]], ids=lambda r: type(r).__name__)
+def test_roots_that_are_not_integers_are_named(comm1, root):
+    x = np.ones(4, np.float32)
+    for call in (lambda: comm1.broadcast(x, root), lambda: comm1.reduce(x, root),
+                 lambda: comm1.gather(np.zeros(4, np.float32), x, root)):
+        with pytest.raises(ringcomm.InvalidArgumentError, match="is not a rank: pass an integer"):
+            call()
+
+
 def test_entries_are_builtins_bound_to_their_communicator(comm1):
     f = comm1._c.sync_all_reduce
     x = np.ones(4, np.float32)

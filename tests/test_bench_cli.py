@@ -411,3 +411,30 @@ def test_ab_compare_paired_judges_the_pairs_ratios(tmp_path):
     uneven = subprocess.run([sys.executable, str(script), "--paired", *old, "--", *new[:2]],
                             capture_output=True, text=True, timeout=60)
     assert uneven.returncode == 2 and "as many" in uneven.stdout
+
+
+def test_ab_compare_near_keeps_the_pairs_run_near(tmp_path):
+    # Pair 2's new run began far (420 ns) and is slow; pair 3's old run has no probe reading (an
+    # older build): --near 150 judges pair 1 alone, and says how many pairs it kept.
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ab" / "ab_compare.py"
+
+    def run(name, us, probe):
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps({"probe_ns": probe, "medians_us": {"all_reduce": {"65536": us}}}))
+        return str(f)
+
+    old = [run("o1", 10.0, [90, 88]), run("o2", 10.0, [91, 89]), run("o3", 10.0, [None, 90])]
+    new = [run("n1", 10.2, [87, 92]), run("n2", 30.0, [420, 95]), run("n3", 10.1, [90, 90])]
+
+    def compare(*flags):
+        return subprocess.run([sys.executable, str(script), "--paired", *flags, *old, "--", *new],
+                              capture_output=True, text=True, timeout=60)
+    assert compare().returncode == 0                      # the pairs' median (1.02) hides pair 2
+    near = compare("--near", "150")
+    assert near.returncode == 0 and "probe <= 150 ns): 1 of 3" in near.stdout, near.stdout
+    assert "| all_reduce | 64 KiB | 10.0 | 10.2 | 1.020 | 1.020 | <= 1.10: ok |" in near.stdout, near.stdout
+    none = compare("--near", "50")
+    assert none.returncode == 2 and "0 of 3" in none.stdout
+    unpaired = subprocess.run([sys.executable, str(script), "--near", "150", *old, "--", *new],
+                              capture_output=True, text=True, timeout=60)
+    assert unpaired.returncode == 2 and "needs --paired" in unpaired.stdout

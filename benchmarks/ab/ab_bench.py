@@ -80,6 +80,17 @@ def _rank(comm, sizes, colls, pin):
     return out
 
 
+def _probe():
+    """The cross-CPU probe's round trip (ns) between the first two CPUs this process may run on
+    (ranks 0 and 1 when pinned), or None where there is one CPU or the build has no probe."""
+    cpus = sorted(os.sched_getaffinity(0))
+    try:
+        from ringcomm import _C
+        return float(_C._cpu_pair(cpus[0], cpus[1])["round_trip_ns"]) if len(cpus) > 1 else None
+    except (AttributeError, RuntimeError, OSError):
+        return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-np", type=int, default=2)
@@ -99,8 +110,11 @@ def main() -> None:
     if bad:
         ap.error(f"--colls: unknown {', '.join(bad)} (known: {', '.join(ALL_COLLS)})")
     sizes = [_parse_size(s) for s in a.sizes.split(",")] if a.sizes else SIZES
+    before = _probe()
     res = ringcomm.launch(_rank, a.np, args=(sizes, colls, not a.no_pin), timeout=900)
-    report = {"ringcomm": ringcomm.__file__, "np": a.np, "medians_us": {}}
+    # The host may move the vCPUs nearer and farther apart between and during runs
+    # (docs/benchmarks.md); ab_compare.py --near keeps the pairs run near at both ends.
+    report = {"ringcomm": ringcomm.__file__, "np": a.np, "probe_ns": [before, _probe()], "medians_us": {}}
     for coll in colls:
         report["medians_us"][coll] = {
             str(n): float(np.median(np.max(np.array([r[coll][n] for r in res]), axis=0)) * 1e6)

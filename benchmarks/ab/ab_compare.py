@@ -9,6 +9,10 @@ busbw - equivalently time - within 5% at >= 1 MiB).
 each): the verdict is on the median over the pairs of new_k / old_k, which a machine whose speed
 drifts between states that last several runs moves far less than the ratio of the two sides'
 medians (a run in a slow state and its partner share it). Both ratios are printed.
+
+--near NS (with --paired): judge only the pairs whose two runs read the cross-CPU probe at most NS
+ns before and after (``probe_ns`` in ab_bench.py's JSON): on a VM whose host moves the vCPUs
+apart for spells, a pair whose sides met different placements compares the placements.
 """
 from __future__ import annotations
 
@@ -18,8 +22,13 @@ import statistics
 import sys
 
 
-def _runs(paths):
-    return [json.load(open(p))["medians_us"] for p in paths]
+def _load(paths):
+    return [json.load(open(p)) for p in paths]
+
+
+def _near(run, ns) -> bool:
+    probes = run.get("probe_ns") or [None]
+    return all(p is not None and p <= ns for p in probes)
 
 
 def _median(runs):
@@ -46,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 usage="%(prog)s [--paired] OLD.json ... -- NEW.json ...")
     p.add_argument("--paired", action="store_true",
                    help="the runs were taken in pairs (old_k, new_k): judge the median of the pairs' ratios")
+    p.add_argument("--near", type=float, default=None, metavar="NS",
+                   help="with --paired: only the pairs whose runs read the cross-CPU probe at most NS ns at both ends")
     p.add_argument("runs", nargs=argparse.REMAINDER, action=_Sides, metavar="OLD.json ... -- NEW.json ...")
     return p
 
@@ -53,10 +64,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     paired = a.paired
-    old_runs, new_runs = _runs(a.old), _runs(a.new)
-    if paired and len(old_runs) != len(new_runs):
-        print(f"--paired needs as many old runs as new ones ({len(old_runs)} and {len(new_runs)})")
+    old_json, new_json = _load(a.old), _load(a.new)
+    if paired and len(old_json) != len(new_json):
+        print(f"--paired needs as many old runs as new ones ({len(old_json)} and {len(new_json)})")
         return 2
+    if a.near is not None:
+        if not paired:
+            print("--near needs --paired")
+            return 2
+        kept = [(o, n) for o, n in zip(old_json, new_json) if _near(o, a.near) and _near(n, a.near)]
+        print(f"pairs near at both ends of both runs (probe <= {a.near:g} ns): {len(kept)} of {len(old_json)}")
+        if not kept:
+            return 2
+        old_json, new_json = [o for o, _ in kept], [n for _, n in kept]
+    old_runs, new_runs = [r["medians_us"] for r in old_json], [r["medians_us"] for r in new_json]
     old, new = _median(old_runs), _median(new_runs)
     print(f"old runs: {len(old_runs)}, new runs: {len(new_runs)}" + (" (paired)" if paired else ""))
     print("| collective | size | old us | new us | new/old | " + ("pairs' median new/old | " if paired else "")

@@ -26,6 +26,7 @@ calls have no header exchange: their argument errors are raised on the calling r
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence
 
 from .errors import ClosedError, InvalidArgumentError, RingcommError, UnsupportedError
@@ -34,6 +35,17 @@ from .tables import OP_TYPES, OPS_FOR_DTYPE, OPS_SUPPORTED, ReduceOp, op_code, u
 __all__ = ["CommunicatorBase", "CoreBackEnd", "check_splits", "chunk_count"]
 
 _SUM = ReduceOp.SUM
+
+
+def _integer(v):
+    """``v`` as a Python int where it is an integer (a Python or numpy integer, anything with
+    ``__index__``), else None: a bool, a float or a string is not a rank."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
 
 
 def check_splits(coll: str, splits, count: int, world_size: int, what: str) -> list:
@@ -194,10 +206,14 @@ class CommunicatorBase:
                 f"ringcomm: {coll}: input dtype {a.dtype} and output dtype {b.dtype} differ"))
 
     def _root(self, coll, root) -> int:
-        if not isinstance(root, int) or isinstance(root, bool) or not (0 <= root < self.world_size):
+        r = _integer(root)
+        if r is None:
+            self._reject(coll, InvalidArgumentError(
+                f"ringcomm: {coll}: root {root!r} ({type(root).__name__}) is not a rank: pass an integer"))
+        if not 0 <= r < self.world_size:
             self._reject(coll, InvalidArgumentError(
                 f"ringcomm: {coll}: root {root!r} is out of range for world size {self.world_size}"))
-        return root
+        return r
 
     def _splits(self, coll, splits, count, what):
         try:
@@ -211,11 +227,12 @@ class CommunicatorBase:
                 f"ringcomm: {coll}: stream= applies to CUDA arrays; these arrays are in host memory"))
 
     def _peer(self, what, p) -> int:
-        if not isinstance(p, int) or isinstance(p, bool) or not (0 <= p < self.world_size) or p == self.rank:
+        r = _integer(p)
+        if r is None or not (0 <= r < self.world_size) or r == self.rank:
             raise InvalidArgumentError(
                 f"ringcomm: {what}: peer {p!r} must be another rank in [0, {self.world_size}) "
                 f"(this is rank {self.rank})")
-        return p
+        return r
 
     def _same_count(self, coll, bi, bo):
         self._same_dtype(coll, bi, bo)
