@@ -219,7 +219,7 @@ class Knobs:
     @property
     def stream_adapt_min_bytes(self) -> int:
         """
-        RINGCOMM_STREAM_ADAPT_MIN_BYTES: RINGCOMM_STREAM=adapt decides the store of collectives of at least this many bytes through slots (the message size; all_to_all never); smaller ones stay cached; must be equal on every rank
+        RINGCOMM_STREAM_ADAPT_MIN_BYTES: RINGCOMM_STREAM=adapt decides the store of collectives of at least this many bytes through slots (the message size; for an all_to_all the largest rank's input); smaller ones stay cached; must be equal on every rank
         """
     @property
     def stream_min_bytes(self) -> int:
