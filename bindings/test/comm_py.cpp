@@ -1,6 +1,7 @@
 // ringcomm._C_test: the communicator's numbering (CommCoreTestAccess) and forged header
 // (comm/test_hooks.h), the test knobs (common/test_knobs.def), the pure ring
-// schedule, the header board's word, the segment's size, and the ABI tables as compiled.
+// schedule, the header board's word, the segment's size, the slots' walk, and the ABI tables as
+// compiled.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -20,11 +21,14 @@
 #include "ringcomm/abi.h"
 #include "transport/cpu_facts.h"
 #include "transport/shm_config.h"
+#include "transport/shm_slots.h"
 #include "transport/shm_types.h"
 
 namespace py = pybind11;
 
 void bind_test_comm(py::module_& m) {
+  m.def("slot_walk", &rc::slot_walk, py::arg("lap"), py::arg("bytes"), py::arg("span"),
+        "The push channels' walk (transport/shm_slots.h): a piece's offset past the placement's.");
   m.def("set_last_seq", [](rc::Communicator& c, uint64_t last) { rc::CommCoreTestAccess::set_last_seq(c, last); },
         py::arg("comm"), py::arg("last"));
   // The next collective's header (a rejection excepted) carries these counts instead of the

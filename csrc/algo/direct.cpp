@@ -214,7 +214,7 @@ void rs_direct_piece(const AlgoCtx& c, const Chunks& ch, const char* in, char* o
       send_copy(c, p, in + o * es, o, m, w1);
       return true;
     }
-    char* dst = c.ch->try_send_slot(p, place(c, in + o * es, o));
+    char* dst = c.ch->try_send_slot(p, place(c, in + o * es, o, m));
     if (dst == nullptr) return false;
     c.ch->copy_into_slot(dst, in + o * es, static_cast<size_t>(m) * es);
     c.ch->send_post(p, static_cast<uint64_t>(m) * es, 0, c.seq);

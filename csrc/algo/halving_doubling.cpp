@@ -163,7 +163,7 @@ void exchange(const AlgoCtx& c, int peer, const std::vector<Seg>& out, const std
     if (i < ns) {
       const size_t bytes = std::min(pb, so - i * pb);
       while (out[oi].bytes == ooff) ++oi, ooff = 0;
-      char* dst = c.ch->send_slot(peer, w, PiecePlace{out[oi].p + ooff, -1});
+      char* dst = c.ch->send_slot(peer, w, PiecePlace{out[oi].p + ooff, -1, static_cast<int64_t>(bytes)});
       for (size_t done = 0; done < bytes;) {
         while (out[oi].bytes == ooff) ++oi, ooff = 0;
         const size_t take = std::min(bytes - done, out[oi].bytes - ooff);

@@ -27,10 +27,11 @@ inline void piece_bounds(int64_t off, int64_t cnt, int64_t j, int64_t pe, int64_
   *n = std::max<int64_t>(0, std::min<int64_t>(pe, cnt - start));
 }
 
-/// The place of a piece read from `like` at element offset `o` of the full buffer (o < 0: the
-/// two ends' offsets differ, as in the direct exchanges).
-inline PiecePlace place(const AlgoCtx& c, const void* like, int64_t o) {
-  return PiecePlace{like, o >= 0 ? o * static_cast<int64_t>(c.esize) : -1};
+/// The place of a piece of m elements read from `like` at element offset `o` of the full buffer
+/// (o < 0: the two ends' offsets differ, as in the direct exchanges; m 0: the receiver's side).
+inline PiecePlace place(const AlgoCtx& c, const void* like, int64_t o, int64_t m = 0) {
+  const int64_t es = static_cast<int64_t>(c.esize);
+  return PiecePlace{like, o >= 0 ? o * es : -1, m * es};
 }
 
 /// Copy m elements from src (full-buffer element offset o, or -1) into the next slot to `peer`
@@ -38,7 +39,7 @@ inline PiecePlace place(const AlgoCtx& c, const void* like, int64_t o) {
 inline void send_copy(const AlgoCtx& c, int peer, const char* src, int64_t o, int64_t m, const WaitCtx& w,
                       uint64_t total = 0) {
   const size_t bytes = static_cast<size_t>(m) * c.esize;
-  char* dst = c.ch->send_slot(peer, w, place(c, src, o));
+  char* dst = c.ch->send_slot(peer, w, place(c, src, o, m));
   if (bytes > 0) c.ch->copy_into_slot(dst, src, bytes);
   c.ch->send_post(peer, bytes, total, c.seq);
   if (c.trace) c.trace->slot_sent();
@@ -54,7 +55,7 @@ inline void send_copy_all(const AlgoCtx& c, const char* src, int64_t o, int64_t 
     return;
   }
   const size_t bytes = static_cast<size_t>(m) * c.esize;
-  char* dst = c.ch->send_slot_all(w, place(c, src, o));
+  char* dst = c.ch->send_slot_all(w, place(c, src, o, m));
   if (bytes > 0) c.ch->copy_into_slot(dst, src, bytes);
   c.ch->send_post_all(bytes, 0, c.seq);
   if (c.trace) c.trace->slot_sent();
@@ -63,7 +64,7 @@ inline void send_copy_all(const AlgoCtx& c, const char* src, int64_t o, int64_t 
 /// The fused step: the next slot to `peer` = a (op) b over m elements (full-buffer offset o), published.
 inline void send_reduced(const AlgoCtx& c, int peer, const char* a, const char* b, int64_t o, int64_t m, ReduceOp op,
                          const WaitCtx& w) {
-  char* dst = c.ch->send_slot(peer, w, place(c, a, o));
+  char* dst = c.ch->send_slot(peer, w, place(c, a, o, m));
   c.ch->reduce_into_slot(dst, a, b, static_cast<size_t>(m), c.dtype, op);
   c.ch->send_post(peer, static_cast<uint64_t>(m) * c.esize, 0, c.seq);
   if (c.trace) c.trace->slot_sent();

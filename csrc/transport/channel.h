@@ -31,6 +31,9 @@ struct PiecePlace {
   /// The piece's byte offset within the collective's full buffer, computed alike by sender and
   /// receiver; -1 when the two ends' offsets differ (direct exchanges).
   int64_t off_bytes = -1;
+  /// The piece's bytes (sender side; 0: not known). A channel may move a small piece about its
+  /// slot with it (transport/shm_slots.h, the walk); the receiver finds it from the slot's meta.
+  int64_t bytes = 0;
 };
 
 // The primitives every channel implements, declared once: RC_CHANNEL_PRIMITIVES(virtual, = 0)

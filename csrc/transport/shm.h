@@ -54,13 +54,14 @@ class ShmTransport : public ShmControl {
   char* send_slot(int peer, Lane lane, const WaitCtx& w, const void* like = nullptr) {
     return send_slot_at(peer, lane, w, page_offset(like));
   }
-  /// send_slot with the payload `offset` (< 4096) bytes into the slot, chosen by the caller.
-  char* send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset);
+  /// send_slot with the payload `offset` (< 4096) bytes into the slot, chosen by the caller; a
+  /// push channel's slot adds the walk for a piece of `bytes` (0: none; transport/shm_slots.h).
+  char* send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset, size_t bytes = 0);
   /// Non-blocking: nullptr when no slot is free.
   char* try_send_slot(int peer, Lane lane, const void* like = nullptr) {
     return try_send_slot_at(peer, lane, page_offset(like));
   }
-  char* try_send_slot_at(int peer, Lane lane, uint32_t offset);
+  char* try_send_slot_at(int peer, Lane lane, uint32_t offset, size_t bytes = 0);
   /// The offset of `like` within its 4 KiB page (0 for nullptr).
   static uint32_t page_offset(const void* like) {
     return like ? static_cast<uint32_t>(reinterpret_cast<uintptr_t>(like) & 4095u) : 0u;
@@ -70,7 +71,7 @@ class ShmTransport : public ShmControl {
   /// Outbox layout (has_outbox()), collective lane: one slot that every peer receives as its next
   /// message from this rank (the ring successor through its push channel: send_post_all copies the
   /// payload there). At most one unpublished outbox slot per lane at a time.
-  char* send_slot_all(const WaitCtx& w, uint32_t offset);
+  char* send_slot_all(const WaitCtx& w, uint32_t offset, size_t bytes = 0);
   void send_post_all(uint64_t bytes, uint64_t total, uint64_t tag);
 
   // ---- channel, receiver side ----

@@ -32,16 +32,20 @@ uint32_t ShmChannel::offset_of(const PiecePlace& at) const {
 }
 
 char* ShmChannel::send_slot(int peer, const WaitCtx& w, const PiecePlace& at) {
-  return t_->send_slot_at(peer, lane_, w, offset_of(at));
+  return t_->send_slot_at(peer, lane_, w, offset_of(at), static_cast<size_t>(at.bytes));
 }
 
-char* ShmChannel::try_send_slot(int peer, const PiecePlace& at) { return t_->try_send_slot_at(peer, lane_, offset_of(at)); }
+char* ShmChannel::try_send_slot(int peer, const PiecePlace& at) {
+  return t_->try_send_slot_at(peer, lane_, offset_of(at), static_cast<size_t>(at.bytes));
+}
 
 void ShmChannel::send_post(int peer, uint64_t bytes, uint64_t total, uint64_t tag) {
   t_->send_post(peer, lane_, bytes, total, tag);
 }
 
-char* ShmChannel::send_slot_all(const WaitCtx& w, const PiecePlace& at) { return t_->send_slot_all(w, offset_of(at)); }
+char* ShmChannel::send_slot_all(const WaitCtx& w, const PiecePlace& at) {
+  return t_->send_slot_all(w, offset_of(at), static_cast<size_t>(at.bytes));
+}
 
 void ShmChannel::send_post_all(uint64_t bytes, uint64_t total, uint64_t tag) { t_->send_post_all(bytes, total, tag); }
 

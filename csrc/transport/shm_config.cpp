@@ -164,6 +164,8 @@ ShmConfig ShmConfig::host_from_knobs(const Knobs& k, int world_size, double time
            "RINGCOMM_OUTBOX_SLOTS must be in [2, 1024] and a power of two, got " << out);
   c.far_nslots = static_cast<uint32_t>(out);
   c.outbox = true;
+  RC_CHECK(k.slot_walk_bytes >= 0, InvalidArgument, "RINGCOMM_SLOT_WALK_BYTES must be >= 0, got " << k.slot_walk_bytes);
+  c.slot_walk_bytes = std::min(static_cast<size_t>(k.slot_walk_bytes), c.slot_bytes);
   const int64_t ll = k.ll_max_bytes;
   RC_CHECK(ll >= 0 && ll <= (int64_t{1} << 20), InvalidArgument,
            "RINGCOMM_LL_MAX_BYTES must be in [0, 1M], got " << ll);

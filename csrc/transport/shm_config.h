@@ -65,6 +65,7 @@ struct ShmConfig {
   // far_slot_bytes is clamped to at most slot_bytes.
   bool outbox = false;
   size_t far_slot_bytes = 0;   // RINGCOMM_FAR_SLOT_BYTES
+  size_t slot_walk_bytes = 0;  // RINGCOMM_SLOT_WALK_BYTES (0: no walk; transport/shm_slots.h)
   uint32_t far_nslots = 0;     // RINGCOMM_OUTBOX_SLOTS
   size_t ll_bytes = 0;         // RINGCOMM_LL_MAX_BYTES: data bytes one LL outbox carries
   bool cma = false;            // RINGCOMM_CMA_MIN_BYTES > 0: probe for single-copy reads (shm_cma.h)

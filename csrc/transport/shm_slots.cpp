@@ -54,7 +54,7 @@ char* ShmSlots::pending(int peer, Lane lane) const {
   return segs_.base(peer) + g.data_off + (send_head_[ch] % g.nslots) * g.stride + send_off_[ch];
 }
 
-char* ShmSlots::try_send(int peer, Lane lane, uint32_t offset) {
+char* ShmSlots::try_send(int peer, Lane lane, uint32_t offset, size_t bytes) {
   const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
   const ChanGeom& g = send_geom_[ch];
@@ -62,11 +62,11 @@ char* ShmSlots::try_send(int peer, Lane lane, uint32_t offset) {
   // acquire: the receiver's reads of the slot happen-before our writes into it.
   uint32_t tail = c->tail.v.load(std::memory_order_acquire);
   if (head - tail >= g.nslots) return nullptr;
-  send_off_[ch] = offset;
+  send_off_[ch] = offset + slot_walk(head / g.nslots, bytes, cfg_.slot_walk_bytes);
   return pending(peer, lane);
 }
 
-char* ShmSlots::send(int peer, Lane lane, const WaitCtx& w, uint32_t offset) {
+char* ShmSlots::send(int peer, Lane lane, const WaitCtx& w, uint32_t offset, size_t bytes) {
   const size_t ch = static_cast<size_t>(lane) * world_ + peer;
   ChannelCtl* c = ctl(peer, lane, rank_);
   const ChanGeom& g = send_geom_[ch];
@@ -77,7 +77,7 @@ char* ShmSlots::send(int peer, Lane lane, const WaitCtx& w, uint32_t offset) {
   ww.what = "a free slot";
   waits_.until(&c->tail.v, &c->tail.waiters,
                [&] { return head - c->tail.v.load(std::memory_order_acquire) < g.nslots; }, ww);
-  send_off_[ch] = offset;
+  send_off_[ch] = offset + slot_walk(head / g.nslots, bytes, cfg_.slot_walk_bytes);
   return pending(peer, lane);
 }
 
@@ -102,7 +102,13 @@ const char* ShmSlots::recv_at(int peer, Lane lane, uint32_t tail, const SlotMeta
   const ChanGeom& g = recv_geom_[static_cast<size_t>(lane) * world_ + peer];
   uint32_t slot = tail % g.nslots;
   *meta = slot_meta(rank_, lane, peer, slot);
-  return segs_.base(rank_) + g.data_off + slot * g.stride + (*meta)->offset;
+  // The sender's offset and size, from shared memory: never read past the slot.
+  const uint64_t off = (*meta)->offset, bytes = (*meta)->bytes;
+  if (off > g.stride || bytes > g.stride - off) {
+    RC_THROW(Error, "ringcomm: rank " << rank_ << ": the slot rank " << peer << " filled holds " << bytes
+                                      << " bytes at offset " << off << ", past its " << g.stride << " bytes");
+  }
+  return segs_.base(rank_) + g.data_off + slot * g.stride + off;
 }
 
 const char* ShmSlots::try_recv(int peer, Lane lane, const SlotMeta** meta) {

@@ -15,8 +15,13 @@
 //   of its word (transport/shm_wait.h); on the point-to-point lane it also rings the peer's
 //   doorbell (transport/shm_doorbell.h).
 // The sender keeps its head, and the receiver its tail, in private memory too (each word has
-// exactly one writer). A payload starts `offset` (< 4096) bytes into its slot, recorded in the
-// slot's meta by the sender: each slot has a page of slack for it.
+// exactly one writer). A payload starts `offset` bytes into its slot, recorded in the slot's
+// meta by the sender: the placement's offset (< 4096: each slot has a page of slack for it) plus
+// the walk. Walk: a piece that fits RINGCOMM_SLOT_WALK_BYTES at least twice, at a step of its
+// size rounded up to pages, starts at the next step each time its slot comes round (the slot's
+// lap, head / nslots, modulo the places), so that the sender seldom writes the lines the receiver
+// read last, which it would first have to take back from the receiver's cache. offset + bytes
+// stays within the slot's stride (slot bytes + a page); the receiver checks it.
 //
 // Threading: the sending side of a (lane, peer) is used by one thread at a time (that lane's), and
 // so is the receiving side; a sender holds at most one unpublished slot per peer.
@@ -34,15 +39,25 @@ namespace shm_detail {
 struct ChannelCtl;  // transport/shm_layout.h
 }  // namespace shm_detail
 
+/// The walk (above): the offset, past the placement's, of a piece of `bytes` on lap `lap` of its
+/// slot, with RINGCOMM_SLOT_WALK_BYTES `span` (0: no walk; bytes 0: unknown, no walk). Every
+/// place is a multiple of 4096 and ends within span: offset + bytes <= span + 4095.
+inline uint32_t slot_walk(uint32_t lap, size_t bytes, size_t span) {
+  if (bytes == 0 || span == 0) return 0;
+  const size_t step = (bytes + 4095) / 4096 * 4096;
+  const size_t places = span / step;
+  return places < 2 ? 0 : static_cast<uint32_t>(lap % places * step);
+}
+
 class ShmSlots : private ShmPath {
  public:
   /// `cfg` (normalized), `segs`, `waits` and `bell` are the transport's: they outlive this part.
   ShmSlots(int rank, int world, const ShmConfig& cfg, const ShmSegments& segs, ShmWaits& waits, ShmDoorbell& bell);
 
-  /// The next free slot to `peer` with the payload `offset` bytes in: waiting (bounded) or not
-  /// (nullptr when none is free).
-  char* send(int peer, Lane lane, const WaitCtx& w, uint32_t offset);
-  char* try_send(int peer, Lane lane, uint32_t offset);
+  /// The next free slot to `peer` with the payload `offset` bytes in, plus the walk for a piece
+  /// of `bytes` (0: unknown, no walk): waiting (bounded) or not (nullptr when none is free).
+  char* send(int peer, Lane lane, const WaitCtx& w, uint32_t offset, size_t bytes = 0);
+  char* try_send(int peer, Lane lane, uint32_t offset, size_t bytes = 0);
   /// Where send / try_send put the payload of the slot not yet posted to `peer`.
   char* pending(int peer, Lane lane) const;
   /// Publish that slot.

@@ -19,19 +19,19 @@ bool ShmTransport::pushes(int peer, Lane lane) const { return push_channel(cfg_,
 
 bool ShmTransport::pulls(int peer, Lane lane) const { return !push_channel(cfg_, world_, rank_, lane, peer); }
 
-char* ShmTransport::try_send_slot_at(int peer, Lane lane, uint32_t offset) {
+char* ShmTransport::try_send_slot_at(int peer, Lane lane, uint32_t offset, size_t bytes) {
   RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
   if (has_outbox() && !pushes(peer, lane)) return out_.reserve(lane, peer, offset, nullptr);
-  return slots_.try_send(peer, lane, offset);
+  return slots_.try_send(peer, lane, offset, bytes);
 }
 
-char* ShmTransport::send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset) {
+char* ShmTransport::send_slot_at(int peer, Lane lane, const WaitCtx& w, uint32_t offset, size_t bytes) {
   RC_CHECK(offset < kPage, InvalidArgument, "ringcomm: slot payload offset " << offset << " is not below " << kPage);
   if (has_outbox() && !pushes(peer, lane)) {
     RC_CHECK(peer != rank_, InvalidArgument, "ringcomm: rank " << rank_ << " has no channel to itself");
     return out_.reserve(lane, peer, offset, &w);
   }
-  return slots_.send(peer, lane, w, offset);
+  return slots_.send(peer, lane, w, offset, bytes);
 }
 
 void ShmTransport::send_post(int peer, Lane lane, uint64_t bytes, uint64_t total, uint64_t tag) {
@@ -57,10 +57,10 @@ void ShmTransport::recv_done(int peer, Lane lane) {
   slots_.done(peer, lane);
 }
 
-char* ShmTransport::send_slot_all(const WaitCtx& w, uint32_t offset) {
+char* ShmTransport::send_slot_all(const WaitCtx& w, uint32_t offset, size_t bytes) {
   RC_CHECK(has_outbox(), Unsupported, "ringcomm: send_slot_all needs the outbox layout");
   char* p = out_.reserve(Lane::kColl, kAllDest, offset, &w);
-  send_slot_at((rank_ + 1) % world_, Lane::kColl, w, offset);
+  send_slot_at((rank_ + 1) % world_, Lane::kColl, w, offset, bytes);
   return p;
 }
 

@@ -53,7 +53,7 @@ struct SlotMeta {
   uint64_t bytes;   // bytes of payload in this slot
   uint64_t total;   // total bytes of the message this slot starts (p2p), or 0
   uint64_t tag;     // message tag / sequence
-  uint64_t offset;  // payload starts this many bytes into the slot (< 4096, see send_slot)
+  uint64_t offset;  // payload starts this many bytes into the slot (transport/shm_slots.h)
   uint64_t pad[4];
 };
 static_assert(sizeof(SlotMeta) == 64, "SlotMeta is one cache line");

@@ -192,6 +192,11 @@ class Knobs:
         RINGCOMM_SLOT_BYTES: size of one shared-memory slot (pieces stream through slots)
         """
     @property
+    def slot_walk_bytes(self) -> int:
+        """
+        RINGCOMM_SLOT_WALK_BYTES: a piece that fits this many bytes of its push-channel slot at least twice moves to the next place in them each time the slot comes round (pieces of a 4K multiple apart, from the slot's start): lines the receiver read last time are then seldom the ones written next, which the writer would first have to take back from the receiver's cache (0: every piece at the slot's start); at most RINGCOMM_SLOT_BYTES; a sender's own choice, recorded in the slot
+        """
+    @property
     def spin_own_cpu_us(self) -> int:
         """
         RINGCOMM_SPIN_OWN_CPU_US: auto, no other local rank on this rank's CPUs: microseconds a synchronous call's wait spins before it sleeps on the futex (a wait that lost its CPU meanwhile sleeps at once); longer than a scheduler tick (4 ms at HZ=250), so a wait for a peer that lost its CPU for a tick does not hand this rank's CPU to another task
