@@ -124,3 +124,41 @@ def test_apart_summary_counts_lost_runs_and_refuses_another_command(tmp_path):
         r = subprocess.run([sys.executable, str(script), files[0], other], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "run of another command" in r.stderr, (name, r.stderr)
         assert next(iter(meta)) in r.stderr.splitlines()[-1], (name, r.stderr)
+
+
+def test_peers_table_near_keeps_each_librarys_near_rounds(tmp_path, capsys):
+    # Three rounds: ringcomm's launches near in rounds 2 and 3, Intel MPI's only in round 1, MPICH
+    # never. --near 150 takes ringcomm's median of rounds 2-3 (20, 30 -> 25), Intel MPI's round 1
+    # (50), and MPICH as n/a; without it, the medians over all three (20 and 60; MPICH 5).
+    pytest.importorskip("ringcomm.bench.spec")
+    pt = _load("benchmarks/report/peers_table.py")
+
+    def entry(rounds_us):
+        return {"time_us": sorted(rounds_us)[1], "wrong": 0, "round_time_s": [t * 1e-6 for t in rounds_us]}
+
+    def launch(rnd, libs, before, after):
+        return {"round": rnd, "libs": libs, "ran": True, "probe_before": {"round_trip_ns": before},
+                "probe_after": {"round_trip_ns": after}}
+    doc = {"meta": {"command": f"{COMMAND} --rounds 3 --json x.json", "peer_settings": {},
+                    "launches": [launch(1, "ringcomm+deepspeed", 400, 90), launch(1, "mpi", 90, 420),
+                                 launch(1, "impi", 88, 91), launch(2, "impi", 410, 400),
+                                 launch(2, "mpi", 400, 90), launch(2, "ringcomm+deepspeed", 90, 85),
+                                 launch(3, "ringcomm+deepspeed", 84, 86), launch(3, "mpi", 86, 410),
+                                 launch(3, "impi", 410, 88)]},
+            "tables": [{"op": "all_reduce", "dtype": "float32", "rows": [{"size": 1024, "libs": {
+                "ringcomm/in-place": entry([5.0, 20.0, 30.0]), "mpi": entry([5.0, 5.0, 5.0]),
+                "impi": entry([50.0, 60.0, 70.0])}}]}]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(doc))
+    assert pt.main(["--runs", "--near", "150", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ringcomm 2 of 3" in out and "impi 1 of 3" in out and "mpi 0 of 3" in out, out
+    assert _row(out, "1 KiB")[1:4] == ["**25.0**", "n/a", "50.0"], out
+    assert _row(out, "1 KiB")[4:] == ["0.50", "0 of 1"], out
+    assert pt.main(["--runs", str(path)]) == 0
+    assert _row(capsys.readouterr().out, "1 KiB")[1:4] == ["20.0", "**5.0**", "60.0"]
+    plain = tmp_path / "plain.json"
+    doc["meta"].pop("launches")
+    plain.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit):
+        pt.main(["--near", "150", str(plain)])

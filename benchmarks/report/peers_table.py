@@ -15,6 +15,12 @@ best peer, counting only runs in which ringcomm and every peer measured in the c
 how many of those runs ringcomm was slower than the best peer.
 
     python benchmarks/report/peers_table.py --runs run1.json run2.json run3.json
+
+With --near NS, each library's figure of a cell is the median over only the rounds of a
+``--rounds`` run whose launch of that library read the cross-CPU probe at most NS ns before and
+after (``meta.launches``): on a VM that moves the vCPUs apart for spells, libraries are then
+compared in the same placement. A library with no such round shows n/a; the rounds kept are
+listed before the tables.
 """
 from __future__ import annotations
 
@@ -114,6 +120,37 @@ def runs_table(tabs: list) -> str:
     return "\n".join(out)
 
 
+def near_rounds(meta: dict, ns: float) -> dict:
+    """{library: [round numbers]} of the launches whose probe read at most `ns` at both ends."""
+    kept: dict = {}
+    for launch in meta.get("launches") or []:
+        probes = [launch.get("probe_before"), launch.get("probe_after")]
+        near = launch.get("ran", True) and all(p is not None and p["round_trip_ns"] <= ns for p in probes)
+        for lib in launch["libs"].split("+"):
+            kept.setdefault(lib, [])
+            if near:
+                kept[lib].append(launch["round"])
+    return kept
+
+
+def keep_near(doc: dict, ns: float) -> str:
+    """Rewrite every entry's time to the median of its near rounds (see --near); a summary line."""
+    kept = near_rounds(doc["meta"], ns)
+    for tab in doc["tables"]:
+        for row in tab["rows"]:
+            for key, entry in list(row["libs"].items()):
+                per_round = entry.get("round_time_s")
+                if per_round is None or entry.get("na"):
+                    continue
+                times = [per_round[r - 1] for r in kept.get(key.split("/")[0], []) if r - 1 < len(per_round)]
+                if times:
+                    entry["time_us"] = statistics.median(times) * 1e6
+                else:
+                    row["libs"][key] = {"na": True}
+    rounds = len({launch["round"] for launch in doc["meta"].get("launches") or []})
+    return ", ".join(f"{lib} {len(r)} of {rounds}" for lib, r in kept.items())
+
+
 def command_key(command: str) -> list:
     """A run's command without its --json argument (where the run was written)."""
     words = shlex.split(command)
@@ -146,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("json", nargs="+")
     p.add_argument("--runs", action="store_true",
                    help="the files are runs of one command: medians over them, the median of the runs' ratios")
+    p.add_argument("--near", type=float, default=None, metavar="NS",
+                   help="each library's rounds whose launch read the cross-CPU probe at most NS ns at both ends only")
     return p
 
 
@@ -156,6 +195,12 @@ def main(argv=None) -> int:
     for path in args.json:
         with open(path) as f:
             docs.append(json.load(f))
+    if args.near is not None:
+        for path, doc in zip(args.json, docs):
+            if not doc["meta"].get("launches"):
+                p.error(f"{path} records no launches (a run without --rounds): --near has nothing to keep")
+            print(f"<!-- {path}: rounds whose launch read the probe at most {args.near:g} ns at both ends: "
+                  f"{keep_near(doc, args.near)} -->")
     if not args.runs:
         for path, doc in zip(args.json, docs):
             print(f"<!-- {path}: {doc['meta']['command']} -->")
