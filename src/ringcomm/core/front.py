@@ -26,26 +26,14 @@ calls have no header exchange: their argument errors are raised on the calling r
 """
 from __future__ import annotations
 
-import operator
 from typing import Optional, Sequence
 
 from .errors import ClosedError, InvalidArgumentError, RingcommError, UnsupportedError
-from .tables import OP_TYPES, OPS_FOR_DTYPE, OPS_SUPPORTED, ReduceOp, op_code, unsupported_op_message
+from .tables import OP_TYPES, OPS_FOR_DTYPE, OPS_SUPPORTED, ReduceOp, integer, op_code, unsupported_op_message
 
 __all__ = ["CommunicatorBase", "CoreBackEnd", "check_splits", "chunk_count"]
 
 _SUM = ReduceOp.SUM
-
-
-def _integer(v):
-    """``v`` as a Python int where it is an integer (a Python or numpy integer, anything with
-    ``__index__``), else None: a bool, a float or a string is not a rank."""
-    if isinstance(v, bool):
-        return None
-    try:
-        return operator.index(v)
-    except TypeError:
-        return None
 
 
 def check_splits(coll: str, splits, count: int, world_size: int, what: str) -> list:
@@ -206,7 +194,7 @@ class CommunicatorBase:
                 f"ringcomm: {coll}: input dtype {a.dtype} and output dtype {b.dtype} differ"))
 
     def _root(self, coll, root) -> int:
-        r = _integer(root)
+        r = integer(root)
         if r is None:
             self._reject(coll, InvalidArgumentError(
                 f"ringcomm: {coll}: root {root!r} ({type(root).__name__}) is not a rank: pass an integer"))
@@ -227,7 +215,7 @@ class CommunicatorBase:
                 f"ringcomm: {coll}: stream= applies to CUDA arrays; these arrays are in host memory"))
 
     def _peer(self, what, p) -> int:
-        r = _integer(p)
+        r = integer(p)
         if r is None or not (0 <= r < self.world_size) or r == self.rank:
             raise InvalidArgumentError(
                 f"ringcomm: {what}: peer {p!r} must be another rank in [0, {self.world_size}) "

@@ -28,7 +28,6 @@ _NDARRAY = np.ndarray
 # the dtype itself. Looked up only for an op of OP_TYPES (tables.py); any other goes the general
 # way, which names what is wrong with it.
 _OP_CODES = op_codes_by_value()
-_OP_TYPES = OP_TYPES
 
 
 class Communicator(CoreBackEnd):
@@ -101,7 +100,7 @@ class Communicator(CoreBackEnd):
 
     def all_reduce(self, x, op=_SUM, async_op: bool = False, output=None, stream=None):
         if not async_op and stream is None and output is not x:
-            opc = _OP_CODES.get(op) if op.__class__ in _OP_TYPES else None
+            opc = _OP_CODES.get(op) if op.__class__ in OP_TYPES else None
             if opc is not None and self._sync_all_reduce(x, output, opc):
                 return None
         return CoreBackEnd.all_reduce(self, x, op, async_op, output, stream)
@@ -113,7 +112,7 @@ class Communicator(CoreBackEnd):
 
     def reduce_scatter(self, output, input, op=_SUM, async_op: bool = False, stream=None):
         if not async_op and stream is None:
-            opc = _OP_CODES.get(op) if op.__class__ in _OP_TYPES else None
+            opc = _OP_CODES.get(op) if op.__class__ in OP_TYPES else None
             if opc is not None and self._sync_reduce_scatter(output, input, opc):
                 return None
         return CoreBackEnd.reduce_scatter(self, output, input, op, async_op, stream)
@@ -125,7 +124,7 @@ class Communicator(CoreBackEnd):
 
     def reduce(self, x, root: int = 0, op=_SUM, async_op: bool = False, output=None, stream=None):
         if not async_op and stream is None and output is not x:
-            opc = _OP_CODES.get(op) if op.__class__ in _OP_TYPES else None
+            opc = _OP_CODES.get(op) if op.__class__ in OP_TYPES else None
             if opc is not None and self._sync_reduce(x, output, opc, root):
                 return None
         return CoreBackEnd.reduce(self, x, root, op, async_op, output, stream)

@@ -20,7 +20,7 @@ from typing import Optional
 from .errors import InvalidArgumentError
 
 __all__ = ["DType", "DTYPES", "DTYPE_CODES", "DTYPE_NAMES", "ITEMSIZE", "SUPPORTED_DTYPES",
-           "FLOATING", "INTEGER", "ReduceOp", "OP_NAMES", "OP_TYPES", "TORCH_OPS", "op_code", "op_supported",
+           "FLOATING", "INTEGER", "ReduceOp", "OP_NAMES", "OP_TYPES", "TORCH_OPS", "integer", "op_code", "op_supported",
            "COLL_CODES", "coll_code", "torch_dtype_codes", "DATA_DIR", "ABI_INCLUDE", "ABI_HEADER"]
 
 #: The package data the build copies beside the modules (setup.py, CMakeLists.txt): the header
@@ -114,6 +114,17 @@ _OP_CACHE.update({int(o): int(o) for o in ReduceOp})
 OP_TYPES = frozenset((ReduceOp, int))
 
 
+def integer(v) -> Optional[int]:
+    """``v`` as a Python int where it is an integer (a Python or numpy integer, anything with
+    ``__index__``), else None: a bool, a float or a string is not one (ranks, op codes)."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
+
+
 def op_codes_by_value() -> dict:
     """A new ``{op: code}`` for every ReduceOp member and its int code (the per-call lookup)."""
     return dict(_OP_CACHE)
@@ -132,10 +143,8 @@ def op_code(op) -> int:
             raise InvalidArgumentError(f"ringcomm: unknown reduce op {op!r}; use one of "
                                        f"{', '.join(OP_NAMES)}") from None
     try:
-        if isinstance(op, bool):
-            raise TypeError
-        return int(ReduceOp(operator.index(op)))
-    except (ValueError, TypeError):
+        return int(ReduceOp(integer(op)))
+    except ValueError:
         raise InvalidArgumentError(f"ringcomm: unknown reduce op {op!r} ({type(op).__name__}); use a "
                                    f"ringcomm.ReduceOp, its code or its name") from None
 
